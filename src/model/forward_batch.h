@@ -1,0 +1,26 @@
+// The one message the model runner hands the model each step: every scheduled sequence's
+// new tokens packed back to back (varlen), with where each sequence's cache lives.
+// Built fresh per step by the runner from a SchedulerOutput; read-only to the model.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+namespace deepinfer::model {
+
+struct SeqInBatch {
+  int32_t cache_slot = -1;            // per-sequence fixed state (window ring, compressor partials)
+  std::vector<int32_t> block_table;   // paged compressed-entry / indexer-key blocks, in order
+  int64_t num_computed_tokens = 0;    // tokens already in the cache before this chunk (= first position)
+  int32_t num_new_tokens = 0;         // tokens of this sequence in this batch
+};
+
+struct ForwardBatch {
+  std::vector<int32_t> token_ids;       // [T] all sequences' new tokens, concatenated
+  std::vector<SeqInBatch> seqs;         // [S] in the same order as token_ids
+  std::vector<int32_t> logits_indices;  // indices into [0,T) whose logits are returned, in order
+  bool need_hidden = false;             // also return final streams (MTP drafting)
+
+  int64_t num_tokens() const { return int64_t(token_ids.size()); }
+};
+
+}  // namespace deepinfer::model
