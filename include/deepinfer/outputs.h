@@ -1,0 +1,54 @@
+// What generate() returns, shaped like vLLM's RequestOutput / CompletionOutput.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace deepinfer {
+
+struct Logprob {
+  float logprob = 0.0f;      // log-softmax of the raw model logits
+  int32_t rank = 0;          // 1 = most likely token
+  std::string decoded_token; // empty when detokenization is off
+};
+// One position: the chosen (sampled or prompt) token first, then the top-N not already listed.
+using PositionLogprobs = std::vector<std::pair<int32_t, Logprob>>;
+
+struct CompletionOutput {
+  int index = 0;                       // which of the n samples
+  std::string text;                    // cumulative, or the new piece for OutputKind::kDelta
+  std::vector<int32_t> token_ids;      // same convention as text
+  std::optional<double> cumulative_logprob;              // set when logprobs were requested
+  std::optional<std::vector<PositionLogprobs>> logprobs; // one entry per token in token_ids
+  std::string finish_reason;           // "" while running, else "stop" | "length" | "abort" | "error"
+  std::optional<int32_t> stop_token_id;  // the stop/eos token that finished it
+  std::optional<std::string> stop_string;  // the stop string that finished it
+  bool finished() const { return !finish_reason.empty(); }
+};
+
+struct RequestMetrics {
+  double arrival_time = 0;          // seconds since the epoch
+  double first_scheduled_time = 0;
+  double first_token_time = 0;
+  double last_token_time = 0;
+  double finished_time = 0;
+  int64_t num_generation_tokens = 0;  // over all n samples
+  int64_t num_preemptions = 0;
+};
+
+struct RequestOutput {
+  std::string request_id;
+  std::string prompt;                  // text prompt, "" for token-id prompts
+  std::vector<int32_t> prompt_token_ids;
+  // [prompt_len] entry 0 is nullopt (no logits precede the first token); set when requested.
+  std::optional<std::vector<std::optional<PositionLogprobs>>> prompt_logprobs;
+  std::vector<CompletionOutput> outputs;
+  bool finished = false;
+  RequestMetrics metrics;
+  // Non-empty when the request was rejected (bad prompt or parameters); outputs is then empty.
+  std::string error;
+};
+
+}  // namespace deepinfer
