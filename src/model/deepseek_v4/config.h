@@ -23,6 +23,7 @@ struct RopeParams {
   double factor = 1.0;
   int64_t original_max_position = 0;
   double beta_fast = 32.0, beta_slow = 1.0;
+  double attention_factor = 1.0;  // YaRN mscale on cos/sin; V4 uses 1.0 (HF forces it)
 };
 
 struct DeepseekV4Config {
@@ -60,6 +61,7 @@ struct DeepseekV4Config {
   RopeParams compress_rope;            // CSA/HCA layers (theta = compress_rope_theta, YaRN)
 
   int64_t num_mtp_layers = 0;          // num_nextn_predict_layers (official layout only has weights)
+  std::vector<int64_t> mtp_compress_ratio;  // [num_mtp_layers] trailing compress_ratios entries (0 if absent)
   int64_t bos_token_id = 0, eos_token_id = 1;
   int64_t max_position_embeddings = 0;
   bool tie_word_embeddings = false;
@@ -69,6 +71,10 @@ struct DeepseekV4Config {
   WeightFormat expert_format = WeightFormat::kBF16;  // routed experts ("fp4" -> kFP4, "fp8" -> kFP8Block)
   int64_t fp8_block = 128;                           // block edge of FP8 weight scales
   int64_t fp4_block = 32;                            // input elements per FP4 scale
+  std::string scale_fmt;                             // quantization_config.scale_fmt ("ue8m0" or "")
+
+  std::string origin;                                // file the config was read from (for messages)
+  int64_t num_hash_layers() const;                   // count of kHashMoE layers
 
   // Parse `<dir>/config.json` (or a JSON string); throws ConfigError.
   static DeepseekV4Config from_file(const std::string& path);
@@ -79,6 +85,8 @@ struct DeepseekV4Config {
   int64_t heads_per_group() const { return num_heads / o_groups; }
   bool is_compressed(int64_t layer) const { return compress_ratio[layer] > 0; }
   std::string summary() const;  // one line per section, for `deepinfer info`
+  // Compact attention schedule, one letter per layer, space-separated: S sliding, C CSA, H HCA.
+  std::string schedule_str() const;
 };
 
 }  // namespace deepinfer::model::v4

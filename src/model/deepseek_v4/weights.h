@@ -15,6 +15,9 @@ namespace deepinfer::model::v4 {
 
 // y = x W^T. weight [out, in] in `format`; scale present for kFP8Block ([ceil(out/b), ceil(in/b)]
 // e8m0 or f32) and kFP4 ([out, in/32] e8m0). kFP4 weights are packed: dtype kFP4E2M1 [out, in].
+// Encodings (same as the release): fp4 element 2k in the LOW nibble of byte k, 2k+1 in the high
+// nibble; e8m0 byte e means 2^(e-127) (0xFF is NaN and propagates). Dequantised value =
+// decode(w) * scale of its block, computed exactly in f32.
 struct Linear {
   Tensor weight;
   Tensor scale;
@@ -92,7 +95,22 @@ struct MtpWeights {    // one next-token-prediction block (official layout `mtp.
   LayerWeights block;           // sliding-only attention, bias-routed MoE
 };
 
+struct LoadOptions {
+  bool progress = true;   // one INFO line per shard while mapping
+  bool warn_unused = true;  // WARN about tensors the model does not use
+};
+
+// Parameter counts (floating weights, scales excluded; fp4 counts unpacked elements).
+struct ParamCounts {
+  int64_t total = 0;        // main model + MTP
+  int64_t mtp = 0;          // MTP blocks only (embedding/head are shared, not counted again)
+  int64_t embed = 0;        // input embedding
+  int64_t routed = 0;       // routed experts of the main model
+  int64_t active = 0;       // per token in the main model: all but embed, routed scaled by k/E
+};
+
 struct DeepseekV4Weights {
+  CheckpointLayout layout = CheckpointLayout::kTransformers;  // detected from the tensor names
   Tensor embed;        // [V, D]
   Tensor head;         // [V, D]
   Tensor norm;         // [D]
@@ -104,6 +122,9 @@ struct DeepseekV4Weights {
   // Loads `<dir>` (config already parsed from it). Validates every tensor's presence,
   // dtype and shape; throws CheckpointError naming the file and tensor.
   static DeepseekV4Weights load(const std::string& dir, const DeepseekV4Config& cfg);
+  static DeepseekV4Weights load(const std::string& dir, const DeepseekV4Config& cfg, const LoadOptions& opts);
+
+  ParamCounts param_counts(const DeepseekV4Config& cfg) const;
 };
 
 }  // namespace deepinfer::model::v4
