@@ -1,0 +1,118 @@
+#include "ops/cpu/hc.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "core/check.h"
+#include "core/parallel.h"
+#include "ops/cpu/gemm.h"
+
+namespace deepinfer::ops::cpu {
+
+namespace {
+float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+
+// mix[t, :] = rsqrt(mean(X[t]^2) + eps) * (fn @ X[t]): one GEMM over all tokens, then the
+// per-token RMS factor (equal to normalising X first, as transformers does).
+std::vector<float> mix_logits(const float* X, int64_t T, const HcSpec& s, const float* fn, int64_t rows) {
+  const int64_t nd = s.n * s.dim;
+  std::vector<float> mix(static_cast<size_t>(T * rows));
+  gemm(T, rows, nd, X, nd, fn, nd, /*trans_b=*/true, mix.data(), rows);
+  parallel_for(0, T, [&](int64_t t) {
+    const float* x = X + t * nd;
+    double ss = 0.0;
+    for (int64_t i = 0; i < nd; ++i) ss += double(x[i]) * x[i];
+    const float r = 1.0f / std::sqrt(float(ss / double(nd)) + s.rms_eps);
+    for (int64_t j = 0; j < rows; ++j) mix[t * rows + j] *= r;
+  }, 4);
+  return mix;
+}
+
+// Σ_k w[k]·X[t,k,:] into out [D].
+void collapse(const float* x, const float* w, const HcSpec& s, float* out) {
+  for (int64_t d = 0; d < s.dim; ++d) {
+    float acc = 0.f;
+    for (int64_t k = 0; k < s.n; ++k) acc += w[k] * x[k * s.dim + d];
+    out[d] = acc;
+  }
+}
+}  // namespace
+
+void hc_pre(const float* X, int64_t T, const HcSpec& s, const float* fn, const float* base, const float* scale,
+            float* u, float* post, float* comb) {
+  const int64_t n = s.n, rows = (2 + n) * n;
+  DI_CHECK(n > 0 && n <= 16, "hc_mult=", n);
+  std::vector<float> mix = mix_logits(X, T, s, fn, rows);
+  parallel_for(0, T, [&](int64_t t) {
+    const float* m = mix.data() + t * rows;
+    float pre[16];
+    for (int64_t k = 0; k < n; ++k) pre[k] = sigmoid(m[k] * scale[0] + base[k]) + s.hc_eps;
+    for (int64_t k = 0; k < n; ++k) post[t * n + k] = 2.0f * sigmoid(m[n + k] * scale[1] + base[n + k]);
+    float* c = comb + t * n * n;  // c[j*n + k]
+    for (int64_t j = 0; j < n; ++j) {  // softmax over k in each row j
+      float mx = -INFINITY;
+      for (int64_t k = 0; k < n; ++k) {
+        c[j * n + k] = m[2 * n + j * n + k] * scale[2] + base[2 * n + j * n + k];
+        mx = std::max(mx, c[j * n + k]);
+      }
+      float sum = 0.f;
+      for (int64_t k = 0; k < n; ++k) sum += (c[j * n + k] = std::exp(c[j * n + k] - mx));
+      for (int64_t k = 0; k < n; ++k) c[j * n + k] = c[j * n + k] / sum + s.hc_eps;
+    }
+    auto col_norm = [&] {
+      for (int64_t k = 0; k < n; ++k) {
+        float cs = 0.f;
+        for (int64_t j = 0; j < n; ++j) cs += c[j * n + k];
+        for (int64_t j = 0; j < n; ++j) c[j * n + k] /= (cs + s.hc_eps);
+      }
+    };
+    auto row_norm = [&] {
+      for (int64_t j = 0; j < n; ++j) {
+        float rs = 0.f;
+        for (int64_t k = 0; k < n; ++k) rs += c[j * n + k];
+        for (int64_t k = 0; k < n; ++k) c[j * n + k] /= (rs + s.hc_eps);
+      }
+    };
+    col_norm();
+    for (int64_t it = 0; it + 1 < s.sinkhorn_iters; ++it) {
+      row_norm();
+      col_norm();
+    }
+    collapse(X + t * n * s.dim, pre, s, u + t * s.dim);
+  }, 1);
+}
+
+void hc_post(const float* X, const float* y, const float* post, const float* comb, int64_t T, const HcSpec& s,
+             float* X_out) {
+  const int64_t n = s.n, D = s.dim;
+  parallel_for(0, T, [&](int64_t t) {
+    const float* x = X + t * n * D;
+    const float* c = comb + t * n * n;
+    const float* yt = y + t * D;
+    for (int64_t k = 0; k < n; ++k) {
+      float* o = X_out + (t * n + k) * D;
+      const float pk = post[t * n + k];
+      for (int64_t d = 0; d < D; ++d) o[d] = pk * yt[d];
+      for (int64_t j = 0; j < n; ++j) {
+        const float w = c[j * n + k];
+        const float* xj = x + j * D;
+        for (int64_t d = 0; d < D; ++d) o[d] += w * xj[d];
+      }
+    }
+  }, 1);
+}
+
+void hc_head(const float* X, int64_t T, const HcSpec& s, const float* fn, const float* base, const float* scale,
+             float* h) {
+  const int64_t n = s.n;
+  DI_CHECK(n > 0 && n <= 16, "hc_mult=", n);
+  std::vector<float> mix = mix_logits(X, T, s, fn, n);
+  parallel_for(0, T, [&](int64_t t) {
+    float pre[16];
+    for (int64_t k = 0; k < n; ++k) pre[k] = sigmoid(mix[t * n + k] * scale[0] + base[k]) + s.hc_eps;
+    collapse(X + t * n * s.dim, pre, s, h + t * s.dim);
+  }, 1);
+}
+
+}  // namespace deepinfer::ops::cpu

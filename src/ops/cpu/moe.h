@@ -1,0 +1,24 @@
+// Experts of the DeepSeek-V4 MoE (MODEL-DEEPSEEK-V4.md §5), fp32.
+//   E(x) = W2( silu(min(W1 x, L)) ⊙ clamp(W3 x, -L, L) )   (L = swiglu_limit; L <= 0: no clamp)
+// Routed tokens are grouped per expert so each expert runs one GEMM over its tokens.
+#pragma once
+#include <cstdint>
+
+namespace deepinfer::ops::cpu {
+
+struct ExpertF32 {
+  const float* w1 = nullptr;  // gate [I, D]
+  const float* w3 = nullptr;  // up   [I, D]
+  const float* w2 = nullptr;  // down [D, I]
+};
+
+// y[t] (+)= E(x[t]) for all T tokens (the shared expert). x [T, D], y [T, D].
+void swiglu_mlp(const float* x, int64_t T, int64_t D, int64_t I, const ExpertF32& e, float swiglu_limit, float* y,
+                bool accumulate);
+
+// y[t] += Σ_j weights[t,j] · E_{ids[t,j]}(x[t]). experts [E]; ids/weights [T, k]. Duplicate ids
+// in a row add up. y must be initialised by the caller.
+void moe_experts(const float* x, int64_t T, int64_t D, int64_t I, const ExpertF32* experts, int64_t E,
+                 const int32_t* ids, const float* weights, int64_t k, float swiglu_limit, float* y);
+
+}  // namespace deepinfer::ops::cpu
