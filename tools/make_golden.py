@@ -26,9 +26,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from golden_lib import checks, hfmodel  # noqa: E402
 
-# Seeds picked (among 1..24) for the widest indexer/router top-k margins: fewer near-ties
+# Seeds picked (among 1..24 (A) and 1..15 (B)) for the widest indexer/router top-k margins: fewer near-ties
 # that an engine with a different summation order could resolve differently.
-SEED_A, SEED_B, SEED_INPUTS = 24, 5678, 42
+SEED_A, SEED_B, SEED_INPUTS = 24, 8, 42
 SEQ_LENS = {"long": 300, "short": 40, "medium": 100}
 TOL_CONSISTENCY = 1e-4
 
