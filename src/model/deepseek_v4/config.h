@@ -79,6 +79,8 @@ struct DeepseekV4Config {
   // Parse `<dir>/config.json` (or a JSON string); throws ConfigError.
   static DeepseekV4Config from_file(const std::string& path);
   static DeepseekV4Config from_json_string(const std::string& json, const std::string& origin);
+  // config.json text in `layout`'s field names (round-trips through from_json_string).
+  std::string to_json_string() const;
 
   int64_t hc_dim() const { return hc_mult * hidden_size; }
   int64_t hc_mix_dim() const { return (2 + hc_mult) * hc_mult; }

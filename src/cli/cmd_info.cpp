@@ -1,0 +1,109 @@
+// `deepinfer info --model DIR`: what a checkpoint holds and what it costs to serve.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <map>
+
+#include "cli/command.h"
+#include "core/logging.h"
+#include "io/safetensors.h"
+#include "model/deepseek_v4/weights.h"
+
+namespace {
+using namespace deepinfer;
+using namespace deepinfer::model::v4;
+
+std::string human_bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) b /= 1024, ++u;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u ? "%.2f %s" : "%.0f %s", b, units[u]);
+  return buf;
+}
+std::string human_count(double n) {
+  char buf[32];
+  if (n >= 1e9) std::snprintf(buf, sizeof buf, "%.2fB", n / 1e9);
+  else if (n >= 1e6) std::snprintf(buf, sizeof buf, "%.2fM", n / 1e6);
+  else std::snprintf(buf, sizeof buf, "%.0f", n);
+  return buf;
+}
+
+// KV/compressor state with bf16 storage (MODEL-DEEPSEEK-V4.md §4).
+struct CacheCost {
+  double per_token = 0;  // bytes of compressed entries + indexer keys per context token
+  double windows = 0, hca_partial = 0, csa_partial = 0;  // fixed per sequence
+};
+CacheCost cache_cost(const DeepseekV4Config& c) {
+  CacheCost k;
+  const double d = double(c.head_dim), id = double(c.index_head_dim), bf = 2;
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const double m = double(c.compress_ratio[l]);
+    if (c.layer_types[l] == AttnKind::kHCA) {
+      k.per_token += d * bf / m;
+      k.hca_partial += 2 * m * d * bf;  // a_t and z_t of up to m pending tokens
+    } else if (c.layer_types[l] == AttnKind::kCSA) {
+      k.per_token += (d + id) * bf / m;
+      // current + previous block (2m slots) of 2d-wide a,z; same for the indexer's 2*idx_d.
+      k.csa_partial += 2 * (2 * m) * (2 * d) * bf + 2 * (2 * m) * (2 * id) * bf;
+    }
+  }
+  k.windows = double(c.num_layers + c.num_mtp_layers) * double(c.sliding_window) * d * bf;
+  return k;
+}
+
+int run_info(int argc, char** argv) {
+  CLI::App app{"Describe a DeepSeek-V4 checkpoint: config, layer schedule, parameters, bytes, cache cost"};
+  std::string dir;
+  int64_t context = 0;
+  app.add_option("--model", dir, "checkpoint folder (config.json + *.safetensors)")->required();
+  app.add_option("--context", context, "also print the cache bytes of one sequence of this many tokens");
+  app.footer(
+      "Schedule letters: S sliding-window only, C compressed sparse attention (CSA, indexer top-k),\n"
+      "H heavily compressed attention (HCA); MoE marks: h hash-routed, m bias-routed.\n"
+      "Active parameters per token exclude the embedding and count routed experts as top-k/E.");
+  CLI11_PARSE(app, argc, argv);
+
+  auto cfg = DeepseekV4Config::from_file(dir);
+  set_log_level(std::min(log_level(), LogLevel::kWarn));  // no per-shard lines here
+  auto w = DeepseekV4Weights::load(dir, cfg, {.progress = false});
+  auto ck = std::static_pointer_cast<io::Checkpoint>(w.keepalive);
+
+  std::printf("%s", cfg.summary().c_str());
+  std::printf("checkpoint: %s layout, %zu shard(s), %zu tensors, %s\n",
+              w.layout == CheckpointLayout::kOfficial ? "official" : "transformers", ck->files().size(),
+              ck->num_tensors(), human_bytes(double(ck->total_bytes())).c_str());
+  std::printf("attention schedule: %s\n", cfg.schedule_str().c_str());
+  std::string mlp;
+  for (size_t i = 0; i < cfg.mlp_types.size(); ++i) mlp += std::string(i ? " " : "") + (cfg.mlp_types[i] == MlpKind::kHashMoE ? "h" : "m");
+  std::printf("moe schedule:       %s\n", mlp.c_str());
+  if (!w.mtp.empty()) std::printf("mtp blocks: %zu\n", w.mtp.size());
+
+  const ParamCounts p = w.param_counts(cfg);
+  std::printf("parameters: %s total (main %s, MTP %s; embedding %s, routed experts %s); active per token %s\n",
+              human_count(double(p.total)).c_str(), human_count(double(p.total - p.mtp)).c_str(),
+              human_count(double(p.mtp)).c_str(), human_count(double(p.embed)).c_str(),
+              human_count(double(p.routed)).c_str(), human_count(double(p.active)).c_str());
+
+  std::map<std::string, std::pair<uint64_t, uint64_t>> by_dtype;  // dtype -> (tensors, bytes)
+  for (const auto& f : ck->files())
+    for (const auto& t : f->tensors()) {
+      auto& e = by_dtype[t.st_dtype];
+      e.first++;
+      e.second += t.end - t.begin;
+    }
+  std::printf("bytes by dtype:");
+  for (const auto& [dt, e] : by_dtype) std::printf("  %s %s (%lu)", dt.c_str(), human_bytes(double(e.second)).c_str(), (unsigned long)e.first);
+  std::printf("\n");
+
+  const CacheCost k = cache_cost(cfg);
+  const double fixed = k.windows + k.hca_partial + k.csa_partial;
+  std::printf("cache (bf16): %.0f B per token; fixed per sequence %s (windows %s, HCA partial blocks %s, CSA partial "
+              "blocks %s)\n",
+              k.per_token, human_bytes(fixed).c_str(), human_bytes(k.windows).c_str(), human_bytes(k.hca_partial).c_str(),
+              human_bytes(k.csa_partial).c_str());
+  if (context > 0)
+    std::printf("cache for %ld tokens: %s\n", long(context), human_bytes(fixed + k.per_token * double(context)).c_str());
+  return 0;
+}
+}  // namespace
+DI_REGISTER_COMMAND("info", "describe a checkpoint (config, schedule, parameters, cache cost)", run_info);
