@@ -1,0 +1,111 @@
+// deepinfer::LLM — offline inference, shaped like vLLM's LLM class.
+//
+//   deepinfer::LLM llm({.model = "/path/to/DeepSeek-V4-Flash"});
+//   deepinfer::SamplingParams sp;  sp.temperature = 0;  sp.max_tokens = 64;
+//   auto outs = llm.generate({deepinfer::PromptInput::text("Hello")}, {sp});
+//
+// One LLM owns one engine (scheduler, cache manager, model runner, sampler, output
+// processing). generate() runs the engine until every request is done. A bad request
+// (empty or too-long prompt, invalid sampling values, unknown structured-output spec) is
+// returned with `error` set and never stops the others. Errors about the engine itself
+// (missing checkpoint, bad config) throw deepinfer::Error subclasses from the constructor.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "deepinfer/outputs.h"
+#include "deepinfer/sampling_params.h"
+
+namespace deepinfer {
+
+struct LLMConfig {
+  // Checkpoint folder. Empty: DEEPINFER_HF_MODEL_DIR, else the bundled models/default.
+  // "builtin:toy" is a small deterministic model for tests (byte-level text).
+  std::string model;
+  std::string tokenizer;                 // tokenizer.json or folder; empty = the model folder
+  bool skip_tokenizer_init = false;      // serve token ids only (no text in or out)
+  int64_t max_model_len = 0;             // 0 = the model's (capped by what the cache holds)
+  int64_t max_num_seqs = 64;             // sequences per step
+  int64_t max_num_batched_tokens = 2048; // tokens per step
+  bool enable_chunked_prefill = true;
+  size_t kv_cache_memory_bytes = 0;      // cache budget; 0 = 1 GiB
+  uint64_t seed = 0;                     // seeds requests that carry no seed of their own
+  std::string accelerator;               // "cpu" | "nvidia"; empty = DEEPINFER_ACCELERATOR / auto
+};
+
+// A prompt: text, or token ids (vLLM {"prompt_token_ids": [...]}).
+struct PromptInput {
+  std::string text;
+  std::vector<int32_t> token_ids;
+  bool is_token_ids = false;
+  static PromptInput from_text(std::string t) { return {std::move(t), {}, false}; }
+  static PromptInput from_token_ids(std::vector<int32_t> ids) { return {{}, std::move(ids), true}; }
+};
+
+struct ChatMessage {
+  std::string role;     // "system" | "user" | "assistant"
+  std::string content;
+};
+struct ChatTemplateOptions {
+  bool add_generation_prompt = true;
+  bool thinking = false;  // V4 thinking mode ("<think>") instead of chat mode ("</think>")
+};
+
+// Called for every request that produced something in a step (streaming); the final
+// call for a request has finished = true.
+using OutputCallback = std::function<void(const RequestOutput&)>;
+
+struct GenerateOptions {
+  OutputCallback on_output;
+  bool progress_bar = false;  // a progress bar on stderr
+};
+
+// Totals of the last generate()/chat() call.
+struct GenerateSummary {
+  int64_t num_requests = 0, num_failed = 0;
+  int64_t num_prompt_tokens = 0, num_output_tokens = 0;
+  double elapsed_s = 0;
+  double mean_ttft_s = 0;   // time to first token (from arrival)
+  double mean_tpot_s = 0;   // time per output token after the first
+  double output_tokens_per_s = 0;
+  double total_tokens_per_s = 0;
+  int64_t num_preemptions = 0;
+  int64_t num_steps = 0;
+  std::string str() const;  // one-paragraph human summary
+};
+
+class LLM {
+ public:
+  explicit LLM(const LLMConfig& config);
+  ~LLM();
+  LLM(LLM&&) noexcept;
+  LLM& operator=(LLM&&) noexcept;
+
+  // `params` has one entry for all prompts or one per prompt. Outputs are in prompt order.
+  std::vector<RequestOutput> generate(const std::vector<PromptInput>& prompts, const std::vector<SamplingParams>& params,
+                                      const GenerateOptions& options = {});
+  // Each conversation is formatted with the model's chat template (DeepSeek-V4 format).
+  std::vector<RequestOutput> chat(const std::vector<std::vector<ChatMessage>>& conversations,
+                                  const std::vector<SamplingParams>& params, const ChatTemplateOptions& chat_options = {},
+                                  const GenerateOptions& options = {});
+
+  std::vector<int32_t> encode(const std::string& text) const;  // throws TokenizerError without a tokenizer
+  std::string decode(const std::vector<int32_t>& ids, bool skip_special_tokens = true) const;
+  std::string chat_prompt(const std::vector<ChatMessage>& conversation, const ChatTemplateOptions& options = {}) const;
+  bool has_tokenizer() const;
+
+  int64_t vocab_size() const;
+  int64_t max_model_len() const;
+  std::string describe() const;       // model, backend, cache geometry
+  const GenerateSummary& last_summary() const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace deepinfer

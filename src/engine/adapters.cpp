@@ -1,0 +1,154 @@
+#include "engine/adapters.h"
+
+#include "core/check.h"
+#include "deepinfer/llm.h"
+
+#if defined(DEEPINFER_HAVE_TOKENIZER)
+#include "deepinfer/tokenizer.h"
+#endif
+
+namespace deepinfer::engine {
+
+// ---- UTF-8 helpers ----
+namespace {
+// Length of the valid UTF-8 sequence starting at s[i] (1..4), 0 if invalid, -1 if truncated.
+int utf8_seq_len(std::string_view s, size_t i) {
+  unsigned char c = static_cast<unsigned char>(s[i]);
+  int n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+  if (n <= 1) return n;
+  if (c == 0xC0 || c == 0xC1 || c > 0xF4) return 0;
+  for (int k = 1; k < n; ++k) {
+    if (i + size_t(k) >= s.size()) return -1;
+    if ((static_cast<unsigned char>(s[i + size_t(k)]) & 0xC0) != 0x80) return 0;
+  }
+  return n;
+}
+}  // namespace
+
+std::string sanitize_utf8(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size();) {
+    int n = utf8_seq_len(s, i);
+    if (n > 0) {
+      out.append(s.substr(i, size_t(n)));
+      i += size_t(n);
+    } else {
+      out += "\xEF\xBF\xBD";
+      ++i;
+      while (i < s.size() && (static_cast<unsigned char>(s[i]) & 0xC0) == 0x80) ++i;
+    }
+  }
+  return out;
+}
+
+size_t complete_utf8_prefix(std::string_view s) {
+  // Everything except a trailing, still-completable multi-byte sequence. Invalid bytes count
+  // as complete (they will print as U+FFFD) so they never block the stream.
+  size_t i = 0;
+  while (i < s.size()) {
+    int n = utf8_seq_len(s, i);
+    if (n < 0) return i;
+    i += n > 0 ? size_t(n) : 1;
+  }
+  return s.size();
+}
+
+std::string TextCodec::decode(const std::vector<int32_t>& ids, bool skip_special_tokens) const {
+  std::string bytes;
+  for (int32_t t : ids)
+    if (!(skip_special_tokens && is_special(t))) bytes += token_bytes(t);
+  return sanitize_utf8(bytes);
+}
+
+// ---- DeepSeek-V4 chat format (MODEL-DEEPSEEK-V4.md §8.2) ----
+std::string v4_chat_prompt(const std::vector<ChatMessage>& messages, const ChatTemplateOptions& o,
+                           std::string_view bos, std::string_view eos) {
+  std::string out(bos);
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    if (m.role == "system") {
+      out += m.content;
+    } else if (m.role == "user") {
+      out += "<｜User｜>" + m.content;
+    } else if (m.role == "assistant") {
+      out += "<｜Assistant｜></think>" + m.content;
+      out += eos;
+    } else {
+      DI_THROW(InvalidArgument, "chat message ", i, ": unknown role '", m.role, "' (use system, user or assistant)");
+    }
+  }
+  if (o.add_generation_prompt) out += o.thinking ? "<｜Assistant｜><think>" : "<｜Assistant｜></think>";
+  return out;
+}
+
+// ---- toy codec: 0 BOS, 1 EOS, 2+b byte b, then two-letter pieces ----
+namespace {
+class ToyCodec final : public TextCodec {
+ public:
+  explicit ToyCodec(int64_t vocab) : vocab_(vocab) {}
+  std::vector<int32_t> encode(std::string_view text) const override {
+    std::vector<int32_t> ids = {0};
+    for (unsigned char c : text) ids.push_back(int32_t(c) + 2);
+    return ids;
+  }
+  std::string token_bytes(int32_t id) const override {
+    if (id < 0 || id >= vocab_) DI_THROW(InvalidArgument, "token id ", id, " is outside [0, ", vocab_, ")");
+    if (id == 0) return "<s>";
+    if (id == 1) return "</s>";
+    if (id < 258) return std::string(1, char(id - 2));
+    int k = id - 258;
+    return std::string{char('a' + k % 26), char('a' + (k / 26) % 26)};
+  }
+  bool is_special(int32_t id) const override { return id == 0 || id == 1; }
+  std::string chat_prompt(const std::vector<ChatMessage>& m, const ChatTemplateOptions& o) const override {
+    return v4_chat_prompt(m, o, "", "");  // encode() adds BOS
+  }
+
+ private:
+  int64_t vocab_;
+};
+
+#if defined(DEEPINFER_HAVE_TOKENIZER)
+class TokenizerCodec final : public TextCodec {
+ public:
+  explicit TokenizerCodec(Tokenizer tok) : tok_(std::move(tok)) {}
+  std::vector<int32_t> encode(std::string_view text) const override {
+    std::vector<int32_t> ids = tok_.encode(text, /*add_special_tokens=*/false);
+    if (tok_.add_bos_token() && tok_.bos_id() && (ids.empty() || ids[0] != *tok_.bos_id())) ids.insert(ids.begin(), *tok_.bos_id());
+    return ids;
+  }
+  std::string token_bytes(int32_t id) const override { return tok_.token_bytes(id); }
+  bool is_special(int32_t id) const override { return tok_.is_special(id); }
+  std::string chat_prompt(const std::vector<ChatMessage>& msgs, const ChatTemplateOptions& o) const override {
+    std::vector<Message> m;
+    for (const ChatMessage& c : msgs) {
+      Message x;
+      x.role = c.role;
+      x.content = c.content;
+      m.push_back(std::move(x));
+    }
+    ChatOptions co;
+    co.add_generation_prompt = o.add_generation_prompt;
+    co.thinking = o.thinking;
+    return tok_.apply_chat_template(m, co);
+  }
+
+ private:
+  Tokenizer tok_;
+};
+#endif
+}  // namespace
+
+std::unique_ptr<TextCodec> make_toy_codec(int64_t vocab) { return std::make_unique<ToyCodec>(vocab); }
+
+std::unique_ptr<TextCodec> load_tokenizer_codec(const std::string& path) {
+#if defined(DEEPINFER_HAVE_TOKENIZER)
+  return std::make_unique<TokenizerCodec>(Tokenizer::from_file(path));
+#else
+  DI_THROW(TokenizerError, "cannot load the tokenizer at '", path,
+           "': this build has no tokenizer module (use skip_tokenizer_init and token-id prompts)");
+#endif
+}
+
+}  // namespace deepinfer::engine

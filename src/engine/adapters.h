@@ -1,0 +1,70 @@
+// Small adapters between the engine and modules built in parallel (tokenizer, grammar).
+// The engine talks only to these interfaces; when a module is absent from the build, the
+// factory says so with a typed error instead of breaking the build.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "deepinfer/sampling_params.h"
+
+namespace deepinfer {
+struct ChatMessage;
+struct ChatTemplateOptions;
+}  // namespace deepinfer
+
+namespace deepinfer::engine {
+
+// Text <-> token ids.
+class TextCodec {
+ public:
+  virtual ~TextCodec() = default;
+  // Prompt text to ids; adds BOS when the tokenizer's config asks for it.
+  virtual std::vector<int32_t> encode(std::string_view text) const = 0;
+  // Raw bytes of one token (possibly an incomplete UTF-8 sequence); "" for an id without one.
+  virtual std::string token_bytes(int32_t id) const = 0;
+  virtual bool is_special(int32_t id) const = 0;
+  // The model's chat prompt text (encode it with encode()).
+  virtual std::string chat_prompt(const std::vector<ChatMessage>& messages, const ChatTemplateOptions& options) const = 0;
+  std::string decode(const std::vector<int32_t>& ids, bool skip_special_tokens) const;
+};
+
+// Loads the tokenizer from a tokenizer.json / folder. Throws TokenizerError when the
+// tokenizer module is not built or the files are bad.
+std::unique_ptr<TextCodec> load_tokenizer_codec(const std::string& path);
+// The byte-level codec of the built-in toy model: 0 = BOS, 1 = EOS, 2 + b = byte b,
+// further ids are fixed two-letter pieces.
+std::unique_ptr<TextCodec> make_toy_codec(int64_t vocab_size);
+
+// The DeepSeek-V4 chat prompt (BOS + system + <｜User｜>…<｜Assistant｜></think>), used when no
+// tokenizer supplies its own.
+std::string v4_chat_prompt(const std::vector<ChatMessage>& messages, const ChatTemplateOptions& options,
+                           std::string_view bos, std::string_view eos);
+
+// One request's grammar state.
+class GrammarMatcher {
+ public:
+  virtual ~GrammarMatcher() = default;
+  // Bit t of mask[t/32] set = token t allowed next. `mask` is pre-sized to ceil(vocab/32).
+  virtual void fill_bitmask(std::vector<uint32_t>& mask) = 0;
+  virtual bool accept_token(int32_t token) = 0;  // false = the token violates the grammar
+  virtual bool is_terminated() const = 0;
+};
+
+class GrammarCompiler {
+ public:
+  virtual ~GrammarCompiler() = default;
+  // Throws GrammarError / InvalidArgument for a spec that does not compile.
+  virtual std::unique_ptr<GrammarMatcher> compile(const StructuredOutputsParams& spec) = 0;
+};
+// nullptr when the grammar module is not built (structured requests are then rejected).
+std::unique_ptr<GrammarCompiler> make_grammar_compiler(const TextCodec* codec, int64_t vocab_size);
+
+// Replaces invalid UTF-8 sequences with U+FFFD (bindings need valid UTF-8).
+std::string sanitize_utf8(std::string_view bytes);
+// Length of the longest prefix of `bytes` that is complete UTF-8 (an incomplete tail is held back).
+size_t complete_utf8_prefix(std::string_view bytes);
+
+}  // namespace deepinfer::engine

@@ -1,0 +1,132 @@
+#include "engine/engine.h"
+
+#include <chrono>
+
+#include "core/check.h"
+#include "core/logging.h"
+
+namespace deepinfer::engine {
+namespace {
+uint64_t splitmix(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+}  // namespace
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+Engine::Engine(const EngineConfig& config, std::unique_ptr<model::CausalLM> model, std::unique_ptr<TextCodec> codec,
+               std::unique_ptr<GrammarCompiler> grammar)
+    : config_(config), model_(std::move(model)), codec_(std::move(codec)), grammar_(std::move(grammar)) {
+  DI_CHECK(model_, "Engine needs a model");
+  SchedulerConfig& sc = config_.scheduler;
+  if (sc.max_model_len <= 0 || sc.max_model_len > model_->max_model_len()) sc.max_model_len = model_->max_model_len();
+  kv::CacheGeometry g = model_->plan_cache(config_.kv_cache_memory_bytes, sc.max_num_seqs);
+  if (g.num_blocks <= 0 || g.num_slots <= 0)
+    DI_THROW(OutOfMemory, "kv_cache_memory_bytes=", config_.kv_cache_memory_bytes, " holds no cache block (",
+             g.bytes_per_block, " B per block, ", g.bytes_per_slot, " B per slot, ", sc.max_num_seqs, " slots)");
+  // One sequence must fit in the whole cache, or it could never finish.
+  int64_t cap = g.num_blocks * g.block_tokens;
+  if (sc.max_model_len > cap) {
+    DI_WARN("cache holds ", cap, " tokens; lowering max_model_len from ", sc.max_model_len);
+    sc.max_model_len = cap;
+  }
+  sc.max_num_seqs = std::min(sc.max_num_seqs, g.num_slots);
+  model_->allocate_cache(g);
+  cache_ = std::make_unique<KVCacheManager>(g);
+  scheduler_ = std::make_unique<Scheduler>(sc, *cache_, model_->vocab_size());
+  runner_ = std::make_unique<ModelRunner>(*model_);
+  outputs_ = std::make_unique<OutputProcessor>(codec_.get());
+}
+
+Engine::~Engine() = default;
+
+std::vector<int32_t> Engine::tokenize(const PromptInput& prompt) const {
+  if (prompt.is_token_ids) return prompt.token_ids;
+  if (!codec_) DI_THROW(InvalidArgument, "text prompt given but the tokenizer is not loaded (skip_tokenizer_init); pass token ids");
+  return codec_->encode(prompt.text);
+}
+
+void Engine::add_request(const std::string& request_id, const PromptInput& prompt, const SamplingParams& params,
+                         double arrival_time) {
+  const int64_t vocab = model_->vocab_size(), max_len = config_.scheduler.max_model_len;
+  if (request_seqs_.count(request_id)) DI_THROW(InvalidArgument, "request id '", request_id, "' is already running");
+  params.validate(vocab);
+  if (prompt.is_token_ids ? prompt.token_ids.empty() : prompt.text.empty())
+    DI_THROW(InvalidArgument, "request '", request_id, "': prompt is empty");
+  auto ids = std::make_shared<std::vector<int32_t>>(tokenize(prompt));
+  if (ids->empty()) DI_THROW(InvalidArgument, "request '", request_id, "': prompt is empty after tokenization");
+  for (size_t i = 0; i < ids->size(); ++i)
+    if ((*ids)[i] < 0 || (*ids)[i] >= vocab)
+      DI_THROW(InvalidArgument, "request '", request_id, "': prompt token ", i, " is ", (*ids)[i], ", outside [0, ", vocab, ")");
+  if (int64_t(ids->size()) >= max_len)
+    DI_THROW(InvalidArgument, "request '", request_id, "': prompt has ", ids->size(), " tokens but max_model_len is ",
+             max_len, " (room is needed for at least one output token)");
+  if (!config_.scheduler.enable_chunked_prefill && int64_t(ids->size()) > config_.scheduler.max_num_batched_tokens)
+    DI_THROW(InvalidArgument, "request '", request_id, "': prompt has ", ids->size(), " tokens, more than max_num_batched_tokens=",
+             config_.scheduler.max_num_batched_tokens, " with chunked prefill off");
+  if (params.structured_outputs && !grammar_)
+    DI_THROW(InvalidArgument, "request '", request_id, "': structured outputs (so_args) need the grammar module, which this build lacks");
+  std::vector<std::unique_ptr<GrammarMatcher>> matchers;
+  if (params.structured_outputs)
+    for (int i = 0; i < params.n; ++i) matchers.push_back(grammar_->compile(*params.structured_outputs));
+
+  // Everything validated: commit.
+  auto sp = std::make_shared<const SamplingParams>(params);
+  int64_t arrival = next_arrival_++;
+  uint64_t seed = params.seed ? *params.seed : splitmix(config_.seed ^ splitmix(uint64_t(arrival)));
+  int64_t room = max_len - int64_t(ids->size());
+  std::vector<int64_t> seq_ids;
+  for (int i = 0; i < params.n; ++i) {
+    auto r = std::make_unique<Request>();
+    r->seq_id = next_seq_id_++;
+    r->arrival = arrival;
+    r->sample_index = uint32_t(i);
+    r->seed = seed;
+    r->params = sp;
+    r->prompt_ids = ids;
+    r->max_output_tokens = params.max_tokens ? std::min<int64_t>(*params.max_tokens, room) : room;
+    r->eos_token_id = model_->eos_token_id();
+    if (!matchers.empty()) r->grammar = std::move(matchers[size_t(i)]);
+    seq_ids.push_back(r->seq_id);
+    scheduler_->add(std::move(r));
+  }
+  outputs_->add(request_id, prompt.is_token_ids ? "" : prompt.text, ids, sp, seq_ids, arrival_time);
+  request_seqs_[request_id] = seq_ids;
+}
+
+std::vector<RequestOutput> Engine::step() {
+  SchedulerOutput plan = scheduler_->schedule();
+  if (plan.empty() && scheduler_->has_unfinished() && scheduler_->num_running() == 0)
+    DI_THROW(InternalError, "scheduler made no progress with ", scheduler_->num_waiting(), " waiting sequences");
+  ModelRunnerOutput result = runner_->execute(plan);
+  std::vector<SeqUpdate> updates = scheduler_->update(plan, result);
+  OutputProcessor::Result out = outputs_->process(updates, now_seconds());
+  for (int64_t id : out.stopped_seq_ids) scheduler_->finish(id, FinishReason::kStop);
+  for (const RequestOutput& o : out.outputs)
+    if (o.finished) request_seqs_.erase(o.request_id);
+  return std::move(out.outputs);
+}
+
+void Engine::abort(const std::string& request_id) {
+  auto it = request_seqs_.find(request_id);
+  if (it == request_seqs_.end()) return;
+  std::vector<SeqUpdate> updates;
+  for (int64_t id : it->second) {
+    if (!scheduler_->get(id)) continue;
+    scheduler_->finish(id, FinishReason::kAbort);
+    SeqUpdate u;
+    u.seq_id = id;
+    u.finished = true;
+    u.finish_reason = int(FinishReason::kAbort);
+    updates.push_back(u);
+  }
+  outputs_->process(updates, now_seconds());
+  request_seqs_.erase(it);
+}
+
+}  // namespace deepinfer::engine

@@ -1,0 +1,66 @@
+// Engine: one scheduling round per step(): Scheduler -> SchedulerOutput -> ModelRunner
+// (batched forward + sampling) -> ModelRunnerOutput -> Scheduler::update -> OutputProcessor.
+// Synchronous today; the messages are built so that the scheduler could plan step N+1 while
+// the runner executes step N (the runner keeps its own sequence state).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "deepinfer/llm.h"
+#include "engine/adapters.h"
+#include "engine/kv_cache_manager.h"
+#include "engine/model_runner.h"
+#include "engine/output_processor.h"
+#include "engine/scheduler.h"
+#include "model/causal_lm.h"
+
+namespace deepinfer::engine {
+
+struct EngineConfig {
+  SchedulerConfig scheduler;             // max_model_len 0 = the model's
+  size_t kv_cache_memory_bytes = size_t(1) << 30;
+  uint64_t seed = 0;
+};
+
+class Engine {
+ public:
+  // `codec` may be null (token ids only). `grammar` may be null (structured outputs rejected).
+  Engine(const EngineConfig& config, std::unique_ptr<model::CausalLM> model, std::unique_ptr<TextCodec> codec,
+         std::unique_ptr<GrammarCompiler> grammar = nullptr);
+  ~Engine();
+
+  // Validates and queues a request. Throws InvalidArgument (bad prompt or params),
+  // TokenizerError or GrammarError; the engine is unchanged then.
+  void add_request(const std::string& request_id, const PromptInput& prompt, const SamplingParams& params,
+                   double arrival_time);
+  std::vector<RequestOutput> step();
+  void abort(const std::string& request_id);
+  bool has_unfinished() const { return scheduler_->has_unfinished(); }
+
+  model::CausalLM& model() { return *model_; }
+  const TextCodec* codec() const { return codec_.get(); }
+  const Scheduler& scheduler() const { return *scheduler_; }
+  const KVCacheManager& cache() const { return *cache_; }
+  const ModelRunner& runner() const { return *runner_; }
+  int64_t max_model_len() const { return config_.scheduler.max_model_len; }
+
+ private:
+  std::vector<int32_t> tokenize(const PromptInput& prompt) const;
+
+  EngineConfig config_;
+  std::unique_ptr<model::CausalLM> model_;
+  std::unique_ptr<TextCodec> codec_;
+  std::unique_ptr<GrammarCompiler> grammar_;
+  std::unique_ptr<KVCacheManager> cache_;
+  std::unique_ptr<Scheduler> scheduler_;
+  std::unique_ptr<ModelRunner> runner_;
+  std::unique_ptr<OutputProcessor> outputs_;
+  std::unordered_map<std::string, std::vector<int64_t>> request_seqs_;
+  int64_t next_seq_id_ = 0, next_arrival_ = 0;
+};
+
+double now_seconds();
+
+}  // namespace deepinfer::engine

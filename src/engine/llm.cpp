@@ -1,0 +1,183 @@
+// deepinfer::LLM: resolves the config (environment read once), builds the Engine, and runs
+// it to completion for generate()/chat(), turning bad requests into per-request errors.
+#include "deepinfer/llm.h"
+
+#include <cstdio>
+#include <unistd.h>
+
+#include "core/check.h"
+#include "core/env.h"
+#include "core/logging.h"
+#include "engine/engine.h"
+#include "engine/model_loader.h"
+
+namespace deepinfer {
+using engine::Engine;
+
+struct LLM::Impl {
+  EnvConfig env;
+  std::unique_ptr<Engine> engine;
+  GenerateSummary summary;
+  int64_t next_id = 0;
+};
+
+LLM::LLM(const LLMConfig& config) : impl_(std::make_unique<Impl>()) {
+  impl_->env = EnvConfig::from_environment();
+  if (config.accelerator == "cpu") impl_->env.accelerator = Accelerator::kCPU;
+  else if (config.accelerator == "nvidia" || config.accelerator == "cuda") impl_->env.accelerator = Accelerator::kNvidia;
+  else if (!config.accelerator.empty())
+    DI_THROW(InvalidArgument, "LLMConfig.accelerator='", config.accelerator, "' is not one of: cpu, nvidia");
+  std::string path = engine::resolve_model_path(config, impl_->env);
+  auto model = engine::load_model(path, impl_->env);
+  auto codec = engine::load_codec(config, path, model->vocab_size());
+  auto grammar = engine::make_grammar_compiler(codec.get(), model->vocab_size());
+  engine::EngineConfig ec;
+  ec.scheduler.max_num_seqs = config.max_num_seqs;
+  ec.scheduler.max_num_batched_tokens = config.max_num_batched_tokens;
+  ec.scheduler.max_model_len = config.max_model_len;
+  ec.scheduler.enable_chunked_prefill = config.enable_chunked_prefill;
+  if (config.max_num_seqs <= 0) DI_THROW(InvalidArgument, "LLMConfig.max_num_seqs must be positive");
+  if (config.max_num_batched_tokens <= 0) DI_THROW(InvalidArgument, "LLMConfig.max_num_batched_tokens must be positive");
+  if (config.kv_cache_memory_bytes) ec.kv_cache_memory_bytes = config.kv_cache_memory_bytes;
+  ec.seed = config.seed;
+  impl_->engine = std::make_unique<Engine>(ec, std::move(model), std::move(codec), std::move(grammar));
+}
+
+LLM::~LLM() = default;
+LLM::LLM(LLM&&) noexcept = default;
+LLM& LLM::operator=(LLM&&) noexcept = default;
+
+namespace {
+void draw_progress(int64_t done, int64_t total, int64_t out_tokens, double elapsed) {
+  int width = 30, fill = total ? int(width * done / total) : width;
+  std::fprintf(stderr, "\rProcessed prompts: [%.*s%*s] %lld/%lld  %.1f out tok/s", fill,
+               "##############################", width - fill, "", (long long)done, (long long)total,
+               elapsed > 0 ? double(out_tokens) / elapsed : 0.0);
+  std::fflush(stderr);
+}
+}  // namespace
+
+std::vector<RequestOutput> LLM::generate(const std::vector<PromptInput>& prompts, const std::vector<SamplingParams>& params,
+                                         const GenerateOptions& options) {
+  if (params.size() != 1 && params.size() != prompts.size())
+    DI_THROW(InvalidArgument, "generate: got ", params.size(), " SamplingParams for ", prompts.size(),
+             " prompts (pass one, or one per prompt)");
+  Engine& eng = *impl_->engine;
+  GenerateSummary s;
+  s.num_requests = int64_t(prompts.size());
+  int64_t steps0 = eng.scheduler().stats().num_steps, pre0 = eng.scheduler().stats().num_preemptions;
+  double t0 = engine::now_seconds();
+  std::vector<RequestOutput> results(prompts.size());
+  std::unordered_map<std::string, size_t> index;
+  int64_t done = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    std::string id = std::to_string(impl_->next_id++);
+    results[i].request_id = id;
+    try {
+      eng.add_request(id, prompts[i], params.size() == 1 ? params[0] : params[i], engine::now_seconds());
+      index[id] = i;
+    } catch (const Error& e) {
+      // A bad request fails alone; the rest of the batch still runs.
+      results[i].prompt = prompts[i].text;
+      results[i].prompt_token_ids = prompts[i].token_ids;
+      results[i].finished = true;
+      results[i].error = e.what();
+      s.num_failed++;
+      done++;
+      DI_WARN("request ", i, " rejected: ", e.what());
+      if (options.on_output) options.on_output(results[i]);
+    }
+  }
+  bool bar = options.progress_bar && isatty(2);
+  while (eng.has_unfinished()) {
+    for (RequestOutput& o : eng.step()) {
+      if (options.on_output) options.on_output(o);
+      if (!o.finished) continue;
+      done++;
+      results[index.at(o.request_id)] = std::move(o);
+    }
+    if (bar) {
+      int64_t out_tok = 0;
+      for (auto& r : results) for (auto& c : r.outputs) out_tok += int64_t(c.token_ids.size());
+      draw_progress(done, s.num_requests, out_tok, engine::now_seconds() - t0);
+    }
+  }
+  if (bar) std::fprintf(stderr, "\n");
+  s.elapsed_s = engine::now_seconds() - t0;
+  int64_t n_ttft = 0, n_tpot = 0;
+  for (const RequestOutput& r : results) {
+    if (!r.error.empty()) continue;
+    s.num_prompt_tokens += int64_t(r.prompt_token_ids.size());
+    s.num_output_tokens += r.metrics.num_generation_tokens;
+    if (r.metrics.first_token_time > 0) {
+      s.mean_ttft_s += r.metrics.first_token_time - r.metrics.arrival_time;
+      n_ttft++;
+    }
+    int64_t n = r.outputs.empty() ? 0 : int64_t(r.outputs[0].token_ids.size());
+    if (n > 1) {
+      s.mean_tpot_s += (r.metrics.last_token_time - r.metrics.first_token_time) / double(n - 1);
+      n_tpot++;
+    }
+  }
+  if (n_ttft) s.mean_ttft_s /= double(n_ttft);
+  if (n_tpot) s.mean_tpot_s /= double(n_tpot);
+  if (s.elapsed_s > 0) {
+    s.output_tokens_per_s = double(s.num_output_tokens) / s.elapsed_s;
+    s.total_tokens_per_s = double(s.num_output_tokens + s.num_prompt_tokens) / s.elapsed_s;
+  }
+  s.num_steps = eng.scheduler().stats().num_steps - steps0;
+  s.num_preemptions = eng.scheduler().stats().num_preemptions - pre0;
+  impl_->summary = s;
+  return results;
+}
+
+std::vector<RequestOutput> LLM::chat(const std::vector<std::vector<ChatMessage>>& conversations,
+                                     const std::vector<SamplingParams>& params, const ChatTemplateOptions& chat_options,
+                                     const GenerateOptions& options) {
+  std::vector<PromptInput> prompts;
+  for (const auto& conv : conversations) prompts.push_back(PromptInput::from_text(chat_prompt(conv, chat_options)));
+  return generate(prompts, params, options);
+}
+
+std::string LLM::chat_prompt(const std::vector<ChatMessage>& conversation, const ChatTemplateOptions& options) const {
+  const engine::TextCodec* c = impl_->engine->codec();
+  if (!c) DI_THROW(TokenizerError, "chat needs a tokenizer (the LLM was built with skip_tokenizer_init)");
+  return c->chat_prompt(conversation, options);
+}
+
+std::vector<int32_t> LLM::encode(const std::string& text) const {
+  const engine::TextCodec* c = impl_->engine->codec();
+  if (!c) DI_THROW(TokenizerError, "no tokenizer loaded (skip_tokenizer_init)");
+  return c->encode(text);
+}
+
+std::string LLM::decode(const std::vector<int32_t>& ids, bool skip_special_tokens) const {
+  const engine::TextCodec* c = impl_->engine->codec();
+  if (!c) DI_THROW(TokenizerError, "no tokenizer loaded (skip_tokenizer_init)");
+  return c->decode(ids, skip_special_tokens);
+}
+
+bool LLM::has_tokenizer() const { return impl_->engine->codec() != nullptr; }
+int64_t LLM::vocab_size() const { return impl_->engine->model().vocab_size(); }
+int64_t LLM::max_model_len() const { return impl_->engine->max_model_len(); }
+const GenerateSummary& LLM::last_summary() const { return impl_->summary; }
+
+std::string LLM::describe() const {
+  const kv::CacheGeometry& g = impl_->engine->cache().geometry();
+  return detail::str_cat(impl_->engine->model().describe(), "; cache: ", g.num_blocks, " blocks x ", g.block_tokens,
+                         " tokens, ", g.num_slots, " slots; max_model_len ", max_model_len(), "; accelerator ",
+                         accelerator_name(impl_->env.accelerator));
+}
+
+std::string GenerateSummary::str() const {
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "requests: %lld (%lld failed)  prompt tokens: %lld  output tokens: %lld  time: %.2f s\n"
+                "TTFT: %.1f ms  TPOT: %.1f ms  throughput: %.1f output tok/s, %.1f total tok/s  steps: %lld  preemptions: %lld",
+                (long long)num_requests, (long long)num_failed, (long long)num_prompt_tokens, (long long)num_output_tokens,
+                elapsed_s, mean_ttft_s * 1e3, mean_tpot_s * 1e3, output_tokens_per_s, total_tokens_per_s,
+                (long long)num_steps, (long long)num_preemptions);
+  return buf;
+}
+
+}  // namespace deepinfer

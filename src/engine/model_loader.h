@@ -1,0 +1,21 @@
+// Resolves LLMConfig.model and loads the model and tokenizer behind their interfaces.
+#pragma once
+#include <memory>
+#include <string>
+
+#include "core/env.h"
+#include "deepinfer/llm.h"
+#include "engine/adapters.h"
+#include "model/causal_lm.h"
+
+namespace deepinfer::engine {
+
+// config.model, else env.hf_model_dir, else the bundled <repo>/models/default.
+std::string resolve_model_path(const LLMConfig& config, const EnvConfig& env);
+// Loads the checkpoint at `path` on the backend `env` selects. "builtin:toy" gives ToyModel.
+// Throws CheckpointError naming the folder when it is missing or the model module is absent.
+std::unique_ptr<model::CausalLM> load_model(const std::string& path, const EnvConfig& env);
+// Tokenizer for the model at `path` (or config.tokenizer); null with skip_tokenizer_init.
+std::unique_ptr<TextCodec> load_codec(const LLMConfig& config, const std::string& model_path, int64_t vocab_size);
+
+}  // namespace deepinfer::engine

@@ -1,0 +1,44 @@
+// Request: the scheduler's record of one sequence (one of a prompt's n samples). Its state
+// changes only in Scheduler (schedule / update / finish); other parts read it or get copies
+// through SchedulerOutput.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "deepinfer/sampling_params.h"
+#include "engine/adapters.h"
+
+namespace deepinfer::engine {
+
+enum class RequestStatus { kWaiting, kRunning, kFinished };
+enum class FinishReason { kNone, kStop, kLength, kAbort };
+const char* finish_reason_name(FinishReason r);
+
+struct Request {
+  int64_t seq_id = 0;                   // engine-unique id of this sequence
+  int64_t arrival = 0;                  // FCFS order (shared by a prompt's n samples)
+  uint32_t sample_index = 0;            // which of the n samples
+  uint64_t seed = 0;                    // Philox key
+  std::shared_ptr<const SamplingParams> params;
+  std::shared_ptr<const std::vector<int32_t>> prompt_ids;  // [prompt_len]
+  std::vector<int32_t> output_ids;      // generated so far
+  int64_t max_output_tokens = 0;        // min(max_tokens, max_model_len - prompt_len)
+  int64_t eos_token_id = -1;
+  std::unique_ptr<GrammarMatcher> grammar;  // null unless structured outputs
+
+  RequestStatus status = RequestStatus::kWaiting;
+  int64_t num_computed_tokens = 0;      // tokens whose cache entries exist
+  FinishReason finish_reason = FinishReason::kNone;
+  int32_t stop_token_id = -1;           // set when a stop/eos token finished it
+  int64_t num_preemptions = 0;
+
+  int64_t prompt_len() const { return int64_t(prompt_ids->size()); }
+  int64_t num_tokens() const { return prompt_len() + int64_t(output_ids.size()); }
+  int32_t token_at(int64_t pos) const {
+    return pos < prompt_len() ? (*prompt_ids)[size_t(pos)] : output_ids[size_t(pos - prompt_len())];
+  }
+};
+
+}  // namespace deepinfer::engine

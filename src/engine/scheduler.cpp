@@ -1,0 +1,223 @@
+#include "engine/scheduler.h"
+
+#include <algorithm>
+
+#include "core/check.h"
+#include "core/logging.h"
+
+namespace deepinfer::engine {
+namespace {
+bool earlier(const Request* a, const Request* b) {
+  return a->arrival != b->arrival ? a->arrival < b->arrival : a->sample_index < b->sample_index;
+}
+}  // namespace
+
+const char* finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kAbort: return "abort";
+    case FinishReason::kNone: break;
+  }
+  return "";
+}
+
+Scheduler::Scheduler(const SchedulerConfig& config, KVCacheManager& cache, int64_t vocab_size)
+    : config_(config), cache_(cache), vocab_size_(vocab_size) {
+  DI_CHECK(config.max_num_seqs > 0 && config.max_num_batched_tokens > 0, "bad scheduler config");
+}
+
+void Scheduler::add(std::unique_ptr<Request> request) {
+  Request* r = request.get();
+  DI_CHECK(r->prompt_len() > 0 && r->max_output_tokens > 0, "unvalidated request ", r->seq_id);
+  DI_CHECK(!requests_.count(r->seq_id), "duplicate seq id ", r->seq_id);
+  requests_.emplace(r->seq_id, std::move(request));
+  first_scheduled_pending_[r->seq_id] = true;
+  insert_waiting(r);
+}
+
+const Request* Scheduler::get(int64_t seq_id) const {
+  auto it = requests_.find(seq_id);
+  return it == requests_.end() ? nullptr : it->second.get();
+}
+
+void Scheduler::insert_waiting(Request* r) {
+  r->status = RequestStatus::kWaiting;
+  waiting_.insert(std::upper_bound(waiting_.begin(), waiting_.end(), r, earlier), r);
+}
+
+void Scheduler::insert_running(Request* r) {
+  r->status = RequestStatus::kRunning;
+  running_.insert(std::upper_bound(running_.begin(), running_.end(), r, earlier), r);
+}
+
+void Scheduler::preempt(Request* r, SchedulerOutput& out) {
+  cache_.free(r->seq_id);
+  r->num_computed_tokens = 0;
+  r->num_preemptions++;
+  stats_.num_preemptions++;
+  out.preempted_seq_ids.push_back(r->seq_id);
+  running_.erase(std::find(running_.begin(), running_.end(), r));
+  insert_waiting(r);
+  DI_DEBUG("preempted seq ", r->seq_id, " (", r->num_tokens(), " tokens)");
+}
+
+// Returns true when a sequence was preempted (then no waiting sequence is admitted).
+bool Scheduler::schedule_running(SchedulerOutput& out, int64_t& budget) {
+  bool preempted = false;
+  for (size_t i = 0; i < running_.size() && budget > 0;) {
+    Request* r = running_[i];
+    int64_t remaining = r->num_tokens() - r->num_computed_tokens;
+    DI_CHECK(remaining > 0, "running seq ", r->seq_id, " has nothing to compute");
+    int64_t n = std::min(remaining, budget);
+    if (!config_.enable_chunked_prefill && n < remaining) { ++i; continue; }
+    std::vector<int32_t> new_blocks;
+    bool self_preempted = false;
+    while (!cache_.allocate(r->seq_id, r->num_computed_tokens + n, &new_blocks)) {
+      Request* victim = running_.back();
+      preempt(victim, out);
+      preempted = true;
+      if (victim == r) { self_preempted = true; break; }
+    }
+    if (self_preempted) break;  // everything after it was preempted first
+    out.cached_seqs.push_back({r->seq_id, std::move(new_blocks), r->num_computed_tokens});
+    out.scheduled.push_back({r->seq_id, int32_t(n), r->num_computed_tokens + n == r->num_tokens()});
+    budget -= n;
+    ++i;
+  }
+  return preempted;
+}
+
+void Scheduler::schedule_waiting(SchedulerOutput& out, int64_t& budget) {
+  while (!waiting_.empty() && budget > 0 && int64_t(running_.size()) < config_.max_num_seqs) {
+    Request* r = waiting_.front();
+    int64_t remaining = r->num_tokens() - r->num_computed_tokens;
+    int64_t n = std::min(remaining, budget);
+    if (!config_.enable_chunked_prefill && n < remaining) break;
+    if (!cache_.allocate(r->seq_id, r->num_computed_tokens + n)) break;  // head waits: FCFS
+    waiting_.pop_front();
+    insert_running(r);
+    const SeqCache* c = cache_.get(r->seq_id);
+    NewSeqData d;
+    d.seq_id = r->seq_id;
+    d.prompt_ids = r->prompt_ids;
+    d.output_ids = r->output_ids;
+    d.params = r->params;
+    d.seed = r->seed;
+    d.sample_index = r->sample_index;
+    d.eos_token_id = r->eos_token_id;
+    d.cache_slot = c->slot;
+    d.block_ids = c->block_ids;
+    d.num_computed_tokens = r->num_computed_tokens;
+    out.new_seqs.push_back(std::move(d));
+    out.scheduled.push_back({r->seq_id, int32_t(n), r->num_computed_tokens + n == r->num_tokens()});
+    budget -= n;
+  }
+}
+
+void Scheduler::fill_grammar_masks(SchedulerOutput& out) {
+  for (const ScheduledSeq& s : out.scheduled) {
+    Request& r = *requests_.at(s.seq_id);
+    if (!s.samples || !r.grammar) continue;
+    std::vector<uint32_t> mask(size_t((vocab_size_ + 31) / 32), 0);
+    r.grammar->fill_bitmask(mask);
+    out.grammar_seq_ids.push_back(s.seq_id);
+    out.grammar_masks.push_back(std::move(mask));
+  }
+}
+
+SchedulerOutput Scheduler::schedule() {
+  SchedulerOutput out;
+  out.finished_seq_ids = std::move(finished_since_last_);
+  finished_since_last_.clear();
+  int64_t budget = config_.max_num_batched_tokens;
+  bool preempted = schedule_running(out, budget);
+  if (!preempted) schedule_waiting(out, budget);
+  out.total_num_tokens = config_.max_num_batched_tokens - budget;
+  fill_grammar_masks(out);
+  stats_.num_steps++;
+  stats_.max_tokens_in_step = std::max(stats_.max_tokens_in_step, out.total_num_tokens);
+  stats_.max_seqs_in_step = std::max(stats_.max_seqs_in_step, int64_t(out.scheduled.size()));
+  return out;
+}
+
+void Scheduler::release(Request& r) {
+  cache_.free(r.seq_id);
+  if (r.status == RequestStatus::kRunning) running_.erase(std::find(running_.begin(), running_.end(), &r));
+  else if (r.status == RequestStatus::kWaiting) waiting_.erase(std::find(waiting_.begin(), waiting_.end(), &r));
+  r.status = RequestStatus::kFinished;
+  finished_since_last_.push_back(r.seq_id);
+}
+
+bool Scheduler::apply_token(Request& r, const SampledToken& s) {
+  r.output_ids.push_back(s.token);
+  const SamplingParams& p = *r.params;
+  int64_t n_out = int64_t(r.output_ids.size());
+  if (r.grammar && !r.grammar->accept_token(s.token)) {
+    DI_WARN("seq ", r.seq_id, ": sampled token ", s.token, " rejected by its grammar; finishing it");
+    r.finish_reason = FinishReason::kAbort;
+    return true;
+  }
+  bool may_stop = n_out > p.min_tokens;  // the sampler masks stop tokens before min_tokens
+  if (may_stop && !p.ignore_eos && s.token == r.eos_token_id) {
+    r.finish_reason = FinishReason::kStop;
+    r.stop_token_id = s.token;
+  } else if (may_stop && std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), s.token) != p.stop_token_ids.end()) {
+    r.finish_reason = FinishReason::kStop;
+    r.stop_token_id = s.token;
+  } else if (n_out >= r.max_output_tokens) {
+    r.finish_reason = FinishReason::kLength;
+  } else if (r.grammar && r.grammar->is_terminated()) {
+    r.finish_reason = FinishReason::kStop;
+  }
+  return r.finish_reason != FinishReason::kNone;
+}
+
+std::vector<SeqUpdate> Scheduler::update(const SchedulerOutput& out, const ModelRunnerOutput& result) {
+  std::unordered_map<int64_t, const SampledToken*> sampled;
+  for (const SampledToken& s : result.sampled) sampled[s.seq_id] = &s;
+  std::unordered_map<int64_t, std::vector<const PromptLogprobsChunk*>> prompt_lp;
+  for (const PromptLogprobsChunk& c : result.prompt_logprobs) prompt_lp[c.seq_id].push_back(&c);
+
+  std::vector<SeqUpdate> updates;
+  for (const ScheduledSeq& s : out.scheduled) {
+    auto it = requests_.find(s.seq_id);
+    if (it == requests_.end() || it->second->status != RequestStatus::kRunning) continue;
+    Request& r = *it->second;
+    r.num_computed_tokens += s.num_tokens;
+    SeqUpdate u;
+    u.seq_id = r.seq_id;
+    u.num_preemptions = r.num_preemptions;
+    if (auto f = first_scheduled_pending_.find(r.seq_id); f != first_scheduled_pending_.end()) {
+      u.first_scheduled = true;
+      first_scheduled_pending_.erase(f);
+    }
+    for (auto* c : prompt_lp[r.seq_id]) u.prompt_logprobs.push_back(*c);
+    if (auto sp = sampled.find(r.seq_id); sp != sampled.end()) {
+      DI_CHECK(s.samples && r.num_computed_tokens == r.num_tokens(), "seq ", r.seq_id, " sampled mid-prefill");
+      u.new_token_ids.push_back(sp->second->token);
+      if (sp->second->logprobs) u.new_logprobs.push_back(*sp->second->logprobs);
+      if (apply_token(r, *sp->second)) {
+        u.finished = true;
+        u.finish_reason = int(r.finish_reason);
+        u.stop_token_id = r.stop_token_id;
+        release(r);
+      }
+    }
+    updates.push_back(std::move(u));
+  }
+  for (const SeqUpdate& u : updates)
+    if (u.finished) requests_.erase(u.seq_id);
+  return updates;
+}
+
+void Scheduler::finish(int64_t seq_id, FinishReason reason) {
+  auto it = requests_.find(seq_id);
+  if (it == requests_.end()) return;
+  it->second->finish_reason = reason;
+  release(*it->second);
+  first_scheduled_pending_.erase(seq_id);
+  requests_.erase(it);
+}
+
+}  // namespace deepinfer::engine

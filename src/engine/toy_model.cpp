@@ -1,0 +1,113 @@
+#include "engine/toy_model.h"
+
+#include <algorithm>
+
+#include "core/check.h"
+
+namespace deepinfer::engine {
+namespace {
+uint64_t mix(uint64_t x) {  // splitmix64 finaliser
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+uint64_t roll(uint64_t h, int32_t tok) { return mix(h * 0x100000001B3ull + uint64_t(tok) + 1); }
+uint64_t initial_hash(const ToyModelConfig& c) { return mix(c.weights_seed); }
+
+// window = the last (up to) 4 tokens ending at p
+void fill_logits(const ToyModelConfig& c, uint64_t hash, const int32_t* window, int n_window, float* out) {
+  uint64_t w = 0;
+  for (int i = 0; i < n_window; ++i) w = mix(w ^ uint64_t(window[i] + 7));
+  uint64_t g = mix(hash ^ (w << 17 | w >> 47));
+  for (int64_t v = 0; v < c.vocab_size; ++v) {
+    double u = double(mix(g + uint64_t(v)) >> 11) * (1.0 / 9007199254740992.0);
+    float bonus = (v >= 2 + 32 && v < 2 + 127) ? 1.5f : 0.0f;  // mostly printable text
+    if (v == 1) bonus = -1.0f;                                  // EOS: rare but reachable
+    out[v] = float(4.0 * (u - 0.5)) + bonus;
+  }
+}
+}  // namespace
+
+std::string ToyModel::describe() const {
+  return detail::str_cat("ToyModel(vocab=", cfg_.vocab_size, ", max_model_len=", cfg_.max_model_len, ", cpu)");
+}
+
+kv::CacheGeometry ToyModel::plan_cache(size_t budget_bytes, int64_t max_slots) const {
+  kv::CacheGeometry g;
+  g.block_tokens = cfg_.block_tokens;
+  g.bytes_per_block = size_t(cfg_.block_tokens) * sizeof(int32_t);
+  g.bytes_per_slot = sizeof(Slot);
+  g.num_slots = max_slots;
+  size_t fixed = size_t(max_slots) * g.bytes_per_slot;
+  g.num_blocks = budget_bytes > fixed ? int64_t((budget_bytes - fixed) / g.bytes_per_block) : 0;
+  // More than every slot at max_model_len is never useful; keeps big default budgets cheap.
+  g.num_blocks = std::min(g.num_blocks, max_slots * ((cfg_.max_model_len + cfg_.block_tokens - 1) / cfg_.block_tokens));
+  return g;
+}
+
+void ToyModel::allocate_cache(const kv::CacheGeometry& g) {
+  geometry_ = g;
+  blocks_.assign(size_t(g.num_blocks * g.block_tokens), -1);
+  slots_.assign(size_t(g.num_slots), Slot{});
+}
+
+void ToyModel::reset_slot(int32_t slot) {
+  DI_CHECK(slot >= 0 && slot < int32_t(slots_.size()), "slot ", slot, " out of range");
+  slots_[size_t(slot)] = Slot{initial_hash(cfg_), 0, true};
+}
+
+Tensor ToyModel::forward(const model::ForwardBatch& batch) {
+  ++num_forward_calls_;
+  const int64_t bt = geometry_.block_tokens, V = cfg_.vocab_size;
+  std::vector<int64_t> row_of(batch.token_ids.size(), -1);
+  for (size_t r = 0; r < batch.logits_indices.size(); ++r) {
+    int32_t i = batch.logits_indices[r];
+    DI_CHECK(i >= 0 && i < int32_t(batch.token_ids.size()), "logits index ", i, " outside the batch");
+    row_of[size_t(i)] = int64_t(r);
+  }
+  Tensor logits = Tensor::empty({int64_t(batch.logits_indices.size()), V}, DType::kF32);
+  float* L = logits.data<float>();
+  size_t t = 0;
+  for (const model::SeqInBatch& s : batch.seqs) {
+    DI_CHECK(s.cache_slot >= 0 && s.cache_slot < int32_t(slots_.size()), "bad slot ", s.cache_slot);
+    Slot& slot = slots_[size_t(s.cache_slot)];
+    DI_CHECK(slot.reset, "slot ", s.cache_slot, " used without reset_slot");
+    DI_CHECK(slot.len == s.num_computed_tokens, "slot ", s.cache_slot, " holds ", slot.len,
+             " tokens but the batch says ", s.num_computed_tokens, " are computed");
+    for (int32_t j = 0; j < s.num_new_tokens; ++j, ++t) {
+      DI_CHECK(t < batch.token_ids.size(), "batch has fewer tokens than its sequences claim");
+      int64_t p = s.num_computed_tokens + j;
+      DI_CHECK(p / bt < int64_t(s.block_table.size()), "position ", p, " has no block");
+      int32_t blk = s.block_table[size_t(p / bt)];
+      DI_CHECK(blk >= 0 && blk < geometry_.num_blocks, "block id ", blk, " out of range");
+      blocks_[size_t(blk * bt + p % bt)] = batch.token_ids[t];
+      slot.hash = roll(slot.hash, batch.token_ids[t]);
+      slot.len = p + 1;
+      if (row_of[t] < 0) continue;
+      int32_t window[4];
+      int n = 0;
+      for (int64_t q = std::max<int64_t>(0, p - 3); q <= p; ++q) {
+        int32_t v = blocks_[size_t(s.block_table[size_t(q / bt)] * bt + q % bt)];
+        DI_CHECK(v >= 0, "position ", q, " read from an unwritten block");
+        window[n++] = v;
+      }
+      fill_logits(cfg_, slot.hash, window, n, L + row_of[t] * V);
+    }
+  }
+  DI_CHECK(t == batch.token_ids.size(), "batch has more tokens than its sequences claim");
+  return logits;
+}
+
+std::vector<float> ToyModel::reference_logits(const ToyModelConfig& c, const std::vector<int32_t>& tokens) {
+  std::vector<float> out(tokens.size() * size_t(c.vocab_size));
+  uint64_t h = initial_hash(c);
+  for (size_t p = 0; p < tokens.size(); ++p) {
+    h = roll(h, tokens[p]);
+    size_t lo = p >= 3 ? p - 3 : 0;
+    fill_logits(c, h, tokens.data() + lo, int(p - lo + 1), out.data() + p * size_t(c.vocab_size));
+  }
+  return out;
+}
+
+}  // namespace deepinfer::engine
