@@ -9,7 +9,7 @@
 namespace deepinfer::ops::cpu {
 
 void compressor_pool(const CompressorPoolArgs& p) {
-  const int64_t m = p.ratio, c = p.width;
+  const int64_t m = p.ratio, c = p.width, ld = p.row_stride ? p.row_stride : p.width;
   const int64_t d = p.overlap ? c / 2 : c;
   DI_CHECK(m > 0 && (!p.overlap || c % 2 == 0), "compressor_pool: ratio=", m, " width=", c);
   for (int64_t b = p.first_block; b < p.first_block + p.n_blocks; ++b) {  // validate before threads
@@ -35,12 +35,12 @@ void compressor_pool(const CompressorPoolArgs& p) {
           for (int64_t s = 0; s < m; ++s) fn(m * b + s - p.row0, e);
         }
       };
-      visit([&](int64_t r, int64_t col) { mx = std::max(mx, p.z[r * c + col]); });
+      visit([&](int64_t r, int64_t col) { mx = std::max(mx, p.z[r * ld + col]); });
       float sum = 0.f, acc = 0.f;
       visit([&](int64_t r, int64_t col) {
-        const float w = std::exp(p.z[r * c + col] - mx);
+        const float w = std::exp(p.z[r * ld + col] - mx);
         sum += w;
-        acc += w * p.a[r * c + col];
+        acc += w * p.a[r * ld + col];
       });
       out[e] = acc / sum;
     }

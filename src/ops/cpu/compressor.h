@@ -8,11 +8,12 @@
 namespace deepinfer::ops::cpu {
 
 struct CompressorPoolArgs {
-  const float* a = nullptr;   // [n_rows, c]  rows of consecutive source tokens row0, row0+1, ...
-  const float* z = nullptr;   // [n_rows, c]  gate logits (ape already added)
+  const float* a = nullptr;   // [n_rows, c] (row stride row_stride) rows of consecutive source tokens row0, row0+1, ...
+  const float* z = nullptr;   // [n_rows, c] (row stride row_stride) gate logits (ape already added)
   int64_t row0 = 0;           // absolute position of row 0
   int64_t n_rows = 0;
   int64_t width = 0;          // c: d (disjoint) or 2d (overlapping)
+  int64_t row_stride = 0;     // elements between rows of a and z (0 = width)
   int64_t ratio = 0;          // m
   bool overlap = false;       // CSA: block i = A-halves (dims [0,d)) of tokens m(i-1)..mi-1
                               //      ++ B-halves (dims [d,2d)) of tokens mi..mi+m-1

@@ -1,0 +1,277 @@
+#include "model/deepseek_v4/model.h"
+
+#include <algorithm>
+#include <cstring>
+#include <sstream>
+#include <unordered_set>
+
+#include "core/check.h"
+#include "deepinfer/error.h"
+#include "model/deepseek_v4/model_internal.h"
+#include "ops/cpu/gemm.h"
+#include "ops/cpu/hc.h"
+#include "ops/cpu/rmsnorm.h"
+
+namespace deepinfer::model::v4 {
+using namespace ops::cpu;
+
+DeepseekV4Model::~DeepseekV4Model() = default;
+
+std::unique_ptr<DeepseekV4Model> DeepseekV4Model::load(const std::string& dir, const ModelOptions& options) {
+  std::unique_ptr<DeepseekV4Model> m(new DeepseekV4Model());
+  m->cfg_ = DeepseekV4Config::from_file(dir);
+  if (m->cfg_.num_kv_heads != 1)
+    DI_THROW(ConfigError, dir, "/config.json: num_key_value_heads must be 1, got ", m->cfg_.num_kv_heads);
+  DeepseekV4Weights w = DeepseekV4Weights::load(dir, m->cfg_, LoadOptions{.progress = options.progress});
+  if (!options.load_mtp) w.mtp.clear();
+  m->prepare_weights(w);
+  m->ws_ = std::make_unique<Workspace>();
+  return m;
+}
+
+namespace {
+std::vector<float> inv_freq_for(const RopeParams& p, int64_t rope_dim) {
+  if (!p.yarn) return rope_inv_freq(p.theta, rope_dim, nullptr);
+  YarnScaling y{p.factor, double(p.original_max_position), p.beta_fast, p.beta_slow};
+  return rope_inv_freq(p.theta, rope_dim, &y);
+}
+}  // namespace
+
+void DeepseekV4Model::prepare_weights(const DeepseekV4Weights& w) {
+  const DeepseekV4Config& c = cfg_;
+  if (c.rope.attention_factor != 1.0 || c.compress_rope.attention_factor != 1.0)
+    DI_THROW(ConfigError, c.origin, ": rope attention_factor != 1 is not supported by DeepSeek-V4");
+  w_.inv_freq_main = inv_freq_for(c.rope, c.rope_head_dim);
+  w_.inv_freq_compress = inv_freq_for(c.compress_rope, c.rope_head_dim);
+  w_.embed = to_f32_contig(w.embed);
+  w_.head = to_f32_contig(w.head);
+  w_.norm = to_f32_contig(w.norm);
+  w_.hc_head = {to_f32_contig(w.hc_head.fn), to_f32_contig(w.hc_head.base), to_f32_contig(w.hc_head.scale)};
+  for (int64_t l = 0; l < c.num_layers; ++l)
+    w_.layers.push_back(to_cpu_layer(w.layers[l], c.layer_types[l], c.compress_ratio[l], c, w_));
+  for (size_t k = 0; k < w.mtp.size(); ++k) {
+    const MtpWeights& mw = w.mtp[k];
+    const int64_t ratio = k < c.mtp_compress_ratio.size() ? c.mtp_compress_ratio[k] : 0;
+    if (ratio != 0) DI_THROW(ConfigError, c.origin, ": MTP block ", k, " with compress ratio ", ratio, " unsupported");
+    CpuMtp m;
+    m.e_proj = to_cpu_linear(mw.e_proj, c);
+    m.h_proj = to_cpu_linear(mw.h_proj, c);
+    m.enorm = to_f32_contig(mw.enorm);
+    m.hnorm = to_f32_contig(mw.hnorm);
+    m.norm = to_f32_contig(mw.norm);
+    m.hc_head = {to_f32_contig(mw.hc_head.fn), to_f32_contig(mw.hc_head.base), to_f32_contig(mw.hc_head.scale)};
+    m.block = to_cpu_layer(mw.block, AttnKind::kSliding, 0, c, w_);
+    w_.mtp.push_back(std::move(m));
+  }
+}
+
+std::string DeepseekV4Model::describe() const {
+  std::ostringstream os;
+  os << cfg_.architecture << ": " << cfg_.num_layers << " layers [" << cfg_.schedule_str() << "], D=" << cfg_.hidden_size
+     << ", H=" << cfg_.num_heads << "x" << cfg_.head_dim << ", experts " << cfg_.n_routed_experts << " top-"
+     << cfg_.num_experts_per_tok << ", mtp " << w_.mtp.size() << ", backend cpu fp32";
+  return os.str();
+}
+
+std::vector<kv::LayerCacheSpec> DeepseekV4Model::cache_specs() const {
+  std::vector<kv::LayerCacheSpec> specs;
+  for (int64_t l = 0; l < cfg_.num_layers; ++l) {
+    kv::LayerCacheSpec s{.window = cfg_.sliding_window, .head_dim = cfg_.head_dim, .ratio = cfg_.compress_ratio[l]};
+    if (s.ratio > 0) {
+      s.overlap = cfg_.layer_types[l] == AttnKind::kCSA;
+      s.comp_width = s.overlap ? 2 * cfg_.head_dim : cfg_.head_dim;
+      if (s.overlap) {
+        s.index_dim = cfg_.index_head_dim;
+        s.index_width = 2 * cfg_.index_head_dim;
+      }
+    }
+    specs.push_back(s);
+  }
+  for (size_t k = 0; k < w_.mtp.size(); ++k)  // MTP blocks: sliding only, after the main layers
+    specs.push_back({.window = cfg_.sliding_window, .head_dim = cfg_.head_dim});
+  return specs;
+}
+
+kv::CacheGeometry DeepseekV4Model::plan_cache(size_t budget_bytes, int64_t max_slots) const {
+  return kv::KvCache::plan(cache_specs(), budget_bytes, max_slots);
+}
+
+void DeepseekV4Model::allocate_cache(const kv::CacheGeometry& geometry) { cache_ = kv::KvCache(cache_specs(), geometry); }
+
+void DeepseekV4Model::allocate_cache_for(int64_t slots, int64_t max_tokens_per_slot) {
+  auto specs = cache_specs();
+  kv::CacheGeometry g;
+  g.block_tokens = kv::KvCache::default_block_tokens(specs);
+  g.num_slots = slots;
+  g.num_blocks = slots * std::max<int64_t>(1, (max_tokens_per_slot + g.block_tokens - 1) / g.block_tokens);
+  allocate_cache(g);
+}
+
+void DeepseekV4Model::reset_slot(int32_t slot) { cache_.reset_slot(slot); }
+
+void DeepseekV4Model::validate(const ForwardBatch& b) const {
+  if (!cache_.allocated()) DI_THROW(InvalidArgument, "forward: cache not allocated (call allocate_cache first)");
+  const auto& g = cache_.geometry();
+  int64_t total = 0;
+  std::unordered_set<int32_t> slots;
+  for (size_t i = 0; i < b.seqs.size(); ++i) {
+    const SeqInBatch& s = b.seqs[i];
+    if (s.num_new_tokens < 0 || s.num_computed_tokens < 0)
+      DI_THROW(InvalidArgument, "forward: seqs[", i, "] has negative token counts");
+    if (s.cache_slot < 0 || s.cache_slot >= g.num_slots)
+      DI_THROW(InvalidArgument, "forward: seqs[", i, "].cache_slot ", s.cache_slot, " outside [0,", g.num_slots, ")");
+    if (!slots.insert(s.cache_slot).second)
+      DI_THROW(InvalidArgument, "forward: seqs[", i, "] reuses cache_slot ", s.cache_slot, " within one batch");
+    const int64_t end = s.num_computed_tokens + s.num_new_tokens;
+    const int64_t need = (end + g.block_tokens - 1) / g.block_tokens;
+    if (int64_t(s.block_table.size()) < need)
+      DI_THROW(InvalidArgument, "forward: seqs[", i, "] needs ", need, " blocks for ", end, " tokens, block_table has ",
+               s.block_table.size());
+    for (int64_t j = 0; j < need; ++j)
+      if (s.block_table[j] < 0 || s.block_table[j] >= g.num_blocks)
+        DI_THROW(InvalidArgument, "forward: seqs[", i, "].block_table[", j, "] = ", s.block_table[j], " outside [0,",
+                 g.num_blocks, ")");
+    total += s.num_new_tokens;
+  }
+  if (total != b.num_tokens())
+    DI_THROW(InvalidArgument, "forward: seqs cover ", total, " tokens but token_ids has ", b.num_tokens());
+  for (size_t i = 0; i < b.token_ids.size(); ++i)
+    if (b.token_ids[i] < 0 || b.token_ids[i] >= cfg_.vocab_size)
+      DI_THROW(InvalidArgument, "forward: token_ids[", i, "] = ", b.token_ids[i], " outside vocab [0,", cfg_.vocab_size,
+               ")");
+  for (size_t i = 0; i < b.logits_indices.size(); ++i)
+    if (b.logits_indices[i] < 0 || b.logits_indices[i] >= b.num_tokens())
+      DI_THROW(InvalidArgument, "forward: logits_indices[", i, "] = ", b.logits_indices[i], " outside [0,",
+               b.num_tokens(), ")");
+}
+
+namespace {
+BatchPlan make_plan(const ForwardBatch& b) {
+  BatchPlan p;
+  p.T = b.num_tokens();
+  p.token_ids = b.token_ids.data();
+  p.pos.resize(size_t(p.T));
+  int64_t t = 0;
+  for (const SeqInBatch& s : b.seqs) {
+    p.seqs.push_back({.tok0 = t, .n = s.num_new_tokens, .pos0 = s.num_computed_tokens, .slot = s.cache_slot,
+                      .block_table = &s.block_table});
+    for (int64_t j = 0; j < s.num_new_tokens; ++j) p.pos[t + j] = s.num_computed_tokens + j;
+    t += s.num_new_tokens;
+  }
+  return p;
+}
+}  // namespace
+
+// logits [rows, V] of the final-normed hidden h [rows, D].
+Tensor DeepseekV4Model::logits_for(const float* h, const std::vector<int32_t>& rows) {
+  const int64_t R = int64_t(rows.size()), V = cfg_.vocab_size, D = cfg_.hidden_size;
+  Tensor out = Tensor::empty({R, V}, DType::kF32);
+  gemm(R, V, D, h, D, w_.head.data<float>(), D, true, out.data<float>(), V);
+  return out;
+}
+
+Tensor DeepseekV4Model::forward(const ForwardBatch& batch) {
+  validate(batch);
+  const BatchPlan plan = make_plan(batch);
+  const int64_t T = plan.T, D = cfg_.hidden_size, n = cfg_.hc_mult, V = cfg_.vocab_size;
+  Workspace& ws = *ws_;
+  float* X = grow(ws.X, size_t(T * n * D));
+  const float* emb = w_.embed.data<float>();
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t k = 0; k < n; ++k) std::memcpy(X + (t * n + k) * D, emb + int64_t(plan.token_ids[t]) * D, D * 4);
+  for (int64_t l = 0; l < cfg_.num_layers; ++l) decoder_layer(w_.layers[l], cfg_, cache_.layer(l), plan, X, ws);
+
+  // Head only for the requested rows.
+  const int64_t R = int64_t(batch.logits_indices.size());
+  Tensor sel = Tensor::empty({R, n, D}, DType::kF32);
+  for (int64_t i = 0; i < R; ++i)
+    std::memcpy(sel.data<float>() + i * n * D, X + int64_t(batch.logits_indices[i]) * n * D, n * D * 4);
+  if (batch.need_hidden) last_hidden_ = sel;
+  if (R == 0) return Tensor::empty({0, V}, DType::kF32);
+  std::vector<float> h(size_t(R * D));
+  hc_head(sel.data<float>(), R, hc_spec(cfg_), w_.hc_head.fn.data<float>(), w_.hc_head.base.data<float>(),
+          w_.hc_head.scale.data<float>(), h.data());
+  rmsnorm(h.data(), D, w_.norm.data<float>(), h.data(), D, R, D, float(cfg_.rms_norm_eps));
+  return logits_for(h.data(), batch.logits_indices);
+}
+
+Tensor DeepseekV4Model::forward_mtp(const ForwardBatch& batch, const Tensor& main_hidden, int64_t k) {
+  if (k < 0 || k >= int64_t(w_.mtp.size()))
+    DI_THROW(InvalidArgument, "forward_mtp: block ", k, " but the model has ", w_.mtp.size(), " MTP blocks");
+  validate(batch);
+  const BatchPlan plan = make_plan(batch);
+  const int64_t T = plan.T, D = cfg_.hidden_size, n = cfg_.hc_mult, V = cfg_.vocab_size;
+  if (main_hidden.dtype() != DType::kF32 || main_hidden.numel() != T * n * D)
+    DI_THROW(InvalidArgument, "forward_mtp: main_hidden ", main_hidden.str(), " must be f32 [", T, ",", n, ",", D, "]");
+  const CpuMtp& M = w_.mtp[k];
+  const float eps = float(cfg_.rms_norm_eps);
+  Workspace& ws = *ws_;
+  // e = e_proj(enorm(embed[tok])), hs = h_proj(hnorm(stream)) per stream; X0_k = e + hs_k.
+  std::vector<float> e(size_t(T * D)), ep(size_t(T * D)), hs(size_t(T * n * D));
+  const float* emb = w_.embed.data<float>();
+  for (int64_t t = 0; t < T; ++t) std::memcpy(e.data() + t * D, emb + int64_t(plan.token_ids[t]) * D, D * 4);
+  rmsnorm(e.data(), D, M.enorm.data<float>(), e.data(), D, T, D, eps);
+  linear(e.data(), T, D, M.e_proj.data(), D, ep.data());
+  const Tensor mh = main_hidden.contiguous();
+  rmsnorm(mh.data<float>(), D, M.hnorm.data<float>(), hs.data(), D, T * n, D, eps);
+  float* X = grow(ws.X, size_t(T * n * D));
+  linear(hs.data(), T * n, D, M.h_proj.data(), D, X);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t i = 0; i < D; ++i) X[(t * n + j) * D + i] += ep[t * D + i];
+  decoder_layer(M.block, cfg_, cache_.layer(cfg_.num_layers + k), plan, X, ws);
+
+  const int64_t R = int64_t(batch.logits_indices.size());
+  if (R == 0) return Tensor::empty({0, V}, DType::kF32);
+  std::vector<float> sel(size_t(R * n * D)), h(size_t(R * D));
+  for (int64_t i = 0; i < R; ++i)
+    std::memcpy(sel.data() + i * n * D, X + int64_t(batch.logits_indices[i]) * n * D, n * D * 4);
+  hc_head(sel.data(), R, hc_spec(cfg_), M.hc_head.fn.data<float>(), M.hc_head.base.data<float>(),
+          M.hc_head.scale.data<float>(), h.data());
+  rmsnorm(h.data(), D, M.norm.data<float>(), h.data(), D, R, D, eps);
+  return logits_for(h.data(), batch.logits_indices);
+}
+
+}  // namespace deepinfer::model::v4
+
+namespace deepinfer::model::v4 {
+
+Tensor run_sequence(DeepseekV4Model& model, const std::vector<int32_t>& ids, const std::vector<int64_t>& chunks,
+                    int32_t slot, bool need_hidden, Tensor* hidden) {
+  const int64_t T = int64_t(ids.size()), V = model.vocab_size();
+  int64_t sum = 0;
+  for (int64_t c : chunks) {
+    if (c <= 0) DI_THROW(InvalidArgument, "run_sequence: chunk sizes must be positive, got ", c);
+    sum += c;
+  }
+  if (sum != T) DI_THROW(InvalidArgument, "run_sequence: chunks sum to ", sum, " but there are ", T, " tokens");
+  const kv::CacheGeometry& g = model.cache().geometry();
+  const int64_t per_slot = g.num_slots ? g.num_blocks / g.num_slots : 0;
+  model.reset_slot(slot);
+  SeqInBatch seq;
+  seq.cache_slot = slot;
+  for (int64_t b = 0; b < per_slot; ++b) seq.block_table.push_back(int32_t(slot * per_slot + b));
+  Tensor out = Tensor::empty({T, V}, DType::kF32);
+  Tensor hid;
+  const int64_t n = model.config().hc_mult, D = model.config().hidden_size;
+  if (need_hidden) hid = Tensor::empty({T, n, D}, DType::kF32);
+  int64_t done = 0;
+  for (int64_t c : chunks) {
+    ForwardBatch b;
+    b.token_ids.assign(ids.begin() + done, ids.begin() + done + c);
+    seq.num_computed_tokens = done;
+    seq.num_new_tokens = int32_t(c);
+    b.seqs = {seq};
+    for (int64_t i = 0; i < c; ++i) b.logits_indices.push_back(int32_t(i));
+    b.need_hidden = need_hidden;
+    Tensor l = model.forward(b);
+    std::memcpy(out.data<float>() + done * V, l.data<float>(), size_t(c * V) * sizeof(float));
+    if (need_hidden)
+      std::memcpy(hid.data<float>() + done * n * D, model.last_hidden().data<float>(), size_t(c * n * D) * 4);
+    done += c;
+  }
+  if (hidden) *hidden = hid;
+  return out;
+}
+
+}  // namespace deepinfer::model::v4
