@@ -7,6 +7,17 @@
 
 namespace deepinfer::tok {
 
+namespace {
+// Code points Oniguruma (Unicode 16) classifies that PCRE2 10.42 (Unicode 14) does not.
+const char* unicode_delta(char cls) {
+#define DI_UNICODE_DELTA(C, RANGES) \
+  if (cls == #C[0]) return RANGES;
+#include "tokenizer/unicode_delta.inc"
+#undef DI_UNICODE_DELTA
+  return nullptr;
+}
+}  // namespace
+
 std::string translate_onig(const std::string& p) {
   std::string out;
   out.reserve(p.size() + 16);
@@ -19,6 +30,13 @@ std::string translate_onig(const std::string& p) {
         out += in_class ? "\\s\\x{85}" : "[\\s\\x{85}]";
       } else if (n == 'S' && !in_class) {
         out += "[^\\s\\x{85}]";
+      } else if ((n == 'p' || n == 'P') && i + 4 < p.size() + 1 && p.compare(i + 2, 1, "{") == 0 &&
+                 i + 4 < p.size() && p[i + 4] == '}' && unicode_delta(p[i + 3]) &&
+                 (n == 'p' || !in_class)) {
+        // \p{L} and friends: add the newer code points so classes agree with HF.
+        std::string cls = std::string("\\p{") + p[i + 3] + "}" + unicode_delta(p[i + 3]);
+        out += in_class ? cls : (n == 'p' ? "[" : "[^") + cls + "]";
+        i += 3;
       } else {
         out += c;
         out += n;
