@@ -327,8 +327,9 @@ DeepseekV4Weights DeepseekV4Weights::load(const std::string& dir, const Deepseek
   if (opts.warn_unused && probe.format != cfg.dense_format && cfg.layout == CheckpointLayout::kOfficial)
     DI_WARN(dir, ": config.json implies ", format_name(cfg.dense_format), " dense weights but the checkpoint stores ",
             format_name(probe.format));
+  w.ignored_tensors = ld.unused();
   if (opts.warn_unused) {
-    auto extra = ld.unused();
+    const auto& extra = w.ignored_tensors;
     if (!extra.empty()) {
       std::string some;
       for (size_t i = 0; i < extra.size() && i < 5; ++i) some += (i ? ", " : "") + extra[i];

@@ -6,6 +6,7 @@
 #pragma once
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "core/tensor.h"
@@ -117,7 +118,8 @@ struct DeepseekV4Weights {
   HcHeadParams hc_head;
   std::vector<LayerWeights> layers;
   std::vector<MtpWeights> mtp;
-  std::shared_ptr<void> keepalive;  // the mapped shards
+  std::shared_ptr<void> keepalive;  // the mapped shards (an io::Checkpoint)
+  std::vector<std::string> ignored_tensors;  // in the checkpoint but not used by the model (warned)
 
   // Loads `<dir>` (config already parsed from it). Validates every tensor's presence,
   // dtype and shape; throws CheckpointError naming the file and tensor.
