@@ -53,7 +53,7 @@ bool OutputProcessor::append_text(Parent& p, Child& c, int32_t token) {
   size_t k = complete_utf8_prefix(c.pending);
   if (k == 0) return false;
   size_t old_len = c.text.size();
-  c.text.append(c.pending, 0, k);
+  c.text += sanitize_utf8(std::string_view(c.pending).substr(0, k));  // invalid bytes -> U+FFFD
   c.pending.erase(0, k);
   if (sp.stop.empty()) return false;
   // A stop string can start up to (its length - 1) bytes before the new text.
