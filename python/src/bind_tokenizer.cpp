@@ -1,6 +1,7 @@
 // deepinfer._C.Tokenizer / DecodeStream / Message: thin nanobind layer over include/deepinfer/tokenizer.h.
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/string_view.h>
 #include <nanobind/stl/vector.h>
 
 #include "binder.h"
