@@ -1,0 +1,43 @@
+// Sparse attention of DeepSeek-V4 on the GPU (spec §3.2), varlen: each query token t attends
+// with one softmax per head over
+//   (a) win_count[t] consecutive rows of win_kv from row win_begin[t] (its sliding window),
+//   (b) cmp_count[t] rows of cmp_kv listed at cmp_rows[cmp_offset[t] ...] (selected compressed
+//       entries; negative ids are skipped),
+// plus a per-head sink logit in the denominator only:
+//   o_h = Σ_j e^{s_hj} K_j / (Σ_j e^{s_hj} + e^{sink_h}),  s_hj = scale · q_h·K_j  (K = V).
+// Tokens with no keys get o = 0. fp32 scores, online softmax, fp32 accumulation.
+// CPU twin: ops/cpu/attention.h sparse_attention (same argument meaning).
+//
+// This first version is a CUDA-core kernel (one warp per head, 8 heads per block sharing key
+// tiles staged in shared memory); a tensor-core/FlashMLA-class kernel is still to do.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace deepinfer::ops::cuda {
+
+struct SparseAttnParams {
+  const void* q = nullptr;             // [T, H, d] dtype, token stride q_stride (heads contiguous)
+  int64_t q_stride = 0;
+  const void* win_kv = nullptr;        // [rows, d] dtype, row stride kv_stride
+  const void* cmp_kv = nullptr;        // [rows, d] dtype, row stride kv_stride (null when no cmp keys)
+  int64_t kv_stride = 0;
+  DType dtype = DType::kBF16;          // of q, kv, out
+  const int32_t* win_begin = nullptr;  // [T]
+  const int32_t* win_count = nullptr;  // [T]
+  const int32_t* cmp_rows = nullptr;   // per-token lists of row ids into cmp_kv
+  const int64_t* cmp_offset = nullptr; // [T]
+  const int32_t* cmp_count = nullptr;  // [T] or null (no compressed keys)
+  const float* sink = nullptr;         // [H] f32
+  float scale = 1.0f;
+  void* out = nullptr;                 // [T, H, d] dtype, token stride out_stride
+  int64_t out_stride = 0;
+  int64_t num_tokens = 0, num_heads = 0, head_dim = 0;  // head_dim: multiple of 32, <= 512
+};
+
+void sparse_attention(const SparseAttnParams& p, cudaStream_t stream);
+
+}  // namespace deepinfer::ops::cuda

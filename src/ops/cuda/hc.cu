@@ -1,0 +1,225 @@
+#include "ops/cuda/common.cuh"
+#include "ops/cuda/hc.h"
+
+namespace deepinfer::ops::cuda {
+namespace {
+using deepinfer::cuda::ceil_div;
+using deepinfer::cuda::from_f32;
+using deepinfer::cuda::kWarpSize;
+using deepinfer::cuda::to_f32;
+using deepinfer::cuda::warp_sum;
+
+constexpr int kMaxMix = (2 + kHcMaxStreams) * kHcMaxStreams;  // 24
+constexpr int kThreads = 256;
+constexpr int kChunk = 1024;  // x̂ elements per partial-sum block (4 per thread)
+
+// partials[t][s][0..M) = fn[:, chunk s] · x̂[chunk s];  partials[t][s][M] = Σ x̂² over the chunk.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) hc_partials_kernel(const __grid_constant__ HcPreParams p, int num_mix,
+                                                               int num_chunks) {
+  __shared__ float red[kThreads / kWarpSize][kMaxMix + 1];
+  const int64_t t = blockIdx.y, s = blockIdx.x;
+  const int64_t K = int64_t(p.n) * p.dim;
+  const T* x = static_cast<const T*>(p.x) + t * p.x_stride;
+  float acc[kMaxMix + 1];
+#pragma unroll
+  for (int j = 0; j <= kMaxMix; ++j) acc[j] = 0.f;
+  for (int64_t k = s * kChunk + threadIdx.x; k < K && k < (s + 1) * kChunk; k += kThreads) {
+    const float v = to_f32(x[k]);
+    acc[kMaxMix] += v * v;
+#pragma unroll
+    for (int j = 0; j < kMaxMix; ++j)
+      if (j < num_mix) acc[j] += p.fn[int64_t(j) * K + k] * v;
+  }
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+#pragma unroll
+  for (int j = 0; j <= kMaxMix; ++j) {
+    const float r = warp_sum(acc[j]);
+    if (lane == 0) red[warp][j] = r;
+  }
+  __syncthreads();
+  if (threadIdx.x <= num_mix) {
+    const int j = threadIdx.x == num_mix ? kMaxMix : threadIdx.x;  // slot num_mix carries Σx²
+    float sum = 0.f;
+    for (int w = 0; w < kThreads / kWarpSize; ++w) sum += red[w][j];
+    p.workspace[(t * num_chunks + s) * (num_mix + 1) + threadIdx.x] = sum;
+  }
+}
+
+__device__ __forceinline__ float sigmoidf_(float v) { return 1.0f / (1.0f + expf(-v)); }
+
+// pre (and post in layer mode) from the RMS-scaled logits, in place (one thread).
+__device__ void hc_split_pre_post(float* m, const HcPreParams& p) {
+  const int n = p.n;
+  for (int k = 0; k < n; ++k) m[k] = sigmoidf_(m[k] * p.scale[0] + p.base[k]) + p.hc_eps;
+  if (p.mode == HcMode::kHead) return;
+  for (int k = 0; k < n; ++k) m[n + k] = 2.0f * sigmoidf_(m[n + k] * p.scale[1] + p.base[n + k]);
+}
+
+// Butterfly sum over xor offsets first, 2·first, ..., last (powers of two).
+__device__ __forceinline__ float group_sum(float v, int first, int last) {
+  for (int o = first; o <= last; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float group_max(float v, int first, int last) {
+  for (int o = first; o <= last; o <<= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sinkhorn on C = m[2n ..] by warp 0, lane = j·n + k holding C[j][k] (n a power of two, so a
+// row is n consecutive lanes and a column is lanes k, k+n, ...). Rows: xor offsets 1..n/2;
+// columns: xor offsets n..n²/2. Spec order: row softmax + eps, column norm, then
+// (iters-1) × (row norm, column norm).
+__device__ void hc_sinkhorn_warp(float* m, const HcPreParams& p) {
+  const int n = p.n, nn = n * n, lane = threadIdx.x;
+  const bool own = lane < nn;
+  float c = own ? m[2 * n + lane] * p.scale[2] + p.base[2 * n + lane] : 0.f;
+  const float mx = group_max(own ? c : -INFINITY, 1, n / 2);
+  c = own ? expf(c - mx) : 0.f;
+  c = c / group_sum(c, 1, n / 2) + p.hc_eps;
+  if (!own) c = 0.f;
+  c = c / (group_sum(c, n, nn / 2) + p.hc_eps);
+  for (int it = 1; it < p.sinkhorn_iters; ++it) {
+    c = c / (group_sum(c, 1, n / 2) + p.hc_eps);
+    c = c / (group_sum(c, n, nn / 2) + p.hc_eps);
+  }
+  if (own) m[2 * n + lane] = c;
+}
+
+// Serial fallback for n not a power of two (3): same order as the spec, one thread.
+__device__ void hc_sinkhorn_serial(float* m, const HcPreParams& p) {
+  const int n = p.n;
+  float* C = m + 2 * n;  // C[j*n + k]: j source stream, k target stream
+  for (int j = 0; j < n; ++j) {
+    float mx = -INFINITY;
+    for (int k = 0; k < n; ++k) {
+      C[j * n + k] = C[j * n + k] * p.scale[2] + p.base[2 * n + j * n + k];
+      mx = fmaxf(mx, C[j * n + k]);
+    }
+    float sum = 0.f;
+    for (int k = 0; k < n; ++k) sum += (C[j * n + k] = expf(C[j * n + k] - mx));
+    for (int k = 0; k < n; ++k) C[j * n + k] = C[j * n + k] / sum + p.hc_eps;
+  }
+  auto col_norm = [&] {
+    for (int k = 0; k < n; ++k) {
+      float cs = 0.f;
+      for (int j = 0; j < n; ++j) cs += C[j * n + k];
+      for (int j = 0; j < n; ++j) C[j * n + k] /= cs + p.hc_eps;
+    }
+  };
+  col_norm();
+  for (int it = 1; it < p.sinkhorn_iters; ++it) {
+    for (int j = 0; j < n; ++j) {
+      float rs = 0.f;
+      for (int k = 0; k < n; ++k) rs += C[j * n + k];
+      for (int k = 0; k < n; ++k) C[j * n + k] /= rs + p.hc_eps;
+    }
+    col_norm();
+  }
+}
+
+// One block per token: fold the partials (fixed order), split/Sinkhorn, then u = Σ_k pre_k X_k.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) hc_finalize_kernel(const __grid_constant__ HcPreParams p, int num_mix,
+                                                               int num_chunks) {
+  __shared__ float m[kMaxMix + 1];
+  const int64_t t = blockIdx.x;
+  if (threadIdx.x <= num_mix) {
+    float sum = 0.f;
+    for (int s = 0; s < num_chunks; ++s) sum += p.workspace[(t * num_chunks + s) * (num_mix + 1) + threadIdx.x];
+    m[threadIdx.x] = sum;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const float r = 1.0f / sqrtf(m[num_mix] / float(int64_t(p.n) * p.dim) + p.norm_eps);
+    for (int j = 0; j < num_mix; ++j) m[j] *= r;
+    hc_split_pre_post(m, p);
+  }
+  __syncthreads();
+  if (p.mode == HcMode::kLayer) {
+    const bool pow2 = (p.n & (p.n - 1)) == 0;
+    if (pow2 && threadIdx.x < kWarpSize) hc_sinkhorn_warp(m, p);  // the whole warp 0 shuffles
+    if (!pow2 && threadIdx.x == 0) hc_sinkhorn_serial(m, p);
+    __syncthreads();
+  }
+  if (p.mix && threadIdx.x < num_mix) p.mix[t * num_mix + threadIdx.x] = m[threadIdx.x];
+  const T* x = static_cast<const T*>(p.x) + t * p.x_stride;
+  T* u = static_cast<T*>(p.u) + t * p.u_stride;
+  for (int64_t d = threadIdx.x; d < p.dim; d += kThreads) {
+    float acc = 0.f;
+    for (int k = 0; k < p.n; ++k) acc += m[k] * to_f32(x[k * p.dim + d]);
+    u[d] = from_f32<T>(acc);
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) hc_post_kernel(const __grid_constant__ HcPostParams p) {
+  const int64_t idx = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  if (idx >= p.tokens * p.dim) return;
+  const int64_t t = idx / p.dim, d = idx % p.dim;
+  const int n = p.n, num_mix = (2 + n) * n;
+  const float* mix = p.mix + t * num_mix;
+  const T* x = static_cast<const T*>(p.x) + t * p.x_stride + d;
+  float xs[kHcMaxStreams];
+#pragma unroll
+  for (int j = 0; j < kHcMaxStreams; ++j) xs[j] = j < n ? to_f32(x[j * p.dim]) : 0.f;
+  const float yv = to_f32(static_cast<const T*>(p.y)[t * p.y_stride + d]);
+  T* out = static_cast<T*>(p.out) + t * p.out_stride + d;
+#pragma unroll
+  for (int k = 0; k < kHcMaxStreams; ++k) {
+    if (k >= n) break;
+    float acc = 0.f;
+#pragma unroll
+    for (int j = 0; j < kHcMaxStreams; ++j)
+      if (j < n) acc += mix[2 * n + j * n + k] * xs[j];
+    out[k * p.dim] = from_f32<T>(mix[n + k] * yv + acc);
+  }
+}
+
+void check_common(int n, int64_t dim, int64_t tokens, const char* what) {
+  if (n < 1 || n > kHcMaxStreams) DI_THROW(InvalidArgument, what, ": hc_mult ", n, " not in [1, ", kHcMaxStreams, "]");
+  if (dim <= 0 || tokens < 0) DI_THROW(InvalidArgument, what, ": bad shape tokens=", tokens, " dim=", dim);
+}
+}  // namespace
+
+int hc_num_mix(int n, HcMode mode) { return mode == HcMode::kLayer ? (2 + n) * n : n; }
+
+size_t hc_pre_workspace_bytes(int64_t tokens, int n, int64_t dim, HcMode mode) {
+  const int64_t chunks = ceil_div(int64_t(n) * dim, kChunk);
+  return size_t(tokens * chunks * (hc_num_mix(n, mode) + 1)) * sizeof(float);
+}
+
+void hc_pre(const HcPreParams& p, cudaStream_t stream) {
+  check_common(p.n, p.dim, p.tokens, "hc_pre");
+  if (!p.x || !p.fn || !p.base || !p.scale || !p.u || !p.workspace)
+    DI_THROW(InvalidArgument, "hc_pre: null x, fn, base, scale, u or workspace");
+  if (p.mode == HcMode::kLayer && !p.mix) DI_THROW(InvalidArgument, "hc_pre: layer mode needs the mix output");
+  if (p.x_stride < p.n * p.dim || p.u_stride < p.dim)
+    DI_THROW(InvalidArgument, "hc_pre: strides x ", p.x_stride, " / u ", p.u_stride, " too small");
+  if (p.sinkhorn_iters < 1) DI_THROW(InvalidArgument, "hc_pre: sinkhorn_iters must be >= 1");
+  if (p.tokens == 0) return;
+  if (p.tokens > 65535) DI_THROW(InvalidArgument, "hc_pre: ", p.tokens, " tokens > 65535 per launch; split the batch");
+  const int num_mix = hc_num_mix(p.n, p.mode);
+  const int chunks = int(ceil_div(int64_t(p.n) * p.dim, kChunk));
+  DI_DISPATCH_FLOAT(p.dtype, T, "hc_pre x", [&] {
+    hc_partials_kernel<T><<<dim3(chunks, unsigned(p.tokens)), kThreads, 0, stream>>>(p, num_mix, chunks);
+    DI_CUDA_CHECK_LAUNCH();
+    hc_finalize_kernel<T><<<unsigned(p.tokens), kThreads, 0, stream>>>(p, num_mix, chunks);
+    DI_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void hc_post(const HcPostParams& p, cudaStream_t stream) {
+  check_common(p.n, p.dim, p.tokens, "hc_post");
+  if (!p.x || !p.y || !p.mix || !p.out) DI_THROW(InvalidArgument, "hc_post: null x, y, mix or out");
+  if (p.x_stride < p.n * p.dim || p.out_stride < p.n * p.dim || p.y_stride < p.dim)
+    DI_THROW(InvalidArgument, "hc_post: strides too small");
+  const int64_t total = p.tokens * p.dim;
+  if (total == 0) return;
+  DI_DISPATCH_FLOAT(p.dtype, T, "hc_post x", [&] {
+    hc_post_kernel<T><<<unsigned(ceil_div(total, kThreads)), kThreads, 0, stream>>>(p);
+    DI_CUDA_CHECK_LAUNCH();
+  });
+}
+
+}  // namespace deepinfer::ops::cuda

@@ -1,0 +1,65 @@
+// mHC (manifold-constrained hyper-connections) on the GPU, spec §2. All mixing math in fp32.
+//
+// hc_pre, per token t with streams X[t] = [n, D] (flattened x̂ of n*D, stream-major):
+//   r = 1/sqrt(mean(x̂²) + norm_eps);  m = r · (fn @ x̂)            fn [M, n*D] f32
+//   layer mode (M = (2+n)·n): pre_k = sigmoid(m_k·s0 + b_k) + hc_eps; post_k = 2·sigmoid(m_{n+k}·s1 + b_{n+k});
+//     C[j][k] = m_{2n+jn+k}·s2 + b_{...}; C = rowsoftmax(C) + hc_eps; C /= colsum + hc_eps;
+//     (iters-1) × { C /= rowsum + hc_eps; C /= colsum + hc_eps }
+//   head mode (M = n, the final hc_head): pre_k = sigmoid(m_k·s0 + b_k) + hc_eps only.
+//   u[t] = Σ_k pre_k · X_k   (fp32, k in order, cast to u's dtype)
+// hc_post:  X'_k = post_k · y + Σ_j C[j][k] · X_j   (fp32, j in order, cast).
+// The reduction over n*D is split across blocks into fixed-order partial sums in `workspace`
+// (deterministic, batch invariant); size it with hc_pre_workspace_bytes.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace deepinfer::ops::cuda {
+
+enum class HcMode { kLayer, kHead };
+constexpr int kHcMaxStreams = 4;
+
+struct HcPreParams {
+  const void* x = nullptr;       // [tokens, n, D] dtype, token stride x_stride (elements), streams contiguous
+  DType dtype = DType::kBF16;    // of x and u
+  int64_t x_stride = 0;
+  const float* fn = nullptr;     // [M, n*D] f32
+  const float* base = nullptr;   // [M] f32
+  const float* scale = nullptr;  // [3] (layer) or [1] (head) f32
+  void* u = nullptr;             // [tokens, D] dtype, row stride u_stride
+  int64_t u_stride = 0;
+  float* mix = nullptr;          // [tokens, M] f32 out: pre[n], post[n], C[n][n] (layer); pre[n] (head); may be null in head mode
+  float* workspace = nullptr;    // hc_pre_workspace_bytes(...)
+  int64_t tokens = 0;
+  int n = 4;                     // hc_mult (<= kHcMaxStreams)
+  int64_t dim = 0;               // D
+  HcMode mode = HcMode::kLayer;
+  int sinkhorn_iters = 20;
+  float norm_eps = 1e-6f;        // inside the RMS
+  float hc_eps = 1e-6f;
+};
+
+struct HcPostParams {
+  const void* x = nullptr;       // [tokens, n, D] residual streams, token stride x_stride
+  int64_t x_stride = 0;
+  const void* y = nullptr;       // [tokens, D] block output, row stride y_stride
+  int64_t y_stride = 0;
+  const float* mix = nullptr;    // [tokens, (2+n)·n] from hc_pre (layer mode)
+  void* out = nullptr;           // [tokens, n, D], token stride out_stride; may alias x
+  int64_t out_stride = 0;
+  DType dtype = DType::kBF16;    // of x, y, out
+  int64_t tokens = 0;
+  int n = 4;
+  int64_t dim = 0;
+};
+
+int hc_num_mix(int n, HcMode mode);
+size_t hc_pre_workspace_bytes(int64_t tokens, int n, int64_t dim, HcMode mode);
+void hc_pre(const HcPreParams& p, cudaStream_t stream);
+void hc_post(const HcPostParams& p, cudaStream_t stream);
+
+}  // namespace deepinfer::ops::cuda

@@ -1,0 +1,123 @@
+#include "ops/cpu/hc.h"
+#include "ops/cuda/hc.h"
+#include "test_util.h"
+
+namespace deepinfer::cuda {
+namespace {
+using namespace test;
+namespace oc = ops::cuda;
+
+// f32: the 24 dot products over n·D are summed in another order (~1e-6), Sinkhorn is
+// well-conditioned. bf16 streams: u is rounded once to bf16.
+constexpr double kTolF32 = 2e-5, kTolBf16 = 8e-3;
+
+struct Site {
+  std::vector<float> fn, base, scale;
+};
+Site make_site(int n, int64_t dim, oc::HcMode mode, uint64_t seed) {
+  const int M = oc::hc_num_mix(n, mode);
+  Site s;
+  s.fn = randn(size_t(M) * n * dim, seed, 0.05f);
+  s.base = randn(M, seed + 1, 0.5f);
+  s.scale = randn(mode == oc::HcMode::kLayer ? 3 : 1, seed + 2, 0.3f, 1.0f);
+  return s;
+}
+
+template <typename T>
+std::vector<float> as_f32(const std::vector<T>& v) {
+  if constexpr (std::is_same_v<T, float>) return v;
+  else return from_bf16(v);
+}
+
+template <typename T>
+void run_case(int64_t T_, int64_t dim, oc::HcMode mode, uint64_t seed) {
+  constexpr bool kBf16 = std::is_same_v<T, uint16_t>;
+  const int n = 4, M = oc::hc_num_mix(n, mode);
+  Site s = make_site(n, dim, mode, seed);
+  std::vector<float> X = randn(T_ * n * dim, seed + 3, 1.0f);
+  std::vector<float> y = randn(T_ * dim, seed + 4, 1.0f);
+  if (kBf16) {
+    X = bf16_round(X);
+    y = bf16_round(y);
+  }
+  ops::cpu::HcSpec spec{.n = n, .dim = dim};
+  std::vector<float> u_ref(T_ * dim), post_ref(T_ * n), comb_ref(T_ * n * n), X2_ref(T_ * n * dim);
+  if (mode == oc::HcMode::kLayer) {
+    ops::cpu::hc_pre(X.data(), T_, spec, s.fn.data(), s.base.data(), s.scale.data(), u_ref.data(), post_ref.data(),
+                     comb_ref.data());
+    ops::cpu::hc_post(X.data(), y.data(), post_ref.data(), comb_ref.data(), T_, spec, X2_ref.data());
+  } else {
+    ops::cpu::hc_head(X.data(), T_, spec, s.fn.data(), s.base.data(), s.scale.data(), u_ref.data());
+  }
+
+  auto pack = [&](const std::vector<float>& v) {
+    if constexpr (kBf16) return to_bf16(v);
+    else return v;
+  };
+  DevArray<T> dX(pack(X)), dy(pack(y)), du(T_ * dim), dX2(T_ * n * dim);
+  DevArray<float> dfn(s.fn), dbase(s.base), dscale(s.scale), dmix(T_ * M);
+  DevArray<float> ws(oc::hc_pre_workspace_bytes(T_, n, dim, mode) / sizeof(float) + 1);
+  du.poison();
+  dmix.poison();
+  dX2.poison();
+  const DType dt = kBf16 ? DType::kBF16 : DType::kF32;
+  oc::hc_pre({.x = dX.get(), .dtype = dt, .x_stride = n * dim, .fn = dfn.get(), .base = dbase.get(),
+              .scale = dscale.get(), .u = du.get(), .u_stride = dim, .mix = dmix.get(), .workspace = ws.get(),
+              .tokens = T_, .n = n, .dim = dim, .mode = mode},
+             nullptr);
+  const std::string cs = std::string(kBf16 ? "bf16" : "f32") + " T=" + std::to_string(T_) + " D=" + std::to_string(dim);
+  const double tol = kBf16 ? kTolBf16 : kTolF32;
+  if (mode == oc::HcMode::kHead) {
+    report("hc_head", cs, max_rel_err(as_f32(du.download()), u_ref), tol);
+    return;
+  }
+  report("hc_pre_u", cs, max_rel_err(as_f32(du.download()), u_ref), tol);
+  std::vector<float> mix = dmix.download(), post, comb;
+  for (int64_t t = 0; t < T_; ++t) {
+    post.insert(post.end(), mix.begin() + t * M + n, mix.begin() + t * M + 2 * n);
+    comb.insert(comb.end(), mix.begin() + t * M + 2 * n, mix.begin() + (t + 1) * M);
+  }
+  report("hc_pre_post", cs, max_rel_err(post, post_ref), kTolF32);
+  report("hc_pre_comb", cs, max_rel_err(comb, comb_ref), kTolF32);
+  oc::hc_post({.x = dX.get(), .x_stride = n * dim, .y = dy.get(), .y_stride = dim, .mix = dmix.get(),
+               .out = dX2.get(), .out_stride = n * dim, .dtype = dt, .tokens = T_, .n = n, .dim = dim},
+              nullptr);
+  // hc_post is fed the GPU's own mix; its error budget adds the mix error above.
+  report("hc_post", cs, max_rel_err(as_f32(dX2.download()), X2_ref), tol);
+}
+
+TEST(CudaHc, PrePostHeadMatchCpuTwin) {
+  DI_REQUIRE_GPU();
+  uint64_t seed = 1000;
+  for (int64_t T_ : token_counts())
+    for (int64_t dim : {int64_t(4096), int64_t(256)}) {
+      run_case<float>(T_, dim, oc::HcMode::kLayer, seed += 10);
+      run_case<uint16_t>(T_, dim, oc::HcMode::kLayer, seed += 10);
+      run_case<float>(T_, dim, oc::HcMode::kHead, seed += 10);
+    }
+}
+
+TEST(CudaHc, InPlacePostEqualsOutOfPlace) {
+  DI_REQUIRE_GPU();
+  const int64_t T_ = 7, dim = 256;
+  const int n = 4, M = 24;
+  std::vector<float> X = randn(T_ * n * dim, 5), y = randn(T_ * dim, 6), mix = randn(T_ * M, 7, 0.3f, 0.5f);
+  DevArray<float> dX(X), dy(y), dmix(mix), dout(T_ * n * dim);
+  oc::HcPostParams p{.x = dX.get(), .x_stride = n * dim, .y = dy.get(), .y_stride = dim, .mix = dmix.get(),
+                     .out = dout.get(), .out_stride = n * dim, .dtype = DType::kF32, .tokens = T_, .n = n, .dim = dim};
+  oc::hc_post(p, nullptr);
+  p.out = dX.get();
+  oc::hc_post(p, nullptr);
+  EXPECT_EQ(dout.download(), dX.download());
+}
+
+TEST(CudaHc, RejectsTooManyStreams) {
+  float f = 0;
+  EXPECT_THROW(oc::hc_post({.x = &f, .x_stride = 80, .y = &f, .y_stride = 8, .mix = &f, .out = &f, .out_stride = 80,
+                            .tokens = 1, .n = 5, .dim = 8},
+                           nullptr),
+               InvalidArgument);
+}
+
+}  // namespace
+}  // namespace deepinfer::cuda

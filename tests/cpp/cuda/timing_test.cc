@@ -1,0 +1,124 @@
+// Small timings for tools/gpu_check.sh (not a benchmark suite: bench/ holds those). Median of
+// 20 event-timed launches after warm-up, inputs random and larger than L2 where it matters.
+#include <algorithm>
+#include <functional>
+
+#include "ops/cuda/attention.h"
+#include "ops/cuda/gemm.h"
+#include "ops/cuda/hc.h"
+#include "ops/cuda/norm.h"
+#include "ops/cuda/quant.h"
+#include "ops/cuda/router.h"
+#include "test_util.h"
+
+namespace deepinfer::cuda {
+namespace {
+using namespace test;
+namespace oc = ops::cuda;
+
+double median_us(const std::function<void(cudaStream_t)>& fn, cudaStream_t s) {
+  for (int i = 0; i < 3; ++i) fn(s);
+  std::vector<double> t;
+  Event a(true), b(true);
+  for (int i = 0; i < 20; ++i) {
+    a.record(s);
+    fn(s);
+    b.record(s);
+    b.synchronize();
+    t.push_back(1e3 * b.elapsed_ms_since(a));
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+std::string gbps(double bytes, double us) { return std::to_string(int(bytes / us / 1e3)) + " GB/s"; }
+std::string tflops(double flop, double us) { return std::to_string(int(flop / us / 1e6)) + " TFLOP/s"; }
+
+TEST(CudaTiming, Kernels) {
+  DI_REQUIRE_GPU();
+  Stream st;
+  const cudaStream_t s = st.get();
+  {
+    const int64_t rows = 8192, dim = 4096;
+    DevArray<uint16_t> x(to_bf16(randn(rows * dim, 1))), w(to_bf16(randn(dim, 2))), y(rows * dim);
+    const double us = median_us([&](cudaStream_t q) {
+      oc::rmsnorm({.x = x.get(), .x_stride = dim, .w = w.get(), .y = y.get(), .y_stride = dim, .rows = rows, .dim = dim}, q);
+    }, s);
+    report_time("rmsnorm", "bf16 8192x4096", us, gbps(2.0 * rows * dim * 2, us));
+  }
+  for (int64_t T_ : {int64_t(64), int64_t(4096)}) {
+    const int64_t D = 4096;
+    DevArray<uint16_t> x(to_bf16(randn(T_ * 4 * D, 3))), u(T_ * D);
+    DevArray<float> fn(randn(24 * 4 * D, 4, 0.05f)), base(randn(24, 5)), sc(randn(3, 6)), mix(T_ * 24);
+    DevArray<float> ws(oc::hc_pre_workspace_bytes(T_, 4, D, oc::HcMode::kLayer) / 4 + 1);
+    const double us = median_us([&](cudaStream_t q) {
+      oc::hc_pre({.x = x.get(), .x_stride = 4 * D, .fn = fn.get(), .base = base.get(), .scale = sc.get(), .u = u.get(),
+                  .u_stride = D, .mix = mix.get(), .workspace = ws.get(), .tokens = T_, .dim = D}, q);
+    }, s);
+    report_time("hc_pre", "bf16 T=" + std::to_string(T_) + " D=4096", us,
+                tflops(2.0 * T_ * 24 * 4 * D, us) + ", " + gbps(T_ * 4 * D * 2.0 + 24 * 4 * D * 4.0, us));
+  }
+  {
+    oc::CublasLt lt;
+    for (int64_t M : {int64_t(1), int64_t(64), int64_t(4096)}) {
+      const int64_t N = 4096, K = 4096;
+      DevArray<uint16_t> x(to_bf16(randn(M * K, 7))), w(to_bf16(randn(N * K, 8, 0.02f))), y(M * N);
+      const double us = median_us([&](cudaStream_t q) {
+        lt.gemm({.x = x.get(), .ldx = K, .w = w.get(), .ldw = K, .y = y.get(), .ldy = N, .M = M, .N = N, .K = K}, q);
+      }, s);
+      report_time("gemm", "bf16 M=" + std::to_string(M) + " 4096x4096", us,
+                  M >= 1024 ? tflops(2.0 * M * N * K, us) : gbps(2.0 * N * K, us));
+    }
+  }
+  {
+    const int64_t T_ = 4096;
+    DevArray<float> l(randn(T_ * 256, 9)), b(randn(256, 10, 0.05f)), w(T_ * 6);
+    DevArray<int32_t> ids(T_ * 6);
+    const double us = median_us([&](cudaStream_t q) {
+      oc::router({.logits = l.get(), .logits_stride = 256, .bias = b.get(), .expert_ids = ids.get(), .weights = w.get(),
+                  .tokens = T_, .num_experts = 256, .topk = 6, .route_scale = 1.5f}, q);
+    }, s);
+    report_time("router", "T=4096 E=256 k=6", us, gbps(T_ * 256 * 4.0, us));
+  }
+  for (int64_t B : {int64_t(1), int64_t(8), int64_t(32), int64_t(128)}) {
+    // V4-Flash decode: 64 heads × 512, 128 window keys + 512 selected compressed keys + sink.
+    const int64_t H = 64, d = 512, ncmp = 4096;
+    DevArray<uint16_t> q(to_bf16(randn(B * H * d, 20))), win(to_bf16(randn(B * 128 * d, 21))),
+        cmp(to_bf16(randn(ncmp * d, 22))), out(B * H * d);
+    std::vector<int32_t> wb(B), wc(B, 128), cc(B, 512), rows(B * 512);
+    std::vector<int64_t> co(B);
+    std::mt19937 g(5);
+    for (int64_t b = 0; b < B; ++b) {
+      wb[b] = int32_t(b * 128);
+      co[b] = b * 512;
+    }
+    for (auto& r : rows) r = int32_t(g() % ncmp);
+    DevArray<int32_t> dwb(wb), dwc(wc), dcc(cc), drows(rows);
+    DevArray<int64_t> dco(co);
+    DevArray<float> sink(randn(H, 23));
+    const double us = median_us([&](cudaStream_t qs) {
+      oc::sparse_attention({.q = q.get(), .q_stride = H * d, .win_kv = win.get(), .cmp_kv = cmp.get(), .kv_stride = d,
+                            .win_begin = dwb.get(), .win_count = dwc.get(), .cmp_rows = drows.get(),
+                            .cmp_offset = dco.get(), .cmp_count = dcc.get(), .sink = sink.get(),
+                            .scale = 0.044194f, .out = out.get(), .out_stride = H * d, .num_tokens = B,
+                            .num_heads = H, .head_dim = d}, qs);
+    }, s);
+    report_time("sparse_attn", "decode b=" + std::to_string(B) + " H=64 640 keys", us,
+                tflops(4.0 * B * H * 640 * d, us));
+  }
+  {
+    const int64_t rows = 65536;
+    DevArray<uint16_t> x(to_bf16(randn(rows * 512, 11)));
+    const double us = median_us([&](cudaStream_t q) {
+      oc::fp8_round_trip({.x = x.get(), .row_stride = 512, .rows = rows}, q);
+    }, s);
+    report_time("fp8_kv_round", "bf16 65536x512", us, gbps(2.0 * rows * 448 * 2, us));
+    DevArray<uint16_t> xi(to_bf16(randn(rows * 128, 12)));
+    const double us2 = median_us([&](cudaStream_t q) {
+      oc::fp4_round_trip({.x = xi.get(), .row_stride = 128, .rows = rows}, q);
+    }, s);
+    report_time("hadamard_fp4", "bf16 65536x128", us2, gbps(2.0 * rows * 128 * 2, us2));
+  }
+}
+
+}  // namespace
+}  // namespace deepinfer::cuda

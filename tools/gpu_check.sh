@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# Builds deepinfer with CUDA and runs the CUDA op tests (each kernel vs its CPU twin or formula),
+# then prints a short table: op, worst max-rel-error over its cases, tolerance, pass; and the
+# kernel timings. Meant for the GPU machine (device tool), where the image has CUDA, cmake and
+# ninja but none of the Debian -dev packages: run tools/fetch_gpu_deps.sh here first and carry
+# .gpudeps; this script unpacks the .debs with dpkg -x into a private prefix.
+#   tools/gpu_check.sh [--build-only] [--scope ops|full] [--sanitize] [--jobs N]
+#     --build-only  configure + build, run nothing on the GPU (also works on a machine without one)
+#     --scope ops   (default) build a staged copy holding only core/ops/cli + their tests, so
+#                   half-finished modules elsewhere in the working tree cannot break the check
+#     --scope full  build the tree as it is
+#     --sanitize    also run the op tests under compute-sanitizer memcheck (slow)
+# Device example (one call):
+#   run: tools/gpu_check.sh --sanitize   carry: [".gpudeps"]
+# Logs go to $OUT (when set) so they come back with the call.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+BUILD_ONLY=0; SCOPE=ops; SANITIZE=0; JOBS=$(nproc)
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --build-only) BUILD_ONLY=1 ;;
+    --scope) SCOPE=$2; shift ;;
+    --sanitize) SANITIZE=1 ;;
+    --jobs) JOBS=$2; shift ;;
+    -h|--help) sed -n 2,16p "$0"; exit 0 ;;
+    *) echo "gpu_check: unknown option $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+LOG_DIR=${OUT:-/tmp/di-gpu-check-logs}
+mkdir -p "$LOG_DIR"
+export PATH=/usr/local/cuda/bin:$PATH
+T0=$(date +%s)
+step() { echo "== gpu_check [$(( $(date +%s) - T0 ))s] $*"; }
+
+# ---- dependencies: unpack carried .debs into a private prefix ----
+PREFIX=/tmp/di-gpudeps
+CMAKE_DEP_ARGS=()
+if ls .gpudeps/*.deb >/dev/null 2>&1 && [ ! -f /usr/include/gtest/gtest.h ]; then
+  step "unpacking $(ls .gpudeps/*.deb | wc -l) carried .debs into $PREFIX"
+  mkdir -p "$PREFIX"
+  for f in .gpudeps/*.deb; do dpkg -x "$f" "$PREFIX" || { echo "dpkg -x $f failed" >&2; exit 1; }; done
+  LIBDIR=$PREFIX/usr/lib/x86_64-linux-gnu
+  # update-alternatives never ran: make the plain libopenblas.so name the postinst would have made.
+  [ -e "$LIBDIR/libopenblas.so" ] || ln -sf openblas-pthread/libopenblas.so "$LIBDIR/libopenblas.so"
+  export LD_LIBRARY_PATH=$LIBDIR:$LIBDIR/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  export PKG_CONFIG_PATH=$LIBDIR/pkgconfig PKG_CONFIG_SYSROOT_DIR=$PREFIX
+  CMAKE_DEP_ARGS=(-DDEEPINFER_EXTRA_PREFIX="$PREFIX" -DCMAKE_PREFIX_PATH="$PREFIX/usr")
+fi
+
+# ---- source tree: the whole checkout, or a staged copy of what the op tests need ----
+SRC=$ROOT
+if [ "$SCOPE" = ops ]; then
+  SRC=/tmp/di-gpu-stage
+  rm -rf "$SRC" && mkdir -p "$SRC"
+  paths=(CMakeLists.txt include src/core src/cli src/ops tests/cpp/CMakeLists.txt tests/cpp/core tests/cpp/ops tests/cpp/cuda)
+  existing=()
+  for p in "${paths[@]}"; do [ -e "$p" ] && existing+=("$p"); done
+  tar cf - "${existing[@]}" | tar xf - -C "$SRC"
+  step "staged ${existing[*]} into $SRC"
+fi
+BUILD=${BUILD_DIR:-/tmp/di-gpu-build}
+GEN=(); command -v ninja >/dev/null && GEN=(-G Ninja)
+
+step "configure ($SCOPE scope, sm_90a only)"
+cmake -S "$SRC" -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDEEPINFER_BUILD_PYTHON=OFF \
+  -DDEEPINFER_CUDA_SM90_ONLY=ON "${CMAKE_DEP_ARGS[@]}" >"$LOG_DIR/configure.log" 2>&1 \
+  || { tail -30 "$LOG_DIR/configure.log"; exit 1; }
+grep -E "deepinfer:" "$LOG_DIR/configure.log"
+TARGETS=(cuda_ops_test)
+[ "$SCOPE" = full ] && TARGETS=(all)
+step "build ${TARGETS[*]} (-j$JOBS)"
+cmake --build "$BUILD" -j "$JOBS" --target "${TARGETS[@]}" >"$LOG_DIR/build.log" 2>&1 \
+  || { grep -E "error|Error" "$LOG_DIR/build.log" | head -40; tail -20 "$LOG_DIR/build.log"; exit 1; }
+TEST_BIN=$(find "$BUILD" -name cuda_ops_test -type f -perm -u+x | head -1)
+[ -n "$TEST_BIN" ] || { echo "gpu_check: cuda_ops_test was not built (CUDA off?)"; exit 1; }
+[ "$BUILD_ONLY" = 1 ] && { step "build only: done"; exit 0; }
+
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv,noheader 2>/dev/null
+export DEEPINFER_SOURCE_DIR=$SRC DEEPINFER_SHARED_DIR=$ROOT/../shared
+step "CUDA op tests"
+"$TEST_BIN" --gtest_color=no >"$LOG_DIR/cuda_tests.log" 2>&1
+TEST_RC=$?
+grep -E "^\[  (FAILED|PASSED|SKIPPED) |^\[  FAILED  \]|Failure|expected|Which is" "$LOG_DIR/cuda_tests.log" | head -40
+
+SAN_RC=skipped
+if [ "$SANITIZE" = 1 ] && command -v compute-sanitizer >/dev/null; then
+  step "compute-sanitizer memcheck (op tests; timings and the deliberate OOM test excluded)"
+  timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$TEST_BIN" --gtest_filter=-CudaTiming.*:CudaRuntime.OutOfMemoryIsTyped \
+    >"$LOG_DIR/sanitizer.log" 2>&1
+  SAN_RC=$?
+  grep -E "ERROR SUMMARY|Invalid|out of bounds" "$LOG_DIR/sanitizer.log" | head -10
+fi
+
+# ---- golden checks (model level) run here once tools/golden_check.sh exists ----
+GOLD=skipped
+if [ -x tools/golden_check.sh ]; then
+  step "golden checks"; tools/golden_check.sh >"$LOG_DIR/golden.log" 2>&1 && GOLD=pass || GOLD=FAIL
+fi
+
+echo
+echo "op                   cases  max_rel_err  tolerance  result"
+grep '^DI_CUDA_ERR|' "$LOG_DIR/cuda_tests.log" | awk -F'|' '
+  { op=$2; n[op]++; if (!(op in worst) || $4+0 > worst[op]+0 || $4=="inf") { worst[op]=$4; tol[op]=$5 }
+    if ($6 != "PASS") bad[op]++; order[op] = order[op] ? order[op] : ++k }
+  END { for (op in order) idx[order[op]] = op
+        for (i = 1; i <= k; i++) { op = idx[i]
+          printf "%-20s %5d  %11s  %9s  %s\n", op, n[op], worst[op], tol[op], (bad[op] ? "FAIL(" bad[op] ")" : "pass") } }'
+echo
+echo "kernel          shape                     median_us  rate"
+grep '^DI_CUDA_TIME|' "$LOG_DIR/cuda_tests.log" | awk -F'|' '{ printf "%-15s %-25s %9s  %s\n", $2, $3, $4, $5 }'
+echo
+echo "tests rc=$TEST_RC  sanitizer=$SAN_RC  golden=$GOLD  total $(( $(date +%s) - T0 ))s"
+[ "$TEST_RC" = 0 ] && { [ "$SAN_RC" = skipped ] || [ "$SAN_RC" = 0 ]; }
