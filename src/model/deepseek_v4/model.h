@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "core/env.h"
 #include "kv/kv_cache.h"
 #include "model/causal_lm.h"
 #include "model/deepseek_v4/config.h"
@@ -30,6 +31,10 @@ class DeepseekV4Model final : public CausalLM {
   // Parses <dir>/config.json, maps the weights and prepares f32 copies (dequantising FP8/FP4).
   // Throws ConfigError / CheckpointError naming the file and tensor.
   static std::unique_ptr<DeepseekV4Model> load(const std::string& dir, const ModelOptions& options = {});
+  // Engine entry point: the environment knobs do not change the CPU reference forward.
+  static std::unique_ptr<DeepseekV4Model> load(const std::string& dir, const EnvConfig& /*env*/) {
+    return load(dir, ModelOptions{});
+  }
   ~DeepseekV4Model() override;
 
   const DeepseekV4Config& config() const { return cfg_; }
@@ -73,6 +78,10 @@ class DeepseekV4Model final : public CausalLM {
 };
 
 }  // namespace deepinfer::model::v4
+
+namespace deepinfer::model {
+namespace deepseek_v4 = v4;  // the engine spells the namespace out
+}
 
 namespace deepinfer::model::v4 {
 

@@ -6,6 +6,7 @@
 
 #include "core/check.h"
 #include "core/parallel.h"
+#include "ops/cpu/parallel_grain.h"
 
 namespace deepinfer::ops::cpu {
 
@@ -43,7 +44,7 @@ void sparse_attention(const SparseAttnArgs& a) {
     }
     const float inv = keys.empty() ? 0.f : 1.0f / denom;
     for (int64_t i = 0; i < d; ++i) o[i] *= inv;
-  }, 4);
+  }, grain_for(4 * d * (a.cmp_count ? 64 : 32)));
 }
 
 }  // namespace deepinfer::ops::cpu

@@ -5,6 +5,7 @@
 
 #include "core/check.h"
 #include "core/parallel.h"
+#include "ops/cpu/parallel_grain.h"
 
 namespace deepinfer::ops::cpu {
 
@@ -44,7 +45,7 @@ void compressor_pool(const CompressorPoolArgs& p) {
       });
       out[e] = acc / sum;
     }
-  }, 1);
+  }, grain_for(8 * 2 * m * d));
 }
 
 }  // namespace deepinfer::ops::cpu

@@ -5,6 +5,7 @@
 
 #include "core/check.h"
 #include "core/parallel.h"
+#include "ops/cpu/parallel_grain.h"
 
 #if defined(DEEPINFER_HAVE_BLAS)
 #include <cblas.h>
@@ -35,7 +36,7 @@ void gemm_blocked(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, 
       }
       for (int64_t j = 0; j < N; ++j) c[j] = alpha * row[j] + (beta == 0.f ? 0.f : beta * c[j]);
     }
-  }, 4);
+  }, grain_for(2 * N * K));
 }
 
 void gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb,

@@ -6,6 +6,7 @@
 
 #include "core/check.h"
 #include "core/parallel.h"
+#include "ops/cpu/parallel_grain.h"
 #include "ops/cpu/gemm.h"
 
 namespace deepinfer::ops::cpu {
@@ -25,7 +26,7 @@ std::vector<float> mix_logits(const float* X, int64_t T, const HcSpec& s, const 
     for (int64_t i = 0; i < nd; ++i) ss += double(x[i]) * x[i];
     const float r = 1.0f / std::sqrt(float(ss / double(nd)) + s.rms_eps);
     for (int64_t j = 0; j < rows; ++j) mix[t * rows + j] *= r;
-  }, 4);
+  }, grain_for(2 * nd));
   return mix;
 }
 
@@ -80,7 +81,7 @@ void hc_pre(const float* X, int64_t T, const HcSpec& s, const float* fn, const f
       col_norm();
     }
     collapse(X + t * n * s.dim, pre, s, u + t * s.dim);
-  }, 1);
+  }, grain_for(2 * n * s.dim + 40 * n * n * s.sinkhorn_iters));
 }
 
 void hc_post(const float* X, const float* y, const float* post, const float* comb, int64_t T, const HcSpec& s,
@@ -100,7 +101,7 @@ void hc_post(const float* X, const float* y, const float* post, const float* com
         for (int64_t d = 0; d < D; ++d) o[d] += w * xj[d];
       }
     }
-  }, 1);
+  }, grain_for(2 * n * n * D));
 }
 
 void hc_head(const float* X, int64_t T, const HcSpec& s, const float* fn, const float* base, const float* scale,
@@ -112,7 +113,7 @@ void hc_head(const float* X, int64_t T, const HcSpec& s, const float* fn, const 
     float pre[16];
     for (int64_t k = 0; k < n; ++k) pre[k] = sigmoid(mix[t * n + k] * scale[0] + base[k]) + s.hc_eps;
     collapse(X + t * n * s.dim, pre, s, h + t * s.dim);
-  }, 1);
+  }, grain_for(2 * n * s.dim));
 }
 
 }  // namespace deepinfer::ops::cpu

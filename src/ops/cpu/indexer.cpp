@@ -6,6 +6,7 @@
 
 #include "core/check.h"
 #include "core/parallel.h"
+#include "ops/cpu/parallel_grain.h"
 
 namespace deepinfer::ops::cpu {
 
@@ -37,7 +38,7 @@ void indexer_topk(const IndexerArgs& a) {
     int32_t* out = a.out_rows + t * K;
     for (int64_t j = 0; j < K; ++j) out[j] = j < k ? cand[order[j]] : -1;
     a.out_count[t] = int32_t(k);
-  }, 1);
+  }, grain_for(2 * Hi * di * std::max<int64_t>(1, a.num_tokens ? a.cand_count[a.num_tokens - 1] : 0)));
 }
 
 }  // namespace deepinfer::ops::cpu

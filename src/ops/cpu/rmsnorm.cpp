@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "core/parallel.h"
+#include "ops/cpu/parallel_grain.h"
 
 namespace deepinfer::ops::cpu {
 
@@ -19,7 +20,7 @@ void rmsnorm(const float* x, int64_t x_stride, const float* w, float* y, int64_t
     } else {
       for (int64_t i = 0; i < dim; ++i) yr[i] = xr[i] * inv;
     }
-  }, 16);
+  }, grain_for(3 * dim));
 }
 
 }  // namespace deepinfer::ops::cpu

@@ -5,6 +5,7 @@
 
 #include "core/check.h"
 #include "core/parallel.h"
+#include "ops/cpu/parallel_grain.h"
 
 namespace deepinfer::ops::cpu {
 
@@ -59,7 +60,7 @@ void rope_apply(float* x, int64_t rows, int64_t heads, int64_t head_dim, int64_t
         v[2 * i + 1] = b * cs[i] + a * sn[i];
       }
     }
-  }, 8);
+  }, grain_for(heads * rope_dim * 3 + rope_dim * 20));
 }
 
 }  // namespace deepinfer::ops::cpu

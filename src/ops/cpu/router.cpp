@@ -7,6 +7,7 @@
 
 #include "core/check.h"
 #include "core/parallel.h"
+#include "ops/cpu/parallel_grain.h"
 
 namespace deepinfer::ops::cpu {
 
@@ -54,7 +55,7 @@ void route(const RouterArgs& a) {
     for (int64_t j = 0; j < K; ++j) sum += s[ids[j]];
     const float denom = a.normalize ? sum + 1e-20f : 1.0f;
     for (int64_t j = 0; j < K; ++j) a.out_weights[t * K + j] = s[ids[j]] / denom * a.routed_scale;
-  }, 8);
+  }, grain_for(30 * E));
 }
 
 }  // namespace deepinfer::ops::cpu
