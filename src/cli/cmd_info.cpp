@@ -33,7 +33,7 @@ struct CacheCost {
   double per_token = 0;  // bytes of compressed entries + indexer keys per context token
   double windows = 0, hca_partial = 0, csa_partial = 0;  // fixed per sequence
 };
-CacheCost cache_cost(const DeepseekV4Config& c) {
+CacheCost cache_cost(const DeepseekV4Config& c, int64_t num_mtp_blocks) {
   CacheCost k;
   const double d = double(c.head_dim), id = double(c.index_head_dim), bf = 2;
   for (int64_t l = 0; l < c.num_layers; ++l) {
@@ -47,7 +47,7 @@ CacheCost cache_cost(const DeepseekV4Config& c) {
       k.csa_partial += 2 * (2 * m) * (2 * d) * bf + 2 * (2 * m) * (2 * id) * bf;
     }
   }
-  k.windows = double(c.num_layers + c.num_mtp_layers) * double(c.sliding_window) * d * bf;
+  k.windows = double(c.num_layers + num_mtp_blocks) * double(c.sliding_window) * d * bf;
   return k;
 }
 
@@ -95,7 +95,7 @@ int run_info(int argc, char** argv) {
   for (const auto& [dt, e] : by_dtype) std::printf("  %s %s (%lu)", dt.c_str(), human_bytes(double(e.second)).c_str(), (unsigned long)e.first);
   std::printf("\n");
 
-  const CacheCost k = cache_cost(cfg);
+  const CacheCost k = cache_cost(cfg, int64_t(w.mtp.size()));  // MTP blocks only when present
   const double fixed = k.windows + k.hca_partial + k.csa_partial;
   std::printf("cache (bf16): %.0f B per token; fixed per sequence %s (windows %s, HCA partial blocks %s, CSA partial "
               "blocks %s)\n",
