@@ -32,7 +32,7 @@ std::unique_ptr<model::CausalLM> load_model(const std::string& path, const EnvCo
   if (!fs::is_directory(path)) DI_THROW(CheckpointError, "model folder '", path, "' does not exist");
   if (!fs::exists(fs::path(path) / "config.json")) DI_THROW(CheckpointError, "model folder '", path, "' has no config.json");
 #if defined(DI_ENGINE_HAS_V4)
-  return model::deepseek_v4::DeepseekV4Model::load(path, env);
+  return model::v4::DeepseekV4Model::load(path, env);
 #else
   DI_THROW(CheckpointError, "cannot load '", path, "': this build has no DeepSeek-V4 model module");
 #endif

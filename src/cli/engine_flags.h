@@ -1,0 +1,56 @@
+// Engine and sampling flags shared by `deepinfer generate` and `deepinfer chat`.
+#pragma once
+#include <CLI/CLI.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "deepinfer/llm.h"
+
+namespace deepinfer::cli {
+
+struct EngineFlags {
+  LLMConfig cfg;
+  double kv_cache_gib = 1.0;
+  SamplingParams sp;
+  int max_tokens = 128;
+  std::optional<uint64_t> seed;
+  std::vector<std::string> stop;
+
+  void add_to(CLI::App& app) {
+    app.add_option("-m,--model", cfg.model, "checkpoint folder (default: $DEEPINFER_HF_MODEL_DIR, then models/default)");
+    app.add_option("--tokenizer", cfg.tokenizer, "tokenizer.json or folder (default: the model folder)");
+    app.add_option("--max-model-len", cfg.max_model_len, "max prompt + output tokens");
+    app.add_option("--max-num-seqs", cfg.max_num_seqs, "sequences per step");
+    app.add_option("--max-num-batched-tokens", cfg.max_num_batched_tokens, "tokens per step");
+    app.add_option("--kv-cache-gib", kv_cache_gib, "cache memory budget (GiB)");
+    app.add_option("--accelerator", cfg.accelerator, "cpu | nvidia (default: $DEEPINFER_ACCELERATOR)");
+    app.add_option("--temperature", sp.temperature, "0 = greedy");
+    app.add_option("--top-p", sp.top_p);
+    app.add_option("--top-k", sp.top_k);
+    app.add_option("--min-p", sp.min_p);
+    app.add_option("--presence-penalty", sp.presence_penalty);
+    app.add_option("--frequency-penalty", sp.frequency_penalty);
+    app.add_option("--repetition-penalty", sp.repetition_penalty);
+    app.add_option("--max-tokens", max_tokens, "max new tokens per prompt");
+    app.add_option("--min-tokens", sp.min_tokens);
+    app.add_option("-n,--n", sp.n, "samples per prompt");
+    app.add_option("--seed", seed, "per-request sampling seed");
+    app.add_option("--stop", stop, "stop string (repeatable)");
+    app.add_flag("--ignore-eos", sp.ignore_eos);
+  }
+  LLMConfig llm_config() const {
+    LLMConfig c = cfg;
+    c.kv_cache_memory_bytes = size_t(kv_cache_gib * double(size_t(1) << 30));
+    return c;
+  }
+  SamplingParams sampling() const {
+    SamplingParams p = sp;
+    p.max_tokens = max_tokens;
+    p.seed = seed;
+    p.stop = stop;
+    return p;
+  }
+};
+
+}  // namespace deepinfer::cli
