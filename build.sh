@@ -31,7 +31,7 @@ fi
 # ---- python packages for the bindings and tests ----
 PY=${PYTHON:-python3}
 py_missing=()
-for m in nanobind numpy pytest jinja2; do $PY -c "import $m" >/dev/null 2>&1 || py_missing+=("$m"); done
+for m in nanobind numpy pytest jinja2 tokenizers; do $PY -c "import $m" >/dev/null 2>&1 || py_missing+=("$m"); done
 if [ ${#py_missing[@]} -gt 0 ]; then
   echo "build.sh: pip installing ${py_missing[*]}"
   $PY -m pip install -q "${py_missing[@]}"

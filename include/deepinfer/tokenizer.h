@@ -20,6 +20,8 @@
 #include <string_view>
 #include <vector>
 
+#include "deepinfer/error.h"
+
 namespace deepinfer {
 
 // ---- DeepSeek-V4 chat format (MODEL-DEEPSEEK-V4.md §8.2; mirrors encoding_dsv4.py) ----
