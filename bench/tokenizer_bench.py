@@ -44,7 +44,14 @@ def main():
     docs = load_jsonl(corpus)
     mb = sum(len(d.encode()) for d in docs) / 1e6
     ours = _C.Tokenizer.from_file(a.tokenizer)
-    hf = tokenizers.Tokenizer.from_file(a.tokenizer)
+    if a.tokenizer.endswith("encoder.json"):  # GPT-2 pair: build the same tokenizer in HF
+        from tokenizers import decoders, models, pre_tokenizers
+        hf = tokenizers.Tokenizer(models.BPE.from_file(a.tokenizer, os.path.join(os.path.dirname(a.tokenizer), "vocab.bpe")))
+        hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        hf.decoder = decoders.ByteLevel()
+        hf.add_special_tokens(["<|endoftext|>"])
+    else:
+        hf = tokenizers.Tokenizer.from_file(a.tokenizer)
     os.environ.setdefault("RAYON_NUM_THREADS", str(a.threads))
 
     ref = [e.ids for e in hf.encode_batch(docs, add_special_tokens=False)]
