@@ -16,7 +16,9 @@ void indexer_topk(const IndexerArgs& a) {
   parallel_for(0, a.num_tokens, [&](int64_t t) {
     const int64_t n = a.cand_count[t];
     const int32_t* cand = a.cand_rows + a.cand_offset[t];
-    std::vector<float> score(size_t(n), 0.f);
+    thread_local std::vector<float> score;  // capacity reused across tokens and calls
+    thread_local std::vector<int32_t> order;
+    score.assign(size_t(n), 0.f);
     for (int64_t j = 0; j < n; ++j) {
       const float* k = a.k_pool + int64_t(cand[j]) * di;
       float acc = 0.f;
@@ -30,7 +32,7 @@ void indexer_topk(const IndexerArgs& a) {
     }
     if (a.out_scores) std::copy(score.begin(), score.end(), a.out_scores + t * a.scores_stride);
     const int64_t k = std::min(K, n);
-    std::vector<int32_t> order(static_cast<size_t>(n));
+    order.resize(size_t(n));
     std::iota(order.begin(), order.end(), 0);
     std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t x, int32_t y) {
       return score[x] > score[y] || (score[x] == score[y] && x < y);

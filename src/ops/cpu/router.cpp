@@ -35,16 +35,18 @@ void route(const RouterArgs& a) {
     }
   }
   parallel_for(0, T, [&](int64_t t) {
-    std::vector<float> s(static_cast<size_t>(E));
+    thread_local std::vector<float> s, biased;  // capacity reused across tokens
+    thread_local std::vector<int32_t> order;
+    s.resize(size_t(E));
     for (int64_t e = 0; e < E; ++e) s[e] = sqrt_softplus(a.logits[t * E + e]);
     int32_t* ids = a.out_ids + t * K;
     if (a.tid2eid) {
       for (int64_t j = 0; j < K; ++j) ids[j] = a.tid2eid[int64_t(a.token_ids[t]) * K + j];
     } else {
-      std::vector<float> biased(s);
+      biased = s;
       if (a.bias)
         for (int64_t e = 0; e < E; ++e) biased[e] += a.bias[e];
-      std::vector<int32_t> order(static_cast<size_t>(E));
+      order.resize(size_t(E));
       std::iota(order.begin(), order.end(), 0);
       std::partial_sort(order.begin(), order.begin() + K, order.end(), [&](int32_t x, int32_t y) {
         return biased[x] > biased[y] || (biased[x] == biased[y] && x < y);
