@@ -6,6 +6,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
+sys.path.append(os.path.join(ROOT, "python"))  # when build.sh's .pth is not installed
 SHARED = os.environ.get("DEEPINFER_SHARED_DIR", os.path.join(ROOT, "..", "shared"))
 TOK_DIR = os.path.join(SHARED, "data", "tokenizers")
 DS_JSON = os.path.join(TOK_DIR, "deepseek-v3", "tokenizer.json")
