@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import json
 import struct
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-GOLDEN = Path(__file__).resolve().parents[1] / "data" / "golden"
+REPO = Path(__file__).resolve().parents[2]
+GOLDEN = REPO / "tests" / "data" / "golden"
+sys.path.insert(0, str(REPO / "tools"))
+from golden_lib import names  # noqa: E402  (pure Python name maps)
 HF_FIXTURES = ["tiny", "tiny_clamp"]
 ALL_FIXTURES = HF_FIXTURES + ["tiny_official"]
 ELEM = {"BF16": 2, "F32": 4, "I64": 8, "I8": 1, "F8_E4M3": 1, "F8_E8M0": 1}
@@ -46,7 +50,22 @@ def read_safetensors(path: Path) -> dict[str, tuple[str, list[int], np.ndarray]]
     return out
 
 
+def fp4_decode(packed: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """I8 [out, in/2] (element 2k low nibble, 2k+1 high) + E8M0 [out, in/32] -> f32 [out, in]."""
+    b = packed.view(np.uint8)
+    codes = np.stack([b & 0xF, b >> 4], axis=-1).reshape(b.shape[0], -1)
+    return E2M1[codes] * np.repeat(to_f32("F8_E8M0", scales.shape, scales), 32, axis=1)
+
+
+def fp8_decode(codes: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """F8_E4M3 [out, in] + E8M0 [ceil(out/128), ceil(in/128)] -> f32 [out, in]."""
+    s = to_f32("F8_E8M0", scales.shape, scales)
+    s = np.repeat(np.repeat(s, 128, axis=0), 128, axis=1)[: codes.shape[0], : codes.shape[1]]
+    return to_f32("F8_E4M3", codes.shape, codes) * s
+
+
 def to_f32(dtype: str, shape, raw: np.ndarray) -> np.ndarray:
+    raw = raw.view(np.uint8)
     if dtype == "F32":
         return raw.view(np.float32).reshape(shape)
     if dtype == "BF16":
@@ -146,3 +165,133 @@ def test_hf_rerun_matches_short_logits():
     with torch.no_grad():
         got = model(input_ids=torch.tensor([ids]), use_cache=False).logits[0].numpy()
     np.testing.assert_allclose(got, np.load(d / "logits_short.npy"), atol=1e-4, rtol=0)
+
+
+FP8_LEAVES = ("attn.wq_a.weight", "attn.wq_b.weight", "attn.wkv.weight", "attn.wo_a.weight", "attn.wo_b.weight",
+              "attn.indexer.wq_b.weight", "shared_experts.w1.weight", "shared_experts.w2.weight",
+              "shared_experts.w3.weight", "e_proj.weight", "h_proj.weight")
+F32_LEAVES = ("hc_attn_fn", "hc_attn_base", "hc_attn_scale", "hc_ffn_fn", "hc_ffn_base", "hc_ffn_scale",
+              "hc_head_fn", "hc_head_base", "hc_head_scale", "attn_sink", "ape", "gate.bias")
+
+
+def official_tensors(d: Path) -> dict:
+    index = json.loads((d / "model.safetensors.index.json").read_text())
+    tensors = {}
+    for shard in sorted(set(index["weight_map"].values())):
+        part = read_safetensors(d / shard)
+        assert all(index["weight_map"][n] == shard for n in part), shard
+        tensors.update(part)
+    assert tensors.keys() == index["weight_map"].keys()
+    return tensors
+
+
+def decode_official(tensors: dict) -> dict[str, np.ndarray]:
+    """Every non-scale release tensor decoded to f32 (I64 kept as int64)."""
+    out = {}
+    for name, (dt, shape, raw) in tensors.items():
+        if dt == "F8_E8M0":
+            continue
+        if dt == "F8_E4M3":
+            out[name] = fp8_decode(raw.reshape(shape), tensors[name[:-7] + ".scale"][2].reshape(
+                tensors[name[:-7] + ".scale"][1]))
+        elif dt == "I8":
+            sc = tensors[name[:-7] + ".scale"]
+            out[name] = fp4_decode(raw.view(np.int8).reshape(shape), sc[2].reshape(sc[1]))
+        elif dt == "I64":
+            out[name] = raw.view(np.int64).reshape(shape)
+        else:
+            out[name] = to_f32(dt, shape, raw)
+    return out
+
+
+def test_official_layout_and_dtypes():
+    d = fixture_dir("tiny_official")
+    cfg = json.loads((d / "config.json").read_text())
+    n_layers, n_mtp = cfg["num_hidden_layers"], cfg["num_nextn_predict_layers"]
+    assert n_mtp == 1 and len(cfg["compress_ratios"]) == n_layers + n_mtp and cfg["compress_ratios"][-1] == 0
+    assert cfg["quantization_config"]["fmt"] == "e4m3" and cfg["quantization_config"]["scale_fmt"] == "ue8m0"
+    assert cfg["quantization_config"]["weight_block_size"] == [128, 128] and cfg["expert_dtype"] == "fp4"
+    tensors = official_tensors(d)
+    for name, (dt, shape, _) in tensors.items():
+        if name.endswith(".scale"):
+            w_dt, w_shape, _ = tensors[name[:-6] + ".weight"]
+            assert dt == "F8_E8M0", name
+            if w_dt == "F8_E4M3":
+                assert shape == [-(-w_shape[0] // 128), -(-w_shape[1] // 128)], name
+            else:
+                assert w_dt == "I8" and shape == [w_shape[0], w_shape[1] * 2 // 32], name
+        elif ".ffn.experts." in name:
+            assert dt == "I8", name
+        elif name.endswith(FP8_LEAVES):
+            assert dt == "F8_E4M3", name
+        elif name.endswith(F32_LEAVES):
+            assert dt == "F32", name
+        elif name.endswith("tid2eid"):
+            assert dt == "I64", name
+        else:
+            assert dt == "BF16", name
+    assert sum(n.startswith("mtp.0.") for n in tensors) > 0
+    assert not any(n.startswith("mtp.0.attn.compressor") for n in tensors), "MTP block is sliding-only"
+
+
+def test_official_decodes_to_model_a():
+    """Decoded release weights = model A's (exact for BF16/F32/I64, within the format's rounding
+    for FP8/FP4)."""
+    d_off, d_a = fixture_dir("tiny_official"), fixture_dir("tiny")
+    dec = decode_official(official_tensors(d_off))
+    hf = {n: to_f32(dt, shape, raw) if dt != "I64" else raw.view(np.int64).reshape(shape)
+          for n, (dt, shape, raw) in read_safetensors(d_a / "model.safetensors").items()}
+    cfg = json.loads((d_a / "config.json").read_text())
+    inter = cfg["moe_intermediate_size"]
+    pairs = [(rel, hf_name) for hf_name, (rel, _) in names.GLOBAL_MAP.items()]
+    for L in range(cfg["num_hidden_layers"]):
+        for rel, (off, _) in names.LAYER_MAP.items():
+            if f"model.layers.{L}.{rel}" in hf:
+                pairs.append((f"layers.{L}.{off}", f"model.layers.{L}.{rel}"))
+    for off, hf_name in pairs:
+        got, want = dec[off], hf[hf_name]
+        if off.endswith(FP8_LEAVES):   # e4m3: 3 mantissa bits -> relative error <= 2^-4 (+ subnormals)
+            assert np.all(np.abs(got - want) <= np.abs(want) / 16 + 1e-6), off
+        else:
+            np.testing.assert_array_equal(got, want, err_msg=off)
+    for L in range(cfg["num_hidden_layers"]):
+        gate_up = hf[f"model.layers.{L}.mlp.experts.gate_up_proj"]
+        for e in range(cfg["n_routed_experts"]):
+            for w, want in (("w1", gate_up[e, :inter]), ("w3", gate_up[e, inter:]),
+                            ("w2", hf[f"model.layers.{L}.mlp.experts.down_proj"][e])):
+                got = dec[f"layers.{L}.ffn.experts.{e}.{w}.weight"]
+                amax = np.abs(want).reshape(want.shape[0], -1, 32).max(-1, keepdims=True)
+                # scale s < amax/3 (smallest power of two with amax <= 6s); e2m1 gaps <= 2 -> |err| <= s
+                bound = np.repeat(amax / 3, 32, axis=-1).reshape(want.shape)
+                assert np.all(np.abs(got - want) <= bound), (L, e, w)
+
+
+def test_official_rerun_matches_short_logits():
+    """transformers on the numpy-decoded release weights reproduces tiny_official/logits_short."""
+    d_off, d_a = fixture_dir("tiny_official"), fixture_dir("tiny")
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    if not hasattr(transformers, "DeepseekV4ForCausalLM"):
+        pytest.skip("transformers without DeepseekV4")
+    model = transformers.DeepseekV4ForCausalLM.from_pretrained(d_a, dtype=torch.float32,
+                                                                attn_implementation="eager").eval()
+    dec = decode_official(official_tensors(d_off))
+    sd = model.state_dict()
+    inter = model.config.moe_intermediate_size
+    new = {hf_name: dec[rel] for hf_name, (rel, _) in names.GLOBAL_MAP.items()}
+    for L in range(model.config.num_hidden_layers):
+        for rel, (off, _) in names.LAYER_MAP.items():
+            if f"model.layers.{L}.{rel}" in sd:
+                new[f"model.layers.{L}.{rel}"] = dec[f"layers.{L}.{off}"]
+        E = model.config.n_routed_experts
+        new[f"model.layers.{L}.mlp.experts.gate_up_proj"] = np.stack([np.concatenate(
+            [dec[f"layers.{L}.ffn.experts.{e}.w1.weight"], dec[f"layers.{L}.ffn.experts.{e}.w3.weight"]])
+            for e in range(E)])
+        new[f"model.layers.{L}.mlp.experts.down_proj"] = np.stack(
+            [dec[f"layers.{L}.ffn.experts.{e}.w2.weight"] for e in range(E)])
+    assert new.keys() == sd.keys() and 2 * inter == new["model.layers.0.mlp.experts.gate_up_proj"].shape[1]
+    model.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in new.items()})
+    ids = load_inputs(d_off)["short"]
+    with torch.no_grad():
+        got = model(input_ids=torch.tensor([ids]), use_cache=False).logits[0].numpy()
+    np.testing.assert_allclose(got, np.load(d_off / "logits_short.npy"), atol=1e-4, rtol=0)

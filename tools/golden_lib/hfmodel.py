@@ -34,8 +34,9 @@ TINY = dict(
     tie_word_embeddings=False, bos_token_id=0, eos_token_id=1,
 )
 
-# Model B: clamps active (swiglu_limit 1), different layer order and HCA ratio 8.
-TINY_CLAMP = dict(TINY, num_hidden_layers=3, swiglu_limit=1.0,
+# Model B: clamps active (swiglu_limit 1), different layer order and HCA ratio 8; smaller
+# vocab / q_lora than A to keep the fixtures small.
+TINY_CLAMP = dict(TINY, num_hidden_layers=3, swiglu_limit=1.0, vocab_size=256, q_lora_rank=64,
                   layer_types=["heavily_compressed_attention", "sliding_attention",
                                "compressed_sparse_attention"],
                   mlp_layer_types=["hash_moe", "moe", "moe"],
@@ -54,13 +55,13 @@ def _normal(gen, shape, std, mean=0.0):
     return torch.randn(shape, generator=gen, dtype=torch.float32) * std + mean
 
 
-def random_value(name: str, shape, gen, n_experts: int, hidden: int) -> torch.Tensor:
+def random_value(name: str, shape, gen) -> torch.Tensor:
     """Value for one float parameter (§9 step 1). Nothing keeps transformers' init
     (which zeroes sinks/position_bias/hc base/bias and sets scales to 1)."""
     leaf = name.rsplit(".", 1)[-1]
     if name.endswith("norm.weight") or name.endswith("layernorm.weight"):
         return _normal(gen, shape, 0.1, 1.0)
-    if "_hc." in name or ".hc_head." in name:
+    if "_hc." in name or leaf in ("hc_fn", "hc_base", "hc_scale"):
         if leaf in ("fn", "hc_fn"):
             return _normal(gen, shape, 0.05)
         if leaf in ("base", "hc_base"):
@@ -90,22 +91,21 @@ def random_tid2eid(shape, gen, n_experts: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def randomize_(model, seed: int) -> None:
+def randomize_(module, seed: int, n_experts: int) -> None:
     """Overwrite every entry of the state dict, then round floats to bf16-representable values."""
     gen = torch.Generator().manual_seed(seed)
-    cfg = model.config
-    for name, t in model.state_dict(keep_vars=True).items():
+    for name, t in module.state_dict(keep_vars=True).items():
         if name.endswith("tid2eid"):
-            t.copy_(random_tid2eid(t.shape, gen, cfg.n_routed_experts))
+            t.copy_(random_tid2eid(t.shape, gen, n_experts))
             continue
-        v = random_value(name, tuple(t.shape), gen, cfg.n_routed_experts, cfg.hidden_size)
+        v = random_value(name, tuple(t.shape), gen)
         t.copy_(v.to(torch.bfloat16).to(torch.float32))
 
 
 def build_model(spec: dict, seed: int):
     torch.manual_seed(seed)
     model = DeepseekV4ForCausalLM(make_config(spec)).eval()
-    randomize_(model, seed)
+    randomize_(model, seed, model.config.n_routed_experts)
     return model
 
 
