@@ -9,7 +9,10 @@
 // CPU twin: ops/cpu/attention.h sparse_attention (same argument meaning).
 //
 // This first version is a CUDA-core kernel (one warp per head, 8 heads per block sharing key
-// tiles staged in shared memory); a tensor-core/FlashMLA-class kernel is still to do.
+// tiles staged in shared memory); a tensor-core/FlashMLA-class kernel is still to do. Decode has
+// few tokens, so the key list can be split across blocks (flash-decoding): each split keeps an
+// unnormalised (max, sum, acc) triple in `workspace`, a second kernel merges the splits in a
+// fixed order and adds the sink.
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -24,7 +27,7 @@ struct SparseAttnParams {
   int64_t q_stride = 0;
   const void* win_kv = nullptr;        // [rows, d] dtype, row stride kv_stride
   const void* cmp_kv = nullptr;        // [rows, d] dtype, row stride kv_stride (null when no cmp keys)
-  int64_t kv_stride = 0;
+  int64_t kv_stride = 0;               // elements; rows and base pointers 16-byte aligned
   DType dtype = DType::kBF16;          // of q, kv, out
   const int32_t* win_begin = nullptr;  // [T]
   const int32_t* win_count = nullptr;  // [T]
@@ -36,7 +39,21 @@ struct SparseAttnParams {
   void* out = nullptr;                 // [T, H, d] dtype, token stride out_stride
   int64_t out_stride = 0;
   int64_t num_tokens = 0, num_heads = 0, head_dim = 0;  // head_dim: multiple of 32, <= 512
+  // Split-KV (optional): key j of a token goes to split j / split_keys; num_splits splits must
+  // cover the longest key list (win_count + cmp_count). num_splits <= 1: one pass, no workspace.
+  int num_splits = 1;
+  int split_keys = 0;
+  float* workspace = nullptr;  // sparse_attention_workspace_bytes(...)
 };
+
+// Splits that give about four blocks per multiprocessor for this batch, and keys per split
+// (a multiple of the 16-key tile); {1, 0} when one pass already fills the GPU.
+struct AttnSplit {
+  int num_splits = 1;
+  int split_keys = 0;
+};
+AttnSplit choose_attention_split(int64_t num_tokens, int64_t num_heads, int64_t max_keys_per_token, int num_sms);
+size_t sparse_attention_workspace_bytes(int64_t num_tokens, int64_t num_heads, int64_t head_dim, int num_splits);
 
 void sparse_attention(const SparseAttnParams& p, cudaStream_t stream);
 

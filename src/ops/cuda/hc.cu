@@ -13,36 +13,56 @@ constexpr int kMaxMix = (2 + kHcMaxStreams) * kHcMaxStreams;  // 24
 constexpr int kThreads = 256;
 constexpr int kChunk = 1024;  // x̂ elements per partial-sum block (4 per thread)
 
-// partials[t][s][0..M) = fn[:, chunk s] · x̂[chunk s];  partials[t][s][M] = Σ x̂² over the chunk.
+constexpr int kTokTile = 4;  // tokens per partial-sum block: fn is read once per 4 tokens
+
+// partials[t][s][0..M) = fn[:, chunk s] · x̂_t[chunk s];  partials[t][s][M] = Σ x̂_t² over the chunk,
+// for the kTokTile tokens blockIdx.y·kTokTile ... (each fn element loaded once for all of them).
 template <typename T>
 __global__ void __launch_bounds__(kThreads) hc_partials_kernel(const __grid_constant__ HcPreParams p, int num_mix,
                                                                int num_chunks) {
-  __shared__ float red[kThreads / kWarpSize][kMaxMix + 1];
-  const int64_t t = blockIdx.y, s = blockIdx.x;
+  __shared__ float red[kThreads / kWarpSize][kTokTile][kMaxMix + 1];
+  const int64_t t0 = int64_t(blockIdx.y) * kTokTile, s = blockIdx.x;
   const int64_t K = int64_t(p.n) * p.dim;
-  const T* x = static_cast<const T*>(p.x) + t * p.x_stride;
-  float acc[kMaxMix + 1];
+  const T* x = static_cast<const T*>(p.x);
+  float acc[kTokTile][kMaxMix + 1];
 #pragma unroll
-  for (int j = 0; j <= kMaxMix; ++j) acc[j] = 0.f;
+  for (int u = 0; u < kTokTile; ++u)
+#pragma unroll
+    for (int j = 0; j <= kMaxMix; ++j) acc[u][j] = 0.f;
   for (int64_t k = s * kChunk + threadIdx.x; k < K && k < (s + 1) * kChunk; k += kThreads) {
-    const float v = to_f32(x[k]);
-    acc[kMaxMix] += v * v;
+    float v[kTokTile];
 #pragma unroll
-    for (int j = 0; j < kMaxMix; ++j)
-      if (j < num_mix) acc[j] += p.fn[int64_t(j) * K + k] * v;
+    for (int u = 0; u < kTokTile; ++u) {
+      v[u] = t0 + u < p.tokens ? to_f32(x[(t0 + u) * p.x_stride + k]) : 0.f;
+      acc[u][kMaxMix] += v[u] * v[u];
+    }
+#pragma unroll
+    for (int j = 0; j < kMaxMix; ++j) {
+      if (j < num_mix) {
+        const float f = p.fn[int64_t(j) * K + k];
+#pragma unroll
+        for (int u = 0; u < kTokTile; ++u) acc[u][j] += f * v[u];
+      }
+    }
   }
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
 #pragma unroll
-  for (int j = 0; j <= kMaxMix; ++j) {
-    const float r = warp_sum(acc[j]);
-    if (lane == 0) red[warp][j] = r;
-  }
+  for (int u = 0; u < kTokTile; ++u)
+#pragma unroll
+    for (int j = 0; j <= kMaxMix; ++j) {
+      const float r = warp_sum(acc[u][j]);
+      if (lane == 0) red[warp][u][j] = r;
+    }
   __syncthreads();
-  if (threadIdx.x <= num_mix) {
-    const int j = threadIdx.x == num_mix ? kMaxMix : threadIdx.x;  // slot num_mix carries Σx²
-    float sum = 0.f;
-    for (int w = 0; w < kThreads / kWarpSize; ++w) sum += red[w][j];
-    p.workspace[(t * num_chunks + s) * (num_mix + 1) + threadIdx.x] = sum;
+  const int per_tok = num_mix + 1;
+  if (threadIdx.x < kTokTile * per_tok) {
+    const int u = threadIdx.x / per_tok, jj = threadIdx.x % per_tok;
+    const int j = jj == num_mix ? kMaxMix : jj;  // slot num_mix carries Σx²
+    if (t0 + u < p.tokens) {
+      float sum = 0.f;
+      for (int w = 0; w < kThreads / kWarpSize; ++w) sum += red[w][u][j];
+      p.workspace[((t0 + u) * num_chunks + s) * per_tok + jj] = sum;
+    }
   }
 }
 
@@ -202,7 +222,8 @@ void hc_pre(const HcPreParams& p, cudaStream_t stream) {
   const int num_mix = hc_num_mix(p.n, p.mode);
   const int chunks = int(ceil_div(int64_t(p.n) * p.dim, kChunk));
   DI_DISPATCH_FLOAT(p.dtype, T, "hc_pre x", [&] {
-    hc_partials_kernel<T><<<dim3(chunks, unsigned(p.tokens)), kThreads, 0, stream>>>(p, num_mix, chunks);
+    const unsigned tiles = unsigned(ceil_div(p.tokens, kTokTile));
+    hc_partials_kernel<T><<<dim3(chunks, tiles), kThreads, 0, stream>>>(p, num_mix, chunks);
     DI_CUDA_CHECK_LAUNCH();
     hc_finalize_kernel<T><<<unsigned(p.tokens), kThreads, 0, stream>>>(p, num_mix, chunks);
     DI_CUDA_CHECK_LAUNCH();

@@ -2,10 +2,12 @@
 // 20 event-timed launches after warm-up, inputs random and larger than L2 where it matters.
 #include <algorithm>
 #include <functional>
+#include <numeric>
 
 #include "ops/cuda/attention.h"
 #include "ops/cuda/gemm.h"
 #include "ops/cuda/hc.h"
+#include "ops/cuda/indexer.h"
 #include "ops/cuda/norm.h"
 #include "ops/cuda/quant.h"
 #include "ops/cuda/router.h"
@@ -95,15 +97,37 @@ TEST(CudaTiming, Kernels) {
     DevArray<int32_t> dwb(wb), dwc(wc), dcc(cc), drows(rows);
     DevArray<int64_t> dco(co);
     DevArray<float> sink(randn(H, 23));
+    const oc::AttnSplit sp = oc::choose_attention_split(B, H, 640, device_info().num_sms);
+    DevArray<float> ws(oc::sparse_attention_workspace_bytes(B, H, d, sp.num_splits) / 4 + 1);
     const double us = median_us([&](cudaStream_t qs) {
       oc::sparse_attention({.q = q.get(), .q_stride = H * d, .win_kv = win.get(), .cmp_kv = cmp.get(), .kv_stride = d,
                             .win_begin = dwb.get(), .win_count = dwc.get(), .cmp_rows = drows.get(),
                             .cmp_offset = dco.get(), .cmp_count = dcc.get(), .sink = sink.get(),
                             .scale = 0.044194f, .out = out.get(), .out_stride = H * d, .num_tokens = B,
-                            .num_heads = H, .head_dim = d}, qs);
+                            .num_heads = H, .head_dim = d, .num_splits = sp.num_splits, .split_keys = sp.split_keys,
+                            .workspace = ws.get()}, qs);
     }, s);
-    report_time("sparse_attn", "decode b=" + std::to_string(B) + " H=64 640 keys", us,
+    report_time("sparse_attn", "decode b=" + std::to_string(B) + " H=64 640 keys, " + std::to_string(sp.num_splits) + " splits", us,
                 tflops(4.0 * B * H * 640 * d, us));
+  }
+  for (int64_t T_ : {int64_t(1), int64_t(64)}) {
+    // Indexer at 64K context: 16384 candidate blocks, 64 heads × 128, top 512.
+    const int64_t Hi = 64, di = 128, n = 16384;
+    DevArray<uint16_t> q(to_bf16(randn(T_ * Hi * di, 30))), k(to_bf16(randn(n * di, 31)));
+    DevArray<float> w(randn(T_ * Hi, 32)), sc(T_ * n);
+    std::vector<int32_t> rows(n), cnt(T_, int32_t(n));
+    std::iota(rows.begin(), rows.end(), 0);
+    std::vector<int64_t> off(T_, 0);
+    DevArray<int32_t> drows(rows), dcnt(cnt), out(T_ * 512), outc(T_);
+    DevArray<int64_t> doff(off);
+    const double us = median_us([&](cudaStream_t qs) {
+      oc::indexer_topk({.q = q.get(), .w = w.get(), .k_pool = k.get(), .cand_rows = drows.get(), .cand_offset = doff.get(),
+                        .cand_count = dcnt.get(), .num_tokens = T_, .num_heads = Hi, .head_dim = di,
+                        .qk_scale = 0.0884f, .w_scale = 0.125f, .topk = 512, .max_candidates = n, .scores = sc.get(),
+                        .out_rows = out.get(), .out_count = outc.get()}, qs);
+    }, s);
+    report_time("indexer_topk", "T=" + std::to_string(T_) + " 16384 cand 64x128", us,
+                tflops(2.0 * T_ * n * Hi * di, us));
   }
   {
     const int64_t rows = 65536;

@@ -1,0 +1,39 @@
+// Lightning indexer of CSA layers on the GPU (spec §3.4): scores every candidate compressed block
+// for each query token, then keeps the top-k as a set.
+//   score_t(j) = Σ_h (relu(q[t,h]·K[j]) · qk_scale) · (w[t,h] · w_scale)     (fp32)
+// Candidates of token t: cand_count[t] row ids of k_pool at cand_rows[cand_offset[t] ...].
+// Selection: the min(topk, count) best candidates, ties to the earlier candidate (as the CPU twin),
+// found exactly by an 8-pass radix select on the 64-bit key (ordered score, ~candidate index);
+// out_rows lists them in candidate order (the CPU twin lists them by score; compare as sets),
+// padded with -1. CPU twin: ops/cpu/indexer.h indexer_topk.
+// In production numerics q and k_pool have been through fp4_round_trip (Hadamard + FP4) first.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace deepinfer::ops::cuda {
+
+struct IndexerParams {
+  const void* q = nullptr;              // [T, Hi, di] dtype (roped, contiguous)
+  const float* w = nullptr;             // [T, Hi] f32 weights_proj output (unscaled)
+  const void* k_pool = nullptr;         // [rows, di] dtype
+  DType dtype = DType::kBF16;           // of q and k_pool
+  const int32_t* cand_rows = nullptr;
+  const int64_t* cand_offset = nullptr; // [T]
+  const int32_t* cand_count = nullptr;  // [T], each <= max_candidates
+  int64_t num_tokens = 0, num_heads = 0, head_dim = 0;  // Hi <= 128, di multiple of 32, <= 256
+  float qk_scale = 1.0f;
+  float w_scale = 1.0f;
+  int64_t topk = 0;
+  int64_t max_candidates = 0;           // upper bound of cand_count (host-known, e.g. ctx/4)
+  float* scores = nullptr;              // workspace [T, max_candidates] f32 (kept: tests read it)
+  int32_t* out_rows = nullptr;          // [T, topk]
+  int32_t* out_count = nullptr;         // [T]
+};
+
+void indexer_topk(const IndexerParams& p, cudaStream_t stream);
+
+}  // namespace deepinfer::ops::cuda
