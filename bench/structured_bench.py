@@ -1,0 +1,254 @@
+#!/usr/bin/env python3
+"""MaskBench side by side: deepinfer vs xgrammar vs llguidance (benchmark, not a test).
+
+For every schema of maskbench-dev (or a deterministic sample): compile, then walk each test
+instance (compact JSON, DeepSeek tokenizer ids) token by token, computing the full-vocabulary
+mask before every token, and finally check the end-of-sequence. A schema passes when it
+compiles and every valid instance is accepted and every invalid one rejected.
+
+Reports per engine: passing schemas, compile errors, false accepts / rejects, compile time
+p50/p99 and per-token mask time p50/p99/p99.9. deepinfer runs through `deepinfer so-check
+--mask-times` (same process for all schemas; grammars reused across a schema's instances).
+
+  python3 bench/structured_bench.py --limit 500 --engines deepinfer,xgrammar,llguidance
+"""
+import argparse
+import glob
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("DEEPINFER_SHARED_DIR", ROOT.parent / "shared"))
+
+
+def pct(xs, q):
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q / 100.0 * len(xs)))]
+
+
+def load_cases(limit):
+    tmp = Path(tempfile.gettempdir()) / "deepinfer-maskbench"
+    if not (tmp / "maskbench-dev").exists():
+        with tarfile.open(SHARED / "data/structured/maskbench-dev.tar.gz") as t:
+            t.extractall(tmp)
+    files = sorted((tmp / "maskbench-dev").glob("*.json"))
+    if limit and limit < len(files):
+        step = len(files) / limit
+        files = [files[int(i * step)] for i in range(limit)]
+    cases = []
+    for f in files:
+        d = json.loads(f.read_text())
+        tests = [(json.dumps(t["data"], separators=(",", ":"), ensure_ascii=False), t["valid"]) for t in d["tests"]]
+        cases.append((f.name, d["schema"], tests))
+    return cases
+
+
+class Stats:
+    def __init__(self, name):
+        self.name = name
+        self.passed = self.compile_errors = self.fa = self.fr = self.schemas = 0
+        self.compile_ms = []
+        self.mask_us = []
+
+    def row(self):
+        return {
+            "engine": self.name, "schemas": self.schemas, "passed": self.passed,
+            "compile_errors": self.compile_errors, "false_accepts": self.fa, "false_rejects": self.fr,
+            "compile_ms_p50": round(pct(self.compile_ms, 50), 3), "compile_ms_p99": round(pct(self.compile_ms, 99), 3),
+            "mask_us_p50": round(pct(self.mask_us, 50), 2), "mask_us_p99": round(pct(self.mask_us, 99), 2),
+            "mask_us_p99.9": round(pct(self.mask_us, 99.9), 2), "masks": len(self.mask_us),
+        }
+
+
+def record(st, results):
+    ok = True
+    for got, want in results:
+        if got != want:
+            ok = False
+            if got:
+                st.fa += 1
+            else:
+                st.fr += 1
+    st.passed += ok
+
+
+def run_deepinfer(cases, tok_path, exe):
+    st = Stats("deepinfer")
+    with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
+        index = []
+        for ci, (_, schema, tests) in enumerate(cases):
+            for text, valid in tests:
+                f.write(json.dumps({"input": text, "so_args": {"json_schema": schema}}, ensure_ascii=False) + "\n")
+                index.append((ci, valid))
+        path = f.name
+    out = subprocess.run([exe, "so-check", "--tokenizer", tok_path, "--inputs", path, "--mask-times"],
+                         capture_output=True, text=True, check=True).stdout.splitlines()
+    os.unlink(path)
+    per_case = {}
+    for (ci, valid), line in zip(index, out):
+        r = json.loads(line)
+        per_case.setdefault(ci, []).append((r, valid))
+    for ci in range(len(cases)):
+        st.schemas += 1
+        rows = per_case.get(ci, [])
+        if rows and "error" in rows[0][0] and "compile_ms" not in rows[0][0]:
+            st.compile_errors += 1
+            continue
+        st.compile_ms.append(rows[0][0]["compile_ms"])
+        for r, _ in rows:
+            st.mask_us.extend(r.get("mask_us", []))
+        record(st, [(r["accepted"], v) for r, v in rows])
+    return st
+
+
+def walk(tokens, fill_mask, consume, accept_eos):
+    """fill_mask() -> (time_us, allowed_fn); consume(tok) -> bool."""
+    times = []
+    for t in tokens:
+        t0 = time.perf_counter()
+        allowed = fill_mask()
+        times.append((time.perf_counter() - t0) * 1e6)
+        if not allowed(t) or not consume(t):
+            return False, times
+    return accept_eos(), times
+
+
+def run_xgrammar(cases, hf_tok, vocab_bytes, eos):
+    import torch
+    import xgrammar as xgr
+    st = Stats("xgrammar")
+    info = xgr.TokenizerInfo(vocab_bytes, vocab_type=xgr.VocabType.RAW, vocab_size=len(vocab_bytes), stop_token_ids=[eos])
+    compiler = xgr.GrammarCompiler(info, cache_enabled=False)
+    mask = xgr.allocate_token_bitmask(1, info.vocab_size)
+    for _, schema, tests in cases:
+        st.schemas += 1
+        try:
+            t0 = time.perf_counter()
+            cg = compiler.compile_json_schema(json.dumps(schema), any_whitespace=False, separators=(",", ":"),
+                                              strict_mode=False)
+            st.compile_ms.append((time.perf_counter() - t0) * 1e3)
+        except Exception:
+            st.compile_errors += 1
+            continue
+        results = []
+        for text, valid in tests:
+            m = xgr.GrammarMatcher(cg)
+
+            def fill():
+                m.fill_next_token_bitmask(mask)
+                row = mask[0]
+                return lambda t: bool((int(row[t >> 5]) >> (t & 31)) & 1)
+
+            ok, times = walk(hf_tok.encode(text, add_special_tokens=False).ids, fill, m.accept_token,
+                             lambda: m.accept_token(eos))
+            st.mask_us.extend(times)
+            results.append((ok, valid))
+        record(st, results)
+    return st
+
+
+def run_llguidance(cases, tok_json, eos):
+    import llguidance as llg
+    st = Stats("llguidance")
+    tok = llg.LLTokenizer(tok_json, eos_token=eos)
+    from tokenizers import Tokenizer
+    hf_tok = Tokenizer.from_str(tok_json)
+    for _, schema, tests in cases:
+        st.schemas += 1
+        t0 = time.perf_counter()
+        grammar = llg.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults={"whitespace_flexible": False})
+        m0 = llg.LLMatcher(tok, grammar, log_level=0)
+        if m0.is_error():
+            st.compile_errors += 1
+            continue
+        st.compile_ms.append((time.perf_counter() - t0) * 1e3)
+        results = []
+        for text, valid in tests:
+            m = llg.LLMatcher(tok, grammar, log_level=0)
+
+            def fill():
+                b, _ = m.compute_mask()
+                return lambda t: b is not None and bool(b[t >> 3] >> (t & 7) & 1)
+
+            ok, times = walk(hf_tok.encode(text, add_special_tokens=False).ids, fill, m.consume_token,
+                             lambda: m.consume_token(eos) or m.is_accepting())
+            st.mask_us.extend(times)
+            results.append((ok and not m.is_error(), valid))
+        record(st, results)
+    return st
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--limit", type=int, default=0, help="deterministic sample of N schemas (0 = all)")
+    ap.add_argument("--engines", default="deepinfer,xgrammar,llguidance")
+    ap.add_argument("--tokenizer", default=str(SHARED / "data/tokenizers/deepseek-v3/tokenizer.json"))
+    ap.add_argument("--cli", default=os.environ.get("DEEPINFER_CLI") or next(iter(sorted(glob.glob(str(ROOT / "build*/deepinfer")))), None))
+    args = ap.parse_args()
+    cases = load_cases(args.limit)
+    tok_json = Path(args.tokenizer).read_text()
+    from tokenizers import Tokenizer
+    hf_tok = Tokenizer.from_str(tok_json)
+    cfg = json.loads((Path(args.tokenizer).parent / "tokenizer_config.json").read_text())
+    eos_tok = cfg["eos_token"]["content"] if isinstance(cfg["eos_token"], dict) else cfg["eos_token"]
+    eos = hf_tok.token_to_id(eos_tok)
+    n = max(hf_tok.get_vocab(with_added_tokens=True).values()) + 1
+    rows = []
+    for eng in args.engines.split(","):
+        t0 = time.time()
+        if eng == "deepinfer":
+            st = run_deepinfer(cases, args.tokenizer, args.cli)
+        elif eng == "xgrammar":
+            vocab_bytes = [b""] * n
+            for i in range(n):
+                vocab_bytes[i] = hf_tok.decode([i], skip_special_tokens=False).encode("utf-8", "surrogatepass") \
+                    if hf_tok.id_to_token(i) is None or hf_tok.id_to_token(i).startswith("<") else _bytes_of(hf_tok, i)
+            st = run_xgrammar(cases, hf_tok, vocab_bytes, eos)
+        elif eng == "llguidance":
+            st = run_llguidance(cases, tok_json, eos)
+        else:
+            sys.exit(f"unknown engine {eng}")
+        row = st.row()
+        row["wall_s"] = round(time.time() - t0, 1)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    keys = list(rows[0].keys())
+    print("| " + " | ".join(keys) + " |")
+    print("|" + "---|" * len(keys))
+    for r in rows:
+        print("| " + " | ".join(str(r[k]) for k in keys) + " |")
+
+
+_BYTE_DEC = None
+
+
+def _bytes_of(hf_tok, i):
+    """Raw bytes of a byte-level BPE token (GPT-2 byte-to-unicode alphabet)."""
+    global _BYTE_DEC
+    if _BYTE_DEC is None:
+        bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+        cs = bs[:]
+        k = 0
+        for b in range(256):
+            if b not in bs:
+                bs.append(b)
+                cs.append(256 + k)
+                k += 1
+        _BYTE_DEC = {chr(c): b for b, c in zip(bs, cs)}
+    s = hf_tok.id_to_token(i)
+    try:
+        return bytes(_BYTE_DEC[ch] for ch in s)
+    except KeyError:
+        return s.encode()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,131 @@
+// Structured outputs: regex, JSON schema, EBNF and choice lists compiled to per-step token masks.
+//
+// Flow: build a TokenVocabulary once per tokenizer; a GrammarCompiler (one per vocabulary)
+// turns `so_args` into an immutable CompiledGrammar (cached by so_args, shared by all requests
+// using it); each request owns a GrammarMatcher that the sampler drives every step:
+//
+//   matcher.fill_next_token_bitmask(words)   // bit t of words[t/32] set <=> token t allowed
+//   ... sample a token t from the masked logits ...
+//   matcher.accept_token(t)                  // false (and no state change) if t is not allowed
+//
+// so_args (one key):  {"regex": "..."}            full match, Rust/PCRE-style syntax
+//                     {"json_schema": {...}|"..."} JSON Schema draft 2020-12 subset (see docs)
+//                     {"json_object": true}         any JSON object
+//                     {"ebnf": "..."}               GBNF (llama.cpp) grammar, root rule `root`
+//                     {"choice": ["a", "b"]}        exactly one of the strings
+// optional keys:      "whitespace": "compact" (default) | "flexible" (JSON only; up to
+//                     "max_whitespace" (default 4) spaces/newlines/tabs between JSON tokens)
+//                     "format_assertion": true (default) | false (JSON Schema `format` as annotation)
+//
+// Failure modes: GrammarError (include/deepinfer/error.h) for anything that does not compile,
+// with the position (regex/EBNF: "line:col" or byte offset) or JSON pointer (schema) and, for
+// unsupported schema keywords, the keyword's name. A supported grammar is never silently
+// loosened. InvalidArgument for malformed so_args. Compilation is bounded in time and size.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace deepinfer {
+class Tokenizer;
+}
+
+namespace deepinfer::structured {
+
+// The vocabulary as the grammar engine sees it.
+struct TokenizerInfo {
+  std::vector<std::string> token_bytes;  // [vocab_size] raw bytes of each token ("" = no token)
+  std::vector<int32_t> stop_ids;         // end of generation (eos): allowed where the grammar may end
+  std::vector<int32_t> special_ids;      // control tokens: never allowed inside a grammar
+};
+
+// From a loaded tokenizer: stop = eos, special = every special added token except eos.
+TokenizerInfo tokenizer_info_from(const Tokenizer& tok);
+// One token per byte (ids 0..255) plus one stop token (id 256): for tests and byte-level checks.
+TokenizerInfo byte_level_tokenizer_info();
+
+class TokenVocabulary;  // token trie + stop/special sets (src/structured/vocab.h)
+std::shared_ptr<const TokenVocabulary> make_vocabulary(TokenizerInfo info);
+int32_t vocabulary_size(const TokenVocabulary& v);
+
+struct CompiledGrammarImpl;
+// Immutable after compile (its lazily filled mask caches are internally synchronised), so one
+// instance may serve any number of matchers on any threads.
+class CompiledGrammar {
+ public:
+  explicit CompiledGrammar(std::shared_ptr<CompiledGrammarImpl> impl) : impl_(std::move(impl)) {}
+  std::string grammar_text() const;    // the internal grammar, EBNF-like (debugging)
+  int64_t num_states() const;          // automaton states
+  double compile_ms() const;
+  const CompiledGrammarImpl& impl() const { return *impl_; }
+
+ private:
+  std::shared_ptr<CompiledGrammarImpl> impl_;
+};
+
+struct CompilerOptions {
+  double time_limit_ms = 5000;  // a compilation taking longer fails with GrammarError
+  size_t cache_capacity = 256;  // compiled grammars kept (LRU-ish: oldest evicted first)
+};
+
+class GrammarCompiler {
+ public:
+  GrammarCompiler(std::shared_ptr<const TokenVocabulary> vocab, CompilerOptions options = {});
+  // Cached by the canonical text of so_args. Thread-safe.
+  std::shared_ptr<const CompiledGrammar> compile(std::string_view so_args_json);
+  // Without the cache (benchmarks measure this).
+  std::shared_ptr<const CompiledGrammar> compile_uncached(std::string_view so_args_json) const;
+  const std::shared_ptr<const TokenVocabulary>& vocabulary() const { return vocab_; }
+
+ private:
+  std::shared_ptr<const TokenVocabulary> vocab_;
+  CompilerOptions options_;
+  std::mutex mu_;
+  std::unordered_map<std::string, std::shared_ptr<const CompiledGrammar>> cache_;
+  std::vector<std::string> cache_order_;
+};
+
+struct MatcherState;
+// Per-request state. Not thread-safe; cheap to create. Copy with clone().
+class GrammarMatcher {
+ public:
+  explicit GrammarMatcher(std::shared_ptr<const CompiledGrammar> grammar);
+  GrammarMatcher(GrammarMatcher&&) noexcept;
+  GrammarMatcher& operator=(GrammarMatcher&&) noexcept;
+  ~GrammarMatcher();
+  GrammarMatcher clone() const;
+
+  // Advances by one token. A stop token is accepted only where the grammar may end, and then
+  // terminates the matcher. Returns false and leaves the state unchanged if not allowed
+  // (including any token after termination and special tokens). Ids out of range: false.
+  bool accept_token(int32_t token_id);
+  // Advances by raw bytes (one rollback step). Returns false, state unchanged, if not allowed.
+  bool accept_bytes(std::string_view bytes);
+  // words: at least (vocab_size + 31) / 32 int32 words; every bit beyond the vocabulary is 0.
+  // Never allows a token after which no completion exists.
+  void fill_next_token_bitmask(std::span<int32_t> words);
+  // Undoes the last n accept_token/accept_bytes calls (n <= num_accepted()).
+  void rollback(int32_t n);
+  int32_t num_accepted() const;
+  bool is_terminated() const;  // a stop token was accepted
+  bool can_terminate() const;  // the grammar may end here (a stop token would be accepted)
+  // Bytes every continuation must start with (stops at a choice or where the grammar may end).
+  std::string forced_bytes() const;
+  // Tokens forced one at a time: while exactly one non-stop token is allowed, take it
+  // (without accepting). At most max_tokens.
+  std::vector<int32_t> forced_tokens(int32_t max_tokens = 16) const;
+  void reset();
+
+ private:
+  std::unique_ptr<MatcherState> s_;
+};
+
+// Parses so_args and lowers it to the internal grammar text (for tests/debugging).
+std::string so_args_to_grammar_text(std::string_view so_args_json);
+
+}  // namespace deepinfer::structured

@@ -1,0 +1,53 @@
+// Grammar -> pushdown automaton. Every rule that must stay a rule (the root, recursive rules,
+// rules marked inline_ok = false) becomes one DFA over byte classes whose states may also
+// "call" other rules; all other rules are inlined into their callers, so a non-recursive
+// grammar is a single DFA. The matcher runs these DFAs with a stack of return states.
+#pragma once
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "structured/grammar.h"
+
+namespace deepinfer::structured {
+
+struct AutomatonLimits {
+  int64_t max_nfa_states = 2'000'000;  // after repeat expansion, all rules together
+  int64_t max_dfa_states = 200'000;    // all rules together
+  double time_limit_ms = 5'000;        // wall time for the whole compilation
+};
+
+struct PdaCall {
+  int32_t rule;      // compiled rule index
+  int32_t ret;       // state to continue in after the callee finishes
+  bool tail;         // `ret` is final with no way out: the caller's frame need not be kept
+};
+
+struct PdaState {
+  int32_t rule = 0;         // compiled rule owning this state
+  bool final = false;       // the rule may end here
+  bool has_calls = false;   // calls_begin < calls_end
+  int32_t calls_begin = 0;  // into Pda::calls
+  int32_t calls_end = 0;
+};
+
+struct Pda {
+  int32_t num_classes = 0;
+  uint8_t byte_class[256] = {};     // byte -> class; classes are byte intervals
+  std::vector<int32_t> trans;       // [num_states * num_classes] -> state, or -1
+  std::vector<PdaState> states;     // [num_states]
+  std::vector<PdaCall> calls;
+  std::vector<int32_t> rule_start;  // [num_compiled_rules] start state
+  std::vector<std::string> rule_names;
+  int32_t root = 0;                 // compiled rule index of the grammar's root
+  bool empty_language = false;      // the root matches no string at all
+
+  int32_t next(int32_t state, uint8_t b) const { return trans[state * num_classes + byte_class[b]]; }
+  size_t num_states() const { return states.size(); }
+};
+
+// Throws GrammarError for left recursion, size or time limits. `deadline` bounds the work.
+Pda build_pda(const Grammar& g, const AutomatonLimits& limits);
+
+}  // namespace deepinfer::structured

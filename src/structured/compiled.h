@@ -1,0 +1,47 @@
+// What a CompiledGrammar holds: the source grammar (for dumps), its pushdown automaton, the
+// vocabulary, and the per-state token mask cache.
+//
+// Mask cache (in the spirit of xgrammar's adaptive token mask cache): for a DFA state p, walk
+// the whole token trie from a stack holding only p, with an unknown context below (kBottom).
+// A token that is consumed entirely inside that stack is accepted in every context; one that
+// dies without ever finishing p's rule is rejected in every context; the rest ("uncertain":
+// finishing the rule part-way through the token) must be re-walked with the real stack.
+// Computed lazily on first use, then shared by all matchers.
+#pragma once
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "deepinfer/structured.h"
+#include "structured/automaton.h"
+#include "structured/grammar.h"
+#include "structured/vocab.h"
+
+namespace deepinfer::structured {
+
+struct StateMaskCache {
+  std::vector<uint32_t> accepted_bits;  // [ceil(vocab/32)] when many tokens are accepted, else empty
+  std::vector<int32_t> accepted_ids;    // otherwise: the accepted token ids
+  std::vector<int32_t> uncertain;       // token ids in byte-sorted order
+  std::vector<int32_t> uncertain_lcp;   // [uncertain.size()] common prefix with the previous one
+};
+
+struct CompiledGrammarImpl {
+  Grammar grammar;
+  Pda pda;
+  std::shared_ptr<const TokenVocabulary> vocab;
+  double compile_ms = 0;
+
+  // Lazily computed, thread-safe.
+  std::shared_ptr<const StateMaskCache> state_cache(int32_t state) const;
+
+ private:
+  std::shared_ptr<const StateMaskCache> compute_state_cache(int32_t state) const;
+  mutable std::mutex mu_;
+  mutable std::vector<std::shared_ptr<const StateMaskCache>> caches_;  // [num_states]
+};
+
+// so_args -> internal grammar (throws GrammarError / InvalidArgument).
+Grammar lower_so_args(std::string_view so_args_json);
+
+}  // namespace deepinfer::structured

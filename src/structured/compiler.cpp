@@ -1,0 +1,145 @@
+// so_args -> CompiledGrammar, and the compile cache.
+#include <chrono>
+
+#include <nlohmann/json.hpp>
+
+#include "core/check.h"
+#include "structured/compiled.h"
+#include "structured/ebnf.h"
+#include "structured/json_schema.h"
+#include "structured/regex.h"
+
+namespace deepinfer::structured {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+json parse_so_args(std::string_view text) {
+  try {
+    return json::parse(text);
+  } catch (const json::parse_error& e) {
+    DI_THROW(InvalidArgument, "so_args is not valid JSON: ", e.what());
+  }
+}
+
+JsonGrammarOptions json_options(const json& a) {
+  JsonGrammarOptions o;
+  if (a.contains("whitespace")) {
+    const json& w = a["whitespace"];
+    if (w == "flexible") o.flexible_whitespace = true;
+    else if (w != "compact") DI_THROW(InvalidArgument, "so_args.whitespace must be \"compact\" or \"flexible\"");
+  }
+  if (a.contains("max_whitespace")) {
+    if (!a["max_whitespace"].is_number_integer() || a["max_whitespace"].get<int64_t>() < 0 || a["max_whitespace"].get<int64_t>() > 64)
+      DI_THROW(InvalidArgument, "so_args.max_whitespace must be an integer in [0, 64]");
+    o.max_whitespace = a["max_whitespace"].get<int32_t>();
+  }
+  if (a.contains("format_assertion")) {
+    if (!a["format_assertion"].is_boolean()) DI_THROW(InvalidArgument, "so_args.format_assertion must be a boolean");
+    o.format_assertion = a["format_assertion"].get<bool>();
+  }
+  return o;
+}
+
+Grammar lower_json(const json& a) {
+  if (a.contains("json_schema")) {
+    json schema = a["json_schema"];
+    if (schema.is_string()) {
+      try {
+        schema = json::parse(schema.get<std::string>());
+      } catch (const json::parse_error& e) {
+        DI_THROW(GrammarError, "json_schema is not valid JSON: ", e.what());
+      }
+    }
+    return json_schema_to_grammar(schema, json_options(a));
+  }
+  if (a["json_object"] != true) DI_THROW(InvalidArgument, "so_args.json_object must be true");
+  return json_object_grammar(json_options(a));
+}
+
+}  // namespace
+
+Grammar lower_so_args(std::string_view text) {
+  json a = parse_so_args(text);
+  if (!a.is_object()) DI_THROW(InvalidArgument, "so_args must be a JSON object");
+  int kinds = 0;
+  for (const char* k : {"regex", "json_schema", "json_object", "ebnf", "choice"}) kinds += a.contains(k) ? 1 : 0;
+  if (kinds != 1)
+    DI_THROW(InvalidArgument, "so_args needs exactly one of regex, json_schema, json_object, ebnf, choice");
+  if (a.contains("regex")) {
+    if (!a["regex"].is_string()) DI_THROW(InvalidArgument, "so_args.regex must be a string");
+    GrammarBuilder b;
+    RegexOptions o;
+    ExprId e = regex_to_expr(b, a["regex"].get<std::string>(), o);
+    RuleId root = b.declare_rule("root");
+    b.define_rule(root, e);
+    return std::move(b).finish(root);
+  }
+  if (a.contains("ebnf")) {
+    if (!a["ebnf"].is_string()) DI_THROW(InvalidArgument, "so_args.ebnf must be a string");
+    return ebnf_to_grammar(a["ebnf"].get<std::string>());
+  }
+  if (a.contains("choice")) {
+    if (!a["choice"].is_array()) DI_THROW(InvalidArgument, "so_args.choice must be an array of strings");
+    GrammarBuilder b;
+    std::vector<ExprId> alts;
+    for (const auto& c : a["choice"]) {
+      if (!c.is_string()) DI_THROW(InvalidArgument, "so_args.choice must be an array of strings");
+      alts.push_back(b.literal(c.get<std::string>()));
+    }
+    RuleId root = b.declare_rule("root");
+    b.define_rule(root, b.alt(std::move(alts)));
+    return std::move(b).finish(root);
+  }
+  return lower_json(a);
+}
+
+std::string so_args_to_grammar_text(std::string_view so_args_json) { return lower_so_args(so_args_json).to_string(); }
+
+std::string CompiledGrammar::grammar_text() const { return impl_->grammar.to_string(); }
+int64_t CompiledGrammar::num_states() const { return static_cast<int64_t>(impl_->pda.num_states()); }
+double CompiledGrammar::compile_ms() const { return impl_->compile_ms; }
+
+GrammarCompiler::GrammarCompiler(std::shared_ptr<const TokenVocabulary> vocab, CompilerOptions options)
+    : vocab_(std::move(vocab)), options_(options) {
+  DI_CHECK(vocab_ != nullptr, "null vocabulary");
+}
+
+std::shared_ptr<const CompiledGrammar> GrammarCompiler::compile_uncached(std::string_view so_args_json) const {
+  auto t0 = std::chrono::steady_clock::now();
+  auto impl = std::make_shared<CompiledGrammarImpl>();
+  impl->grammar = lower_so_args(so_args_json);
+  AutomatonLimits lim;
+  lim.time_limit_ms = options_.time_limit_ms;
+  impl->pda = build_pda(impl->grammar, lim);
+  impl->vocab = vocab_;
+  impl->compile_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  return std::make_shared<const CompiledGrammar>(std::move(impl));
+}
+
+std::shared_ptr<const CompiledGrammar> GrammarCompiler::compile(std::string_view so_args_json) {
+  // Canonical key: re-serialised JSON (whitespace and escapes normalised, key order kept).
+  std::string key;
+  try {
+    key = nlohmann::ordered_json::parse(so_args_json).dump();
+  } catch (const nlohmann::json::parse_error& e) {
+    DI_THROW(InvalidArgument, "so_args is not valid JSON: ", e.what());
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = cache_.find(key);
+    if (it != cache_.end()) return it->second;
+  }
+  auto g = compile_uncached(so_args_json);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (cache_.emplace(key, g).second) {
+    cache_order_.push_back(key);
+    while (cache_order_.size() > options_.cache_capacity) {
+      cache_.erase(cache_order_.front());
+      cache_order_.erase(cache_order_.begin());
+    }
+  }
+  return g;
+}
+
+}  // namespace deepinfer::structured

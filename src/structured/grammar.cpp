@@ -1,0 +1,225 @@
+#include "structured/grammar.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "core/check.h"
+
+namespace deepinfer::structured {
+namespace {
+
+int utf8_len(uint32_t cp) { return cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4; }
+
+void utf8_encode(uint32_t cp, uint8_t* out) {
+  switch (utf8_len(cp)) {
+    case 1: out[0] = static_cast<uint8_t>(cp); break;
+    case 2: out[0] = 0xC0 | (cp >> 6); out[1] = 0x80 | (cp & 0x3F); break;
+    case 3: out[0] = 0xE0 | (cp >> 12); out[1] = 0x80 | ((cp >> 6) & 0x3F); out[2] = 0x80 | (cp & 0x3F); break;
+    default:
+      out[0] = 0xF0 | (cp >> 18); out[1] = 0x80 | ((cp >> 12) & 0x3F);
+      out[2] = 0x80 | ((cp >> 6) & 0x3F); out[3] = 0x80 | (cp & 0x3F);
+  }
+}
+
+// Splits [lo, hi] (same UTF-8 length) until each piece is a product of per-byte ranges
+// (the classic utf8-ranges construction); appends one byte-range sequence per piece.
+void split_utf8(uint32_t lo, uint32_t hi, std::vector<std::vector<ByteRange>>& out) {
+  int n = utf8_len(lo);
+  for (int i = 1; i < n; ++i) {
+    uint32_t m = (1u << (6 * i)) - 1;
+    if ((lo & ~m) != (hi & ~m)) {
+      if ((lo & m) != 0) {
+        split_utf8(lo, lo | m, out);
+        split_utf8((lo | m) + 1, hi, out);
+        return;
+      }
+      if ((hi & m) != m) {
+        split_utf8(lo, (hi & ~m) - 1, out);
+        split_utf8(hi & ~m, hi, out);
+        return;
+      }
+    }
+  }
+  uint8_t a[4], b[4];
+  utf8_encode(lo, a);
+  utf8_encode(hi, b);
+  std::vector<ByteRange> seq;
+  for (int i = 0; i < n; ++i) seq.push_back({a[i], b[i]});
+  out.push_back(std::move(seq));
+}
+
+}  // namespace
+
+GrammarBuilder::GrammarBuilder() {
+  g_.exprs.push_back(Expr{.kind = ExprKind::kNothing});
+  g_.exprs.push_back(Expr{.kind = ExprKind::kEmpty});
+}
+
+ExprId GrammarBuilder::add(Expr e) {
+  g_.exprs.push_back(std::move(e));
+  return static_cast<ExprId>(g_.exprs.size() - 1);
+}
+
+ExprId GrammarBuilder::bytes(std::vector<ByteRange> ranges) {
+  if (ranges.empty()) return kNothingId;
+  std::sort(ranges.begin(), ranges.end(), [](ByteRange a, ByteRange b) { return a.lo < b.lo; });
+  std::vector<ByteRange> merged;
+  for (ByteRange r : ranges) {
+    if (!merged.empty() && static_cast<int>(r.lo) <= static_cast<int>(merged.back().hi) + 1)
+      merged.back().hi = std::max(merged.back().hi, r.hi);
+    else
+      merged.push_back(r);
+  }
+  return add(Expr{.kind = ExprKind::kBytes, .ranges = std::move(merged)});
+}
+
+ExprId GrammarBuilder::literal(std::string_view s) {
+  std::vector<ExprId> parts;
+  for (char c : s) parts.push_back(byte(static_cast<uint8_t>(c)));
+  return seq(std::move(parts));
+}
+
+ExprId GrammarBuilder::seq(std::vector<ExprId> parts) {
+  std::vector<ExprId> out;
+  for (ExprId p : parts) {
+    const Expr& e = g_.exprs[p];
+    if (e.kind == ExprKind::kNothing) return kNothingId;
+    if (e.kind == ExprKind::kEmpty) continue;
+    if (e.kind == ExprKind::kSeq)
+      out.insert(out.end(), e.children.begin(), e.children.end());
+    else
+      out.push_back(p);
+  }
+  if (out.empty()) return kEmptyId;
+  if (out.size() == 1) return out[0];
+  return add(Expr{.kind = ExprKind::kSeq, .children = std::move(out)});
+}
+
+ExprId GrammarBuilder::alt(std::vector<ExprId> parts) {
+  std::vector<ExprId> out;
+  for (ExprId p : parts) {
+    const Expr& e = g_.exprs[p];
+    if (e.kind == ExprKind::kNothing) continue;
+    if (e.kind == ExprKind::kAlt)
+      out.insert(out.end(), e.children.begin(), e.children.end());
+    else
+      out.push_back(p);
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  if (out.empty()) return kNothingId;
+  if (out.size() == 1) return out[0];
+  return add(Expr{.kind = ExprKind::kAlt, .children = std::move(out)});
+}
+
+ExprId GrammarBuilder::repeat(ExprId e, int32_t min, int32_t max) {
+  DI_CHECK(min >= 0 && (max == kUnbounded || max >= min), "repeat bounds ", min, "..", max);
+  const Expr& x = g_.exprs[e];
+  if (max == 0 || x.kind == ExprKind::kEmpty) return kEmptyId;
+  if (x.kind == ExprKind::kNothing) return min == 0 ? kEmptyId : kNothingId;
+  if (min == 1 && max == 1) return e;
+  return add(Expr{.kind = ExprKind::kRepeat, .children = {e}, .min = min, .max = max});
+}
+
+ExprId GrammarBuilder::automaton(ByteAutomaton a) {
+  DI_CHECK(static_cast<int32_t>(a.final.size()) == a.num_states, "automaton finals");
+  g_.automata.push_back(std::move(a));
+  return add(Expr{.kind = ExprKind::kAutomaton, .automaton = static_cast<int32_t>(g_.automata.size() - 1)});
+}
+
+ExprId GrammarBuilder::codepoint_range(uint32_t lo, uint32_t hi) {
+  return codepoints({{lo, hi}});
+}
+
+ExprId GrammarBuilder::codepoints(const std::vector<std::pair<uint32_t, uint32_t>>& ranges) {
+  std::vector<std::vector<ByteRange>> seqs;
+  static constexpr uint32_t kBounds[][2] = {{0, 0x7F}, {0x80, 0x7FF}, {0x800, 0xD7FF}, {0xE000, 0xFFFF},
+                                             {0x10000, 0x10FFFF}};
+  for (auto [lo, hi] : ranges) {
+    hi = std::min<uint32_t>(hi, 0x10FFFF);
+    for (auto& b : kBounds) {
+      uint32_t l = std::max(lo, b[0]), h = std::min(hi, b[1]);
+      if (l <= h) split_utf8(l, h, seqs);
+    }
+  }
+  // Single-byte pieces merge into one byte set; multi-byte pieces become sequences.
+  std::vector<ByteRange> ascii;
+  std::vector<ExprId> alts;
+  for (auto& s : seqs) {
+    if (s.size() == 1) {
+      ascii.push_back(s[0]);
+      continue;
+    }
+    std::vector<ExprId> parts;
+    for (ByteRange r : s) parts.push_back(bytes({r}));
+    alts.push_back(seq(std::move(parts)));
+  }
+  if (!ascii.empty()) alts.push_back(bytes(std::move(ascii)));
+  return alt(std::move(alts));
+}
+
+RuleId GrammarBuilder::declare_rule(std::string name) {
+  std::string unique = name;
+  for (int i = 2; find_rule(unique) >= 0; ++i) unique = name + "_" + std::to_string(i);
+  g_.rules.push_back(Rule{.name = std::move(unique)});
+  return static_cast<RuleId>(g_.rules.size() - 1);
+}
+
+void GrammarBuilder::define_rule(RuleId r, ExprId body) { g_.rules[r].body = body; }
+
+ExprId GrammarBuilder::ref(RuleId r) { return add(Expr{.kind = ExprKind::kRef, .rule = r}); }
+
+RuleId GrammarBuilder::find_rule(std::string_view name) const {
+  for (size_t i = 0; i < g_.rules.size(); ++i)
+    if (g_.rules[i].name == name) return static_cast<RuleId>(i);
+  return -1;
+}
+
+Grammar GrammarBuilder::finish(RuleId root) && {
+  for (const Rule& r : g_.rules) DI_CHECK(r.body >= 0, "rule '", r.name, "' declared but never defined");
+  g_.root = root;
+  return std::move(g_);
+}
+
+std::string Grammar::expr_to_string(ExprId id) const {
+  const Expr& e = exprs[id];
+  auto byte_str = [](uint8_t b) {
+    char buf[8];
+    if (b >= 0x20 && b < 0x7F && b != '\\' && b != ']' && b != '-' && b != '^')
+      std::snprintf(buf, sizeof buf, "%c", b);
+    else
+      std::snprintf(buf, sizeof buf, "\\x%02X", b);
+    return std::string(buf);
+  };
+  std::string out;
+  switch (e.kind) {
+    case ExprKind::kNothing: return "<nothing>";
+    case ExprKind::kEmpty: return "\"\"";
+    case ExprKind::kBytes:
+      out = "[";
+      for (ByteRange r : e.ranges) out += r.lo == r.hi ? byte_str(r.lo) : byte_str(r.lo) + "-" + byte_str(r.hi);
+      return out + "]";
+    case ExprKind::kSeq:
+    case ExprKind::kAlt:
+      out = "(";
+      for (size_t i = 0; i < e.children.size(); ++i) {
+        if (i) out += e.kind == ExprKind::kAlt ? " | " : " ";
+        out += expr_to_string(e.children[i]);
+      }
+      return out + ")";
+    case ExprKind::kRepeat:
+      return expr_to_string(e.children[0]) + "{" + std::to_string(e.min) + "," +
+             (e.max == kUnbounded ? "" : std::to_string(e.max)) + "}";
+    case ExprKind::kRef: return rules[e.rule].name;
+    case ExprKind::kAutomaton: return "<automaton#" + std::to_string(e.automaton) + ">";
+  }
+  return "?";
+}
+
+std::string Grammar::to_string() const {
+  std::string out;
+  for (const Rule& r : rules) out += r.name + " ::= " + expr_to_string(r.body) + "\n";
+  return out;
+}
+
+}  // namespace deepinfer::structured

@@ -1,0 +1,122 @@
+// The one internal grammar form. Regex, JSON schema, EBNF and choice lists all lower to a
+// Grammar: a list of named rules whose bodies are expression trees over BYTES (not code
+// points: UTF-8 is spelled out as byte sequences, so a token that splits a character is
+// handled like any other byte string).
+//
+// Expressions live in one arena (Grammar::exprs) and are referred to by ExprId; the builder
+// simplifies while building (Nothing absorbs sequences, Empty disappears from them), so a
+// lowering never has to special-case unsatisfiable parts such as a `false` schema.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace deepinfer::structured {
+
+using ExprId = int32_t;
+using RuleId = int32_t;
+
+enum class ExprKind : uint8_t {
+  kNothing,    // matches no string (a `false` schema, an empty enum)
+  kEmpty,      // matches only ""
+  kBytes,      // one byte from `ranges`
+  kSeq,        // children in order
+  kAlt,        // any child
+  kRepeat,     // child repeated [min, max] times; max = kUnbounded for *, +
+  kRef,        // the body of rule `rule` (recursion allowed, left recursion rejected)
+  kAutomaton,  // an explicit byte automaton (`automaton` indexes Grammar::automata)
+};
+
+inline constexpr int32_t kUnbounded = -1;
+
+struct ByteRange {
+  uint8_t lo, hi;  // inclusive
+};
+
+struct Expr {
+  ExprKind kind = ExprKind::kNothing;
+  std::vector<ByteRange> ranges;  // kBytes: sorted, disjoint, non-adjacent
+  std::vector<ExprId> children;   // kSeq, kAlt: >= 2; kRepeat: exactly 1
+  int32_t min = 0, max = 0;       // kRepeat
+  RuleId rule = -1;               // kRef
+  int32_t automaton = -1;         // kAutomaton
+};
+
+// A small explicit automaton (NFA without epsilons) for languages that are awkward as trees:
+// complements (keys other than the declared ones), divisibility (multipleOf).
+struct ByteAutomaton {
+  struct Edge {
+    int32_t from;
+    uint8_t lo, hi;
+    int32_t to;
+  };
+  int32_t num_states = 0;
+  int32_t start = 0;
+  std::vector<Edge> edges;
+  std::vector<bool> final;  // [num_states]
+};
+
+struct Rule {
+  std::string name;
+  ExprId body = -1;  // -1 while declared but not yet defined
+  // false keeps the rule a separate automaton even when it is not recursive: shared lexical
+  // rules (a JSON string) then have one set of states whose token masks are cached once.
+  bool inline_ok = true;
+};
+
+struct Grammar {
+  std::vector<Expr> exprs;
+  std::vector<Rule> rules;
+  std::vector<ByteAutomaton> automata;
+  RuleId root = -1;
+
+  std::string to_string() const;  // EBNF-like dump for debugging and error messages
+  std::string expr_to_string(ExprId e) const;
+};
+
+// Builds a Grammar with on-the-fly simplification. All constructors return ExprIds into the
+// grammar under construction; ids stay valid for the builder's lifetime.
+class GrammarBuilder {
+ public:
+  GrammarBuilder();
+
+  ExprId nothing() const { return kNothingId; }
+  ExprId empty() const { return kEmptyId; }
+  ExprId bytes(std::vector<ByteRange> ranges);  // normalises; empty set -> nothing()
+  ExprId byte(uint8_t b) { return bytes({{b, b}}); }
+  ExprId byte_range(uint8_t lo, uint8_t hi) { return bytes({{lo, hi}}); }
+  ExprId literal(std::string_view s);
+  ExprId seq(std::vector<ExprId> parts);
+  ExprId alt(std::vector<ExprId> parts);
+  ExprId repeat(ExprId e, int32_t min, int32_t max);
+  ExprId star(ExprId e) { return repeat(e, 0, kUnbounded); }
+  ExprId plus(ExprId e) { return repeat(e, 1, kUnbounded); }
+  ExprId opt(ExprId e) { return repeat(e, 0, 1); }
+  ExprId automaton(ByteAutomaton a);
+  // Code points [lo, hi] (surrogates excluded) as UTF-8 byte sequences.
+  ExprId codepoint_range(uint32_t lo, uint32_t hi);
+  ExprId codepoints(const std::vector<std::pair<uint32_t, uint32_t>>& ranges);
+
+  RuleId declare_rule(std::string name);  // unique name; body defined later
+  void define_rule(RuleId r, ExprId body);
+  void set_inline(RuleId r, bool ok) { g_.rules[r].inline_ok = ok; }
+  ExprId ref(RuleId r);
+  RuleId find_rule(std::string_view name) const;  // -1 if absent
+  const Rule& rule(RuleId r) const { return g_.rules[r]; }
+  const Expr& expr(ExprId e) const { return g_.exprs[e]; }
+  int32_t num_rules() const { return static_cast<int32_t>(g_.rules.size()); }
+  size_t num_exprs() const { return g_.exprs.size(); }
+
+  // Finishes: checks every rule is defined, sets the root.
+  Grammar finish(RuleId root) &&;
+
+ private:
+  static constexpr ExprId kNothingId = 0;
+  static constexpr ExprId kEmptyId = 1;
+  ExprId add(Expr e);
+  Grammar g_;
+};
+
+}  // namespace deepinfer::structured

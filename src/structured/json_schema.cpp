@@ -1,0 +1,269 @@
+#include "structured/json_schema.h"
+
+#include <algorithm>
+#include <set>
+
+#include "core/check.h"
+#include "structured/json_schema_impl.h"
+#include "structured/regex.h"
+
+namespace deepinfer::structured {
+
+void schema_error(const std::string& ptr, const std::string& what) {
+  DI_THROW(GrammarError, "json_schema at '", ptr.empty() ? "#" : "#" + ptr, "': ", what);
+}
+
+std::string ptr_escape(const std::string& key) {
+  std::string out;
+  for (char c : key) {
+    if (c == '~') out += "~0";
+    else if (c == '/') out += "~1";
+    else out += c;
+  }
+  return out;
+}
+
+namespace {
+
+// Keywords that never constrain an instance (annotations, containers handled elsewhere).
+const std::set<std::string> kAnnotations = {
+    "$schema", "$id", "$anchor", "$dynamicAnchor", "$comment", "$vocabulary", "$defs", "definitions",
+    "title", "description", "default", "examples", "example", "deprecated", "readOnly", "writeOnly",
+    "contentEncoding", "contentMediaType", "contentSchema", "discriminator", "xml", "externalDocs"};
+// Keywords we handle.
+const std::set<std::string> kSupported = {
+    "type", "enum", "const", "properties", "required", "additionalProperties", "patternProperties",
+    "items", "prefixItems", "additionalItems", "minItems", "maxItems", "minLength", "maxLength", "pattern",
+    "format", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "anyOf", "oneOf",
+    "allOf", "$ref", "nullable"};
+// Keywords that constrain instances but are not supported (compile error when they matter).
+const std::set<std::string> kUnsupported = {
+    "not", "if", "contains", "uniqueItems", "dependentRequired", "dependentSchemas", "dependencies",
+    "propertyNames", "minProperties", "maxProperties", "unevaluatedProperties", "unevaluatedItems",
+    "$dynamicRef", "$recursiveRef", "minContains", "maxContains"};
+
+const std::vector<std::string> kAllTypes = {"null", "boolean", "object", "array", "string", "number"};
+
+bool keyword_is_noop(const std::string& k, const json& v, const json& s) {
+  if (k == "uniqueItems") return v == false;
+  if (k == "minProperties") return v.is_number() && v.get<double>() <= 0;
+  if (k == "minContains" || k == "maxContains") return !s.contains("contains");
+  return false;
+}
+
+}  // namespace
+
+SchemaLowerer::SchemaLowerer(const json& root, const JsonGrammarOptions& opt) : root_(root), opt_(opt) {
+  index_ids(root, "", true);
+}
+
+void SchemaLowerer::index_ids(const json& s, const std::string& ptr, bool in_root_resource) {
+  if (s.is_object()) {
+    if (s.contains("$id") && s["$id"].is_string() && !ptr.empty()) {
+      id_index_[s["$id"].get<std::string>()] = ptr;
+      in_root_resource = false;
+    }
+    if (s.contains("$anchor") && s["$anchor"].is_string()) {
+      // Anchors are scoped by resource; "#name" resolves to the root resource's anchor, and
+      // a name defined only in nested resources must be unique.
+      std::string key = "#" + s["$anchor"].get<std::string>();
+      auto it = id_index_.find(key);
+      if (it == id_index_.end() || in_root_resource) id_index_[key] = ptr;
+      else if (!anchor_in_root_.count(key)) id_index_[key] = "!ambiguous";
+      if (in_root_resource) anchor_in_root_.insert(key);
+    }
+    for (auto it = s.begin(); it != s.end(); ++it)
+      if (it.key() != "enum" && it.key() != "const" && it.key() != "default" && it.key() != "examples")
+        index_ids(it.value(), ptr + "/" + ptr_escape(it.key()), in_root_resource);
+  } else if (s.is_array()) {
+    for (size_t i = 0; i < s.size(); ++i) index_ids(s[i], ptr + "/" + std::to_string(i), in_root_resource);
+  }
+}
+
+ExprId SchemaLowerer::ws() {
+  if (!opt_.flexible_whitespace) return b.empty();
+  return b.repeat(b.bytes({{' ', ' '}, {'\t', '\t'}, {'\n', '\n'}, {'\r', '\r'}}), 0, opt_.max_whitespace);
+}
+
+ExprId SchemaLowerer::punct(char c) { return b.seq({ws(), b.byte(static_cast<uint8_t>(c)), ws()}); }
+
+ExprId SchemaLowerer::string_rule() {
+  if (string_rule_ < 0) {
+    string_rule_ = b.declare_rule("json_string");
+    b.set_inline(string_rule_, false);  // shared states: its token masks are computed once
+    b.define_rule(string_rule_, b.seq({b.byte('"'), b.star(json_string_char(b)), b.byte('"')}));
+  }
+  return b.ref(string_rule_);
+}
+
+ExprId SchemaLowerer::any_value() {
+  if (value_rule_ >= 0) return b.ref(value_rule_);
+  value_rule_ = b.declare_rule("json_value");
+  RuleId arr = b.declare_rule("json_array");
+  object_rule_ = b.declare_rule("json_object");
+  ExprId member = b.seq({string_rule(), punct(':'), b.ref(value_rule_)});
+  b.define_rule(object_rule_, b.seq({b.byte('{'), ws(), b.opt(b.seq({member, b.star(b.seq({punct(','), member}))})),
+                                     ws(), b.byte('}')}));
+  ExprId v = b.ref(value_rule_);
+  b.define_rule(arr, b.seq({b.byte('['), ws(), b.opt(b.seq({v, b.star(b.seq({punct(','), v}))})), ws(), b.byte(']')}));
+  b.define_rule(value_rule_, b.alt({b.ref(object_rule_), b.ref(arr), string_rule(), number_rule(false),
+                                    b.literal("true"), b.literal("false"), b.literal("null")}));
+  return b.ref(value_rule_);
+}
+
+ExprId SchemaLowerer::any_object() {
+  any_value();
+  return b.ref(object_rule_);
+}
+
+ExprId SchemaLowerer::lower(const json& s, const std::string& ptr, int depth) {
+  if (depth > 200) schema_error(ptr, "schema nesting too deep (recursive allOf/$ref?)");
+  if (s.is_boolean()) return s.get<bool>() ? any_value() : b.nothing();
+  if (!s.is_object()) schema_error(ptr, "a schema must be an object or a boolean");
+  if (s.contains("$schema")) {
+    // A custom metaschema may switch vocabularies off; only the standard drafts are understood.
+    std::string m = s["$schema"].is_string() ? s["$schema"].get<std::string>() : "";
+    if (m.find("json-schema.org/") == std::string::npos)
+      schema_error(ptr + "/$schema", "unknown metaschema '" + m + "'");
+  }
+  for (auto it = s.begin(); it != s.end(); ++it) {
+    const std::string& k = it.key();
+    if (kUnsupported.count(k) && !keyword_is_noop(k, it.value(), s))
+      schema_error(ptr + "/" + ptr_escape(k), "keyword '" + k + "' is not supported");
+  }
+  if (s.contains("allOf") || (s.contains("$ref") && s.size() > 1)) {
+    bool only_ref = true;
+    for (auto it = s.begin(); it != s.end(); ++it)
+      if (it.key() != "$ref" && kAnnotations.count(it.key()) == 0 && kSupported.count(it.key())) only_ref = false;
+    if (!(s.contains("$ref") && only_ref && !s.contains("allOf"))) {
+      json merged = merge_allof(s, ptr, depth);
+      return lower(merged, ptr, depth + 1);
+    }
+  }
+  if (s.contains("$ref")) {
+    if (!s["$ref"].is_string()) schema_error(ptr + "/$ref", "must be a string");
+    return lower_ref(s["$ref"].get<std::string>(), ptr + "/$ref");
+  }
+  if (s.contains("anyOf") || s.contains("oneOf")) return lower_anyof(s, ptr, depth);
+  return lower_object_schema(s, ptr, depth);
+}
+
+ExprId SchemaLowerer::lower_object_schema(const json& s, const std::string& ptr, int depth) {
+  std::vector<std::string> types = kAllTypes;
+  bool integer_only = false;
+  if (s.contains("type")) {
+    const json& t = s["type"];
+    std::vector<std::string> listed;
+    if (t.is_string()) listed.push_back(t.get<std::string>());
+    else if (t.is_array()) for (const auto& x : t) {
+      if (!x.is_string()) schema_error(ptr + "/type", "type entries must be strings");
+      listed.push_back(x.get<std::string>());
+    }
+    else schema_error(ptr + "/type", "must be a string or an array of strings");
+    types.clear();
+    bool has_number = false, has_integer = false;
+    for (const auto& x : listed) {
+      if (x == "integer") has_integer = true;
+      else if (x == "number") has_number = true;
+      else if (std::find(kAllTypes.begin(), kAllTypes.end(), x) != kAllTypes.end()) types.push_back(x);
+      else schema_error(ptr + "/type", "unknown type '" + x + "'");
+    }
+    if (has_number || has_integer) types.push_back("number");
+    integer_only = has_integer && !has_number;
+  }
+  if (s.contains("nullable") && s["nullable"] == true && std::find(types.begin(), types.end(), "null") == types.end())
+    types.push_back("null");
+  if (s.contains("enum") || s.contains("const")) {
+    std::vector<json> values;
+    if (s.contains("enum")) {
+      if (!s["enum"].is_array()) schema_error(ptr + "/enum", "must be an array");
+      for (const auto& v : s["enum"]) values.push_back(v);
+    }
+    if (s.contains("const")) {
+      if (s.contains("enum")) {
+        bool in = std::any_of(values.begin(), values.end(), [&](const json& v) { return v == s["const"]; });
+        values.clear();
+        if (in) values.push_back(s["const"]);
+      } else {
+        values.push_back(s["const"]);
+      }
+    }
+    for (auto it = s.begin(); it != s.end(); ++it) {
+      const std::string& k = it.key();
+      if (k != "enum" && k != "const" && k != "type" && k != "nullable" && kSupported.count(k))
+        schema_error(ptr + "/" + ptr_escape(k), "keyword '" + k + "' combined with enum/const is not supported");
+    }
+    std::vector<ExprId> alts;
+    for (size_t i = 0; i < values.size(); ++i) {
+      const json& v = values[i];
+      std::string vt = v.is_null() ? "null" : v.is_boolean() ? "boolean" : v.is_object() ? "object"
+                       : v.is_array() ? "array" : v.is_string() ? "string" : "number";
+      if (std::find(types.begin(), types.end(), vt) == types.end()) continue;
+      if (vt == "number" && integer_only && v.is_number_float() && v.get<double>() != static_cast<double>(static_cast<int64_t>(v.get<double>())))
+        continue;
+      alts.push_back(literal(v, ptr + "/enum/" + std::to_string(i)));
+    }
+    return b.alt(std::move(alts));
+  }
+  std::vector<ExprId> alts;
+  for (const auto& t : types) {
+    if (t == "number") alts.push_back(lower_number(s, ptr, integer_only));
+    else alts.push_back(lower_type(t, s, ptr, depth));
+  }
+  return b.alt(std::move(alts));
+}
+
+ExprId SchemaLowerer::lower_type(const std::string& t, const json& s, const std::string& ptr, int depth) {
+  if (t == "null") return b.literal("null");
+  if (t == "boolean") return b.alt({b.literal("true"), b.literal("false")});
+  if (t == "string") return lower_string(s, ptr);
+  if (t == "object") return lower_object(s, ptr, depth);
+  if (t == "array") return lower_array(s, ptr, depth);
+  DI_CHECK(false, "unhandled type ", t);
+  return b.nothing();
+}
+
+// anyOf / oneOf: one branch per alternative, each merged with the sibling keywords.
+ExprId SchemaLowerer::lower_anyof(const json& s, const std::string& ptr, int depth) {
+  if (s.contains("anyOf") && s.contains("oneOf")) schema_error(ptr, "anyOf together with oneOf is not supported");
+  const std::string kw = s.contains("anyOf") ? "anyOf" : "oneOf";
+  const json& branches = s[kw];
+  if (!branches.is_array() || branches.empty()) schema_error(ptr + "/" + kw, "must be a non-empty array");
+  json rest = s;
+  rest.erase(kw);
+  bool rest_constrains = false;
+  for (auto it = rest.begin(); it != rest.end(); ++it)
+    if (kSupported.count(it.key())) rest_constrains = true;
+  std::vector<ExprId> alts;
+  std::vector<std::set<std::string>> branch_types;
+  for (size_t i = 0; i < branches.size(); ++i) {
+    const std::string bp = ptr + "/" + kw + "/" + std::to_string(i);
+    json branch = branches[i];
+    if (rest_constrains) branch = json{{"allOf", json::array({rest, branch})}};
+    if (kw == "oneOf") {
+      // Only branches whose instance types are disjoint are provably exclusive.
+      json d = deref_top(branches[i], bp, depth);
+      std::set<std::string> ts;
+      if (d.is_object() && d.contains("type")) {
+        if (d["type"].is_string()) ts.insert(d["type"].get<std::string>());
+        else for (const auto& x : d["type"]) ts.insert(x.get<std::string>());
+        if (ts.count("integer")) ts.insert("number");
+        if (ts.count("number")) ts.insert("integer");
+        if (d.contains("nullable") && d["nullable"] == true) ts.insert("null");
+      } else if (d.is_object() && d.contains("const") && d["const"].is_null()) {
+        ts.insert("null");
+      } else {
+        ts.insert("*");
+      }
+      for (const auto& prev : branch_types)
+        for (const auto& x : ts)
+          if (x == "*" || prev.count(x) || prev.count("*"))
+            schema_error(bp, "oneOf branches that may overlap are not supported (only branches of distinct types)");
+      branch_types.push_back(ts);
+    }
+    alts.push_back(lower(branch, bp, depth + 1));
+  }
+  return b.alt(std::move(alts));
+}
+
+}  // namespace deepinfer::structured

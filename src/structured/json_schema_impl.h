@@ -1,0 +1,70 @@
+// Internals of the JSON Schema lowering, split over json_schema.cpp (dispatch, objects, arrays,
+// references) and json_schema_parts.cpp (numbers, strings, formats, literals, allOf merging).
+#pragma once
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "structured/json_schema.h"
+
+namespace deepinfer::structured {
+
+using json = nlohmann::ordered_json;
+
+[[noreturn]] void schema_error(const std::string& ptr, const std::string& what);
+std::string ptr_escape(const std::string& key);  // JSON pointer token escaping
+
+// Integers in [lo, hi] (either side open) as decimal text without leading zeros.
+ExprId int_range_expr(GrammarBuilder& b, std::optional<int64_t> lo, std::optional<int64_t> hi);
+// An integer divisible by k (k >= 1), any sign.
+ExprId multiple_of_expr(GrammarBuilder& b, int64_t k);
+
+class SchemaLowerer {
+ public:
+  SchemaLowerer(const json& root, const JsonGrammarOptions& opt);
+  ExprId lower(const json& s, const std::string& ptr, int depth = 0);
+  ExprId any_value();
+  ExprId any_object();
+  GrammarBuilder b;
+
+ private:
+  // json_schema.cpp
+  ExprId lower_object_schema(const json& s, const std::string& ptr, int depth);
+  ExprId lower_type(const std::string& t, const json& s, const std::string& ptr, int depth);
+  ExprId lower_object(const json& s, const std::string& ptr, int depth);
+  ExprId lower_array(const json& s, const std::string& ptr, int depth);
+  ExprId lower_ref(const std::string& ref, const std::string& ptr);
+  ExprId lower_anyof(const json& s, const std::string& ptr, int depth);
+  const json* resolve(const std::string& ref, const std::string& ptr, std::string* target_ptr);
+  void index_ids(const json& s, const std::string& ptr, bool in_root_resource);
+  ExprId members(const std::vector<ExprId>& props, const std::vector<bool>& required, ExprId additional);
+  ExprId key_not_in(const std::vector<std::string>& keys);
+
+  // json_schema_parts.cpp
+  ExprId lower_number(const json& s, const std::string& ptr, bool integer);
+  ExprId lower_string(const json& s, const std::string& ptr);
+  ExprId format_expr(const std::string& fmt, const std::string& ptr);
+  ExprId literal(const json& v, const std::string& ptr);
+  ExprId string_literal(const std::string& s);
+  json merge_allof(const json& s, const std::string& ptr, int depth);
+  void merge_into(json& a, const json& b, const std::string& ptr);
+  json deref_top(const json& s, const std::string& ptr, int depth);
+
+ public:
+  ExprId ws();                      // whitespace between JSON tokens ("" when compact)
+  ExprId punct(char c);             // ws c ws around structural characters
+  ExprId string_rule();             // any JSON string
+  ExprId number_rule(bool integer);
+
+ private:
+  const json& root_;
+  JsonGrammarOptions opt_;
+  RuleId value_rule_ = -1, string_rule_ = -1, object_rule_ = -1;
+  std::map<std::string, RuleId> ref_rules_;        // target pointer -> rule
+  std::map<std::string, std::string> id_index_;    // $id / $anchor -> pointer
+  std::set<std::string> anchor_in_root_;           // anchors defined in the root resource
+};
+
+}  // namespace deepinfer::structured

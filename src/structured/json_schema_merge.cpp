@@ -1,0 +1,156 @@
+// allOf (and $ref with sibling keywords) by merging the subschemas into one schema where the
+// keywords combine exactly; anything else is a compile error.
+#include <algorithm>
+#include <set>
+
+#include "core/check.h"
+#include "structured/json_schema_impl.h"
+
+namespace deepinfer::structured {
+namespace {
+
+const std::set<std::string> kMaxKeys = {"minimum", "exclusiveMinimum", "minLength", "minItems"};
+const std::set<std::string> kMinKeys = {"maximum", "exclusiveMaximum", "maxLength", "maxItems"};
+const std::set<std::string> kIgnored = {"$schema", "$id", "$anchor", "$comment", "$defs", "definitions", "title",
+                                        "description", "default", "examples", "deprecated", "readOnly", "writeOnly"};
+
+std::set<std::string> type_set(const json& t) {
+  std::set<std::string> out;
+  if (t.is_string()) out.insert(t.get<std::string>());
+  else for (const auto& x : t) out.insert(x.get<std::string>());
+  return out;
+}
+
+}  // namespace
+
+// Replaces a top-level $ref by its target merged with the sibling keywords.
+json SchemaLowerer::deref_top(const json& s, const std::string& ptr, int depth) {
+  if (depth > 32) schema_error(ptr, "recursive $ref inside allOf is not supported");
+  if (!s.is_object() || !s.contains("$ref") || !s["$ref"].is_string()) return s;
+  std::string target;
+  const json* t = resolve(s["$ref"].get<std::string>(), ptr + "/$ref", &target);
+  json rest = s;
+  rest.erase("$ref");
+  json base = deref_top(*t, target, depth + 1);
+  if (base.is_boolean()) {
+    if (!base.get<bool>()) return false;
+    return rest;
+  }
+  json out = base;
+  merge_into(out, rest, ptr);
+  return out;
+}
+
+void SchemaLowerer::merge_into(json& a, const json& b_in, const std::string& ptr) {
+  if (b_in.is_boolean()) {
+    if (!b_in.get<bool>()) a = json{{"enum", json::array()}};
+    return;
+  }
+  if (a.is_boolean()) {
+    if (a.get<bool>()) a = b_in;
+    return;
+  }
+  const json& b2 = b_in;
+  auto has_obj_kw = [](const json& x) {
+    return x.contains("additionalProperties") || x.contains("patternProperties");
+  };
+  if ((has_obj_kw(a) && (b2.contains("properties") || has_obj_kw(b2))) ||
+      (has_obj_kw(b2) && a.contains("properties")))
+    schema_error(ptr, "allOf combining additionalProperties/patternProperties with other properties is not supported");
+  if ((a.contains("items") && b2.contains("prefixItems")) || (a.contains("prefixItems") && b2.contains("items")) ||
+      (a.contains("prefixItems") && b2.contains("prefixItems")))
+    schema_error(ptr, "allOf combining prefixItems with items is not supported");
+  for (auto it = b2.begin(); it != b2.end(); ++it) {
+    const std::string& k = it.key();
+    const json& v = it.value();
+    if (kIgnored.count(k)) continue;
+    if (!a.contains(k)) {
+      a[k] = v;
+      continue;
+    }
+    json& av = a[k];
+    if (av == v) continue;
+    if (k == "type") {
+      std::set<std::string> x = type_set(av), y = type_set(v), r;
+      for (const auto& t : x) {
+        if (y.count(t)) r.insert(t);
+        else if (t == "integer" && y.count("number")) r.insert("integer");
+        else if (t == "number" && y.count("integer")) r.insert("integer");
+      }
+      av = json::array();
+      for (const auto& t : r) av.push_back(t);
+      if (r.empty()) a["enum"] = json::array();
+    } else if (k == "properties") {
+      for (auto p = v.begin(); p != v.end(); ++p) {
+        if (!av.contains(p.key())) av[p.key()] = p.value();
+        else av[p.key()] = json{{"allOf", json::array({av[p.key()], p.value()})}};
+      }
+    } else if (k == "required") {
+      for (const auto& r : v)
+        if (std::find(av.begin(), av.end(), r) == av.end()) av.push_back(r);
+    } else if (kMaxKeys.count(k) && av.is_number() && v.is_number()) {
+      av = std::max(av.get<double>(), v.get<double>());
+    } else if (kMinKeys.count(k) && av.is_number() && v.is_number()) {
+      av = std::min(av.get<double>(), v.get<double>());
+    } else if (k == "enum") {
+      json r = json::array();
+      for (const auto& x : av)
+        if (std::find(v.begin(), v.end(), x) != v.end()) r.push_back(x);
+      av = r;
+    } else if (k == "const") {
+      a["enum"] = json::array();  // two different consts
+    } else if (k == "items" || k == "additionalProperties") {
+      av = json{{"allOf", json::array({av, v})}};
+    } else if (k == "anyOf") {
+      // (a1 | a2) & (b1 | b2): distribute into the product when small.
+      if (av.size() * v.size() > 64) schema_error(ptr, "allOf of two large anyOf lists is not supported");
+      json r = json::array();
+      for (const auto& x : av)
+        for (const auto& y : v) r.push_back(json{{"allOf", json::array({x, y})}});
+      av = r;
+    } else if (k == "allOf") {
+      for (const auto& x : v) av.push_back(x);
+    } else {
+      schema_error(ptr, "allOf with two different values of '" + k + "' is not supported");
+    }
+  }
+}
+
+json SchemaLowerer::merge_allof(const json& s, const std::string& ptr, int depth) {
+  json rest = s;
+  std::vector<std::pair<json, std::string>> parts;
+  if (rest.contains("allOf")) {
+    if (!rest["allOf"].is_array()) schema_error(ptr + "/allOf", "must be an array");
+    for (size_t i = 0; i < rest["allOf"].size(); ++i)
+      parts.push_back({rest["allOf"][i], ptr + "/allOf/" + std::to_string(i)});
+    rest.erase("allOf");
+  }
+  json out = deref_top(rest, ptr, depth);
+  for (auto& [p, pp] : parts) {
+    json d = deref_top(p, pp, depth);
+    if (d.is_object() && d.contains("allOf")) d = merge_allof(d, pp, depth + 1);
+    merge_into(out, d, pp);
+  }
+  // Nested allOf introduced by merging property schemas is handled when they are lowered.
+  if (out.is_object() && out.contains("allOf")) return merge_allof(out, ptr, depth + 1);
+  return out;
+}
+
+Grammar json_schema_to_grammar(const json& schema, const JsonGrammarOptions& opt) {
+  SchemaLowerer l(schema, opt);
+  ExprId body = l.lower(schema, "");
+  RuleId root = l.b.declare_rule("root");
+  l.b.define_rule(root, l.b.seq({l.ws(), body, l.ws()}));
+  return std::move(l.b).finish(root);
+}
+
+Grammar json_object_grammar(const JsonGrammarOptions& opt) {
+  json dummy = json::object();
+  SchemaLowerer l(dummy, opt);
+  ExprId body = l.any_object();
+  RuleId root = l.b.declare_rule("root");
+  l.b.define_rule(root, l.b.seq({l.ws(), body, l.ws()}));
+  return std::move(l.b).finish(root);
+}
+
+}  // namespace deepinfer::structured

@@ -1,0 +1,337 @@
+// Objects, arrays and $ref for the JSON Schema lowering.
+#include <algorithm>
+#include <functional>
+#include <map>
+#include <set>
+
+#include "core/check.h"
+#include "structured/json_schema_impl.h"
+#include "structured/regex.h"
+
+namespace deepinfer::structured {
+namespace {
+
+// Splits the escaped content of a JSON string into characters (a UTF-8 char or an escape).
+std::vector<std::string> json_units(const std::string& escaped) {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < escaped.size();) {
+    size_t n = 1;
+    unsigned char c = static_cast<unsigned char>(escaped[i]);
+    if (c == '\\') n = escaped[i + 1] == 'u' ? 6 : 2;
+    else if (c >= 0xF0) n = 4;
+    else if (c >= 0xE0) n = 3;
+    else if (c >= 0xC0) n = 2;
+    out.push_back(escaped.substr(i, n));
+    i += n;
+  }
+  return out;
+}
+
+uint32_t decode_utf8(const std::string& u) {
+  unsigned char c = static_cast<unsigned char>(u[0]);
+  uint32_t cp = u.size() == 1 ? c : u.size() == 2 ? (c & 0x1F) : u.size() == 3 ? (c & 0x0F) : (c & 0x07);
+  for (size_t k = 1; k < u.size(); ++k) cp = (cp << 6) | (static_cast<unsigned char>(u[k]) & 0x3F);
+  return cp;
+}
+
+struct KeyTrie {
+  bool terminal = false;
+  std::map<std::string, KeyTrie> kids;
+};
+
+}  // namespace
+
+// A JSON string whose content is none of `keys` (keys given unescaped).
+ExprId SchemaLowerer::key_not_in(const std::vector<std::string>& keys) {
+  KeyTrie root;
+  for (const auto& k : keys) {
+    std::string esc = json(k).dump();
+    KeyTrie* n = &root;
+    for (const auto& u : json_units(esc.substr(1, esc.size() - 2))) {
+      if (u.size() == 6 && u[0] == '\\')
+        DI_THROW(GrammarError, "json_schema: property name ", esc, " needs a \\u escape; not supported next to additional properties");
+      n = &n->kids[u];
+    }
+    n->terminal = true;
+  }
+  ExprId any_char = json_string_char(b);
+  std::function<ExprId(const KeyTrie&)> build = [&](const KeyTrie& n) -> ExprId {
+    std::vector<ExprId> alts;
+    if (!n.terminal) alts.push_back(b.empty());
+    std::vector<std::pair<uint32_t, uint32_t>> plain = {{0x20, 0x21}, {0x23, 0x5B}, {0x5D, 0x10FFFF}};
+    std::string esc_letters = "\"\\/bfnrt";
+    for (const auto& [u, child] : n.kids) {
+      alts.push_back(b.seq({b.literal(u), build(child)}));
+      if (u[0] == '\\') {
+        esc_letters.erase(std::remove(esc_letters.begin(), esc_letters.end(), u[1]), esc_letters.end());
+      } else {
+        uint32_t cp = decode_utf8(u);
+        std::vector<std::pair<uint32_t, uint32_t>> next;
+        for (auto [lo, hi] : plain) {
+          if (cp < lo || cp > hi) { next.push_back({lo, hi}); continue; }
+          if (cp > lo) next.push_back({lo, cp - 1});
+          if (cp < hi) next.push_back({cp + 1, hi});
+        }
+        plain = std::move(next);
+      }
+    }
+    std::vector<ByteRange> letters;
+    for (char c : esc_letters) letters.push_back({static_cast<uint8_t>(c), static_cast<uint8_t>(c)});
+    ExprId hex = b.bytes({{'0', '9'}, {'A', 'F'}, {'a', 'f'}});
+    ExprId other = b.alt({b.codepoints(plain),
+                          b.seq({b.byte('\\'), b.alt({b.bytes(letters), b.seq({b.byte('u'), hex, hex, hex, hex})})})});
+    alts.push_back(b.seq({other, b.star(any_char)}));
+    return b.alt(std::move(alts));
+  };
+  return b.seq({b.byte('"'), build(root), b.byte('"')});
+}
+
+// Comma-separated members: declared properties (props[i], required[i]) and any number of
+// `additional` members. Small sets in any order, larger ones in schema order.
+ExprId SchemaLowerer::members(const std::vector<ExprId>& props, const std::vector<bool>& required, ExprId additional) {
+  const size_t n = props.size();
+  ExprId comma = punct(',');
+  ExprId more_additional = b.star(b.seq({comma, additional}));
+  if (n <= static_cast<size_t>(kAnyOrderMaxProperties)) {
+    // Any order: rest(used) = what may follow once the properties in `used` were written.
+    // Up to 3 properties everything is inlined (n! paths); beyond, each subset and each member
+    // is its own rule so the size stays O(2^n * n) instead of O(n! * value size).
+    const bool as_rules = n > 3;
+    std::vector<ExprId> member(props);
+    if (as_rules) {
+      for (size_t i = 0; i < n; ++i) {
+        RuleId r = b.declare_rule("member");
+        b.set_inline(r, false);
+        b.define_rule(r, props[i]);
+        member[i] = b.ref(r);
+      }
+    }
+    std::map<uint32_t, ExprId> memo;
+    std::function<ExprId(uint32_t)> rest = [&](uint32_t used) -> ExprId {
+      auto it = memo.find(used);
+      if (it != memo.end()) return it->second;
+      std::vector<ExprId> alts;
+      bool done = true;
+      for (size_t i = 0; i < n; ++i) {
+        if (used >> i & 1) continue;
+        if (required[i]) done = false;
+        alts.push_back(b.seq({comma, member[i], rest(used | (1u << i))}));
+      }
+      if (done) alts.push_back(b.empty());
+      ExprId body = b.seq({more_additional, b.alt(std::move(alts))});
+      if (as_rules) {
+        RuleId r = b.declare_rule("rest");
+        b.set_inline(r, false);
+        b.define_rule(r, body);
+        body = b.ref(r);
+      }
+      return memo[used] = body;
+    };
+    std::vector<ExprId> first{b.seq({additional, rest(0)})};
+    bool none_required = std::none_of(required.begin(), required.end(), [](bool r) { return r; });
+    for (size_t i = 0; i < n; ++i) first.push_back(b.seq({member[i], rest(1u << i)}));
+    if (none_required) first.push_back(b.empty());
+    return b.alt(std::move(first));
+  }
+  // Schema order. rest(i): members after at least one was written, from slot i on. Each is a
+  // rule (kept apart, not inlined) so the start alternatives can share them without copies.
+  std::vector<ExprId> rest(n + 1);
+  rest[n] = more_additional;
+  for (size_t i = n; i-- > 0;) {
+    ExprId slot = required[i] ? b.seq({comma, props[i], rest[i + 1]}) : b.seq({b.opt(b.seq({comma, props[i]})), rest[i + 1]});
+    RuleId r = b.declare_rule("members");
+    b.set_inline(r, false);
+    b.define_rule(r, b.seq({more_additional, slot}));
+    rest[i] = b.ref(r);
+  }
+  ExprId start = b.opt(b.seq({additional, rest[n]}));
+  for (size_t i = n; i-- > 0;) {
+    std::vector<ExprId> alts{b.seq({additional, rest[i]}), b.seq({props[i], rest[i + 1]})};
+    if (!required[i]) alts.push_back(start);
+    start = b.alt(std::move(alts));
+  }
+  return start;
+}
+
+ExprId SchemaLowerer::lower_object(const json& s, const std::string& ptr, int depth) {
+  std::vector<std::string> names;
+  std::vector<const json*> schemas;
+  std::vector<std::string> ptrs;
+  if (s.contains("properties")) {
+    if (!s["properties"].is_object()) schema_error(ptr + "/properties", "must be an object");
+    for (auto it = s["properties"].begin(); it != s["properties"].end(); ++it) {
+      names.push_back(it.key());
+      schemas.push_back(&it.value());
+      ptrs.push_back(ptr + "/properties/" + ptr_escape(it.key()));
+    }
+  }
+  static const json kTrue = true;
+  const json* add_schema = s.contains("additionalProperties") ? &s["additionalProperties"] : &kTrue;
+  if (s.contains("patternProperties") && !s["patternProperties"].empty())
+    schema_error(ptr + "/patternProperties", "keyword 'patternProperties' is not supported");
+  std::set<std::string> req;
+  std::vector<std::string> req_order;  // document order of `required`
+  if (s.contains("required")) {
+    if (!s["required"].is_array()) schema_error(ptr + "/required", "must be an array");
+    for (const auto& r : s["required"]) {
+      if (!r.is_string()) schema_error(ptr + "/required", "entries must be strings");
+      if (req.insert(r.get<std::string>()).second) req_order.push_back(r.get<std::string>());
+    }
+  }
+  for (const auto& r : req_order) {  // required but not declared: an additional property that must appear
+    if (std::find(names.begin(), names.end(), r) != names.end()) continue;
+    names.push_back(r);
+    schemas.push_back(add_schema);
+    ptrs.push_back(ptr + "/additionalProperties");
+  }
+  std::vector<ExprId> props;
+  std::vector<bool> required;
+  for (size_t i = 0; i < names.size(); ++i) {
+    ExprId v = lower(*schemas[i], ptrs[i], depth + 1);
+    required.push_back(req.count(names[i]) > 0);
+    if (b.expr(v).kind == ExprKind::kNothing) {
+      if (required.back()) return b.nothing();
+      v = b.nothing();
+    }
+    props.push_back(b.seq({string_literal(names[i]), punct(':'), v}));
+  }
+  ExprId add_value = lower(*add_schema, ptr + "/additionalProperties", depth + 1);
+  ExprId additional = b.nothing();
+  if (b.expr(add_value).kind != ExprKind::kNothing) {
+    // Referenced from every slot between members: one shared rule instead of many copies.
+    RuleId r = b.declare_rule("additional");
+    b.set_inline(r, false);
+    b.define_rule(r, b.seq({key_not_in(names), punct(':'), add_value}));
+    additional = b.ref(r);
+  }
+  return b.seq({b.byte('{'), ws(), members(props, required, additional), ws(), b.byte('}')});
+}
+
+ExprId SchemaLowerer::lower_array(const json& s, const std::string& ptr, int depth) {
+  std::vector<ExprId> prefix;
+  static const json kTrue = true;
+  const json* items = &kTrue;
+  std::string items_ptr = ptr + "/items";
+  auto lower_prefix = [&](const json& arr, const std::string& p) {
+    if (!arr.is_array()) schema_error(p, "must be an array");
+    for (size_t i = 0; i < arr.size(); ++i) prefix.push_back(lower(arr[i], p + "/" + std::to_string(i), depth + 1));
+  };
+  if (s.contains("prefixItems")) {
+    lower_prefix(s["prefixItems"], ptr + "/prefixItems");
+    if (s.contains("items")) items = &s["items"];
+  } else if (s.contains("items") && s["items"].is_array()) {  // draft 4-2019 tuple form
+    lower_prefix(s["items"], ptr + "/items");
+    if (s.contains("additionalItems")) items = &s["additionalItems"], items_ptr = ptr + "/additionalItems";
+  } else if (s.contains("items")) {
+    items = &s["items"];
+  }
+  auto count = [&](const char* k, int64_t dflt) -> int64_t {
+    if (!s.contains(k)) return dflt;
+    const json& v = s[k];
+    if (!v.is_number() || v.get<double>() < 0) schema_error(ptr + "/" + k, "must be a non-negative number");
+    return static_cast<int64_t>(std::min(v.get<double>(), 1e9));
+  };
+  const int64_t min_items = count("minItems", 0), max_items = count("maxItems", -1);
+  if (max_items >= 0 && min_items > max_items) return b.nothing();
+  if (min_items > 1000 || max_items > 1000) {
+    if (min_items > 1000) schema_error(ptr + "/minItems", "bounds above 1000 are not supported");
+  }
+  ExprId item = lower(*items, items_ptr, depth + 1);
+  ExprId comma = punct(',');
+  const int64_t k = static_cast<int64_t>(prefix.size());
+  const int64_t cap = max_items >= 0 && max_items <= 1000 ? max_items : -1;
+  // after(i): what may follow once i elements are written (i >= 1).
+  std::function<ExprId(int64_t)> after = [&](int64_t i) -> ExprId {
+    if (cap >= 0 && i >= cap) return b.empty();
+    if (i >= k) {
+      int32_t lo = static_cast<int32_t>(std::max<int64_t>(min_items - i, 0));
+      int32_t hi = cap >= 0 ? static_cast<int32_t>(cap - i) : kUnbounded;
+      return b.repeat(b.seq({comma, item}), lo, hi);
+    }
+    ExprId next = b.seq({comma, prefix[i], after(i + 1)});
+    return i >= min_items ? b.opt(next) : next;
+  };
+  ExprId body;
+  if (cap == 0) {
+    body = b.empty();
+  } else {
+    ExprId first = b.seq({k > 0 ? prefix[0] : item, after(1)});
+    body = min_items == 0 ? b.opt(first) : first;
+  }
+  return b.seq({b.byte('['), ws(), body, ws(), b.byte(']')});
+}
+
+const json* SchemaLowerer::resolve(const std::string& ref, const std::string& ptr, std::string* target) {
+  std::string base_ptr, frag;
+  size_t hash = ref.find('#');
+  std::string base = ref.substr(0, hash);
+  frag = hash == std::string::npos ? "" : ref.substr(hash + 1);
+  if (!base.empty()) {
+    std::string root_id = root_.is_object() && root_.contains("$id") && root_["$id"].is_string() ? root_["$id"].get<std::string>() : "";
+    if (base == root_id) {
+      base_ptr = "";
+    } else {
+      bool found = false;
+      for (const auto& [id, p] : id_index_) {
+        if (id[0] == '#') continue;
+        if (id == base || (id.size() > base.size() && id.compare(id.size() - base.size(), base.size(), base) == 0 &&
+                           id[id.size() - base.size() - 1] == '/')) {
+          base_ptr = p;
+          found = true;
+          break;
+        }
+      }
+      if (!found) schema_error(ptr, "$ref '" + ref + "' is not in this document (remote references are not supported)");
+    }
+  }
+  if (!frag.empty() && frag[0] != '/') {
+    auto it = id_index_.find("#" + frag);
+    if (it == id_index_.end()) schema_error(ptr, "$ref '" + ref + "': unknown anchor");
+    if (it->second == "!ambiguous") schema_error(ptr, "$ref '" + ref + "': anchor defined in several resources");
+    *target = it->second;
+  } else {
+    std::string dec;  // percent-decoding
+    for (size_t i = 0; i < frag.size(); ++i) {
+      if (frag[i] == '%' && i + 2 < frag.size()) {
+        dec += static_cast<char>(std::stoi(frag.substr(i + 1, 2), nullptr, 16));
+        i += 2;
+      } else {
+        dec += frag[i];
+      }
+    }
+    *target = base_ptr + dec;
+  }
+  // Walk the pointer.
+  const json* cur = &root_;
+  std::string p = *target;
+  size_t i = 0;
+  while (i < p.size()) {
+    if (p[i] != '/') schema_error(ptr, "$ref '" + ref + "': malformed JSON pointer");
+    size_t j = p.find('/', i + 1);
+    std::string tok = p.substr(i + 1, j == std::string::npos ? std::string::npos : j - i - 1);
+    std::string un;
+    for (size_t k = 0; k < tok.size(); ++k) {
+      if (tok[k] == '~' && k + 1 < tok.size()) { un += tok[k + 1] == '1' ? '/' : '~'; ++k; }
+      else un += tok[k];
+    }
+    if (cur->is_object() && cur->contains(un)) cur = &(*cur)[un];
+    else if (cur->is_array() && !un.empty() && std::all_of(un.begin(), un.end(), ::isdigit) && std::stoul(un) < cur->size())
+      cur = &(*cur)[std::stoul(un)];
+    else schema_error(ptr, "$ref '" + ref + "' does not resolve");
+    i = j == std::string::npos ? p.size() : j;
+  }
+  return cur;
+}
+
+ExprId SchemaLowerer::lower_ref(const std::string& ref, const std::string& ptr) {
+  std::string target;
+  const json* s = resolve(ref, ptr, &target);
+  auto it = ref_rules_.find(target);
+  if (it != ref_rules_.end()) return b.ref(it->second);
+  RuleId r = b.declare_rule("ref");
+  ref_rules_[target] = r;
+  b.define_rule(r, lower(*s, target, 1));
+  return b.ref(r);
+}
+
+}  // namespace deepinfer::structured

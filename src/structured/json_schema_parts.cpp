@@ -1,0 +1,272 @@
+// Numbers, strings, formats, literals and allOf merging for the JSON Schema lowering.
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <set>
+
+#include "core/check.h"
+#include "structured/json_schema_impl.h"
+#include "structured/regex.h"
+
+namespace deepinfer::structured {
+namespace {
+
+ExprId digit(GrammarBuilder& b, char lo, char hi) {
+  return b.byte_range(static_cast<uint8_t>(lo), static_cast<uint8_t>(hi));
+}
+
+// Digit strings of |x| digits, lexicographically within [x, y] (same length).
+ExprId between(GrammarBuilder& b, const std::string& x, const std::string& y) {
+  if (x.empty()) return b.empty();
+  const size_t n = x.size();
+  if (x[0] == y[0]) return b.seq({b.byte(x[0]), between(b, x.substr(1), y.substr(1))});
+  std::vector<ExprId> alts;
+  alts.push_back(b.seq({b.byte(x[0]), between(b, x.substr(1), std::string(n - 1, '9'))}));
+  if (x[0] + 1 <= y[0] - 1)
+    alts.push_back(b.seq({digit(b, x[0] + 1, y[0] - 1), b.repeat(digit(b, '0', '9'), n - 1, n - 1)}));
+  alts.push_back(b.seq({b.byte(y[0]), between(b, std::string(n - 1, '0'), y.substr(1))}));
+  return b.alt(std::move(alts));
+}
+
+// Non-negative integers in [a, c] (c < 0: unbounded), no leading zeros.
+ExprId nonneg_range(GrammarBuilder& b, int64_t a, int64_t c) {
+  if (c >= 0 && a > c) return b.nothing();
+  const std::string sa = std::to_string(a);
+  const size_t la = sa.size();
+  const size_t lc = c >= 0 ? std::to_string(c).size() : la;
+  std::vector<ExprId> alts;
+  for (size_t len = la; len <= lc; ++len) {
+    std::string lo = len == la ? sa : "1" + std::string(len - 1, '0');
+    std::string hi = (c >= 0 && len == lc) ? std::to_string(c) : std::string(len, '9');
+    alts.push_back(between(b, lo, hi));
+  }
+  if (c < 0) alts.push_back(b.seq({digit(b, '1', '9'), b.repeat(digit(b, '0', '9'), la, kUnbounded)}));
+  return b.alt(std::move(alts));
+}
+
+bool is_int_value(double v) { return std::isfinite(v) && v == std::floor(v) && std::fabs(v) < 9.2e18; }
+
+}  // namespace
+
+ExprId int_range_expr(GrammarBuilder& b, std::optional<int64_t> lo, std::optional<int64_t> hi) {
+  std::vector<ExprId> alts;
+  if (!hi || *hi >= 0) alts.push_back(nonneg_range(b, lo ? std::max<int64_t>(*lo, 0) : 0, hi ? *hi : -1));
+  if (!lo || *lo < 0) {
+    int64_t mag_lo = hi ? std::max<int64_t>(1, -*hi) : 1;
+    alts.push_back(b.seq({b.byte('-'), nonneg_range(b, mag_lo, lo ? -*lo : -1)}));
+  }
+  if ((!lo || *lo <= 0) && (!hi || *hi >= 0)) alts.push_back(b.literal("-0"));
+  return b.alt(std::move(alts));
+}
+
+// Integers divisible by k: digits of |x| drive a remainder automaton (states 0..k-1).
+ExprId multiple_of_expr(GrammarBuilder& b, int64_t k) {
+  ByteAutomaton a;
+  // state 0: start; 1: after '-'; 2: "0" (final); 3 + r: remainder r after a nonzero lead.
+  a.num_states = static_cast<int32_t>(3 + k);
+  a.final.assign(a.num_states, false);
+  a.final[2] = true;
+  a.final[3] = true;
+  for (int32_t from : {0, 1}) {
+    a.edges.push_back({from, '0', '0', 2});
+    for (int d = 1; d <= 9; ++d)
+      a.edges.push_back({from, static_cast<uint8_t>('0' + d), static_cast<uint8_t>('0' + d), static_cast<int32_t>(3 + d % k)});
+  }
+  a.edges.push_back({0, '-', '-', 1});
+  for (int64_t r = 0; r < k; ++r)
+    for (int d = 0; d <= 9; ++d)
+      a.edges.push_back({static_cast<int32_t>(3 + r), static_cast<uint8_t>('0' + d), static_cast<uint8_t>('0' + d),
+                         static_cast<int32_t>(3 + (r * 10 + d) % k)});
+  return b.automaton(std::move(a));
+}
+
+ExprId SchemaLowerer::number_rule(bool integer) {
+  ExprId digits = b.plus(digit(b, '0', '9'));
+  ExprId int_part = b.seq({b.opt(b.byte('-')), b.alt({b.byte('0'), b.seq({digit(b, '1', '9'), b.star(digit(b, '0', '9'))})})});
+  if (integer) return b.seq({int_part, b.opt(b.seq({b.byte('.'), b.plus(b.byte('0'))}))});
+  ExprId frac = b.opt(b.seq({b.byte('.'), digits}));
+  ExprId exp = b.opt(b.seq({b.bytes({{'e', 'e'}, {'E', 'E'}}), b.opt(b.bytes({{'+', '+'}, {'-', '-'}})), digits}));
+  return b.seq({int_part, frac, exp});
+}
+
+ExprId SchemaLowerer::lower_number(const json& s, const std::string& ptr, bool integer) {
+  // Bounds as integer-valued limits; `lo`/`hi` inclusive on integers, `lo_x`/`hi_x` exact bound.
+  std::optional<double> lo, hi;
+  bool lo_excl = false, hi_excl = false;
+  auto num = [&](const char* k) -> std::optional<double> {
+    if (!s.contains(k) || s[k].is_boolean()) return std::nullopt;
+    if (!s[k].is_number()) schema_error(ptr + "/" + k, "must be a number");
+    return s[k].get<double>();
+  };
+  lo = num("minimum");
+  hi = num("maximum");
+  if (auto x = num("exclusiveMinimum"); x && (!lo || *x >= *lo)) lo = x, lo_excl = true;
+  if (auto x = num("exclusiveMaximum"); x && (!hi || *x <= *hi)) hi = x, hi_excl = true;
+  if (s.contains("exclusiveMinimum") && s["exclusiveMinimum"] == true) lo_excl = true;  // draft 4
+  if (s.contains("exclusiveMaximum") && s["exclusiveMaximum"] == true) hi_excl = true;
+  for (auto [v, k] : {std::pair{lo, "minimum"}, std::pair{hi, "maximum"}})
+    if (v && !is_int_value(*v)) {
+      if (!integer) schema_error(ptr + "/" + k, "non-integer numeric bounds are not supported");
+    }
+  // On integers a fractional bound rounds inward.
+  std::optional<int64_t> ilo, ihi;
+  if (lo) ilo = static_cast<int64_t>(lo_excl ? std::floor(*lo) + 1 : std::ceil(*lo));
+  if (hi) ihi = static_cast<int64_t>(hi_excl ? std::ceil(*hi) - 1 : std::floor(*hi));
+  if (ilo && ihi && *ilo > *ihi && integer) return b.nothing();
+  ExprId zero_frac = b.opt(b.seq({b.byte('.'), b.plus(b.byte('0'))}));
+  if (s.contains("multipleOf")) {
+    if (!s["multipleOf"].is_number() || s["multipleOf"].get<double>() <= 0)
+      schema_error(ptr + "/multipleOf", "must be a positive number");
+    double m = s["multipleOf"].get<double>();
+    if (lo || hi) schema_error(ptr + "/multipleOf", "keyword 'multipleOf' together with bounds is not supported");
+    if (is_int_value(m) && m <= 100000) return b.seq({multiple_of_expr(b, static_cast<int64_t>(m)), zero_frac});
+    double d = -std::log10(m);
+    if (!integer && std::fabs(d - std::round(d)) < 1e-9 && d > 0 && d <= 12) {
+      ExprId frac = b.opt(b.seq({b.byte('.'), b.repeat(digit(b, '0', '9'), 1, static_cast<int32_t>(std::round(d))),
+                                 b.star(b.byte('0'))}));
+      return b.seq({int_range_expr(b, std::nullopt, std::nullopt), frac});
+    }
+    schema_error(ptr + "/multipleOf", "keyword 'multipleOf' with this value is not supported");
+  }
+  if (!lo && !hi) return number_rule(integer);
+  ExprId ints = b.seq({int_range_expr(b, ilo, ihi), zero_frac});
+  if (integer) return ints;
+  // Non-integers: x in (k, k+1) for an integer k with lo <= k and k + 1 <= hi (bounds integral).
+  ExprId nz_frac = b.seq({b.byte('.'), b.star(digit(b, '0', '9')), digit(b, '1', '9'), b.star(digit(b, '0', '9'))});
+  std::optional<int64_t> klo, khi;  // range of k
+  if (lo) klo = static_cast<int64_t>(*lo);
+  if (hi) khi = static_cast<int64_t>(*hi) - 1;
+  std::vector<ExprId> alts{ints};
+  if (!khi || *khi >= 0) {  // positive: k = I
+    int64_t a = klo ? std::max<int64_t>(*klo, 0) : 0;
+    if (!khi || a <= *khi) alts.push_back(b.seq({int_range_expr(b, a, khi), nz_frac}));
+  }
+  if (!klo || *klo < 0) {  // negative: k = -(I + 1), I >= 0
+    int64_t ilo2 = khi ? std::max<int64_t>(-*khi - 1, 0) : 0;
+    std::optional<int64_t> ihi2;
+    if (klo) ihi2 = -*klo - 1;
+    if (!ihi2 || ilo2 <= *ihi2) alts.push_back(b.seq({b.byte('-'), int_range_expr(b, ilo2, ihi2), nz_frac}));
+  }
+  return b.alt(std::move(alts));
+}
+
+ExprId SchemaLowerer::format_expr(const std::string& fmt, const std::string& ptr) {
+  static const std::string kDate = R"(\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01]))";
+  static const std::string kTime = R"(([01]\d|2[0-3]):[0-5]\d:([0-5]\d|60)(\.\d+)?([Zz]|[+-]([01]\d|2[0-3]):[0-5]\d))";
+  static const std::string kDur1 = R"((\d+H(\d+M)?(\d+S)?|\d+M(\d+S)?|\d+S))";
+  static const std::string kLabel = R"([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)";
+  static const std::string kOct = R"((25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d))";
+  static const std::string kH = R"([0-9a-fA-F]{1,4})";
+  std::string re;
+  if (fmt == "date") re = kDate;
+  else if (fmt == "time") re = kTime;
+  else if (fmt == "date-time") re = kDate + "[Tt]" + kTime;
+  else if (fmt == "duration")
+    re = "P(\\d+W|(\\d+Y(\\d+M)?(\\d+D)?|\\d+M(\\d+D)?|\\d+D)(T" + kDur1 + ")?|T" + kDur1 + ")";
+  else if (fmt == "email")
+    re = R"([A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*@)" + kLabel + "(\\." + kLabel + ")*";
+  else if (fmt == "uuid") re = "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}";
+  else if (fmt == "ipv4") re = kOct + "(\\." + kOct + "){3}";
+  else if (fmt == "ipv6")
+    re = "((" + kH + ":){7}" + kH + "|(" + kH + ":){1,7}:|(" + kH + ":){1,6}:" + kH + "|(" + kH + ":){1,5}(:" + kH +
+         "){1,2}|(" + kH + ":){1,4}(:" + kH + "){1,3}|(" + kH + ":){1,3}(:" + kH + "){1,4}|(" + kH + ":){1,2}(:" + kH +
+         "){1,5}|" + kH + ":(:" + kH + "){1,6}|:((:" + kH + "){1,7}|:)|(" + kH + ":){6}" + kOct + "(\\." + kOct +
+         "){3}|::(" + kH + ":){0,5}" + kOct + "(\\." + kOct + "){3})";
+  else if (fmt == "hostname") re = kLabel + "(\\." + kLabel + ")*";
+  else if (fmt == "uri") re = R"([A-Za-z][A-Za-z0-9+.\-]*:[A-Za-z0-9\-._~:/?#\[\]@!$&'()*+,;=%]*)";
+  else if (fmt == "uri-reference") re = R"([A-Za-z0-9\-._~:/?#\[\]@!$&'()*+,;=%]*)";
+  else if (fmt == "iri" || fmt == "iri-reference" || fmt == "idn-email" || fmt == "idn-hostname" ||
+           fmt == "json-pointer" || fmt == "relative-json-pointer" || fmt == "regex" || fmt == "uri-template")
+    schema_error(ptr, "format '" + fmt + "' is not supported");
+  else
+    return -1;  // unknown formats are annotations (JSON Schema 2020-12 §7.2)
+  RegexOptions o;
+  o.json_string = true;
+  return b.seq({b.byte('"'), regex_to_expr(b, re, o), b.byte('"')});
+}
+
+ExprId SchemaLowerer::lower_string(const json& s, const std::string& ptr) {
+  const bool has_len = s.contains("minLength") || s.contains("maxLength");
+  const bool has_pattern = s.contains("pattern");
+  std::string fmt = opt_.format_assertion && s.contains("format") && s["format"].is_string() ? s["format"].get<std::string>() : "";
+  ExprId fmt_expr = fmt.empty() ? -1 : format_expr(fmt, ptr + "/format");
+  int constraints = (has_len ? 1 : 0) + (has_pattern ? 1 : 0) + (fmt_expr >= 0 ? 1 : 0);
+  if (constraints > 1)
+    schema_error(ptr, "combining two of minLength/maxLength, pattern and format is not supported");
+  if (fmt_expr >= 0) return fmt_expr;
+  if (has_pattern) {
+    if (!s["pattern"].is_string()) schema_error(ptr + "/pattern", "must be a string");
+    RegexOptions o;
+    o.json_string = true;
+    o.search = true;
+    try {
+      return b.seq({b.byte('"'), regex_to_expr(b, s["pattern"].get<std::string>(), o), b.byte('"')});
+    } catch (const GrammarError& e) {
+      schema_error(ptr + "/pattern", e.what());
+    }
+  }
+  if (has_len) {
+    auto get = [&](const char* k, int64_t d) -> int64_t {
+      if (!s.contains(k)) return d;
+      if (!s[k].is_number() || s[k].get<double>() < 0) schema_error(ptr + "/" + k, "must be a non-negative number");
+      return static_cast<int64_t>(std::min(s[k].get<double>(), 1e9));
+    };
+    int64_t mn = get("minLength", 0), mx = get("maxLength", -1);
+    if (mx >= 0 && mn > mx) return b.nothing();
+    if (mn > 10000 || mx > 10000) schema_error(ptr, "string length bounds above 10000 are not supported");
+    return b.seq({b.byte('"'), b.repeat(json_string_char(b), static_cast<int32_t>(mn), mx < 0 ? kUnbounded : static_cast<int32_t>(mx)),
+                  b.byte('"')});
+  }
+  return string_rule();
+}
+
+ExprId SchemaLowerer::string_literal(const std::string& s) { return b.literal(json(s).dump()); }
+
+// A JSON value as text: numbers accept every spelling of the same value that a compact
+// serializer can produce (1, 1.0), objects any key order when small.
+ExprId SchemaLowerer::literal(const json& v, const std::string& ptr) {
+  if (v.is_number()) {
+    double d = v.get<double>();
+    if (is_int_value(d)) {
+      ExprId frac = b.opt(b.seq({b.byte('.'), b.plus(b.byte('0'))}));
+      int64_t i = static_cast<int64_t>(d);
+      if (i == 0) return b.seq({b.opt(b.byte('-')), b.byte('0'), frac});
+      // A serializer may print a large integral double in exponent form (9.007199254740992e+15).
+      return b.alt({b.seq({b.literal(std::to_string(i)), frac}), b.literal(json(d).dump())});
+    }
+    return b.alt({b.literal(v.dump()), b.literal(json(d).dump())});
+  }
+  if (v.is_array()) {
+    std::vector<ExprId> parts{b.byte('['), ws()};
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (i) parts.push_back(punct(','));
+      parts.push_back(literal(v[i], ptr));
+    }
+    parts.push_back(ws());
+    parts.push_back(b.byte(']'));
+    return b.seq(std::move(parts));
+  }
+  if (v.is_object()) {
+    std::vector<ExprId> members;
+    for (auto it = v.begin(); it != v.end(); ++it)
+      members.push_back(b.seq({string_literal(it.key()), punct(':'), literal(it.value(), ptr)}));
+    if (members.size() > 4) schema_error(ptr, "object literals with more than 4 keys are not supported");
+    std::vector<size_t> idx(members.size());
+    for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+    std::vector<ExprId> perms;
+    do {
+      std::vector<ExprId> parts{b.byte('{'), ws()};
+      for (size_t i = 0; i < idx.size(); ++i) {
+        if (i) parts.push_back(punct(','));
+        parts.push_back(members[idx[i]]);
+      }
+      parts.push_back(ws());
+      parts.push_back(b.byte('}'));
+      perms.push_back(b.seq(std::move(parts)));
+    } while (std::next_permutation(idx.begin(), idx.end()));
+    return b.alt(std::move(perms));
+  }
+  return b.literal(v.dump());
+}
+
+}  // namespace deepinfer::structured

@@ -1,0 +1,205 @@
+// GrammarMatcher: per-request configuration history over the shared CompiledGrammar.
+#include <algorithm>
+#include <cstring>
+#include <map>
+
+#include "core/check.h"
+#include "structured/compiled.h"
+#include "structured/stack.h"
+
+namespace deepinfer::structured {
+
+struct MatcherState {
+  std::shared_ptr<const CompiledGrammar> grammar;
+  const CompiledGrammarImpl* g = nullptr;
+  NodePool pool;
+  std::vector<std::vector<Frame>> history;  // [num_accepted + 1] configuration after each step
+  std::vector<uint8_t> terminated;          // [num_accepted + 1]
+  // Masks of recently seen configurations (a configuration repeats often, e.g. inside a string).
+  std::map<std::vector<Frame>, std::vector<uint32_t>> mask_memo;
+  static constexpr size_t kMaxMemo = 64;
+
+  const std::vector<Frame>& cur() const { return history.back(); }
+  void fill_mask(std::vector<uint32_t>& bits);
+  void walk_uncertain(const StateMaskCache& c, Frame f, std::vector<uint32_t>& bits);
+  bool advance(std::string_view bytes, std::vector<Frame>& out);
+};
+
+void MatcherState::walk_uncertain(const StateMaskCache& c, Frame f, std::vector<uint32_t>& bits) {
+  const TokenVocabulary& v = *g->vocab;
+  Stepper stepper(g->pda, pool, true);
+  std::vector<std::vector<Frame>> frames(1, std::vector<Frame>{f});  // [depth]
+  int32_t dead = -1;  // the previous token died after this many bytes
+  for (size_t j = 0; j < c.uncertain.size(); ++j) {
+    const int32_t lcp = c.uncertain_lcp[j];
+    if (dead >= 0 && lcp >= dead) continue;  // shares the dead prefix
+    dead = -1;
+    const std::string& s = v.bytes(c.uncertain[j]);
+    if (frames.size() < s.size() + 1) frames.resize(s.size() + 1);
+    size_t k = static_cast<size_t>(lcp);
+    for (; k < s.size(); ++k) {
+      stepper.step(frames[k], static_cast<uint8_t>(s[k]), frames[k + 1], nullptr);
+      if (frames[k + 1].empty()) break;
+    }
+    if (k == s.size()) {
+      int32_t t = c.uncertain[j];
+      bits[t >> 5] |= 1u << (t & 31);
+    } else {
+      dead = static_cast<int32_t>(k + 1);
+    }
+  }
+}
+
+void MatcherState::fill_mask(std::vector<uint32_t>& bits) {
+  const TokenVocabulary& v = *g->vocab;
+  std::fill(bits.begin(), bits.end(), 0u);
+  if (terminated.back()) return;
+  auto it = mask_memo.find(cur());
+  if (it != mask_memo.end()) {
+    bits = it->second;
+    return;
+  }
+  for (const Frame& f : cur()) {
+    auto c = g->state_cache(f.state);
+    if (!c->accepted_bits.empty()) {
+      for (size_t w = 0; w < bits.size(); ++w) bits[w] |= c->accepted_bits[w];
+    } else {
+      for (int32_t t : c->accepted_ids) bits[t >> 5] |= 1u << (t & 31);
+    }
+    if (!c->uncertain.empty()) walk_uncertain(*c, f, bits);
+  }
+  Stepper stepper(g->pda, pool, true);
+  if (stepper.can_finish(cur()))
+    for (int32_t t : v.stop_ids()) bits[t >> 5] |= 1u << (t & 31);
+  pool.clear_scratch();
+  if (mask_memo.size() >= kMaxMemo) mask_memo.erase(mask_memo.begin());
+  mask_memo.emplace(cur(), bits);
+}
+
+bool MatcherState::advance(std::string_view bytes, std::vector<Frame>& out) {
+  Stepper stepper(g->pda, pool, false);
+  std::vector<Frame> a = cur(), b;
+  for (char ch : bytes) {
+    stepper.step(a, static_cast<uint8_t>(ch), b, nullptr);
+    if (b.empty()) return false;
+    std::swap(a, b);
+  }
+  out = std::move(a);
+  return true;
+}
+
+GrammarMatcher::GrammarMatcher(std::shared_ptr<const CompiledGrammar> grammar) : s_(std::make_unique<MatcherState>()) {
+  DI_CHECK(grammar != nullptr, "null grammar");
+  s_->grammar = std::move(grammar);
+  s_->g = &s_->grammar->impl();
+  reset();
+}
+GrammarMatcher::GrammarMatcher(GrammarMatcher&&) noexcept = default;
+GrammarMatcher& GrammarMatcher::operator=(GrammarMatcher&&) noexcept = default;
+GrammarMatcher::~GrammarMatcher() = default;
+
+GrammarMatcher GrammarMatcher::clone() const {
+  GrammarMatcher m(s_->grammar);
+  *m.s_ = *s_;
+  return m;
+}
+
+void GrammarMatcher::reset() {
+  s_->history.clear();
+  s_->terminated.clear();
+  s_->mask_memo.clear();
+  std::vector<Frame> init;
+  if (!s_->g->pda.empty_language) init.push_back({s_->g->pda.rule_start[s_->g->pda.root], kRootParent});
+  s_->history.push_back(std::move(init));
+  s_->terminated.push_back(0);
+}
+
+bool GrammarMatcher::accept_token(int32_t id) {
+  const TokenVocabulary& v = *s_->g->vocab;
+  if (id < 0 || id >= v.vocab_size() || s_->terminated.back()) return false;
+  if (v.is_stop(id)) {
+    if (!can_terminate()) return false;
+    s_->history.push_back(s_->cur());
+    s_->terminated.push_back(1);
+    return true;
+  }
+  if (!v.is_grammar_token(id)) return false;
+  return accept_bytes(v.bytes(id));
+}
+
+bool GrammarMatcher::accept_bytes(std::string_view bytes) {
+  if (s_->terminated.back()) return false;
+  std::vector<Frame> out;
+  if (!s_->advance(bytes, out)) return false;
+  s_->history.push_back(std::move(out));
+  s_->terminated.push_back(0);
+  return true;
+}
+
+void GrammarMatcher::fill_next_token_bitmask(std::span<int32_t> words) {
+  const int32_t vs = s_->g->vocab->vocab_size();
+  const size_t n = static_cast<size_t>(vs + 31) / 32;
+  if (words.size() < n) DI_THROW(InvalidArgument, "bitmask has ", words.size(), " words, need ", n);
+  std::vector<uint32_t> bits(n);
+  s_->fill_mask(bits);
+  std::memcpy(words.data(), bits.data(), n * sizeof(uint32_t));
+  std::fill(words.begin() + n, words.end(), 0);
+}
+
+void GrammarMatcher::rollback(int32_t n) {
+  if (n < 0 || n > num_accepted()) DI_THROW(InvalidArgument, "rollback(", n, ") with ", num_accepted(), " accepted");
+  s_->history.resize(s_->history.size() - n);
+  s_->terminated.resize(s_->terminated.size() - n);
+}
+
+int32_t GrammarMatcher::num_accepted() const { return static_cast<int32_t>(s_->history.size()) - 1; }
+bool GrammarMatcher::is_terminated() const { return s_->terminated.back() != 0; }
+
+bool GrammarMatcher::can_terminate() const {
+  if (s_->terminated.back()) return false;
+  Stepper stepper(s_->g->pda, s_->pool, true);
+  bool r = stepper.can_finish(s_->cur());
+  s_->pool.clear_scratch();
+  return r;
+}
+
+std::string GrammarMatcher::forced_bytes() const {
+  std::string out;
+  if (s_->terminated.back()) return out;
+  Stepper stepper(s_->g->pda, s_->pool, true);
+  std::vector<Frame> a = s_->cur(), b;
+  while (out.size() < 4096 && !stepper.can_finish(a)) {
+    uint64_t bits[4];
+    stepper.next_bytes(a, bits);
+    int count = 0, byte = -1;
+    for (int i = 0; i < 256; ++i)
+      if (bits[i >> 6] >> (i & 63) & 1) { ++count; byte = i; }
+    if (count != 1) break;
+    out.push_back(static_cast<char>(byte));
+    stepper.step(a, static_cast<uint8_t>(byte), b, nullptr);
+    std::swap(a, b);
+  }
+  s_->pool.clear_scratch();
+  return out;
+}
+
+std::vector<int32_t> GrammarMatcher::forced_tokens(int32_t max_tokens) const {
+  GrammarMatcher m = clone();
+  const int32_t vs = s_->g->vocab->vocab_size();
+  std::vector<int32_t> words((vs + 31) / 32), out;
+  while (static_cast<int32_t>(out.size()) < max_tokens) {
+    m.fill_next_token_bitmask(words);
+    int32_t count = 0, tok = -1;
+    for (size_t w = 0; w < words.size() && count < 2; ++w)
+      if (words[w]) {
+        count += __builtin_popcount(static_cast<uint32_t>(words[w]));
+        tok = static_cast<int32_t>(w * 32 + __builtin_ctz(static_cast<uint32_t>(words[w])));
+      }
+    if (count != 1 || s_->g->vocab->is_stop(tok)) break;
+    out.push_back(tok);
+    m.accept_token(tok);
+  }
+  return out;
+}
+
+}  // namespace deepinfer::structured

@@ -1,0 +1,105 @@
+#include "structured/vocab.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "core/check.h"
+
+namespace deepinfer::structured {
+
+TokenVocabulary::TokenVocabulary(TokenizerInfo info) : info_(std::move(info)) {
+  const int32_t n = vocab_size();
+  kind_.assign(n, kNormal);
+  for (int32_t i = 0; i < n; ++i)
+    if (info_.token_bytes[i].empty()) kind_[i] = kNever;
+  for (int32_t id : info_.special_ids) {
+    if (id < 0 || id >= n) DI_THROW(InvalidArgument, "special token id ", id, " outside vocabulary of ", n);
+    kind_[id] = kNever;
+  }
+  for (int32_t id : info_.stop_ids) {
+    if (id < 0 || id >= n) DI_THROW(InvalidArgument, "stop token id ", id, " outside vocabulary of ", n);
+    kind_[id] = kStop;
+  }
+  std::vector<int32_t> order;
+  for (int32_t i = 0; i < n; ++i) if (kind_[i] == kNormal) order.push_back(i);
+  std::sort(order.begin(), order.end(),
+            [&](int32_t a, int32_t b) { return info_.token_bytes[a] < info_.token_bytes[b]; });
+  node_of_.assign(n, -1);
+  rank_.assign(n, -1);
+  for (size_t i = 0; i < order.size(); ++i) rank_[order[i]] = static_cast<int32_t>(i);
+  // Build the preorder trie from the sorted strings: keep the path of open nodes, close
+  // (set end_) the ones not shared with the next string.
+  byte_.push_back(0);
+  depth_.push_back(0);
+  end_.push_back(0);
+  std::vector<int32_t> path{0};
+  std::vector<std::pair<int32_t, int32_t>> node_tok;  // (node, token), node-ordered
+  const std::string* prev = nullptr;
+  for (int32_t id : order) {
+    const std::string& s = info_.token_bytes[id];
+    size_t l = 0;
+    if (prev) while (l < prev->size() && l < s.size() && (*prev)[l] == s[l]) ++l;
+    while (path.size() > l + 1) {
+      end_[path.back()] = static_cast<int32_t>(byte_.size());
+      path.pop_back();
+    }
+    for (size_t k = l; k < s.size(); ++k) {
+      byte_.push_back(static_cast<uint8_t>(s[k]));
+      depth_.push_back(static_cast<int32_t>(k + 1));
+      end_.push_back(0);
+      path.push_back(static_cast<int32_t>(byte_.size() - 1));
+    }
+    node_of_[id] = path.back();
+    node_tok.push_back({path.back(), id});
+    prev = &s;
+  }
+  while (!path.empty()) {
+    end_[path.back()] = static_cast<int32_t>(byte_.size());
+    path.pop_back();
+  }
+  tok_begin_.assign(byte_.size() + 1, 0);
+  for (auto [node, id] : node_tok) ++tok_begin_[node + 1];
+  std::partial_sum(tok_begin_.begin(), tok_begin_.end(), tok_begin_.begin());
+  tok_ids_.resize(node_tok.size());
+  for (size_t i = 0; i < node_tok.size(); ++i) tok_ids_[i] = node_tok[i].second;  // already node-ordered
+}
+
+std::shared_ptr<const TokenVocabulary> make_vocabulary(TokenizerInfo info) {
+  return std::make_shared<const TokenVocabulary>(std::move(info));
+}
+
+int32_t vocabulary_size(const TokenVocabulary& v) { return v.vocab_size(); }
+
+std::optional<std::vector<int32_t>> greedy_tokenize(const TokenVocabulary& v, std::string_view text) {
+  std::vector<int32_t> out;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    int32_t node = 0, best_tok = -1;
+    size_t best_len = 0;
+    for (size_t k = pos; k < text.size(); ++k) {
+      int32_t child = -1;
+      for (int32_t j = node + 1; j < v.end_[node]; j = v.end_[j])
+        if (v.byte_[j] == static_cast<uint8_t>(text[k])) { child = j; break; }
+      if (child < 0) break;
+      node = child;
+      if (v.tok_begin_[node + 1] > v.tok_begin_[node]) {
+        best_tok = v.tok_ids_[v.tok_begin_[node]];
+        best_len = k + 1 - pos;
+      }
+    }
+    if (best_tok < 0) return std::nullopt;
+    out.push_back(best_tok);
+    pos += best_len;
+  }
+  return out;
+}
+
+TokenizerInfo byte_level_tokenizer_info() {
+  TokenizerInfo info;
+  for (int b = 0; b < 256; ++b) info.token_bytes.push_back(std::string(1, static_cast<char>(b)));
+  info.token_bytes.push_back("<eos>");
+  info.stop_ids = {256};
+  return info;
+}
+
+}  // namespace deepinfer::structured

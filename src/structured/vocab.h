@@ -1,0 +1,44 @@
+// The vocabulary as a byte trie in depth-first preorder, so that a walk over all tokens is a
+// linear scan that can skip a dead subtree in O(1) (node i's subtree is [i, end[i])).
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "deepinfer/structured.h"
+
+namespace deepinfer::structured {
+
+class TokenVocabulary {
+ public:
+  explicit TokenVocabulary(TokenizerInfo info);
+
+  int32_t vocab_size() const { return static_cast<int32_t>(info_.token_bytes.size()); }
+  const std::string& bytes(int32_t id) const { return info_.token_bytes[id]; }
+  bool is_stop(int32_t id) const { return kind_[id] == kStop; }
+  bool is_grammar_token(int32_t id) const { return kind_[id] == kNormal; }  // walks the grammar
+  const std::vector<int32_t>& stop_ids() const { return info_.stop_ids; }
+
+  // Trie nodes, [num_nodes]; node 0 is the root (empty prefix, byte unused).
+  size_t num_nodes() const { return byte_.size(); }
+  std::vector<uint8_t> byte_;      // byte on the edge into the node
+  std::vector<int32_t> depth_;     // prefix length
+  std::vector<int32_t> end_;       // one past the last node of the subtree
+  std::vector<int32_t> tok_begin_; // [num_nodes + 1]: tokens ending at node i are
+  std::vector<int32_t> tok_ids_;   //   tok_ids_[tok_begin_[i] .. tok_begin_[i+1])
+  std::vector<int32_t> node_of_;   // [vocab_size] trie node of a grammar token, else -1
+  std::vector<int32_t> rank_;      // [vocab_size] position in byte-sorted order (grammar tokens)
+
+ private:
+  enum Kind : uint8_t { kNormal, kStop, kNever };
+  TokenizerInfo info_;
+  std::vector<uint8_t> kind_;  // [vocab_size]
+};
+
+// Longest-match tokenization over grammar tokens (not the model's BPE: any split of the same
+// bytes walks the grammar the same way). nullopt if some byte has no token.
+std::optional<std::vector<int32_t>> greedy_tokenize(const TokenVocabulary& v, std::string_view text);
+
+}  // namespace deepinfer::structured

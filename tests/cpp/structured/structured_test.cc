@@ -1,0 +1,189 @@
+// Unit tests: regex, EBNF, choice, matcher API (masks, rollback, forced bytes, stop tokens),
+// error messages, and mask/accept consistency on a multi-byte synthetic vocabulary.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <random>
+
+#include <nlohmann/json.hpp>
+
+#include "test_util.h"
+
+namespace deepinfer::structured::test {
+namespace {
+
+std::shared_ptr<const CompiledGrammar> compile(const std::string& args) {
+  GrammarCompiler c(byte_vocab());
+  return c.compile_uncached(args);
+}
+std::string regex_args(const std::string& re) { return nlohmann::json{{"regex", re}}.dump(); }
+bool re_match(const std::string& re, const std::string& s) { return matches(compile(regex_args(re)), s); }
+
+TEST(Regex, Basics) {
+  EXPECT_TRUE(re_match("a+b", "aaab"));
+  EXPECT_FALSE(re_match("a+b", "b"));
+  EXPECT_TRUE(re_match("(ab|cd){2,3}", "abcdab"));
+  EXPECT_FALSE(re_match("(ab|cd){2,3}", "ab"));
+  EXPECT_TRUE(re_match("[^a-c]x", "dx"));
+  EXPECT_TRUE(re_match("\\d{3}-\\w+", "123-ab_c"));
+  EXPECT_TRUE(re_match("(?i)hello", "HeLLo"));
+  EXPECT_TRUE(re_match("^abc$", "abc"));
+  EXPECT_TRUE(re_match(".", "\xC3\xA9"));       // one code point, two bytes
+  EXPECT_FALSE(re_match(".", "\xC3"));           // half a character
+  EXPECT_TRUE(re_match("[α-ω]+", "αβγ"));
+  EXPECT_FALSE(re_match("a|^b", "cb"));
+}
+
+TEST(Regex, ErrorsNameTheOffset) {
+  for (const char* bad : {"(ab", "a{3,2}", "[b-a]", "(?=x)", "\\1", "a**b)", "\\p{L}"}) {
+    try {
+      compile(regex_args(bad));
+      ADD_FAILURE() << "compiled: " << bad;
+    } catch (const GrammarError& e) {
+      EXPECT_NE(std::string(e.what()).find("regex"), std::string::npos) << e.what();
+    }
+  }
+  try {
+    compile(regex_args("ab(c"));
+  } catch (const GrammarError& e) {
+    EXPECT_NE(std::string(e.what()).find("offset 2"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Ebnf, GbnfGrammar) {
+  const char* g = R"(root ::= "[" item ("," item)* "]"
+item ::= [0-9]+ | "\"" [a-z]* "\""   # comment
+)";
+  auto cg = compile(nlohmann::json{{"ebnf", g}}.dump());
+  EXPECT_TRUE(matches(cg, "[1,\"ab\",22]"));
+  EXPECT_FALSE(matches(cg, "[1,]"));
+}
+
+TEST(Ebnf, RecursionAndErrors) {
+  auto cg = compile(nlohmann::json{{"ebnf", "root ::= \"(\" root \")\" | \"x\""}}.dump());
+  EXPECT_TRUE(matches(cg, "((x))"));
+  EXPECT_FALSE(matches(cg, "((x)"));
+  auto expect_err = [](const std::string& g, const std::string& needle) {
+    try {
+      compile(nlohmann::json{{"ebnf", g}}.dump());
+      ADD_FAILURE() << "compiled: " << g;
+    } catch (const GrammarError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  expect_err("root ::= foo", "1:10: undefined rule 'foo'");
+  expect_err("root ::= \"a", "unterminated string");
+  expect_err("root ::= root \"a\" | \"b\"", "left recursion");
+  expect_err("start ::= \"a\"", "no 'root' rule");
+  expect_err("root ::= \"a\"\nroot ::= \"b\"", "2:1: rule 'root' defined twice");
+}
+
+TEST(Choice, Exact) {
+  auto cg = compile(R"({"choice": ["yes", "no", "maybe"]})");
+  EXPECT_TRUE(matches(cg, "no"));
+  EXPECT_FALSE(matches(cg, "n"));
+}
+
+TEST(SoArgs, BadInput) {
+  EXPECT_THROW(compile("{"), InvalidArgument);
+  EXPECT_THROW(compile(R"({"regex": "a", "ebnf": "b"})"), InvalidArgument);
+  EXPECT_THROW(compile(R"({"json_schema": "{not json"})"), GrammarError);
+  try {
+    compile(R"({"json_schema": {"properties": {"a": {"not": {}}}}})");
+    ADD_FAILURE();
+  } catch (const GrammarError& e) {
+    EXPECT_NE(std::string(e.what()).find("#/properties/a/not"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("'not'"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Compile, PathologicalGrammarIsBounded) {
+  // (a|b)*a(a|b){n}: the DFA has 2^n states; must fail fast instead of hanging.
+  auto t0 = std::chrono::steady_clock::now();
+  EXPECT_THROW(compile(regex_args("(a|b)*a(a|b){40}")), GrammarError);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 30.0);
+}
+
+// A vocabulary with multi-byte tokens, so masks exercise the trie and the uncertain walk.
+std::shared_ptr<const TokenVocabulary> multi_vocab() {
+  static auto v = [] {
+    TokenizerInfo info;
+    for (int b = 0; b < 256; ++b) info.token_bytes.push_back(std::string(1, static_cast<char>(b)));
+    for (const char* t : {"{\"", "\":", "\",\"", "\"}", "true", "false", "null", "12", "3.5", "\":\"", "ab", "abc",
+                          "\"a", "a\"", "},{", "[{", "}]", "\\n", "\\\"", "é", "\xC3", "1,", "\"b\":", " {", "{}", "[]"})
+      info.token_bytes.push_back(t);
+    info.token_bytes.push_back("<eos>");
+    info.stop_ids = {static_cast<int32_t>(info.token_bytes.size() - 1)};
+    info.token_bytes.push_back("<special>");
+    info.special_ids = {static_cast<int32_t>(info.token_bytes.size() - 1)};
+    return make_vocabulary(info);
+  }();
+  return v;
+}
+
+// Walks random allowed tokens to termination: every allowed token must be accepted, must not
+// lead to a dead state, and the final text must match the grammar.
+void random_walks(const std::string& args, int walks, int max_steps) {
+  GrammarCompiler c(multi_vocab());
+  auto g = c.compile_uncached(args);
+  const auto& v = *multi_vocab();
+  std::mt19937 rng(7);
+  std::vector<int32_t> words((v.vocab_size() + 31) / 32);
+  for (int w = 0; w < walks; ++w) {
+    GrammarMatcher m(g);
+    std::string text;
+    for (int step = 0; step < max_steps && !m.is_terminated(); ++step) {
+      m.fill_next_token_bitmask(words);
+      std::vector<int32_t> allowed;
+      for (int32_t t = 0; t < v.vocab_size(); ++t)
+        if (words[t >> 5] >> (t & 31) & 1) allowed.push_back(t);
+      ASSERT_FALSE(allowed.empty()) << "dead state after " << text;
+      // Prefer stopping late in the walk so texts stay short.
+      int32_t pick = allowed[rng() % allowed.size()];
+      if (step > max_steps / 2 && m.can_terminate()) pick = v.stop_ids()[0];
+      for (int32_t t : allowed) {  // every allowed token is accepted (then undone)
+        ASSERT_TRUE(m.accept_token(t)) << "mask allowed " << t << " after " << text;
+        m.rollback(1);
+      }
+      ASSERT_TRUE(m.accept_token(pick));
+      if (!v.is_stop(pick)) text += v.bytes(pick);
+    }
+    if (m.is_terminated()) EXPECT_TRUE(matches(compile(args), text)) << text;
+  }
+}
+
+TEST(Matcher, RandomWalksStayInLanguage) {
+  random_walks(regex_args("(ab|abc)+\"?[0-9]{1,3}"), 20, 30);
+  random_walks(R"({"json_schema": {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "integer"}}, "required": ["a"]}})", 20, 40);
+  random_walks(R"({"json_object": true})", 20, 40);
+  random_walks(R"({"json_schema": {"type": "array", "items": {"type": "boolean"}}, "whitespace": "flexible"})", 10, 40);
+}
+
+TEST(Matcher, RollbackStopAndForced) {
+  GrammarCompiler c(multi_vocab());
+  auto g = c.compile_uncached(R"({"json_schema": {"type": "object", "properties": {"name": {"const": "bob"}}, "required": ["name"], "additionalProperties": false}})");
+  GrammarMatcher m(g);
+  EXPECT_EQ(m.forced_bytes(), "{\"name\":\"bob\"}");
+  const auto& v = *multi_vocab();
+  int32_t eos = v.stop_ids()[0];
+  EXPECT_FALSE(m.accept_token(eos));
+  EXPECT_FALSE(m.accept_token(eos + 1));  // special token
+  ASSERT_TRUE(m.accept_bytes("{\"name\""));
+  EXPECT_EQ(m.forced_bytes(), ":\"bob\"}");
+  ASSERT_TRUE(m.accept_bytes(":\"bob\"}"));
+  EXPECT_TRUE(m.can_terminate());
+  EXPECT_TRUE(m.accept_token(eos));
+  EXPECT_TRUE(m.is_terminated());
+  EXPECT_FALSE(m.accept_token('a'));
+  m.rollback(2);
+  EXPECT_EQ(m.num_accepted(), 1);
+  EXPECT_FALSE(m.is_terminated());
+  EXPECT_EQ(m.forced_bytes(), ":\"bob\"}");
+  auto forced = m.forced_tokens(8);
+  std::string joined;
+  for (int32_t t : forced) joined += v.bytes(t);
+  EXPECT_EQ(std::string(":\"bob\"}").substr(0, joined.size()), joined);
+}
+
+}  // namespace
+}  // namespace deepinfer::structured::test
