@@ -97,6 +97,39 @@ __global__ void __launch_bounds__(kThreads) hadamard_fp4_kernel(const __grid_con
   for (int i = 0; i < 4; ++i) x[i] = from_f32<T>(fp4_rt(v[i], scale));
 }
 
+// One warp per (row, 128-block); lane l holds elements 4l..4l+3.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) fp8_act_quant_kernel(const __grid_constant__ Fp8ActQuantParams p) {
+  const int64_t blocks_per_row = p.K / 128;
+  const int64_t gw = (int64_t(blockIdx.x) * kThreads + threadIdx.x) / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  if (gw >= p.M * blocks_per_row) return;
+  const int64_t row = gw / blocks_per_row, blk = gw % blocks_per_row;
+  const T* x = static_cast<const T*>(p.x) + row * p.ldx + blk * 128 + lane * 4;
+  float v[4], amax = 0.f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    v[i] = to_f32(x[i]);
+    amax = fmaxf(amax, fabsf(v[i]));
+  }
+  amax = fmaxf(warp_max(amax), 1e-4f);
+  float scale = amax * (1.0f / kFp8Max);
+  if (p.pow2_scale) scale = pow2_ceil(scale);
+  uint32_t packed = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float q = p.pow2_scale ? v[i] * (1.0f / scale) : v[i] / scale;
+    packed |= uint32_t(f32_to_fp8e4m3(fminf(fmaxf(q, -kFp8Max), kFp8Max))) << (8 * i);
+  }
+  reinterpret_cast<uint32_t*>(p.q + row * p.K + blk * 128)[lane] = packed;
+  if (lane == 0) p.scale[blk * (p.scale_stride ? p.scale_stride : p.M) + row] = scale;
+}
+
+__global__ void e8m0_to_f32_kernel(const uint8_t* in, float* out, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = e8m0_to_f32(in[i]);
+}
+
 template <bool kE8M0>
 __global__ void __launch_bounds__(kThreads) dequant_fp8_kernel(const __grid_constant__ Fp8DequantParams p) {
   const int64_t idx = int64_t(blockIdx.x) * kThreads + threadIdx.x;
@@ -107,6 +140,26 @@ __global__ void __launch_bounds__(kThreads) dequant_fp8_kernel(const __grid_cons
   static_cast<__nv_bfloat16*>(p.out)[idx] = __float2bfloat16_rn(fp8e4m3_to_f32(p.w[idx]) * s);
 }
 }  // namespace
+
+void quantize_fp8_act(const Fp8ActQuantParams& p, cudaStream_t stream) {
+  if (p.K <= 0 || p.K % 128) DI_THROW(InvalidArgument, "quantize_fp8_act: K ", p.K, " must be a positive multiple of 128");
+  if (!p.x || !p.q || !p.scale || p.M < 0 || p.ldx < p.K || (p.scale_stride && p.scale_stride < p.M))
+    DI_THROW(InvalidArgument, "quantize_fp8_act: null pointer, negative M, ldx < K or scale_stride < M");
+  if (reinterpret_cast<uintptr_t>(p.q) % 4) DI_THROW(InvalidArgument, "quantize_fp8_act: q must be 4-byte aligned");
+  const int64_t warps = p.M * (p.K / 128);
+  if (warps == 0) return;
+  DI_DISPATCH_FLOAT(p.dtype, T, "quantize_fp8_act x", [&] {
+    fp8_act_quant_kernel<T><<<unsigned(ceil_div(warps * kWarpSize, kThreads)), kThreads, 0, stream>>>(p);
+    DI_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void e8m0_scales_to_f32(const uint8_t* in, float* out, int64_t n, cudaStream_t stream) {
+  if (!in || !out || n < 0) DI_THROW(InvalidArgument, "e8m0_scales_to_f32: null pointer or negative size");
+  if (n == 0) return;
+  e8m0_to_f32_kernel<<<unsigned(ceil_div(n, kThreads)), kThreads, 0, stream>>>(in, out, n);
+  DI_CUDA_CHECK_LAUNCH();
+}
 
 void fp8_round_trip(const Fp8RoundTripParams& p, cudaStream_t stream) {
   if (p.block <= 0 || p.block % kWarpSize || p.block > 1024)

@@ -46,6 +46,26 @@ struct Fp8DequantParams {
   int64_t N = 0, K = 0;
 };
 
+// Activation quantisation for the block-scaled FP8 GEMM (gemm.h gemm_fp8_block), as the
+// reference's act_quant before every FP8 linear: blocks of 128 along K, scale = amax/448 (amax
+// floored at 1e-4), pow2-ceiled when pow2_scale; q = e4m3(clamp(x/scale)). Scales are written
+// [K/128, scale_stride] with the token index contiguous: the layout cuBLASLt's VEC128_32F mode
+// reads for the activation operand (found on the H200: the [M, K/128] layout gives wrong results).
+struct Fp8ActQuantParams {
+  const void* x = nullptr;     // [M, K] bf16 or f32, row stride ldx
+  DType dtype = DType::kBF16;
+  int64_t ldx = 0;
+  uint8_t* q = nullptr;        // [M, K] e4m3, contiguous
+  float* scale = nullptr;      // [K/128, scale_stride] f32, element (k-block b, row r) at b*scale_stride + r
+  int64_t scale_stride = 0;    // >= M (0 = M); the GEMM reads it as its M, so pad both together
+  int64_t M = 0, K = 0;        // K multiple of 128
+  bool pow2_scale = true;
+};
+
+// e8m0 scale bytes -> f32 (the checkpoint's [ceil(N/128), ceil(K/128)] weight scales, once at load).
+void e8m0_scales_to_f32(const uint8_t* in, float* out, int64_t n, cudaStream_t stream);
+void quantize_fp8_act(const Fp8ActQuantParams& p, cudaStream_t stream);
+
 void fp8_round_trip(const Fp8RoundTripParams& p, cudaStream_t stream);
 void fp4_round_trip(const Fp4RoundTripParams& p, cudaStream_t stream);
 void dequant_fp8_blockwise(const Fp8DequantParams& p, cudaStream_t stream);

@@ -72,6 +72,31 @@ TEST(CudaTiming, Kernels) {
     }
   }
   {
+    oc::CublasLt lt;
+    for (int64_t M : {int64_t(4), int64_t(64), int64_t(4096)}) {
+      const int64_t N = 4096, K = 4096;
+      DevArray<uint16_t> x(to_bf16(randn(M * K, 13)));
+      std::vector<uint8_t> w8(N * K);
+      std::mt19937 g(3);
+      for (auto& b : w8) b = uint8_t(g() % 0x7e);
+      DevArray<uint8_t> w(w8), q(M * K), y(M * N * 2);
+      DevArray<float> xs(M * K / 128), wsc(std::vector<float>(32 * 32, 0.01f));
+      double us = 0;
+      try {
+        us = median_us([&](cudaStream_t qs) {
+        oc::quantize_fp8_act({.x = x.get(), .ldx = K, .q = q.get(), .scale = xs.get(), .M = M, .K = K}, qs);
+        lt.gemm_fp8_block({.x = q.get(), .x_scale = xs.get(), .w = w.get(), .w_scale = wsc.get(), .y = y.get(),
+                           .ldy = N, .M = M, .N = N, .K = K}, qs);
+        }, s);
+      } catch (const CudaError& e) {
+        std::printf("gemm_fp8_block timing skipped: %s\n", e.what());
+        break;
+      }
+      report_time("gemm_fp8_block", "act quant + gemm M=" + std::to_string(M) + " 4096x4096", us,
+                  M >= 1024 ? tflops(2.0 * M * N * K, us) : gbps(1.0 * N * K, us));
+    }
+  }
+  {
     const int64_t T_ = 4096;
     DevArray<float> l(randn(T_ * 256, 9)), b(randn(256, 10, 0.05f)), w(T_ * 6);
     DevArray<int32_t> ids(T_ * 6);
