@@ -361,7 +361,9 @@ void finalize(Pda& pda) {
     st.has_calls = st.calls_end > b;
   }
   pda.calls = std::move(calls);
+  pda.rule_called.assign(pda.rule_start.size(), false);
   for (auto& c : pda.calls) {
+    pda.rule_called[c.rule] = true;
     const auto& rs = pda.states[c.ret];
     bool any_out = rs.has_calls;
     for (int k = 0; k < nc && !any_out; ++k) any_out = pda.trans[static_cast<size_t>(c.ret) * nc + k] >= 0;

@@ -39,6 +39,7 @@ struct Pda {
   std::vector<PdaState> states;     // [num_states]
   std::vector<PdaCall> calls;
   std::vector<int32_t> rule_start;  // [num_compiled_rules] start state
+  std::vector<bool> rule_called;    // [num_compiled_rules] some call edge enters the rule
   std::vector<std::string> rule_names;
   int32_t root = 0;                 // compiled rule index of the grammar's root
   bool empty_language = false;      // the root matches no string at all

@@ -22,11 +22,13 @@ std::shared_ptr<const StateMaskCache> CompiledGrammarImpl::compute_state_cache(i
   const TokenVocabulary& v = *vocab;
   NodePool pool;
   Stepper stepper(pda, pool, true);
-  size_t max_depth = 0;
-  for (int32_t d : v.depth_) max_depth = std::max<size_t>(max_depth, d);
+  const size_t max_depth = static_cast<size_t>(v.max_depth_);
   std::vector<std::vector<Frame>> frames(max_depth + 1);  // [depth] frames after that many bytes
   std::vector<uint8_t> esc(max_depth + 1, 0);             // [depth] some prefix finished the rule
-  frames[0] = {{state, kBottom}};
+  // A rule nobody calls (the root) always has the real bottom of the stack under it: finishing
+  // it is the end of the grammar, never an escape into unknown context.
+  const bool called = pda.rule_called[pda.states[state].rule];
+  frames[0] = {{state, called ? kBottom : kRootParent}};
   std::vector<int32_t> accepted, uncertain;
   const size_t n = v.num_nodes();
   for (size_t i = 1; i < n;) {

@@ -57,6 +57,7 @@ TokenVocabulary::TokenVocabulary(TokenizerInfo info) : info_(std::move(info)) {
     end_[path.back()] = static_cast<int32_t>(byte_.size());
     path.pop_back();
   }
+  for (int32_t d : depth_) max_depth_ = std::max(max_depth_, d);
   tok_begin_.assign(byte_.size() + 1, 0);
   for (auto [node, id] : node_tok) ++tok_begin_[node + 1];
   std::partial_sum(tok_begin_.begin(), tok_begin_.end(), tok_begin_.begin());

@@ -30,6 +30,7 @@ class TokenVocabulary {
   std::vector<int32_t> tok_ids_;   //   tok_ids_[tok_begin_[i] .. tok_begin_[i+1])
   std::vector<int32_t> node_of_;   // [vocab_size] trie node of a grammar token, else -1
   std::vector<int32_t> rank_;      // [vocab_size] position in byte-sorted order (grammar tokens)
+  int32_t max_depth_ = 0;          // longest grammar token, bytes
 
  private:
   enum Kind : uint8_t { kNormal, kStop, kNever };
