@@ -181,8 +181,8 @@ def run_llguidance(cases, tok_json, eos):
             m = llg.LLMatcher(tok, grammar, log_level=0)
 
             def fill():
-                b, _ = m.compute_mask()
-                return lambda t: b is not None and bool(b[t >> 3] >> (t & 7) & 1)
+                b = m.compute_bitmask()
+                return lambda t: bool(b[t >> 3] >> (t & 7) & 1)
 
             ok, times = walk(hf_tok.encode(text, add_special_tokens=False).ids, fill, m.consume_token,
                              lambda: m.consume_token(eos) or m.is_accepting())
@@ -213,10 +213,8 @@ def main():
         if eng == "deepinfer":
             st = run_deepinfer(cases, args.tokenizer, args.cli)
         elif eng == "xgrammar":
-            vocab_bytes = [b""] * n
-            for i in range(n):
-                vocab_bytes[i] = hf_tok.decode([i], skip_special_tokens=False).encode("utf-8", "surrogatepass") \
-                    if hf_tok.id_to_token(i) is None or hf_tok.id_to_token(i).startswith("<") else _bytes_of(hf_tok, i)
+            added = {i: t.content for i, t in hf_tok.get_added_tokens_decoder().items()}
+            vocab_bytes = [added[i].encode() if i in added else _bytes_of(hf_tok, i) for i in range(n)]
             st = run_xgrammar(cases, hf_tok, vocab_bytes, eos)
         elif eng == "llguidance":
             st = run_llguidance(cases, tok_json, eos)
@@ -250,6 +248,8 @@ def _bytes_of(hf_tok, i):
                 k += 1
         _BYTE_DEC = {chr(c): b for b, c in zip(bs, cs)}
     s = hf_tok.id_to_token(i)
+    if s is None:
+        return b""
     try:
         return bytes(_BYTE_DEC[ch] for ch in s)
     except KeyError:

@@ -55,6 +55,10 @@ bool keyword_is_noop(const std::string& k, const json& v, const json& s) {
 
 SchemaLowerer::SchemaLowerer(const json& root, const JsonGrammarOptions& opt) : root_(root), opt_(opt) {
   index_ids(root, "", true);
+  if (root.is_object() && root.contains("$schema") && root["$schema"].is_string()) {
+    const std::string m = root["$schema"].get<std::string>();
+    draft4_ = m.find("draft-04") != std::string::npos || m.find("draft-03") != std::string::npos;
+  }
 }
 
 void SchemaLowerer::index_ids(const json& s, const std::string& ptr, bool in_root_resource) {

@@ -17,7 +17,8 @@ using json = nlohmann::ordered_json;
 std::string ptr_escape(const std::string& key);  // JSON pointer token escaping
 
 // Integers in [lo, hi] (either side open) as decimal text without leading zeros.
-ExprId int_range_expr(GrammarBuilder& b, std::optional<int64_t> lo, std::optional<int64_t> hi);
+// neg_zero: also the spelling "-0" when 0 is in range (not when a fraction follows).
+ExprId int_range_expr(GrammarBuilder& b, std::optional<int64_t> lo, std::optional<int64_t> hi, bool neg_zero);
 // An integer divisible by k (k >= 1), any sign.
 ExprId multiple_of_expr(GrammarBuilder& b, int64_t k);
 
@@ -60,6 +61,7 @@ class SchemaLowerer {
 
  private:
   const json& root_;
+  bool draft4_ = false;  // root $schema is draft 3/4: integers have no fraction part
   JsonGrammarOptions opt_;
   RuleId value_rule_ = -1, string_rule_ = -1, object_rule_ = -1;
   std::map<std::string, RuleId> ref_rules_;        // target pointer -> rule

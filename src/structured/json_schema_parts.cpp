@@ -48,14 +48,14 @@ bool is_int_value(double v) { return std::isfinite(v) && v == std::floor(v) && s
 
 }  // namespace
 
-ExprId int_range_expr(GrammarBuilder& b, std::optional<int64_t> lo, std::optional<int64_t> hi) {
+ExprId int_range_expr(GrammarBuilder& b, std::optional<int64_t> lo, std::optional<int64_t> hi, bool neg_zero) {
   std::vector<ExprId> alts;
   if (!hi || *hi >= 0) alts.push_back(nonneg_range(b, lo ? std::max<int64_t>(*lo, 0) : 0, hi ? *hi : -1));
   if (!lo || *lo < 0) {
     int64_t mag_lo = hi ? std::max<int64_t>(1, -*hi) : 1;
     alts.push_back(b.seq({b.byte('-'), nonneg_range(b, mag_lo, lo ? -*lo : -1)}));
   }
-  if ((!lo || *lo <= 0) && (!hi || *hi >= 0)) alts.push_back(b.literal("-0"));
+  if (neg_zero && (!lo || *lo <= 0) && (!hi || *hi >= 0)) alts.push_back(b.literal("-0"));
   return b.alt(std::move(alts));
 }
 
@@ -83,7 +83,8 @@ ExprId multiple_of_expr(GrammarBuilder& b, int64_t k) {
 ExprId SchemaLowerer::number_rule(bool integer) {
   ExprId digits = b.plus(digit(b, '0', '9'));
   ExprId int_part = b.seq({b.opt(b.byte('-')), b.alt({b.byte('0'), b.seq({digit(b, '1', '9'), b.star(digit(b, '0', '9'))})})});
-  if (integer) return b.seq({int_part, b.opt(b.seq({b.byte('.'), b.plus(b.byte('0'))}))});
+  // Draft 4 counts 1.0 as a number, not an integer; later drafts accept it as an integer.
+  if (integer) return draft4_ ? int_part : b.seq({int_part, b.opt(b.seq({b.byte('.'), b.plus(b.byte('0'))}))});
   ExprId frac = b.opt(b.seq({b.byte('.'), digits}));
   ExprId exp = b.opt(b.seq({b.bytes({{'e', 'e'}, {'E', 'E'}}), b.opt(b.bytes({{'+', '+'}, {'-', '-'}})), digits}));
   return b.seq({int_part, frac, exp});
@@ -119,17 +120,18 @@ ExprId SchemaLowerer::lower_number(const json& s, const std::string& ptr, bool i
       schema_error(ptr + "/multipleOf", "must be a positive number");
     double m = s["multipleOf"].get<double>();
     if (lo || hi) schema_error(ptr + "/multipleOf", "keyword 'multipleOf' together with bounds is not supported");
-    if (is_int_value(m) && m <= 100000) return b.seq({multiple_of_expr(b, static_cast<int64_t>(m)), zero_frac});
+    if (is_int_value(m) && m <= 100000)
+      return b.seq({multiple_of_expr(b, static_cast<int64_t>(m)), integer && draft4_ ? b.empty() : zero_frac});
     double d = -std::log10(m);
     if (!integer && std::fabs(d - std::round(d)) < 1e-9 && d > 0 && d <= 12) {
       ExprId frac = b.opt(b.seq({b.byte('.'), b.repeat(digit(b, '0', '9'), 1, static_cast<int32_t>(std::round(d))),
                                  b.star(b.byte('0'))}));
-      return b.seq({int_range_expr(b, std::nullopt, std::nullopt), frac});
+      return b.seq({int_range_expr(b, std::nullopt, std::nullopt, true), frac});
     }
     schema_error(ptr + "/multipleOf", "keyword 'multipleOf' with this value is not supported");
   }
   if (!lo && !hi) return number_rule(integer);
-  ExprId ints = b.seq({int_range_expr(b, ilo, ihi), zero_frac});
+  ExprId ints = b.seq({int_range_expr(b, ilo, ihi, true), integer && draft4_ ? b.empty() : zero_frac});
   if (integer) return ints;
   // Non-integers: x in (k, k+1) for an integer k with lo <= k and k + 1 <= hi (bounds integral).
   ExprId nz_frac = b.seq({b.byte('.'), b.star(digit(b, '0', '9')), digit(b, '1', '9'), b.star(digit(b, '0', '9'))});
@@ -139,19 +141,22 @@ ExprId SchemaLowerer::lower_number(const json& s, const std::string& ptr, bool i
   std::vector<ExprId> alts{ints};
   if (!khi || *khi >= 0) {  // positive: k = I
     int64_t a = klo ? std::max<int64_t>(*klo, 0) : 0;
-    if (!khi || a <= *khi) alts.push_back(b.seq({int_range_expr(b, a, khi), nz_frac}));
+    if (!khi || a <= *khi) alts.push_back(b.seq({int_range_expr(b, a, khi, false), nz_frac}));
   }
   if (!klo || *klo < 0) {  // negative: k = -(I + 1), I >= 0
     int64_t ilo2 = khi ? std::max<int64_t>(-*khi - 1, 0) : 0;
     std::optional<int64_t> ihi2;
     if (klo) ihi2 = -*klo - 1;
-    if (!ihi2 || ilo2 <= *ihi2) alts.push_back(b.seq({b.byte('-'), int_range_expr(b, ilo2, ihi2), nz_frac}));
+    if (!ihi2 || ilo2 <= *ihi2) alts.push_back(b.seq({b.byte('-'), int_range_expr(b, ilo2, ihi2, false), nz_frac}));
   }
   return b.alt(std::move(alts));
 }
 
 ExprId SchemaLowerer::format_expr(const std::string& fmt, const std::string& ptr) {
-  static const std::string kDate = R"(\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01]))";
+  // Day ranges per month; 02-29 only in leap years (divisible by 4, centuries by 400).
+  static const std::string kDate =
+      R"((\d{4}-((0[13578]|1[02])-(0[1-9]|[12]\d|3[01])|(0[469]|11)-(0[1-9]|[12]\d|30)|02-(0[1-9]|1\d|2[0-8]))|)"
+      R"((\d\d(0[48]|[2468][048]|[13579][26])|([02468][048]|[13579][26])00)-02-29))";
   static const std::string kTime = R"(([01]\d|2[0-3]):[0-5]\d:([0-5]\d|60)(\.\d+)?([Zz]|[+-]([01]\d|2[0-3]):[0-5]\d))";
   static const std::string kDur1 = R"((\d+H(\d+M)?(\d+S)?|\d+M(\d+S)?|\d+S))";
   static const std::string kLabel = R"([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)";

@@ -78,6 +78,22 @@ TEST(Ebnf, RecursionAndErrors) {
   expect_err("root ::= \"a\"\nroot ::= \"b\"", "2:1: rule 'root' defined twice");
 }
 
+TEST(JsonSchema, NumberBoundsDatesAndDrafts) {
+  auto g = compile(R"({"json_schema": {"type": "number", "minimum": 0, "maximum": 1}})");
+  for (const char* ok : {"0", "0.5", "1", "1.0", "0.999"}) EXPECT_TRUE(matches(g, ok)) << ok;
+  for (const char* bad : {"-0.5", "--0.5", "1.5", "2", "-1"}) EXPECT_FALSE(matches(g, bad)) << bad;
+  auto neg = compile(R"({"json_schema": {"type": "number", "minimum": -2, "exclusiveMaximum": 0}})");
+  for (const char* ok : {"-2", "-1.5", "-0.1", "-1"}) EXPECT_TRUE(matches(neg, ok)) << ok;
+  for (const char* bad : {"0", "-2.5", "0.1", "--1"}) EXPECT_FALSE(matches(neg, bad)) << bad;
+  auto date = compile(R"({"json_schema": {"type": "string", "format": "date"}})");
+  EXPECT_TRUE(matches(date, "\"2024-02-29\""));
+  EXPECT_FALSE(matches(date, "\"2023-02-29\""));
+  EXPECT_FALSE(matches(date, "\"2022-04-31\""));
+  auto d4 = compile(R"({"json_schema": {"$schema": "http://json-schema.org/draft-04/schema#", "type": "integer"}})");
+  EXPECT_FALSE(matches(d4, "1.0"));
+  EXPECT_TRUE(matches(compile(R"({"json_schema": {"type": "integer"}})"), "1.0"));
+}
+
 TEST(Choice, Exact) {
   auto cg = compile(R"({"choice": ["yes", "no", "maybe"]})");
   EXPECT_TRUE(matches(cg, "no"));
