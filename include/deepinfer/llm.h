@@ -85,12 +85,27 @@ class LLM {
   LLM& operator=(LLM&&) noexcept;
 
   // `params` has one entry for all prompts or one per prompt. Outputs are in prompt order.
+  // If options.on_output throws, this call's unfinished requests are aborted and the
+  // exception propagates (the engine stays usable).
   std::vector<RequestOutput> generate(const std::vector<PromptInput>& prompts, const std::vector<SamplingParams>& params,
                                       const GenerateOptions& options = {});
   // Each conversation is formatted with the model's chat template (DeepSeek-V4 format).
   std::vector<RequestOutput> chat(const std::vector<std::vector<ChatMessage>>& conversations,
                                   const std::vector<SamplingParams>& params, const ChatTemplateOptions& chat_options = {},
                                   const GenerateOptions& options = {});
+
+  // Incremental use (vLLM LLMEngine style), for streaming without a callback: queue requests
+  // with add_request, then call step() until has_unfinished() is false. add_request throws a
+  // deepinfer::Error for a bad request (nothing is queued then) and returns the request id.
+  // step() runs one engine round and returns the requests that produced something, shaped by
+  // each request's output_kind (kDelta: only the new text and tokens; a piece that could
+  // still become a stop string is held back until it is decided). abort_request ends a
+  // queued or running request without a further output; unknown ids are ignored.
+  // generate()/chat() use the same engine: do not interleave them with unfinished requests.
+  std::string add_request(const PromptInput& prompt, const SamplingParams& params);
+  std::vector<RequestOutput> step();
+  void abort_request(const std::string& request_id);
+  bool has_unfinished() const;
 
   std::vector<int32_t> encode(const std::string& text) const;  // throws TokenizerError without a tokenizer
   std::string decode(const std::vector<int32_t>& ids, bool skip_special_tokens = true) const;

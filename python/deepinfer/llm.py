@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
 
 from . import _C
 from .outputs import RequestOutput, from_cpp
@@ -78,9 +78,12 @@ class LLM:
     # ---- generation ----
     def generate(self, prompts: Union[PromptType, Sequence[PromptType]],
                  sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
-                 use_tqdm: bool = True) -> List[RequestOutput]:
+                 use_tqdm: bool = True, stream: bool = False):
         """Runs every prompt to completion; outputs are in prompt order. A rejected request
-        has ``error`` set and no outputs; the others are unaffected."""
+        has ``error`` set and no outputs; the others are unaffected.
+
+        With ``stream=True`` returns an iterator instead (see ``stream``): outputs arrive as
+        the engine produces them, each carrying only its new text and tokens."""
         if _is_single_prompt(prompts):
             prompts = [prompts]
         prompts = list(prompts)
@@ -89,6 +92,8 @@ class LLM:
         params = [sampling_params] * len(prompts) if isinstance(sampling_params, SamplingParams) else list(sampling_params)
         if len(params) != len(prompts):
             raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
+        if stream:
+            return self._stream(prompts, params)
         results: List[Optional[RequestOutput]] = [None] * len(prompts)
         ok_idx, ok_prompts, ok_params = [], [], []
         for i, (p, sp) in enumerate(zip(prompts, params)):
@@ -107,16 +112,59 @@ class LLM:
                 results[i] = from_cpp(o, params[i].stop_token_ids or ())
         return results  # type: ignore[return-value]
 
+    def stream(self, prompts: Union[PromptType, Sequence[PromptType]],
+               sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None
+               ) -> Iterator[RequestOutput]:
+        """Same as ``generate(prompts, sampling_params, stream=True)``."""
+        return self.generate(prompts, sampling_params, stream=True)
+
+    def _stream(self, prompts: list, params: list) -> Iterator[RequestOutput]:
+        """Yields delta RequestOutputs as each engine step produces them (requests interleave).
+
+        Every output carries only what is new since the request's previous output: joining
+        a request's ``outputs[i].text`` pieces gives exactly the text that ``generate`` returns,
+        because text that could still turn into a stop string is held back until decided.
+        The last output of a request has ``finished`` set. A rejected request yields one
+        output with ``error`` set first. Closing the iterator early aborts what is left."""
+        if self._llm.has_unfinished():
+            raise RuntimeError("LLM.stream: another stream on this LLM is still running")
+        live: Dict[str, SamplingParams] = {}
+        rejected: List[RequestOutput] = []
+        try:
+            for i, (p, sp) in enumerate(zip(prompts, params)):
+                try:
+                    cp = sp.to_cpp()
+                    if cp.output_kind != _E.OutputKind.FINAL_ONLY:
+                        cp.output_kind = _E.OutputKind.DELTA
+                    live[self._llm.add_request(_to_prompt(p), cp)] = sp
+                except (ValueError, TypeError, _C.Error) as e:
+                    name = type(e).__name__
+                    rejected.append(RequestOutput(f"rejected-{i}", p if isinstance(p, str) else None, [], None, [],
+                                                  True, None, f"{name}: {e}"))
+            yield from rejected
+            while self._llm.has_unfinished():
+                for o in self._llm.step():
+                    sp = live.get(o.request_id)
+                    if sp is None:
+                        continue
+                    if o.finished:
+                        del live[o.request_id]
+                    yield from_cpp(o, sp.stop_token_ids or ())
+        finally:
+            for rid in live:  # early close (or an error): leave nothing behind in the engine
+                self._llm.abort_request(rid)
+
     def chat(self, messages: Union[List[Dict[str, str]], List[List[Dict[str, str]]]],
              sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None, use_tqdm: bool = True,
              add_generation_prompt: bool = True, thinking: bool = False,
-             chat_template_kwargs: Optional[Dict[str, Any]] = None) -> List[RequestOutput]:
-        """Formats each conversation with the DeepSeek-V4 chat format and generates."""
+             chat_template_kwargs: Optional[Dict[str, Any]] = None, stream: bool = False):
+        """Formats each conversation with the DeepSeek-V4 chat format and generates (or, with
+        ``stream=True``, returns an iterator of delta outputs like ``generate``)."""
         if chat_template_kwargs:
             thinking = bool(chat_template_kwargs.get("thinking", thinking))
         convs = [messages] if messages and isinstance(messages[0], dict) else messages
         prompts = [self.get_chat_prompt(c, add_generation_prompt, thinking) for c in convs]
-        return self.generate(prompts, sampling_params, use_tqdm)
+        return self.generate(prompts, sampling_params, use_tqdm, stream=stream)
 
     def get_chat_prompt(self, conversation: List[Dict[str, str]], add_generation_prompt: bool = True,
                         thinking: bool = False) -> str:

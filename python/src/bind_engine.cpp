@@ -132,6 +132,13 @@ void bind_llm(nb::module_& m) {
              o.progress_bar = progress_bar;
              return l.generate(prompts, params, o);
            }, "prompts"_a, "params"_a, "progress_bar"_a = false)
+      .def("add_request", &LLM::add_request, "prompt"_a, "params"_a)
+      .def("step", [](LLM& l) {
+             nb::gil_scoped_release g;
+             return l.step();
+           })
+      .def("abort_request", &LLM::abort_request, "request_id"_a)
+      .def("has_unfinished", &LLM::has_unfinished)
       .def("chat_prompt", [](const LLM& l, const std::vector<ChatMessage>& conv, bool add_generation_prompt, bool thinking) {
              ChatTemplateOptions o;
              o.add_generation_prompt = add_generation_prompt;

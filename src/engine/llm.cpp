@@ -89,18 +89,25 @@ std::vector<RequestOutput> LLM::generate(const std::vector<PromptInput>& prompts
     }
   }
   bool bar = options.progress_bar && isatty(2);
-  while (eng.has_unfinished()) {
-    for (RequestOutput& o : eng.step()) {
-      if (options.on_output) options.on_output(o);
-      if (!o.finished) continue;
-      done++;
-      results[index.at(o.request_id)] = std::move(o);
+  try {
+    while (eng.has_unfinished()) {
+      for (RequestOutput& o : eng.step()) {
+        if (options.on_output) options.on_output(o);
+        if (!o.finished) continue;
+        done++;
+        results[index.at(o.request_id)] = std::move(o);
+      }
+      if (bar) {
+        int64_t out_tok = 0;
+        for (auto& r : results) for (auto& c : r.outputs) out_tok += int64_t(c.token_ids.size());
+        draw_progress(done, s.num_requests, out_tok, engine::now_seconds() - t0);
+      }
     }
-    if (bar) {
-      int64_t out_tok = 0;
-      for (auto& r : results) for (auto& c : r.outputs) out_tok += int64_t(c.token_ids.size());
-      draw_progress(done, s.num_requests, out_tok, engine::now_seconds() - t0);
-    }
+  } catch (...) {
+    // A throwing callback (e.g. a Python consumer that stopped) must not leave requests
+    // behind in the engine: the next generate() would run them.
+    for (const auto& [id, i] : index) eng.abort(id);
+    throw;
   }
   if (bar) std::fprintf(stderr, "\n");
   s.elapsed_s = engine::now_seconds() - t0;
@@ -130,6 +137,21 @@ std::vector<RequestOutput> LLM::generate(const std::vector<PromptInput>& prompts
   impl_->summary = s;
   return results;
 }
+
+std::string LLM::add_request(const PromptInput& prompt, const SamplingParams& params) {
+  std::string id = std::to_string(impl_->next_id++);
+  impl_->engine->add_request(id, prompt, params, engine::now_seconds());
+  return id;
+}
+
+std::vector<RequestOutput> LLM::step() {
+  Engine& eng = *impl_->engine;
+  if (!eng.has_unfinished()) return {};
+  return eng.step();
+}
+
+void LLM::abort_request(const std::string& request_id) { impl_->engine->abort(request_id); }
+bool LLM::has_unfinished() const { return impl_->engine->has_unfinished(); }
 
 std::vector<RequestOutput> LLM::chat(const std::vector<std::vector<ChatMessage>>& conversations,
                                      const std::vector<SamplingParams>& params, const ChatTemplateOptions& chat_options,
