@@ -57,10 +57,14 @@ class GrammarCompiler {
  public:
   virtual ~GrammarCompiler() = default;
   // Throws GrammarError / InvalidArgument for a spec that does not compile.
+  // Identical specs share one compiled grammar (the compiler caches by canonical so_args).
   virtual std::unique_ptr<GrammarMatcher> compile(const StructuredOutputsParams& spec) = 0;
+  // How many different compiled grammars compile() has handed out (observes the cache).
+  virtual int64_t num_distinct_grammars() const = 0;
 };
-// nullptr when the grammar module is not built (structured requests are then rejected).
-std::unique_ptr<GrammarCompiler> make_grammar_compiler(const TextCodec* codec, int64_t vocab_size);
+// nullptr when the grammar module is not built or `codec` is null (structured requests are
+// then rejected). The vocabulary is ids [0, vocab_size) with `eos_token_id` as the stop token.
+std::unique_ptr<GrammarCompiler> make_grammar_compiler(const TextCodec* codec, int64_t vocab_size, int64_t eos_token_id);
 
 // Replaces invalid UTF-8 sequences with U+FFFD (bindings need valid UTF-8).
 std::string sanitize_utf8(std::string_view bytes);

@@ -30,7 +30,7 @@ LLM::LLM(const LLMConfig& config) : impl_(std::make_unique<Impl>()) {
   std::string path = engine::resolve_model_path(config, impl_->env);
   auto model = engine::load_model(path, impl_->env);
   auto codec = engine::load_codec(config, path, model->vocab_size());
-  auto grammar = engine::make_grammar_compiler(codec.get(), model->vocab_size());
+  auto grammar = engine::make_grammar_compiler(codec.get(), model->vocab_size(), model->eos_token_id());
   engine::EngineConfig ec;
   ec.scheduler.max_num_seqs = config.max_num_seqs;
   ec.scheduler.max_num_batched_tokens = config.max_num_batched_tokens;

@@ -219,7 +219,7 @@ TEST(Engine, BadRequestsFailAloneOthersComplete) {
   SamplingParams ok = greedy(8), bad_temp = greedy(8), so = greedy(8);
   bad_temp.temperature = -0.5f;
   so.structured_outputs = StructuredOutputsParams{};
-  so.structured_outputs->regex = "[a-z]+";
+  so.structured_outputs->regex = "[a-z";  // does not compile (or no grammar module in this build)
   std::vector<PromptInput> prompts = {PromptInput::from_token_ids(prompt_ids(0, 5)), PromptInput::from_token_ids({}),
                                       PromptInput::from_token_ids(std::vector<int32_t>(100, 5)),
                                       PromptInput::from_token_ids(prompt_ids(1, 5)), PromptInput::from_token_ids({3, 999}),
@@ -232,7 +232,8 @@ TEST(Engine, BadRequestsFailAloneOthersComplete) {
   EXPECT_NE(out[2].error.find("max_model_len"), std::string::npos) << out[2].error;
   EXPECT_NE(out[3].error.find("temperature"), std::string::npos) << out[3].error;
   EXPECT_NE(out[4].error.find("outside"), std::string::npos) << out[4].error;
-  EXPECT_NE(out[5].error.find("structured"), std::string::npos) << out[5].error;
+  EXPECT_TRUE(out[5].error.find("regex") != std::string::npos || out[5].error.find("structured") != std::string::npos)
+      << out[5].error;
   EXPECT_NE(out[6].error.find("empty"), std::string::npos) << out[6].error;
   EXPECT_EQ(llm.last_summary().num_failed, 6);
 }

@@ -1,0 +1,99 @@
+// The engine's grammar adapter over the structured module, on the toy codec (0 BOS, 1 EOS,
+// 2 + b = byte b, then two-letter pieces): so_args mapping, vocabulary and bitmask layout,
+// the compiled-grammar cache, typed errors, and constrained greedy generation end to end.
+#include <gtest/gtest.h>
+
+#include <regex>
+
+#include "deepinfer/error.h"
+#include "deepinfer/llm.h"
+#include "engine/adapters.h"
+
+using namespace deepinfer;
+using namespace deepinfer::engine;
+
+namespace {
+constexpr int64_t kVocab = 320;  // the toy model's
+
+std::unique_ptr<GrammarCompiler> toy_compiler(const TextCodec& codec) {
+  auto c = make_grammar_compiler(&codec, kVocab, /*eos_token_id=*/1);
+  return c;
+}
+
+StructuredOutputsParams regex(std::string r) {
+  StructuredOutputsParams s;
+  s.regex = std::move(r);
+  return s;
+}
+
+bool bit(const std::vector<uint32_t>& m, int64_t t) { return (m[size_t(t / 32)] >> (t % 32)) & 1u; }
+}  // namespace
+
+TEST(GrammarAdapter, RegexMaskCacheAndTermination) {
+  auto codec = make_toy_codec(kVocab);
+  auto compiler = toy_compiler(*codec);
+  if (!compiler) GTEST_SKIP() << "structured module not in this build";
+  auto m = compiler->compile(regex("[0-9]{3}-[a-z]{2}"));
+  std::vector<uint32_t> mask(size_t((kVocab + 31) / 32), 0);
+  m->fill_bitmask(mask);
+  for (int64_t t = 0; t < kVocab; ++t)
+    EXPECT_EQ(bit(mask, t), t >= 2 + '0' && t <= 2 + '9') << "token " << t;
+  for (char c : std::string("123-a")) ASSERT_TRUE(m->accept_token(2 + c));
+  m->fill_bitmask(mask);
+  EXPECT_TRUE(bit(mask, 2 + 'z'));
+  EXPECT_FALSE(bit(mask, 1)) << "EOS before the regex can end";
+  EXPECT_FALSE(m->accept_token(2 + '7'));
+  ASSERT_TRUE(m->accept_token(2 + 'b'));
+  m->fill_bitmask(mask);
+  for (int64_t t = 0; t < kVocab; ++t) EXPECT_EQ(bit(mask, t), t == 1) << "only EOS after a full match; token " << t;
+  EXPECT_FALSE(m->is_terminated());
+  EXPECT_TRUE(m->accept_token(1));
+  EXPECT_TRUE(m->is_terminated());
+
+  // Identical so_args share one compiled grammar; a different one compiles anew.
+  EXPECT_EQ(compiler->num_distinct_grammars(), 1);
+  compiler->compile(regex("[0-9]{3}-[a-z]{2}"));
+  compiler->compile(regex("[0-9]{3}-[a-z]{2}"));
+  EXPECT_EQ(compiler->num_distinct_grammars(), 1);
+  compiler->compile(regex("x+"));
+  EXPECT_EQ(compiler->num_distinct_grammars(), 2);
+}
+
+TEST(GrammarAdapter, BadSpecsThrowTypedErrors) {
+  auto codec = make_toy_codec(kVocab);
+  auto compiler = toy_compiler(*codec);
+  if (!compiler) GTEST_SKIP() << "structured module not in this build";
+  EXPECT_THROW(compiler->compile(regex("[0-9")), GrammarError);
+  StructuredOutputsParams two = regex("a");
+  two.json_object = true;
+  EXPECT_THROW(compiler->compile(two), InvalidArgument);
+  StructuredOutputsParams bad_schema;
+  bad_schema.json = "{\"type\": \"no-such-type\"}";
+  EXPECT_THROW(compiler->compile(bad_schema), Error);
+  EXPECT_EQ(make_grammar_compiler(nullptr, kVocab, 1), nullptr) << "no tokenizer: structured outputs off";
+}
+
+TEST(GrammarAdapter, ConstrainedGreedyOnToyModel) {
+  LLMConfig c;
+  c.model = "builtin:toy";
+  LLM llm(c);
+  SamplingParams p;
+  p.temperature = 0;
+  p.max_tokens = 32;
+  p.structured_outputs = regex("[0-9]{3}-[a-z]{2}");
+  SamplingParams bad = p;
+  bad.structured_outputs = regex("(unclosed");
+  SamplingParams choice = p;
+  choice.structured_outputs.emplace();
+  choice.structured_outputs->choice = std::vector<std::string>{"yes", "no", "maybe"};
+  auto outs = llm.generate({PromptInput::from_text("abc"), PromptInput::from_text("abc"), PromptInput::from_text("xy")},
+                           {p, bad, choice});
+  if (outs[0].error.find("grammar module") != std::string::npos) GTEST_SKIP() << outs[0].error;
+  ASSERT_EQ(outs[0].error, "");
+  EXPECT_TRUE(std::regex_match(outs[0].outputs[0].text, std::regex("[0-9]{3}-[a-z]{2}"))) << outs[0].outputs[0].text;
+  EXPECT_EQ(outs[0].outputs[0].finish_reason, "stop");
+  EXPECT_NE(outs[1].error.find("regex"), std::string::npos) << outs[1].error;
+  ASSERT_EQ(outs[2].error, "");
+  const std::string& t = outs[2].outputs[0].text;
+  EXPECT_TRUE(t == "yes" || t == "no" || t == "maybe") << t;
+}
