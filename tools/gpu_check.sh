@@ -99,6 +99,15 @@ if [ -x tools/golden_check.sh ]; then
   step "golden checks"; tools/golden_check.sh >"$LOG_DIR/golden.log" 2>&1 && GOLD=pass || GOLD=FAIL
 fi
 
+# ---- GPU model checks (DeepseekV4CudaModel, tests/cpp/cuda_model) ----
+MODEL=skipped
+if [ -x tools/gpu_model_check.sh ] && [ "$BUILD_ONLY" = 0 ]; then
+  step "GPU model checks (tools/gpu_model_check.sh)"
+  SAN_ARG=(); [ "$SANITIZE" = 1 ] && SAN_ARG=(--sanitize)
+  tools/gpu_model_check.sh --jobs "$JOBS" "${SAN_ARG[@]}" >"$LOG_DIR/gpu_model.log" 2>&1 && MODEL=pass || MODEL=FAIL
+  grep -E "^\[gpu-|FAILED|gpu_model_check:|ERROR SUMMARY|error" "$LOG_DIR/gpu_model.log" | head -60
+fi
+
 echo
 echo "op                   cases  max_rel_err  tolerance  result"
 grep '^DI_CUDA_ERR|' "$LOG_DIR/cuda_tests.log" | awk -F'|' '
@@ -111,5 +120,5 @@ echo
 echo "kernel          shape                     median_us  rate"
 grep '^DI_CUDA_TIME|' "$LOG_DIR/cuda_tests.log" | awk -F'|' '{ printf "%-15s %-25s %9s  %s\n", $2, $3, $4, $5 }'
 echo
-echo "tests rc=$TEST_RC  sanitizer=$SAN_RC  golden=$GOLD  total $(( $(date +%s) - T0 ))s"
+echo "tests rc=$TEST_RC  sanitizer=$SAN_RC  golden=$GOLD  model=$MODEL  total $(( $(date +%s) - T0 ))s"
 [ "$TEST_RC" = 0 ] && { [ "$SAN_RC" = skipped ] || [ "$SAN_RC" = 0 ]; }

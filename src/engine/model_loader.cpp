@@ -9,6 +9,10 @@
 #include "model/deepseek_v4/model.h"
 #define DI_ENGINE_HAS_V4 1
 #endif
+#if defined(DEEPINFER_HAVE_MODEL_CUDA) && __has_include("model/deepseek_v4/cuda/cuda_model.h")
+#include "model/deepseek_v4/cuda/cuda_model.h"
+#define DI_ENGINE_HAS_V4_CUDA 1
+#endif
 
 #ifndef DEEPINFER_DEFAULT_MODEL_DIR
 #define DEEPINFER_DEFAULT_MODEL_DIR ""
@@ -31,6 +35,10 @@ std::unique_ptr<model::CausalLM> load_model(const std::string& path, const EnvCo
   if (path == kToy) return std::make_unique<ToyModel>();
   if (!fs::is_directory(path)) DI_THROW(CheckpointError, "model folder '", path, "' does not exist");
   if (!fs::exists(fs::path(path) / "config.json")) DI_THROW(CheckpointError, "model folder '", path, "' has no config.json");
+#if defined(DI_ENGINE_HAS_V4_CUDA)
+  // DEEPINFER_ACCELERATOR=nvidia, or auto with a GPU present: the GPU forward.
+  if (model::v4::use_cuda_model(env)) return model::v4::DeepseekV4CudaModel::load(path, env);
+#endif
 #if defined(DI_ENGINE_HAS_V4)
   return model::v4::DeepseekV4Model::load(path, env);
 #else

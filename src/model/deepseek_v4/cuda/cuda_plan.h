@@ -1,0 +1,92 @@
+// Host-side planning of the GPU forward, free of CUDA calls (tested on machines without a GPU):
+//  * the device cache geometry in the bytes the GPU stores (bf16 windows/entries/keys, f32
+//    compressor partials), and the device memory plan for weights + activations + cache;
+//  * StepMeta: every index list one forward needs, derived once per step from the ForwardBatch
+//    and shared by all layers (row indices, not pointers, so they do not depend on the layer).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "kv/kv_cache.h"
+#include "model/deepseek_v4/config.h"
+#include "model/forward_batch.h"
+
+namespace deepinfer::model::v4::gpu {
+
+enum class Numerics {
+  kExact,       // bf16 activations, fp32 accumulation, no quantisation round trips (parity with transformers)
+  kProduction,  // + the reference's FP8 KV round trip and FP4 indexer rounding (ops/cuda/quant.h)
+};
+
+// Device storage per layer (spec: kv::LayerCacheSpec):
+//   window      bf16 [slots, W, d]                 kv of position p at row slot*W + p mod W
+//   comp        bf16 [blocks*epb, d]               entry i at block_table[i/epb]*epb + i mod epb
+//   index_keys  bf16 [blocks*epb, index_dim]       same addressing (CSA)
+//   comp_state  f32  [slots, state_rows, 2c]       (a | z) of position p at row slot*S + p mod S
+//   index_state f32  [slots, 2m, 2*index_width]
+size_t gpu_block_bytes(const std::vector<kv::LayerCacheSpec>& layers, int64_t block_tokens);
+size_t gpu_slot_bytes(const std::vector<kv::LayerCacheSpec>& layers);
+// Slots first, then as many blocks as fit in `budget_bytes`; OutOfMemory when the slots do not fit.
+kv::CacheGeometry plan_gpu_cache(const std::vector<kv::LayerCacheSpec>& layers, size_t budget_bytes,
+                                 int64_t max_slots);
+std::vector<kv::LayerCacheSpec> cache_specs_for(const DeepseekV4Config& cfg, int64_t num_mtp);
+
+// Bytes the uploaded weights take on the device (bf16 linears incl. dequantised FP8/FP4, f32
+// mHC/router bias/sinks/ape, bf16 norms stored as f32). Computed from the config alone.
+size_t gpu_weight_bytes(const DeepseekV4Config& cfg, bool with_mtp);
+// Upper bound of the per-forward device workspace for `max_tokens` new tokens in a batch of
+// up to `max_seqs` sequences with contexts up to `max_context` tokens.
+size_t gpu_activation_bytes(const DeepseekV4Config& cfg, int64_t max_tokens, int64_t max_seqs, int64_t max_context);
+
+// One compressor kind (ratio m, overlapping or not) over the batch.
+struct CompressMeta {
+  int64_t ratio = 0;
+  bool overlap = false;
+  int64_t state_rows = 0;        // S: ring rows per slot
+  int64_t entries_per_block = 0; // epb
+  // Staging for pooling, per sequence that completes >= 1 block in this step.
+  struct Launch {
+    int64_t stage_row0 = 0;      // first stage row of this sequence
+    int64_t n_rows = 0;          // rows staged (positions lo .. pos0+n-1)
+    int64_t lo = 0;              // absolute position of its first staged row
+    int64_t first_block = 0, n_blocks = 0;
+    int64_t entry0 = 0;          // first row of the step's entry buffer
+  };
+  std::vector<Launch> launches;
+  std::vector<int64_t> stage_src;    // [stage rows] >= 0: state ring row; < 0: -(t+1) = az row t
+  std::vector<int64_t> entry_pos;    // [entries] m*i (rope position of the entry)
+  std::vector<int64_t> entry_dst;    // [entries] pool row
+  std::vector<int64_t> state_src;    // [kept] az rows stored into the ring
+  std::vector<int64_t> state_dst;    // [kept] ring rows
+  // Candidates: all finished entries of a token's sequence; token t sees cand_count[t] of them.
+  std::vector<int32_t> cand_rows;
+  std::vector<int64_t> cand_offset;  // [T]
+  std::vector<int32_t> cand_count;   // [T]
+  int64_t max_count = 0;             // max over tokens of cand_count
+};
+
+struct StepMeta {
+  int64_t T = 0, n_streams = 0;
+  std::vector<int32_t> token_ids;    // [T]
+  std::vector<int64_t> pos;          // [T]
+  std::vector<int64_t> embed_src;    // [T*n] embedding row of (t, stream)
+  // Sliding window (same W for every layer): staged rows, then per-token runs.
+  std::vector<int64_t> win_src;      // [win rows] >= 0: ring row; < 0: -(t+1) = kv row t
+  std::vector<int32_t> win_begin, win_count;  // [T]
+  std::vector<int64_t> win_store_src, win_store_dst;  // kv rows -> ring rows
+  int64_t max_window = 0;            // max win_count
+  std::vector<CompressMeta> kinds;   // one per distinct (ratio, overlap) of the layers
+  std::vector<int64_t> sel_offset;   // [T] t * index_topk (CSA selection lists)
+  std::vector<int64_t> logits_rows;  // [R]
+
+  const CompressMeta* kind(int64_t ratio, bool overlap) const;
+};
+
+// Builds the step's index lists. The batch must already be validated (slots, block tables).
+StepMeta build_step_meta(const DeepseekV4Config& cfg, const kv::CacheGeometry& g, const ForwardBatch& b);
+
+// Throws InvalidArgument naming the sequence/field when the batch does not fit the cache.
+void validate_batch(const DeepseekV4Config& cfg, const kv::CacheGeometry& g, bool allocated, const ForwardBatch& b);
+
+}  // namespace deepinfer::model::v4::gpu

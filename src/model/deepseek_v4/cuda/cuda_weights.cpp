@@ -1,0 +1,192 @@
+#include "model/deepseek_v4/cuda/cuda_weights.h"
+
+#include <cstdio>
+#include <cstring>
+
+#include "core/check.h"
+#include "ops/cpu/rope.h"
+
+namespace deepinfer::model::v4::gpu {
+namespace {
+
+// Uploads host bytes, counting them for the progress bar (one line, redrawn every 2%).
+class Uploader {
+ public:
+  Uploader(size_t planned, bool progress, cudaStream_t s) : planned_(planned), progress_(progress), stream_(s) {}
+  ~Uploader() { finish(); }
+  cuda::DeviceBuffer put(const void* src, size_t n) {
+    cuda::DeviceBuffer b(n == 0 ? 16 : n);
+    if (n) cuda::copy_h2d(b.data(), src, n, stream_, /*sync=*/true);
+    done_ += n;
+    draw();
+    return b;
+  }
+  size_t done() const { return done_; }
+  void finish() {
+    if (progress_ && drawn_ >= 0) std::fprintf(stderr, "\n");
+    drawn_ = -1;
+    progress_ = false;
+  }
+
+ private:
+  void draw() {
+    if (!progress_) return;
+    const size_t total = std::max(planned_, done_);
+    const int pct = total ? int(100.0 * double(done_) / double(total)) : 100;
+    if (pct < drawn_ + 2 && pct != 100) return;
+    if (pct == drawn_) return;
+    drawn_ = pct;
+    char bar[41];
+    for (int i = 0; i < 40; ++i) bar[i] = i < pct * 40 / 100 ? '#' : '.';
+    bar[40] = 0;
+    std::fprintf(stderr, "\rdeepinfer: uploading weights to the GPU [%s] %3d%% (%.2f / %.2f GiB)", bar, pct,
+                 double(done_) / (1 << 30), double(total) / (1 << 30));
+    std::fflush(stderr);
+  }
+  size_t planned_, done_ = 0;
+  bool progress_;
+  int drawn_ = -2;
+  cudaStream_t stream_;
+};
+
+// bf16 [out, in] host copy of a linear in any stored format.
+Tensor host_bf16(const Linear& l, const DeepseekV4Config& cfg) {
+  DI_CHECK(l.weight.defined() && l.weight.dim() == 2, "linear weight missing");
+  if (l.format == WeightFormat::kBF16 && l.weight.dtype() == DType::kBF16) return l.weight.contiguous();
+  return l.dequantize_f32(cfg.fp8_block, cfg.fp4_block).to(DType::kBF16);
+}
+
+DevLinear up_linear(Uploader& u, const Linear& l, const DeepseekV4Config& cfg) {
+  DevLinear d;
+  if (!l.weight.defined()) return d;
+  Tensor h = host_bf16(l, cfg);
+  d.out = h.size(0);
+  d.in = h.size(1);
+  d.w = u.put(h.raw_data(), h.nbytes());
+  return d;
+}
+
+// [a; b] stacked along rows (same in-width): one GEMM gives both outputs.
+DevLinear up_fused(Uploader& u, const Linear& a, const Linear& b, const DeepseekV4Config& cfg) {
+  Tensor ha = host_bf16(a, cfg), hb = host_bf16(b, cfg);
+  DI_CHECK(ha.size(1) == hb.size(1), "fused linears differ in input width: ", ha.str(), " vs ", hb.str());
+  std::vector<uint8_t> buf(ha.nbytes() + hb.nbytes());
+  std::memcpy(buf.data(), ha.raw_data(), ha.nbytes());
+  std::memcpy(buf.data() + ha.nbytes(), hb.raw_data(), hb.nbytes());
+  DevLinear d;
+  d.out = ha.size(0) + hb.size(0);
+  d.in = ha.size(1);
+  d.w = u.put(buf.data(), buf.size());
+  return d;
+}
+
+DevF32 up_f32(Uploader& u, const Tensor& t) {
+  DevF32 d;
+  if (!t.defined()) return d;
+  Tensor h = t.to_f32().contiguous();
+  d.numel = h.numel();
+  d.b = u.put(h.raw_data(), h.nbytes());
+  return d;
+}
+DevF32 up_vec(Uploader& u, const std::vector<float>& v) {
+  DevF32 d;
+  d.numel = int64_t(v.size());
+  d.b = u.put(v.data(), v.size() * sizeof(float));
+  return d;
+}
+
+GpuHc up_hc(Uploader& u, const Tensor& fn, const Tensor& base, const Tensor& scale) {
+  return {up_f32(u, fn), up_f32(u, base), up_f32(u, scale)};
+}
+
+GpuCompressor up_compressor(Uploader& u, const CompressorWeights& w, int64_t ratio, const DeepseekV4Config& cfg) {
+  GpuCompressor c;
+  c.ratio = ratio;
+  c.width = w.wkv.out_features();
+  c.wkv_gate = up_fused(u, w.wkv, w.wgate, cfg);
+  c.ape = up_f32(u, w.ape);
+  c.norm = up_f32(u, w.norm);
+  DI_CHECK(c.ape.numel == ratio * c.width, "compressor ape has ", c.ape.numel, " values, expected ", ratio, "x", c.width);
+  return c;
+}
+
+Linear plain(const Tensor& t) {
+  Linear l;
+  l.weight = t;
+  return l;
+}
+
+GpuExpert up_expert(Uploader& u, const ExpertWeights& e, const DeepseekV4Config& cfg) {
+  return {up_fused(u, e.w1, e.w3, cfg), up_linear(u, e.w2, cfg)};
+}
+
+GpuLayer up_layer(Uploader& u, const LayerWeights& lw, AttnKind kind, int64_t ratio, const DeepseekV4Config& cfg,
+                  const GpuWeights& model) {
+  GpuLayer L;
+  L.attn_norm = up_f32(u, lw.attn_norm);
+  L.ffn_norm = up_f32(u, lw.ffn_norm);
+  L.hc_attn = up_hc(u, lw.hc_attn.fn, lw.hc_attn.base, lw.hc_attn.scale);
+  L.hc_ffn = up_hc(u, lw.hc_ffn.fn, lw.hc_ffn.base, lw.hc_ffn.scale);
+  const AttentionWeights& a = lw.attn;
+  GpuAttention& A = L.attn;
+  A.kind = kind;
+  A.ratio = ratio;
+  A.wq_a = up_linear(u, a.wq_a, cfg);
+  A.wq_b = up_linear(u, a.wq_b, cfg);
+  A.wkv = up_linear(u, a.wkv, cfg);
+  A.wo_a = up_linear(u, a.wo_a, cfg);
+  A.wo_b = up_linear(u, a.wo_b, cfg);
+  A.q_norm = up_f32(u, a.q_norm);
+  A.kv_norm = up_f32(u, a.kv_norm);
+  A.sink = up_f32(u, a.sink);
+  A.inv_freq = kind == AttnKind::kSliding ? model.inv_freq_main.data() : model.inv_freq_compress.data();
+  if (kind != AttnKind::kSliding) {
+    DI_CHECK(a.compressor.has_value(), "compressed layer without compressor weights");
+    A.comp = up_compressor(u, *a.compressor, ratio, cfg);
+  }
+  if (kind == AttnKind::kCSA) {
+    DI_CHECK(a.indexer.has_value(), "CSA layer without indexer weights");
+    A.icomp = up_compressor(u, a.indexer->compressor, ratio, cfg);
+    A.index_wq_b = up_linear(u, a.indexer->wq_b, cfg);
+    A.index_weights = up_linear(u, a.indexer->weights_proj, cfg);
+  }
+  const MoEWeights& m = lw.ffn;
+  L.ffn.gate = up_linear(u, plain(m.gate), cfg);
+  L.ffn.bias = up_f32(u, m.bias);
+  if (m.tid2eid.defined()) {
+    Tensor t = m.tid2eid.to_f32();  // ids < 2^24: exact
+    std::vector<int32_t> ids(size_t(t.numel()));
+    for (int64_t i = 0; i < t.numel(); ++i) ids[size_t(i)] = int32_t(t.data<float>()[i]);
+    L.ffn.tid2eid = u.put(ids.data(), ids.size() * sizeof(int32_t));
+    L.ffn.tid2eid_rows = t.size(0);
+  }
+  for (const auto& e : m.experts) L.ffn.experts.push_back(up_expert(u, e, cfg));
+  L.ffn.shared = up_expert(u, m.shared, cfg);
+  return L;
+}
+
+std::vector<float> inv_freq_for(const RopeParams& p, int64_t rope_dim) {
+  if (!p.yarn) return ops::cpu::rope_inv_freq(p.theta, rope_dim, nullptr);
+  ops::cpu::YarnScaling y{p.factor, double(p.original_max_position), p.beta_fast, p.beta_slow};
+  return ops::cpu::rope_inv_freq(p.theta, rope_dim, &y);
+}
+}  // namespace
+
+GpuWeights upload_weights(const DeepseekV4Weights& w, const DeepseekV4Config& cfg, size_t planned_bytes,
+                          bool progress, cudaStream_t stream) {
+  Uploader u(planned_bytes, progress, stream);
+  GpuWeights g;
+  g.inv_freq_main = up_vec(u, inv_freq_for(cfg.rope, cfg.rope_head_dim));
+  g.inv_freq_compress = up_vec(u, inv_freq_for(cfg.compress_rope, cfg.rope_head_dim));
+  g.embed = up_linear(u, plain(w.embed), cfg);
+  g.head = up_linear(u, plain(w.head), cfg);
+  g.norm = up_f32(u, w.norm);
+  g.hc_head = up_hc(u, w.hc_head.fn, w.hc_head.base, w.hc_head.scale);
+  for (int64_t l = 0; l < cfg.num_layers; ++l)
+    g.layers.push_back(up_layer(u, w.layers[size_t(l)], cfg.layer_types[size_t(l)], cfg.compress_ratio[size_t(l)], cfg, g));
+  g.bytes = u.done();
+  u.finish();
+  return g;
+}
+
+}  // namespace deepinfer::model::v4::gpu

@@ -1,0 +1,78 @@
+// DeepSeek-V4 weights on the GPU, in the formats the CUDA forward consumes:
+//  * every linear as bf16 [out, in] (FP8 block-scaled and FP4 experts are dequantised on the
+//    host at upload — first version; the native FP8/FP4 GEMMs are still to do, docs/CUDA.md);
+//  * compressor Wkv|Wgate fused [2c, D]; expert W1|W3 fused [2I, D] (one GEMM gives gate|up);
+//  * f32: mHC fn/base/scale, router bias, sinks, ape, norm weights (bf16 in the checkpoint,
+//    widened exactly), rope tables; hash-routing tables as i32.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "model/deepseek_v4/config.h"
+#include "model/deepseek_v4/weights.h"
+#include "ops/cuda/runtime.h"
+
+namespace deepinfer::model::v4::gpu {
+
+struct DevLinear {          // bf16 [out, in], contiguous
+  cuda::DeviceBuffer w;
+  int64_t out = 0, in = 0;
+  const void* data() const { return w.data(); }
+};
+struct DevF32 {
+  cuda::DeviceBuffer b;
+  int64_t numel = 0;
+  const float* data() const { return b.as<const float>(); }
+};
+struct GpuHc {
+  DevF32 fn, base, scale;
+};
+struct GpuCompressor {
+  int64_t ratio = 0, width = 0;  // m, c
+  DevLinear wkv_gate;            // [2c, D]
+  DevF32 ape;                    // [m, c]
+  DevF32 norm;                   // [d]
+};
+struct GpuAttention {
+  AttnKind kind = AttnKind::kSliding;
+  int64_t ratio = 0;
+  DevLinear wq_a, wq_b, wkv, wo_a, wo_b;
+  DevF32 q_norm, kv_norm, sink;
+  std::optional<GpuCompressor> comp, icomp;  // CSA/HCA; CSA indexer
+  DevLinear index_wq_b, index_weights;       // CSA
+  const float* inv_freq = nullptr;           // device rope table of this layer (owned by GpuWeights)
+};
+struct GpuExpert {
+  DevLinear w13;  // [2I, D]
+  DevLinear w2;   // [D, I]
+};
+struct GpuMoE {
+  DevLinear gate;                // [E, D]
+  DevF32 bias;                   // [E] (biased) or empty
+  cuda::DeviceBuffer tid2eid;    // i32 [V, k] (hash) or empty
+  int64_t tid2eid_rows = 0;
+  std::vector<GpuExpert> experts;
+  GpuExpert shared;
+};
+struct GpuLayer {
+  DevF32 attn_norm, ffn_norm;
+  GpuHc hc_attn, hc_ffn;
+  GpuAttention attn;
+  GpuMoE ffn;
+};
+struct GpuWeights {
+  DevLinear embed, head;  // bf16 [V, D]
+  DevF32 norm;
+  GpuHc hc_head;
+  std::vector<GpuLayer> layers;
+  DevF32 inv_freq_main, inv_freq_compress;
+  size_t bytes = 0;       // uploaded in total
+};
+
+// Uploads the main model (MTP blocks are not run on the GPU yet). Prints a progress bar to
+// stderr when `progress`. Throws CudaError / OutOfMemory from the allocations.
+GpuWeights upload_weights(const DeepseekV4Weights& w, const DeepseekV4Config& cfg, size_t planned_bytes,
+                          bool progress, cudaStream_t stream);
+
+}  // namespace deepinfer::model::v4::gpu

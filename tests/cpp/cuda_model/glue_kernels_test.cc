@@ -1,0 +1,135 @@
+// Glue kernels of the GPU forward vs their host twins, random non-zero inputs, odd sizes,
+// outputs poisoned (0xFF = NaN) first so an unwritten element fails.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "core/numeric.h"
+#include "deepinfer/error.h"
+#include "model/deepseek_v4/cuda/glue_kernels.h"
+#include "ops/cuda/runtime.h"
+
+namespace deepinfer::model::v4::gpu {
+namespace {
+
+#define REQUIRE_GPU()                                                                      \
+  do {                                                                                     \
+    if (cuda::cuda_device_count() == 0)                                                    \
+      GTEST_SKIP() << "CUDA test skipped: " << cuda::cuda_unavailable_reason();            \
+  } while (0)
+
+std::vector<float> randn(size_t n, uint32_t seed) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> d(0.f, 1.f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(g) + (d(g) == 0.f ? 1e-3f : 0.f);
+  return v;
+}
+template <typename T>
+cuda::DeviceBuffer up(const std::vector<T>& v) {
+  cuda::DeviceBuffer b(std::max<size_t>(v.size(), 1) * sizeof(T));
+  if (!v.empty()) cuda::copy_h2d(b.data(), v.data(), v.size() * sizeof(T), nullptr);
+  return b;
+}
+template <typename T>
+std::vector<T> down(const cuda::DeviceBuffer& b, size_t n) {
+  std::vector<T> v(n);
+  cuda::copy_d2h(v.data(), b.data(), n * sizeof(T), nullptr);
+  return v;
+}
+std::vector<uint16_t> bf16(const std::vector<float>& v) {
+  std::vector<uint16_t> o(v.size());
+  for (size_t i = 0; i < v.size(); ++i) o[i] = f32_to_bf16(v[i]);
+  return o;
+}
+
+TEST(GlueKernels, GatherRowsMatchesHostAllDtypes) {
+  REQUIRE_GPU();
+  for (int64_t width : {1, 19, 64, 111}) {
+    for (int mode = 0; mode < 4; ++mode) {
+      const bool s32 = mode & 1, d32 = mode & 2;
+      const int64_t ra = 13, rb = 7, rows = 11, dst_rows = 17, sa = width + 3, sb = width, ds = width + 5;
+      std::vector<float> a = randn(size_t(ra * sa), 1 + uint32_t(width)), b = randn(size_t(rb * sb), 7);
+      std::vector<int64_t> si(rows), di(rows);
+      for (int64_t i = 0; i < rows; ++i) {
+        si[i] = i % 3 == 0 ? -(i % rb) - 1 : (i * 5) % ra;
+        di[i] = (i * 3 + 1) % dst_rows;  // distinct targets
+      }
+      GatherRowsParams p{.a_stride = sa, .b_stride = sb, .src_dtype = s32 ? DType::kF32 : DType::kBF16,
+                         .dst_stride = ds, .dst_dtype = d32 ? DType::kF32 : DType::kBF16, .rows = rows, .width = width};
+      // host
+      std::vector<uint16_t> a16 = bf16(a), b16 = bf16(b);
+      const size_t dn = size_t(dst_rows * ds);
+      std::vector<float> ref32(dn, 0.f);
+      std::vector<uint16_t> ref16(dn, 0);
+      GatherRowsParams h = p;
+      h.src_a = s32 ? (const void*)a.data() : (const void*)a16.data();
+      h.src_b = s32 ? (const void*)b.data() : (const void*)b16.data();
+      h.src_index = si.data();
+      h.dst_index = di.data();
+      h.dst = d32 ? (void*)ref32.data() : (void*)ref16.data();
+      gather_rows_host(h);
+      // device (dst pre-filled with the same zeros outside the written rows)
+      cuda::DeviceBuffer da = s32 ? up(a) : up(a16), db = s32 ? up(b) : up(b16), dsi = up(si), ddi = up(di);
+      cuda::DeviceBuffer dd = d32 ? up(std::vector<float>(dn, 0.f)) : up(std::vector<uint16_t>(dn, 0));
+      GatherRowsParams g = p;
+      g.src_a = da.data();
+      g.src_b = db.data();
+      g.src_index = dsi.as<int64_t>();
+      g.dst_index = ddi.as<int64_t>();
+      g.dst = dd.data();
+      gather_rows(g, nullptr);
+      DI_CUDA_CHECK(cudaDeviceSynchronize());
+      if (d32)
+        EXPECT_EQ(down<float>(dd, dn), ref32) << "width " << width << " mode " << mode;
+      else
+        EXPECT_EQ(down<uint16_t>(dd, dn), ref16) << "width " << width << " mode " << mode;
+    }
+  }
+}
+
+TEST(GlueKernels, PositionBiasAndCombineMatchHost) {
+  REQUIRE_GPU();
+  const int64_t rows = 37, width = 45, m = 4, stride = 2 * width;
+  std::vector<float> z = randn(size_t(rows * stride), 3), bias = randn(size_t(m * width), 4);
+  std::vector<int64_t> pos(rows);
+  for (int64_t i = 0; i < rows; ++i) pos[i] = 1000 + i * 7;
+  std::vector<float> zr = z;
+  add_position_bias_host({.z = zr.data(), .z_stride = stride, .bias = bias.data(), .pos = pos.data(), .m = m,
+                          .rows = rows, .width = width});
+  cuda::DeviceBuffer dz = up(z), dbias = up(bias), dpos = up(pos);
+  add_position_bias({.z = dz.as<float>(), .z_stride = stride, .bias = dbias.as<float>(), .pos = dpos.as<int64_t>(),
+                     .m = m, .rows = rows, .width = width},
+                    nullptr);
+  EXPECT_EQ(down<float>(dz, z.size()), zr);
+
+  const int64_t T = 9, K = 3, D = 133;
+  std::vector<float> ye = randn(size_t(T * K * D), 5), sh = randn(size_t(T * D), 6);
+  std::vector<int64_t> r(T * K);
+  for (int64_t i = 0; i < T * K; ++i) r[i] = i % 4 == 3 ? -1 : (i * 7) % (T * K);
+  std::vector<float> out(size_t(T * D), 0.f);
+  moe_combine_host({.ye = ye.data(), .rows = r.data(), .shared = sh.data(), .out = out.data(), .tokens = T, .topk = K,
+                    .dim = D});
+  cuda::DeviceBuffer dye = up(ye), dsh = up(sh), dr = up(r), dout = up(std::vector<float>(out.size(), NAN));
+  moe_combine({.ye = dye.as<float>(), .rows = dr.as<int64_t>(), .shared = dsh.as<float>(), .out = dout.as<float>(),
+               .tokens = T, .topk = K, .dim = D},
+              nullptr);
+  EXPECT_EQ(down<float>(dout, out.size()), out);  // same order of additions: bit exact
+}
+
+TEST(GlueKernels, BadArgumentsAreTyped) {  // no GPU needed: validation runs before any CUDA call
+  GatherRowsParams p{.src_dtype = DType::kI32, .rows = 1, .width = 4};
+  EXPECT_THROW(gather_rows(p, nullptr), InvalidArgument);
+  GatherRowsParams q{.a_stride = 2, .dst_stride = 4, .rows = 1, .width = 4};
+  int dummy[8];
+  q.src_a = dummy;
+  q.dst = dummy;
+  EXPECT_THROW(gather_rows(q, nullptr), InvalidArgument);
+  EXPECT_THROW(add_position_bias({.m = 0, .rows = 1, .width = 1}, nullptr), InvalidArgument);
+  EXPECT_THROW(moe_combine({.tokens = 1, .topk = 1, .dim = 4}, nullptr), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace deepinfer::model::v4::gpu
