@@ -13,6 +13,7 @@ PKGS=(
   nlohmann-json3-dev libcli11-dev    # header-only
   libopenblas-dev libopenblas-pthread-dev libopenblas0-pthread libopenblas0 libgfortran5 libquadmath0
   libpcre2-dev libpcre2-8-0 libpcre2-16-0 libpcre2-32-0 libpcre2-posix3
+  zlib1g-dev zlib1g                  # gzip of the bundled tokenizer (src/io)
 )
 grep -qx '/.gpudeps/' .git/info/exclude 2>/dev/null || echo '/.gpudeps/' >> .git/info/exclude
 mkdir -p "$DEST"
