@@ -57,12 +57,12 @@ step "GPU model tests"
 "$TEST_BIN" --gtest_color=no >"$LOG_DIR/cuda_model_tests.log" 2>&1
 TEST_RC=$?
 grep -E "^\[gpu-|^\[  FAILED  \]|^\[  PASSED  \]|^\[  SKIPPED \]|Failure|Which is|Expected|error" \
-  "$LOG_DIR/cuda_model_tests.log" | head -80
+  "$LOG_DIR/cuda_model_tests.log" | head -200
 SAN_RC=skipped
 if [ "$SANITIZE" = 1 ] && command -v compute-sanitizer >/dev/null; then
-  step "compute-sanitizer memcheck (glue kernels + tiny fixture full/chunked/decode)"
+  step "compute-sanitizer memcheck (glue kernels + tiny fixture full/chunked/decode, exact and bf16)"
   timeout 400 compute-sanitizer --tool memcheck --error-exitcode 9 "$TEST_BIN" \
-    --gtest_filter='GlueKernels.*:Fixtures/GpuGolden.FullChunkedDecodeMatchTransformers/0' \
+    --gtest_filter='GlueKernels.*:Fixtures/GpuGolden.FullChunkedDecodeMatchTransformers/tiny_exact:Fixtures/GpuGolden.FullChunkedDecodeMatchTransformers/tiny_bf16' \
     >"$LOG_DIR/model_sanitizer.log" 2>&1
   SAN_RC=$?
   grep -E "ERROR SUMMARY|Invalid|out of bounds" "$LOG_DIR/model_sanitizer.log" | head -10

@@ -1,7 +1,11 @@
-// The golden fixtures through the GPU model (exact numerics, bf16): top-1 agreement with the
-// transformers logits, max |Δ| reported; full vs chunked vs token-by-token; a batch of several
-// sequences vs each alone; a 64-token greedy chain equal to the CPU model's. SKIPs without a GPU.
-// Lines "[gpu-parity] ..." are collected by tools/gpu_model_check.sh.
+// The golden fixtures through the GPU model, in two numerics modes. SKIPs without a GPU.
+//  * exact (fp32 weights/activations/caches, fp32 GEMMs without TF32): max |Δlogit| ≤ 1e-3 and
+//    top-1 ≥ 99.9% vs transformers' fp32 logits for full, chunked and token-by-token runs; a batch
+//    of sequences vs each alone to the same bound; a 64-token greedy chain equal to the CPU model.
+//  * bf16 (bf16 weights/activations/caches, fp32 accumulation, no FP8/FP4 round trips): paths and
+//    batch vs alone as tight as before (observed bit-identical); vs the fp32 fixture only to a
+//    tolerance derived from bf16 rounding itself (see kBf16Rel below).
+// Lines "[gpu-..." are collected by tools/gpu_model_check.sh.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -9,6 +13,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <random>
+#include <tuple>
 
 #include "golden.h"
 #include "model/deepseek_v4/cuda/cuda_model.h"
@@ -21,10 +26,25 @@ using deepinfer::testing::golden_dir;
 using deepinfer::testing::Npy;
 using deepinfer::testing::read_inputs;
 using deepinfer::testing::read_npy;
+using gpu::Numerics;
 
-constexpr double kRelTol = 5e-2;        // max|Δ| / max|ref|: bf16 weights and activations
-constexpr double kPathRelTol = 3e-2;    // between GPU paths (GEMM shapes differ)
 constexpr double kTop1 = 0.999;
+// Exact mode: the only differences left are fp32 summation orders (GEMM algorithms, attention
+// and reduction trees); ~1e-5 expected, 1e-3 absolute is the bound (vs fixture, paths, batch).
+constexpr double kExactAbs = 1e-3;
+// bf16 mode vs the fp32 fixture. The random tiny models amplify rounding: transformers itself
+// with only each Linear's input and output rounded to bf16 (weights are bf16-exact) deviates from
+// its fp32 logits by rel 0.29 / top-1 0.947 on tiny "long", 0.11 on "medium", 0.10 on tiny_clamp
+// "long". The GPU rounds at more places (q, kv, attention output, expert activations, cache
+// entries), measured rel 0.53 / top-1 0.93 on tiny and tiny_official "long" — so this checks that
+// bf16 stays in the bf16 regime (a wiring bug gives rel ~1 and top-1 near chance), not parity.
+constexpr double kBf16Rel = 0.6;        // max|Δ| / max|ref|
+constexpr double kBf16Top1 = 0.9;       // aggregated over the fixture's sequences
+constexpr double kBf16PathRel = 3e-2;   // between GPU paths / batch vs alone (GEMM shapes differ)
+
+const char* mode_name(Numerics n) {
+  return n == Numerics::kExact ? "exact" : n == Numerics::kBf16 ? "bf16" : "production";
+}
 
 struct Diff {
   double max_abs = 0, max_ref = 0;
@@ -83,14 +103,17 @@ Tensor run_gpu(DeepseekV4CudaModel& m, const std::vector<int32_t>& ids, const st
   return out;
 }
 
-class GpuGolden : public ::testing::TestWithParam<std::string> {
+class GpuGolden : public ::testing::TestWithParam<std::tuple<std::string, Numerics>> {
  protected:
   void SetUp() override {
     if (cuda::cuda_device_count() == 0) GTEST_SKIP() << "CUDA test skipped: " << cuda::cuda_unavailable_reason();
-    dir_ = golden_dir(GetParam());
+    fixture_ = std::get<0>(GetParam());
+    numerics_ = std::get<1>(GetParam());
+    tag_ = fixture_ + " " + mode_name(numerics_);
+    dir_ = golden_dir(fixture_);
     if (!std::filesystem::exists(dir_ + "/config.json")) GTEST_SKIP() << "fixture " << dir_ << " absent";
     CudaModelOptions o;
-    o.numerics = gpu::Numerics::kExact;
+    o.numerics = numerics_;
     o.progress = false;
     o.max_batch_tokens = 2048;
     o.max_seqs = 8;
@@ -98,7 +121,24 @@ class GpuGolden : public ::testing::TestWithParam<std::string> {
     model_ = DeepseekV4CudaModel::load(dir_, o);
     model_->allocate_cache_for(4, 512);
   }
-  std::string dir_;
+  bool exact() const { return numerics_ == Numerics::kExact; }
+  // vs the fp32 fixture
+  void expect_parity(const Diff& d, const std::string& what) const {
+    if (exact())
+      EXPECT_LE(d.max_abs, kExactAbs) << tag_ << " " << what;
+    else
+      EXPECT_LE(d.rel(), kBf16Rel) << tag_ << " " << what;
+  }
+  // between two GPU runs of the same mode
+  void expect_same(const Diff& d, const std::string& what) const {
+    if (exact())
+      EXPECT_LE(d.max_abs, kExactAbs) << tag_ << " " << what;
+    else
+      EXPECT_LE(d.rel(), kBf16PathRel) << tag_ << " " << what;
+    EXPECT_EQ(d.mismatch, 0) << tag_ << " " << what;
+  }
+  std::string fixture_, tag_, dir_;
+  Numerics numerics_ = Numerics::kExact;
   std::unique_ptr<DeepseekV4CudaModel> model_;
 };
 
@@ -116,25 +156,24 @@ TEST_P(GpuGolden, FullChunkedDecodeMatchTransformers) {
       Tensor logits = run_gpu(*model_, ids, chunks, 1);
       const Diff d = compare(logits.data<float>(), ref.data.data(), T, V);
       std::printf("[gpu-parity] %s/%s %s: max|dlogit| = %.3g (rel %.3g), top-1 mismatches %lld/%lld\n",
-                  GetParam().c_str(), name.c_str(), path.c_str(), d.max_abs, d.rel(), (long long)d.mismatch,
-                  (long long)T);
-      EXPECT_LE(d.rel(), kRelTol) << name << " " << path;
+                  tag_.c_str(), name.c_str(), path.c_str(), d.max_abs, d.rel(), (long long)d.mismatch, (long long)T);
+      expect_parity(d, name + " " + path);
       mism += d.mismatch;
       rows += T;
       if (path == "full") {
         full = logits;
       } else {
         const Diff dp = compare(logits.data<float>(), full.data<float>(), T, V);
-        std::printf("[gpu-paths] %s/%s %s vs full: max|d| = %.3g (rel %.3g), top-1 mismatches %lld\n",
-                    GetParam().c_str(), name.c_str(), path.c_str(), dp.max_abs, dp.rel(), (long long)dp.mismatch);
-        EXPECT_LE(dp.rel(), kPathRelTol) << name << " " << path;
+        std::printf("[gpu-paths] %s/%s %s vs full: max|d| = %.3g (rel %.3g), top-1 mismatches %lld%s\n",
+                    tag_.c_str(), name.c_str(), path.c_str(), dp.max_abs, dp.rel(), (long long)dp.mismatch,
+                    dp.max_abs == 0 ? " (bit identical)" : "");
+        expect_same(dp, name + " " + path + " vs full");
       }
     }
   }
   const double agree = rows ? 1.0 - double(mism) / double(rows) : 1.0;
-  std::printf("[gpu-parity] %s: top-1 agreement %.5f over %lld positions\n", GetParam().c_str(), agree,
-              (long long)rows);
-  EXPECT_GE(agree, kTop1);
+  std::printf("[gpu-parity] %s: top-1 agreement %.5f over %lld positions\n", tag_.c_str(), agree, (long long)rows);
+  EXPECT_GE(agree, exact() ? kTop1 : kBf16Top1) << tag_;
 }
 
 // Several sequences advance together with random chunk sizes (some steps skip a sequence),
@@ -193,25 +232,33 @@ TEST_P(GpuGolden, BatchOfSequencesMatchesEachAlone) {
     const Diff d = compare(st[i].logits.data(), ref.data.data(), T, V);
     Tensor alone = run_gpu(*model_, st[i].ids, {T}, 3);
     const Diff da = compare(st[i].logits.data(), alone.data<float>(), T, V);
-    std::printf("[gpu-batch] %s/%s: vs fixture rel %.3g (top-1 mismatches %lld), vs alone max|d| %.3g%s\n",
-                GetParam().c_str(), names[i].c_str(), d.rel(), (long long)d.mismatch, da.max_abs,
+    std::printf("[gpu-batch] %s/%s: vs fixture max|d| %.3g rel %.3g (top-1 mismatches %lld), vs alone max|d| %.3g%s\n",
+                tag_.c_str(), names[i].c_str(), d.max_abs, d.rel(), (long long)d.mismatch, da.max_abs,
                 da.max_abs == 0 ? " (bit identical)" : "");
-    EXPECT_LE(d.rel(), kRelTol) << names[i];
-    EXPECT_LE(da.rel(), kPathRelTol) << names[i];
-    EXPECT_EQ(da.mismatch, 0) << names[i];
+    expect_parity(d, names[i] + " batch");
+    expect_same(da, names[i] + " batch vs alone");
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, GpuGolden, ::testing::Values("tiny", "tiny_clamp", "tiny_official"));
+INSTANTIATE_TEST_SUITE_P(Fixtures, GpuGolden,
+                         ::testing::Combine(::testing::Values("tiny", "tiny_clamp", "tiny_official"),
+                                            ::testing::Values(Numerics::kExact, Numerics::kBf16)),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_" + mode_name(std::get<1>(info.param));
+                         });
 
 int32_t argmax(const float* p, int64_t V) { return int32_t(std::max_element(p, p + V) - p); }
 
-// Greedy decoding of 64 tokens from the "short" prompt: GPU chain == CPU chain.
-TEST(GpuGoldenChain, Greedy64MatchesCpuModel) {
+// Greedy decoding of 64 tokens from the "short" prompt: in exact mode the GPU chain equals the
+// CPU model's (fp32); in bf16 mode the common prefix is printed only (bf16 rounding flips
+// near-ties of these random models, see kBf16Rel).
+class GpuGoldenChain : public ::testing::TestWithParam<Numerics> {};
+TEST_P(GpuGoldenChain, Greedy64MatchesCpuModel) {
   if (cuda::cuda_device_count() == 0) GTEST_SKIP() << "CUDA test skipped: " << cuda::cuda_unavailable_reason();
   const std::string dir = golden_dir("tiny");
   if (!std::filesystem::exists(dir + "/config.json")) GTEST_SKIP() << "fixture absent";
   CudaModelOptions o;
+  o.numerics = GetParam();
   o.progress = false;
   o.max_batch_tokens = 1024;
   o.max_seqs = 4;
@@ -248,9 +295,12 @@ TEST(GpuGoldenChain, Greedy64MatchesCpuModel) {
   const std::vector<int32_t> c_chain = chain(*cm, cm->cache().geometry());
   size_t same = 0;
   while (same < g_chain.size() && g_chain[same] == c_chain[same]) ++same;
-  std::printf("[gpu-chain] tiny greedy 64: %zu leading tokens equal to the CPU chain\n", same);
-  EXPECT_EQ(g_chain, c_chain);
+  std::printf("[gpu-chain] tiny %s greedy 64: %zu leading tokens equal to the CPU chain\n", mode_name(GetParam()),
+              same);
+  if (GetParam() == Numerics::kExact) EXPECT_EQ(g_chain, c_chain);
 }
+INSTANTIATE_TEST_SUITE_P(Modes, GpuGoldenChain, ::testing::Values(Numerics::kExact, Numerics::kBf16),
+                         [](const auto& info) { return std::string(mode_name(info.param)); });
 
 }  // namespace
 }  // namespace deepinfer::model::v4

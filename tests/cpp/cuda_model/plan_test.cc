@@ -20,10 +20,12 @@ DeepseekV4Config tiny() {
   return DeepseekV4Config::from_file(dir);
 }
 
+const CudaModelOptions kBf16Opts{.numerics = gpu::Numerics::kBf16};
+
 TEST(CudaModelPlan, TinyGeometryAndSizes) {
   if (!std::filesystem::exists(golden_dir("tiny") + "/config.json")) GTEST_SKIP() << "fixture absent";
   const DeepseekV4Config c = tiny();
-  const CudaHostPlan p = CudaHostPlan::make(c, {});
+  const CudaHostPlan p = CudaHostPlan::make(c, kBf16Opts);
   ASSERT_EQ(int64_t(p.cache_specs.size()), c.num_layers);
   for (int64_t l = 0; l < c.num_layers; ++l)
     if (c.compress_ratio[l] > 0) {
@@ -42,6 +44,15 @@ TEST(CudaModelPlan, TinyGeometryAndSizes) {
   EXPECT_EQ(g.num_slots, 4);
   EXPECT_EQ(g.num_blocks, 10);
   EXPECT_THROW(gpu::plan_gpu_cache(p.cache_specs, p.bytes_per_slot * 3, 4), OutOfMemory);
+  // Exact numerics: f32 linears, activations and kv entries (compressor partials are f32 in both).
+  const CudaHostPlan x = CudaHostPlan::make(c, {.numerics = gpu::Numerics::kExact});
+  EXPECT_EQ(x.bytes_per_block, 2 * p.bytes_per_block);
+  EXPECT_GT(x.bytes_per_slot, p.bytes_per_slot);
+  EXPECT_GT(x.activation_bytes, p.activation_bytes);
+  EXPECT_GE(x.weight_bytes, size_t(pc.total - pc.mtp) * 4);
+  const kv::CacheGeometry gx =
+      gpu::plan_gpu_cache(x.cache_specs, x.bytes_per_slot * 4 + x.bytes_per_block * 10, 4, 4);
+  EXPECT_EQ(gx.num_blocks, 10);
 }
 
 TEST(CudaModelPlan, FlashSizedModelDoesNotFitOneH200) {
@@ -58,7 +69,7 @@ TEST(CudaModelPlan, FlashSizedModelDoesNotFitOneH200) {
     if (l < 2) c.layer_types[l] = AttnKind::kSliding, c.compress_ratio[l] = 0;
     else if (l % 2 == 1) c.layer_types[l] = AttnKind::kHCA, c.compress_ratio[l] = 128;
   }
-  const CudaHostPlan p = CudaHostPlan::make(c, {});
+  const CudaHostPlan p = CudaHostPlan::make(c, kBf16Opts);
   EXPECT_GT(p.weight_bytes, size_t(500) << 30);  // bf16 experts: ~284B params
   const size_t h200 = size_t(143771) << 20;
   try {
@@ -74,7 +85,7 @@ TEST(CudaModelPlan, FlashSizedModelDoesNotFitOneH200) {
 TEST(CudaModelPlan, StepMetaWindowCompressorCandidates) {
   if (!std::filesystem::exists(golden_dir("tiny") + "/config.json")) GTEST_SKIP() << "fixture absent";
   const DeepseekV4Config c = tiny();
-  const CudaHostPlan p = CudaHostPlan::make(c, {});
+  const CudaHostPlan p = CudaHostPlan::make(c, kBf16Opts);
   kv::CacheGeometry g = gpu::plan_gpu_cache(p.cache_specs, p.bytes_per_slot * 2 + p.bytes_per_block * 8, 2);
   ForwardBatch b;
   // seq 0: 5 new tokens after 30 cached (crosses window and block boundaries); seq 1: prefill of 3.

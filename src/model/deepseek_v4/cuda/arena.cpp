@@ -25,6 +25,7 @@ ArenaLayout layout_arena(const DeepseekV4Config& c, const ArenaSizes& s) {
   const int64_t di = std::max<int64_t>(c.index_head_dim, 1), topk = std::max<int64_t>(c.index_topk, 1);
   const int64_t cw = 2 * d, iw = 2 * di;  // widest compressor widths (CSA)
   const int64_t TK = T * K;
+  const size_t A = s.act_bytes;  // storage dtype of the activation buffers
   Carver a;
   ArenaLayout L{};
   L.X = a.take(T * n * D, 4);
@@ -32,17 +33,17 @@ ArenaLayout layout_arena(const DeepseekV4Config& c, const ArenaSizes& s) {
   L.u = a.take(T * D, 4);
   L.mix = a.take(T * c.hc_mix_dim(), 4);
   L.hc_ws = a.take(int64_t(ops::cuda::hc_pre_workspace_bytes(std::max<int64_t>(T, 1), int(n), D, ops::cuda::HcMode::kLayer)), 1);
-  L.h = a.take(T * D, 2);
+  L.h = a.take(T * D, A);
   L.y = a.take(T * D, 4);
   L.qa = a.take(T * r, 4);
-  L.qa_bf = a.take(T * r, 2);
+  L.qa_bf = a.take(T * r, A);
   L.qf = a.take(T * H * d, 4);
-  L.q = a.take(T * H * d, 2);
+  L.q = a.take(T * H * d, A);
   L.kvf = a.take(T * d, 4);
-  L.kv = a.take(T * d, 2);
-  L.o = a.take(T * H * d, 2);
-  L.zo = a.take(T * GR, 2);
-  L.win = a.take(s.win_rows * d, 2);
+  L.kv = a.take(T * d, A);
+  L.o = a.take(T * H * d, A);
+  L.zo = a.take(T * GR, A);
+  L.win = a.take(s.win_rows * d, A);
   L.attn_ws = a.take(
       s.attn_splits > 1 ? int64_t(ops::cuda::sparse_attention_workspace_bytes(T, H, d, int(s.attn_splits))) : 1, 1);
   L.az = a.take(T * 2 * cw, 4);
@@ -51,7 +52,7 @@ ArenaLayout layout_arena(const DeepseekV4Config& c, const ArenaSizes& s) {
   L.iaz = a.take(T * 2 * iw, 4);
   L.istage = a.take(s.stage_rows * 2 * iw, 4);
   L.ient = a.take(s.entries * di, 4);
-  L.qi = a.take(T * Hi * di, 2);
+  L.qi = a.take(T * Hi * di, A);
   L.iw = a.take(T * Hi, 4);
   L.scores = a.take(T * std::max<int64_t>(s.max_cand, 1), 4);
   L.sel_rows = a.take(T * topk, 4);
@@ -59,9 +60,9 @@ ArenaLayout layout_arena(const DeepseekV4Config& c, const ArenaSizes& s) {
   L.logits_r = a.take(T * E, 4);
   L.ids = a.take(TK, 4);
   L.wts = a.take(TK, 4);
-  L.xe = a.take(TK * D, 2);
-  L.gu = a.take(std::max(TK, T) * 2 * I, 2);
-  L.act = a.take(std::max(TK, T) * I, 2);
+  L.xe = a.take(TK * D, A);
+  L.gu = a.take(std::max(TK, T) * 2 * I, A);
+  L.act = a.take(std::max(TK, T) * I, A);
   L.ye = a.take(TK * D, 4);
   L.sh = a.take(T * D, 4);
   L.perm_src = a.take(TK, 8);
@@ -69,7 +70,7 @@ ArenaLayout layout_arena(const DeepseekV4Config& c, const ArenaSizes& s) {
   L.perm_w = a.take(TK, 4);
   L.sel = a.take(s.R * n * D, 4);
   L.hu = a.take(s.R * D, 4);
-  L.hh = a.take(s.R * D, 2);
+  L.hh = a.take(s.R * D, A);
   L.logits = a.take(s.R * c.vocab_size, 4);
   L.head_ws = a.take(
       int64_t(ops::cuda::hc_pre_workspace_bytes(std::max<int64_t>(s.R, 1), int(n), D, ops::cuda::HcMode::kHead)), 1);

@@ -17,9 +17,11 @@ struct ArenaSizes {
   int64_t max_cand = 0;     // max candidates of a token (CSA indexer scores)
   int64_t attn_splits = 1;  // split-KV splits of the attention
   int64_t R = 0;            // logits rows
+  size_t act_bytes = 2;     // bytes of the "bf16" buffers below: 2 (bf16), 4 in exact numerics (f32)
 };
 
-// Byte offsets into the arena; every buffer 256-byte aligned. Shapes as in the forward.
+// Byte offsets into the arena; every buffer 256-byte aligned. Shapes as in the forward; "bf16"
+// buffers hold the numerics mode's storage dtype (f32 in exact mode, sized by act_bytes).
 struct ArenaLayout {
   size_t X, X2, u, mix, hc_ws;               // f32 [T,n,D] x2, f32 [T,D], f32 [T,mix], bytes
   size_t h, y;                               // bf16 [T,D], f32 [T,D]

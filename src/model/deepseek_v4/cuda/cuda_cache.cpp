@@ -12,8 +12,13 @@ cuda::DeviceBuffer zeroed(size_t bytes, cudaStream_t stream) {
 }
 }  // namespace
 
-GpuCache::GpuCache(const std::vector<kv::LayerCacheSpec>& layers, const kv::CacheGeometry& g, cudaStream_t stream)
+GpuCache::GpuCache(const std::vector<kv::LayerCacheSpec>& layers, const kv::CacheGeometry& g, DType kv_dtype,
+                   cudaStream_t stream)
     : geometry_(g) {
+  if (kv_dtype != DType::kBF16 && kv_dtype != DType::kF32)
+    DI_THROW(InvalidArgument, "GPU cache: kv dtype ", dtype_name(kv_dtype), " not supported (bf16, f32)");
+  kv_bytes_ = kv_dtype == DType::kF32 ? 4 : 2;
+  const size_t e = kv_bytes_;
   for (const auto& s : layers)
     if (s.ratio > 0 && g.block_tokens % s.ratio != 0)
       DI_THROW(InvalidArgument, "GPU cache: block_tokens ", g.block_tokens, " is not a multiple of ratio ", s.ratio);
@@ -21,13 +26,14 @@ GpuCache::GpuCache(const std::vector<kv::LayerCacheSpec>& layers, const kv::Cach
   for (const auto& s : layers) {
     GpuLayerCache L;
     L.spec = s;
-    L.window = zeroed(slots * size_t(s.window * s.head_dim) * 2, stream);
+    L.dtype = kv_dtype;
+    L.window = zeroed(slots * size_t(s.window * s.head_dim) * e, stream);
     if (s.ratio > 0) {
       L.entries_per_block = g.block_tokens / s.ratio;
-      L.comp = zeroed(blocks * size_t(L.entries_per_block * s.head_dim) * 2, stream);
+      L.comp = zeroed(blocks * size_t(L.entries_per_block * s.head_dim) * e, stream);
       L.comp_state = zeroed(slots * size_t(s.state_rows() * 2 * s.comp_width) * 4, stream);
       if (s.index_dim > 0) {
-        L.index_keys = zeroed(blocks * size_t(L.entries_per_block * s.index_dim) * 2, stream);
+        L.index_keys = zeroed(blocks * size_t(L.entries_per_block * s.index_dim) * e, stream);
         L.index_state = zeroed(slots * size_t(2 * s.ratio * 2 * s.index_width) * 4, stream);
       }
     }
@@ -41,7 +47,7 @@ void GpuCache::reset_slot(int32_t slot, cudaStream_t stream) {
     DI_THROW(InvalidArgument, "reset_slot: slot ", slot, " outside [0,", geometry_.num_slots, ")");
   for (auto& L : layers_) {
     const auto& s = L.spec;
-    const size_t win = size_t(s.window * s.head_dim) * 2;
+    const size_t win = size_t(s.window * s.head_dim) * kv_bytes_;
     if (win) DI_CUDA_CHECK(cudaMemsetAsync(L.window.as<char>() + size_t(slot) * win, 0, win, stream));
     const size_t st = size_t(s.state_rows() * 2 * s.comp_width) * 4;
     if (st) DI_CUDA_CHECK(cudaMemsetAsync(L.comp_state.as<char>() + size_t(slot) * st, 0, st, stream));

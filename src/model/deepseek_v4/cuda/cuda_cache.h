@@ -1,6 +1,7 @@
-// Device-resident DeepSeek-V4 cache (the GPU twin of kv::KvCache): per layer a bf16 window
-// ring per slot, bf16 paged compressed entries and indexer keys addressed through the block
-// table, f32 compressor partial rows per slot. Layouts in cuda_plan.h. Allocated zeroed.
+// Device-resident DeepSeek-V4 cache (the GPU twin of kv::KvCache): per layer a window ring per
+// slot, paged compressed entries and indexer keys addressed through the block table (all in the
+// numerics mode's storage dtype: bf16, f32 in exact mode), f32 compressor partial rows per slot.
+// Layouts in cuda_plan.h. Allocated zeroed.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -13,9 +14,10 @@ namespace deepinfer::model::v4::gpu {
 struct GpuLayerCache {
   kv::LayerCacheSpec spec;
   int64_t entries_per_block = 0;
-  cuda::DeviceBuffer window;       // bf16 [slots*W, d]
-  cuda::DeviceBuffer comp;         // bf16 [blocks*epb, d]
-  cuda::DeviceBuffer index_keys;   // bf16 [blocks*epb, index_dim]
+  DType dtype = DType::kBF16;      // of window, comp, index_keys
+  cuda::DeviceBuffer window;       // dtype [slots*W, d]
+  cuda::DeviceBuffer comp;         // dtype [blocks*epb, d]
+  cuda::DeviceBuffer index_keys;   // dtype [blocks*epb, index_dim]
   cuda::DeviceBuffer comp_state;   // f32 [slots*S, 2c]
   cuda::DeviceBuffer index_state;  // f32 [slots*2m, 2*index_width]
 };
@@ -23,7 +25,9 @@ struct GpuLayerCache {
 class GpuCache {
  public:
   GpuCache() = default;
-  GpuCache(const std::vector<kv::LayerCacheSpec>& layers, const kv::CacheGeometry& g, cudaStream_t stream);
+  // kv_dtype: bf16 or f32 (window rings, entries, indexer keys).
+  GpuCache(const std::vector<kv::LayerCacheSpec>& layers, const kv::CacheGeometry& g, DType kv_dtype,
+           cudaStream_t stream);
   bool allocated() const { return !layers_.empty(); }
   const kv::CacheGeometry& geometry() const { return geometry_; }
   GpuLayerCache& layer(int64_t i) { return layers_.at(size_t(i)); }
@@ -32,6 +36,7 @@ class GpuCache {
 
  private:
   kv::CacheGeometry geometry_;
+  size_t kv_bytes_ = 2;
   std::vector<GpuLayerCache> layers_;
 };
 

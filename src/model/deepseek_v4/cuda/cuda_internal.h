@@ -43,6 +43,8 @@ struct MoeHost {
 struct StepCtx {
   const DeepseekV4Config* cfg = nullptr;
   Numerics numerics = Numerics::kExact;
+  DType act = DType::kBF16;        // storage_dtype(numerics): the "bf16" activations (f32 in exact mode)
+  size_t act_bytes = 2;            // its element size
   const StepMeta* meta = nullptr;
   const DevMeta* dmeta = nullptr;
   char* arena = nullptr;
@@ -56,7 +58,8 @@ struct StepCtx {
   T* at(size_t off) const { return reinterpret_cast<T*>(arena + off); }
 };
 
-// y[M, N] = x[M, K] · Wᵀ (bf16 x, fp32 accumulation, out bf16 or f32).
+// y[M, N] = x[M, K] · Wᵀ (x in W.dtype, fp32 accumulation; out bf16 or f32 — f32 when W is f32,
+// where the GEMM is plain fp32 without TF32).
 void linear(const StepCtx& c, const DevLinear& W, const void* x, int64_t ldx, int64_t M, void* y, DType out_dtype,
             int64_t ldy);
 // One decoder layer on the f32 streams X [T, n, D] in place (X2, u, h, y from the arena).

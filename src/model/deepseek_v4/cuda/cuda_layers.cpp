@@ -32,7 +32,8 @@ void linear(const StepCtx& c, const DevLinear& W, const void* x, int64_t ldx, in
             int64_t ldy) {
   if (M == 0) return;
   DI_CHECK(W.data() != nullptr && W.out > 0 && W.in > 0, "linear: weight not uploaded");
-  c.blas->gemm({.x = x, .ldx = ldx, .w = W.data(), .ldw = W.in, .y = y, .ldy = ldy, .in_dtype = DType::kBF16,
+  DI_CHECK(W.dtype == DType::kBF16 || out_dtype == DType::kF32, "linear: f32 weights need an f32 output");
+  c.blas->gemm({.x = x, .ldx = ldx, .w = W.data(), .ldw = W.in, .y = y, .ldy = ldy, .in_dtype = W.dtype,
                 .out_dtype = out_dtype, .M = M, .N = W.out, .K = W.in},
                c.stream);
 }
@@ -74,7 +75,7 @@ void fp4_index(const StepCtx& c, void* x, DType dt, int64_t rows, int64_t dim) {
 struct CompressorIo {
   size_t az, stage, ent;         // arena offsets
   void* state = nullptr;         // f32 [slots*S, 2c]
-  void* pool = nullptr;          // bf16 [blocks*epb, dd]
+  void* pool = nullptr;          // cache dtype [blocks*epb, dd]
   bool index = false;            // indexer keys (FP4) vs main entries (FP8)
 };
 
@@ -112,7 +113,7 @@ void run_compressor(const StepCtx& c, const GpuCompressor& C, bool overlap, cons
     else
       fp8_kv(c, ent, DType::kF32, E, dd);
     gather_rows({.src_a = ent, .a_stride = dd, .src_dtype = DType::kF32, .dst = io.pool, .dst_stride = dd,
-                 .dst_dtype = DType::kBF16, .dst_index = K.entry_dst, .rows = E, .width = dd},
+                 .dst_dtype = c.act, .dst_index = K.entry_dst, .rows = E, .width = dd},
                 c.stream);
   }
   gather_rows({.src_a = az, .a_stride = w2, .src_dtype = DType::kF32, .src_index = K.state_src, .dst = io.state,
@@ -121,7 +122,7 @@ void run_compressor(const StepCtx& c, const GpuCompressor& C, bool overlap, cons
               c.stream);
 }
 
-// h [T, D] bf16 (arena L.h) -> y [T, D] f32 (arena L.y).
+// h [T, D] act (arena L.h) -> y [T, D] f32 (arena L.y). "act" = c.act: bf16, f32 in exact mode.
 void attention_block(const StepCtx& c, const GpuAttention& A, GpuLayerCache& cache) {
   const DeepseekV4Config& g = *c.cfg;
   const StepMeta& M = *c.meta;
@@ -131,17 +132,17 @@ void attention_block(const StepCtx& c, const GpuAttention& A, GpuLayerCache& cac
   void* h = c.at<void>(L.h);
 
   linear(c, A.wq_a, h, D, T, c.at<float>(L.qa), DType::kF32, r);
-  norm(c, c.at<float>(L.qa), DType::kF32, r, A.q_norm.data(), c.at<void>(L.qa_bf), DType::kBF16, r, T, r);
+  norm(c, c.at<float>(L.qa), DType::kF32, r, A.q_norm.data(), c.at<void>(L.qa_bf), c.act, r, T, r);
   linear(c, A.wq_b, c.at<void>(L.qa_bf), r, T, c.at<float>(L.qf), DType::kF32, H * d);
-  norm(c, c.at<float>(L.qf), DType::kF32, d, nullptr, c.at<void>(L.q), DType::kBF16, d, T * H, d);  // per head
-  rope(c, c.at<void>(L.q), DType::kBF16, H * d, T, H, d, dm.pos, A.inv_freq);
+  norm(c, c.at<float>(L.qf), DType::kF32, d, nullptr, c.at<void>(L.q), c.act, d, T * H, d);  // per head
+  rope(c, c.at<void>(L.q), c.act, H * d, T, H, d, dm.pos, A.inv_freq);
   linear(c, A.wkv, h, D, T, c.at<float>(L.kvf), DType::kF32, d);
-  norm(c, c.at<float>(L.kvf), DType::kF32, d, A.kv_norm.data(), c.at<void>(L.kv), DType::kBF16, d, T, d);
-  rope(c, c.at<void>(L.kv), DType::kBF16, d, T, 1, d, dm.pos, A.inv_freq);
-  fp8_kv(c, c.at<void>(L.kv), DType::kBF16, T, d);
+  norm(c, c.at<float>(L.kvf), DType::kF32, d, A.kv_norm.data(), c.at<void>(L.kv), c.act, d, T, d);
+  rope(c, c.at<void>(L.kv), c.act, d, T, 1, d, dm.pos, A.inv_freq);
+  fp8_kv(c, c.at<void>(L.kv), c.act, T, d);
 
   oc::SparseAttnParams sp{.q = c.at<void>(L.q), .q_stride = H * d, .win_kv = c.at<void>(L.win), .kv_stride = d,
-                          .dtype = DType::kBF16, .win_begin = dm.win_begin, .win_count = dm.win_count,
+                          .dtype = c.act, .win_begin = dm.win_begin, .win_count = dm.win_count,
                           .sink = A.sink.data(), .scale = 1.0f / std::sqrt(float(d)), .out = c.at<void>(L.o),
                           .out_stride = H * d, .num_tokens = T, .num_heads = H, .head_dim = d};
   if (A.comp) {
@@ -167,12 +168,12 @@ void attention_block(const StepCtx& c, const GpuAttention& A, GpuLayerCache& cac
       } else {
         const int64_t Hi = g.index_n_heads, di = g.index_head_dim;
         void* qi = c.at<void>(L.qi);
-        linear(c, A.index_wq_b, c.at<void>(L.qa_bf), r, T, qi, DType::kBF16, Hi * di);
-        rope(c, qi, DType::kBF16, Hi * di, T, Hi, di, dm.pos, A.inv_freq);
-        fp4_index(c, qi, DType::kBF16, T * Hi, di);
+        linear(c, A.index_wq_b, c.at<void>(L.qa_bf), r, T, qi, c.act, Hi * di);
+        rope(c, qi, c.act, Hi * di, T, Hi, di, dm.pos, A.inv_freq);
+        fp4_index(c, qi, c.act, T * Hi, di);
         linear(c, A.index_weights, h, D, T, c.at<float>(L.iw), DType::kF32, Hi);
         oc::indexer_topk({.q = qi, .w = c.at<float>(L.iw), .k_pool = cache.index_keys.data(),
-                          .dtype = DType::kBF16, .cand_rows = K.cand_rows, .cand_offset = K.cand_offset,
+                          .dtype = c.act, .cand_rows = K.cand_rows, .cand_offset = K.cand_offset,
                           .cand_count = K.cand_count, .num_tokens = T, .num_heads = Hi, .head_dim = di,
                           .qk_scale = 1.0f / std::sqrt(float(di)), .w_scale = 1.0f / std::sqrt(float(Hi)),
                           .topk = g.index_topk, .max_candidates = K.host->max_count,
@@ -187,8 +188,8 @@ void attention_block(const StepCtx& c, const GpuAttention& A, GpuLayerCache& cac
   }
   // Window keys: ring rows of earlier positions + this step's kv, one contiguous run per token.
   gather_rows({.src_a = cache.window.data(), .a_stride = d, .src_b = c.at<void>(L.kv), .b_stride = d,
-               .src_dtype = DType::kBF16, .src_index = dm.win_src, .dst = c.at<void>(L.win), .dst_stride = d,
-               .dst_dtype = DType::kBF16, .rows = int64_t(M.win_src.size()), .width = d},
+               .src_dtype = c.act, .src_index = dm.win_src, .dst = c.at<void>(L.win), .dst_stride = d,
+               .dst_dtype = c.act, .rows = int64_t(M.win_src.size()), .width = d},
               c.stream);
   if (c.split.num_splits > 1) {
     sp.num_splits = c.split.num_splits;
@@ -196,16 +197,16 @@ void attention_block(const StepCtx& c, const GpuAttention& A, GpuLayerCache& cac
     sp.workspace = c.at<float>(L.attn_ws);
   }
   oc::sparse_attention(sp, c.stream);
-  gather_rows({.src_a = c.at<void>(L.kv), .a_stride = d, .src_dtype = DType::kBF16, .src_index = dm.win_store_src,
-               .dst = cache.window.data(), .dst_stride = d, .dst_dtype = DType::kBF16, .dst_index = dm.win_store_dst,
+  gather_rows({.src_a = c.at<void>(L.kv), .a_stride = d, .src_dtype = c.act, .src_index = dm.win_store_src,
+               .dst = cache.window.data(), .dst_stride = d, .dst_dtype = c.act, .dst_index = dm.win_store_dst,
                .rows = int64_t(M.win_store_src.size()), .width = d},
               c.stream);
-  rope(c, c.at<void>(L.o), DType::kBF16, H * d, T, H, d, dm.pos, A.inv_freq, /*inverse=*/true);
+  rope(c, c.at<void>(L.o), c.act, H * d, T, H, d, dm.pos, A.inv_freq, /*inverse=*/true);
 
   // Grouped output projection: group gi of every token through wo_a[gi] [R, gin] (strided batch).
   const int64_t G = g.o_groups, R = g.o_lora_rank, gin = H * d / G;
   c.blas->gemm({.x = c.at<void>(L.o), .ldx = H * d, .w = A.wo_a.data(), .ldw = gin, .y = c.at<void>(L.zo),
-                .ldy = G * R, .in_dtype = DType::kBF16, .out_dtype = DType::kBF16, .M = T, .N = R, .K = gin,
+                .ldy = G * R, .in_dtype = A.wo_a.dtype, .out_dtype = c.act, .M = T, .N = R, .K = gin,
                 .batch = G, .batch_stride_x = gin, .batch_stride_w = R * gin, .batch_stride_y = R},
                c.stream);
   linear(c, A.wo_b, c.at<void>(L.zo), G * R, T, c.at<float>(L.y), DType::kF32, D);
@@ -238,22 +239,22 @@ void permute_by_expert(MoeHost& m, int64_t T, int64_t K, int64_t E) {
     }
 }
 
-// SwiGLU expert over `rows` rows of gu [rows, 2I] (gate | up) into act [rows, I].
+// SwiGLU expert over `rows` rows of gu [rows, 2I] (gate | up) into act [rows, I], both c.act.
 void swiglu_rows(const StepCtx& c, void* gu, void* act, const float* row_weight, int64_t rows) {
   if (rows == 0) return;
   const int64_t I = c.cfg->moe_intermediate_size;
-  ops::cuda::swiglu({.gate = gu, .gate_stride = 2 * I, .up = static_cast<char*>(gu) + I * 2, .up_stride = 2 * I,
-                     .in_dtype = DType::kBF16, .row_weight = row_weight, .out = act, .out_stride = I,
-                     .out_dtype = DType::kBF16, .rows = rows, .inter = I, .limit = float(c.cfg->swiglu_limit)},
+  ops::cuda::swiglu({.gate = gu, .gate_stride = 2 * I, .up = static_cast<char*>(gu) + I * int64_t(c.act_bytes),
+                     .up_stride = 2 * I, .in_dtype = c.act, .row_weight = row_weight, .out = act, .out_stride = I,
+                     .out_dtype = c.act, .rows = rows, .inter = I, .limit = float(c.cfg->swiglu_limit)},
                     c.stream);
 }
 
-// h [T, D] bf16 -> y [T, D] f32 = Σ_k w_k E_k(h) + shared(h).
+// h [T, D] act -> y [T, D] f32 = Σ_k w_k E_k(h) + shared(h).
 void moe_block(const StepCtx& c, const GpuMoE& M) {
   const DeepseekV4Config& g = *c.cfg;
   const ArenaLayout& L = c.L;
   const int64_t T = c.meta->T, D = g.hidden_size, E = g.n_routed_experts, K = g.num_experts_per_tok;
-  const int64_t I = g.moe_intermediate_size;
+  const int64_t I = g.moe_intermediate_size, ab = int64_t(c.act_bytes);
   void* h = c.at<void>(L.h);
   float* logits = c.at<float>(L.logits_r);
   linear(c, M.gate, h, D, T, logits, DType::kF32, E);  // router logits in fp32
@@ -279,21 +280,21 @@ void moe_block(const StepCtx& c, const GpuMoE& M) {
   char* gu = c.at<char>(L.gu);
   char* act = c.at<char>(L.act);
   float* ye = c.at<float>(L.ye);
-  gather_rows({.src_a = h, .a_stride = D, .src_dtype = DType::kBF16, .src_index = c.at<int64_t>(L.perm_src),
-               .dst = xe, .dst_stride = D, .dst_dtype = DType::kBF16, .rows = T * K, .width = D},
+  gather_rows({.src_a = h, .a_stride = D, .src_dtype = c.act, .src_index = c.at<int64_t>(L.perm_src),
+               .dst = xe, .dst_stride = D, .dst_dtype = c.act, .rows = T * K, .width = D},
               c.stream);
   for (int64_t e = 0; e < E; ++e) {
     const int64_t a0 = mh.offset[size_t(e)], n = mh.offset[size_t(e + 1)] - a0;
-    if (n > 0) linear(c, M.experts[size_t(e)].w13, xe + a0 * D * 2, D, n, gu + a0 * 2 * I * 2, DType::kBF16, 2 * I);
+    if (n > 0) linear(c, M.experts[size_t(e)].w13, xe + a0 * D * ab, D, n, gu + a0 * 2 * I * ab, c.act, 2 * I);
   }
   // Routed weight applied before W2, as the reference does.
   swiglu_rows(c, gu, act, c.at<float>(L.perm_w), T * K);
   for (int64_t e = 0; e < E; ++e) {
     const int64_t a0 = mh.offset[size_t(e)], n = mh.offset[size_t(e + 1)] - a0;
-    if (n > 0) linear(c, M.experts[size_t(e)].w2, act + a0 * I * 2, I, n, ye + a0 * D, DType::kF32, D);
+    if (n > 0) linear(c, M.experts[size_t(e)].w2, act + a0 * I * ab, I, n, ye + a0 * D, DType::kF32, D);
   }
   // Shared expert (gu/act reused: same stream, the routed GEMMs are queued before).
-  linear(c, M.shared.w13, h, D, T, gu, DType::kBF16, 2 * I);
+  linear(c, M.shared.w13, h, D, T, gu, c.act, 2 * I);
   swiglu_rows(c, gu, act, nullptr, T);
   linear(c, M.shared.w2, act, I, T, c.at<float>(L.sh), DType::kF32, D);
   moe_combine({.ye = ye, .rows = c.at<int64_t>(L.comb_rows), .shared = c.at<float>(L.sh), .out = c.at<float>(L.y),
@@ -310,7 +311,7 @@ void hc_site(const StepCtx& c, const GpuHc& hc, const float* X, const float* nor
                      .mode = ops::cuda::HcMode::kLayer, .sinkhorn_iters = int(g.hc_sinkhorn_iters),
                      .norm_eps = float(g.rms_norm_eps), .hc_eps = float(g.hc_eps)},
                     c.stream);
-  norm(c, c.at<float>(c.L.u), DType::kF32, D, norm_w, c.at<void>(c.L.h), DType::kBF16, D, T, D);
+  norm(c, c.at<float>(c.L.u), DType::kF32, D, norm_w, c.at<void>(c.L.h), c.act, D, T, D);
 }
 
 void hc_merge(const StepCtx& c, const float* X, float* out) {

@@ -18,11 +18,12 @@ using namespace gpu;
 CudaHostPlan CudaHostPlan::make(const DeepseekV4Config& cfg, const CudaModelOptions& o) {
   CudaHostPlan p;
   p.cache_specs = cache_specs_for(cfg, 0);  // MTP blocks do not run on the GPU yet
-  p.weight_bytes = gpu_weight_bytes(cfg, false);
-  p.activation_bytes = gpu_activation_bytes(cfg, o.max_batch_tokens, o.max_seqs, o.max_context);
+  const size_t e = storage_bytes(o.numerics);
+  p.weight_bytes = gpu_weight_bytes(cfg, false, e);
+  p.activation_bytes = gpu_activation_bytes(cfg, o.max_batch_tokens, o.max_seqs, o.max_context, e);
   p.block_tokens = kv::KvCache::default_block_tokens(p.cache_specs);
-  p.bytes_per_slot = gpu_slot_bytes(p.cache_specs);
-  p.bytes_per_block = gpu_block_bytes(p.cache_specs, p.block_tokens);
+  p.bytes_per_slot = gpu_slot_bytes(p.cache_specs, e);
+  p.bytes_per_block = gpu_block_bytes(p.cache_specs, p.block_tokens, e);
   return p;
 }
 
@@ -87,7 +88,7 @@ std::unique_ptr<DeepseekV4CudaModel> DeepseekV4CudaModel::load(const std::string
   s.info = info;
   s.mem = mem;
   s.specs = plan.cache_specs;
-  s.w = upload_weights(w, m->cfg_, plan.weight_bytes, o.progress, s.stream.get());
+  s.w = upload_weights(w, m->cfg_, storage_dtype(o.numerics), plan.weight_bytes, o.progress, s.stream.get());
   DI_INFO("deepseek_v4 cuda: ", s.w.bytes >> 20, " MiB of weights on ", info.name, " (planned ", plan.weight_bytes >> 20,
           " MiB); cache budget ", mem.cache_bytes >> 20, " MiB");
   return m;
@@ -103,18 +104,22 @@ std::string DeepseekV4CudaModel::describe() const {
   std::ostringstream os;
   os << cfg_.architecture << ": " << cfg_.num_layers << " layers [" << cfg_.schedule_str() << "], D=" << cfg_.hidden_size
      << ", H=" << cfg_.num_heads << "x" << cfg_.head_dim << ", experts " << cfg_.n_routed_experts << " top-"
-     << cfg_.num_experts_per_tok << ", backend cuda bf16 ("
-     << (opts_.numerics == Numerics::kExact ? "exact" : "production") << ") on " << (st_ ? st_->info.name : "?");
+     << cfg_.num_experts_per_tok << ", backend cuda "
+     << (opts_.numerics == Numerics::kExact ? "f32 (exact)"
+         : opts_.numerics == Numerics::kBf16 ? "bf16"
+                                              : "bf16 (production: FP8 kv, FP4 indexer)")
+     << " on " << (st_ ? st_->info.name : "?");
   return os.str();
 }
 
 kv::CacheGeometry DeepseekV4CudaModel::plan_cache(size_t budget_bytes, int64_t max_slots) const {
-  return plan_gpu_cache(st_->specs, std::min(budget_bytes, st_->mem.cache_bytes), max_slots);
+  return plan_gpu_cache(st_->specs, std::min(budget_bytes, st_->mem.cache_bytes), max_slots,
+                        storage_bytes(opts_.numerics));
 }
 
 void DeepseekV4CudaModel::allocate_cache(const kv::CacheGeometry& geometry) {
   st_->cache = GpuCache();  // free the old pools first
-  st_->cache = GpuCache(st_->specs, geometry, st_->stream.get());
+  st_->cache = GpuCache(st_->specs, geometry, storage_dtype(opts_.numerics), st_->stream.get());
 }
 
 void DeepseekV4CudaModel::allocate_cache_for(int64_t slots, int64_t max_tokens_per_slot) {
@@ -122,8 +127,8 @@ void DeepseekV4CudaModel::allocate_cache_for(int64_t slots, int64_t max_tokens_p
   g.block_tokens = kv::KvCache::default_block_tokens(st_->specs);
   g.num_slots = slots;
   g.num_blocks = slots * std::max<int64_t>(1, (max_tokens_per_slot + g.block_tokens - 1) / g.block_tokens);
-  g.bytes_per_block = gpu_block_bytes(st_->specs, g.block_tokens);
-  g.bytes_per_slot = gpu_slot_bytes(st_->specs);
+  g.bytes_per_block = gpu_block_bytes(st_->specs, g.block_tokens, storage_bytes(opts_.numerics));
+  g.bytes_per_slot = gpu_slot_bytes(st_->specs, storage_bytes(opts_.numerics));
   allocate_cache(g);
 }
 
@@ -200,7 +205,7 @@ Tensor DeepseekV4CudaModel::forward(const ForwardBatch& batch) {
   }
 
   // ---- workspace ----
-  ArenaSizes sz{.T = T, .win_rows = int64_t(meta.win_src.size()), .R = R};
+  ArenaSizes sz{.T = T, .win_rows = int64_t(meta.win_src.size()), .R = R, .act_bytes = storage_bytes(opts_.numerics)};
   int64_t max_cmp = 0;
   for (const auto& k : meta.kinds) {
     sz.stage_rows = std::max<int64_t>(sz.stage_rows, int64_t(k.stage_src.size()));
@@ -215,6 +220,8 @@ Tensor DeepseekV4CudaModel::forward(const ForwardBatch& batch) {
   ensure(s.arena, c.L.total);
   c.cfg = &cfg_;
   c.numerics = opts_.numerics;
+  c.act = storage_dtype(opts_.numerics);
+  c.act_bytes = storage_bytes(opts_.numerics);
   c.meta = &meta;
   c.dmeta = &dm;
   c.arena = s.arena.as<char>();
@@ -224,7 +231,7 @@ Tensor DeepseekV4CudaModel::forward(const ForwardBatch& batch) {
   c.moe = &s.moe;
 
   // ---- embedding, layers ----
-  gather_rows({.src_a = s.w.embed.data(), .a_stride = D, .src_dtype = DType::kBF16, .src_index = dm.embed_src,
+  gather_rows({.src_a = s.w.embed.data(), .a_stride = D, .src_dtype = s.w.embed.dtype, .src_index = dm.embed_src,
                .dst = c.at<float>(c.L.X), .dst_stride = D, .dst_dtype = DType::kF32, .rows = T * n, .width = D},
               st);
   for (int64_t l = 0; l < cfg_.num_layers; ++l) decoder_layer(c, s.w.layers[size_t(l)], s.cache.layer(l));
@@ -251,7 +258,7 @@ Tensor DeepseekV4CudaModel::forward(const ForwardBatch& batch) {
                      .norm_eps = float(cfg_.rms_norm_eps), .hc_eps = float(cfg_.hc_eps)},
                     st);
   ops::cuda::rmsnorm({.x = c.at<float>(c.L.hu), .x_dtype = DType::kF32, .x_stride = D, .w = s.w.norm.data(),
-                      .w_dtype = DType::kF32, .y = c.at<void>(c.L.hh), .y_dtype = DType::kBF16, .y_stride = D,
+                      .w_dtype = DType::kF32, .y = c.at<void>(c.L.hh), .y_dtype = c.act, .y_stride = D,
                       .rows = R, .dim = D, .eps = float(cfg_.rms_norm_eps)},
                      st);
   linear(c, s.w.head, c.at<void>(c.L.hh), D, R, c.at<float>(c.L.logits), DType::kF32, V);

@@ -2,9 +2,12 @@
 // semantics as the CPU model (src/model/deepseek_v4/model.h): varlen packed tokens, paged
 // compressed entries / indexer keys through each sequence's block table, per-slot window ring
 // and compressor partials — here all in device memory (cuda_cache.h).
-// Numerics: bf16 activations and weights with fp32 accumulation; fp32 residual streams and
-// mHC mixing, router logits, compressor pooling. Exact mode (tests) adds nothing; production
-// mode (serving) adds the reference's FP8 KV and FP4 indexer round trips (ops/cuda/quant.h).
+// Numerics (gpu::Numerics): kExact runs fp32 everywhere (f32 weights dequantised at upload,
+// f32 activations and caches, fp32 GEMMs without TF32) for parity with transformers' fp32
+// logits; kBf16 stores weights, activations between kernels and the kv cache in bf16 with fp32
+// accumulation, keeping residual streams, mHC mixing, router logits and compressor pooling in
+// fp32; kProduction (serving) adds the reference's FP8 KV and FP4 indexer round trips
+// (ops/cuda/quant.h).
 // Not yet: MTP drafting on the GPU, CUDA graphs, native FP8/FP4 GEMMs (weights are dequantised
 // to bf16 at upload), multi-GPU.
 #pragma once
@@ -20,7 +23,7 @@
 namespace deepinfer::model::v4 {
 
 struct CudaModelOptions {
-  gpu::Numerics numerics = gpu::Numerics::kExact;
+  gpu::Numerics numerics = gpu::Numerics::kExact;  // tests; the engine loads kProduction
   bool progress = true;               // weight upload progress bar on stderr
   int64_t max_batch_tokens = 8192;    // memory plan: largest step (new tokens)
   int64_t max_seqs = 64;              // memory plan: sequences per step

@@ -27,17 +27,17 @@ std::vector<kv::LayerCacheSpec> cache_specs_for(const DeepseekV4Config& cfg, int
   return specs;
 }
 
-size_t gpu_block_bytes(const std::vector<kv::LayerCacheSpec>& layers, int64_t block_tokens) {
+size_t gpu_block_bytes(const std::vector<kv::LayerCacheSpec>& layers, int64_t block_tokens, size_t kv_bytes) {
   size_t n = 0;
   for (const auto& s : layers)
-    if (s.ratio > 0) n += size_t(block_tokens / s.ratio) * size_t(s.head_dim + s.index_dim) * 2;  // bf16
+    if (s.ratio > 0) n += size_t(block_tokens / s.ratio) * size_t(s.head_dim + s.index_dim) * kv_bytes;
   return n;
 }
 
-size_t gpu_slot_bytes(const std::vector<kv::LayerCacheSpec>& layers) {
+size_t gpu_slot_bytes(const std::vector<kv::LayerCacheSpec>& layers, size_t kv_bytes) {
   size_t n = 0;
   for (const auto& s : layers) {
-    n += size_t(s.window * s.head_dim) * 2;                       // bf16 window ring
+    n += size_t(s.window * s.head_dim) * kv_bytes;                // window ring
     n += size_t(s.state_rows() * 2 * s.comp_width) * 4;           // f32 compressor partials
     if (s.index_dim > 0) n += size_t(2 * s.ratio * 2 * s.index_width) * 4;
   }
@@ -45,13 +45,13 @@ size_t gpu_slot_bytes(const std::vector<kv::LayerCacheSpec>& layers) {
 }
 
 kv::CacheGeometry plan_gpu_cache(const std::vector<kv::LayerCacheSpec>& layers, size_t budget_bytes,
-                                 int64_t max_slots) {
+                                 int64_t max_slots, size_t kv_bytes) {
   if (max_slots <= 0) DI_THROW(InvalidArgument, "plan_cache: max_slots must be > 0, got ", max_slots);
   kv::CacheGeometry g;
   g.block_tokens = kv::KvCache::default_block_tokens(layers);
   g.num_slots = max_slots;
-  g.bytes_per_block = gpu_block_bytes(layers, g.block_tokens);
-  g.bytes_per_slot = gpu_slot_bytes(layers);
+  g.bytes_per_block = gpu_block_bytes(layers, g.block_tokens, kv_bytes);
+  g.bytes_per_slot = gpu_slot_bytes(layers, kv_bytes);
   const size_t fixed = g.bytes_per_slot * size_t(max_slots);
   if (fixed > budget_bytes)
     DI_THROW(OutOfMemory, "GPU kv cache: ", max_slots, " slots need ", fixed, " bytes (", g.bytes_per_slot,
@@ -82,7 +82,7 @@ int64_t layer_f32_elems(const DeepseekV4Config& c, AttnKind kind, int64_t ratio,
 }
 }  // namespace
 
-size_t gpu_weight_bytes(const DeepseekV4Config& c, bool with_mtp) {
+size_t gpu_weight_bytes(const DeepseekV4Config& c, bool with_mtp, size_t linear_bytes) {
   const int64_t D = c.hidden_size, V = c.vocab_size, n = c.hc_mult;
   int64_t bf16 = 2 * V * D, f32 = D + n * c.hc_dim() + n + 1 + c.rope_head_dim;
   for (int64_t l = 0; l < c.num_layers; ++l) {
@@ -94,11 +94,13 @@ size_t gpu_weight_bytes(const DeepseekV4Config& c, bool with_mtp) {
       bf16 += 2 * D * D + layer_dense_elems_bf16(c, AttnKind::kSliding);
       f32 += 3 * D + n * c.hc_dim() + n + 1 + layer_f32_elems(c, AttnKind::kSliding, 0, false);
     }
-  return size_t(bf16) * 2 + size_t(f32) * 4;
+  return size_t(bf16) * linear_bytes + size_t(f32) * 4;
 }
 
-size_t gpu_activation_bytes(const DeepseekV4Config& c, int64_t max_tokens, int64_t max_seqs, int64_t max_context) {
+size_t gpu_activation_bytes(const DeepseekV4Config& c, int64_t max_tokens, int64_t max_seqs, int64_t max_context,
+                            size_t act_bytes) {
   ArenaSizes s;
+  s.act_bytes = act_bytes;
   s.T = max_tokens;
   s.win_rows = max_tokens + max_seqs * (c.sliding_window - 1);
   int64_t min_ratio = 0;

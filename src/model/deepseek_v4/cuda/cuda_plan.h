@@ -15,29 +15,39 @@
 namespace deepinfer::model::v4::gpu {
 
 enum class Numerics {
-  kExact,       // bf16 activations, fp32 accumulation, no quantisation round trips (parity with transformers)
-  kProduction,  // + the reference's FP8 KV round trip and FP4 indexer rounding (ops/cuda/quant.h)
+  kExact,       // fp32 everywhere: f32 weights (dequantised at upload), activations, caches, fp32 GEMMs
+                // without TF32 (parity with transformers' fp32 logits; tests, 2x the weight memory)
+  kBf16,        // bf16 weights, activations and caches, fp32 accumulation; no quantisation round trips
+  kProduction,  // kBf16 + the reference's FP8 KV round trip and FP4 indexer rounding (ops/cuda/quant.h)
 };
+// Storage type of linears, activations between kernels and the kv cache in a numerics mode
+// (compressor partials, residual streams, mHC, router logits are f32 in every mode).
+inline DType storage_dtype(Numerics n) { return n == Numerics::kExact ? DType::kF32 : DType::kBF16; }
+inline size_t storage_bytes(Numerics n) { return n == Numerics::kExact ? 4 : 2; }
 
-// Device storage per layer (spec: kv::LayerCacheSpec):
-//   window      bf16 [slots, W, d]                 kv of position p at row slot*W + p mod W
-//   comp        bf16 [blocks*epb, d]               entry i at block_table[i/epb]*epb + i mod epb
-//   index_keys  bf16 [blocks*epb, index_dim]       same addressing (CSA)
+// Device storage per layer (spec: kv::LayerCacheSpec); "kv" = storage_dtype (bf16, f32 in kExact):
+//   window      kv   [slots, W, d]                 kv of position p at row slot*W + p mod W
+//   comp        kv   [blocks*epb, d]               entry i at block_table[i/epb]*epb + i mod epb
+//   index_keys  kv   [blocks*epb, index_dim]       same addressing (CSA)
 //   comp_state  f32  [slots, state_rows, 2c]       (a | z) of position p at row slot*S + p mod S
 //   index_state f32  [slots, 2m, 2*index_width]
-size_t gpu_block_bytes(const std::vector<kv::LayerCacheSpec>& layers, int64_t block_tokens);
-size_t gpu_slot_bytes(const std::vector<kv::LayerCacheSpec>& layers);
+// kv_bytes: bytes of one window/entry/key element (storage_bytes of the numerics mode).
+size_t gpu_block_bytes(const std::vector<kv::LayerCacheSpec>& layers, int64_t block_tokens, size_t kv_bytes = 2);
+size_t gpu_slot_bytes(const std::vector<kv::LayerCacheSpec>& layers, size_t kv_bytes = 2);
 // Slots first, then as many blocks as fit in `budget_bytes`; OutOfMemory when the slots do not fit.
 kv::CacheGeometry plan_gpu_cache(const std::vector<kv::LayerCacheSpec>& layers, size_t budget_bytes,
-                                 int64_t max_slots);
+                                 int64_t max_slots, size_t kv_bytes = 2);
 std::vector<kv::LayerCacheSpec> cache_specs_for(const DeepseekV4Config& cfg, int64_t num_mtp);
 
-// Bytes the uploaded weights take on the device (bf16 linears incl. dequantised FP8/FP4, f32
-// mHC/router bias/sinks/ape, bf16 norms stored as f32). Computed from the config alone.
-size_t gpu_weight_bytes(const DeepseekV4Config& cfg, bool with_mtp);
+// Bytes the uploaded weights take on the device (linears incl. dequantised FP8/FP4 at
+// `linear_bytes` per element: bf16, f32 in kExact; f32 mHC/router bias/sinks/ape, bf16 norms
+// stored as f32). Computed from the config alone.
+size_t gpu_weight_bytes(const DeepseekV4Config& cfg, bool with_mtp, size_t linear_bytes = 2);
 // Upper bound of the per-forward device workspace for `max_tokens` new tokens in a batch of
 // up to `max_seqs` sequences with contexts up to `max_context` tokens.
-size_t gpu_activation_bytes(const DeepseekV4Config& cfg, int64_t max_tokens, int64_t max_seqs, int64_t max_context);
+// act_bytes: storage_bytes of the numerics mode.
+size_t gpu_activation_bytes(const DeepseekV4Config& cfg, int64_t max_tokens, int64_t max_seqs, int64_t max_context,
+                            size_t act_bytes = 2);
 
 // One compressor kind (ratio m, overlapping or not) over the batch.
 struct CompressMeta {

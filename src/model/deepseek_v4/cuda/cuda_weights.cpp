@@ -49,26 +49,35 @@ class Uploader {
   cudaStream_t stream_;
 };
 
-// bf16 [out, in] host copy of a linear in any stored format.
-Tensor host_bf16(const Linear& l, const DeepseekV4Config& cfg) {
+// Uploader plus the mode's linear storage dtype.
+struct Up {
+  Uploader& u;
+  const DeepseekV4Config& cfg;
+  DType dt;  // bf16 | f32
+};
+
+// dt [out, in] host copy of a linear in any stored format (f32: the exact dequantised values).
+Tensor host_linear(const Linear& l, const DeepseekV4Config& cfg, DType dt) {
   DI_CHECK(l.weight.defined() && l.weight.dim() == 2, "linear weight missing");
-  if (l.format == WeightFormat::kBF16 && l.weight.dtype() == DType::kBF16) return l.weight.contiguous();
-  return l.dequantize_f32(cfg.fp8_block, cfg.fp4_block).to(DType::kBF16);
+  if (l.format == WeightFormat::kBF16 && l.weight.dtype() == dt) return l.weight.contiguous();
+  Tensor f = l.dequantize_f32(cfg.fp8_block, cfg.fp4_block).contiguous();
+  return dt == DType::kF32 ? f : f.to(dt);
 }
 
-DevLinear up_linear(Uploader& u, const Linear& l, const DeepseekV4Config& cfg) {
+DevLinear up_linear(Up& U, const Linear& l) {
   DevLinear d;
   if (!l.weight.defined()) return d;
-  Tensor h = host_bf16(l, cfg);
+  Tensor h = host_linear(l, U.cfg, U.dt);
   d.out = h.size(0);
   d.in = h.size(1);
-  d.w = u.put(h.raw_data(), h.nbytes());
+  d.dtype = U.dt;
+  d.w = U.u.put(h.raw_data(), h.nbytes());
   return d;
 }
 
 // [a; b] stacked along rows (same in-width): one GEMM gives both outputs.
-DevLinear up_fused(Uploader& u, const Linear& a, const Linear& b, const DeepseekV4Config& cfg) {
-  Tensor ha = host_bf16(a, cfg), hb = host_bf16(b, cfg);
+DevLinear up_fused(Up& U, const Linear& a, const Linear& b) {
+  Tensor ha = host_linear(a, U.cfg, U.dt), hb = host_linear(b, U.cfg, U.dt);
   DI_CHECK(ha.size(1) == hb.size(1), "fused linears differ in input width: ", ha.str(), " vs ", hb.str());
   std::vector<uint8_t> buf(ha.nbytes() + hb.nbytes());
   std::memcpy(buf.data(), ha.raw_data(), ha.nbytes());
@@ -76,7 +85,8 @@ DevLinear up_fused(Uploader& u, const Linear& a, const Linear& b, const Deepseek
   DevLinear d;
   d.out = ha.size(0) + hb.size(0);
   d.in = ha.size(1);
-  d.w = u.put(buf.data(), buf.size());
+  d.dtype = U.dt;
+  d.w = U.u.put(buf.data(), buf.size());
   return d;
 }
 
@@ -99,11 +109,12 @@ GpuHc up_hc(Uploader& u, const Tensor& fn, const Tensor& base, const Tensor& sca
   return {up_f32(u, fn), up_f32(u, base), up_f32(u, scale)};
 }
 
-GpuCompressor up_compressor(Uploader& u, const CompressorWeights& w, int64_t ratio, const DeepseekV4Config& cfg) {
+GpuCompressor up_compressor(Up& U, const CompressorWeights& w, int64_t ratio) {
+  Uploader& u = U.u;
   GpuCompressor c;
   c.ratio = ratio;
   c.width = w.wkv.out_features();
-  c.wkv_gate = up_fused(u, w.wkv, w.wgate, cfg);
+  c.wkv_gate = up_fused(U, w.wkv, w.wgate);
   c.ape = up_f32(u, w.ape);
   c.norm = up_f32(u, w.norm);
   DI_CHECK(c.ape.numel == ratio * c.width, "compressor ape has ", c.ape.numel, " values, expected ", ratio, "x", c.width);
@@ -116,12 +127,10 @@ Linear plain(const Tensor& t) {
   return l;
 }
 
-GpuExpert up_expert(Uploader& u, const ExpertWeights& e, const DeepseekV4Config& cfg) {
-  return {up_fused(u, e.w1, e.w3, cfg), up_linear(u, e.w2, cfg)};
-}
+GpuExpert up_expert(Up& U, const ExpertWeights& e) { return {up_fused(U, e.w1, e.w3), up_linear(U, e.w2)}; }
 
-GpuLayer up_layer(Uploader& u, const LayerWeights& lw, AttnKind kind, int64_t ratio, const DeepseekV4Config& cfg,
-                  const GpuWeights& model) {
+GpuLayer up_layer(Up& U, const LayerWeights& lw, AttnKind kind, int64_t ratio, const GpuWeights& model) {
+  Uploader& u = U.u;
   GpuLayer L;
   L.attn_norm = up_f32(u, lw.attn_norm);
   L.ffn_norm = up_f32(u, lw.ffn_norm);
@@ -131,27 +140,27 @@ GpuLayer up_layer(Uploader& u, const LayerWeights& lw, AttnKind kind, int64_t ra
   GpuAttention& A = L.attn;
   A.kind = kind;
   A.ratio = ratio;
-  A.wq_a = up_linear(u, a.wq_a, cfg);
-  A.wq_b = up_linear(u, a.wq_b, cfg);
-  A.wkv = up_linear(u, a.wkv, cfg);
-  A.wo_a = up_linear(u, a.wo_a, cfg);
-  A.wo_b = up_linear(u, a.wo_b, cfg);
+  A.wq_a = up_linear(U, a.wq_a);
+  A.wq_b = up_linear(U, a.wq_b);
+  A.wkv = up_linear(U, a.wkv);
+  A.wo_a = up_linear(U, a.wo_a);
+  A.wo_b = up_linear(U, a.wo_b);
   A.q_norm = up_f32(u, a.q_norm);
   A.kv_norm = up_f32(u, a.kv_norm);
   A.sink = up_f32(u, a.sink);
   A.inv_freq = kind == AttnKind::kSliding ? model.inv_freq_main.data() : model.inv_freq_compress.data();
   if (kind != AttnKind::kSliding) {
     DI_CHECK(a.compressor.has_value(), "compressed layer without compressor weights");
-    A.comp = up_compressor(u, *a.compressor, ratio, cfg);
+    A.comp = up_compressor(U, *a.compressor, ratio);
   }
   if (kind == AttnKind::kCSA) {
     DI_CHECK(a.indexer.has_value(), "CSA layer without indexer weights");
-    A.icomp = up_compressor(u, a.indexer->compressor, ratio, cfg);
-    A.index_wq_b = up_linear(u, a.indexer->wq_b, cfg);
-    A.index_weights = up_linear(u, a.indexer->weights_proj, cfg);
+    A.icomp = up_compressor(U, a.indexer->compressor, ratio);
+    A.index_wq_b = up_linear(U, a.indexer->wq_b);
+    A.index_weights = up_linear(U, a.indexer->weights_proj);
   }
   const MoEWeights& m = lw.ffn;
-  L.ffn.gate = up_linear(u, plain(m.gate), cfg);
+  L.ffn.gate = up_linear(U, plain(m.gate));
   L.ffn.bias = up_f32(u, m.bias);
   if (m.tid2eid.defined()) {
     Tensor t = m.tid2eid.to_f32();  // ids < 2^24: exact
@@ -160,8 +169,8 @@ GpuLayer up_layer(Uploader& u, const LayerWeights& lw, AttnKind kind, int64_t ra
     L.ffn.tid2eid = u.put(ids.data(), ids.size() * sizeof(int32_t));
     L.ffn.tid2eid_rows = t.size(0);
   }
-  for (const auto& e : m.experts) L.ffn.experts.push_back(up_expert(u, e, cfg));
-  L.ffn.shared = up_expert(u, m.shared, cfg);
+  for (const auto& e : m.experts) L.ffn.experts.push_back(up_expert(U, e));
+  L.ffn.shared = up_expert(U, m.shared);
   return L;
 }
 
@@ -172,18 +181,21 @@ std::vector<float> inv_freq_for(const RopeParams& p, int64_t rope_dim) {
 }
 }  // namespace
 
-GpuWeights upload_weights(const DeepseekV4Weights& w, const DeepseekV4Config& cfg, size_t planned_bytes,
-                          bool progress, cudaStream_t stream) {
+GpuWeights upload_weights(const DeepseekV4Weights& w, const DeepseekV4Config& cfg, DType linear_dtype,
+                          size_t planned_bytes, bool progress, cudaStream_t stream) {
+  DI_CHECK(linear_dtype == DType::kBF16 || linear_dtype == DType::kF32, "upload_weights: linear dtype ",
+           dtype_name(linear_dtype), " (bf16 or f32)");
   Uploader u(planned_bytes, progress, stream);
+  Up U{u, cfg, linear_dtype};
   GpuWeights g;
   g.inv_freq_main = up_vec(u, inv_freq_for(cfg.rope, cfg.rope_head_dim));
   g.inv_freq_compress = up_vec(u, inv_freq_for(cfg.compress_rope, cfg.rope_head_dim));
-  g.embed = up_linear(u, plain(w.embed), cfg);
-  g.head = up_linear(u, plain(w.head), cfg);
+  g.embed = up_linear(U, plain(w.embed));
+  g.head = up_linear(U, plain(w.head));
   g.norm = up_f32(u, w.norm);
   g.hc_head = up_hc(u, w.hc_head.fn, w.hc_head.base, w.hc_head.scale);
   for (int64_t l = 0; l < cfg.num_layers; ++l)
-    g.layers.push_back(up_layer(u, w.layers[size_t(l)], cfg.layer_types[size_t(l)], cfg.compress_ratio[size_t(l)], cfg, g));
+    g.layers.push_back(up_layer(U, w.layers[size_t(l)], cfg.layer_types[size_t(l)], cfg.compress_ratio[size_t(l)], g));
   g.bytes = u.done();
   u.finish();
   return g;

@@ -1,6 +1,7 @@
 // DeepSeek-V4 weights on the GPU, in the formats the CUDA forward consumes:
-//  * every linear as bf16 [out, in] (FP8 block-scaled and FP4 experts are dequantised on the
-//    host at upload — first version; the native FP8/FP4 GEMMs are still to do, docs/CUDA.md);
+//  * every linear as bf16 [out, in], or f32 in exact numerics (FP8 block-scaled and FP4 experts
+//    are dequantised on the host at upload — first version; the native FP8/FP4 GEMMs are still
+//    to do, docs/CUDA.md);
 //  * compressor Wkv|Wgate fused [2c, D]; expert W1|W3 fused [2I, D] (one GEMM gives gate|up);
 //  * f32: mHC fn/base/scale, router bias, sinks, ape, norm weights (bf16 in the checkpoint,
 //    widened exactly), rope tables; hash-routing tables as i32.
@@ -15,9 +16,10 @@
 
 namespace deepinfer::model::v4::gpu {
 
-struct DevLinear {          // bf16 [out, in], contiguous
+struct DevLinear {          // dtype [out, in], contiguous
   cuda::DeviceBuffer w;
   int64_t out = 0, in = 0;
+  DType dtype = DType::kBF16;  // bf16, or f32 (exact numerics)
   const void* data() const { return w.data(); }
 };
 struct DevF32 {
@@ -62,7 +64,7 @@ struct GpuLayer {
   GpuMoE ffn;
 };
 struct GpuWeights {
-  DevLinear embed, head;  // bf16 [V, D]
+  DevLinear embed, head;  // linear dtype [V, D]
   DevF32 norm;
   GpuHc hc_head;
   std::vector<GpuLayer> layers;
@@ -70,9 +72,10 @@ struct GpuWeights {
   size_t bytes = 0;       // uploaded in total
 };
 
-// Uploads the main model (MTP blocks are not run on the GPU yet). Prints a progress bar to
-// stderr when `progress`. Throws CudaError / OutOfMemory from the allocations.
-GpuWeights upload_weights(const DeepseekV4Weights& w, const DeepseekV4Config& cfg, size_t planned_bytes,
-                          bool progress, cudaStream_t stream);
+// Uploads the main model (MTP blocks are not run on the GPU yet), linears (and the embedding)
+// as `linear_dtype` (bf16 or f32). Prints a progress bar to stderr when `progress`. Throws
+// CudaError / OutOfMemory from the allocations.
+GpuWeights upload_weights(const DeepseekV4Weights& w, const DeepseekV4Config& cfg, DType linear_dtype,
+                          size_t planned_bytes, bool progress, cudaStream_t stream);
 
 }  // namespace deepinfer::model::v4::gpu
