@@ -106,6 +106,7 @@ class GrammarBuilder {
   RuleId find_rule(std::string_view name) const;  // -1 if absent
   const Rule& rule(RuleId r) const { return g_.rules[r]; }
   const Expr& expr(ExprId e) const { return g_.exprs[e]; }
+  const ByteAutomaton& automaton_at(int32_t i) const { return g_.automata[i]; }
   int32_t num_rules() const { return static_cast<int32_t>(g_.rules.size()); }
   size_t num_exprs() const { return g_.exprs.size(); }
 

@@ -6,6 +6,8 @@
 #include "core/check.h"
 #include "structured/json_schema_impl.h"
 #include "structured/regex.h"
+#include "structured/regular.h"
+#include "structured/stack.h"
 
 namespace deepinfer::structured {
 
@@ -35,11 +37,11 @@ const std::set<std::string> kSupported = {
     "type", "enum", "const", "properties", "required", "additionalProperties", "patternProperties",
     "items", "prefixItems", "additionalItems", "minItems", "maxItems", "minLength", "maxLength", "pattern",
     "format", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "anyOf", "oneOf",
-    "allOf", "$ref", "nullable"};
+    "allOf", "$ref", "nullable", "minProperties", "maxProperties", "propertyNames"};
 // Keywords that constrain instances but are not supported (compile error when they matter).
 const std::set<std::string> kUnsupported = {
-    "not", "if", "contains", "uniqueItems", "dependentRequired", "dependentSchemas", "dependencies",
-    "propertyNames", "minProperties", "maxProperties", "unevaluatedProperties", "unevaluatedItems",
+    "if", "contains", "uniqueItems", "dependentRequired", "dependentSchemas", "dependencies",
+    "unevaluatedProperties", "unevaluatedItems",
     "$dynamicRef", "$recursiveRef", "minContains", "maxContains"};
 
 const std::vector<std::string> kAllTypes = {"null", "boolean", "object", "array", "string", "number"};
@@ -130,6 +132,14 @@ ExprId SchemaLowerer::lower(const json& s, const std::string& ptr, int depth) {
     if (m.find("json-schema.org/") == std::string::npos)
       schema_error(ptr + "/$schema", "unknown metaschema '" + m + "'");
   }
+  if (s.contains("enum") || s.contains("const")) {
+    for (auto it = s.begin(); it != s.end(); ++it) {
+      const std::string& k = it.key();
+      if (k != "enum" && k != "const" && k != "type" && k != "nullable" && (kSupported.count(k) || kUnsupported.count(k) || k == "not"))
+        return lower_filtered_enum(s, ptr, depth);
+    }
+  }
+  if (s.contains("not")) return lower_not(s, ptr, depth);
   for (auto it = s.begin(); it != s.end(); ++it) {
     const std::string& k = it.key();
     if (kUnsupported.count(k) && !keyword_is_noop(k, it.value(), s))
@@ -227,6 +237,79 @@ ExprId SchemaLowerer::lower_type(const std::string& t, const json& s, const std:
   return b.nothing();
 }
 
+// enum/const next to other keywords: the finite candidate set, filtered by validating each
+// value against the rest of the schema (compiled on its own and matched byte by byte).
+ExprId SchemaLowerer::lower_filtered_enum(const json& s, const std::string& ptr, int depth) {
+  std::vector<json> values;
+  if (s.contains("enum")) {
+    if (!s["enum"].is_array()) schema_error(ptr + "/enum", "must be an array");
+    for (const auto& v : s["enum"]) values.push_back(v);
+  }
+  if (s.contains("const")) {
+    if (s.contains("enum")) {
+      bool in = std::any_of(values.begin(), values.end(), [&](const json& v) { return v == s["const"]; });
+      values.clear();
+      if (in) values.push_back(s["const"]);
+    } else {
+      values.push_back(s["const"]);
+    }
+  }
+  json rest = s;
+  rest.erase("enum");
+  rest.erase("const");
+  std::vector<ExprId> alts;
+  for (size_t i = 0; i < values.size(); ++i)
+    if (validates(rest, ptr, values[i])) alts.push_back(literal(values[i], ptr + "/enum/" + std::to_string(i)));
+  return b.alt(std::move(alts));
+}
+
+bool SchemaLowerer::validates(const json& schema, const std::string& ptr, const json& value) {
+  if (schema.is_boolean()) return schema.get<bool>();
+  if (schema.is_object() && schema.contains("not")) {
+    json rest = schema;
+    rest.erase("not");
+    return !validates(schema["not"], ptr + "/not", value) && validates(rest, ptr, value);
+  }
+  SchemaLowerer sub(root_, opt_);
+  ExprId e = sub.lower(schema, ptr, 1);
+  RuleId root = sub.b.declare_rule("root");
+  sub.b.define_rule(root, e);
+  Grammar g = std::move(sub.b).finish(root);
+  return pda_matches(build_pda(g, AutomatonLimits{}), value.dump());
+}
+
+// `not`: a boolean, or a schema that only restricts the instance type (the complement is the
+// other types). Anything else is an error: complements of general schemas are not regular.
+ExprId SchemaLowerer::lower_not(const json& s, const std::string& ptr, int depth) {
+  json rest = s;
+  rest.erase("not");
+  json n = deref_top(s["not"], ptr + "/not", depth);
+  if (n.is_boolean()) return n.get<bool>() ? b.nothing() : lower(rest, ptr, depth + 1);
+  bool only_type = n.is_object() && n.contains("type");
+  for (auto it = n.begin(); only_type && it != n.end(); ++it)
+    if (it.key() != "type" && kAnnotations.count(it.key()) == 0) only_type = false;
+  if (only_type && n.size() == 1 && n["type"].is_array() && n["type"].empty()) return lower(rest, ptr, depth + 1);
+  if (!only_type) schema_error(ptr + "/not", "keyword 'not' is supported only for boolean and type-only schemas");
+  std::set<std::string> excluded;
+  if (n["type"].is_string()) excluded.insert(n["type"].get<std::string>());
+  else for (const auto& t : n["type"]) excluded.insert(t.is_string() ? t.get<std::string>() : "");
+  if (excluded.count("integer") && !excluded.count("number"))
+    schema_error(ptr + "/not", "keyword 'not' of type integer (without number) is not supported");
+  std::vector<std::string> have;
+  if (rest.contains("type")) {
+    if (rest["type"].is_string()) have.push_back(rest["type"].get<std::string>());
+    else for (const auto& t : rest["type"]) have.push_back(t.get<std::string>());
+  } else {
+    have = {"null", "boolean", "object", "array", "string", "number"};
+  }
+  json kept = json::array();
+  for (const auto& t : have)
+    if (!excluded.count(t) && !(t == "integer" && excluded.count("number"))) kept.push_back(t);
+  if (kept.empty()) return b.nothing();
+  rest["type"] = kept;
+  return lower(rest, ptr, depth + 1);
+}
+
 // anyOf / oneOf: one branch per alternative, each merged with the sibling keywords.
 ExprId SchemaLowerer::lower_anyof(const json& s, const std::string& ptr, int depth) {
   if (s.contains("anyOf") && s.contains("oneOf")) schema_error(ptr, "anyOf together with oneOf is not supported");
@@ -240,6 +323,7 @@ ExprId SchemaLowerer::lower_anyof(const json& s, const std::string& ptr, int dep
     if (kSupported.count(it.key())) rest_constrains = true;
   std::vector<ExprId> alts;
   std::vector<std::set<std::string>> branch_types;
+  std::string overlap_ptr;  // first oneOf branch that may overlap an earlier one
   for (size_t i = 0; i < branches.size(); ++i) {
     const std::string bp = ptr + "/" + kw + "/" + std::to_string(i);
     json branch = branches[i];
@@ -261,13 +345,29 @@ ExprId SchemaLowerer::lower_anyof(const json& s, const std::string& ptr, int dep
       }
       for (const auto& prev : branch_types)
         for (const auto& x : ts)
-          if (x == "*" || prev.count(x) || prev.count("*"))
-            schema_error(bp, "oneOf branches that may overlap are not supported (only branches of distinct types)");
+          if ((x == "*" || prev.count(x) || prev.count("*")) && overlap_ptr.empty()) overlap_ptr = bp;
       branch_types.push_back(ts);
     }
     alts.push_back(lower(branch, bp, depth + 1));
   }
-  return b.alt(std::move(alts));
+  if (overlap_ptr.empty()) return b.alt(std::move(alts));
+  // Branches may overlap: exact when all are regular (product accepting exactly one branch).
+  if (alts.size() > 16) schema_error(overlap_ptr, "oneOf with overlapping branches: more than 16 branches");
+  std::vector<Dfa> dfas;
+  for (ExprId a : alts) {
+    auto d = expr_to_dfa(b, a);
+    if (!d)
+      schema_error(overlap_ptr, "oneOf branches that may overlap are supported only when every branch is a regular "
+                                "language (no recursive or any-JSON values)");
+    dfas.push_back(std::move(*d));
+  }
+  std::vector<const Dfa*> ops;
+  for (const auto& d : dfas) ops.push_back(&d);
+  try {
+    return dfa_to_expr(b, dfa_product(ops, [](uint32_t m) { return m != 0 && (m & (m - 1)) == 0; }));
+  } catch (const GrammarError& e) {
+    schema_error(overlap_ptr, std::string("oneOf with overlapping branches: ") + e.what());
+  }
 }
 
 }  // namespace deepinfer::structured

@@ -6,11 +6,15 @@
 // ensure_ascii=False write them) exactly when the instance is valid. What cannot be expressed
 // exactly is a GrammarError naming the keyword and its JSON pointer.
 //
-// Known limits (errors, not silent): not, if/then/else, contains, uniqueItems: true,
-// dependent*, propertyNames, min/maxProperties, unevaluated*, $dynamicRef, remote $ref,
-// pattern together with min/maxLength, non-integer numeric bounds, oneOf whose branches are
-// not provably disjoint. Declared properties are accepted in any order when there are at most
-// kAnyOrderMaxProperties of them, otherwise in schema order.
+// Supported beyond the basics: patternProperties and propertyNames (key languages partitioned
+// by product DFAs), pattern/format/minLength/maxLength together (DFA intersection),
+// min/maxProperties (member counts, any-order objects only), oneOf with overlapping branches when
+// every branch is regular (product accepting exactly one), `not` of boolean and type-only
+// schemas, enum/const next to any other keywords (each value validated against the rest).
+// Known limits (errors, not silent): other `not`, if/then/else, contains, uniqueItems: true,
+// dependent*, unevaluated*, $dynamicRef, remote $ref, length bounds above 10000, non-integer
+// numeric bounds, oneOf with overlapping non-regular branches. Declared properties are accepted
+// in any order when there are at most kAnyOrderMaxProperties of them, otherwise in schema order.
 #pragma once
 #include <nlohmann/json.hpp>
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "structured/json_schema.h"
+#include "structured/regular.h"
 
 namespace deepinfer::structured {
 
@@ -21,6 +22,17 @@ std::string ptr_escape(const std::string& key);  // JSON pointer token escaping
 ExprId int_range_expr(GrammarBuilder& b, std::optional<int64_t> lo, std::optional<int64_t> hi, bool neg_zero);
 // An integer divisible by k (k >= 1), any sign.
 ExprId multiple_of_expr(GrammarBuilder& b, int64_t k);
+
+struct PatternProp {
+  std::string ptr;     // JSON pointer of the pattern's schema
+  const json* schema;  // value schema for keys matching it
+  Dfa dfa;             // over the quoted, escaped key
+};
+
+struct CountBounds {  // minProperties / maxProperties
+  int64_t min = 0, max = -1;  // max < 0: unbounded
+  std::string ptr;            // for errors
+};
 
 class SchemaLowerer {
  public:
@@ -38,9 +50,17 @@ class SchemaLowerer {
   ExprId lower_array(const json& s, const std::string& ptr, int depth);
   ExprId lower_ref(const std::string& ref, const std::string& ptr);
   ExprId lower_anyof(const json& s, const std::string& ptr, int depth);
+  ExprId lower_filtered_enum(const json& s, const std::string& ptr, int depth);
+  ExprId lower_not(const json& s, const std::string& ptr, int depth);
+  bool validates(const json& schema, const std::string& ptr, const json& value);
   const json* resolve(const std::string& ref, const std::string& ptr, std::string* target_ptr);
   void index_ids(const json& s, const std::string& ptr, bool in_root_resource);
-  ExprId members(const std::vector<ExprId>& props, const std::vector<bool>& required, ExprId additional);
+  ExprId members(const std::vector<ExprId>& props, const std::vector<bool>& required, ExprId additional,
+                 const CountBounds& count);
+  ExprId counted_members(const std::vector<ExprId>& props, const std::vector<bool>& required, ExprId additional,
+                         const CountBounds& count);
+  ExprId pattern_members(const std::vector<std::string>& names, const std::vector<PatternProp>& pats,
+                         const Dfa* names_dfa, ExprId add_value, const std::string& ptr, int depth);
   ExprId key_not_in(const std::vector<std::string>& keys);
 
   // json_schema_parts.cpp

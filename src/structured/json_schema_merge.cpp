@@ -9,8 +9,8 @@
 namespace deepinfer::structured {
 namespace {
 
-const std::set<std::string> kMaxKeys = {"minimum", "exclusiveMinimum", "minLength", "minItems"};
-const std::set<std::string> kMinKeys = {"maximum", "exclusiveMaximum", "maxLength", "maxItems"};
+const std::set<std::string> kMaxKeys = {"minimum", "exclusiveMinimum", "minLength", "minItems", "minProperties"};
+const std::set<std::string> kMinKeys = {"maximum", "exclusiveMaximum", "maxLength", "maxItems", "maxProperties"};
 const std::set<std::string> kIgnored = {"$schema", "$id", "$anchor", "$comment", "$defs", "definitions", "title",
                                         "description", "default", "examples", "deprecated", "readOnly", "writeOnly"};
 

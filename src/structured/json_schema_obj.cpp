@@ -7,6 +7,7 @@
 #include "core/check.h"
 #include "structured/json_schema_impl.h"
 #include "structured/regex.h"
+#include "structured/regular.h"
 
 namespace deepinfer::structured {
 namespace {
@@ -88,10 +89,12 @@ ExprId SchemaLowerer::key_not_in(const std::vector<std::string>& keys) {
 
 // Comma-separated members: declared properties (props[i], required[i]) and any number of
 // `additional` members. Small sets in any order, larger ones in schema order.
-ExprId SchemaLowerer::members(const std::vector<ExprId>& props, const std::vector<bool>& required, ExprId additional) {
+ExprId SchemaLowerer::members(const std::vector<ExprId>& props, const std::vector<bool>& required, ExprId additional,
+                              const CountBounds& count) {
   const size_t n = props.size();
   ExprId comma = punct(',');
   ExprId more_additional = b.star(b.seq({comma, additional}));
+  if (count.min > 0 || count.max >= 0) return counted_members(props, required, additional, count);
   if (n <= static_cast<size_t>(kAnyOrderMaxProperties)) {
     // Any order: rest(used) = what may follow once the properties in `used` were written.
     // Up to 3 properties everything is inlined (n! paths); beyond, each subset and each member
@@ -153,6 +156,59 @@ ExprId SchemaLowerer::members(const std::vector<ExprId>& props, const std::vecto
   return start;
 }
 
+// Any order with a member count: rest(used, c) after c members of which `used` are declared.
+// Without an upper bound the count saturates at the lower bound.
+ExprId SchemaLowerer::counted_members(const std::vector<ExprId>& props, const std::vector<bool>& required,
+                                      ExprId additional, const CountBounds& count) {
+  const size_t n = props.size();
+  if (n > static_cast<size_t>(kAnyOrderMaxProperties))
+    schema_error(count.ptr, "minProperties/maxProperties with more than " + std::to_string(kAnyOrderMaxProperties) +
+                                " declared properties is not supported");
+  const int64_t cap = count.max >= 0 ? count.max : count.min;
+  if ((int64_t{1} << n) * (cap + 1) > 4096) schema_error(count.ptr, "minProperties/maxProperties bound too large");
+  ExprId comma = punct(',');
+  ExprId more_additional = b.star(b.seq({comma, additional}));
+  std::vector<ExprId> member(props);
+  for (size_t i = 0; i < n; ++i) {
+    RuleId r = b.declare_rule("member");
+    b.set_inline(r, false);
+    b.define_rule(r, props[i]);
+    member[i] = b.ref(r);
+  }
+  std::map<int64_t, ExprId> memo;
+  std::function<ExprId(uint32_t, int64_t)> rest = [&](uint32_t used, int64_t c) -> ExprId {
+    const bool saturated = count.max < 0 && c >= count.min;
+    if (saturated) c = count.min;
+    auto it = memo.find(static_cast<int64_t>(used) * (cap + 1) + c);
+    if (it != memo.end()) return it->second;
+    bool done = c >= count.min;
+    std::vector<ExprId> alts;
+    for (size_t i = 0; i < n; ++i) {
+      if (used >> i & 1) continue;
+      if (required[i]) done = false;
+      if (count.max < 0 || c < count.max) alts.push_back(b.seq({comma, member[i], rest(used | (1u << i), c + 1)}));
+    }
+    if (!saturated && (count.max < 0 || c < count.max)) alts.push_back(b.seq({comma, additional, rest(used, c + 1)}));
+    if (done) alts.push_back(b.empty());
+    ExprId body = saturated ? b.seq({more_additional, b.alt(std::move(alts))}) : b.alt(std::move(alts));
+    RuleId r = b.declare_rule("rest");
+    b.set_inline(r, false);
+    b.define_rule(r, body);
+    return memo[static_cast<int64_t>(used) * (cap + 1) + c] = b.ref(r);
+  };
+  std::vector<ExprId> first;
+  if (count.max != 0) {
+    first.push_back(b.seq({additional, rest(0, 1)}));
+    for (size_t i = 0; i < n; ++i) first.push_back(b.seq({member[i], rest(1u << i, 1)}));
+  }
+  bool none_required = std::none_of(required.begin(), required.end(), [](bool r) { return r; });
+  if (none_required && count.min == 0) first.push_back(b.empty());
+  return b.alt(std::move(first));
+}
+
+// JSON-escaped content of a property name (what the grammar sees between the quotes).
+static std::string json_quoted(const std::string& name) { return json(name).dump(); }
+
 ExprId SchemaLowerer::lower_object(const json& s, const std::string& ptr, int depth) {
   std::vector<std::string> names;
   std::vector<const json*> schemas;
@@ -167,8 +223,34 @@ ExprId SchemaLowerer::lower_object(const json& s, const std::string& ptr, int de
   }
   static const json kTrue = true;
   const json* add_schema = s.contains("additionalProperties") ? &s["additionalProperties"] : &kTrue;
-  if (s.contains("patternProperties") && !s["patternProperties"].empty())
-    schema_error(ptr + "/patternProperties", "keyword 'patternProperties' is not supported");
+  // patternProperties: (pattern, schema, pointer), each pattern as a DFA over the quoted key.
+  std::vector<PatternProp> pats;
+  if (s.contains("patternProperties")) {
+    const json& pp = s["patternProperties"];
+    if (!pp.is_object()) schema_error(ptr + "/patternProperties", "must be an object");
+    if (pp.size() > 4) schema_error(ptr + "/patternProperties", "more than 4 patterns are not supported");
+    for (auto it = pp.begin(); it != pp.end(); ++it) {
+      std::string pptr = ptr + "/patternProperties/" + ptr_escape(it.key());
+      RegexOptions o;
+      o.json_string = true;
+      o.search = true;
+      try {
+        ExprId e = b.seq({b.byte('"'), regex_to_expr(b, it.key(), o), b.byte('"')});
+        pats.push_back({pptr, &it.value(), *expr_to_dfa(b, e)});
+      } catch (const GrammarError& e) {
+        schema_error(pptr, e.what());
+      }
+    }
+  }
+  // propertyNames: every key is a string valid against it (regular languages only).
+  std::optional<Dfa> names_dfa;
+  if (s.contains("propertyNames")) {
+    const std::string nptr = ptr + "/propertyNames";
+    json ns = json{{"allOf", json::array({s["propertyNames"], json{{"type", "string"}}})}};
+    auto d = expr_to_dfa(b, lower(ns, nptr, depth + 1));
+    if (!d) schema_error(nptr, "keyword 'propertyNames' with a non-regular schema is not supported");
+    names_dfa = std::move(*d);
+  }
   std::set<std::string> req;
   std::vector<std::string> req_order;  // document order of `required`
   if (s.contains("required")) {
@@ -178,11 +260,25 @@ ExprId SchemaLowerer::lower_object(const json& s, const std::string& ptr, int de
       if (req.insert(r.get<std::string>()).second) req_order.push_back(r.get<std::string>());
     }
   }
+  const size_t num_declared = names.size();
   for (const auto& r : req_order) {  // required but not declared: an additional property that must appear
     if (std::find(names.begin(), names.end(), r) != names.end()) continue;
     names.push_back(r);
     schemas.push_back(add_schema);
     ptrs.push_back(ptr + "/additionalProperties");
+  }
+  // A named key also matching patterns must satisfy those schemas too (and an undeclared
+  // one then is not "additional").
+  std::vector<json> merged(names.size());
+  for (size_t i = 0; i < names.size(); ++i) {
+    json all = json::array();
+    if (i < num_declared) all.push_back(*schemas[i]);
+    for (const auto& p : pats)
+      if (p.dfa.matches(json_quoted(names[i]))) all.push_back(*p.schema);
+    if (all.empty()) all.push_back(*add_schema);
+    if (names_dfa && !names_dfa->matches(json_quoted(names[i]))) all = json::array({false});
+    if (all.size() > 1) merged[i] = json{{"allOf", all}}, schemas[i] = &merged[i];
+    else if (i >= num_declared || all[0] != *schemas[i]) merged[i] = all[0], schemas[i] = &merged[i];
   }
   std::vector<ExprId> props;
   std::vector<bool> required;
@@ -196,15 +292,30 @@ ExprId SchemaLowerer::lower_object(const json& s, const std::string& ptr, int de
     props.push_back(b.seq({string_literal(names[i]), punct(':'), v}));
   }
   ExprId add_value = lower(*add_schema, ptr + "/additionalProperties", depth + 1);
+  ExprId add_member = b.nothing();
+  if (pats.empty() && !names_dfa) {
+    if (b.expr(add_value).kind != ExprKind::kNothing) add_member = b.seq({key_not_in(names), punct(':'), add_value});
+  } else {
+    add_member = pattern_members(names, pats, names_dfa ? &*names_dfa : nullptr, add_value, ptr, depth);
+  }
   ExprId additional = b.nothing();
-  if (b.expr(add_value).kind != ExprKind::kNothing) {
+  if (b.expr(add_member).kind != ExprKind::kNothing) {
     // Referenced from every slot between members: one shared rule instead of many copies.
     RuleId r = b.declare_rule("additional");
     b.set_inline(r, false);
-    b.define_rule(r, b.seq({key_not_in(names), punct(':'), add_value}));
+    b.define_rule(r, add_member);
     additional = b.ref(r);
   }
-  return b.seq({b.byte('{'), ws(), members(props, required, additional), ws(), b.byte('}')});
+  CountBounds count;
+  for (const char* k : {"minProperties", "maxProperties"}) {
+    if (!s.contains(k)) continue;
+    if (!s[k].is_number() || s[k].get<double>() < 0) schema_error(ptr + "/" + k, "must be a non-negative number");
+    int64_t v = static_cast<int64_t>(std::min(s[k].get<double>(), 1e9));
+    (k[1] == 'i' ? count.min : count.max) = v;
+    count.ptr = ptr + "/" + k;
+  }
+  if (count.max >= 0 && count.min > count.max) return b.nothing();
+  return b.seq({b.byte('{'), ws(), members(props, required, additional, count), ws(), b.byte('}')});
 }
 
 ExprId SchemaLowerer::lower_array(const json& s, const std::string& ptr, int depth) {
@@ -259,6 +370,49 @@ ExprId SchemaLowerer::lower_array(const json& s, const std::string& ptr, int dep
     body = min_items == 0 ? b.opt(first) : first;
   }
   return b.seq({b.byte('['), ws(), body, ws(), b.byte(']')});
+}
+
+// Members whose key is not one of `names`: partitioned by the set T of patterns the key
+// matches (value: all of T's schemas; T empty: additionalProperties), keys restricted to
+// propertyNames. Each part's key language is a product DFA over the quoted key.
+ExprId SchemaLowerer::pattern_members(const std::vector<std::string>& names, const std::vector<PatternProp>& pats,
+                                      const Dfa* names_dfa, ExprId add_value, const std::string& ptr, int depth) {
+  auto dfa_of = [&](ExprId e) { return *expr_to_dfa(b, e); };
+  Dfa any_key = dfa_of(b.seq({b.byte('"'), b.star(json_string_char(b)), b.byte('"')}));
+  std::vector<ExprId> lits;
+  for (const auto& n : names) lits.push_back(b.literal(json_quoted(n)));
+  Dfa named = dfa_of(b.alt(std::move(lits)));
+  std::vector<const Dfa*> ops{&any_key, &named};
+  if (names_dfa) ops.push_back(names_dfa);
+  const size_t base = ops.size();
+  for (const auto& p : pats) ops.push_back(&p.dfa);
+  const uint32_t k = static_cast<uint32_t>(pats.size());
+  std::vector<ExprId> alts;
+  for (uint32_t t = 0; t < (1u << k); ++t) {
+    ExprId value;
+    if (t == 0) {
+      value = add_value;
+    } else {
+      json all = json::array();
+      std::string vptr;
+      for (uint32_t i = 0; i < k; ++i)
+        if (t >> i & 1) all.push_back(*pats[i].schema), vptr = pats[i].ptr;
+      value = lower(all.size() == 1 ? all[0] : json{{"allOf", all}}, vptr, depth + 1);
+    }
+    if (b.expr(value).kind == ExprKind::kNothing) continue;
+    Dfa keys;
+    try {
+      keys = dfa_product(ops, [&](uint32_t m) {
+        if (!(m & 1) || (m & 2) || (names_dfa && !(m & 4))) return false;
+        return (m >> base) == t;
+      });
+    } catch (const GrammarError& e) {
+      schema_error(ptr + "/patternProperties", e.what());
+    }
+    if (dfa_is_empty(keys)) continue;
+    alts.push_back(b.seq({dfa_to_expr(b, keys), punct(':'), value}));
+  }
+  return b.alt(std::move(alts));
 }
 
 const json* SchemaLowerer::resolve(const std::string& ref, const std::string& ptr, std::string* target) {

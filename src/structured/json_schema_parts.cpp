@@ -7,6 +7,7 @@
 #include "core/check.h"
 #include "structured/json_schema_impl.h"
 #include "structured/regex.h"
+#include "structured/regular.h"
 
 namespace deepinfer::structured {
 namespace {
@@ -187,30 +188,30 @@ ExprId SchemaLowerer::format_expr(const std::string& fmt, const std::string& ptr
     return -1;  // unknown formats are annotations (JSON Schema 2020-12 §7.2)
   RegexOptions o;
   o.json_string = true;
-  return b.seq({b.byte('"'), regex_to_expr(b, re, o), b.byte('"')});
+  return regex_to_expr(b, re, o);
 }
 
+// A string's content language is the intersection of its format, pattern and length
+// languages (product of their DFAs when more than one applies).
 ExprId SchemaLowerer::lower_string(const json& s, const std::string& ptr) {
-  const bool has_len = s.contains("minLength") || s.contains("maxLength");
-  const bool has_pattern = s.contains("pattern");
+  std::vector<ExprId> parts;  // content languages (between the quotes)
   std::string fmt = opt_.format_assertion && s.contains("format") && s["format"].is_string() ? s["format"].get<std::string>() : "";
-  ExprId fmt_expr = fmt.empty() ? -1 : format_expr(fmt, ptr + "/format");
-  int constraints = (has_len ? 1 : 0) + (has_pattern ? 1 : 0) + (fmt_expr >= 0 ? 1 : 0);
-  if (constraints > 1)
-    schema_error(ptr, "combining two of minLength/maxLength, pattern and format is not supported");
-  if (fmt_expr >= 0) return fmt_expr;
-  if (has_pattern) {
+  if (!fmt.empty()) {
+    ExprId f = format_expr(fmt, ptr + "/format");
+    if (f >= 0) parts.push_back(f);
+  }
+  if (s.contains("pattern")) {
     if (!s["pattern"].is_string()) schema_error(ptr + "/pattern", "must be a string");
     RegexOptions o;
     o.json_string = true;
     o.search = true;
     try {
-      return b.seq({b.byte('"'), regex_to_expr(b, s["pattern"].get<std::string>(), o), b.byte('"')});
+      parts.push_back(regex_to_expr(b, s["pattern"].get<std::string>(), o));
     } catch (const GrammarError& e) {
       schema_error(ptr + "/pattern", e.what());
     }
   }
-  if (has_len) {
+  if (s.contains("minLength") || s.contains("maxLength")) {
     auto get = [&](const char* k, int64_t d) -> int64_t {
       if (!s.contains(k)) return d;
       if (!s[k].is_number() || s[k].get<double>() < 0) schema_error(ptr + "/" + k, "must be a non-negative number");
@@ -218,11 +219,26 @@ ExprId SchemaLowerer::lower_string(const json& s, const std::string& ptr) {
     };
     int64_t mn = get("minLength", 0), mx = get("maxLength", -1);
     if (mx >= 0 && mn > mx) return b.nothing();
-    if (mn > 10000 || mx > 10000) schema_error(ptr, "string length bounds above 10000 are not supported");
-    return b.seq({b.byte('"'), b.repeat(json_string_char(b), static_cast<int32_t>(mn), mx < 0 ? kUnbounded : static_cast<int32_t>(mx)),
-                  b.byte('"')});
+    if (mn > 10000 || mx > 10000)
+      schema_error(ptr + (mx > 10000 ? "/maxLength" : "/minLength"), "string length bounds above 10000 are not supported");
+    if (mn > 0 || mx >= 0)
+      parts.push_back(b.repeat(json_string_char(b), static_cast<int32_t>(mn), mx < 0 ? kUnbounded : static_cast<int32_t>(mx)));
   }
-  return string_rule();
+  if (parts.empty()) return string_rule();
+  ExprId content = parts[0];
+  if (parts.size() > 1) {
+    std::vector<Dfa> dfas;
+    try {
+      for (ExprId p : parts) dfas.push_back(*expr_to_dfa(b, p));
+      std::vector<const Dfa*> ops;
+      for (const auto& d : dfas) ops.push_back(&d);
+      const uint32_t all = (1u << ops.size()) - 1;
+      content = dfa_to_expr(b, dfa_product(ops, [all](uint32_t m) { return m == all; }));
+    } catch (const GrammarError& e) {
+      schema_error(ptr, std::string("pattern/format/length intersection: ") + e.what());
+    }
+  }
+  return b.seq({b.byte('"'), content, b.byte('"')});
 }
 
 ExprId SchemaLowerer::string_literal(const std::string& s) { return b.literal(json(s).dump()); }

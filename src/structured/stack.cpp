@@ -96,4 +96,17 @@ void Stepper::next_bytes(const std::vector<Frame>& in, uint64_t bits[4]) {
   }
 }
 
+bool pda_matches(const Pda& pda, std::string_view text) {
+  if (pda.empty_language) return false;
+  NodePool pool;
+  Stepper stepper(pda, pool, false);
+  std::vector<Frame> a{{pda.rule_start[pda.root], kRootParent}}, b;
+  for (char c : text) {
+    stepper.step(a, static_cast<uint8_t>(c), b, nullptr);
+    if (b.empty()) return false;
+    std::swap(a, b);
+  }
+  return stepper.can_finish(a);
+}
+
 }  // namespace deepinfer::structured

@@ -3,6 +3,7 @@
 // id, so a configuration set deduplicates by value and memory grows only with new stacks).
 #pragma once
 #include <cstdint>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -64,5 +65,9 @@ class Stepper {
   bool scratch_;
   std::vector<Frame> visited_;
 };
+
+// Whole-string match of raw bytes against the automaton (compile-time checks, e.g. filtering
+// enum values through the rest of their schema).
+bool pda_matches(const Pda& pda, std::string_view text);
 
 }  // namespace deepinfer::structured

@@ -94,6 +94,57 @@ TEST(JsonSchema, NumberBoundsDatesAndDrafts) {
   EXPECT_TRUE(matches(compile(R"({"json_schema": {"type": "integer"}})"), "1.0"));
 }
 
+std::shared_ptr<const CompiledGrammar> schema(const std::string& s) { return compile("{\"json_schema\": " + s + "}"); }
+void expect_lang(const std::shared_ptr<const CompiledGrammar>& g, std::initializer_list<const char*> ok,
+                 std::initializer_list<const char*> bad) {
+  for (const char* x : ok) EXPECT_TRUE(matches(g, x)) << x;
+  for (const char* x : bad) EXPECT_FALSE(matches(g, x)) << x;
+}
+
+TEST(JsonSchema, PatternPropertiesAndPropertyNames) {
+  expect_lang(schema(R"({"type": "object", "properties": {"id": {"type": "integer"}},
+                        "patternProperties": {"^x-": {"type": "string"}, "[0-9]": {"type": "boolean"}},
+                        "additionalProperties": false})"),
+              {R"({})", R"({"id":1,"x-a":"s"})", R"({"a1":true})"},  // "x-1" needs string and boolean
+              {R"({"other":1})", R"({"x-a":1})", R"({"a1":"s"})", R"({"x-1":true})", R"({"x-1":"s"})"});
+  // A declared name matching a pattern must satisfy both schemas.
+  expect_lang(schema(R"({"properties": {"ab": {"type": "integer"}}, "patternProperties": {"^a": {"minimum": 5}}})"),
+              {R"({"ab":7})", R"({"ac":"s"})", R"({"b":1})"}, {R"({"ab":3})", R"({"ac":2})"});
+  expect_lang(schema(R"({"type": "object", "propertyNames": {"maxLength": 2}})"),
+              {R"({"ab":1})", R"({})"}, {R"({"abc":1})"});
+}
+
+TEST(JsonSchema, StringIntersections) {
+  expect_lang(schema(R"({"type": "string", "pattern": "^a", "maxLength": 3, "minLength": 2})"),
+              {R"("ab")", R"("abc")", R"("a\"")"}, {R"("a")", R"("abcd")", R"("ba")"});
+  expect_lang(schema(R"({"type": "string", "format": "uri", "pattern": "^https?://"})"),
+              {R"("https://x.org")"}, {R"("ftp://x.org")", R"("https://a b")"});
+}
+
+TEST(JsonSchema, PropertyCounts) {
+  expect_lang(schema(R"({"type": "object", "properties": {"a": {}, "b": {}}, "minProperties": 1, "maxProperties": 2})"),
+              {R"({"a":1})", R"({"b":1,"a":2})", R"({"c":1,"a":2})"}, {R"({})", R"({"a":1,"b":2,"c":3})"});
+  expect_lang(schema(R"({"required": ["n"], "additionalProperties": {"type": "string"}, "minProperties": 3})"),
+              {R"({"n":"x","a":"y","b":"z"})", R"({"a":"y","n":"x","b":"z","c":"w"})"}, {R"({"n":"x","a":"y"})"});
+}
+
+TEST(JsonSchema, OneOfNotAndFilteredEnums) {
+  // Overlapping regular branches: exactly one must match ({} matches both).
+  expect_lang(schema(R"({"type": "object", "oneOf": [
+                          {"properties": {"a": {"type": "string"}}, "additionalProperties": false},
+                          {"properties": {"b": {"type": "string"}}, "additionalProperties": false}]})"),
+              {R"({"a":"x"})", R"({"b":"y"})"}, {R"({})", R"({"a":"x","b":"y"})"});
+  expect_lang(schema(R"({"oneOf": [{"type": "integer", "multipleOf": 2}, {"type": "integer", "multipleOf": 3}]})"),
+              {"2", "3", "4", "9"}, {"6", "12", "1"});
+  expect_lang(schema(R"({"not": {"type": ["string", "object"]}})"), {"1", "null", "[]"}, {R"("s")", "{}"});
+  expect_lang(schema(R"({"enum": [1, "a", {"k": 2}, 7], "not": {"type": "string"}, "maximum": 5})"),
+              {"1", R"({"k":2})"}, {R"("a")", "7"});
+  expect_lang(schema(R"({"allOf": [{"enum": [{"bar": {}, "foo": 1}]}, {"not": {"properties": {"foo": {"type": "integer"}}}}]})"),
+              {}, {R"({"bar":{},"foo":1})"});
+  EXPECT_THROW(schema(R"({"oneOf": [{"type": "object"}, {"required": ["a"]}]})"), GrammarError);
+  EXPECT_THROW(schema(R"({"not": {"minimum": 3}})"), GrammarError);
+}
+
 TEST(Choice, Exact) {
   auto cg = compile(R"({"choice": ["yes", "no", "maybe"]})");
   EXPECT_TRUE(matches(cg, "no"));
