@@ -54,7 +54,8 @@ SRC=$ROOT
 if [ "$SCOPE" = ops ]; then
   SRC=/tmp/di-gpu-stage
   rm -rf "$SRC" && mkdir -p "$SRC"
-  paths=(CMakeLists.txt include src/core src/cli src/ops tests/cpp/CMakeLists.txt tests/cpp/core tests/cpp/ops tests/cpp/cuda)
+  paths=(CMakeLists.txt include src/core src/cli src/ops tests/cpp/CMakeLists.txt tests/cpp/core tests/cpp/ops tests/cpp/cuda
+         src/engine/sampler.h src/engine/sampler.cpp src/engine/philox.h)  # the sampler test's CPU reference
   existing=()
   for p in "${paths[@]}"; do [ -e "$p" ] && existing+=("$p"); done
   tar cf - "${existing[@]}" | tar xf - -C "$SRC"

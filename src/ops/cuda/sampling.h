@@ -1,0 +1,111 @@
+// Token sampler on the GPU: logits [B, V] f32 -> one token per row, the device twin of the CPU
+// sampler (src/engine/sampler.{h,cpp}), following it step by step in the same precision:
+//   fp32: copy -> logit bias (entries in order) -> banned ids = -inf (min_tokens: EOS + stop
+//         ids) -> grammar bitmask -> repetition (prompt+output), presence/frequency (output)
+//         penalties; greedy = argmax, ties to the lowest id; nothing allowed -> eos_token_id.
+//   fp64: l/T (fp32 division) -> e = exp(l - max) -> p = e / Σe -> min-p (p < min_p·(1/Σe) -> 0)
+//         -> top-k over keys (float(p), lower id first) -> top-p: smallest best-first prefix
+//         of the top-k set whose mass reaches top_p·mass -> normalise by the kept total ->
+//         inverse CDF in id order with u = Philox4x32-10(seed, sample_index, position), the
+//         generator of src/engine/philox.h bit for bit.
+// Logprobs are of the raw logits (log-softmax, lse in fp64), as on the CPU; rank = 1 + #tokens
+// with a strictly larger raw logit; top-N best first, ties to the lower id.
+//
+// Exactness vs the CPU sampler: every fp32 step is the same IEEE operation in the same order
+// (no FMA contraction), and top-k / top-N sets are exact (radix select on unique 64-bit keys).
+// The fp64 sums (Σe, top-p mass and prefix, the draw's CDF) are fixed-order block reductions,
+// not the CPU's left-to-right loop, and CUDA's exp/log may differ from glibc's in the last ulp.
+// Both only move a boundary by ~1e-16 relative: the token differs only when u, the top-p
+// target or the min-p threshold lands within ~1e-13 of a boundary (never seen in the tests);
+// logprobs agree to a float ulp. Results never depend on batch neighbours or run (no atomics
+// in any sum).
+//
+// Cost (first version): one 512-thread block per row; the row's probabilities live in an
+// fp64 workspace [B, V] (8 B per logit). A greedy row is ~4 passes over V; a sampled row ~5,
+// plus ~4-16 radix passes (4-bit digits, early exit once the bucket holds one key) for each
+// of top-k and top-p; logprobs add 2 passes, top-N another radix select. At V = 129280 every
+// pass reads ~1 MB per row from L2 through one SM, so the row count, not V, sets the
+// parallelism: a multi-block split per row is the next step for small batches.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace deepinfer::ops::cuda {
+
+constexpr int kSamplingMaxTopLogprobs = 64;  // largest top-N per row
+
+// Per-row parameters (plain data, device array [B]). Mirrors deepinfer::SamplingParams plus
+// the row's draw key and its ranges in the shared entry lists below. Checked on the host by
+// check_sampling_rows() when the caller builds them.
+struct SamplingRowParams {
+  float temperature = 1.0f;         // < 1e-5 = greedy (SamplingParams::greedy)
+  float top_p = 1.0f;               // (0, 1]
+  float min_p = 0.0f;               // [0, 1]
+  int32_t top_k = 0;                // <= 0 = off
+  float repetition_penalty = 1.0f;  // > 0, tokens in prompt or output
+  float presence_penalty = 0.0f;    // output tokens
+  float frequency_penalty = 0.0f;   // output tokens, times their count
+  int32_t top_logprobs = 0;         // N best raw logprobs to write, [0, max_top_logprobs]
+  uint64_t seed = 0;                // Philox key
+  uint32_t sample_index = 0;        // which of the request's n samples
+  int64_t position = 0;             // absolute position of the token being drawn
+  int32_t eos_token_id = -1;        // the token when nothing is allowed (< 0 -> 0)
+  int32_t has_mask = 0;             // 1: apply this row of allowed_mask
+  int32_t bias_begin = 0, bias_end = 0;        // [begin, end) into bias_ids / bias_values
+  int32_t banned_begin = 0, banned_end = 0;    // into banned_ids
+  int32_t penalty_begin = 0, penalty_end = 0;  // into penalty_ids / penalty_counts
+};
+
+struct SampleParams {
+  const float* logits = nullptr;        // [batch, vocab] f32, row stride logits_stride
+  int64_t logits_stride = 0;            // >= vocab
+  int64_t batch = 0;
+  int64_t vocab = 0;                    // < 2^31 - 1
+  const SamplingRowParams* rows = nullptr;  // [batch]
+  // Logit bias: (id, value) added in entry order (repeated ids add twice, as on the CPU).
+  const int32_t* bias_ids = nullptr;    // [num_bias]
+  const float* bias_values = nullptr;   // [num_bias]
+  int64_t num_bias = 0;
+  // Ids forced to -inf (min_tokens not reached: EOS and stop token ids).
+  const int32_t* banned_ids = nullptr;  // [num_banned]
+  int64_t num_banned = 0;
+  // Penalty entries: each id UNIQUE within a row (make_penalty_entries builds them), the
+  // union of prompt and output tokens; count = occurrences in the output (0: prompt only).
+  const int32_t* penalty_ids = nullptr;     // [num_penalty]
+  const int32_t* penalty_counts = nullptr;  // [num_penalty]
+  int64_t num_penalty = 0;
+  // Grammar bitmask, bit t of word t/32 set = allowed (the structured module's layout).
+  const uint32_t* allowed_mask = nullptr;   // [batch, mask_stride] or null (no row masked)
+  int64_t mask_stride = 0;                  // words per row, >= ceil(vocab / 32)
+  // Outputs.
+  int32_t* tokens = nullptr;            // [batch]
+  float* logprobs = nullptr;            // [batch] raw logprob of the token, or null
+  int32_t* ranks = nullptr;             // [batch] rank of the token, or null
+  int32_t* top_ids = nullptr;           // [batch, max_top_logprobs] or null; unused slots -1
+  float* top_logprobs = nullptr;        // [batch, max_top_logprobs]; unused slots -inf
+  int max_top_logprobs = 0;             // output row width, <= kSamplingMaxTopLogprobs
+  // Scratch: sampling_workspace_bytes(batch, vocab) bytes, 8-byte aligned.
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+};
+
+size_t sampling_workspace_bytes(int64_t batch, int64_t vocab);
+
+// Throws InvalidArgument naming "row i: field" for a value the kernel does not accept
+// (ranges, list bounds against the entry counts, top_logprobs > max_top_logprobs).
+void check_sampling_rows(std::span<const SamplingRowParams> rows, const SampleParams& p);
+
+// Penalty entries of one row from its prompt and output ids: sorted unique ids in [0, vocab),
+// count = occurrences in `output`. Appends to `ids` / `counts`.
+void make_penalty_entries(std::span<const int32_t> prompt, std::span<const int32_t> output, int64_t vocab,
+                          std::vector<int32_t>& ids, std::vector<int32_t>& counts);
+
+// Validates the shape, pointers and workspace (InvalidArgument, before any CUDA call), then
+// launches one block per row on `stream`.
+void sample(const SampleParams& p, cudaStream_t stream);
+
+}  // namespace deepinfer::ops::cuda
