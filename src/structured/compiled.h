@@ -32,14 +32,23 @@ struct CompiledGrammarImpl {
   std::shared_ptr<const TokenVocabulary> vocab;
   double compile_ms = 0;
 
-  // Lazily computed, thread-safe.
+  // Lazily computed, thread-safe: per-grammar table in front of the vocabulary's shared cache.
   std::shared_ptr<const StateMaskCache> state_cache(int32_t state) const;
+  // Canonical encoding of what the mask walk from `state` can see: states reachable within
+  // the longest token (byte edges cut beyond it), their finality, calls and tail flags, and
+  // whether the state's rule is called. Equal keys <=> equal context-independent masks.
+  // Empty when the reachable part is too large to be worth sharing.
+  std::string shared_key(int32_t state) const;
 
  private:
   std::shared_ptr<const StateMaskCache> compute_state_cache(int32_t state) const;
   mutable std::mutex mu_;
   mutable std::vector<std::shared_ptr<const StateMaskCache>> caches_;  // [num_states]
 };
+
+// Walks the masks of the lexical rules every JSON grammar shares (string body, any value,
+// numbers) into vocab's shared cache, so no request pays their first visit.
+void precompute_common_masks(const std::shared_ptr<const TokenVocabulary>& vocab);
 
 // so_args -> internal grammar (throws GrammarError / InvalidArgument).
 Grammar lower_so_args(std::string_view so_args_json);

@@ -1,10 +1,93 @@
 // Per-state token mask cache: see compiled.h for the accepted/rejected/uncertain split.
 #include <algorithm>
+#include <deque>
+#include <unordered_map>
 
 #include "structured/compiled.h"
 #include "structured/stack.h"
 
 namespace deepinfer::structured {
+
+namespace {
+
+constexpr size_t kMaxSharedKeyStates = 4096;  // beyond: per-grammar cache only
+
+void put_i32(std::string& out, int32_t x) { out.append(reinterpret_cast<const char*>(&x), sizeof x); }
+
+}  // namespace
+
+std::string CompiledGrammarImpl::shared_key(int32_t state) const {
+  const int32_t max_depth = vocab->max_depth_;
+  const int32_t nc = pda.num_classes;
+  // 0-1 BFS: byte edges cost 1, calls and returns 0, so `depth` is a lower bound on the bytes
+  // needed to reach a state; byte edges are encoded only below the longest token.
+  std::unordered_map<int32_t, int32_t> canon;  // state -> canonical index
+  std::vector<int32_t> order, depth;           // [canonical] state, min depth
+  std::deque<int32_t> queue;
+  auto visit = [&](int32_t s, int32_t d, bool front) -> int32_t {
+    auto [it, inserted] = canon.emplace(s, static_cast<int32_t>(order.size()));
+    if (inserted) {
+      order.push_back(s);
+      depth.push_back(d);
+      front ? queue.push_front(it->second) : queue.push_back(it->second);
+    } else if (d < depth[it->second]) {
+      depth[it->second] = d;  // found shorter through a call: revisit first
+      queue.push_front(it->second);
+    }
+    return it->second;
+  };
+  visit(state, 0, false);
+  while (!queue.empty()) {
+    int32_t k = queue.front();
+    queue.pop_front();
+    if (order.size() > kMaxSharedKeyStates) return {};
+    const int32_t s = order[k];
+    const PdaState& st = pda.states[s];
+    for (int32_t c = st.calls_begin; c < st.calls_end; ++c) {
+      visit(pda.rule_start[pda.calls[c].rule], depth[k], true);
+      visit(pda.calls[c].ret, depth[k], true);
+    }
+    if (depth[k] >= max_depth) continue;
+    for (int32_t c = 0; c < nc; ++c) {
+      int32_t t = pda.trans[static_cast<size_t>(s) * nc + c];
+      if (t >= 0) visit(t, depth[k] + 1, false);
+    }
+  }
+  // Encode in canonical order; byte edges as maximal byte ranges (class partitions differ
+  // between grammars, the language does not).
+  std::string key;
+  key.reserve(order.size() * 16);
+  key.push_back(pda.rule_called[pda.states[state].rule] ? 'c' : 'r');
+  for (size_t k = 0; k < order.size(); ++k) {
+    const int32_t s = order[k];
+    const PdaState& st = pda.states[s];
+    key.push_back(st.final ? 'F' : 'N');
+    for (int32_t c = st.calls_begin; c < st.calls_end; ++c) {
+      key.push_back(pda.calls[c].tail ? 'T' : 'C');
+      put_i32(key, canon.at(pda.rule_start[pda.calls[c].rule]));
+      put_i32(key, canon.at(pda.calls[c].ret));
+    }
+    if (depth[k] >= max_depth) {
+      key.push_back('|');
+      continue;
+    }
+    int prev_t = -1, lo = 0;
+    for (int b = 0; b <= 256; ++b) {
+      int t = b < 256 ? pda.next(s, static_cast<uint8_t>(b)) : -2;
+      if (b < 256 && t == prev_t) continue;
+      if (b > 0 && prev_t >= 0) {
+        key.push_back('E');
+        key.push_back(static_cast<char>(lo));
+        key.push_back(static_cast<char>(b - 1));
+        put_i32(key, canon.at(prev_t));
+      }
+      prev_t = t;
+      lo = b;
+    }
+    key.push_back('.');
+  }
+  return key;
+}
 
 std::shared_ptr<const StateMaskCache> CompiledGrammarImpl::state_cache(int32_t state) const {
   {
@@ -12,7 +95,13 @@ std::shared_ptr<const StateMaskCache> CompiledGrammarImpl::state_cache(int32_t s
     if (caches_.empty()) caches_.resize(pda.num_states());
     if (caches_[state]) return caches_[state];
   }
-  auto c = compute_state_cache(state);  // outside the lock; a racing duplicate is harmless
+  // Outside the lock; a racing duplicate is harmless.
+  std::string key = shared_key(state);
+  std::shared_ptr<const StateMaskCache> c = key.empty() ? nullptr : vocab->shared_masks_.find(key);
+  if (!c) {
+    c = compute_state_cache(state);
+    if (!key.empty()) vocab->shared_masks_.insert(key, c);
+  }
   std::lock_guard<std::mutex> lock(mu_);
   if (!caches_[state]) caches_[state] = std::move(c);
   return caches_[state];
@@ -73,6 +162,24 @@ std::shared_ptr<const StateMaskCache> CompiledGrammarImpl::compute_state_cache(i
   }
   c->uncertain = std::move(uncertain);
   return c;
+}
+
+}  // namespace deepinfer::structured
+
+namespace deepinfer::structured {
+
+void precompute_common_masks(const std::shared_ptr<const TokenVocabulary>& vocab) {
+  // Grammars whose called rules are the shared lexical ones: any JSON value (object, array,
+  // string, number), strings and numbers as property values.
+  for (const char* args : {R"({"json_object": true})", R"({"json_schema": {"type": "array", "items": {"type": "string"}}})",
+                           R"({"json_schema": {"type": "array", "items": {"type": "integer"}}})"}) {
+    CompiledGrammarImpl g;
+    g.grammar = lower_so_args(args);
+    g.pda = build_pda(g.grammar, AutomatonLimits{});
+    g.vocab = vocab;
+    for (size_t s = 0; s < g.pda.num_states(); ++s)
+      if (g.pda.rule_called[g.pda.states[s].rule]) g.state_cache(static_cast<int32_t>(s));
+  }
 }
 
 }  // namespace deepinfer::structured

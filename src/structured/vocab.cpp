@@ -4,6 +4,7 @@
 #include <numeric>
 
 #include "core/check.h"
+#include "structured/compiled.h"
 
 namespace deepinfer::structured {
 
@@ -65,8 +66,31 @@ TokenVocabulary::TokenVocabulary(TokenizerInfo info) : info_(std::move(info)) {
   for (size_t i = 0; i < node_tok.size(); ++i) tok_ids_[i] = node_tok[i].second;  // already node-ordered
 }
 
+std::shared_ptr<const StateMaskCache> SharedMaskCache::find(const std::string& key) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = map_.find(key);
+  return it == map_.end() ? nullptr : it->second;
+}
+
+void SharedMaskCache::insert(const std::string& key, std::shared_ptr<const StateMaskCache> c) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!map_.emplace(key, std::move(c)).second) return;
+  order_.push_back(key);
+  while (order_.size() > kCapacity) {
+    map_.erase(order_.front());
+    order_.pop_front();
+  }
+}
+
+size_t SharedMaskCache::size() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return map_.size();
+}
+
 std::shared_ptr<const TokenVocabulary> make_vocabulary(TokenizerInfo info) {
-  return std::make_shared<const TokenVocabulary>(std::move(info));
+  auto v = std::make_shared<const TokenVocabulary>(std::move(info));
+  precompute_common_masks(v);
+  return v;
 }
 
 int32_t vocabulary_size(const TokenVocabulary& v) { return v.vocab_size(); }

@@ -2,7 +2,11 @@
 // linear scan that can skip a dead subtree in O(1) (node i's subtree is [i, end[i])).
 #pragma once
 #include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
 #include <optional>
+#include <unordered_map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -10,6 +14,25 @@
 #include "deepinfer/structured.h"
 
 namespace deepinfer::structured {
+
+struct StateMaskCache;  // compiled.h
+
+// Context-independent token masks shared by every grammar compiled for one vocabulary, keyed
+// by the canonical encoding of an automaton state's behaviour up to the longest token
+// (mask_cache.cpp): a JSON string body or any-JSON-value state is walked once per process, not
+// once per schema. Thread-safe; oldest entries evicted past `capacity`.
+class SharedMaskCache {
+ public:
+  std::shared_ptr<const StateMaskCache> find(const std::string& key) const;
+  void insert(const std::string& key, std::shared_ptr<const StateMaskCache> c);
+  size_t size() const;
+  static constexpr size_t kCapacity = 2048;
+
+ private:
+  mutable std::mutex mu_;
+  std::unordered_map<std::string, std::shared_ptr<const StateMaskCache>> map_;
+  std::deque<std::string> order_;  // insertion order, for eviction
+};
 
 class TokenVocabulary {
  public:
@@ -31,6 +54,7 @@ class TokenVocabulary {
   std::vector<int32_t> node_of_;   // [vocab_size] trie node of a grammar token, else -1
   std::vector<int32_t> rank_;      // [vocab_size] position in byte-sorted order (grammar tokens)
   int32_t max_depth_ = 0;          // longest grammar token, bytes
+  mutable SharedMaskCache shared_masks_;  // filled lazily by every grammar over this vocabulary
 
  private:
   enum Kind : uint8_t { kNormal, kStop, kNever };
