@@ -21,9 +21,14 @@ class RequestOutputKind(enum.Enum):
     FINAL_ONLY = 2
 
 
+_SO_ALIASES = {"json_schema": "json", "ebnf": "grammar"}
+
+
 @dataclass
 class StructuredOutputsParams:
-    """Exactly one of json (schema: dict or JSON text), regex, choice, grammar, json_object."""
+    """Exactly one of json (schema: dict or JSON text), regex, choice, grammar, json_object.
+
+    DeepInfer's own so_args names are accepted too: json_schema (= json) and ebnf (= grammar)."""
     json: Optional[Union[str, Dict[str, Any]]] = None
     regex: Optional[str] = None
     choice: Optional[List[str]] = None
@@ -35,10 +40,12 @@ class StructuredOutputsParams:
         if isinstance(value, StructuredOutputsParams):
             return value
         if isinstance(value, dict):
+            value = {_SO_ALIASES.get(k, k): v for k, v in value.items()}
             names = {f.name for f in dataclasses.fields(cls)}
             unknown = sorted(set(value) - names)
             if unknown:
-                raise ValueError(f"so_args: unknown key(s) {unknown}; expected one of {sorted(names)}")
+                raise ValueError(f"so_args: unknown key(s) {unknown}; expected one of "
+                                 f"{sorted(names | set(_SO_ALIASES))}")
             return cls(**value)
         raise ValueError(f"so_args must be a dict or StructuredOutputsParams, got {type(value).__name__}")
 

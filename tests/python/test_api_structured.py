@@ -59,3 +59,14 @@ def test_bad_specs_rejected_alone(llm):
     assert outs[2].error and "regex" in outs[2].error.lower(), outs[2].error
     for o in (outs[0], outs[3]):
         assert o.error is None and re.fullmatch(r"[a-c]{4}", o.outputs[0].text), o.outputs[0].text
+
+
+def test_deepinfer_so_args_names(llm):
+    """so_args as DeepInfer spells them (json_schema, ebnf) mean the same as vLLM's (json, grammar)."""
+    outs = llm.generate(["a", "b", "a"], [_greedy({"json_schema": SCHEMA}), _greedy({"ebnf": 'root ::= "yes" | "no"'}),
+                                          _greedy({"json": SCHEMA})])
+    _skip_without_grammar(outs[0])
+    assert outs[0].error is None and outs[1].error is None
+    assert outs[0].outputs[0].text == outs[2].outputs[0].text
+    assert json.loads(outs[0].outputs[0].text)["tag"] in ("red", "green", "blue")
+    assert outs[1].outputs[0].text in ("yes", "no")
