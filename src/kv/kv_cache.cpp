@@ -1,5 +1,6 @@
 #include "kv/kv_cache.h"
 
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 
@@ -17,6 +18,18 @@ int64_t slot_floats(const LayerCacheSpec& s) {
   int64_t n = s.window * s.head_dim + s.state_rows() * 2 * s.comp_width;
   if (s.index_dim > 0) n += 2 * s.ratio * 2 * s.index_width;
   return n;
+}
+// Zero-filled host f32 tensor from calloc: large pools come straight from fresh mmap pages
+// that the kernel supplies zeroed, so blocks that are never used are never touched (a 1 GiB
+// budget costs no memset at start-up and no resident memory until sequences fill it).
+Tensor lazy_zeros(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  const size_t nbytes = size_t(n) * sizeof(float);
+  void* p = nbytes ? std::calloc(nbytes / sizeof(float), sizeof(float)) : nullptr;
+  if (nbytes && !p) DI_THROW(OutOfMemory, "kv cache: allocation of ", nbytes, " bytes for ", shape_str(shape), " failed");
+  auto storage = std::make_shared<Storage>(p, nbytes, Device::cpu(), [](void* q) { std::free(q); });
+  return Tensor(std::move(storage), 0, shape, contiguous_strides(shape), DType::kF32);
 }
 void zero_slot(Tensor& t, int32_t slot) {
   if (!t.defined()) return;
@@ -68,10 +81,10 @@ KvCache::KvCache(const std::vector<LayerCacheSpec>& layers, const CacheGeometry&
       if (bt % s.ratio != 0)
         DI_THROW(InvalidArgument, "kv cache: block_tokens ", bt, " is not a multiple of compress ratio ", s.ratio);
       c.entries_per_block = bt / s.ratio;
-      c.comp = Tensor::zeros({B, c.entries_per_block, s.head_dim}, DType::kF32);
+      c.comp = lazy_zeros({B, c.entries_per_block, s.head_dim});
       c.comp_state = Tensor::zeros({S, s.state_rows(), 2 * s.comp_width}, DType::kF32);
       if (s.index_dim > 0) {
-        c.index_keys = Tensor::zeros({B, c.entries_per_block, s.index_dim}, DType::kF32);
+        c.index_keys = lazy_zeros({B, c.entries_per_block, s.index_dim});
         c.index_state = Tensor::zeros({S, 2 * s.ratio, 2 * s.index_width}, DType::kF32);
       }
     }

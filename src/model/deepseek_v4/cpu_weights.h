@@ -8,6 +8,7 @@
 #include "core/tensor.h"
 #include "model/deepseek_v4/config.h"
 #include "model/deepseek_v4/weights.h"
+#include "ops/cpu/gemm.h"
 #include "ops/cpu/rope.h"
 
 namespace deepinfer::model::v4 {
@@ -67,7 +68,9 @@ struct CpuMtp {
 };
 
 struct CpuModelWeights {
-  Tensor embed, head, norm;  // f32 [V,D], [V,D], [D]
+  Tensor embed, norm;        // f32 [V,D], [D]
+  ops::cpu::PackedWeight head;  // lm head [V,D] in 16-column panels: streamed once per step
+
   CpuHc hc_head;
   std::vector<CpuLayer> layers;
   std::vector<CpuMtp> mtp;

@@ -44,7 +44,10 @@ void DeepseekV4Model::prepare_weights(const DeepseekV4Weights& w) {
   w_.inv_freq_main = inv_freq_for(c.rope, c.rope_head_dim);
   w_.inv_freq_compress = inv_freq_for(c.compress_rope, c.rope_head_dim);
   w_.embed = to_f32_contig(w.embed);
-  w_.head = to_f32_contig(w.head);
+  {
+    const Tensor head = to_f32_contig(w.head);  // [V, D]
+    w_.head = pack_weight(head.data<float>(), head.size(0), head.size(1), head.size(1));
+  }
   w_.norm = to_f32_contig(w.norm);
   w_.hc_head = {to_f32_contig(w.hc_head.fn), to_f32_contig(w.hc_head.base), to_f32_contig(w.hc_head.scale)};
   for (int64_t l = 0; l < c.num_layers; ++l)
@@ -166,7 +169,7 @@ BatchPlan make_plan(const ForwardBatch& b) {
 Tensor DeepseekV4Model::logits_for(const float* h, const std::vector<int32_t>& rows) {
   const int64_t R = int64_t(rows.size()), V = cfg_.vocab_size, D = cfg_.hidden_size;
   Tensor out = Tensor::empty({R, V}, DType::kF32);
-  gemm(R, V, D, h, D, w_.head.data<float>(), D, true, out.data<float>(), V);
+  linear_packed(h, R, D, w_.head, out.data<float>(), V);
   return out;
 }
 

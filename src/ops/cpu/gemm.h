@@ -1,8 +1,10 @@
 // Dense fp32 matrix products for the CPU backend (OpenBLAS sgemm when available, else a
-// blocked loop). All matrices are row-major with explicit leading dimensions (elements).
-// Callers batch tokens into M so each weight matrix is streamed once per forward.
+// blocked loop; a pre-packed kernel for the lm head). All matrices are
+// row-major with explicit leading dimensions (elements). Callers batch tokens into M so each
+// weight matrix is streamed once per forward. Threads: OpenMP only (BLAS is kept at one thread).
 #pragma once
 #include <cstdint>
+#include <vector>
 
 namespace deepinfer::ops::cpu {
 
@@ -10,6 +12,25 @@ namespace deepinfer::ops::cpu {
 // B[N,K]^T (trans_b=true, ldb >= K). beta = 0 ignores C's prior contents (NaN-safe).
 void gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb,
           bool trans_b, float* C, int64_t ldc, float alpha = 1.0f, float beta = 0.0f);
+
+// A weight W [N, K] (used as x * W^T) repacked once into panels of kPanelCols columns:
+// panels [ceil(N/16), K, 16], zero-padded past N. A product then streams the weight in order
+// and keeps 16 outputs per vector register: no per-call packing (BLAS packs the whole weight
+// on every call, which for the lm head at decode costs more than the product) and no
+// horizontal sums. Used for the lm head [vocab, hidden].
+inline constexpr int64_t kPanelCols = 16;
+struct PackedWeight {
+  int64_t n = 0;              // N: output features
+  int64_t k = 0;              // K: input features
+  std::vector<float> panels;  // [ceil(n/16), k, 16]
+  bool empty() const { return panels.empty(); }
+};
+PackedWeight pack_weight(const float* W, int64_t N, int64_t K, int64_t ldw);
+
+// y[M, N] = alpha * x[M, K] * W^T + beta * y (beta = 0 ignores y's contents), columns split over
+// threads. Each element is one in-order sum over k: the same for any M, row position or split.
+void linear_packed(const float* x, int64_t M, int64_t ldx, const PackedWeight& W, float* y, int64_t ldy,
+                   float alpha = 1.0f, float beta = 0.0f);
 
 // The portable loop behind gemm() when BLAS is absent; also the slow twin in tests.
 void gemm_blocked(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb,

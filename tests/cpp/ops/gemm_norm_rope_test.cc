@@ -47,6 +47,50 @@ TEST(Gemm, AlphaBetaAndLeadingDims) {
   EXPECT_EQ(C[ldc - 1], C0[ldc - 1]);  // padding untouched
 }
 
+// The pre-packed kernel (lm head) vs the naive product and the blocked twin: odd sizes (N not
+// a multiple of 16, M hitting every row-block size), padded leading dims, alpha/beta; and each
+// row's values independent of M (bit-identical alone and in a batch).
+TEST(Gemm, PackedMatchesNaiveAndIsRowStable) {
+  for (auto [M, N, K] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1}, {5, 111, 19}, {7, 3000, 130}, {19, 4099, 128}}) {
+    const int64_t lda = K + 3, ldb = K + 1, ldc = N + 2;
+    auto A = randn(size_t(M * lda), 11), B = randn(size_t(N * ldb), 12), C0 = randn(size_t(M * ldc), 13);
+    std::vector<float> Ac(size_t(M * K)), Bc(size_t(N * K));
+    for (int64_t i = 0; i < M; ++i) std::copy_n(A.data() + i * lda, K, Ac.data() + i * K);
+    for (int64_t j = 0; j < N; ++j) std::copy_n(B.data() + j * ldb, K, Bc.data() + j * K);
+    auto ref = naive_gemm(M, N, K, Ac, Bc, true);
+    const PackedWeight W = pack_weight(B.data(), N, K, ldb);
+    auto C = C0, C2 = C0;
+    linear_packed(A.data(), M, lda, W, C.data(), ldc, 0.5f, 2.0f);
+    gemm_blocked(M, N, K, A.data(), lda, B.data(), ldb, true, C2.data(), ldc, 0.5f, 2.0f);
+    for (int64_t i = 0; i < M; ++i) {
+      for (int64_t j = 0; j < N; ++j) {
+        const double want = 0.5 * ref[i * N + j] + 2.0 * C0[i * ldc + j];
+        ASSERT_NEAR(C[i * ldc + j], want, 1e-4) << M << "x" << N << "x" << K << " at " << i << "," << j;
+        ASSERT_NEAR(C2[i * ldc + j], want, 1e-4);
+      }
+      EXPECT_EQ(C[i * ldc + N], C0[i * ldc + N]);  // padding untouched
+    }
+    linear_packed(A.data(), M, lda, W, C.data(), ldc);
+    for (int64_t i = 0; i < M; ++i) {
+      std::vector<float> row(size_t(N), NAN);
+      linear_packed(A.data() + i * lda, 1, lda, W, row.data(), N);
+      for (int64_t j = 0; j < N; ++j) ASSERT_EQ(row[j], C[i * ldc + j]) << i << "," << j;
+    }
+  }
+}
+
+// gemm() routes large-M products through row blocks; the result must not change.
+TEST(Gemm, LargeProductsMatchBlocked) {
+  const int64_t M = 300, N = 96, K = 80;
+  auto A = randn(size_t(M * K), 14), B = randn(size_t(N * K), 15);
+  for (bool tb : {false, true}) {
+    std::vector<float> C(size_t(M * N), NAN), C2(size_t(M * N), NAN);
+    gemm(M, N, K, A.data(), K, B.data(), tb ? K : N, tb, C.data(), N);
+    gemm_blocked(M, N, K, A.data(), K, B.data(), tb ? K : N, tb, C2.data(), N);
+    for (size_t i = 0; i < C.size(); ++i) ASSERT_NEAR(C[i], C2[i], 1e-4) << "tb=" << tb << " at " << i;
+  }
+}
+
 TEST(RmsNorm, WeightedUnweightedStrided) {
   const int64_t rows = 7, dim = 19, xs = 23;
   auto x = randn(rows * xs, 6), w = randn(dim, 7, 0.1f, 1.0f);
