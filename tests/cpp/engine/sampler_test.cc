@@ -1,7 +1,9 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
+#include <vector>
 
 #include "deepinfer/error.h"
 #include "engine/philox.h"
@@ -203,4 +205,65 @@ TEST(SamplingParamsValidate, RejectsBadValuesNamingTheField) {
   p.structured_outputs = StructuredOutputsParams{}; expect_bad(p, "structured_outputs"); p = {};
   p.min_tokens = 20; expect_bad(p, "min_tokens"); p = {};
   EXPECT_NO_THROW(p.validate(100));
+}
+
+// Large vocabulary with many tied logits: the fast top-k/top-p ordering (selection for short
+// prefixes, radix sort for long ones) must keep exactly the set a plain comparison sort keeps
+// (best first, ties by lower id), and greedy must pick the lowest id among tied maxima.
+TEST(Sampler, LargeVocabTiesMatchPlainSort) {
+  const int64_t V = 20000;
+  std::vector<float> logits(static_cast<size_t>(V));
+  for (int64_t t = 0; t < V; ++t) logits[size_t(t)] = float((t * 7919) % 61) * 0.05f - 1.0f;  // 61 distinct values
+  auto reference = [&](const SamplingParams& p) {
+    std::vector<double> prob(static_cast<size_t>(V));
+    float mx = -INFINITY;
+    for (float x : logits) mx = std::max(mx, x / p.temperature);
+    double sum = 0;
+    for (int64_t t = 0; t < V; ++t) sum += prob[size_t(t)] = std::exp(double(logits[size_t(t)] / p.temperature) - mx);
+    for (double& x : prob) x /= sum;
+    std::vector<int32_t> ids(static_cast<size_t>(V));
+    for (int64_t t = 0; t < V; ++t) ids[size_t(t)] = int32_t(t);
+    std::sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) {
+      const float ka = float(prob[size_t(a)]), kb = float(prob[size_t(b)]);
+      return ka > kb || (ka == kb && a < b);
+    });
+    size_t keep = p.top_k > 0 ? std::min<size_t>(size_t(p.top_k), ids.size()) : ids.size();
+    if (p.top_p < 1.0f) {
+      double mass = 0, acc = 0;
+      for (size_t i = 0; i < keep; ++i) mass += prob[size_t(ids[i])];
+      size_t i = 0;
+      for (; i < keep; ++i) {
+        acc += prob[size_t(ids[i])];
+        if (acc >= p.top_p * mass) { ++i; break; }
+      }
+      keep = std::max<size_t>(1, std::min(i, keep));
+    }
+    std::vector<bool> kept(static_cast<size_t>(V), false);
+    for (size_t i = 0; i < keep; ++i) kept[size_t(ids[i])] = true;
+    return kept;
+  };
+  for (auto [k, tp] : {std::pair<int, float>{0, 0.5f}, {0, 0.95f}, {100, 1.0f}, {5000, 0.9f}, {37, 0.99f}}) {
+    SamplingParams p;
+    p.temperature = 0.8f;
+    p.top_k = k;
+    p.top_p = tp;
+    SamplingRow r;
+    r.logits = logits.data();
+    r.params = &p;
+    auto got = processed_probs(r, V);
+    auto want = reference(p);
+    for (int64_t t = 0; t < V; ++t) ASSERT_EQ(got[size_t(t)] > 0, bool(want[size_t(t)])) << "k=" << k << " p=" << tp << " t=" << t;
+  }
+  SamplingParams g;
+  g.temperature = 0;
+  SamplingRow r;
+  r.logits = logits.data();
+  r.params = &g;
+  const int32_t best = sample_rows({&r, 1}, V)[0].token;
+  for (int64_t t = 0; t < V; ++t) {
+    ASSERT_LE(logits[size_t(t)], logits[size_t(best)]);
+    if (t < best) {
+      ASSERT_LT(logits[size_t(t)], logits[size_t(best)]);
+    }
+  }
 }
