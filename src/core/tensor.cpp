@@ -1,11 +1,13 @@
 #include "core/tensor.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <sstream>
 
 #include "core/numeric.h"
+#include "core/parallel.h"
 
 namespace deepinfer {
 
@@ -243,12 +245,19 @@ Tensor Tensor::to(DType dt) const {
   if (dt == DType::kF32) return src.storage_ == storage_ ? src.clone() : src;
   Tensor out = empty(shape_, dt);
   const float* s = src.data<float>();
-  int64_t n = numel();
-  switch (dt) {
-    case DType::kBF16: for (int64_t i = 0; i < n; ++i) out.data<uint16_t>()[i] = f32_to_bf16(s[i]); break;
-    case DType::kF8E4M3: for (int64_t i = 0; i < n; ++i) out.data<uint8_t>()[i] = f32_to_fp8e4m3(s[i]); break;
-    default: DI_CHECK(false, "Tensor::to(", dtype_name(dt), ") not supported");
-  }
+  const int64_t n = numel();
+  DI_CHECK(dt == DType::kBF16 || dt == DType::kF8E4M3, "Tensor::to(", dtype_name(dt), ") not supported");
+  // Chunks in parallel (weight upload converts tens of GB); elementwise, so thread-count independent.
+  constexpr int64_t kChunk = 1 << 16;
+  uint16_t* o16 = dt == DType::kBF16 ? out.data<uint16_t>() : nullptr;
+  uint8_t* o8 = dt == DType::kF8E4M3 ? out.data<uint8_t>() : nullptr;
+  parallel_for(0, (n + kChunk - 1) / kChunk, [&](int64_t c) {
+    const int64_t e = std::min(n, (c + 1) * kChunk);
+    if (o16)
+      for (int64_t i = c * kChunk; i < e; ++i) o16[i] = f32_to_bf16(s[i]);
+    else
+      for (int64_t i = c * kChunk; i < e; ++i) o8[i] = f32_to_fp8e4m3(s[i]);
+  });
   return out;
 }
 

@@ -2,14 +2,19 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
+#include <future>
+#include <memory>
+#include <nlohmann/json.hpp>
 #include <random>
 
 #include "core/numeric.h"
+#include "core/parallel.h"
 #include "io/safetensors.h"
 
 namespace deepinfer::model::v4 {
@@ -32,6 +37,25 @@ uint64_t name_seed(uint64_t seed, const std::string& name) {
   uint64_t h = 1469598103934665603ull ^ seed;
   for (unsigned char c : name) h = (h ^ c) * 1099511628211ull;
   return h;
+}
+
+// (mean, sd) of a tensor's values by its Init kind (header comment).
+std::pair<double, double> init_moments(const Spec& s) {
+  const double fan_in = s.shape.size() == 2 ? double(s.shape[1]) : 1.0;
+  switch (s.init) {
+    case Init::kNorm: return {1, 0.1};
+    case Init::kHcScale: return {1, 0.3};
+    case Init::kHcBase: return {0, 0.5};
+    case Init::kHcFn: return {0, 0.05};
+    case Init::kSink: return {0, 1};
+    case Init::kApe: return {0, 0.5};
+    case Init::kExpert: return {0, 0.06};
+    case Init::kEmbed: return {0, 1};
+    case Init::kLinear: return {0, 1 / std::sqrt(fan_in)};
+    case Init::kBias: return {0, 0.05};
+    case Init::kTid2eid: break;
+  }
+  return {0, 1};
 }
 
 std::vector<float> make_values(const Spec& s, uint64_t seed, int64_t num_experts) {
@@ -60,21 +84,7 @@ std::vector<float> make_values(const Spec& s, uint64_t seed, int64_t num_experts
       }
     return v;
   }
-  const double fan_in = s.shape.size() == 2 ? double(s.shape[1]) : 1.0;
-  double mean = 0, sd = 1;
-  switch (s.init) {
-    case Init::kNorm: mean = 1, sd = 0.1; break;
-    case Init::kHcScale: mean = 1, sd = 0.3; break;
-    case Init::kHcBase: sd = 0.5; break;
-    case Init::kHcFn: sd = 0.05; break;
-    case Init::kSink: sd = 1; break;
-    case Init::kApe: sd = 0.5; break;
-    case Init::kExpert: sd = 0.06; break;
-    case Init::kEmbed: sd = 1; break;
-    case Init::kLinear: sd = 1 / std::sqrt(fan_in); break;
-    case Init::kBias: sd = 0.05; break;
-    case Init::kTid2eid: break;
-  }
+  const auto [mean, sd] = init_moments(s);
   for (auto& x : v) x = float(mean + sd * normal());
   return v;
 }
@@ -298,6 +308,252 @@ void encode_transformers(std::vector<Out>& out, const std::vector<Spec>& specs, 
     i += size_t(3 * E - 1);
   }
 }
+
+// ---------------- fast mode (RandomCheckpointOptions::fast) ----------------
+inline uint64_t mix64(uint64_t x) {  // splitmix64 finaliser
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ull;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+// Values i0 .. i0+n-1 of the stream `key`, ~N(mean, sd^2): four values per hash, each the sum of two
+// 8-bit uniforms (triangular, scaled to unit variance, bounded at +-2.45 sd). Cheap on purpose:
+// the bench stacks only need the right scales, and a full-width layer has 6.4G expert values.
+inline void fast_normals(uint64_t key, uint64_t i0, int64_t n, float mean, float sd, float* out) {
+  const float k = sd * (2.449489743f / 256.0f);  // sd(a + b) = 104.5 ~ 256 / sqrt(6)
+  for (int64_t j = 0; j < n;) {
+    const uint64_t i = i0 + uint64_t(j);
+    const uint64_t h = mix64(key + (i >> 2) * 0x9e3779b97f4a7c15ull);
+    for (unsigned lane = unsigned(i & 3); lane < 4 && j < n; ++lane, ++j) {
+      const int a = int((h >> (16 * lane)) & 0xff), b = int((h >> (16 * lane + 8)) & 0xff);
+      out[j] = mean + k * float(a + b - 255);
+    }
+  }
+}
+// Same rounding as f32_to_fp4e2m1 (nearest, ties to the even code, saturating), without branches.
+inline uint8_t fp4_code(float f) {
+  const float a = std::fabs(f);
+  const int c = (a > 0.25f) + (a >= 0.75f) + (a > 1.25f) + (a >= 1.75f) + (a > 2.5f) + (a >= 3.5f) + (a > 5.0f);
+  return uint8_t(c | (f < 0 ? 8 : 0));
+}
+
+struct Piece {  // one stored tensor of the file
+  std::string name, st_dtype;
+  Shape shape;
+  uint64_t nbytes;
+};
+struct FastItem {  // one Spec: its stored tensors (weight, then scale) are adjacent in the file
+  const Spec* spec;
+  WeightFormat fmt;
+  std::vector<Piece> pieces;
+  uint64_t nbytes = 0;
+};
+
+FastItem plan_item(const Spec& s, const DeepseekV4Config& c) {
+  FastItem it{&s, s.store == Store::kExpert ? c.expert_format : c.dense_format, {}, 0};
+  int64_t n = 1;
+  for (int64_t d : s.shape) n *= d;
+  auto add = [&](std::string name, const char* dt, Shape shape, uint64_t bytes) {
+    it.pieces.push_back({std::move(name), dt, std::move(shape), bytes});
+    it.nbytes += bytes;
+  };
+  const std::string scale = s.off.substr(0, s.off.size() - std::string(".weight").size()) + ".scale";
+  switch (s.store) {
+    case Store::kI64: add(s.off, "I64", s.shape, uint64_t(n) * 8); break;
+    case Store::kF32: add(s.off, "F32", s.shape, uint64_t(n) * 4); break;
+    case Store::kBF16: add(s.off, "BF16", s.shape, uint64_t(n) * 2); break;
+    case Store::kDense: case Store::kExpert: {
+      const int64_t R = s.shape[0], C = s.shape[1];
+      if (it.fmt == WeightFormat::kFP8Block) {
+        const int64_t b = c.fp8_block, sr = (R + b - 1) / b, sc = (C + b - 1) / b;
+        add(s.off, "F8_E4M3", s.shape, uint64_t(n));
+        add(scale, "F8_E8M0", {sr, sc}, uint64_t(sr * sc));
+      } else if (it.fmt == WeightFormat::kFP4) {
+        if (C % c.fp4_block != 0 || c.fp4_block % 2 != 0)
+          DI_THROW(InvalidArgument, s.off, ": fp4 needs in-width % ", c.fp4_block, " == 0, got ", C);
+        add(s.off, "I8", {R, C / 2}, uint64_t(n / 2));
+        add(scale, "F8_E8M0", {R, C / c.fp4_block}, uint64_t(n / c.fp4_block));
+      } else if (it.fmt == WeightFormat::kF32) {
+        add(s.off, "F32", s.shape, uint64_t(n) * 4);
+      } else {
+        add(s.off, "BF16", s.shape, uint64_t(n) * 2);
+      }
+      break;
+    }
+  }
+  return it;
+}
+
+// FP8 e4m3 with one e8m0 scale per b x b block; one block row per task.
+void fill_fp8(uint8_t* q, uint8_t* sc, int64_t R, int64_t C, int64_t b, uint64_t key, float mean, float sd) {
+  const int64_t sr = (R + b - 1) / b, ncb = (C + b - 1) / b;
+  parallel_for(0, sr, [&](int64_t bi) {
+    const int64_t r0 = bi * b, r1 = std::min(R, r0 + b);
+    std::vector<float> v(static_cast<size_t>((r1 - r0) * C));
+    std::vector<float> amax(static_cast<size_t>(ncb), 0.f);
+    fast_normals(key, uint64_t(r0 * C), (r1 - r0) * C, mean, sd, v.data());
+    for (int64_t i = r0; i < r1; ++i)
+      for (int64_t j = 0; j < C; ++j)
+        amax[size_t(j / b)] = std::max(amax[size_t(j / b)], std::fabs(v[size_t((i - r0) * C + j)]));
+    std::vector<float> inv(static_cast<size_t>(ncb));
+    for (int64_t bj = 0; bj < ncb; ++bj) {
+      const uint8_t e = e8m0_for(amax[size_t(bj)], 448.f);
+      sc[bi * ncb + bj] = e;
+      inv[size_t(bj)] = 1.f / e8m0_to_f32(e);
+    }
+    for (int64_t i = r0; i < r1; ++i)
+      for (int64_t j = 0; j < C; ++j) q[i * C + j] = f32_to_fp8e4m3(v[size_t((i - r0) * C + j)] * inv[size_t(j / b)]);
+  });
+}
+
+// FP4 e2m1 (two per byte, element 2k in the low nibble) with one e8m0 scale per b inputs.
+void fill_fp4(uint8_t* q, uint8_t* sc, int64_t R, int64_t C, int64_t b, uint64_t key, float mean, float sd) {
+  parallel_for(0, R, [&](int64_t i) {
+    thread_local std::vector<float> row;
+    row.resize(size_t(C));
+    fast_normals(key, uint64_t(i * C), C, mean, sd, row.data());
+    for (int64_t g = 0; g < C / b; ++g) {
+      const float* v = row.data() + g * b;
+      float amax = 0;
+      for (int64_t j = 0; j < b; ++j) amax = std::max(amax, std::fabs(v[j]));
+      const uint8_t e = e8m0_for(amax, 6.f);
+      sc[i * (C / b) + g] = e;
+      const float inv = 1.f / e8m0_to_f32(e);
+      uint8_t* out = q + (i * C + g * b) / 2;
+      for (int64_t j = 0; j < b; j += 2) out[j / 2] = uint8_t(fp4_code(v[j] * inv) | (fp4_code(v[j + 1] * inv) << 4));
+    }
+  }, 16);
+}
+
+void fill_item(const FastItem& it, uint64_t seed, int64_t num_experts, const DeepseekV4Config& c, uint8_t* dst) {
+  const Spec& s = *it.spec;
+  const uint64_t key = name_seed(seed, s.off);
+  const auto [mean_d, sd_d] = init_moments(s);
+  const float mean = float(mean_d), sd = float(sd_d);
+  int64_t n = 1;
+  for (int64_t d : s.shape) n *= d;
+  if (s.init == Init::kTid2eid) {  // k distinct experts per row
+    const int64_t k = s.shape[1];
+    int64_t* out = reinterpret_cast<int64_t*>(dst);
+    parallel_for(0, s.shape[0], [&](int64_t r) {
+      uint64_t draw = uint64_t(r) << 20;
+      for (int64_t j = 0; j < k; ++j) {
+        bool dup = true;
+        while (dup) {
+          out[r * k + j] = int64_t(mix64(key + ++draw * 0x9e3779b97f4a7c15ull) % uint64_t(num_experts));
+          dup = false;
+          for (int64_t q = 0; q < j; ++q) dup |= out[r * k + q] == out[r * k + j];
+        }
+      }
+    }, 1024);
+    return;
+  }
+  const bool quantised = (s.store == Store::kDense || s.store == Store::kExpert) &&
+                         (it.fmt == WeightFormat::kFP8Block || it.fmt == WeightFormat::kFP4);
+  if (quantised) {
+    uint8_t* scale = dst + it.pieces[0].nbytes;
+    if (it.fmt == WeightFormat::kFP8Block) fill_fp8(dst, scale, s.shape[0], s.shape[1], c.fp8_block, key, mean, sd);
+    else fill_fp4(dst, scale, s.shape[0], s.shape[1], c.fp4_block, key, mean, sd);
+    return;
+  }
+  const bool f32 = it.pieces[0].st_dtype == "F32";
+  constexpr int64_t kChunk = 1 << 16;
+  parallel_for(0, (n + kChunk - 1) / kChunk, [&](int64_t ch) {
+    std::vector<float> v(static_cast<size_t>(kChunk));
+    const int64_t i0 = ch * kChunk, m = std::min(n, i0 + kChunk) - i0;
+    fast_normals(key, uint64_t(i0), m, mean, sd, v.data());
+    if (f32) {
+      std::memcpy(dst + 4 * i0, v.data(), size_t(m) * 4);
+    } else {
+      for (int64_t i = 0; i < m; ++i) {
+        const uint16_t h = f32_to_bf16(v[size_t(i)]);
+        std::memcpy(dst + 2 * (i0 + i), &h, 2);
+      }
+    }
+  });
+}
+
+// Streams the specs into `n` shards (release order, roughly equal bytes); each item is filled in
+// parallel into one of two buffers while the other is written by a helper thread.
+void write_fast(const std::string& dir, const DeepseekV4Config& c, const std::vector<Spec>& specs,
+                const RandomCheckpointOptions& opts) {
+  std::vector<FastItem> items;
+  uint64_t total = 0;
+  for (const Spec& s : specs) {
+    items.push_back(plan_item(s, c));
+    total += items.back().nbytes;
+  }
+  const int n = std::max(1, opts.num_shards);
+  auto shard_name = [&](int i) {
+    if (n == 1) return std::string("model.safetensors");
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "model-%05d-of-%05d.safetensors", i + 1, n);
+    return std::string(buf);
+  };
+  std::vector<std::vector<const FastItem*>> shard_items(static_cast<size_t>(n));
+  std::map<std::string, std::string> weight_map;
+  uint64_t acc = 0;
+  for (const FastItem& it : items) {
+    const int si = std::min(n - 1, int(acc * uint64_t(n) / std::max<uint64_t>(total, 1)));
+    shard_items[size_t(si)].push_back(&it);
+    for (const Piece& p : it.pieces) weight_map[p.name] = shard_name(si);
+    acc += it.nbytes;
+  }
+  constexpr uint64_t kGroup = uint64_t(256) << 20;
+  std::vector<uint8_t> buf[2];
+  uint64_t written = 0;
+  int last_pct = -1;
+  for (int si = 0; si < n; ++si) {
+    nlohmann::json h = nlohmann::json::object();
+    h["__metadata__"] = {{"format", "pt"}};
+    uint64_t off = 0;
+    for (const FastItem* it : shard_items[size_t(si)])
+      for (const Piece& p : it->pieces) {
+        h[p.name] = {{"dtype", p.st_dtype}, {"shape", p.shape}, {"data_offsets", {off, off + p.nbytes}}};
+        off += p.nbytes;
+      }
+    std::string text = h.dump();
+    text.append((8 - text.size() % 8) % 8, ' ');
+    const std::string path = (fs::path(dir) / shard_name(si)).string();
+    std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path.c_str(), "wb"), &std::fclose);
+    if (!f) DI_THROW(CheckpointError, path, ": cannot open for writing");
+    const uint64_t hn = text.size();
+    bool ok = std::fwrite(&hn, 8, 1, f.get()) == 1 && std::fwrite(text.data(), 1, text.size(), f.get()) == text.size();
+    std::future<bool> pending;
+    int cur = 0;
+    const auto& its = shard_items[size_t(si)];
+    for (size_t i = 0; i < its.size() && ok;) {
+      uint64_t bytes = 0;
+      size_t j = i;
+      while (j < its.size() && (j == i || bytes + its[j]->nbytes <= kGroup)) bytes += its[j++]->nbytes;
+      std::vector<uint8_t>& b = buf[cur];
+      if (b.size() < bytes) b = std::vector<uint8_t>(bytes);  // no copy of the old contents
+      uint64_t o = 0;
+      for (size_t k = i; k < j; ++k) {
+        fill_item(*its[k], opts.seed, c.n_routed_experts, c, b.data() + o);
+        o += its[k]->nbytes;
+      }
+      if (pending.valid()) ok = pending.get();
+      pending = std::async(std::launch::async, [fp = f.get(), p = b.data(), bytes] {
+        return std::fwrite(p, 1, bytes, fp) == bytes;
+      });
+      cur ^= 1;
+      i = j;
+      written += bytes;
+      const int pct = int(100 * written / std::max<uint64_t>(total, 1));
+      if (opts.progress && pct != last_pct) {
+        std::fprintf(stderr, "\rdeepinfer: writing random checkpoint %.2f / %.2f GiB (%d%%)", double(written) / (1 << 30),
+                     double(total) / (1 << 30), pct);
+        last_pct = pct;
+      }
+    }
+    if (pending.valid()) ok = pending.get() && ok;
+    if (!ok) DI_THROW(CheckpointError, path, ": write failed (disk full?)");
+  }
+  if (opts.progress) std::fprintf(stderr, "\n");
+  if (n > 1) io::write_index(dir, weight_map, total);
+}
 }  // namespace
 
 void write_random_checkpoint(const std::string& dir, DeepseekV4Config cfg, const RandomCheckpointOptions& opts) {
@@ -314,6 +570,12 @@ void write_random_checkpoint(const std::string& dir, DeepseekV4Config cfg, const
   }
   Enumerator en{cfg, {}};
   en.all(opts.layout == CheckpointLayout::kOfficial);
+  if (opts.fast) {
+    if (opts.layout != CheckpointLayout::kOfficial)
+      DI_THROW(InvalidArgument, "write_random_checkpoint: fast mode writes the official layout only");
+    write_fast(dir, cfg, en.specs, opts);
+    return;
+  }
   std::vector<Out> out;
   if (opts.layout == CheckpointLayout::kOfficial) {
     for (const Spec& s : en.specs) encode_official(out, s, make_values(s, opts.seed, cfg.n_routed_experts), cfg);
@@ -383,6 +645,48 @@ DeepseekV4Config default_model_config(CheckpointLayout layout) {
     c.expert_format = WeightFormat::kFP4;
     c.scale_fmt = "ue8m0";
   }
+  return c;
+}
+
+DeepseekV4Config flash_stack_config(int64_t num_layers) {
+  if (num_layers < 1 || num_layers > 43)
+    DI_THROW(InvalidArgument, "flash_stack_config: num_layers must be in [1, 43] (V4-Flash has 43), got ", num_layers);
+  DeepseekV4Config c;
+  c.architecture = "DeepseekV4ForCausalLM";
+  c.layout = CheckpointLayout::kOfficial;
+  c.vocab_size = 129280;
+  c.hidden_size = 4096;
+  c.num_layers = num_layers;
+  c.num_heads = 64;
+  c.head_dim = 512;
+  c.rope_head_dim = 64;
+  c.q_lora_rank = 1024;
+  c.o_groups = 8;
+  c.o_lora_rank = 1024;
+  c.sliding_window = 128;
+  c.n_routed_experts = 256;
+  c.num_experts_per_tok = 6;
+  c.n_shared_experts = 1;
+  c.moe_intermediate_size = 2048;
+  c.routed_scaling_factor = 1.5;
+  c.swiglu_limit = 10.0;
+  c.index_n_heads = 64;
+  c.index_head_dim = 128;
+  c.index_topk = 512;
+  // compress_ratios = [0, 0] + [4, 128] * 20 + [4] for the 43 main layers; hash MoE on layers 0-2.
+  for (int64_t l = 0; l < num_layers; ++l) {
+    const int64_t ratio = l < 2 ? 0 : (l % 2 == 0 ? 4 : 128);
+    c.compress_ratio.push_back(ratio);
+    c.layer_types.push_back(ratio == 0 ? AttnKind::kSliding : ratio == 4 ? AttnKind::kCSA : AttnKind::kHCA);
+    c.mlp_types.push_back(l < 3 ? MlpKind::kHashMoE : MlpKind::kMoE);
+  }
+  c.rope.theta = 10000.0;
+  c.compress_rope = {160000.0, true, 16.0, 65536, 32.0, 1.0, 1.0};
+  c.num_mtp_layers = 0;
+  c.max_position_embeddings = 1048576;
+  c.dense_format = WeightFormat::kFP8Block;
+  c.expert_format = WeightFormat::kFP4;
+  c.scale_fmt = "ue8m0";
   return c;
 }
 

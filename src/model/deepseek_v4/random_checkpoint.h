@@ -21,6 +21,13 @@ struct RandomCheckpointOptions {
   CheckpointLayout layout = CheckpointLayout::kOfficial;
   DType dtype = DType::kBF16;  // float dtype of the transformers layout (bf16 or f32)
   int num_shards = 1;          // > 1 writes model-0000i-of-0000n.safetensors + index
+  // Fast mode, for full-width stacks (official layout only): one counter-based hash per value
+  // (sum of four 16-bit uniforms: mean/sd per Init kind as above, bounded at +-3.46 sd; NOT the
+  // same values as the default mode), filled in parallel and streamed to disk tensor by tensor,
+  // so memory stays at two ~256 MB buffers whatever the checkpoint size. Bytes depend only on
+  // (seed, tensor name), never on the thread count.
+  bool fast = false;
+  bool progress = false;       // fast mode: a progress line on stderr
 };
 
 // Writes config.json (cfg.to_json_string() in opts.layout) and the shard(s) into `dir` (created).
@@ -29,5 +36,11 @@ void write_random_checkpoint(const std::string& dir, DeepseekV4Config cfg, const
 // The bundled default model: real vocab (129280, the DeepSeek tokenizer), tiny everything else;
 // 6 layers S S C H C H (HCA ratio 16 so short prompts reach it), 3 hash-MoE layers, 1 MTP block.
 DeepseekV4Config default_model_config(CheckpointLayout layout);
+
+// V4-Flash at full width (MODEL-DEEPSEEK-V4.md §1: hidden 4096, 64 heads x 512, 256 experts top-6
+// of width 2048, vocab 129280, ...) cut to its first `num_layers` (1..43) layers of the Flash
+// schedule (S S C H C H ...; hash MoE on layers 0-2), official layout (FP8 dense, FP4 experts),
+// no MTP block. Throws InvalidArgument outside 1..43.
+DeepseekV4Config flash_stack_config(int64_t num_layers);
 
 }  // namespace deepinfer::model::v4

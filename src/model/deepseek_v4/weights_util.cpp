@@ -1,23 +1,50 @@
 // Linear::dequantize_f32 and parameter counting (host reference paths, not hot).
 #include "core/numeric.h"
+#include "core/parallel.h"
 #include "model/deepseek_v4/weights.h"
 
 namespace deepinfer::model::v4 {
 
 Tensor Linear::dequantize_f32(int64_t fp8_block, int64_t fp4_block) const {
   DI_CHECK(weight.defined() && weight.dim() == 2, "dequantize_f32 on ", weight.defined() ? weight.str() : "undefined");
-  Tensor w = weight.to_f32();  // decodes bf16 / fp8 e4m3 / packed fp4 (low nibble first)
-  if (format == WeightFormat::kBF16 || format == WeightFormat::kF32) return w;
+  if (format == WeightFormat::kBF16 || format == WeightFormat::kF32) return weight.to_f32();
   DI_CHECK(scale.defined() && scale.dim() == 2, "quantised linear without a 2-d scale");
   const Tensor s = scale.to_f32();  // e8m0 -> 2^(e-127), or f32 scales as stored
-  const int64_t out = w.size(0), in = w.size(1);
+  const int64_t out = weight.size(0), in = weight.size(1);
   // Block geometry: fp8 has square blocks over (out, in); fp4 one scale per `fp4_block` inputs of a row.
   const int64_t bo = format == WeightFormat::kFP8Block ? fp8_block : 1;
   const int64_t bi = format == WeightFormat::kFP8Block ? fp8_block : fp4_block;
   DI_CHECK(s.size(0) == (out + bo - 1) / bo && s.size(1) == (in + bi - 1) / bi, "scale ", s.str(), " does not tile ",
            weight.str(), " with blocks ", bo, "x", bi);
-  float* pw = w.data<float>();
   const float* ps = s.data<float>();
+  const DType dt = weight.dtype();
+  if (weight.is_contiguous() && (dt == DType::kFP4E2M1 || dt == DType::kF8E4M3) && in % 2 == 0) {
+    // Fast path (weight upload of full-size checkpoints): table decode and scale in one pass,
+    // rows in parallel. Same f32 products as the generic path below, so the same bits.
+    float lut[256];
+    for (int c = 0; c < 256; ++c) lut[c] = dt == DType::kFP4E2M1 ? fp4e2m1_to_f32(uint8_t(c & 15)) : fp8e4m3_to_f32(uint8_t(c));
+    Tensor w = Tensor::empty({out, in}, DType::kF32);
+    float* pw = w.data<float>();
+    const uint8_t* src = static_cast<const uint8_t*>(weight.raw_data());
+    const int64_t ns = s.size(1);
+    parallel_for(0, out, [&](int64_t i) {
+      const float* srow = ps + (i / bo) * ns;
+      float* wrow = pw + i * in;
+      if (dt == DType::kFP4E2M1) {
+        const uint8_t* b = src + i * in / 2;  // element 2k in the low nibble
+        for (int64_t j = 0; j < in; j += 2) {
+          wrow[j] = lut[b[j / 2] & 15] * srow[j / bi];
+          wrow[j + 1] = lut[b[j / 2] >> 4] * srow[(j + 1) / bi];
+        }
+      } else {
+        const uint8_t* b = src + i * in;
+        for (int64_t j = 0; j < in; ++j) wrow[j] = lut[b[j]] * srow[j / bi];
+      }
+    }, 8);
+    return w;
+  }
+  Tensor w = weight.to_f32();  // decodes bf16 / fp8 e4m3 / packed fp4 (low nibble first)
+  float* pw = w.data<float>();
   for (int64_t i = 0; i < out; ++i) {
     const float* srow = ps + (i / bo) * s.size(1);
     float* wrow = pw + i * in;

@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# First timing of a V4-Flash-shaped stack on one GPU: writes a random full-width checkpoint
+# (deepinfer make-flash-stack: hidden 4096, 64 heads x 512, 256 experts top-6 of width 2048, vocab
+# 129280, layers 0..N-1 of the Flash schedule, release FP8/FP4 formats), then times the engine
+# (deepinfer bench-flash, DEEPINFER_ACCELERATOR=nvidia): prefill of a 4096-token prompt (TTFT,
+# tokens/s) and decode steps at batch 1, 8, 32 with ~4K context (TPOT), each against its floor
+# (bytes / 4.3 TB/s, FLOPs / 790 TFLOP/s, scaled to the layers present) and per layer next to the
+# transformers eager numbers of ANCHORS.md. The table is printed last.
+#   bench/gpu_flash_bench.sh [--layers N] [--small] [--jobs N] [--clean] [-- extra bench-flash args]
+#     --layers N   layers of the stack (default 6: S S C H C H = sliding, CSA, HCA, hash and biased MoE)
+#     --small      reduced widths, prompt 512, 8 decode steps, batches 1,2: tests this script in
+#                  seconds, e.g. DEEPINFER_ACCELERATOR=cpu BUILD_DIR=build bench/gpu_flash_bench.sh --small
+#     --clean      delete the stack afterwards
+# Environment: BUILD_DIR (default /tmp/di-gpu-model-build, the full-tree build that
+# tools/gpu_check.sh -> tools/gpu_model_check.sh leaves; the deepinfer target is built there if
+# the binary lacks the bench commands, or the tree is configured there from scratch), STACK_DIR
+# (default /tmp/di-flash-stack), DEEPINFER_ACCELERATOR (default nvidia), BENCH_TIMEOUT (s, 480).
+# Device example (one call, ~4-5 min after gpu_check has built the tree):
+#   run: tools/gpu_check.sh && bench/gpu_flash_bench.sh     carry: [".gpudeps"]
+# Logs and flash_bench.jsonl go to $OUT (when set) so they come back with the call.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+LAYERS=6; SMALL=0; JOBS=$(nproc); CLEAN=0; EXTRA=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --layers) LAYERS=$2; shift ;;
+    --small) SMALL=1 ;;
+    --jobs) JOBS=$2; shift ;;
+    --clean) CLEAN=1 ;;
+    --) shift; EXTRA=("$@"); break ;;
+    -h|--help) sed -n 2,21p "$0"; exit 0 ;;
+    *) echo "gpu_flash_bench: unknown option $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+LOG_DIR=${OUT:-/tmp/di-flash-bench-logs}
+mkdir -p "$LOG_DIR"
+export PATH=/usr/local/cuda/bin:$PATH
+export DEEPINFER_ACCELERATOR=${DEEPINFER_ACCELERATOR:-nvidia}
+T0=$(date +%s)
+step() { echo "== gpu_flash_bench [$(( $(date +%s) - T0 ))s] $*"; }
+
+# ---- dependencies (as tools/gpu_model_check.sh): carried .debs, needed at run time too (openblas) ----
+PREFIX=/tmp/di-gpudeps
+CMAKE_DEP_ARGS=()
+if ls .gpudeps/*.deb >/dev/null 2>&1 && [ ! -f /usr/include/gtest/gtest.h ]; then
+  if [ ! -d "$PREFIX/usr" ]; then
+    step "unpacking carried .debs into $PREFIX"
+    mkdir -p "$PREFIX"
+    for f in .gpudeps/*.deb; do dpkg -x "$f" "$PREFIX" || { echo "dpkg -x $f failed" >&2; exit 1; }; done
+  fi
+  LIBDIR=$PREFIX/usr/lib/x86_64-linux-gnu
+  [ -e "$LIBDIR/libopenblas.so" ] || ln -sf openblas-pthread/libopenblas.so "$LIBDIR/libopenblas.so"
+  export LD_LIBRARY_PATH=$LIBDIR:$LIBDIR/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  export PKG_CONFIG_PATH=$LIBDIR/pkgconfig PKG_CONFIG_SYSROOT_DIR=$PREFIX
+  CMAKE_DEP_ARGS=(-DDEEPINFER_EXTRA_PREFIX="$PREFIX" -DCMAKE_PREFIX_PATH="$PREFIX/usr")
+fi
+
+# ---- the deepinfer binary: reuse, build the target in an existing tree, or configure one ----
+BUILD=${BUILD_DIR:-/tmp/di-gpu-model-build}
+case "$BUILD" in /*) ;; *) BUILD=$ROOT/$BUILD ;; esac
+BIN=$BUILD/deepinfer
+has_cmds() { [ -x "$BIN" ] && "$BIN" bench-flash --help >/dev/null 2>&1 && "$BIN" make-flash-stack --help >/dev/null 2>&1; }
+# gpu_check.sh --scope full builds every target in /tmp/di-gpu-build: take that binary when it is current.
+if [ -z "${BUILD_DIR:-}" ] && ! has_cmds && [ -x /tmp/di-gpu-build/deepinfer ]; then
+  BIN=/tmp/di-gpu-build/deepinfer
+  has_cmds || BIN=$BUILD/deepinfer
+fi
+if has_cmds; then
+  step "using $BIN"
+else
+  if [ ! -f "$BUILD/CMakeCache.txt" ]; then
+    GEN=(); command -v ninja >/dev/null && GEN=(-G Ninja)
+    CUDA_ARGS=(-DDEEPINFER_CUDA_SM90_ONLY=ON)
+    [ "$DEEPINFER_ACCELERATOR" = cpu ] && CUDA_ARGS=(-DDEEPINFER_ENABLE_CUDA=OFF)
+    step "configure $BUILD (full tree)"
+    cmake -S "$ROOT" -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDEEPINFER_BUILD_PYTHON=OFF \
+      -DDEEPINFER_BUILD_TESTS=OFF "${CUDA_ARGS[@]}" "${CMAKE_DEP_ARGS[@]}" >"$LOG_DIR/flash_configure.log" 2>&1 \
+      || { tail -30 "$LOG_DIR/flash_configure.log"; exit 1; }
+  fi
+  step "build deepinfer in $BUILD (-j$JOBS)"
+  cmake --build "$BUILD" -j "$JOBS" --target deepinfer >"$LOG_DIR/flash_build.log" 2>&1 \
+    || { grep -E "error|Error" "$LOG_DIR/flash_build.log" | head -40; tail -20 "$LOG_DIR/flash_build.log"; exit 1; }
+  has_cmds || { echo "gpu_flash_bench: $BIN lacks make-flash-stack/bench-flash"; exit 1; }
+fi
+
+# ---- the stack ----
+STACK=${STACK_DIR:-/tmp/di-flash-stack}
+BENCH_ARGS=(--prompt-len 4096 --decode-steps 64 --warmup-steps 4 --batches 1,8,32 --prefill-reps 2 --kv-cache-gib 4)
+MAKE_ARGS=(--out "$STACK" --layers "$LAYERS")
+if [ "$SMALL" = 1 ]; then
+  STACK=${STACK_DIR:-/tmp/di-flash-stack-small}
+  MAKE_ARGS=(--out "$STACK" --layers "$LAYERS" --small)
+  BENCH_ARGS=(--prompt-len 512 --decode-steps 8 --warmup-steps 2 --batches 1,2 --prefill-reps 1 --kv-cache-gib 1)
+fi
+mkdir -p "$(dirname "$STACK")"
+df -h "$(dirname "$STACK")" | tail -1
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version,clocks.sm \
+  --format=csv,noheader 2>/dev/null
+step "make-flash-stack ${MAKE_ARGS[*]}"
+"$BIN" make-flash-stack "${MAKE_ARGS[@]}" --quiet 2>"$LOG_DIR/flash_stack.err" || { tail -20 "$LOG_DIR/flash_stack.err"; exit 1; }
+"$BIN" bench-flash -m "$STACK" "${BENCH_ARGS[@]}" "${EXTRA[@]}" --floors-only
+
+# ---- the timing run ----
+step "bench-flash (DEEPINFER_ACCELERATOR=$DEEPINFER_ACCELERATOR, timeout ${BENCH_TIMEOUT:-480}s)"
+timeout "${BENCH_TIMEOUT:-480}" "$BIN" bench-flash -m "$STACK" "${BENCH_ARGS[@]}" "${EXTRA[@]}" \
+  --json "$LOG_DIR/flash_bench.jsonl" >"$LOG_DIR/flash_bench.out" 2>"$LOG_DIR/flash_bench.err"
+RC=$?
+grep -E "^bench-flash:|deepseek_v4 cuda:|rror|OutOfMemory" "$LOG_DIR/flash_bench.err" | tr '\r' '\n' | grep -v uploading | head -30
+[ "$RC" = 0 ] || { echo "gpu_flash_bench: bench-flash rc=$RC (124 = timeout)"; tail -5 "$LOG_DIR/flash_bench.err" | tr '\r' '\n' | tail -5; }
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=memory.used --format=csv,noheader 2>/dev/null
+[ "$CLEAN" = 1 ] && rm -rf "$STACK"
+cat "$LOG_DIR/flash_bench.out"
+echo "gpu_flash_bench: rc=$RC total $(( $(date +%s) - T0 ))s"
+exit "$RC"

@@ -1,0 +1,301 @@
+// `deepinfer bench-flash --model DIR`: times the engine on a (V4-Flash-shaped) checkpoint, step by
+// step through LLM::add_request/step, and sets each number against its floor (MODEL-DEEPSEEK-V4.md
+// §10 scaled to the layers present; ANCHORS.md ceilings 4.3 TB/s copy, 790 TFLOP/s bf16):
+//  * prefill: one request of --prompt-len tokens in one step (TTFT, tokens/s); floor =
+//    max(FLOPs / 790 TFLOP/s, weights read once / 4.3 TB/s);
+//  * decode at each --batches B: B requests of --prompt-len tokens are prefilled, then
+//    --decode-steps pure decode steps (every request emits exactly one token) are timed alone
+//    (TPOT = median step); floor = bytes the step must read / 4.3 TB/s, counting the dense weights
+//    in bf16 as the GPU model uploads them, the experts the step touches (expected distinct
+//    experts of B tokens, uniform routing), lm_head, and each sequence's KV.
+// Per-layer ms = step / layers (embedding, head and sampling included) next to the transformers
+// eager numbers of ANCHORS.md. Used by bench/gpu_flash_bench.sh.
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "cli/command.h"
+#include "core/logging.h"
+#include "deepinfer/llm.h"
+#include "model/deepseek_v4/config.h"
+
+namespace {
+using namespace deepinfer;
+using model::v4::AttnKind;
+using model::v4::DeepseekV4Config;
+using Clock = std::chrono::steady_clock;
+
+constexpr double kBandwidth = 4.3e12;  // B/s, device-to-device copy (ANCHORS.md)
+constexpr double kFlops = 790e12;      // bf16 dense, cuBLAS 4096^3 (MODEL-DEEPSEEK-V4.md §10)
+
+// ---- cost model (per layer l), from the config alone ----
+struct CostModel {
+  const DeepseekV4Config& c;
+  double attn_linear_params(int64_t l) const {  // q/kv/o projections + compressor/indexer linears
+    const double D = c.hidden_size, H = c.num_heads, d = c.head_dim, r = c.q_lora_rank;
+    const double GR = double(c.o_groups * c.o_lora_rank);
+    double n = r * D + H * d * r + d * D + GR * (H * d / c.o_groups) + D * GR;
+    if (c.layer_types[l] == AttnKind::kCSA) {
+      const double Hi = c.index_n_heads, di = c.index_head_dim;
+      n += 2 * (2 * d) * D + 2 * (2 * di) * D + Hi * di * r + Hi * D;
+    } else if (c.layer_types[l] == AttnKind::kHCA) {
+      n += 2 * d * D;
+    }
+    return n;
+  }
+  double expert_params() const { return 3.0 * c.moe_intermediate_size * c.hidden_size; }
+  double hc_params() const { return 2.0 * c.hc_mix_dim() * c.hc_dim(); }  // two mHC sites
+  // Dense bytes one step reads in layer l (bf16 linears + f32 mHC, as uploaded; no routed experts).
+  double dense_bytes(int64_t l) const {
+    return 2 * (attn_linear_params(l) + double(c.n_routed_experts) * c.hidden_size + expert_params()) + 4 * hc_params();
+  }
+  // Same in the release precision: FP8 (1 B) for the quantised dense linears, bf16 for the rest.
+  double dense_bytes_release(int64_t l) const {
+    const double D = c.hidden_size, d = c.head_dim;
+    double bf16 = double(c.n_routed_experts) * D;  // router
+    if (c.layer_types[l] == AttnKind::kCSA)
+      bf16 += 2 * (2 * d) * D + 2 * (2.0 * c.index_head_dim) * D + double(c.index_n_heads) * D;
+    else if (c.layer_types[l] == AttnKind::kHCA)
+      bf16 += 2 * d * D;
+    const double fp8 = attn_linear_params(l) - bf16 + double(c.n_routed_experts) * D + expert_params();
+    return fp8 * (1 + 1.0 / 16384) + 2 * bf16 + 4 * hc_params();
+  }
+  double touched_experts(double tokens) const {
+    const double E = double(c.n_routed_experts), k = double(c.num_experts_per_tok);
+    return E * (1 - std::pow(1 - k / E, tokens));
+  }
+  double kv_bytes(int64_t l, double ctx) const {  // one sequence, bf16 as stored on the GPU
+    const double d = c.head_dim, W = double(c.sliding_window);
+    double n = std::min(ctx, W) * d;
+    if (c.layer_types[l] == AttnKind::kCSA)
+      n += std::min(std::floor(ctx / 4), double(c.index_topk)) * d + std::floor(ctx / 4) * c.index_head_dim;
+    else if (c.layer_types[l] == AttnKind::kHCA)
+      n += std::floor(ctx / double(c.compress_ratio[l])) * d;
+    return 2 * n;
+  }
+  double head_bytes() const { return 2.0 * c.vocab_size * c.hidden_size; }
+  double decode_bytes(int64_t B, double ctx, bool release) const {
+    double n = head_bytes();
+    for (int64_t l = 0; l < c.num_layers; ++l)
+      n += (release ? dense_bytes_release(l) : dense_bytes(l)) +
+           touched_experts(double(B)) * expert_params() * (release ? 0.5 + 1.0 / 32 : 2.0) + double(B) * kv_bytes(l, ctx);
+    return n;
+  }
+  double active_params(int64_t l) const {
+    return attn_linear_params(l) + double(c.n_routed_experts) * c.hidden_size +
+           double(1 + c.num_experts_per_tok) * expert_params() + hc_params() / 2;  // hc: 1 MAC per fn entry per site
+  }
+  double attn_flops(int64_t l, double p) const {  // token at position p (0-based)
+    const double H = c.num_heads, d = c.head_dim;
+    double keys = std::min(p + 1, double(c.sliding_window));
+    double extra = 0;
+    if (c.layer_types[l] == AttnKind::kCSA) {
+      keys += std::min(std::floor((p + 1) / 4), double(c.index_topk));
+      extra = 2.0 * c.index_n_heads * c.index_head_dim * std::floor((p + 1) / 4);  // indexer scan
+    } else if (c.layer_types[l] == AttnKind::kHCA) {
+      keys += std::floor((p + 1) / double(c.compress_ratio[l]));
+    }
+    return 4 * H * d * keys + extra;
+  }
+  double prefill_flops(int64_t P) const {
+    double f = 2.0 * c.vocab_size * c.hidden_size;  // logits of the last token
+    for (int64_t l = 0; l < c.num_layers; ++l) {
+      f += 2 * double(P) * active_params(l);
+      for (int64_t p = 0; p < P; ++p) f += attn_flops(l, double(p));
+    }
+    return f;
+  }
+  double prefill_bytes(int64_t P) const {
+    double n = head_bytes();
+    for (int64_t l = 0; l < c.num_layers; ++l) n += dense_bytes(l) + touched_experts(double(P)) * expert_params() * 2;
+    return n;
+  }
+  double decode_flops(int64_t B, double ctx) const {
+    double f = 2.0 * B * c.vocab_size * c.hidden_size;
+    for (int64_t l = 0; l < c.num_layers; ++l) f += B * (2 * active_params(l) + attn_flops(l, ctx));
+    return f;
+  }
+};
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+std::vector<int32_t> prompt_ids(int64_t n, int64_t vocab, uint64_t salt) {
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  uint64_t x = 0x243f6a8885a308d3ull ^ (salt * 0x9e3779b97f4a7c15ull);
+  for (auto& t : ids) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;  // xorshift64
+    t = int32_t(2 + x % uint64_t(vocab - 2));  // skip bos/eos
+  }
+  return ids;
+}
+
+struct RunResult {
+  double fill_s = 0;               // first step until every request has its first token
+  std::vector<double> decode_s;    // timed pure-decode steps
+  int64_t impure = 0;              // timed steps where not every request emitted exactly one token
+};
+
+// B requests of P prompt tokens; times the fill phase, then `warm` + `steps` decode steps.
+RunResult run(LLM& llm, int64_t B, int64_t P, int64_t warm, int64_t steps, int64_t vocab, uint64_t& salt) {
+  SamplingParams sp;
+  sp.temperature = 0;
+  sp.ignore_eos = true;
+  sp.max_tokens = int(1 + warm + steps + B + 4);  // nobody finishes inside the timed window
+  sp.output_kind = OutputKind::kDelta;
+  std::map<std::string, int64_t> got;
+  for (int64_t i = 0; i < B; ++i) got[llm.add_request(PromptInput::from_token_ids(prompt_ids(P, vocab, salt++)), sp)] = 0;
+  RunResult r;
+  auto t0 = Clock::now();
+  int64_t have_first = 0, decoded = 0;
+  while (have_first < B) {
+    for (const RequestOutput& o : llm.step())
+      if (!o.outputs.empty() && !o.outputs[0].token_ids.empty() && got[o.request_id]++ == 0) ++have_first;
+    if (!llm.has_unfinished()) break;
+  }
+  r.fill_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  while (decoded < warm + steps && llm.has_unfinished()) {
+    auto s0 = Clock::now();
+    auto outs = llm.step();
+    const double dt = std::chrono::duration<double>(Clock::now() - s0).count();
+    bool pure = int64_t(outs.size()) == B;
+    for (const RequestOutput& o : outs) pure &= !o.outputs.empty() && o.outputs[0].token_ids.size() == 1;
+    if (decoded++ < warm) continue;
+    r.decode_s.push_back(dt);
+    r.impure += !pure;
+  }
+  for (const auto& [id, n] : got) llm.abort_request(id);
+  return r;
+}
+
+std::vector<int64_t> parse_list(const std::string& s) {
+  std::vector<int64_t> v;
+  std::stringstream ss(s);
+  for (std::string x; std::getline(ss, x, ',');)
+    if (!x.empty()) v.push_back(std::stoll(x));
+  return v;
+}
+
+int run_bench_flash(int argc, char** argv) {
+  CLI::App app{"Time prefill and decode of the engine on a checkpoint against the bandwidth/compute floors"};
+  std::string model, batches_s = "1,8,32", json_path, accelerator;
+  int64_t P = 4096, steps = 64, warm = 4, reps = 2;
+  double kv_gib = 4.0;
+  app.add_option("-m,--model", model, "checkpoint folder (deepinfer make-flash-stack)")->required();
+  app.add_option("--prompt-len", P, "prompt tokens (prefill and decode context)")->capture_default_str();
+  app.add_option("--decode-steps", steps, "timed decode steps per batch size")->capture_default_str();
+  app.add_option("--warmup-steps", warm, "decode steps run before timing")->capture_default_str();
+  app.add_option("--batches", batches_s, "decode batch sizes, comma-separated")->capture_default_str();
+  app.add_option("--prefill-reps", reps, "timed prefills (after one warm-up)")->capture_default_str();
+  app.add_option("--kv-cache-gib", kv_gib, "cache budget")->capture_default_str();
+  app.add_option("--accelerator", accelerator, "cpu | nvidia (default: $DEEPINFER_ACCELERATOR)");
+  app.add_option("--json", json_path, "also write the results as JSON lines here");
+  bool floors_only = false;
+  app.add_flag("--floors-only", floors_only, "print the floors from config.json and exit (no engine)");
+  CLI11_PARSE(app, argc, argv);
+  const std::vector<int64_t> batches = parse_list(batches_s);
+  const int64_t maxB = batches.empty() ? 1 : *std::max_element(batches.begin(), batches.end());
+  const DeepseekV4Config cfg = DeepseekV4Config::from_file(model);
+  const CostModel cm{cfg};
+  const int64_t L = cfg.num_layers;
+  if (floors_only) {
+    const double pf = cm.prefill_flops(P), pb = cm.prefill_bytes(P);
+    std::printf("%ld layers [%s]\nprefill %ld tokens: %.2f TFLOP -> %.2f ms; %.1f GB -> %.2f ms\n", long(L),
+                cfg.schedule_str().c_str(), long(P), pf / 1e12, pf / kFlops * 1e3, pb / 1e9, pb / kBandwidth * 1e3);
+    for (int64_t B : batches) {
+      const double ctx = double(P) + double(warm) + double(B) / 2 + double(steps) / 2;
+      const double b = cm.decode_bytes(B, ctx, false), br = cm.decode_bytes(B, ctx, true), f = cm.decode_flops(B, ctx);
+      std::printf("decode B=%ld ctx %.0f: %.2f GB -> %.3f ms (release precision %.2f GB -> %.3f ms); %.3f TFLOP -> %.3f ms; "
+                  "%.1f experts/layer\n", long(B), ctx, b / 1e9, b / kBandwidth * 1e3, br / 1e9, br / kBandwidth * 1e3,
+                  f / 1e12, f / kFlops * 1e3, cm.touched_experts(double(B)));
+    }
+    return 0;
+  }
+
+  LLMConfig lc;
+  lc.model = model;
+  lc.skip_tokenizer_init = true;
+  lc.max_num_seqs = std::max<int64_t>(maxB, 1);
+  lc.max_num_batched_tokens = P;  // a whole prompt per step
+  lc.kv_cache_memory_bytes = size_t(kv_gib * double(size_t(1) << 30));
+  lc.accelerator = accelerator;
+  auto t0 = Clock::now();
+  LLM llm(lc);
+  const double load_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  std::fprintf(stderr, "bench-flash: %s\nbench-flash: loaded in %.1f s\n", llm.describe().c_str(), load_s);
+  uint64_t salt = 1;
+
+  struct Row { std::string what; int64_t B; double ctx, ms, floor_ms, floor_rel_ms, per_layer, hf; std::string basis; int64_t impure; };
+  std::vector<Row> rows;
+  // Prefill: one warm-up, then `reps` timed (median).
+  std::vector<double> pf;
+  for (int64_t i = 0; i <= reps; ++i) {
+    RunResult r = run(llm, 1, P, 0, 0, cfg.vocab_size, salt);
+    std::fprintf(stderr, "bench-flash: prefill %ld tokens %s: %.1f ms\n", long(P), i ? "" : "(warm-up)", r.fill_s * 1e3);
+    if (i) pf.push_back(r.fill_s);
+  }
+  {
+    const double flops = cm.prefill_flops(P), bytes = cm.prefill_bytes(P);
+    const double fl = std::max(flops / kFlops, bytes / kBandwidth) * 1e3;
+    char basis[96];
+    std::snprintf(basis, sizeof basis, "%.1f TFLOP (%.2f ms), %.1f GB (%.2f ms)", flops / 1e12, flops / kFlops * 1e3,
+                  bytes / 1e9, bytes / kBandwidth * 1e3);
+    const double ms = median(pf) * 1e3;
+    rows.push_back({"prefill", 1, double(P), ms, fl, 0, ms / L, 55.0, basis, 0});
+  }
+  for (int64_t B : batches) {
+    RunResult r = run(llm, B, P, warm, steps, cfg.vocab_size, salt);
+    const double ctx = double(P) + double(warm) + double(B) / 2 + double(steps) / 2;
+    const double bytes = cm.decode_bytes(B, ctx, false), flops = cm.decode_flops(B, ctx);
+    const double fl = std::max(bytes / kBandwidth, flops / kFlops) * 1e3;
+    const double fl_rel = std::max(cm.decode_bytes(B, ctx, true) / kBandwidth, flops / kFlops) * 1e3;
+    char basis[96];
+    std::snprintf(basis, sizeof basis, "%.2f GB (%.0f experts/layer), %.2f TFLOP", bytes / 1e9,
+                  cm.touched_experts(double(B)), flops / 1e12);
+    const double ms = median(r.decode_s) * 1e3;
+    std::fprintf(stderr, "bench-flash: decode B=%ld: fill %.1f s, %zu timed steps, median %.2f ms\n", long(B), r.fill_s,
+                 r.decode_s.size(), ms);
+    const double hf = B == 1 ? 9.3 : B == 8 ? 7.6 : B == 32 ? 8.4 : 0;
+    rows.push_back({"decode", B, ctx, ms, fl, fl_rel, ms / L, hf, basis, r.impure});
+  }
+
+  if (!json_path.empty()) {
+    std::ofstream js(json_path);
+    for (const Row& r : rows)
+      js << "{\"what\": \"" << r.what << "\", \"batch\": " << r.B << ", \"ctx\": " << r.ctx << ", \"ms\": " << r.ms
+         << ", \"floor_ms\": " << r.floor_ms << ", \"floor_release_ms\": " << r.floor_rel_ms
+         << ", \"per_layer_ms\": " << r.per_layer << ", \"hf_eager_per_layer_ms\": " << r.hf << ", \"layers\": " << L
+         << ", \"basis\": \"" << r.basis << "\", \"impure_steps\": " << r.impure << ", \"load_s\": " << load_s << "}\n";
+  }
+  std::printf("\n%s\nloaded in %.1f s; floors: 4.3 TB/s, 790 TFLOP/s; bf16 weights as uploaded\n\n",
+              llm.describe().c_str(), load_s);
+  std::printf("%-8s %5s %6s %10s %10s %7s %10s %9s  %s\n", "measure", "batch", "ctx", "engine_ms", "floor_ms", "ratio",
+              "layer_ms", "hf_layer", "floor basis");
+  for (const Row& r : rows) {
+    char hf[16] = "-";
+    if (r.hf > 0) std::snprintf(hf, sizeof hf, "%.1f%s", r.hf, r.what == "decode" && r.B == 32 ? "*" : "");
+    std::printf("%-8s %5ld %6.0f %10.2f %10.3f %6.1fx %10.2f %9s  %s%s\n", r.what.c_str(), long(r.B), r.ctx, r.ms,
+                r.floor_ms, r.ms / std::max(r.floor_ms, 1e-9), r.per_layer, hf, r.basis.c_str(),
+                r.impure ? " [some timed steps were not pure decode]" : "");
+  }
+  std::printf("\nprefill: %.0f tokens/s (TTFT %.1f ms for %ld tokens)\n", rows[0].ms > 0 ? double(P) / rows[0].ms * 1e3 : 0,
+              rows[0].ms, long(P));
+  for (const Row& r : rows)
+    if (r.what == "decode")
+      std::printf("decode B=%ld: %.0f tokens/s; release-precision floor (FP8 dense, FP4 experts) %.3f ms\n", long(r.B),
+                  r.ms > 0 ? double(r.B) / r.ms * 1e3 : 0, r.floor_rel_ms);
+  std::printf("layer_ms = step / %ld layers (embedding, head, sampling included); hf_layer: transformers eager "
+              "(ANCHORS.md), * = ctx 1K\n", long(L));
+  return 0;
+}
+}  // namespace
+DI_REGISTER_COMMAND("bench-flash", "time prefill/decode on a checkpoint against the bandwidth floor",
+                    run_bench_flash);
