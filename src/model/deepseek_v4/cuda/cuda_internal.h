@@ -19,12 +19,14 @@ struct DevKind {
   const int64_t *stage_src = nullptr, *entry_pos = nullptr, *entry_dst = nullptr;
   const int64_t *state_src = nullptr, *state_dst = nullptr, *cand_offset = nullptr;
   const int32_t *cand_rows = nullptr, *cand_count = nullptr;
+  const int64_t *stage_dst = nullptr, *block = nullptr;  // fixed-shape decode only (else null)
 };
 struct DevMeta {
   const int32_t* token_ids = nullptr;
   const int64_t *pos = nullptr, *embed_src = nullptr, *win_src = nullptr, *win_store_src = nullptr,
                 *win_store_dst = nullptr, *sel_offset = nullptr, *logits_rows = nullptr;
   const int32_t *win_begin = nullptr, *win_count = nullptr;
+  const int64_t *win_dst = nullptr, *comb_rows = nullptr;  // fixed-shape decode only (else null)
   std::vector<DevKind> kinds;
   const DevKind& kind(int64_t ratio, bool overlap) const;
 };

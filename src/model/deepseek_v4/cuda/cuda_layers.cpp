@@ -9,6 +9,7 @@
 #include "deepinfer/error.h"
 #include "model/deepseek_v4/cuda/cuda_internal.h"
 #include "model/deepseek_v4/cuda/glue_kernels.h"
+#include "model/deepseek_v4/cuda/moe_decode.h"
 #include "ops/cuda/attention.h"
 #include "ops/cuda/compressor.h"
 #include "ops/cuda/hc.h"
@@ -97,8 +98,12 @@ void run_compressor(const StepCtx& c, const GpuCompressor& C, bool overlap, cons
     float* ent = c.at<float>(io.ent);
     gather_rows({.src_a = io.state, .a_stride = w2, .src_b = az, .b_stride = w2, .src_dtype = DType::kF32,
                  .src_index = K.stage_src, .dst = stage, .dst_stride = w2, .dst_dtype = DType::kF32,
-                 .rows = int64_t(H.stage_src.size()), .width = w2},
+                 .dst_index = K.stage_dst, .rows = int64_t(H.stage_src.size()), .width = w2},
                 c.stream);
+    if (c.meta->fixed)  // one block per token at most; which block is read from device memory
+      decode_pool({.stage = stage, .ld = w2, .block = K.block, .tokens = T, .rows_per_token = H.rows_per_token,
+                   .width = cw, .ratio = m, .overlap = overlap, .out = ent},
+                  c.stream);
     for (const auto& l : H.launches) {
       const float* a = stage + l.stage_row0 * w2;
       oc::compressor_pool({.a = a, .z = a + cw, .row0 = l.lo, .n_rows = l.n_rows, .width = cw, .row_stride = w2,
@@ -189,7 +194,7 @@ void attention_block(const StepCtx& c, const GpuAttention& A, GpuLayerCache& cac
   // Window keys: ring rows of earlier positions + this step's kv, one contiguous run per token.
   gather_rows({.src_a = cache.window.data(), .a_stride = d, .src_b = c.at<void>(L.kv), .b_stride = d,
                .src_dtype = c.act, .src_index = dm.win_src, .dst = c.at<void>(L.win), .dst_stride = d,
-               .dst_dtype = c.act, .rows = int64_t(M.win_src.size()), .width = d},
+               .dst_dtype = c.act, .dst_index = dm.win_dst, .rows = int64_t(M.win_src.size()), .width = d},
               c.stream);
   if (c.split.num_splits > 1) {
     sp.num_splits = c.split.num_splits;
@@ -249,6 +254,32 @@ void swiglu_rows(const StepCtx& c, void* gu, void* act, const float* row_weight,
                     c.stream);
 }
 
+// Shared expert: h [T, D] act -> sh [T, D] f32 (gu/act reused: same stream, routed work queued before).
+void shared_expert(const StepCtx& c, const GpuMoE& M) {
+  const int64_t T = c.meta->T, D = c.cfg->hidden_size, I = c.cfg->moe_intermediate_size;
+  linear(c, M.shared.w13, c.at<void>(c.L.h), D, T, c.at<void>(c.L.gu), c.act, 2 * I);
+  swiglu_rows(c, c.at<void>(c.L.gu), c.at<void>(c.L.act), nullptr, T);
+  linear(c, M.shared.w2, c.at<void>(c.L.act), I, T, c.at<float>(c.L.sh), DType::kF32, D);
+}
+
+// Fixed-shape decode: routed experts from device-side ids (moe_decode.h, no host sync), then
+// the shared expert and the fixed-order combine. Router logits/ids/weights are already in the arena.
+void moe_block_device(const StepCtx& c, const GpuMoE& M) {
+  const DeepseekV4Config& g = *c.cfg;
+  const ArenaLayout& L = c.L;
+  const int64_t T = c.meta->T, D = g.hidden_size, K = g.num_experts_per_tok;
+  moe_decode({.x = c.at<void>(L.h), .expert_ids = c.at<int32_t>(L.ids), .weights = c.at<float>(L.wts),
+              .w13 = static_cast<const void* const*>(M.w13_ptrs.data()),
+              .w2 = static_cast<const void* const*>(M.w2_ptrs.data()), .act = c.at<void>(L.act),
+              .ye = c.at<float>(L.ye), .tokens = T, .topk = K, .num_experts = g.n_routed_experts, .dim = D,
+              .inter = g.moe_intermediate_size, .dtype = c.act, .limit = float(g.swiglu_limit)},
+             c.stream);
+  shared_expert(c, M);
+  moe_combine({.ye = c.at<float>(L.ye), .rows = c.dmeta->comb_rows, .shared = c.at<float>(L.sh),
+               .out = c.at<float>(L.y), .tokens = T, .topk = K, .dim = D},
+              c.stream);
+}
+
 // h [T, D] act -> y [T, D] f32 = Σ_k w_k E_k(h) + shared(h).
 void moe_block(const StepCtx& c, const GpuMoE& M) {
   const DeepseekV4Config& g = *c.cfg;
@@ -265,6 +296,10 @@ void moe_block(const StepCtx& c, const GpuMoE& M) {
                      .expert_ids = c.at<int32_t>(L.ids), .weights = c.at<float>(L.wts), .tokens = T,
                      .num_experts = int(E), .topk = int(K), .route_scale = float(g.routed_scaling_factor)},
                     c.stream);
+  if (c.meta->fixed) {
+    moe_block_device(c, M);
+    return;
+  }
   // The per-expert row counts decide the GEMM shapes: read the routing back (one sync per layer).
   MoeHost& mh = *c.moe;
   mh.ids.resize(size_t(T * K));
@@ -293,10 +328,7 @@ void moe_block(const StepCtx& c, const GpuMoE& M) {
     const int64_t a0 = mh.offset[size_t(e)], n = mh.offset[size_t(e + 1)] - a0;
     if (n > 0) linear(c, M.experts[size_t(e)].w2, act + a0 * I * ab, I, n, ye + a0 * D, DType::kF32, D);
   }
-  // Shared expert (gu/act reused: same stream, the routed GEMMs are queued before).
-  linear(c, M.shared.w13, h, D, T, gu, c.act, 2 * I);
-  swiglu_rows(c, gu, act, nullptr, T);
-  linear(c, M.shared.w2, act, I, T, c.at<float>(L.sh), DType::kF32, D);
+  shared_expert(c, M);
   moe_combine({.ye = ye, .rows = c.at<int64_t>(L.comb_rows), .shared = c.at<float>(L.sh), .out = c.at<float>(L.y),
                .tokens = T, .topk = K, .dim = D},
               c.stream);

@@ -1,6 +1,9 @@
 #include "model/deepseek_v4/cuda/cuda_model.h"
 
 #include <algorithm>
+#include <array>
+#include <cstdlib>
+#include <iterator>
 #include <cstring>
 #include <sstream>
 
@@ -46,6 +49,11 @@ struct DeepseekV4CudaModel::State {
   cuda::DeviceBuffer arena, meta;
   std::vector<char> meta_h;
   MoeHost moe;
+  // Fixed-shape decode (DecodePath): buffers sized once, one graph per padded size.
+  std::vector<int64_t> cand_caps;
+  cuda::DeviceBuffer fixed_arena, fixed_meta;
+  std::array<cuda::CudaGraph, std::size(kDecodeBuckets)> graphs;
+  std::array<bool, std::size(kDecodeBuckets)> warmed{};
 };
 
 DeepseekV4CudaModel::DeepseekV4CudaModel() = default;
@@ -70,6 +78,12 @@ std::unique_ptr<DeepseekV4CudaModel> DeepseekV4CudaModel::load(const std::string
   std::unique_ptr<DeepseekV4CudaModel> m(new DeepseekV4CudaModel());
   m->cfg_ = DeepseekV4Config::from_file(dir);
   m->opts_ = o;
+  if (const char* g = std::getenv("DEEPINFER_CUDA_GRAPHS"); g && *g) {  // read once, at load
+    const std::string v(g);
+    if (v != "0" && v != "1")
+      DI_THROW(InvalidArgument, "DEEPINFER_CUDA_GRAPHS must be 0 or 1, got '", v, "'");
+    m->opts_.decode = v == "1" ? DecodePath::kGraph : DecodePath::kGeneral;
+  }
   check_supported(m->cfg_);
   if (cuda::cuda_device_count() == 0)
     throw CudaError("DeepseekV4CudaModel: no usable GPU (" + cuda::cuda_unavailable_reason() +
@@ -88,6 +102,7 @@ std::unique_ptr<DeepseekV4CudaModel> DeepseekV4CudaModel::load(const std::string
   s.info = info;
   s.mem = mem;
   s.specs = plan.cache_specs;
+  s.cand_caps = decode_cand_caps(m->cfg_, o.max_context);
   s.w = upload_weights(w, m->cfg_, storage_dtype(o.numerics), plan.weight_bytes, o.progress, s.stream.get());
   DI_INFO("deepseek_v4 cuda: ", s.w.bytes >> 20, " MiB of weights on ", info.name, " (planned ", plan.weight_bytes >> 20,
           " MiB); cache budget ", mem.cache_bytes >> 20, " MiB");
@@ -118,6 +133,9 @@ kv::CacheGeometry DeepseekV4CudaModel::plan_cache(size_t budget_bytes, int64_t m
 }
 
 void DeepseekV4CudaModel::allocate_cache(const kv::CacheGeometry& geometry) {
+  // Graphs captured the old pools' addresses: drop them (recaptured lazily).
+  for (auto& g : st_->graphs) g = cuda::CudaGraph();
+  st_->warmed.fill(false);
   st_->cache = GpuCache();  // free the old pools first
   st_->cache = GpuCache(st_->specs, geometry, storage_dtype(opts_.numerics), st_->stream.get());
 }
@@ -154,6 +172,131 @@ void ensure(cuda::DeviceBuffer& b, size_t bytes) {
   b = cuda::DeviceBuffer();  // release before growing (peak = the new size)
   b = cuda::DeviceBuffer(bytes + bytes / 4);
 }
+
+// Byte offsets of the packed lists. In fixed-shape metadata every list but the candidate pool
+// (packed last) has a length fixed by the padded size, so the offsets (and the device pointers a
+// graph captured) do not change between steps.
+struct MetaOffsets {
+  size_t tok, pos, emb, ws, wb, wc, wss, wsd, sel, lr, wdst, comb, pool;
+  struct Kind { size_t stage, epos, edst, ssrc, sdst, crows, coff, ccount, stdst, block; };
+  std::vector<Kind> kinds;
+};
+
+MetaOffsets pack_meta(const StepMeta& meta, std::vector<char>& buf) {
+  buf.clear();
+  Packer pk{buf};
+  MetaOffsets o;
+  o.tok = pk.add(meta.token_ids), o.pos = pk.add(meta.pos), o.emb = pk.add(meta.embed_src);
+  o.ws = pk.add(meta.win_src), o.wb = pk.add(meta.win_begin), o.wc = pk.add(meta.win_count);
+  o.wss = pk.add(meta.win_store_src), o.wsd = pk.add(meta.win_store_dst);
+  o.sel = pk.add(meta.sel_offset), o.lr = pk.add(meta.logits_rows);
+  o.wdst = pk.add(meta.win_dst), o.comb = pk.add(meta.comb_rows);
+  for (const auto& k : meta.kinds)
+    o.kinds.push_back({pk.add(k.stage_src), pk.add(k.entry_pos), pk.add(k.entry_dst), pk.add(k.state_src),
+                       pk.add(k.state_dst), pk.add(k.cand_rows), pk.add(k.cand_offset), pk.add(k.cand_count),
+                       pk.add(k.stage_dst), pk.add(k.block)});
+  o.pool = pk.add(meta.cand_pool);  // last: its length varies
+  return o;
+}
+
+DevMeta dev_meta(const StepMeta& meta, const MetaOffsets& o, const char* mb) {
+  auto P64 = [mb](size_t off) { return reinterpret_cast<const int64_t*>(mb + off); };
+  auto P32 = [mb](size_t off) { return reinterpret_cast<const int32_t*>(mb + off); };
+  DevMeta dm;
+  dm.token_ids = P32(o.tok);
+  dm.pos = P64(o.pos);
+  dm.embed_src = P64(o.emb);
+  dm.win_src = P64(o.ws);
+  dm.win_begin = P32(o.wb);
+  dm.win_count = P32(o.wc);
+  dm.win_store_src = P64(o.wss);
+  dm.win_store_dst = P64(o.wsd);
+  dm.sel_offset = P64(o.sel);
+  dm.logits_rows = P64(o.lr);
+  if (meta.fixed) {
+    dm.win_dst = P64(o.wdst);
+    dm.comb_rows = P64(o.comb);
+  }
+  for (size_t i = 0; i < meta.kinds.size(); ++i) {
+    const MetaOffsets::Kind& k = o.kinds[i];
+    DevKind d{.host = &meta.kinds[i], .stage_src = P64(k.stage), .entry_pos = P64(k.epos),
+              .entry_dst = P64(k.edst), .state_src = P64(k.ssrc), .state_dst = P64(k.sdst),
+              .cand_offset = P64(k.coff), .cand_rows = P32(k.crows), .cand_count = P32(k.ccount)};
+    if (meta.fixed) {
+      d.cand_rows = P32(o.pool);  // cand_offset indexes the shared pool
+      d.stage_dst = P64(k.stdst);
+      d.block = P64(k.block);
+    }
+    dm.kinds.push_back(d);
+  }
+  return dm;
+}
+
+// Workspace sizes of a step (general or fixed-shape); the attention split is stored in *split.
+ArenaSizes arena_sizes(const DeepseekV4Config& cfg, const StepMeta& meta, int64_t R, size_t act_bytes, int num_sms,
+                       ops::cuda::AttnSplit* split) {
+  ArenaSizes sz{.T = meta.T, .win_rows = int64_t(meta.win_src.size()), .R = R, .act_bytes = act_bytes};
+  int64_t max_cmp = 0;
+  for (const auto& k : meta.kinds) {
+    sz.stage_rows = std::max<int64_t>(sz.stage_rows, int64_t(k.stage_src.size()));
+    sz.entries = std::max<int64_t>(sz.entries, int64_t(k.entry_pos.size()));
+    sz.max_cand = std::max(sz.max_cand, k.max_count);
+    max_cmp = std::max(max_cmp, k.overlap ? std::min<int64_t>(k.max_count, cfg.index_topk) : k.max_count);
+  }
+  *split = ops::cuda::choose_attention_split(meta.T, cfg.num_heads, meta.max_window + max_cmp, num_sms);
+  sz.attn_splits = std::max(1, split->num_splits);
+  return sz;
+}
+}  // namespace
+
+namespace {
+// Every launch of one step, from the embedding to the logits of R rows (arena L.logits). No host
+// sync and no allocation: in fixed-shape mode this is what a CUDA graph captures.
+void launch_step(const StepCtx& c, const GpuWeights& w, GpuCache& cache, int64_t R) {
+  const DeepseekV4Config& cfg = *c.cfg;
+  const int64_t T = c.meta->T, D = cfg.hidden_size, n = cfg.hc_mult, V = cfg.vocab_size;
+  const cudaStream_t st = c.stream;
+  gather_rows({.src_a = w.embed.data(), .a_stride = D, .src_dtype = w.embed.dtype, .src_index = c.dmeta->embed_src,
+               .dst = c.at<float>(c.L.X), .dst_stride = D, .dst_dtype = DType::kF32, .rows = T * n, .width = D},
+              st);
+  for (int64_t l = 0; l < cfg.num_layers; ++l) decoder_layer(c, w.layers[size_t(l)], cache.layer(l));
+  if (R == 0) return;
+  float* sel = c.at<float>(c.L.sel);
+  gather_rows({.src_a = c.at<float>(c.L.X), .a_stride = n * D, .src_dtype = DType::kF32, .src_index = c.dmeta->logits_rows,
+               .dst = sel, .dst_stride = n * D, .dst_dtype = DType::kF32, .rows = R, .width = n * D},
+              st);
+  ops::cuda::hc_pre({.x = sel, .dtype = DType::kF32, .x_stride = n * D, .fn = w.hc_head.fn.data(),
+                     .base = w.hc_head.base.data(), .scale = w.hc_head.scale.data(), .u = c.at<float>(c.L.hu),
+                     .u_stride = D, .mix = nullptr, .workspace = c.at<float>(c.L.head_ws), .tokens = R, .n = int(n),
+                     .dim = D, .mode = ops::cuda::HcMode::kHead, .sinkhorn_iters = int(cfg.hc_sinkhorn_iters),
+                     .norm_eps = float(cfg.rms_norm_eps), .hc_eps = float(cfg.hc_eps)},
+                    st);
+  ops::cuda::rmsnorm({.x = c.at<float>(c.L.hu), .x_dtype = DType::kF32, .x_stride = D, .w = w.norm.data(),
+                      .w_dtype = DType::kF32, .y = c.at<void>(c.L.hh), .y_dtype = c.act, .y_stride = D,
+                      .rows = R, .dim = D, .eps = float(cfg.rms_norm_eps)},
+                     st);
+  linear(c, w.head, c.at<void>(c.L.hh), D, R, c.at<float>(c.L.logits), DType::kF32, V);
+}
+
+StepCtx make_ctx(const DeepseekV4Config& cfg, Numerics num, const StepMeta& meta, const DevMeta& dm, char* arena,
+                 const ArenaLayout& L, const ops::cuda::AttnSplit& split, int num_sms, cudaStream_t st,
+                 ops::cuda::CublasLt* blas, MoeHost* moe) {
+  StepCtx c;
+  c.cfg = &cfg;
+  c.numerics = num;
+  c.act = storage_dtype(num);
+  c.act_bytes = storage_bytes(num);
+  c.meta = &meta;
+  c.dmeta = &dm;
+  c.arena = arena;
+  c.L = L;
+  c.num_sms = num_sms;
+  c.stream = st;
+  c.blas = blas;
+  c.split = split;
+  c.moe = moe;
+  return c;
+}
 }  // namespace
 
 Tensor DeepseekV4CudaModel::forward(const ForwardBatch& batch) {
@@ -162,108 +305,122 @@ Tensor DeepseekV4CudaModel::forward(const ForwardBatch& batch) {
   const int64_t T = batch.num_tokens(), R = int64_t(batch.logits_indices.size());
   const int64_t D = cfg_.hidden_size, n = cfg_.hc_mult, V = cfg_.vocab_size;
   if (T == 0) return Tensor::empty({0, V}, DType::kF32);
+  Tensor out = Tensor::empty({R, V}, DType::kF32);
+  if (opts_.decode != DecodePath::kGeneral && decode_eligible(cfg_, batch, s.cand_caps)) {
+    forward_fixed(batch, out);
+    return out;
+  }
   const cudaStream_t st = s.stream.get();
   const StepMeta meta = build_step_meta(cfg_, s.cache.geometry(), batch);
-
-  // ---- upload the index lists (one copy) ----
-  s.meta_h.clear();
-  Packer pk{s.meta_h};
-  const size_t o_tok = pk.add(meta.token_ids), o_pos = pk.add(meta.pos), o_emb = pk.add(meta.embed_src);
-  const size_t o_ws = pk.add(meta.win_src), o_wb = pk.add(meta.win_begin), o_wc = pk.add(meta.win_count);
-  const size_t o_wss = pk.add(meta.win_store_src), o_wsd = pk.add(meta.win_store_dst);
-  const size_t o_sel = pk.add(meta.sel_offset), o_lr = pk.add(meta.logits_rows);
-  struct KindOff { size_t stage, epos, edst, ssrc, sdst, crows, coff, ccount; };
-  std::vector<KindOff> ko;
-  for (const auto& k : meta.kinds)
-    ko.push_back({pk.add(k.stage_src), pk.add(k.entry_pos), pk.add(k.entry_dst), pk.add(k.state_src),
-                  pk.add(k.state_dst), pk.add(k.cand_rows), pk.add(k.cand_offset), pk.add(k.cand_count)});
+  const MetaOffsets mo = pack_meta(meta, s.meta_h);
   ensure(s.meta, s.meta_h.size());
   cuda::copy_h2d(s.meta.data(), s.meta_h.data(), s.meta_h.size(), st, false);
-  const char* mb = s.meta.as<const char>();
-  auto P = [mb](size_t off) { return reinterpret_cast<const void*>(mb + off); };
-  DevMeta dm;
-  dm.token_ids = static_cast<const int32_t*>(P(o_tok));
-  dm.pos = static_cast<const int64_t*>(P(o_pos));
-  dm.embed_src = static_cast<const int64_t*>(P(o_emb));
-  dm.win_src = static_cast<const int64_t*>(P(o_ws));
-  dm.win_begin = static_cast<const int32_t*>(P(o_wb));
-  dm.win_count = static_cast<const int32_t*>(P(o_wc));
-  dm.win_store_src = static_cast<const int64_t*>(P(o_wss));
-  dm.win_store_dst = static_cast<const int64_t*>(P(o_wsd));
-  dm.sel_offset = static_cast<const int64_t*>(P(o_sel));
-  dm.logits_rows = static_cast<const int64_t*>(P(o_lr));
-  for (size_t i = 0; i < meta.kinds.size(); ++i) {
-    const KindOff& k = ko[i];
-    dm.kinds.push_back({.host = &meta.kinds[i], .stage_src = static_cast<const int64_t*>(P(k.stage)),
-                        .entry_pos = static_cast<const int64_t*>(P(k.epos)),
-                        .entry_dst = static_cast<const int64_t*>(P(k.edst)),
-                        .state_src = static_cast<const int64_t*>(P(k.ssrc)),
-                        .state_dst = static_cast<const int64_t*>(P(k.sdst)),
-                        .cand_offset = static_cast<const int64_t*>(P(k.coff)),
-                        .cand_rows = static_cast<const int32_t*>(P(k.crows)),
-                        .cand_count = static_cast<const int32_t*>(P(k.ccount))});
-  }
-
-  // ---- workspace ----
-  ArenaSizes sz{.T = T, .win_rows = int64_t(meta.win_src.size()), .R = R, .act_bytes = storage_bytes(opts_.numerics)};
-  int64_t max_cmp = 0;
-  for (const auto& k : meta.kinds) {
-    sz.stage_rows = std::max<int64_t>(sz.stage_rows, int64_t(k.stage_src.size()));
-    sz.entries = std::max<int64_t>(sz.entries, int64_t(k.entry_pos.size()));
-    sz.max_cand = std::max(sz.max_cand, k.max_count);
-    max_cmp = std::max(max_cmp, k.overlap ? std::min<int64_t>(k.max_count, cfg_.index_topk) : k.max_count);
-  }
-  StepCtx c;
-  c.split = ops::cuda::choose_attention_split(T, cfg_.num_heads, meta.max_window + max_cmp, s.info.num_sms);
-  sz.attn_splits = std::max(1, c.split.num_splits);
-  c.L = layout_arena(cfg_, sz);
-  ensure(s.arena, c.L.total);
-  c.cfg = &cfg_;
-  c.numerics = opts_.numerics;
-  c.act = storage_dtype(opts_.numerics);
-  c.act_bytes = storage_bytes(opts_.numerics);
-  c.meta = &meta;
-  c.dmeta = &dm;
-  c.arena = s.arena.as<char>();
-  c.num_sms = s.info.num_sms;
-  c.stream = st;
-  c.blas = &s.blas;
-  c.moe = &s.moe;
-
-  // ---- embedding, layers ----
-  gather_rows({.src_a = s.w.embed.data(), .a_stride = D, .src_dtype = s.w.embed.dtype, .src_index = dm.embed_src,
-               .dst = c.at<float>(c.L.X), .dst_stride = D, .dst_dtype = DType::kF32, .rows = T * n, .width = D},
-              st);
-  for (int64_t l = 0; l < cfg_.num_layers; ++l) decoder_layer(c, s.w.layers[size_t(l)], s.cache.layer(l));
-
-  // ---- head for the requested rows ----
-  Tensor out = Tensor::empty({R, V}, DType::kF32);
+  const DevMeta dm = dev_meta(meta, mo, s.meta.as<const char>());
+  ops::cuda::AttnSplit split;
+  const ArenaLayout L =
+      layout_arena(cfg_, arena_sizes(cfg_, meta, R, storage_bytes(opts_.numerics), s.info.num_sms, &split));
+  ensure(s.arena, L.total);
+  const StepCtx c = make_ctx(cfg_, opts_.numerics, meta, dm, s.arena.as<char>(), L, split, s.info.num_sms, st,
+                             &s.blas, &s.moe);
+  launch_step(c, s.w, s.cache, R);
   if (R == 0) {
     if (batch.need_hidden) last_hidden_ = Tensor::empty({0, n, D}, DType::kF32);
     DI_CUDA_CHECK(cudaStreamSynchronize(st));
     return out;
   }
-  float* sel = c.at<float>(c.L.sel);
-  gather_rows({.src_a = c.at<float>(c.L.X), .a_stride = n * D, .src_dtype = DType::kF32, .src_index = dm.logits_rows,
-               .dst = sel, .dst_stride = n * D, .dst_dtype = DType::kF32, .rows = R, .width = n * D},
-              st);
   if (batch.need_hidden) {
     last_hidden_ = Tensor::empty({R, n, D}, DType::kF32);
-    cuda::copy_d2h(last_hidden_.raw_data(), sel, last_hidden_.nbytes(), st, false);
+    cuda::copy_d2h(last_hidden_.raw_data(), c.at<float>(L.sel), last_hidden_.nbytes(), st, false);
   }
-  ops::cuda::hc_pre({.x = sel, .dtype = DType::kF32, .x_stride = n * D, .fn = s.w.hc_head.fn.data(),
-                     .base = s.w.hc_head.base.data(), .scale = s.w.hc_head.scale.data(), .u = c.at<float>(c.L.hu),
-                     .u_stride = D, .mix = nullptr, .workspace = c.at<float>(c.L.head_ws), .tokens = R, .n = int(n),
-                     .dim = D, .mode = ops::cuda::HcMode::kHead, .sinkhorn_iters = int(cfg_.hc_sinkhorn_iters),
-                     .norm_eps = float(cfg_.rms_norm_eps), .hc_eps = float(cfg_.hc_eps)},
-                    st);
-  ops::cuda::rmsnorm({.x = c.at<float>(c.L.hu), .x_dtype = DType::kF32, .x_stride = D, .w = s.w.norm.data(),
-                      .w_dtype = DType::kF32, .y = c.at<void>(c.L.hh), .y_dtype = c.act, .y_stride = D,
-                      .rows = R, .dim = D, .eps = float(cfg_.rms_norm_eps)},
-                     st);
-  linear(c, s.w.head, c.at<void>(c.L.hh), D, R, c.at<float>(c.L.logits), DType::kF32, V);
-  cuda::copy_d2h(out.raw_data(), c.at<float>(c.L.logits), out.nbytes(), st, true);
+  cuda::copy_d2h(out.raw_data(), c.at<float>(L.logits), out.nbytes(), st, true);
   return out;
+}
+
+// Fixed buffers of the fixed-shape path, sized once for the largest padded batch: graphs
+// capture their addresses, so they are never reallocated (the general path has its own).
+void DeepseekV4CudaModel::ensure_fixed_buffers() {
+  State& s = *st_;
+  if (s.fixed_arena.size_bytes() > 0) return;
+  size_t arena = 0, meta = 0;
+  for (int64_t P : kDecodeBuckets) {
+    const StepMeta m = build_decode_meta(cfg_, s.cache.geometry(), ForwardBatch{}, P, s.cand_caps);
+    ops::cuda::AttnSplit split;
+    arena = std::max(arena, layout_arena(cfg_, arena_sizes(cfg_, m, P, storage_bytes(opts_.numerics),
+                                                           s.info.num_sms, &split)).total);
+    std::vector<char> buf;
+    const MetaOffsets o = pack_meta(m, buf);
+    size_t pool = 0;
+    for (int64_t cap : s.cand_caps) pool += size_t(P * cap) * sizeof(int32_t);
+    meta = std::max(meta, o.pool + pool + 256);
+  }
+  s.fixed_arena = cuda::DeviceBuffer(arena);
+  s.fixed_meta = cuda::DeviceBuffer(meta);
+}
+
+void DeepseekV4CudaModel::forward_fixed(const ForwardBatch& batch, Tensor& out) {
+  State& s = *st_;
+  const int64_t B = batch.num_tokens(), R = int64_t(batch.logits_indices.size());
+  const int64_t D = cfg_.hidden_size, n = cfg_.hc_mult, V = cfg_.vocab_size;
+  const int64_t P = decode_bucket(B);
+  const cudaStream_t st = s.stream.get();
+  ensure_fixed_buffers();
+  const StepMeta meta = build_decode_meta(cfg_, s.cache.geometry(), batch, P, s.cand_caps);
+  const MetaOffsets mo = pack_meta(meta, s.meta_h);
+  DI_CHECK(s.meta_h.size() <= s.fixed_meta.size_bytes(), "fixed decode metadata ", s.meta_h.size(), " > buffer ",
+           s.fixed_meta.size_bytes());
+  // The one H2D copy of the step (stream-ordered after the previous step's reads).
+  cuda::copy_h2d(s.fixed_meta.data(), s.meta_h.data(), s.meta_h.size(), st, false);
+  const DevMeta dm = dev_meta(meta, mo, s.fixed_meta.as<const char>());
+  ops::cuda::AttnSplit split;
+  const ArenaLayout L =
+      layout_arena(cfg_, arena_sizes(cfg_, meta, P, storage_bytes(opts_.numerics), s.info.num_sms, &split));
+  DI_CHECK(L.total <= s.fixed_arena.size_bytes(), "fixed decode arena ", L.total, " > ", s.fixed_arena.size_bytes());
+  const StepCtx c = make_ctx(cfg_, opts_.numerics, meta, dm, s.fixed_arena.as<char>(), L, split, s.info.num_sms, st,
+                             &s.blas, nullptr);
+  size_t gi = 0;
+  while (kDecodeBuckets[gi] != P) ++gi;
+  cuda::CudaGraph& g = s.graphs[gi];
+  if (opts_.decode != DecodePath::kGraph) {
+    launch_step(c, s.w, s.cache, P);
+  } else if (g.ready()) {
+    g.replay(st);
+  } else if (!s.warmed[gi]) {
+    // First step at this size runs eagerly: lazy one-time work (cuBLASLt heuristics, kernel
+    // attributes) happens outside the capture.
+    launch_step(c, s.w, s.cache, P);
+    s.warmed[gi] = true;
+  } else {
+    g.begin_capture(st);
+    try {
+      launch_step(c, s.w, s.cache, P);
+    } catch (...) {
+      cudaGraph_t broken = nullptr;
+      cudaStreamEndCapture(st, &broken);  // leave the stream usable, then report
+      if (broken) cudaGraphDestroy(broken);
+      throw;
+    }
+    g.end_capture();
+    g.replay(st);
+  }
+  if (batch.need_hidden) {
+    last_hidden_ = Tensor::empty({R, n, D}, DType::kF32);
+    if (R > 0) cuda::copy_d2h(last_hidden_.raw_data(), c.at<float>(L.sel), last_hidden_.nbytes(), st, false);
+  }
+  // logits_rows lists logits_indices first: rows 0..R-1 of the padded head output.
+  if (R > 0) cuda::copy_d2h(out.raw_data(), c.at<float>(L.logits), size_t(R * V) * sizeof(float), st, false);
+  DI_CUDA_CHECK(cudaStreamSynchronize(st));
+}
+
+void DeepseekV4CudaModel::set_decode_path(DecodePath p) {
+  opts_.decode = p;
+  for (auto& g : st_->graphs) g = cuda::CudaGraph();
+  st_->warmed.fill(false);
+}
+
+int64_t DeepseekV4CudaModel::graphs_captured() const {
+  int64_t k = 0;
+  for (const auto& g : st_->graphs) k += g.ready() ? 1 : 0;
+  return k;
 }
 
 }  // namespace deepinfer::model::v4

@@ -73,7 +73,13 @@ struct CompressMeta {
   std::vector<int32_t> cand_rows;
   std::vector<int64_t> cand_offset;  // [T]
   std::vector<int32_t> cand_count;   // [T]
-  int64_t max_count = 0;             // max over tokens of cand_count
+  int64_t max_count = 0;             // max over tokens of cand_count (fixed shape: the capacity)
+  // Fixed-shape decode only (build_decode_meta): staging rows of token t are
+  // [t*rows_per_token, (t+1)*rows_per_token); stage_dst is that row or -1 (skip); block[t] is the
+  // block token t completes or -1; entry_dst/state_dst are -1 for tokens that write nothing.
+  int64_t rows_per_token = 0;
+  std::vector<int64_t> stage_dst;    // [T*rows_per_token]
+  std::vector<int64_t> block;        // [T]
 };
 
 struct StepMeta {
@@ -89,12 +95,34 @@ struct StepMeta {
   std::vector<CompressMeta> kinds;   // one per distinct (ratio, overlap) of the layers
   std::vector<int64_t> sel_offset;   // [T] t * index_topk (CSA selection lists)
   std::vector<int64_t> logits_rows;  // [R]
+  // Fixed-shape decode (build_decode_meta): every list's length depends only on T (the padded
+  // batch), so a captured graph replays with new contents. Pad tokens write no cache state.
+  bool fixed = false;
+  std::vector<int64_t> win_dst;      // [T*W] staging row of win_src[i] (t*W + j) or -1 (skip)
+  std::vector<int32_t> cand_pool;    // candidate rows of all kinds (their cand_offset index into it)
+  std::vector<int64_t> comb_rows;    // [T*K] identity (device MoE combine)
 
   const CompressMeta* kind(int64_t ratio, bool overlap) const;
 };
 
 // Builds the step's index lists. The batch must already be validated (slots, block tables).
 StepMeta build_step_meta(const DeepseekV4Config& cfg, const kv::CacheGeometry& g, const ForwardBatch& b);
+
+// Fixed-shape decode: padded batch sizes 1, 2, 4, ..., 64 (one CUDA graph each).
+constexpr int64_t kDecodeBuckets[] = {1, 2, 4, 8, 16, 32, 64};
+// Smallest bucket >= num_seqs, or 0 when larger than the last.
+int64_t decode_bucket(int64_t num_seqs);
+// Candidate capacity per token of each compressor kind (the kinds' order of build_step_meta),
+// from the longest context the fixed path serves.
+std::vector<int64_t> decode_cand_caps(const DeepseekV4Config& cfg, int64_t max_context);
+// Whether the batch can take the fixed-shape path: every sequence one new token, at most 64
+// sequences, candidate counts within the caps, logits rows within the batch.
+bool decode_eligible(const DeepseekV4Config& cfg, const ForwardBatch& b, const std::vector<int64_t>& caps);
+// The fixed-shape StepMeta of a decode batch padded to `padded` tokens (b.num_tokens() <= padded;
+// an empty batch gives the all-pad lists, used to size buffers). logits_rows has `padded` rows:
+// logits_indices first, then 0.
+StepMeta build_decode_meta(const DeepseekV4Config& cfg, const kv::CacheGeometry& g, const ForwardBatch& b,
+                           int64_t padded, const std::vector<int64_t>& caps);
 
 // Throws InvalidArgument naming the sequence/field when the batch does not fit the cache.
 void validate_batch(const DeepseekV4Config& cfg, const kv::CacheGeometry& g, bool allocated, const ForwardBatch& b);

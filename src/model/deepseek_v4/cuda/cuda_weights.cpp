@@ -170,6 +170,16 @@ GpuLayer up_layer(Up& U, const LayerWeights& lw, AttnKind kind, int64_t ratio, c
     L.ffn.tid2eid_rows = t.size(0);
   }
   for (const auto& e : m.experts) L.ffn.experts.push_back(up_expert(U, e));
+  {  // pointer tables for the device-side decode MoE (moe_decode.h)
+    std::vector<const void*> w13, w2;
+    for (const auto& e : L.ffn.experts) {
+      w13.push_back(e.w13.data());
+      w2.push_back(e.w2.data());
+    }
+    if (w13.empty()) w13 = w2 = {nullptr};
+    L.ffn.w13_ptrs = u.put(w13.data(), w13.size() * sizeof(void*));
+    L.ffn.w2_ptrs = u.put(w2.data(), w2.size() * sizeof(void*));
+  }
   L.ffn.shared = up_expert(U, m.shared);
   return L;
 }

@@ -56,6 +56,8 @@ struct GpuMoE {
   int64_t tid2eid_rows = 0;
   std::vector<GpuExpert> experts;
   GpuExpert shared;
+  // Device tables of the experts' weight pointers [E] (moe_decode reads them by routed id).
+  cuda::DeviceBuffer w13_ptrs, w2_ptrs;
 };
 struct GpuLayer {
   DevF32 attn_norm, ffn_norm;

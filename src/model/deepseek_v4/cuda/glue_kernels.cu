@@ -2,6 +2,11 @@
 
 #include <cuda_bf16.h>
 
+#include <algorithm>
+#include <cmath>
+#include <utility>
+#include <vector>
+
 #include "core/numeric.h"
 #include "deepinfer/error.h"
 #include "ops/cuda/common.cuh"
@@ -21,6 +26,7 @@ __global__ void gather_rows_kernel(const __grid_constant__ GatherRowsParams p) {
     const S* src = si >= 0 ? static_cast<const S*>(p.src_a) + si * p.a_stride
                            : static_cast<const S*>(p.src_b) + (-si - 1) * p.b_stride;
     const int64_t di = p.dst_index ? p.dst_index[i] : i;
+    if (di < 0) continue;  // skipped row (block-uniform)
     D* dst = static_cast<D*>(p.dst) + di * p.dst_stride;
     for (int64_t e = threadIdx.x; e < p.width; e += blockDim.x)
       dst[e] = deepinfer::cuda::from_f32<D>(deepinfer::cuda::to_f32(src[e]));
@@ -46,6 +52,36 @@ __global__ void moe_combine_kernel(const __grid_constant__ MoeCombineParams p) {
       p.out[t * p.dim + e] = acc;
     }
   }
+}
+
+// One thread per (token, output dim); the same loops and order as compressor_pool_kernel.
+__global__ void decode_pool_kernel(const __grid_constant__ DecodePoolParams p, int64_t d) {
+  const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, t = blockIdx.y;
+  const int64_t b = p.block[t];
+  if (e >= d || b < 0) return;
+  const int64_t m = p.ratio, ld = p.ld, row0 = p.overlap ? m * (b - 1) : m * b;
+  const float* a = p.stage + t * p.rows_per_token * ld;
+  const float* z = a + p.width;
+  const int64_t a_first = p.overlap ? max(m * (b - 1), int64_t(0)) : 0;
+  const int64_t a_count = p.overlap ? m * b - a_first : 0;
+  const int64_t b_col = p.overlap ? d : 0;
+  float mx = -INFINITY;
+  for (int64_t s = a_first; s < a_first + a_count; ++s) mx = fmaxf(mx, z[(s - row0) * ld + e]);
+  for (int64_t s = m * b; s < m * b + m; ++s) mx = fmaxf(mx, z[(s - row0) * ld + b_col + e]);
+  float sum = 0.f, acc = 0.f;
+  for (int64_t s = a_first; s < a_first + a_count; ++s) {
+    const int64_t i = (s - row0) * ld + e;
+    const float w = expf(z[i] - mx);
+    sum += w;
+    acc += w * a[i];
+  }
+  for (int64_t s = m * b; s < m * b + m; ++s) {
+    const int64_t i = (s - row0) * ld + b_col + e;
+    const float w = expf(z[i] - mx);
+    sum += w;
+    acc += w * a[i];
+  }
+  p.out[t * d + e] = acc / sum;
 }
 
 unsigned grid_for(int64_t rows) { return unsigned(rows < 65535 * 16 ? rows : 65535 * 16); }
@@ -108,6 +144,50 @@ void moe_combine(const MoeCombineParams& p, cudaStream_t stream) {
   DI_CUDA_CHECK_LAUNCH();
 }
 
+void validate_pool(const DecodePoolParams& p) {
+  if (p.tokens < 0 || p.ratio <= 0 || p.width <= 0 || (p.overlap && p.width % 2) ||
+      p.rows_per_token != (p.overlap ? 2 * p.ratio : p.ratio) || p.ld < 2 * p.width)
+    DI_THROW(InvalidArgument, "decode_pool: bad shape tokens=", p.tokens, " ratio=", p.ratio, " width=", p.width,
+             " rows_per_token=", p.rows_per_token, " ld=", p.ld);
+  if (p.tokens > 0 && (!p.stage || !p.block || !p.out)) DI_THROW(InvalidArgument, "decode_pool: null stage, block or out");
+}
+
+void decode_pool(const DecodePoolParams& p, cudaStream_t stream) {
+  validate_pool(p);
+  if (p.tokens == 0) return;
+  if (p.tokens > 65535) DI_THROW(InvalidArgument, "decode_pool: ", p.tokens, " tokens > 65535");
+  const int64_t d = p.overlap ? p.width / 2 : p.width;
+  decode_pool_kernel<<<dim3(unsigned(ceil_div(d, 128)), unsigned(p.tokens)), 128, 0, stream>>>(p, d);
+  DI_CUDA_CHECK_LAUNCH();
+}
+
+void decode_pool_host(const DecodePoolParams& p) {
+  validate_pool(p);
+  const int64_t d = p.overlap ? p.width / 2 : p.width, m = p.ratio, ld = p.ld;
+  for (int64_t t = 0; t < p.tokens; ++t) {
+    const int64_t b = p.block[t];
+    if (b < 0) continue;
+    const int64_t row0 = p.overlap ? m * (b - 1) : m * b;
+    const float* a = p.stage + t * p.rows_per_token * ld;
+    const float* z = a + p.width;
+    for (int64_t e = 0; e < d; ++e) {
+      std::vector<std::pair<int64_t, int64_t>> slots;  // (row, column)
+      if (p.overlap)
+        for (int64_t s = std::max<int64_t>(m * (b - 1), 0); s < m * b; ++s) slots.push_back({s - row0, e});
+      for (int64_t s = m * b; s < m * b + m; ++s) slots.push_back({s - row0, (p.overlap ? d : 0) + e});
+      float mx = -INFINITY;
+      for (auto [r, c] : slots) mx = std::fmax(mx, z[r * ld + c]);
+      float sum = 0.f, acc = 0.f;
+      for (auto [r, c] : slots) {
+        const float w = std::exp(z[r * ld + c] - mx);
+        sum += w;
+        acc += w * a[r * ld + c];
+      }
+      p.out[t * d + e] = acc / sum;
+    }
+  }
+}
+
 void gather_rows_host(const GatherRowsParams& p) {
   validate_gather(p);
   for (int64_t i = 0; i < p.rows; ++i) {
@@ -117,6 +197,7 @@ void gather_rows_host(const GatherRowsParams& p) {
     const void* src = a ? p.src_a : p.src_b;
     const int64_t stride = a ? p.a_stride : p.b_stride;
     const int64_t di = p.dst_index ? p.dst_index[i] : i;
+    if (di < 0) continue;
     for (int64_t e = 0; e < p.width; ++e)
       store_host(p.dst, p.dst_dtype, di * p.dst_stride + e, load_host(src, p.src_dtype, row * stride + e));
   }

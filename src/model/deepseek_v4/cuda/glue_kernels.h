@@ -26,7 +26,9 @@ struct GatherRowsParams {
   void* dst = nullptr;               // [*, width] dst_dtype, row stride dst_stride
   int64_t dst_stride = 0;
   DType dst_dtype = DType::kBF16;    // f32 | bf16
-  const int64_t* dst_index = nullptr;  // [rows] device, or null (row i); targets must be distinct
+  const int64_t* dst_index = nullptr;  // [rows] device, or null (row i); targets must be distinct;
+                                       // dst_index[i] < 0 skips row i (fixed-shape decode: pad
+                                       // tokens and unused staging rows write nothing)
   int64_t rows = 0, width = 0;
 };
 void gather_rows(const GatherRowsParams& p, cudaStream_t stream);
@@ -52,9 +54,27 @@ struct MoeCombineParams {
 };
 void moe_combine(const MoeCombineParams& p, cudaStream_t stream);
 
+// Gated pooling of one complete compressor block per token (fixed-shape decode, graph-safe):
+// same arithmetic as ops::cuda::compressor_pool, but the block index comes from device memory.
+// Token t with block[t] = b >= 0 reads its staged rows stage[t*rows_per_token + r] = position
+// base + r, base = m*(b-1) (CSA) or m*b (HCA); positions < 0 are absent (CSA block 0).
+// block[t] < 0: nothing is written for t.
+struct DecodePoolParams {
+  const float* stage = nullptr;   // [tokens*rows_per_token, 2*width] (a | z) rows, row stride ld
+  int64_t ld = 0;
+  const int64_t* block = nullptr; // [tokens] block completed by token t, or -1
+  int64_t tokens = 0, rows_per_token = 0;  // rows_per_token = 2m (CSA) or m (HCA)
+  int64_t width = 0;              // c: d (HCA) or 2d (CSA) (a and z halves each c wide)
+  int64_t ratio = 0;              // m
+  bool overlap = false;
+  float* out = nullptr;           // [tokens, d] f32, d = overlap ? width/2 : width
+};
+void decode_pool(const DecodePoolParams& p, cudaStream_t stream);
+
 // ---- host twins (same argument meaning, host pointers; bf16 as raw uint16 bits) ----
 void gather_rows_host(const GatherRowsParams& p);
 void add_position_bias_host(const PositionBiasParams& p);
 void moe_combine_host(const MoeCombineParams& p);
+void decode_pool_host(const DecodePoolParams& p);
 
 }  // namespace deepinfer::model::v4::gpu
