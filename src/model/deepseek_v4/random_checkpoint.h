@@ -21,11 +21,12 @@ struct RandomCheckpointOptions {
   CheckpointLayout layout = CheckpointLayout::kOfficial;
   DType dtype = DType::kBF16;  // float dtype of the transformers layout (bf16 or f32)
   int num_shards = 1;          // > 1 writes model-0000i-of-0000n.safetensors + index
-  // Fast mode, for full-width stacks (official layout only): one counter-based hash per value
-  // (sum of four 16-bit uniforms: mean/sd per Init kind as above, bounded at +-3.46 sd; NOT the
-  // same values as the default mode), filled in parallel and streamed to disk tensor by tensor,
-  // so memory stays at two ~256 MB buffers whatever the checkpoint size. Bytes depend only on
-  // (seed, tensor name), never on the thread count.
+  // Fast mode, for full-width stacks (official layout only): counter-based hashes (mean/sd per
+  // Init kind as above, but NOT the same values as the default mode: triangular values bounded at
+  // +-2.45 sd; FP4 codes drawn from a table of normal quantiles with one power-of-two scale per
+  // tensor), filled in parallel and streamed to disk tensor by tensor, so memory stays at two
+  // ~256 MB buffers whatever the checkpoint size. Bytes depend only on (seed, tensor name), never
+  // on the thread count.
   bool fast = false;
   bool progress = false;       // fast mode: a progress line on stderr
 };
