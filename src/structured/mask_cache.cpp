@@ -21,20 +21,28 @@ std::string CompiledGrammarImpl::shared_key(int32_t state) const {
   const int32_t nc = pda.num_classes;
   // 0-1 BFS: byte edges cost 1, calls and returns 0, so `depth` is a lower bound on the bytes
   // needed to reach a state; byte edges are encoded only below the longest token.
-  std::unordered_map<int32_t, int32_t> canon;  // state -> canonical index
-  std::vector<int32_t> order, depth;           // [canonical] state, min depth
+  // canon: [num_states] state -> canonical index or -1; thread-local so that a key costs only
+  // the states it touches (they are reset on the way out), not an allocation per call.
+  thread_local std::vector<int32_t> canon;
+  if (canon.size() < pda.num_states()) canon.assign(pda.num_states(), -1);
+  std::vector<int32_t> order, depth;  // [canonical] state, min depth
   std::deque<int32_t> queue;
-  auto visit = [&](int32_t s, int32_t d, bool front) -> int32_t {
-    auto [it, inserted] = canon.emplace(s, static_cast<int32_t>(order.size()));
-    if (inserted) {
+  struct Reset {
+    std::vector<int32_t>& canon;
+    std::vector<int32_t>& order;
+    ~Reset() { for (int32_t s : order) canon[s] = -1; }
+  } reset{canon, order};
+  auto visit = [&](int32_t s, int32_t d, bool front) {
+    int32_t& k = canon[s];
+    if (k < 0) {
+      k = static_cast<int32_t>(order.size());
       order.push_back(s);
       depth.push_back(d);
-      front ? queue.push_front(it->second) : queue.push_back(it->second);
-    } else if (d < depth[it->second]) {
-      depth[it->second] = d;  // found shorter through a call: revisit first
-      queue.push_front(it->second);
+      front ? queue.push_front(k) : queue.push_back(k);
+    } else if (d < depth[k]) {
+      depth[k] = d;  // found shorter through a call: revisit first
+      queue.push_front(k);
     }
-    return it->second;
   };
   visit(state, 0, false);
   while (!queue.empty()) {
@@ -48,13 +56,16 @@ std::string CompiledGrammarImpl::shared_key(int32_t state) const {
       visit(pda.calls[c].ret, depth[k], true);
     }
     if (depth[k] >= max_depth) continue;
-    for (int32_t c = 0; c < nc; ++c) {
-      int32_t t = pda.trans[static_cast<size_t>(s) * nc + c];
-      if (t >= 0) visit(t, depth[k] + 1, false);
-    }
+    const int32_t* row = &pda.trans[static_cast<size_t>(s) * nc];
+    for (int32_t c = 0; c < nc; ++c)
+      if (row[c] >= 0) visit(row[c], depth[k] + 1, false);
   }
+  // Byte classes are byte intervals in increasing order: class_lo[c] is the first byte of c.
+  int32_t class_lo[257];
+  for (int b = 255; b >= 0; --b) class_lo[pda.byte_class[b]] = b;
+  class_lo[nc] = 256;
   // Encode in canonical order; byte edges as maximal byte ranges (class partitions differ
-  // between grammars, the language does not).
+  // between grammars, the language does not), merging adjacent classes with one target.
   std::string key;
   key.reserve(order.size() * 16);
   key.push_back(pda.rule_called[pda.states[state].rule] ? 'c' : 'r');
@@ -64,25 +75,25 @@ std::string CompiledGrammarImpl::shared_key(int32_t state) const {
     key.push_back(st.final ? 'F' : 'N');
     for (int32_t c = st.calls_begin; c < st.calls_end; ++c) {
       key.push_back(pda.calls[c].tail ? 'T' : 'C');
-      put_i32(key, canon.at(pda.rule_start[pda.calls[c].rule]));
-      put_i32(key, canon.at(pda.calls[c].ret));
+      put_i32(key, canon[pda.rule_start[pda.calls[c].rule]]);
+      put_i32(key, canon[pda.calls[c].ret]);
     }
     if (depth[k] >= max_depth) {
       key.push_back('|');
       continue;
     }
-    int prev_t = -1, lo = 0;
-    for (int b = 0; b <= 256; ++b) {
-      int t = b < 256 ? pda.next(s, static_cast<uint8_t>(b)) : -2;
-      if (b < 256 && t == prev_t) continue;
-      if (b > 0 && prev_t >= 0) {
+    const int32_t* row = &pda.trans[static_cast<size_t>(s) * nc];
+    for (int32_t c = 0; c < nc;) {
+      const int32_t t = row[c];
+      int32_t e = c + 1;
+      while (e < nc && row[e] == t) ++e;
+      if (t >= 0) {
         key.push_back('E');
-        key.push_back(static_cast<char>(lo));
-        key.push_back(static_cast<char>(b - 1));
-        put_i32(key, canon.at(prev_t));
+        key.push_back(static_cast<char>(class_lo[c]));
+        key.push_back(static_cast<char>(class_lo[e] - 1));
+        put_i32(key, canon[t]);
       }
-      prev_t = t;
-      lo = b;
+      c = e;
     }
     key.push_back('.');
   }
