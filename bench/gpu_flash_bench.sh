@@ -11,6 +11,8 @@
 #     --small      reduced widths, prompt 512, 8 decode steps, batches 1,2: tests this script in
 #                  seconds, e.g. DEEPINFER_ACCELERATOR=cpu BUILD_DIR=build bench/gpu_flash_bench.sh --small
 #     --clean      delete the stack afterwards
+#     --also-graphs  then time decode again in a second process with DEEPINFER_CUDA_GRAPHS=1 (the
+#                  fixed-shape decode path with CUDA graphs; one more weight upload, ~1-1.5 min)
 # Environment: BUILD_DIR (default /tmp/di-gpu-model-build, the full-tree build that
 # tools/gpu_check.sh -> tools/gpu_model_check.sh leaves; the deepinfer target is built there if
 # the binary lacks the bench commands, or the tree is configured there from scratch), STACK_DIR
@@ -21,15 +23,16 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
-LAYERS=6; SMALL=0; JOBS=$(nproc); CLEAN=0; EXTRA=()
+LAYERS=6; SMALL=0; JOBS=$(nproc); CLEAN=0; GRAPHS=0; EXTRA=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --layers) LAYERS=$2; shift ;;
     --small) SMALL=1 ;;
     --jobs) JOBS=$2; shift ;;
     --clean) CLEAN=1 ;;
+    --also-graphs) GRAPHS=1 ;;
     --) shift; EXTRA=("$@"); break ;;
-    -h|--help) sed -n 2,21p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,23p "$0"; exit 0 ;;
     *) echo "gpu_flash_bench: unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -87,12 +90,12 @@ fi
 
 # ---- the stack ----
 STACK=${STACK_DIR:-/tmp/di-flash-stack}
-BENCH_ARGS=(--prompt-len 4096 --decode-steps 64 --warmup-steps 4 --batches 1,8,32 --prefill-reps 2 --kv-cache-gib 4)
+BENCH_ARGS=(--prompt-len 4096 --decode-steps 64 --warmup-steps 4 --batches 1,8,32 --kv-cache-gib 4); REPS=2
 MAKE_ARGS=(--out "$STACK" --layers "$LAYERS")
 if [ "$SMALL" = 1 ]; then
   STACK=${STACK_DIR:-/tmp/di-flash-stack-small}
   MAKE_ARGS=(--out "$STACK" --layers "$LAYERS" --small)
-  BENCH_ARGS=(--prompt-len 512 --decode-steps 8 --warmup-steps 2 --batches 1,2 --prefill-reps 1 --kv-cache-gib 1)
+  BENCH_ARGS=(--prompt-len 512 --decode-steps 8 --warmup-steps 2 --batches 1,2 --kv-cache-gib 1); REPS=1
 fi
 mkdir -p "$(dirname "$STACK")"
 df -h "$(dirname "$STACK")" | tail -1
@@ -104,13 +107,23 @@ step "make-flash-stack ${MAKE_ARGS[*]}"
 
 # ---- the timing run ----
 step "bench-flash (DEEPINFER_ACCELERATOR=$DEEPINFER_ACCELERATOR, timeout ${BENCH_TIMEOUT:-480}s)"
-timeout "${BENCH_TIMEOUT:-480}" "$BIN" bench-flash -m "$STACK" "${BENCH_ARGS[@]}" "${EXTRA[@]}" \
+timeout "${BENCH_TIMEOUT:-480}" "$BIN" bench-flash -m "$STACK" "${BENCH_ARGS[@]}" --prefill-reps "$REPS" "${EXTRA[@]}" \
   --json "$LOG_DIR/flash_bench.jsonl" >"$LOG_DIR/flash_bench.out" 2>"$LOG_DIR/flash_bench.err"
 RC=$?
 grep -E "^bench-flash:|deepseek_v4 cuda:|rror|OutOfMemory" "$LOG_DIR/flash_bench.err" | tr '\r' '\n' | grep -v uploading | head -30
 [ "$RC" = 0 ] || { echo "gpu_flash_bench: bench-flash rc=$RC (124 = timeout)"; tail -5 "$LOG_DIR/flash_bench.err" | tr '\r' '\n' | tail -5; }
-command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=memory.used --format=csv,noheader 2>/dev/null
+RC2=0
+if [ "$GRAPHS" = 1 ] && [ "$RC" = 0 ]; then
+  step "bench-flash decode again with DEEPINFER_CUDA_GRAPHS=1"
+  DEEPINFER_CUDA_GRAPHS=1 timeout "${BENCH_TIMEOUT:-480}" "$BIN" bench-flash -m "$STACK" "${BENCH_ARGS[@]}" "${EXTRA[@]}" \
+    --prefill-reps 0 --json "$LOG_DIR/flash_bench_graphs.jsonl" >"$LOG_DIR/flash_bench_graphs.out" \
+    2>"$LOG_DIR/flash_bench_graphs.err"
+  RC2=$?
+  grep -E "^bench-flash:|rror|OutOfMemory" "$LOG_DIR/flash_bench_graphs.err" | tr '\r' '\n' | grep -v uploading | head -20
+  [ "$RC2" = 0 ] || echo "gpu_flash_bench: graphs run rc=$RC2 (124 = timeout)"
+fi
 [ "$CLEAN" = 1 ] && rm -rf "$STACK"
 cat "$LOG_DIR/flash_bench.out"
-echo "gpu_flash_bench: rc=$RC total $(( $(date +%s) - T0 ))s"
-exit "$RC"
+[ "$GRAPHS" = 1 ] && [ -s "$LOG_DIR/flash_bench_graphs.out" ] && { echo; echo "--- DEEPINFER_CUDA_GRAPHS=1:"; cat "$LOG_DIR/flash_bench_graphs.out"; }
+echo "gpu_flash_bench: rc=$RC graphs_rc=$RC2 total $(( $(date +%s) - T0 ))s"
+[ "$RC" = 0 ] && [ "$RC2" = 0 ]

@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -235,14 +236,14 @@ int run_bench_flash(int argc, char** argv) {
 
   struct Row { std::string what; int64_t B; double ctx, ms, floor_ms, floor_rel_ms, per_layer, hf; std::string basis; int64_t impure; };
   std::vector<Row> rows;
-  // Prefill: one warm-up, then `reps` timed (median).
+  // Prefill: one warm-up, then `reps` timed (median); none with --prefill-reps 0.
   std::vector<double> pf;
-  for (int64_t i = 0; i <= reps; ++i) {
+  for (int64_t i = 0; reps > 0 && i <= reps; ++i) {
     RunResult r = run(llm, 1, P, 0, 0, cfg.vocab_size, salt);
     std::fprintf(stderr, "bench-flash: prefill %ld tokens %s: %.1f ms\n", long(P), i ? "" : "(warm-up)", r.fill_s * 1e3);
     if (i) pf.push_back(r.fill_s);
   }
-  {
+  if (reps > 0) {
     const double flops = cm.prefill_flops(P), bytes = cm.prefill_bytes(P);
     const double fl = std::max(flops / kFlops, bytes / kBandwidth) * 1e3;
     char basis[96];
@@ -275,8 +276,9 @@ int run_bench_flash(int argc, char** argv) {
          << ", \"per_layer_ms\": " << r.per_layer << ", \"hf_eager_per_layer_ms\": " << r.hf << ", \"layers\": " << L
          << ", \"basis\": \"" << r.basis << "\", \"impure_steps\": " << r.impure << ", \"load_s\": " << load_s << "}\n";
   }
-  std::printf("\n%s\nloaded in %.1f s; floors: 4.3 TB/s, 790 TFLOP/s; bf16 weights as uploaded\n\n",
-              llm.describe().c_str(), load_s);
+  const char* graphs = std::getenv("DEEPINFER_CUDA_GRAPHS");
+  std::printf("\n%s\nloaded in %.1f s; DEEPINFER_CUDA_GRAPHS=%s; floors: 4.3 TB/s, 790 TFLOP/s; bf16 weights as uploaded\n\n",
+              llm.describe().c_str(), load_s, graphs && *graphs ? graphs : "(unset)");
   std::printf("%-8s %5s %6s %10s %10s %7s %10s %9s  %s\n", "measure", "batch", "ctx", "engine_ms", "floor_ms", "ratio",
               "layer_ms", "hf_layer", "floor basis");
   for (const Row& r : rows) {
@@ -286,8 +288,11 @@ int run_bench_flash(int argc, char** argv) {
                 r.floor_ms, r.ms / std::max(r.floor_ms, 1e-9), r.per_layer, hf, r.basis.c_str(),
                 r.impure ? " [some timed steps were not pure decode]" : "");
   }
-  std::printf("\nprefill: %.0f tokens/s (TTFT %.1f ms for %ld tokens)\n", rows[0].ms > 0 ? double(P) / rows[0].ms * 1e3 : 0,
-              rows[0].ms, long(P));
+  std::printf("\n");
+  for (const Row& r : rows)
+    if (r.what == "prefill")
+      std::printf("prefill: %.0f tokens/s (TTFT %.1f ms for %ld tokens)\n", r.ms > 0 ? double(P) / r.ms * 1e3 : 0, r.ms,
+                  long(P));
   for (const Row& r : rows)
     if (r.what == "decode")
       std::printf("decode B=%ld: %.0f tokens/s; release-precision floor (FP8 dense, FP4 experts) %.3f ms\n", long(r.B),
