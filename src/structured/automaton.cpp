@@ -79,6 +79,16 @@ std::vector<bool> recursive_rules(const Grammar& g) {
 }
 
 struct NfaEdge { uint8_t lo, hi; int32_t to; };
+
+// Subset construction looks every target set up once per DFA transition; hashing a set once
+// beats the O(log n) whole-vector comparisons of an ordered map (the top compile cost).
+struct StateSetHash {
+  size_t operator()(const std::vector<int32_t>& v) const {
+    uint64_t h = 0x9e3779b97f4a7c15ull ^ v.size();
+    for (int32_t x : v) h = (h ^ static_cast<uint32_t>(x)) * 0x100000001b3ull + (h >> 29);
+    return static_cast<size_t>(h);
+  }
+};
 struct NfaState {
   std::vector<int32_t> eps;
   std::vector<NfaEdge> bytes;
@@ -270,7 +280,7 @@ void Builder::determinize(int32_t idx, Pda& pda) {
   const auto& nfa = rule_nfas_.back();
   const int32_t nfa_final = rule_nfa_final_[idx];
   const int32_t nc = pda.num_classes;
-  std::map<std::vector<int32_t>, int32_t> ids;
+  std::unordered_map<std::vector<int32_t>, int32_t, StateSetHash> ids;  // NFA state set -> DFA state
   std::vector<std::vector<int32_t>> pending;
   auto intern = [&](std::vector<int32_t> set) -> int32_t {
     eps_closure(set);
