@@ -39,9 +39,12 @@ struct CompiledGrammarImpl {
   // whether the state's rule is called. Equal keys <=> equal context-independent masks.
   // Empty when the reachable part is too large to be worth sharing.
   std::string shared_key(int32_t state) const;
+  // The walks behind state_cache (mask_walk.cpp), uncached: the fast one and its plain twin.
+  // Equal results (accepted as a set, uncertain in order); tests compare them.
+  std::shared_ptr<const StateMaskCache> compute_state_cache(int32_t state) const;
+  std::shared_ptr<const StateMaskCache> compute_state_cache_reference(int32_t state) const;
 
  private:
-  std::shared_ptr<const StateMaskCache> compute_state_cache(int32_t state) const;
   mutable std::mutex mu_;
   mutable std::vector<std::shared_ptr<const StateMaskCache>> caches_;  // [num_states]
 };

@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "structured/compiled.h"
 #include "test_util.h"
 
 namespace deepinfer::structured::test {
@@ -250,6 +251,61 @@ TEST(Matcher, RollbackStopAndForced) {
   std::string joined;
   for (int32_t t : forced) joined += v.bytes(t);
   EXPECT_EQ(std::string(":\"bob\"}").substr(0, joined.size()), joined);
+}
+
+}  // namespace
+}  // namespace deepinfer::structured::test
+
+namespace deepinfer::structured::test {
+namespace {
+
+// Long and multi-byte tokens: subtrees that stay inside one DFA state (string bodies, digit
+// runs), tokens crossing rule ends, and UTF-8 split across tokens.
+std::shared_ptr<const TokenVocabulary> walk_vocab() {
+  static auto v = [] {
+    TokenizerInfo info;
+    for (int b = 0; b < 256; ++b) info.token_bytes.push_back(std::string(1, static_cast<char>(b)));
+    for (const char* t : {"hello", "hello world", "name", "names", "na", "nam\"", "name\":", "\":\"", "\",\"", "abc",
+                          "abcabc", "aaaa", "12", "123", "1234", "12.5", "1e5", "\"}", "}}", "]}", "\"a\":1,", "é",
+                          "éé", "\xC3", "\xA9x", "\\n", "\\u00e9", "true,", "null}", "{\"", "[{\"", "  ", "    "})
+      info.token_bytes.push_back(t);
+    info.token_bytes.push_back("<eos>");
+    info.stop_ids = {static_cast<int32_t>(info.token_bytes.size() - 1)};
+    return make_vocabulary(info);
+  }();
+  return v;
+}
+
+std::vector<int32_t> accepted_set(const StateMaskCache& c) {
+  std::vector<int32_t> out = c.accepted_ids;
+  for (size_t w = 0; w < c.accepted_bits.size(); ++w)
+    for (int b = 0; b < 32; ++b)
+      if (c.accepted_bits[w] >> b & 1) out.push_back(static_cast<int32_t>(w * 32 + b));
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// The fast mask walk (single-state steps, whole-subtree acceptance) equals its plain twin on
+// every state of grammars with calls, escapes, string bodies and numbers.
+TEST(MaskWalk, FastEqualsReference) {
+  GrammarCompiler c(walk_vocab());
+  for (const char* args :
+       {R"({"json_object": true})",
+        R"({"json_schema": {"type": "object", "properties": {"name": {"type": "string"}, "n": {"type": "number"}}, "required": ["name"]}})",
+        R"({"json_schema": {"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": {"type": "string"}}})",
+        R"({"json_schema": {"type": "array", "items": {"enum": ["abc", "hello", 12]}}, "whitespace": "flexible"})",
+        R"({"regex": "(ab|abc)+\"?[0-9]{1,3}"})", R"({"regex": "[a-z ]*(é|x)+"})",
+        R"({"ebnf": "root ::= \"[\" v (\",\" v)* \"]\"\nv ::= [0-9]+ | \"\\\"\" [a-z]* \"\\\"\" | root"})"}) {
+    auto g = c.compile_uncached(args);
+    const CompiledGrammarImpl& impl = g->impl();
+    for (int32_t s = 0; s < static_cast<int32_t>(impl.pda.num_states()); ++s) {
+      auto fast = impl.compute_state_cache(s);
+      auto ref = impl.compute_state_cache_reference(s);
+      ASSERT_EQ(accepted_set(*fast), accepted_set(*ref)) << args << " state " << s;
+      ASSERT_EQ(fast->uncertain, ref->uncertain) << args << " state " << s;
+      ASSERT_EQ(fast->uncertain_lcp, ref->uncertain_lcp) << args << " state " << s;
+    }
+  }
 }
 
 }  // namespace

@@ -1,0 +1,141 @@
+// The vocabulary walks that fill a StateMaskCache entry (compiled.h): a fast walk used at run
+// time and the plain reference walk it must equal (tests compare them).
+//
+// Both visit the token trie in preorder from a stack holding only `state` (context below
+// unknown: kBottom, or the real bottom for a rule nobody calls), skipping a subtree as soon as
+// its prefix dies. The fast walk keeps, per trie depth, the configuration as one DFA state
+// while the stack has not moved (no call entered, no frame popped), which is the common case:
+// a step is then one table lookup. Only at states with calls does it switch to the general
+// multi-frame Stepper, and it switches back as soon as the configuration is again a single
+// frame over the original bottom.
+#include <algorithm>
+
+#include "structured/compiled.h"
+#include "structured/stack.h"
+
+namespace deepinfer::structured {
+namespace {
+
+// accepted_bits: [ceil(vocab/32)] accepted token bits; uncertain in trie preorder.
+std::shared_ptr<const StateMaskCache> finish_cache(const TokenVocabulary& v, std::vector<uint32_t> accepted_bits,
+                                                   size_t num_accepted, std::vector<int32_t> uncertain) {
+  auto c = std::make_shared<StateMaskCache>();
+  const int32_t vs = v.vocab_size();
+  if (num_accepted * 32 > static_cast<size_t>(vs)) {
+    c->accepted_bits = std::move(accepted_bits);
+  } else {
+    c->accepted_ids.reserve(num_accepted);
+    for (size_t w = 0; w < accepted_bits.size(); ++w)
+      for (uint32_t x = accepted_bits[w]; x; x &= x - 1)
+        c->accepted_ids.push_back(static_cast<int32_t>(w * 32 + __builtin_ctz(x)));
+  }
+  // The walks visit the trie in preorder, so `uncertain` is already byte-sorted.
+  c->uncertain_lcp.resize(uncertain.size(), 0);
+  for (size_t j = 1; j < uncertain.size(); ++j) {
+    const std::string& a = v.bytes(uncertain[j - 1]);
+    const std::string& b = v.bytes(uncertain[j]);
+    size_t l = 0;
+    while (l < a.size() && l < b.size() && a[l] == b[l]) ++l;
+    c->uncertain_lcp[j] = static_cast<int32_t>(l);
+  }
+  c->uncertain = std::move(uncertain);
+  return c;
+}
+
+}  // namespace
+
+std::shared_ptr<const StateMaskCache> CompiledGrammarImpl::compute_state_cache(int32_t state) const {
+  const TokenVocabulary& v = *vocab;
+  NodePool pool;
+  Stepper stepper(pda, pool, true);
+  const bool called = pda.rule_called[pda.states[state].rule];
+  const int32_t bottom = called ? kBottom : kRootParent;
+  const size_t max_depth = static_cast<size_t>(v.max_depth_);
+  // Per depth d (bytes consumed so far): single[d] >= 0 when the configuration is the one frame
+  // {single[d], bottom}; otherwise frames[d] holds it. esc[d]: some prefix finished the rule.
+  std::vector<int32_t> single(max_depth + 1, -1);
+  std::vector<std::vector<Frame>> frames(max_depth + 1);
+  std::vector<uint8_t> esc(max_depth + 1, 0);
+  single[0] = state;
+  const int32_t nc = pda.num_classes;
+  const int32_t* trans = pda.trans.data();
+  const PdaState* states = pda.states.data();
+  const uint8_t* bytes = v.byte_.data();
+  const int32_t* depth = v.depth_.data();
+  const int32_t* tok_begin = v.tok_begin_.data();
+  const int32_t* tok_ids = v.tok_ids_.data();
+  std::vector<uint32_t> accepted((v.vocab_size() + 31) / 32, 0);  // [ceil(vocab/32)] bits
+  size_t num_accepted = 0;
+  std::vector<int32_t> uncertain;
+  const size_t n = v.num_nodes();
+  for (size_t i = 1; i < n;) {
+    const int32_t d = depth[i];
+    const int32_t p = single[d - 1];
+    bool e = false, alive;
+    if (p >= 0 && !states[p].has_calls) {
+      // Finishing a called rule before this byte escapes into the unknown context.
+      e = called && states[p].final;
+      const int32_t t = trans[static_cast<size_t>(p) * nc + pda.byte_class[bytes[i]]];
+      single[d] = t;
+      alive = t >= 0;
+    } else {
+      std::vector<Frame>& prev = frames[d - 1];
+      if (p >= 0) prev.assign(1, Frame{p, bottom});
+      std::vector<Frame>& cur = frames[d];
+      stepper.step(prev, bytes[i], cur, &e);
+      alive = !cur.empty();
+      single[d] = cur.size() == 1 && cur[0].parent == bottom ? cur[0].state : -1;
+    }
+    esc[d] = esc[d - 1] | static_cast<uint8_t>(e);
+    if (!alive) {
+      if (esc[d]) uncertain.insert(uncertain.end(), tok_ids + tok_begin[i], tok_ids + tok_begin[v.end_[i]]);
+      i = v.end_[i];
+      continue;
+    }
+    for (int32_t k = tok_begin[i]; k < tok_begin[i + 1]; ++k) {
+      const int32_t t = tok_ids[k];
+      accepted[t >> 5] |= 1u << (t & 31);
+      ++num_accepted;
+    }
+    ++i;
+  }
+  return finish_cache(v, std::move(accepted), num_accepted, std::move(uncertain));
+}
+
+std::shared_ptr<const StateMaskCache> CompiledGrammarImpl::compute_state_cache_reference(int32_t state) const {
+  const TokenVocabulary& v = *vocab;
+  NodePool pool;
+  Stepper stepper(pda, pool, true);
+  const size_t max_depth = static_cast<size_t>(v.max_depth_);
+  std::vector<std::vector<Frame>> frames(max_depth + 1);  // [depth] frames after that many bytes
+  std::vector<uint8_t> esc(max_depth + 1, 0);             // [depth] some prefix finished the rule
+  // A rule nobody calls (the root) always has the real bottom of the stack under it: finishing
+  // it is the end of the grammar, never an escape into unknown context.
+  const bool called = pda.rule_called[pda.states[state].rule];
+  frames[0] = {{state, called ? kBottom : kRootParent}};
+  std::vector<uint32_t> accepted((v.vocab_size() + 31) / 32, 0);
+  size_t num_accepted = 0;
+  std::vector<int32_t> uncertain;
+  const size_t n = v.num_nodes();
+  for (size_t i = 1; i < n;) {
+    const int32_t d = v.depth_[i];
+    bool e = false;
+    stepper.step(frames[d - 1], v.byte_[i], frames[d], &e);
+    esc[d] = esc[d - 1] | static_cast<uint8_t>(e);
+    if (frames[d].empty()) {
+      if (esc[d])
+        for (int32_t k = v.tok_begin_[i]; k < v.tok_begin_[v.end_[i]]; ++k) uncertain.push_back(v.tok_ids_[k]);
+      i = v.end_[i];
+      continue;
+    }
+    for (int32_t k = v.tok_begin_[i]; k < v.tok_begin_[i + 1]; ++k) {
+      const int32_t t = v.tok_ids_[k];
+      accepted[t >> 5] |= 1u << (t & 31);
+      ++num_accepted;
+    }
+    ++i;
+  }
+  return finish_cache(v, std::move(accepted), num_accepted, std::move(uncertain));
+}
+
+}  // namespace deepinfer::structured
