@@ -109,9 +109,12 @@ size_t gpu_activation_bytes(const DeepseekV4Config& c, int64_t max_tokens, int64
   s.stage_rows = max_tokens + max_seqs * 2 * std::max<int64_t>(min_ratio, 128);
   s.entries = min_ratio ? max_tokens / min_ratio + max_seqs : 0;
   s.max_cand = min_ratio ? max_context / min_ratio : 0;
-  s.attn_splits = 64;
   s.R = std::min<int64_t>(max_tokens, 1024);
-  return layout_arena(c, s).total;
+  // Split-KV partials (f32 [T, H, splits, d+2]) exist only while T·ceil(H/heads-per-block) < 4·SMs
+  // (choose_attention_split), so T·splits < 8·SMs whatever max_tokens is: bound them by 2048
+  // token-splits (up to 256 SMs) instead of max_tokens x 64 (69 GB at V4-Flash width, 8192 tokens).
+  s.attn_splits = 1;
+  return layout_arena(c, s).total + size_t(2048) * size_t(c.num_heads) * size_t(c.head_dim + 2) * sizeof(float);
 }
 
 const CompressMeta* StepMeta::kind(int64_t ratio, bool overlap) const {
