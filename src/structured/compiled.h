@@ -8,6 +8,7 @@
 // finishing the rule part-way through the token) must be re-walked with the real stack.
 // Computed lazily on first use, then shared by all matchers.
 #pragma once
+#include <array>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -45,8 +46,12 @@ struct CompiledGrammarImpl {
   std::shared_ptr<const StateMaskCache> compute_state_cache_reference(int32_t state) const;
 
  private:
+  // [num_states] 256-bit set of the bytes on which a state steps to itself (mask_walk.cpp).
+  const std::vector<std::array<uint64_t, 4>>& self_loops() const;
   mutable std::mutex mu_;
   mutable std::vector<std::shared_ptr<const StateMaskCache>> caches_;  // [num_states]
+  mutable std::once_flag self_loops_once_;
+  mutable std::vector<std::array<uint64_t, 4>> self_loops_;
 };
 
 // Walks the masks of the lexical rules every JSON grammar shares (string body, any value,

@@ -7,7 +7,8 @@
 // while the stack has not moved (no call entered, no frame popped), which is the common case:
 // a step is then one table lookup. Only at states with calls does it switch to the general
 // multi-frame Stepper, and it switches back as soon as the configuration is again a single
-// frame over the original bottom.
+// frame over the original bottom. A subtree whose bytes all loop on the current state is
+// accepted whole without visiting it.
 #include <algorithm>
 
 #include "structured/compiled.h"
@@ -44,6 +45,20 @@ std::shared_ptr<const StateMaskCache> finish_cache(const TokenVocabulary& v, std
 
 }  // namespace
 
+const std::vector<std::array<uint64_t, 4>>& CompiledGrammarImpl::self_loops() const {
+  std::call_once(self_loops_once_, [&] {
+    const int32_t nc = pda.num_classes;
+    std::vector<std::array<uint64_t, 4>> class_bytes(nc, {0, 0, 0, 0});  // [class] its bytes
+    for (int b = 0; b < 256; ++b) class_bytes[pda.byte_class[b]][b >> 6] |= 1ull << (b & 63);
+    self_loops_.assign(pda.num_states(), {0, 0, 0, 0});
+    for (size_t s = 0; s < pda.num_states(); ++s)
+      for (int32_t c = 0; c < nc; ++c)
+        if (pda.trans[s * nc + c] == static_cast<int32_t>(s))
+          for (int w = 0; w < 4; ++w) self_loops_[s][w] |= class_bytes[c][w];
+  });
+  return self_loops_;
+}
+
 std::shared_ptr<const StateMaskCache> CompiledGrammarImpl::compute_state_cache(int32_t state) const {
   const TokenVocabulary& v = *vocab;
   NodePool pool;
@@ -64,8 +79,15 @@ std::shared_ptr<const StateMaskCache> CompiledGrammarImpl::compute_state_cache(i
   const int32_t* depth = v.depth_.data();
   const int32_t* tok_begin = v.tok_begin_.data();
   const int32_t* tok_ids = v.tok_ids_.data();
+  const int32_t* end = v.end_.data();
+  const auto* below = v.below_bytes_.data();
+  const auto* loops = self_loops().data();
   std::vector<uint32_t> accepted((v.vocab_size() + 31) / 32, 0);  // [ceil(vocab/32)] bits
   size_t num_accepted = 0;
+  auto accept_range = [&](int32_t k0, int32_t k1) {  // tokens tok_ids[k0 .. k1)
+    for (int32_t k = k0; k < k1; ++k) accepted[tok_ids[k] >> 5] |= 1u << (tok_ids[k] & 31);
+    num_accepted += static_cast<size_t>(k1 - k0);
+  };
   std::vector<int32_t> uncertain;
   const size_t n = v.num_nodes();
   for (size_t i = 1; i < n;) {
@@ -88,15 +110,23 @@ std::shared_ptr<const StateMaskCache> CompiledGrammarImpl::compute_state_cache(i
     }
     esc[d] = esc[d - 1] | static_cast<uint8_t>(e);
     if (!alive) {
-      if (esc[d]) uncertain.insert(uncertain.end(), tok_ids + tok_begin[i], tok_ids + tok_begin[v.end_[i]]);
-      i = v.end_[i];
+      if (esc[d]) uncertain.insert(uncertain.end(), tok_ids + tok_begin[i], tok_ids + tok_begin[end[i]]);
+      i = end[i];
       continue;
     }
-    for (int32_t k = tok_begin[i]; k < tok_begin[i + 1]; ++k) {
-      const int32_t t = tok_ids[k];
-      accepted[t >> 5] |= 1u << (t & 31);
-      ++num_accepted;
+    // A state that loops on every byte below this node keeps its frame alive through the whole
+    // subtree (string bodies, digit runs): all of it is accepted, whatever the rule's end does.
+    const int32_t t = single[d];
+    if (t >= 0 && end[i] > static_cast<int32_t>(i) + 1) {
+      const auto& b = below[i];
+      const auto& l = loops[t];
+      if (!((b[0] & ~l[0]) | (b[1] & ~l[1]) | (b[2] & ~l[2]) | (b[3] & ~l[3]))) {
+        accept_range(tok_begin[i], tok_begin[end[i]]);
+        i = end[i];
+        continue;
+      }
     }
+    accept_range(tok_begin[i], tok_begin[i + 1]);
     ++i;
   }
   return finish_cache(v, std::move(accepted), num_accepted, std::move(uncertain));

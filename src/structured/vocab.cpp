@@ -59,6 +59,19 @@ TokenVocabulary::TokenVocabulary(TokenizerInfo info) : info_(std::move(info)) {
     path.pop_back();
   }
   for (int32_t d : depth_) max_depth_ = std::max(max_depth_, d);
+  // below_bytes_: children are later in preorder, so a reverse pass folds each node into its
+  // parent (found through the open path per depth on a forward pass).
+  std::vector<int32_t> parent(byte_.size(), -1), at_depth(static_cast<size_t>(max_depth_) + 1, 0);
+  for (size_t i = 1; i < byte_.size(); ++i) {
+    parent[i] = at_depth[depth_[i] - 1];
+    at_depth[depth_[i]] = static_cast<int32_t>(i);
+  }
+  below_bytes_.assign(byte_.size(), {0, 0, 0, 0});
+  for (size_t i = byte_.size() - 1; i >= 1; --i) {
+    auto& up = below_bytes_[parent[i]];
+    for (int w = 0; w < 4; ++w) up[w] |= below_bytes_[i][w];
+    up[byte_[i] >> 6] |= 1ull << (byte_[i] & 63);
+  }
   tok_begin_.assign(byte_.size() + 1, 0);
   for (auto [node, id] : node_tok) ++tok_begin_[node + 1];
   std::partial_sum(tok_begin_.begin(), tok_begin_.end(), tok_begin_.begin());

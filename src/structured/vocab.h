@@ -1,6 +1,7 @@
 // The vocabulary as a byte trie in depth-first preorder, so that a walk over all tokens is a
 // linear scan that can skip a dead subtree in O(1) (node i's subtree is [i, end[i])).
 #pragma once
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -53,6 +54,9 @@ class TokenVocabulary {
   std::vector<int32_t> tok_ids_;   //   tok_ids_[tok_begin_[i] .. tok_begin_[i+1])
   std::vector<int32_t> node_of_;   // [vocab_size] trie node of a grammar token, else -1
   std::vector<int32_t> rank_;      // [vocab_size] position in byte-sorted order (grammar tokens)
+  // [num_nodes] 256-bit set of the bytes on edges strictly below node i: a DFA state looping
+  // on all of them accepts the whole subtree without walking it (mask_walk.cpp).
+  std::vector<std::array<uint64_t, 4>> below_bytes_;
   int32_t max_depth_ = 0;          // longest grammar token, bytes
   mutable SharedMaskCache shared_masks_;  // filled lazily by every grammar over this vocabulary
 
