@@ -9,6 +9,7 @@
 // Computed lazily on first use, then shared by all matchers.
 #pragma once
 #include <array>
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -50,7 +51,10 @@ struct CompiledGrammarImpl {
   const std::vector<std::array<uint64_t, 4>>& self_loops() const;
   mutable std::mutex mu_;
   mutable std::vector<std::shared_ptr<const StateMaskCache>> caches_;  // [num_states]
-  mutable std::once_flag self_loops_once_;
+  // [num_states] text_stays_alive (mask_walk.cpp) per state: -1 not yet known, 0, 1.
+  std::atomic<int8_t>* text_alive_memo() const;
+  mutable std::once_flag self_loops_once_, text_alive_once_;
+  mutable std::unique_ptr<std::atomic<int8_t>[]> text_alive_;
   mutable std::vector<std::array<uint64_t, 4>> self_loops_;
 };
 

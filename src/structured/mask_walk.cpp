@@ -7,9 +7,11 @@
 // while the stack has not moved (no call entered, no frame popped), which is the common case:
 // a step is then one table lookup. Only at states with calls does it switch to the general
 // multi-frame Stepper, and it switches back as soon as the configuration is again a single
-// frame over the original bottom. A subtree whose bytes all loop on the current state is
-// accepted whole without visiting it.
+// frame over the original bottom. A subtree whose bytes all loop on the current state, or
+// whose ASCII bytes loop and whose other bytes are valid UTF-8 that the state's text closure
+// survives (a string body), is accepted whole without visiting it.
 #include <algorithm>
+#include <atomic>
 
 #include "structured/compiled.h"
 #include "structured/stack.h"
@@ -43,6 +45,59 @@ std::shared_ptr<const StateMaskCache> finish_cache(const TokenVocabulary& v, std
   return c;
 }
 
+// True if text made of `state`'s self-loop ASCII bytes and valid multi-byte UTF-8 characters
+// never dies from `state`: the states it reaches (a small set: the DFAs are not minimised, so
+// a string body may come back from a character to a twin of `state`) are closed under those
+// bytes and characters. Then a subtree below a node in `state` whose ASCII bytes loop and
+// whose other bytes are valid UTF-8 is all alive. Characters follow the strict decoder in
+// vocab.cpp.
+bool text_stays_alive(const Pda& pda, int32_t state, const std::array<uint64_t, 4>& loops) {
+  struct R { uint8_t lo, hi; };
+  static const std::vector<std::vector<R>> kChars = {
+      {{0xC2, 0xDF}, {0x80, 0xBF}},
+      {{0xE0, 0xE0}, {0xA0, 0xBF}, {0x80, 0xBF}},
+      {{0xE1, 0xEC}, {0x80, 0xBF}, {0x80, 0xBF}},
+      {{0xED, 0xED}, {0x80, 0x9F}, {0x80, 0xBF}},
+      {{0xEE, 0xEF}, {0x80, 0xBF}, {0x80, 0xBF}},
+      {{0xF0, 0xF0}, {0x90, 0xBF}, {0x80, 0xBF}, {0x80, 0xBF}},
+      {{0xF1, 0xF3}, {0x80, 0xBF}, {0x80, 0xBF}, {0x80, 0xBF}},
+      {{0xF4, 0xF4}, {0x80, 0x8F}, {0x80, 0xBF}, {0x80, 0xBF}}};
+  constexpr size_t kMaxClosure = 32;
+  // Bytes of one class step alike: visit one byte per class within each range.
+  int class_end[256];  // [byte] last byte of its class
+  for (int b = 255; b >= 0; --b)
+    class_end[b] = b < 255 && pda.byte_class[b + 1] == pda.byte_class[b] ? class_end[b + 1] : b;
+  std::vector<int32_t> closure{state}, cur, next;
+  auto add = [&](int32_t t) {
+    if (std::find(closure.begin(), closure.end(), t) == closure.end()) closure.push_back(t);
+  };
+  for (size_t k = 0; k < closure.size(); ++k) {
+    if (closure.size() > kMaxClosure) return false;
+    const int32_t s = closure[k];
+    for (int b = 0; b < 128; b = class_end[b] + 1) {
+      if (!(loops[b >> 6] >> (b & 63) & 1)) continue;  // loops hold whole classes
+      const int32_t t = pda.next(s, static_cast<uint8_t>(b));
+      if (t < 0) return false;
+      add(t);
+    }
+    for (const auto& ch : kChars) {
+      cur.assign(1, s);
+      for (const R& r : ch) {
+        next.clear();
+        for (int32_t u : cur)
+          for (int b = r.lo; b <= r.hi; b = class_end[b] + 1) {
+            const int32_t t = pda.next(u, static_cast<uint8_t>(b));
+            if (t < 0) return false;
+            if (std::find(next.begin(), next.end(), t) == next.end()) next.push_back(t);
+          }
+        std::swap(cur, next);
+      }
+      for (int32_t t : cur) add(t);
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
 const std::vector<std::array<uint64_t, 4>>& CompiledGrammarImpl::self_loops() const {
@@ -57,6 +112,14 @@ const std::vector<std::array<uint64_t, 4>>& CompiledGrammarImpl::self_loops() co
           for (int w = 0; w < 4; ++w) self_loops_[s][w] |= class_bytes[c][w];
   });
   return self_loops_;
+}
+
+std::atomic<int8_t>* CompiledGrammarImpl::text_alive_memo() const {
+  std::call_once(text_alive_once_, [&] {
+    text_alive_ = std::make_unique<std::atomic<int8_t>[]>(pda.num_states());
+    for (size_t s = 0; s < pda.num_states(); ++s) text_alive_[s].store(-1, std::memory_order_relaxed);
+  });
+  return text_alive_.get();
 }
 
 std::shared_ptr<const StateMaskCache> CompiledGrammarImpl::compute_state_cache(int32_t state) const {
@@ -82,6 +145,8 @@ std::shared_ptr<const StateMaskCache> CompiledGrammarImpl::compute_state_cache(i
   const int32_t* end = v.end_.data();
   const auto* below = v.below_bytes_.data();
   const auto* loops = self_loops().data();
+  const uint8_t* utf8_below = v.utf8_below_.data();
+  std::atomic<int8_t>* text_alive = text_alive_memo();
   std::vector<uint32_t> accepted((v.vocab_size() + 31) / 32, 0);  // [ceil(vocab/32)] bits
   size_t num_accepted = 0;
   auto accept_range = [&](int32_t k0, int32_t k1) {  // tokens tok_ids[k0 .. k1)
@@ -120,7 +185,17 @@ std::shared_ptr<const StateMaskCache> CompiledGrammarImpl::compute_state_cache(i
     if (t >= 0 && end[i] > static_cast<int32_t>(i) + 1) {
       const auto& b = below[i];
       const auto& l = loops[t];
-      if (!((b[0] & ~l[0]) | (b[1] & ~l[1]) | (b[2] & ~l[2]) | (b[3] & ~l[3]))) {
+      bool whole = !((b[0] & ~l[0]) | (b[1] & ~l[1]) | (b[2] & ~l[2]) | (b[3] & ~l[3]));
+      if (!whole && !((b[0] & ~l[0]) | (b[1] & ~l[1])) && (utf8_below[i] & 1)) {
+        // ASCII below loops; the rest is whole characters of valid UTF-8 (e.g. CJK text).
+        int8_t known = text_alive[t].load(std::memory_order_relaxed);
+        if (known < 0) {  // racing walks compute the same value
+          known = text_stays_alive(pda, t, l) ? 1 : 0;
+          text_alive[t].store(known, std::memory_order_relaxed);
+        }
+        whole = known == 1;
+      }
+      if (whole) {
         accept_range(tok_begin[i], tok_begin[end[i]]);
         i = end[i];
         continue;

@@ -57,6 +57,10 @@ class TokenVocabulary {
   // [num_nodes] 256-bit set of the bytes on edges strictly below node i: a DFA state looping
   // on all of them accepts the whole subtree without walking it (mask_walk.cpp).
   std::vector<std::array<uint64_t, 4>> below_bytes_;
+  // [num_nodes] bit s set: every path below node i is valid UTF-8 (complete characters, then at
+  // most one truncated one; no overlongs, surrogates or code points past U+10FFFF) when
+  // decoding starts in UTF-8 decoder state s (vocab.cpp; bit 0: at a character boundary).
+  std::vector<uint8_t> utf8_below_;
   int32_t max_depth_ = 0;          // longest grammar token, bytes
   mutable SharedMaskCache shared_masks_;  // filled lazily by every grammar over this vocabulary
 

@@ -276,6 +276,20 @@ std::shared_ptr<const TokenVocabulary> walk_vocab() {
   return v;
 }
 
+// utf8_below_ bit 0: every path below the node is valid UTF-8 from a character boundary (a
+// truncated last character allowed); a stray continuation byte or a surrogate spoils it.
+TEST(MaskWalk, Utf8BelowFlags) {
+  TokenizerInfo info;
+  for (const char* t : {"a", "a\xC3\xA9", "a\xE4\xB8", "b", "b\xA9", "c", "c\xED\xA0\x80", "d", "d\xED\x9F\xBF"})
+    info.token_bytes.push_back(t);
+  auto v = make_vocabulary(info);
+  auto ok = [&](int32_t id) { return v->utf8_below_[v->node_of_[id]] & 1; };
+  EXPECT_TRUE(ok(0));   // a: é, and a truncated 3-byte character
+  EXPECT_FALSE(ok(3));  // b: a lone continuation byte
+  EXPECT_FALSE(ok(5));  // c: a surrogate (ED A0 80)
+  EXPECT_TRUE(ok(7));   // d: U+D7FF
+}
+
 std::vector<int32_t> accepted_set(const StateMaskCache& c) {
   std::vector<int32_t> out = c.accepted_ids;
   for (size_t w = 0; w < c.accepted_bits.size(); ++w)
