@@ -113,13 +113,17 @@ class ToyCodec final : public TextCodec {
 class TokenizerCodec final : public TextCodec {
  public:
   explicit TokenizerCodec(Tokenizer tok) : tok_(std::move(tok)) {}
+  bool known(int32_t id) const { return id >= 0 && id < tok_.vocab_size(); }
   std::vector<int32_t> encode(std::string_view text) const override {
     std::vector<int32_t> ids = tok_.encode(text, /*add_special_tokens=*/false);
     if (tok_.add_bos_token() && tok_.bos_id() && (ids.empty() || ids[0] != *tok_.bos_id())) ids.insert(ids.begin(), *tok_.bos_id());
     return ids;
   }
-  std::string token_bytes(int32_t id) const override { return tok_.token_bytes(id); }
-  bool is_special(int32_t id) const override { return tok_.is_special(id); }
+  // Checkpoints often pad the embedding past the tokenizer (V4: 129,280 rows, 128,815 tokens in
+  // the V3 tokenizer.json). A sampled padding id has no text: like HF's decode, it contributes
+  // nothing and counts as special, instead of failing the request.
+  std::string token_bytes(int32_t id) const override { return known(id) ? tok_.token_bytes(id) : std::string(); }
+  bool is_special(int32_t id) const override { return !known(id) || tok_.is_special(id); }
   std::string chat_prompt(const std::vector<ChatMessage>& msgs, const ChatTemplateOptions& o) const override {
     std::vector<Message> m;
     for (const ChatMessage& c : msgs) {
