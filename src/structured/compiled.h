@@ -47,15 +47,19 @@ struct CompiledGrammarImpl {
   std::shared_ptr<const StateMaskCache> compute_state_cache_reference(int32_t state) const;
 
  private:
-  // [num_states] 256-bit set of the bytes on which a state steps to itself (mask_walk.cpp).
-  const std::vector<std::array<uint64_t, 4>>& self_loops() const;
+  // Per-state facts the mask walks fill on first use (mask_walk.cpp): racing walks compute
+  // and store equal values, so relaxed atomics with a release flag are enough.
+  struct StateFacts {
+    std::atomic<uint64_t> loops[4]{};      // 256-bit set of bytes on which the state steps to itself
+    std::atomic<int8_t> loops_known{0};     // loops filled
+    std::atomic<int8_t> text_alive{-1};     // text_stays_alive: -1 not yet known, 0, 1
+  };
+  StateFacts* state_facts() const;  // [num_states], allocated on first use
+  std::array<uint64_t, 4> self_loops(int32_t state) const;
   mutable std::mutex mu_;
   mutable std::vector<std::shared_ptr<const StateMaskCache>> caches_;  // [num_states]
-  // [num_states] text_stays_alive (mask_walk.cpp) per state: -1 not yet known, 0, 1.
-  std::atomic<int8_t>* text_alive_memo() const;
-  mutable std::once_flag self_loops_once_, text_alive_once_;
-  mutable std::unique_ptr<std::atomic<int8_t>[]> text_alive_;
-  mutable std::vector<std::array<uint64_t, 4>> self_loops_;
+  mutable std::once_flag facts_once_;
+  mutable std::unique_ptr<StateFacts[]> facts_;
 };
 
 // Walks the masks of the lexical rules every JSON grammar shares (string body, any value,

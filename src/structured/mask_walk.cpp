@@ -100,26 +100,24 @@ bool text_stays_alive(const Pda& pda, int32_t state, const std::array<uint64_t, 
 
 }  // namespace
 
-const std::vector<std::array<uint64_t, 4>>& CompiledGrammarImpl::self_loops() const {
-  std::call_once(self_loops_once_, [&] {
-    const int32_t nc = pda.num_classes;
-    std::vector<std::array<uint64_t, 4>> class_bytes(nc, {0, 0, 0, 0});  // [class] its bytes
-    for (int b = 0; b < 256; ++b) class_bytes[pda.byte_class[b]][b >> 6] |= 1ull << (b & 63);
-    self_loops_.assign(pda.num_states(), {0, 0, 0, 0});
-    for (size_t s = 0; s < pda.num_states(); ++s)
-      for (int32_t c = 0; c < nc; ++c)
-        if (pda.trans[s * nc + c] == static_cast<int32_t>(s))
-          for (int w = 0; w < 4; ++w) self_loops_[s][w] |= class_bytes[c][w];
-  });
-  return self_loops_;
+CompiledGrammarImpl::StateFacts* CompiledGrammarImpl::state_facts() const {
+  std::call_once(facts_once_, [&] { facts_ = std::make_unique<StateFacts[]>(pda.num_states()); });
+  return facts_.get();
 }
 
-std::atomic<int8_t>* CompiledGrammarImpl::text_alive_memo() const {
-  std::call_once(text_alive_once_, [&] {
-    text_alive_ = std::make_unique<std::atomic<int8_t>[]>(pda.num_states());
-    for (size_t s = 0; s < pda.num_states(); ++s) text_alive_[s].store(-1, std::memory_order_relaxed);
-  });
-  return text_alive_.get();
+// Computed per state on first use: a walk touches few states, a grammar may have many.
+std::array<uint64_t, 4> CompiledGrammarImpl::self_loops(int32_t state) const {
+  StateFacts& f = state_facts()[state];
+  std::array<uint64_t, 4> l{0, 0, 0, 0};
+  if (f.loops_known.load(std::memory_order_acquire)) {
+    for (int w = 0; w < 4; ++w) l[w] = f.loops[w].load(std::memory_order_relaxed);
+    return l;
+  }
+  for (int b = 0; b < 256; ++b)
+    if (pda.next(state, static_cast<uint8_t>(b)) == state) l[b >> 6] |= 1ull << (b & 63);
+  for (int w = 0; w < 4; ++w) f.loops[w].store(l[w], std::memory_order_relaxed);
+  f.loops_known.store(1, std::memory_order_release);
+  return l;
 }
 
 std::shared_ptr<const StateMaskCache> CompiledGrammarImpl::compute_state_cache(int32_t state) const {
@@ -144,14 +142,25 @@ std::shared_ptr<const StateMaskCache> CompiledGrammarImpl::compute_state_cache(i
   const int32_t* tok_ids = v.tok_ids_.data();
   const int32_t* end = v.end_.data();
   const auto* below = v.below_bytes_.data();
-  const auto* loops = self_loops().data();
   const uint8_t* utf8_below = v.utf8_below_.data();
-  std::atomic<int8_t>* text_alive = text_alive_memo();
-  std::vector<uint32_t> accepted((v.vocab_size() + 31) / 32, 0);  // [ceil(vocab/32)] bits
+  StateFacts* facts = state_facts();
+  // Accepted tokens by rank (index into tok_ids, byte order): a subtree is a rank range, so a
+  // whole accepted subtree costs words, not tokens. [ceil(num grammar tokens / 64)]
+  const int32_t num_ranked = static_cast<int32_t>(v.tok_ids_.size());
+  std::vector<uint64_t> accepted_rank((num_ranked + 63) / 64, 0);
   size_t num_accepted = 0;
-  auto accept_range = [&](int32_t k0, int32_t k1) {  // tokens tok_ids[k0 .. k1)
-    for (int32_t k = k0; k < k1; ++k) accepted[tok_ids[k] >> 5] |= 1u << (tok_ids[k] & 31);
+  auto accept_range = [&](int32_t k0, int32_t k1) {  // ranks [k0, k1)
+    if (k0 >= k1) return;
     num_accepted += static_cast<size_t>(k1 - k0);
+    const int32_t w0 = k0 >> 6, w1 = (k1 - 1) >> 6;
+    const uint64_t m0 = ~0ull << (k0 & 63), m1 = ~0ull >> (63 - ((k1 - 1) & 63));
+    if (w0 == w1) {
+      accepted_rank[w0] |= m0 & m1;
+      return;
+    }
+    accepted_rank[w0] |= m0;
+    std::fill(accepted_rank.begin() + w0 + 1, accepted_rank.begin() + w1, ~0ull);
+    accepted_rank[w1] |= m1;
   };
   std::vector<int32_t> uncertain;
   const size_t n = v.num_nodes();
@@ -184,14 +193,14 @@ std::shared_ptr<const StateMaskCache> CompiledGrammarImpl::compute_state_cache(i
     const int32_t t = single[d];
     if (t >= 0 && end[i] > static_cast<int32_t>(i) + 1) {
       const auto& b = below[i];
-      const auto& l = loops[t];
+      const std::array<uint64_t, 4> l = self_loops(t);
       bool whole = !((b[0] & ~l[0]) | (b[1] & ~l[1]) | (b[2] & ~l[2]) | (b[3] & ~l[3]));
       if (!whole && !((b[0] & ~l[0]) | (b[1] & ~l[1])) && (utf8_below[i] & 1)) {
         // ASCII below loops; the rest is whole characters of valid UTF-8 (e.g. CJK text).
-        int8_t known = text_alive[t].load(std::memory_order_relaxed);
-        if (known < 0) {  // racing walks compute the same value
+        int8_t known = facts[t].text_alive.load(std::memory_order_relaxed);
+        if (known < 0) {
           known = text_stays_alive(pda, t, l) ? 1 : 0;
-          text_alive[t].store(known, std::memory_order_relaxed);
+          facts[t].text_alive.store(known, std::memory_order_relaxed);
         }
         whole = known == 1;
       }
@@ -203,6 +212,18 @@ std::shared_ptr<const StateMaskCache> CompiledGrammarImpl::compute_state_cache(i
     }
     accept_range(tok_begin[i], tok_begin[i + 1]);
     ++i;
+  }
+  // Rank bits -> id bits, touching the smaller of the accepted and the other grammar tokens.
+  std::vector<uint32_t> accepted;  // [ceil(vocab/32)]
+  const bool most = num_accepted * 2 > static_cast<size_t>(num_ranked);
+  accepted = most ? v.grammar_bits_ : std::vector<uint32_t>(v.grammar_bits_.size(), 0);
+  for (size_t w = 0; w < accepted_rank.size(); ++w) {
+    uint64_t x = most ? ~accepted_rank[w] : accepted_rank[w];
+    if (w + 1 == accepted_rank.size() && (num_ranked & 63)) x &= ~0ull >> (64 - (num_ranked & 63));
+    for (; x; x &= x - 1) {
+      const int32_t t = tok_ids[w * 64 + __builtin_ctzll(x)];
+      accepted[t >> 5] ^= 1u << (t & 31);  // set (from 0) or clear (from the grammar set)
+    }
   }
   return finish_cache(v, std::move(accepted), num_accepted, std::move(uncertain));
 }

@@ -52,7 +52,12 @@ TokenVocabulary::TokenVocabulary(TokenizerInfo info) : info_(std::move(info)) {
     kind_[id] = kStop;
   }
   std::vector<int32_t> order;
-  for (int32_t i = 0; i < n; ++i) if (kind_[i] == kNormal) order.push_back(i);
+  grammar_bits_.assign((n + 31) / 32, 0);
+  for (int32_t i = 0; i < n; ++i)
+    if (kind_[i] == kNormal) {
+      order.push_back(i);
+      grammar_bits_[i >> 5] |= 1u << (i & 31);
+    }
   std::sort(order.begin(), order.end(),
             [&](int32_t a, int32_t b) { return info_.token_bytes[a] < info_.token_bytes[b]; });
   node_of_.assign(n, -1);
