@@ -88,6 +88,7 @@ RequestOutput OutputProcessor::make_output(Parent& p) {
   r.prompt_logprobs = p.prompt_logprobs;
   r.finished = p.num_finished == int(p.children.size());
   r.metrics = p.metrics;
+  r.error = p.error;
   bool delta = sp.output_kind == OutputKind::kDelta;
   for (size_t i = 0; i < p.children.size(); ++i) {
     Child& c = p.children[i];
@@ -131,17 +132,26 @@ OutputProcessor::Result OutputProcessor::process(const std::vector<SeqUpdate>& u
       }
     if (c.finished()) continue;
     bool stopped = false;
-    for (size_t j = 0; j < u.new_token_ids.size(); ++j) {
-      int32_t t = u.new_token_ids[j];
-      c.token_ids.push_back(t);
-      p.metrics.num_generation_tokens++;
-      if (p.metrics.first_token_time == 0) p.metrics.first_token_time = now;
-      p.metrics.last_token_time = now;
-      if (j < u.new_logprobs.size()) {
-        c.logprobs.push_back(format_logprobs(u.new_logprobs[j]));
-        c.cum_logprob += u.new_logprobs[j].logprob;
+    try {
+      for (size_t j = 0; j < u.new_token_ids.size(); ++j) {
+        int32_t t = u.new_token_ids[j];
+        c.token_ids.push_back(t);
+        p.metrics.num_generation_tokens++;
+        if (p.metrics.first_token_time == 0) p.metrics.first_token_time = now;
+        p.metrics.last_token_time = now;
+        if (j < u.new_logprobs.size()) {
+          c.logprobs.push_back(format_logprobs(u.new_logprobs[j]));
+          c.cum_logprob += u.new_logprobs[j].logprob;
+        }
+        stopped = append_text(p, c, t);
       }
-      stopped = append_text(p, c, t);
+    } catch (const Error& e) {
+      // Text-side failure of one request (e.g. a token its codec cannot decode): that request
+      // ends with the error; the others in the step carry on.
+      if (p.error.empty()) p.error = e.what();
+      finish_child(p, c, "error");
+      if (!u.finished) res.stopped_seq_ids.push_back(u.seq_id);
+      continue;
     }
     if (stopped) {
       finish_child(p, c, "stop");

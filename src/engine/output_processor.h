@@ -27,7 +27,7 @@ class OutputProcessor {
 
   struct Result {
     std::vector<RequestOutput> outputs;       // requests with something to report this step
-    std::vector<int64_t> stopped_seq_ids;     // finished by a stop string: the scheduler must finish them
+    std::vector<int64_t> stopped_seq_ids;     // finished by a stop string or an error: the scheduler must finish them
   };
   Result process(const std::vector<SeqUpdate>& updates, double now);
   size_t num_unfinished() const { return parents_.size(); }
@@ -54,6 +54,7 @@ class OutputProcessor {
     std::optional<std::vector<std::optional<PositionLogprobs>>> prompt_logprobs;
     RequestMetrics metrics;
     int num_finished = 0;
+    std::string error;  // set when this request's text processing failed; the request ends alone
   };
 
   PositionLogprobs format_logprobs(const TokenLogprobs& lp) const;
