@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "kv/kv_cache.h"
+
 namespace deepinfer::model {
 
 struct SeqInBatch {
@@ -22,5 +24,11 @@ struct ForwardBatch {
 
   int64_t num_tokens() const { return int64_t(token_ids.size()); }
 };
+
+// Checks a batch against the cache it will run on (every backend calls this first): token ids
+// inside the vocabulary, slots in range and unique, enough valid blocks for each sequence's end,
+// token counts consistent, logits indices in range. Throws InvalidArgument naming the field.
+void validate_forward_batch(const ForwardBatch& batch, const kv::CacheGeometry& geometry, bool cache_allocated,
+                            int64_t vocab_size);
 
 }  // namespace deepinfer::model

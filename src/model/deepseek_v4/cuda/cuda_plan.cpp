@@ -124,38 +124,7 @@ const CompressMeta* StepMeta::kind(int64_t ratio, bool overlap) const {
 }
 
 void validate_batch(const DeepseekV4Config& cfg, const kv::CacheGeometry& g, bool allocated, const ForwardBatch& b) {
-  if (!allocated) DI_THROW(InvalidArgument, "forward: cache not allocated (call allocate_cache first)");
-  int64_t total = 0;
-  std::unordered_set<int32_t> slots;
-  for (size_t i = 0; i < b.seqs.size(); ++i) {
-    const SeqInBatch& s = b.seqs[i];
-    if (s.num_new_tokens < 0 || s.num_computed_tokens < 0)
-      DI_THROW(InvalidArgument, "forward: seqs[", i, "] has negative token counts");
-    if (s.cache_slot < 0 || s.cache_slot >= g.num_slots)
-      DI_THROW(InvalidArgument, "forward: seqs[", i, "].cache_slot ", s.cache_slot, " outside [0,", g.num_slots, ")");
-    if (!slots.insert(s.cache_slot).second)
-      DI_THROW(InvalidArgument, "forward: seqs[", i, "] reuses cache_slot ", s.cache_slot, " within one batch");
-    const int64_t end = s.num_computed_tokens + s.num_new_tokens;
-    const int64_t need = (end + g.block_tokens - 1) / g.block_tokens;
-    if (int64_t(s.block_table.size()) < need)
-      DI_THROW(InvalidArgument, "forward: seqs[", i, "] needs ", need, " blocks for ", end, " tokens, block_table has ",
-               s.block_table.size());
-    for (int64_t j = 0; j < need; ++j)
-      if (s.block_table[j] < 0 || s.block_table[j] >= g.num_blocks)
-        DI_THROW(InvalidArgument, "forward: seqs[", i, "].block_table[", j, "] = ", s.block_table[j], " outside [0,",
-                 g.num_blocks, ")");
-    total += s.num_new_tokens;
-  }
-  if (total != b.num_tokens())
-    DI_THROW(InvalidArgument, "forward: seqs cover ", total, " tokens but token_ids has ", b.num_tokens());
-  for (size_t i = 0; i < b.token_ids.size(); ++i)
-    if (b.token_ids[i] < 0 || b.token_ids[i] >= cfg.vocab_size)
-      DI_THROW(InvalidArgument, "forward: token_ids[", i, "] = ", b.token_ids[i], " outside vocab [0,", cfg.vocab_size,
-               ")");
-  for (size_t i = 0; i < b.logits_indices.size(); ++i)
-    if (b.logits_indices[i] < 0 || b.logits_indices[i] >= b.num_tokens())
-      DI_THROW(InvalidArgument, "forward: logits_indices[", i, "] = ", b.logits_indices[i], " outside [0,",
-               b.num_tokens(), ")");
+  validate_forward_batch(b, g, allocated, cfg.vocab_size);
 }
 
 namespace {
