@@ -311,12 +311,17 @@ void Builder::determinize(int32_t idx, Pda& pda) {
       for (auto [r, t] : nfa[s].calls) call_targets[r].push_back(t);
     }
     pda.states[cur].final = fin;
+    // Neighbouring classes usually have the same targets (every ordinary character of a
+    // string body): reuse the previous class's closure instead of closing and hashing again.
+    int32_t prev_c = -1, prev_t = -1;
     for (int c = 0; c < nc; ++c) {
       if (targets[c].empty()) continue;
       std::sort(targets[c].begin(), targets[c].end());
       targets[c].erase(std::unique(targets[c].begin(), targets[c].end()), targets[c].end());
-      int32_t t = intern(targets[c]);
+      const int32_t t = prev_c >= 0 && targets[c] == targets[prev_c] ? prev_t : intern(targets[c]);
       pda.trans[static_cast<size_t>(cur) * nc + c] = t;
+      prev_c = c;
+      prev_t = t;
     }
     pda.states[cur].calls_begin = static_cast<int32_t>(pda.calls.size());
     for (auto& [r, ts] : call_targets) {
