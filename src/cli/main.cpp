@@ -19,7 +19,7 @@ static void usage() {
   auto cmds = deepinfer::cli::registry();
   std::sort(cmds.begin(), cmds.end(), [](auto& a, auto& b) { return a.name < b.name; });
   std::printf("deepinfer: offline inference for DeepSeek-V4\n\nusage: deepinfer <command> [options]\n\ncommands:\n");
-  for (auto& c : cmds) std::printf("  %-12s %s\n", c.name.c_str(), c.summary.c_str());
+  for (auto& c : cmds) std::printf("  %-20s %s\n", c.name.c_str(), c.summary.c_str());
   std::printf("\n'deepinfer <command> --help' shows a command's options.\n");
 }
 
