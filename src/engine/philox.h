@@ -6,11 +6,13 @@
 #include <array>
 #include <cstdint>
 
+#include "core/numeric.h"  // DI_HD: host and device (the CUDA sampler draws with this same code)
+
 namespace deepinfer::engine {
 
 using Philox4x32 = std::array<uint32_t, 4>;
 
-inline Philox4x32 philox4x32_10(Philox4x32 ctr, std::array<uint32_t, 2> key) {
+DI_HD Philox4x32 philox4x32_10(Philox4x32 ctr, std::array<uint32_t, 2> key) {
   constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;
   constexpr uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
   for (int round = 0; round < 10; ++round) {
@@ -29,7 +31,7 @@ inline Philox4x32 philox4x32_10(Philox4x32 ctr, std::array<uint32_t, 2> key) {
 enum class DrawStream : uint32_t { kSample = 0 };
 
 // A uniform double in [0, 1) with 53 random bits, keyed by (seed, sample_index, position).
-inline double philox_uniform(uint64_t seed, uint32_t sample_index, int64_t position,
+DI_HD double philox_uniform(uint64_t seed, uint32_t sample_index, int64_t position,
                              DrawStream stream = DrawStream::kSample) {
   Philox4x32 out = philox4x32_10({uint32_t(uint64_t(position)), uint32_t(uint64_t(position) >> 32), sample_index,
                                   uint32_t(stream)},

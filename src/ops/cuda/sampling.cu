@@ -9,6 +9,7 @@
 #include <climits>
 #include <cmath>
 
+#include "engine/philox.h"
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/sampling.h"
 
@@ -101,27 +102,9 @@ __device__ __forceinline__ uint64_t make_key(float v, int64_t t) {
 }
 __device__ __forceinline__ int32_t key_id(uint64_t key) { return int32_t(0xFFFFFFFFu - uint32_t(key)); }
 
-// Philox4x32-10 keyed by (seed, sample index, position): src/engine/philox.h bit for bit.
-__host__ __device__ double philox_uniform(uint64_t seed, uint32_t sample_index, int64_t position) {
-  constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u, kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
-  uint32_t c0 = uint32_t(uint64_t(position)), c1 = uint32_t(uint64_t(position) >> 32), c2 = sample_index, c3 = 0;
-  uint32_t k0 = uint32_t(seed), k1 = uint32_t(seed >> 32);
-  for (int round = 0; round < 10; ++round) {
-    if (round > 0) {
-      k0 += kW0;
-      k1 += kW1;
-    }
-    const uint64_t p0 = uint64_t(kM0) * c0, p1 = uint64_t(kM1) * c2;
-    const uint32_t n0 = uint32_t(p1 >> 32) ^ c1 ^ k0, n1 = uint32_t(p1), n2 = uint32_t(p0 >> 32) ^ c3 ^ k1,
-                   n3 = uint32_t(p0);
-    c0 = n0;
-    c1 = n1;
-    c2 = n2;
-    c3 = n3;
-  }
-  const uint64_t bits = ((uint64_t(c0) << 21) ^ (uint64_t(c1) >> 11)) & ((uint64_t(1) << 53) - 1);
-  return double(bits) * (1.0 / 9007199254740992.0);
-}
+// Draws: the engine's Philox4x32-10 keyed by (seed, sample index, position), the same code as
+// the host sampler (src/engine/philox.h is host+device).
+using engine::philox_uniform;
 
 // Elements seen by the selects: candidate probabilities of the row (p > 0, key >= floor) ...
 struct ProbElems {
