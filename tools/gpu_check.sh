@@ -34,20 +34,9 @@ export PATH=/usr/local/cuda/bin:$PATH
 T0=$(date +%s)
 step() { echo "== gpu_check [$(( $(date +%s) - T0 ))s] $*"; }
 
-# ---- dependencies: unpack carried .debs into a private prefix ----
-PREFIX=/tmp/di-gpudeps
-CMAKE_DEP_ARGS=()
-if ls .gpudeps/*.deb >/dev/null 2>&1 && [ ! -f /usr/include/gtest/gtest.h ]; then
-  step "unpacking $(ls .gpudeps/*.deb | wc -l) carried .debs into $PREFIX"
-  mkdir -p "$PREFIX"
-  for f in .gpudeps/*.deb; do dpkg -x "$f" "$PREFIX" || { echo "dpkg -x $f failed" >&2; exit 1; }; done
-  LIBDIR=$PREFIX/usr/lib/x86_64-linux-gnu
-  # update-alternatives never ran: make the plain libopenblas.so name the postinst would have made.
-  [ -e "$LIBDIR/libopenblas.so" ] || ln -sf openblas-pthread/libopenblas.so "$LIBDIR/libopenblas.so"
-  export LD_LIBRARY_PATH=$LIBDIR:$LIBDIR/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-  export PKG_CONFIG_PATH=$LIBDIR/pkgconfig PKG_CONFIG_SYSROOT_DIR=$PREFIX
-  CMAKE_DEP_ARGS=(-DDEEPINFER_EXTRA_PREFIX="$PREFIX" -DCMAKE_PREFIX_PATH="$PREFIX/usr")
-fi
+# ---- dependencies: the carried .debs (tools/gpu_deps.sh) ----
+source "$ROOT/tools/gpu_deps.sh"
+di_use_gpu_deps || exit 1
 
 # ---- source tree: the whole checkout, or a staged copy of what the op tests need ----
 SRC=$ROOT

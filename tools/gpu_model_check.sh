@@ -25,20 +25,9 @@ export PATH=/usr/local/cuda/bin:$PATH
 T0=$(date +%s)
 step() { echo "== gpu_model_check [$(( $(date +%s) - T0 ))s] $*"; }
 
-PREFIX=/tmp/di-gpudeps
-CMAKE_DEP_ARGS=()
-if ls .gpudeps/*.deb >/dev/null 2>&1 && [ ! -f /usr/include/gtest/gtest.h ]; then
-  if [ ! -d "$PREFIX/usr" ]; then
-    step "unpacking carried .debs into $PREFIX"
-    mkdir -p "$PREFIX"
-    for f in .gpudeps/*.deb; do dpkg -x "$f" "$PREFIX" || { echo "dpkg -x $f failed" >&2; exit 1; }; done
-  fi
-  LIBDIR=$PREFIX/usr/lib/x86_64-linux-gnu
-  [ -e "$LIBDIR/libopenblas.so" ] || ln -sf openblas-pthread/libopenblas.so "$LIBDIR/libopenblas.so"
-  export LD_LIBRARY_PATH=$LIBDIR:$LIBDIR/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-  export PKG_CONFIG_PATH=$LIBDIR/pkgconfig PKG_CONFIG_SYSROOT_DIR=$PREFIX
-  CMAKE_DEP_ARGS=(-DDEEPINFER_EXTRA_PREFIX="$PREFIX" -DCMAKE_PREFIX_PATH="$PREFIX/usr")
-fi
+# ---- dependencies: the carried .debs (tools/gpu_deps.sh) ----
+source "$ROOT/tools/gpu_deps.sh"
+di_use_gpu_deps || exit 1
 BUILD=${MODEL_BUILD_DIR:-/tmp/di-gpu-model-build}
 GEN=(); command -v ninja >/dev/null && GEN=(-G Ninja)
 step "configure (full tree, sm_90a only)"
