@@ -37,10 +37,10 @@ const std::set<std::string> kSupported = {
     "type", "enum", "const", "properties", "required", "additionalProperties", "patternProperties",
     "items", "prefixItems", "additionalItems", "minItems", "maxItems", "minLength", "maxLength", "pattern",
     "format", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "anyOf", "oneOf",
-    "allOf", "$ref", "nullable", "minProperties", "maxProperties", "propertyNames"};
+    "allOf", "$ref", "nullable", "minProperties", "maxProperties", "propertyNames", "dependentRequired"};
 // Keywords that constrain instances but are not supported (compile error when they matter).
 const std::set<std::string> kUnsupported = {
-    "if", "contains", "uniqueItems", "dependentRequired", "dependentSchemas", "dependencies",
+    "if", "contains", "uniqueItems",
     "unevaluatedProperties", "unevaluatedItems",
     "$dynamicRef", "$recursiveRef", "minContains", "maxContains"};
 
@@ -140,6 +140,7 @@ ExprId SchemaLowerer::lower(const json& s, const std::string& ptr, int depth) {
     }
   }
   if (s.contains("not")) return lower_not(s, ptr, depth);
+  if (s.contains("dependencies") || s.contains("dependentSchemas")) return lower_dependent(s, ptr, depth);
   for (auto it = s.begin(); it != s.end(); ++it) {
     const std::string& k = it.key();
     if (kUnsupported.count(k) && !keyword_is_noop(k, it.value(), s))
@@ -278,38 +279,6 @@ bool SchemaLowerer::validates(const json& schema, const std::string& ptr, const 
   return pda_matches(build_pda(g, AutomatonLimits{}), value.dump());
 }
 
-// `not`: a boolean, or a schema that only restricts the instance type (the complement is the
-// other types). Anything else is an error: complements of general schemas are not regular.
-ExprId SchemaLowerer::lower_not(const json& s, const std::string& ptr, int depth) {
-  json rest = s;
-  rest.erase("not");
-  json n = deref_top(s["not"], ptr + "/not", depth);
-  if (n.is_boolean()) return n.get<bool>() ? b.nothing() : lower(rest, ptr, depth + 1);
-  bool only_type = n.is_object() && n.contains("type");
-  for (auto it = n.begin(); only_type && it != n.end(); ++it)
-    if (it.key() != "type" && kAnnotations.count(it.key()) == 0) only_type = false;
-  if (only_type && n.size() == 1 && n["type"].is_array() && n["type"].empty()) return lower(rest, ptr, depth + 1);
-  if (!only_type) schema_error(ptr + "/not", "keyword 'not' is supported only for boolean and type-only schemas");
-  std::set<std::string> excluded;
-  if (n["type"].is_string()) excluded.insert(n["type"].get<std::string>());
-  else for (const auto& t : n["type"]) excluded.insert(t.is_string() ? t.get<std::string>() : "");
-  if (excluded.count("integer") && !excluded.count("number"))
-    schema_error(ptr + "/not", "keyword 'not' of type integer (without number) is not supported");
-  std::vector<std::string> have;
-  if (rest.contains("type")) {
-    if (rest["type"].is_string()) have.push_back(rest["type"].get<std::string>());
-    else for (const auto& t : rest["type"]) have.push_back(t.get<std::string>());
-  } else {
-    have = {"null", "boolean", "object", "array", "string", "number"};
-  }
-  json kept = json::array();
-  for (const auto& t : have)
-    if (!excluded.count(t) && !(t == "integer" && excluded.count("number"))) kept.push_back(t);
-  if (kept.empty()) return b.nothing();
-  rest["type"] = kept;
-  return lower(rest, ptr, depth + 1);
-}
-
 // anyOf / oneOf: one branch per alternative, each merged with the sibling keywords.
 ExprId SchemaLowerer::lower_anyof(const json& s, const std::string& ptr, int depth) {
   if (s.contains("anyOf") && s.contains("oneOf")) schema_error(ptr, "anyOf together with oneOf is not supported");
@@ -322,31 +291,18 @@ ExprId SchemaLowerer::lower_anyof(const json& s, const std::string& ptr, int dep
   for (auto it = rest.begin(); it != rest.end(); ++it)
     if (kSupported.count(it.key())) rest_constrains = true;
   std::vector<ExprId> alts;
-  std::vector<std::set<std::string>> branch_types;
-  std::string overlap_ptr;  // first oneOf branch that may overlap an earlier one
+  std::vector<json> merged, raw;  // branches with and without the sibling keywords
+  std::string overlap_ptr;  // first oneOf branch not provably disjoint from an earlier one
   for (size_t i = 0; i < branches.size(); ++i) {
     const std::string bp = ptr + "/" + kw + "/" + std::to_string(i);
     json branch = branches[i];
     if (rest_constrains) branch = json{{"allOf", json::array({rest, branch})}};
     if (kw == "oneOf") {
-      // Only branches whose instance types are disjoint are provably exclusive.
-      json d = deref_top(branches[i], bp, depth);
-      std::set<std::string> ts;
-      if (d.is_object() && d.contains("type")) {
-        if (d["type"].is_string()) ts.insert(d["type"].get<std::string>());
-        else for (const auto& x : d["type"]) ts.insert(x.get<std::string>());
-        if (ts.count("integer")) ts.insert("number");
-        if (ts.count("number")) ts.insert("integer");
-        if (d.contains("nullable") && d["nullable"] == true) ts.insert("null");
-      } else if (d.is_object() && d.contains("const") && d["const"].is_null()) {
-        ts.insert("null");
-      } else {
-        ts.insert("*");
-      }
-      for (const auto& prev : branch_types)
-        for (const auto& x : ts)
-          if ((x == "*" || prev.count(x) || prev.count("*")) && overlap_ptr.empty()) overlap_ptr = bp;
-      branch_types.push_back(ts);
+      // Exclusive branches make oneOf an anyOf; prove it pairwise (sound, may say "unsure").
+      for (const auto& prev : merged)
+        if (overlap_ptr.empty() && !disjoint(prev, branch, bp, depth + 1)) overlap_ptr = bp;
+      merged.push_back(branch);
+      raw.push_back(branches[i]);
     }
     alts.push_back(lower(branch, bp, depth + 1));
   }
@@ -356,9 +312,7 @@ ExprId SchemaLowerer::lower_anyof(const json& s, const std::string& ptr, int dep
   std::vector<Dfa> dfas;
   for (ExprId a : alts) {
     auto d = expr_to_dfa(b, a);
-    if (!d)
-      schema_error(overlap_ptr, "oneOf branches that may overlap are supported only when every branch is a regular "
-                                "language (no recursive or any-JSON values)");
+    if (!d) return exclusive_branches(merged, raw, overlap_ptr, depth);
     dfas.push_back(std::move(*d));
   }
   std::vector<const Dfa*> ops;

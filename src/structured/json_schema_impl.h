@@ -20,6 +20,12 @@ std::string ptr_escape(const std::string& key);  // JSON pointer token escaping
 // Integers in [lo, hi] (either side open) as decimal text without leading zeros.
 // neg_zero: also the spelling "-0" when 0 is in range (not when a fraction follows).
 ExprId int_range_expr(GrammarBuilder& b, std::optional<int64_t> lo, std::optional<int64_t> hi, bool neg_zero);
+// Intersection of regular expressions (DFA product); throws GrammarError when too large.
+ExprId intersect(GrammarBuilder& b, const std::vector<ExprId>& parts);
+// x{mn, mx} (mx < 0: unbounded) without unrolling large counts: blocks of 64 copies become a
+// called rule, recursively, so any bound up to kMaxCountBound costs O(64 log bound) states.
+inline constexpr int64_t kMaxCountBound = 100'000'000;
+ExprId counted_repeat(GrammarBuilder& b, ExprId x, int64_t mn, int64_t mx);
 // An integer divisible by k (k >= 1), any sign.
 ExprId multiple_of_expr(GrammarBuilder& b, int64_t k);
 
@@ -29,10 +35,26 @@ struct PatternProp {
   Dfa dfa;             // over the quoted, escaped key
 };
 
-struct CountBounds {  // minProperties / maxProperties
+struct CountBounds {  // minProperties / maxProperties, dependentRequired
   int64_t min = 0, max = -1;  // max < 0: unbounded
   std::string ptr;            // for errors
+  // dependentRequired: (trigger index, mask of indices) - the trigger present needs all of the mask.
+  std::vector<std::pair<int, uint32_t>> deps;
+  bool deps_ok(uint32_t used) const {
+    for (auto [t, m] : deps)
+      if ((used >> t & 1) && (used & m) != m) return false;
+    return true;
+  }
 };
+
+// One way an object can fail a simple object schema (`not` of properties/required): a
+// required name absent, or a declared name present with a value failing its schema.
+struct MemberOp {
+  bool absent;
+  std::string name;
+  json value_schema;  // present: the schema the value must fail
+};
+using Patch = std::vector<MemberOp>;  // all of these at once
 
 class SchemaLowerer {
  public:
@@ -51,7 +73,18 @@ class SchemaLowerer {
   ExprId lower_ref(const std::string& ref, const std::string& ptr);
   ExprId lower_anyof(const json& s, const std::string& ptr, int depth);
   ExprId lower_filtered_enum(const json& s, const std::string& ptr, int depth);
+  // json_schema_logic.cpp
   ExprId lower_not(const json& s, const std::string& ptr, int depth);
+  ExprId exclusive_branches(const std::vector<json>& merged, const std::vector<json>& raw, const std::string& ptr,
+                            int depth);
+  ExprId lower_dependent(const json& s, const std::string& ptr, int depth);
+  bool disjoint(const json& a, const json& b, const std::string& ptr, int depth);
+  bool disjoint_typed(const json& a, const json& b, const std::string& t, const std::string& ptr, int depth);
+  bool accepts_all_of_type(const json& s, const std::string& t);
+  json flatten(const json& s, const std::string& ptr, int depth);
+  std::optional<std::vector<Patch>> object_failures(const json& n, const std::string& nptr, int depth);
+  void object_difference(const json& rt, const json& n, const std::string& ptr, const std::string& nptr, int depth,
+                         std::vector<ExprId>& alts);
   bool validates(const json& schema, const std::string& ptr, const json& value);
   const json* resolve(const std::string& ref, const std::string& ptr, std::string* target_ptr);
   void index_ids(const json& s, const std::string& ptr, bool in_root_resource);

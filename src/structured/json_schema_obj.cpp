@@ -120,7 +120,7 @@ ExprId SchemaLowerer::members(const std::vector<ExprId>& props, const std::vecto
         if (required[i]) done = false;
         alts.push_back(b.seq({comma, member[i], rest(used | (1u << i))}));
       }
-      if (done) alts.push_back(b.empty());
+      if (done && count.deps_ok(used)) alts.push_back(b.empty());
       ExprId body = b.seq({more_additional, b.alt(std::move(alts))});
       if (as_rules) {
         RuleId r = b.declare_rule("rest");
@@ -136,6 +136,9 @@ ExprId SchemaLowerer::members(const std::vector<ExprId>& props, const std::vecto
     if (none_required) first.push_back(b.empty());
     return b.alt(std::move(first));
   }
+  if (!count.deps.empty())
+    schema_error(count.ptr, "dependentRequired with more than " + std::to_string(kAnyOrderMaxProperties) +
+                                " named properties is not supported");
   // Schema order. rest(i): members after at least one was written, from slot i on. Each is a
   // rule (kept apart, not inlined) so the start alternatives can share them without copies.
   std::vector<ExprId> rest(n + 1);
@@ -189,7 +192,7 @@ ExprId SchemaLowerer::counted_members(const std::vector<ExprId>& props, const st
       if (count.max < 0 || c < count.max) alts.push_back(b.seq({comma, member[i], rest(used | (1u << i), c + 1)}));
     }
     if (!saturated && (count.max < 0 || c < count.max)) alts.push_back(b.seq({comma, additional, rest(used, c + 1)}));
-    if (done) alts.push_back(b.empty());
+    if (done && count.deps_ok(used)) alts.push_back(b.empty());
     ExprId body = saturated ? b.seq({more_additional, b.alt(std::move(alts))}) : b.alt(std::move(alts));
     RuleId r = b.declare_rule("rest");
     b.set_inline(r, false);
@@ -260,8 +263,28 @@ ExprId SchemaLowerer::lower_object(const json& s, const std::string& ptr, int de
       if (req.insert(r.get<std::string>()).second) req_order.push_back(r.get<std::string>());
     }
   }
+  // dependentRequired: trigger -> names; all of them are tracked like declared properties.
+  std::vector<std::pair<std::string, std::vector<std::string>>> dep_req;
+  if (s.contains("dependentRequired")) {
+    const json& d = s["dependentRequired"];
+    if (!d.is_object()) schema_error(ptr + "/dependentRequired", "must be an object");
+    for (auto it = d.begin(); it != d.end(); ++it) {
+      if (!it.value().is_array()) schema_error(ptr + "/dependentRequired/" + ptr_escape(it.key()), "must be an array");
+      std::vector<std::string> need;
+      for (const auto& x : it.value()) {
+        if (!x.is_string()) schema_error(ptr + "/dependentRequired/" + ptr_escape(it.key()), "entries must be strings");
+        need.push_back(x.get<std::string>());
+      }
+      if (!need.empty()) dep_req.push_back({it.key(), need});
+    }
+  }
   const size_t num_declared = names.size();
-  for (const auto& r : req_order) {  // required but not declared: an additional property that must appear
+  std::vector<std::string> extra_names = req_order;  // named but not declared: additional properties
+  for (const auto& [t, need] : dep_req) {
+    extra_names.push_back(t);
+    extra_names.insert(extra_names.end(), need.begin(), need.end());
+  }
+  for (const auto& r : extra_names) {
     if (std::find(names.begin(), names.end(), r) != names.end()) continue;
     names.push_back(r);
     schemas.push_back(add_schema);
@@ -315,6 +338,16 @@ ExprId SchemaLowerer::lower_object(const json& s, const std::string& ptr, int de
     count.ptr = ptr + "/" + k;
   }
   if (count.max >= 0 && count.min > count.max) return b.nothing();
+  auto index_of = [&](const std::string& n) {
+    return static_cast<int>(std::find(names.begin(), names.end(), n) - names.begin());
+  };
+  for (const auto& [t, need] : dep_req) {
+    if (names.size() > 31) schema_error(ptr + "/dependentRequired", "too many named properties");
+    uint32_t m = 0;
+    for (const auto& x : need) m |= 1u << index_of(x);
+    count.deps.push_back({index_of(t), m});
+    if (count.ptr.empty()) count.ptr = ptr + "/dependentRequired";
+  }
   return b.seq({b.byte('{'), ws(), members(props, required, additional, count), ws(), b.byte('}')});
 }
 
@@ -344,20 +377,18 @@ ExprId SchemaLowerer::lower_array(const json& s, const std::string& ptr, int dep
   };
   const int64_t min_items = count("minItems", 0), max_items = count("maxItems", -1);
   if (max_items >= 0 && min_items > max_items) return b.nothing();
-  if (min_items > 1000 || max_items > 1000) {
-    if (min_items > 1000) schema_error(ptr + "/minItems", "bounds above 1000 are not supported");
-  }
+  for (auto [v, k] : {std::pair{min_items, "/minItems"}, std::pair{max_items, "/maxItems"}})
+    if (v > kMaxCountBound) schema_error(ptr + k, "bounds above " + std::to_string(kMaxCountBound) + " are not supported");
   ExprId item = lower(*items, items_ptr, depth + 1);
   ExprId comma = punct(',');
   const int64_t k = static_cast<int64_t>(prefix.size());
-  const int64_t cap = max_items >= 0 && max_items <= 1000 ? max_items : -1;
+  const int64_t cap = max_items;
   // after(i): what may follow once i elements are written (i >= 1).
   std::function<ExprId(int64_t)> after = [&](int64_t i) -> ExprId {
     if (cap >= 0 && i >= cap) return b.empty();
     if (i >= k) {
-      int32_t lo = static_cast<int32_t>(std::max<int64_t>(min_items - i, 0));
-      int32_t hi = cap >= 0 ? static_cast<int32_t>(cap - i) : kUnbounded;
-      return b.repeat(b.seq({comma, item}), lo, hi);
+      // Large counts become nested block rules instead of unrolled copies.
+      return counted_repeat(b, b.seq({comma, item}), std::max<int64_t>(min_items - i, 0), cap >= 0 ? cap - i : -1);
     }
     ExprId next = b.seq({comma, prefix[i], after(i + 1)});
     return i >= min_items ? b.opt(next) : next;

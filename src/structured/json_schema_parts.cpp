@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <map>
 #include <set>
 
 #include "core/check.h"
@@ -47,7 +48,38 @@ ExprId nonneg_range(GrammarBuilder& b, int64_t a, int64_t c) {
 
 bool is_int_value(double v) { return std::isfinite(v) && v == std::floor(v) && std::fabs(v) < 9.2e18; }
 
+ExprId counted_repeat_memo(GrammarBuilder& b, ExprId x, int64_t mn, int64_t mx, std::map<ExprId, ExprId>& blocks) {
+  constexpr int64_t kDirect = 128, kBlock = 64;
+  if (mx >= 0 && mx <= kDirect) return b.repeat(x, static_cast<int32_t>(mn), static_cast<int32_t>(mx));
+  if (mx < 0) {
+    if (mn <= kDirect) return b.repeat(x, static_cast<int32_t>(mn), kUnbounded);
+    return b.seq({counted_repeat_memo(b, x, mn, mn, blocks), b.star(x)});
+  }
+  auto it = blocks.find(x);
+  if (it == blocks.end()) {
+    RuleId r = b.declare_rule("block");
+    b.set_inline(r, false);  // a call: the caller's automaton counts blocks, not copies of x
+    b.define_rule(r, b.repeat(x, kBlock, kBlock));
+    it = blocks.emplace(x, b.ref(r)).first;
+  }
+  const ExprId y = it->second;
+  // A length m = q * kBlock + r (r < kBlock) is q blocks then r units; split [mn, mx] by q.
+  const int64_t qa = mn / kBlock, ra = mn % kBlock, qb = mx / kBlock, rb = mx % kBlock;
+  auto units = [&](int64_t lo, int64_t hi) { return b.repeat(x, static_cast<int32_t>(lo), static_cast<int32_t>(hi)); };
+  if (qa == qb) return b.seq({counted_repeat_memo(b, y, qa, qa, blocks), units(ra, rb)});
+  std::vector<ExprId> alts{b.seq({counted_repeat_memo(b, y, qa, qa, blocks), units(ra, kBlock - 1)})};
+  if (qa + 1 <= qb - 1) alts.push_back(b.seq({counted_repeat_memo(b, y, qa + 1, qb - 1, blocks), units(0, kBlock - 1)}));
+  alts.push_back(b.seq({counted_repeat_memo(b, y, qb, qb, blocks), units(0, rb)}));
+  return b.alt(std::move(alts));
+}
+
 }  // namespace
+
+ExprId counted_repeat(GrammarBuilder& b, ExprId x, int64_t mn, int64_t mx) {
+  DI_CHECK(mn >= 0 && (mx < 0 || mx >= mn), "counted_repeat bounds ", mn, "..", mx);
+  std::map<ExprId, ExprId> blocks;
+  return counted_repeat_memo(b, x, mn, mx, blocks);
+}
 
 ExprId int_range_expr(GrammarBuilder& b, std::optional<int64_t> lo, std::optional<int64_t> hi, bool neg_zero) {
   std::vector<ExprId> alts;
@@ -89,68 +121,6 @@ ExprId SchemaLowerer::number_rule(bool integer) {
   ExprId frac = b.opt(b.seq({b.byte('.'), digits}));
   ExprId exp = b.opt(b.seq({b.bytes({{'e', 'e'}, {'E', 'E'}}), b.opt(b.bytes({{'+', '+'}, {'-', '-'}})), digits}));
   return b.seq({int_part, frac, exp});
-}
-
-ExprId SchemaLowerer::lower_number(const json& s, const std::string& ptr, bool integer) {
-  // Bounds as integer-valued limits; `lo`/`hi` inclusive on integers, `lo_x`/`hi_x` exact bound.
-  std::optional<double> lo, hi;
-  bool lo_excl = false, hi_excl = false;
-  auto num = [&](const char* k) -> std::optional<double> {
-    if (!s.contains(k) || s[k].is_boolean()) return std::nullopt;
-    if (!s[k].is_number()) schema_error(ptr + "/" + k, "must be a number");
-    return s[k].get<double>();
-  };
-  lo = num("minimum");
-  hi = num("maximum");
-  if (auto x = num("exclusiveMinimum"); x && (!lo || *x >= *lo)) lo = x, lo_excl = true;
-  if (auto x = num("exclusiveMaximum"); x && (!hi || *x <= *hi)) hi = x, hi_excl = true;
-  if (s.contains("exclusiveMinimum") && s["exclusiveMinimum"] == true) lo_excl = true;  // draft 4
-  if (s.contains("exclusiveMaximum") && s["exclusiveMaximum"] == true) hi_excl = true;
-  for (auto [v, k] : {std::pair{lo, "minimum"}, std::pair{hi, "maximum"}})
-    if (v && !is_int_value(*v)) {
-      if (!integer) schema_error(ptr + "/" + k, "non-integer numeric bounds are not supported");
-    }
-  // On integers a fractional bound rounds inward.
-  std::optional<int64_t> ilo, ihi;
-  if (lo) ilo = static_cast<int64_t>(lo_excl ? std::floor(*lo) + 1 : std::ceil(*lo));
-  if (hi) ihi = static_cast<int64_t>(hi_excl ? std::ceil(*hi) - 1 : std::floor(*hi));
-  if (ilo && ihi && *ilo > *ihi && integer) return b.nothing();
-  ExprId zero_frac = b.opt(b.seq({b.byte('.'), b.plus(b.byte('0'))}));
-  if (s.contains("multipleOf")) {
-    if (!s["multipleOf"].is_number() || s["multipleOf"].get<double>() <= 0)
-      schema_error(ptr + "/multipleOf", "must be a positive number");
-    double m = s["multipleOf"].get<double>();
-    if (lo || hi) schema_error(ptr + "/multipleOf", "keyword 'multipleOf' together with bounds is not supported");
-    if (is_int_value(m) && m <= 100000)
-      return b.seq({multiple_of_expr(b, static_cast<int64_t>(m)), integer && draft4_ ? b.empty() : zero_frac});
-    double d = -std::log10(m);
-    if (!integer && std::fabs(d - std::round(d)) < 1e-9 && d > 0 && d <= 12) {
-      ExprId frac = b.opt(b.seq({b.byte('.'), b.repeat(digit(b, '0', '9'), 1, static_cast<int32_t>(std::round(d))),
-                                 b.star(b.byte('0'))}));
-      return b.seq({int_range_expr(b, std::nullopt, std::nullopt, true), frac});
-    }
-    schema_error(ptr + "/multipleOf", "keyword 'multipleOf' with this value is not supported");
-  }
-  if (!lo && !hi) return number_rule(integer);
-  ExprId ints = b.seq({int_range_expr(b, ilo, ihi, true), integer && draft4_ ? b.empty() : zero_frac});
-  if (integer) return ints;
-  // Non-integers: x in (k, k+1) for an integer k with lo <= k and k + 1 <= hi (bounds integral).
-  ExprId nz_frac = b.seq({b.byte('.'), b.star(digit(b, '0', '9')), digit(b, '1', '9'), b.star(digit(b, '0', '9'))});
-  std::optional<int64_t> klo, khi;  // range of k
-  if (lo) klo = static_cast<int64_t>(*lo);
-  if (hi) khi = static_cast<int64_t>(*hi) - 1;
-  std::vector<ExprId> alts{ints};
-  if (!khi || *khi >= 0) {  // positive: k = I
-    int64_t a = klo ? std::max<int64_t>(*klo, 0) : 0;
-    if (!khi || a <= *khi) alts.push_back(b.seq({int_range_expr(b, a, khi, false), nz_frac}));
-  }
-  if (!klo || *klo < 0) {  // negative: k = -(I + 1), I >= 0
-    int64_t ilo2 = khi ? std::max<int64_t>(-*khi - 1, 0) : 0;
-    std::optional<int64_t> ihi2;
-    if (klo) ihi2 = -*klo - 1;
-    if (!ihi2 || ilo2 <= *ihi2) alts.push_back(b.seq({b.byte('-'), int_range_expr(b, ilo2, ihi2, false), nz_frac}));
-  }
-  return b.alt(std::move(alts));
 }
 
 ExprId SchemaLowerer::format_expr(const std::string& fmt, const std::string& ptr) {
@@ -219,10 +189,17 @@ ExprId SchemaLowerer::lower_string(const json& s, const std::string& ptr) {
     };
     int64_t mn = get("minLength", 0), mx = get("maxLength", -1);
     if (mx >= 0 && mn > mx) return b.nothing();
-    if (mn > 10000 || mx > 10000)
-      schema_error(ptr + (mx > 10000 ? "/maxLength" : "/minLength"), "string length bounds above 10000 are not supported");
+    const bool alone = parts.empty();
+    const int64_t limit = alone ? kMaxCountBound : 10000;
+    if (mn > limit || mx > limit)
+      schema_error(ptr + (mx > limit ? "/maxLength" : "/minLength"),
+                   "string length bounds above " + std::to_string(limit) +
+                       (alone ? "" : " together with pattern/format") + " are not supported");
+    // Alone, long bounds count blocks of characters (a few hundred states for any bound);
+    // next to a pattern or format the bound must unroll for the DFA intersection.
     if (mn > 0 || mx >= 0)
-      parts.push_back(b.repeat(json_string_char(b), static_cast<int32_t>(mn), mx < 0 ? kUnbounded : static_cast<int32_t>(mx)));
+      parts.push_back(alone ? counted_repeat(b, json_string_char(b), mn, mx)
+                            : b.repeat(json_string_char(b), static_cast<int32_t>(mn), mx < 0 ? kUnbounded : static_cast<int32_t>(mx)));
   }
   if (parts.empty()) return string_rule();
   ExprId content = parts[0];

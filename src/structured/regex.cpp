@@ -1,11 +1,13 @@
 #include "structured/regex.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "core/check.h"
+#include "structured/unicode_tables.h"
 
 namespace deepinfer::structured {
 namespace {
@@ -69,6 +71,61 @@ void add_case_variants(CpRanges& r) {
     if (lo <= 0x212A && hi >= 0x212A) fold(0x212A);
   r.insert(r.end(), extra.begin(), extra.end());
   r = normalize(std::move(r));
+}
+
+// \p{...} names: general categories by short or long name (loose matching: case, spaces,
+// '_' and '-' ignored; an optional "gc=" / "General_Category=" prefix), plus Any and ASCII.
+// False for unknown names (scripts and binary properties are not supported).
+bool unicode_class(std::string_view name, CpRanges* out) {
+  std::string key;
+  for (char c : name)
+    if (c != ' ' && c != '_' && c != '-') key += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  for (const char* prefix : {"gc=", "generalcategory="})
+    if (key.rfind(prefix, 0) == 0) key = key.substr(std::strlen(prefix));
+  static const std::pair<const char*, const char*> kLong[] = {
+      {"letter", "l"}, {"uppercaseletter", "lu"}, {"lowercaseletter", "ll"}, {"titlecaseletter", "lt"},
+      {"casedletter", "lc"}, {"modifierletter", "lm"}, {"otherletter", "lo"}, {"mark", "m"},
+      {"nonspacingmark", "mn"}, {"spacingmark", "mc"}, {"enclosingmark", "me"}, {"number", "n"},
+      {"decimalnumber", "nd"}, {"digit", "nd"}, {"letternumber", "nl"}, {"othernumber", "no"},
+      {"punctuation", "p"}, {"punct", "p"}, {"connectorpunctuation", "pc"}, {"dashpunctuation", "pd"},
+      {"openpunctuation", "ps"}, {"closepunctuation", "pe"}, {"initialpunctuation", "pi"},
+      {"finalpunctuation", "pf"}, {"otherpunctuation", "po"}, {"symbol", "s"}, {"mathsymbol", "sm"},
+      {"currencysymbol", "sc"}, {"modifiersymbol", "sk"}, {"othersymbol", "so"}, {"separator", "z"},
+      {"spaceseparator", "zs"}, {"lineseparator", "zl"}, {"paragraphseparator", "zp"}, {"other", "c"},
+      {"control", "cc"}, {"cntrl", "cc"}, {"format", "cf"}, {"surrogate", "cs"}, {"privateuse", "co"},
+      {"unassigned", "cn"}, {"combiningmark", "m"}};
+  for (auto [l, sh] : kLong)
+    if (key == l) key = sh;
+  if (key == "any") { *out = {{0, kMaxCp}}; return true; }
+  if (key == "ascii") { *out = {{0, 0x7F}}; return true; }
+  auto add_matching = [&](auto pred) {
+    bool any = false;
+    for (size_t i = 0; i < kNumUnicodeCategories; ++i) {
+      const auto& t = kUnicodeCategories[i];
+      std::string n = {static_cast<char>(std::tolower(t.name[0])), static_cast<char>(std::tolower(t.name[1]))};
+      if (!pred(n)) continue;
+      any = true;
+      for (size_t k = 0; k < t.num_ranges; ++k) out->push_back({t.ranges[2 * k], t.ranges[2 * k + 1]});
+    }
+    return any;
+  };
+  out->clear();
+  if (key == "cn" || key == "c") {  // unassigned: the complement of every listed category and the surrogates
+    add_matching([](const std::string&) { return true; });
+    out->push_back({0xD800, 0xDFFF});
+    CpRanges unassigned = negate(*out);
+    out->clear();
+    if (key == "c") add_matching([](const std::string& n) { return n[0] == 'c'; });
+    out->insert(out->end(), unassigned.begin(), unassigned.end());
+    *out = normalize(std::move(*out));
+    return true;
+  }
+  bool found = false;
+  if (key == "lc") found = add_matching([](const std::string& n) { return n == "lu" || n == "ll" || n == "lt"; });
+  else if (key.size() == 1) found = add_matching([&](const std::string& n) { return n[0] == key[0]; });
+  else if (key.size() == 2) found = add_matching([&](const std::string& n) { return n == key; }) || key == "cs";
+  *out = normalize(std::move(*out));
+  return found;
 }
 
 struct Node {
@@ -253,7 +310,28 @@ bool Parser::parse_class_escape(CpRanges* out) {
     case 'd': case 'D': r = {{'0', '9'}}; break;
     case 'w': case 'W': r = {{'0', '9'}, {'A', 'Z'}, {'_', '_'}, {'a', 'z'}}; break;
     case 's': case 'S': r = {{'\t', '\r'}, {' ', ' '}}; break;
-    case 'p': case 'P': fail("Unicode property classes (\\p{...}) are not supported");
+    case 'p': case 'P': {
+      // \pL or \p{Name} / \p{^Name}; \P negates.
+      size_t at = pos_++;
+      std::string name;
+      bool neg = c == 'P';
+      if (eof()) { pos_ = at; fail("malformed \\p escape"); }
+      if (p_[pos_] == '{') {
+        size_t close = p_.find('}', pos_);
+        if (close == std::string_view::npos) { pos_ = at; fail("unterminated \\p{...}"); }
+        name = std::string(p_.substr(pos_ + 1, close - pos_ - 1));
+        pos_ = close + 1;
+        if (!name.empty() && name[0] == '^') neg = !neg, name = name.substr(1);
+      } else {
+        name = std::string(1, p_[pos_++]);
+      }
+      if (!unicode_class(name, &r)) {
+        pos_ = at;
+        fail("unknown Unicode property \\p{" + name + "} (general categories only; scripts are not supported)");
+      }
+      *out = neg ? negate(r) : r;
+      return true;
+    }
     default: return false;
   }
   ++pos_;

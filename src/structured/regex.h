@@ -1,9 +1,10 @@
 // Regex -> grammar expression. Syntax: the common core of Rust `regex`, PCRE and ECMAScript:
 // literals, escapes (\n \t \xHH \x{...} \uHHHH \u{...}), classes with ranges/negation/POSIX
-// [:alpha:], \d \w \s (ASCII, as in ECMAScript), ., groups (capturing, named, non-capturing,
+// [:alpha:], \d \w \s (ASCII, as in ECMAScript), \p{..} / \P{..} Unicode general categories
+// (unicode_tables.cpp; scripts are errors), ., groups (capturing, named, non-capturing,
 // flag groups (?imsx-imsx) and (?i:...)), | and quantifiers * + ? {n} {n,} {n,m} (lazy forms
 // accepted: they do not change the language). ^ $ \A \z are supported where their meaning is
-// fixed (the start/end of every path); look-around, back-references, \b, \p{...} are compile
+// fixed (the start/end of every path); look-around, back-references, \b are compile
 // errors naming the offset.
 #pragma once
 #include <string_view>

@@ -36,7 +36,7 @@ TEST(Regex, Basics) {
 }
 
 TEST(Regex, ErrorsNameTheOffset) {
-  for (const char* bad : {"(ab", "a{3,2}", "[b-a]", "(?=x)", "\\1", "a**b)", "\\p{L}"}) {
+  for (const char* bad : {"(ab", "a{3,2}", "[b-a]", "(?=x)", "\\1", "a**b)", "\\p{Greek}"}) {
     try {
       compile(regex_args(bad));
       ADD_FAILURE() << "compiled: " << bad;
@@ -142,7 +142,7 @@ TEST(JsonSchema, OneOfNotAndFilteredEnums) {
               {"1", R"({"k":2})"}, {R"("a")", "7"});
   expect_lang(schema(R"({"allOf": [{"enum": [{"bar": {}, "foo": 1}]}, {"not": {"properties": {"foo": {"type": "integer"}}}}]})"),
               {}, {R"({"bar":{},"foo":1})"});
-  EXPECT_THROW(schema(R"({"oneOf": [{"type": "object"}, {"required": ["a"]}]})"), GrammarError);
+  EXPECT_THROW(schema(R"({"oneOf": [{"type": "object"}, {"minProperties": 1}]})"), GrammarError);
   EXPECT_THROW(schema(R"({"not": {"minimum": 3}})"), GrammarError);
 }
 
@@ -157,7 +157,7 @@ TEST(SoArgs, BadInput) {
   EXPECT_THROW(compile(R"({"regex": "a", "ebnf": "b"})"), InvalidArgument);
   EXPECT_THROW(compile(R"({"json_schema": "{not json"})"), GrammarError);
   try {
-    compile(R"({"json_schema": {"properties": {"a": {"not": {}}}}})");
+    compile(R"({"json_schema": {"properties": {"a": {"not": {"minimum": 3}}}}})");
     ADD_FAILURE();
   } catch (const GrammarError& e) {
     EXPECT_NE(std::string(e.what()).find("#/properties/a/not"), std::string::npos) << e.what();

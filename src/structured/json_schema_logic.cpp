@@ -1,0 +1,424 @@
+// Schema logic for the JSON Schema lowering: proving two schemas disjoint (oneOf branches),
+// `not` as a per-type difference, and dependentRequired / dependentSchemas as rewrites.
+#include <algorithm>
+#include <optional>
+#include <set>
+
+#include "core/check.h"
+#include "structured/json_schema_impl.h"
+#include "structured/regex.h"
+#include "structured/regular.h"
+
+namespace deepinfer::structured {
+namespace {
+
+const std::vector<std::string> kTypes = {"null", "boolean", "object", "array", "string", "number"};
+
+// Keywords that only constrain instances of one type (others are annotations for other types).
+const std::map<std::string, std::set<std::string>> kTypeKeywords = {
+    {"number", {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"}},
+    {"string", {"minLength", "maxLength", "pattern", "format"}},
+    {"object", {"properties", "required", "additionalProperties", "patternProperties", "minProperties",
+                "maxProperties", "propertyNames", "dependentRequired", "dependentSchemas", "dependencies"}},
+    {"array", {"items", "prefixItems", "additionalItems", "minItems", "maxItems", "contains", "minContains",
+               "maxContains", "uniqueItems"}}};
+
+const std::set<std::string> kAnnotationKeys = {
+    "$schema", "$id", "$anchor", "$dynamicAnchor", "$comment", "$vocabulary", "$defs", "definitions", "title",
+    "description", "default", "examples", "example", "deprecated", "readOnly", "writeOnly", "contentEncoding",
+    "contentMediaType", "contentSchema", "discriminator", "xml", "externalDocs", "nullable"};
+
+// Instance types a schema admits by its `type` / `nullable` alone ("integer" kept apart).
+std::set<std::string> declared_types(const json& s) {
+  std::set<std::string> out;
+  if (!s.is_object() || !s.contains("type")) {
+    out = {kTypes.begin(), kTypes.end()};
+    return out;
+  }
+  const json& t = s["type"];
+  if (t.is_string()) out.insert(t.get<std::string>());
+  else if (t.is_array())
+    for (const auto& x : t)
+      if (x.is_string()) out.insert(x.get<std::string>());
+  if (s.contains("nullable") && s["nullable"] == true) out.insert("null");
+  return out;
+}
+
+bool type_admits(const std::set<std::string>& ts, const std::string& t) {
+  return ts.count(t) || (t == "integer" && ts.count("number"));
+}
+
+std::string value_type(const json& v) {
+  if (v.is_null()) return "null";
+  if (v.is_boolean()) return "boolean";
+  if (v.is_object()) return "object";
+  if (v.is_array()) return "array";
+  if (v.is_string()) return "string";
+  return "number";
+}
+
+// The enum/const candidates of a schema, if it has any.
+std::optional<std::vector<json>> value_list(const json& s) {
+  if (!s.is_object() || (!s.contains("enum") && !s.contains("const"))) return std::nullopt;
+  std::vector<json> out;
+  if (s.contains("enum") && s["enum"].is_array())
+    for (const auto& v : s["enum"]) out.push_back(v);
+  if (s.contains("const")) {
+    if (!s.contains("enum")) out = {s["const"]};
+    else if (std::find(out.begin(), out.end(), s["const"]) != out.end()) out = {s["const"]};
+    else out.clear();
+  }
+  return out;
+}
+
+}  // namespace
+
+// True when `s` accepts every instance of type t (only annotations and other types' keywords).
+bool SchemaLowerer::accepts_all_of_type(const json& s, const std::string& t) {
+  if (s.is_boolean()) return s.get<bool>();
+  if (!s.is_object()) return false;
+  if (!type_admits(declared_types(s), t)) return false;
+  for (auto it = s.begin(); it != s.end(); ++it) {
+    const std::string& k = it.key();
+    if (k == "type" || kAnnotationKeys.count(k)) continue;
+    bool other_type = false;
+    for (const auto& [tt, keys] : kTypeKeywords)
+      if (tt != t && !(t == "integer" && tt == "number") && keys.count(k)) other_type = true;
+    if (!other_type) return false;
+  }
+  return true;
+}
+
+// The schema with allOf merged and a top-level $ref resolved (throws GrammarError when that
+// is not possible).
+json SchemaLowerer::flatten(const json& s, const std::string& ptr, int depth) {
+  json d = deref_top(s, ptr, depth);
+  if (d.is_object() && d.contains("allOf")) d = merge_allof(d, ptr, depth + 1);
+  return d;
+}
+
+// Sound disjointness: true only when no instance is valid against both schemas.
+bool SchemaLowerer::disjoint(const json& a_in, const json& b_in, const std::string& ptr, int depth) {
+  if (depth > 8) return false;
+  json a, c;
+  try {
+    a = flatten(a_in, ptr, depth);
+    c = flatten(b_in, ptr, depth);
+  } catch (const GrammarError&) {
+    return false;
+  }
+  if (a.is_boolean() || c.is_boolean()) return a == false || c == false;
+  for (const auto& [x, y] : {std::pair{&a, &c}, std::pair{&c, &a}}) {
+    auto vals = value_list(*x);
+    if (!vals) continue;
+    try {
+      for (const auto& v : *vals) {
+        json rest = *x;
+        rest.erase("enum");
+        rest.erase("const");
+        if (validates(rest, ptr, v) && validates(*y, ptr, v)) return false;
+      }
+      return true;
+    } catch (const GrammarError&) {
+      return false;
+    }
+  }
+  std::set<std::string> ta = declared_types(a), tc = declared_types(c);
+  for (const std::string t : {"null", "boolean", "object", "array", "string", "integer", "number"}) {
+    if (!type_admits(ta, t) || !type_admits(tc, t)) continue;
+    if (t == "integer" && ta.count("number") && tc.count("number")) continue;  // covered by "number"
+    if (!disjoint_typed(a, c, t, ptr, depth)) return false;
+  }
+  return true;
+}
+
+// Value schema every member named `p` must satisfy (a superset when patterns may apply).
+static json member_schema(const json& s, const std::string& p) {
+  if (s.contains("properties") && s["properties"].is_object() && s["properties"].contains(p)) return s["properties"][p];
+  if (s.contains("patternProperties")) return true;
+  return s.contains("additionalProperties") ? s["additionalProperties"] : json(true);
+}
+
+static bool forbids_member(const json& s, const std::string& p) {
+  json m = member_schema(s, p);
+  return m == false;
+}
+
+bool SchemaLowerer::disjoint_typed(const json& a, const json& c, const std::string& t, const std::string& ptr,
+                                   int depth) {
+  if (t == "object") {
+    std::set<std::string> ra, rc;
+    for (const auto& [s, r] : {std::pair{&a, &ra}, std::pair{&c, &rc}})
+      if (s->contains("required") && (*s)["required"].is_array())
+        for (const auto& x : (*s)["required"])
+          if (x.is_string()) r->insert(x.get<std::string>());
+    for (const auto& p : ra) {
+      if (forbids_member(c, p)) return true;
+      if (rc.count(p) && disjoint(member_schema(a, p), member_schema(c, p), ptr, depth + 1)) return true;
+    }
+    for (const auto& p : rc)
+      if (forbids_member(a, p)) return true;
+    return false;
+  }
+  if (t == "array" || t == "null" || t == "boolean") return false;
+  // Strings and numbers: both languages are regular; the product accepting both must be empty.
+  try {
+    SchemaLowerer sub(root_, opt_);
+    const json ty = json{{"type", t}};
+    ExprId x = sub.lower(json{{"allOf", json::array({a, ty})}}, ptr, depth + 1);
+    ExprId y = sub.lower(json{{"allOf", json::array({c, ty})}}, ptr, depth + 1);
+    auto dx = expr_to_dfa(sub.b, x), dy = expr_to_dfa(sub.b, y);
+    if (!dx || !dy) return false;
+    return dfa_is_empty(dfa_product({&*dx, &*dy}, [](uint32_t m) { return m == 3; }));
+  } catch (const GrammarError&) {
+    return false;
+  }
+}
+
+}  // namespace deepinfer::structured
+
+namespace deepinfer::structured {
+namespace {
+
+// Canonical spellings the complement is taken within: lowered languages are exact on compact
+// serializations only (no exponents in bounded numbers, no needless escapes in pattern
+// strings), so "not N" must not admit other spellings of N's instances.
+ExprId canonical_universe(GrammarBuilder& b, const std::string& t) {
+  if (t == "null") return b.literal("null");
+  if (t == "boolean") return b.alt({b.literal("true"), b.literal("false")});
+  if (t == "number") {
+    ExprId d = b.byte_range('0', '9');
+    return b.seq({b.opt(b.byte('-')), b.alt({b.byte('0'), b.seq({b.byte_range('1', '9'), b.star(d)})}),
+                  b.opt(b.seq({b.byte('.'), b.plus(d)}))});
+  }
+  RegexOptions o;
+  o.json_string = true;
+  o.dot_all = true;
+  return b.seq({b.byte('"'), regex_to_expr(b, ".*", o), b.byte('"')});
+}
+
+}  // namespace
+
+namespace {
+
+bool simple_object_schema(const json& n) {
+  if (!n.is_object()) return false;
+  for (auto it = n.begin(); it != n.end(); ++it)
+    if (it.key() != "type" && it.key() != "properties" && it.key() != "required" && !kAnnotationKeys.count(it.key()))
+      return false;
+  return true;
+}
+
+}  // namespace
+
+// Objects failing `n` as a union of patches (nullopt: not expressible). n is a simple object
+// schema (properties/required), or anyOf of such (failing all = a product of their patches).
+std::optional<std::vector<Patch>> SchemaLowerer::object_failures(const json& n_in, const std::string& nptr, int depth) {
+  json n;
+  try {
+    n = flatten(n_in, nptr, depth);
+  } catch (const GrammarError&) {
+    return std::nullopt;
+  }
+  if (n.is_boolean()) return n.get<bool>() ? std::vector<Patch>{} : std::vector<Patch>{Patch{}};
+  if (n.is_object() && n.contains("anyOf") && n["anyOf"].is_array()) {
+    json rest = n;
+    rest.erase("anyOf");
+    if (!simple_object_schema(rest) || rest.contains("properties") || rest.contains("required")) return std::nullopt;
+    std::vector<Patch> acc{Patch{}};
+    for (const auto& x : n["anyOf"]) {
+      auto f = object_failures(x, nptr, depth + 1);
+      if (!f) return std::nullopt;
+      std::vector<Patch> next;
+      for (const auto& a : acc)
+        for (const auto& c : *f) {
+          Patch p = a;
+          p.insert(p.end(), c.begin(), c.end());
+          next.push_back(std::move(p));
+        }
+      if (next.size() > 64) return std::nullopt;
+      acc = std::move(next);
+    }
+    return acc;
+  }
+  if (!simple_object_schema(n)) return std::nullopt;
+  if (!type_admits(declared_types(n), "object")) return std::vector<Patch>{Patch{}};  // fails every object
+  std::vector<Patch> out;
+  if (n.contains("required") && n["required"].is_array())
+    for (const auto& r : n["required"])
+      if (r.is_string()) out.push_back({MemberOp{true, r.get<std::string>(), json()}});
+  if (n.contains("properties") && n["properties"].is_object())
+    for (auto it = n["properties"].begin(); it != n["properties"].end(); ++it)
+      if (it.value() != true && it.value() != json::object()) out.push_back({MemberOp{false, it.key(), it.value()}});
+  return out;
+}
+
+// Objects of `rt` that fail `n` (appends the alternatives). The failures are patches on rt.
+void SchemaLowerer::object_difference(const json& rt, const json& n, const std::string& ptr, const std::string& nptr,
+                                      int depth, std::vector<ExprId>& alts) {
+  auto fails = object_failures(n, nptr, depth + 1);
+  if (!fails)
+    schema_error(nptr, "keyword 'not' that may match some object instances of the schema is supported only for "
+                       "properties/required (and anyOf of them)");
+  json base;
+  try {
+    base = flatten(rt, ptr, depth + 1);
+  } catch (const GrammarError& e) {
+    schema_error(nptr, std::string("keyword 'not': ") + e.what());
+  }
+  if (base.is_boolean()) base = base.get<bool>() ? json{{"type", "object"}} : json{{"enum", json::array()}};
+  for (const Patch& patch : *fails) {
+    json x = base;
+    for (const MemberOp& op : patch) {
+      if (op.absent) {  // the name is absent: nothing else about other keys changes
+        x["properties"][op.name] = false;
+        continue;
+      }
+      if (x.contains("properties") && x["properties"].contains(op.name)) {
+        x["properties"][op.name] = json{{"allOf", json::array({x["properties"][op.name], json{{"not", op.value_schema}}})}};
+      } else {
+        if (x.contains("patternProperties"))
+          schema_error(nptr, "keyword 'not' on a property that patternProperties may also cover is not supported");
+        json add = x.contains("additionalProperties") ? x["additionalProperties"] : json(true);
+        x["properties"][op.name] = json{{"allOf", json::array({add, json{{"not", op.value_schema}}})}};
+      }
+      if (!x.contains("required")) x["required"] = json::array();
+      x["required"].push_back(op.name);
+    }
+    alts.push_back(lower(x, ptr, depth + 1));
+  }
+}
+
+// `not`: per instance type t of the remaining schema R, R_t minus N_t. Exact when N admits
+// none of R_t (disjoint) or all of type t, or when both are regular (strings, numbers:
+// product automaton within the canonical spellings). Anything else is a compile error.
+ExprId SchemaLowerer::lower_not(const json& s, const std::string& ptr, int depth) {
+  json rest = s;
+  rest.erase("not");
+  const std::string nptr = ptr + "/not";
+  json n = deref_top(s["not"], nptr, depth);
+  if (n.is_boolean()) return n.get<bool>() ? b.nothing() : lower(rest, ptr, depth + 1);
+  if (!n.is_object()) schema_error(nptr, "must be a schema");
+  for (const auto& k : kTypeKeywords.at("number"))
+    if (n.contains(k)) schema_error(nptr, "keyword 'not' with numeric keyword '" + k + "' is not supported");
+  std::vector<ExprId> alts;
+  std::set<std::string> have = declared_types(rest);
+  for (const std::string& t : kTypes) {
+    std::string tt = t;
+    if (t == "number" && !have.count("number")) {
+      if (!have.count("integer")) continue;
+      tt = "integer";
+    } else if (!have.count(t)) {
+      continue;
+    }
+    json rt = json{{"allOf", json::array({rest, json{{"type", tt}}})}};
+    json nt = json{{"allOf", json::array({n, json{{"type", tt}}})}};
+    if (accepts_all_of_type(n, tt)) continue;
+    if (disjoint(rt, nt, nptr, depth + 1)) {
+      alts.push_back(lower(rt, ptr, depth + 1));
+      continue;
+    }
+    if (t == "object") {
+      object_difference(rt, n, ptr, nptr, depth, alts);
+      continue;
+    }
+    if (t != "string" && t != "number" && t != "null" && t != "boolean")
+      schema_error(nptr, "keyword 'not' that may match some " + t + " instances of the schema is not supported");
+    try {
+      ExprId r = lower(rt, ptr, depth + 1);
+      SchemaLowerer sub(root_, opt_);
+      auto dr = expr_to_dfa(b, r);
+      auto dn = expr_to_dfa(sub.b, sub.lower(nt, nptr, depth + 1));
+      auto du = expr_to_dfa(b, canonical_universe(b, t));
+      if (!dr || !dn || !du) schema_error(nptr, "keyword 'not' over a non-regular " + t + " schema is not supported");
+      alts.push_back(dfa_to_expr(b, dfa_product({&*dr, &*du, &*dn}, [](uint32_t m) { return m == 3; })));
+    } catch (const GrammarError& e) {
+      schema_error(nptr, std::string("keyword 'not': ") + e.what());
+    }
+  }
+  return b.alt(std::move(alts));
+}
+
+}  // namespace deepinfer::structured
+
+namespace deepinfer::structured {
+
+// oneOf whose branches may overlap and are not all regular: branch i and not any other
+// branch, for every i. These are pairwise disjoint, so their union is exact; each `not` must
+// be expressible (lower_not), otherwise the error names the branch.
+ExprId SchemaLowerer::exclusive_branches(const std::vector<json>& merged, const std::vector<json>& raw,
+                                         const std::string& ptr, int depth) {
+  if (merged.size() > 6) schema_error(ptr, "oneOf with more than 6 overlapping non-regular branches is not supported");
+  std::vector<ExprId> alts;
+  for (size_t i = 0; i < merged.size(); ++i) {
+    json x = merged[i];
+    for (size_t j = 0; j < merged.size(); ++j)
+      if (j != i) x = json{{"allOf", json::array({x})}, {"not", raw[j]}};
+    try {
+      alts.push_back(lower(x, ptr, depth + 1));
+    } catch (const GrammarError& e) {
+      schema_error(ptr, std::string("oneOf with branches that may overlap: ") + e.what());
+    }
+  }
+  return b.alt(std::move(alts));
+}
+
+// `dependencies` (draft 7) splits into dependentRequired (arrays) and dependentSchemas. A
+// dependent schema {p: S} is the disjoint union of "p absent" and "p present and S".
+ExprId SchemaLowerer::lower_dependent(const json& s, const std::string& ptr, int depth) {
+  json rest = s;
+  if (rest.contains("dependencies")) {
+    const json& d = rest["dependencies"];
+    if (!d.is_object()) schema_error(ptr + "/dependencies", "must be an object");
+    json req = rest.contains("dependentRequired") ? rest["dependentRequired"] : json::object();
+    json sch = rest.contains("dependentSchemas") ? rest["dependentSchemas"] : json::object();
+    for (auto it = d.begin(); it != d.end(); ++it) (it.value().is_array() ? req : sch)[it.key()] = it.value();
+    rest.erase("dependencies");
+    if (!req.empty()) rest["dependentRequired"] = req;
+    if (!sch.empty()) rest["dependentSchemas"] = sch;
+  }
+  if (!rest.contains("dependentSchemas")) return lower(rest, ptr, depth + 1);
+  json deps = rest["dependentSchemas"];
+  if (!deps.is_object()) schema_error(ptr + "/dependentSchemas", "must be an object");
+  if (deps.size() > 4) schema_error(ptr + "/dependentSchemas", "more than 4 dependent schemas are not supported");
+  if (deps.empty()) {
+    rest.erase("dependentSchemas");
+    return lower(rest, ptr, depth + 1);
+  }
+  const std::string key = deps.begin().key();
+  const std::string kptr = ptr + "/dependentSchemas/" + ptr_escape(key);
+  json first = deps.begin().value();
+  deps.erase(key);
+  if (deps.empty()) rest.erase("dependentSchemas");
+  else rest["dependentSchemas"] = deps;
+  // Objects only: other instance types ignore the keyword.
+  json others = rest;
+  std::set<std::string> have = declared_types(rest);
+  json kept = json::array();
+  for (const auto& t : have)
+    if (t != "object") kept.push_back(t);
+  std::vector<ExprId> alts;
+  if (!kept.empty()) {
+    others["type"] = kept;
+    alts.push_back(lower(others, ptr, depth + 1));
+  }
+  if (!have.count("object")) return b.alt(std::move(alts));
+  json absent = rest;
+  absent["type"] = "object";
+  absent["properties"][key] = false;  // the key is absent; nothing else about other keys changes
+  alts.push_back(lower(absent, ptr, depth + 1));
+  json present = rest;
+  present["type"] = "object";
+  if (!present.contains("required")) present["required"] = json::array();
+  present["required"].push_back(key);
+  try {
+    json merged = present;
+    merge_into(merged, flatten(first, kptr, depth + 1), kptr);
+    alts.push_back(lower(merged, ptr, depth + 1));
+  } catch (const GrammarError& e) {
+    schema_error(kptr, std::string("dependent schema: ") + e.what());
+  }
+  return b.alt(std::move(alts));
+}
+
+}  // namespace deepinfer::structured
