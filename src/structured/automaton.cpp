@@ -80,14 +80,59 @@ std::vector<bool> recursive_rules(const Grammar& g) {
 
 struct NfaEdge { uint8_t lo, hi; int32_t to; };
 
-// Subset construction looks every target set up once per DFA transition; hashing a set once
-// beats the O(log n) whole-vector comparisons of an ordered map (the top compile cost).
-struct StateSetHash {
-  size_t operator()(const std::vector<int32_t>& v) const {
-    uint64_t h = 0x9e3779b97f4a7c15ull ^ v.size();
-    for (int32_t x : v) h = (h ^ static_cast<uint32_t>(x)) * 0x100000001b3ull + (h >> 29);
-    return static_cast<size_t>(h);
+// Interned NFA state sets of one rule's subset construction: the sorted sets lie back to back
+// in one arena and an open-addressing table maps a set to its index. Every DFA transition
+// looks a set up, so no allocation per lookup (an unordered_map of vectors spent a third of
+// compile time in malloc/free).
+class SetTable {
+ public:
+  void clear() {
+    arena_.clear();
+    begin_.assign(1, 0);
+    hashes_.clear();
+    slots_.assign(256, -1);
   }
+  int32_t size() const { return static_cast<int32_t>(hashes_.size()); }
+  const int32_t* data(int32_t k) const { return arena_.data() + begin_[k]; }
+  uint32_t length(int32_t k) const { return begin_[k + 1] - begin_[k]; }
+  // Index of `set` (sorted, unique); added as index size() when absent (*added = true).
+  int32_t intern(const std::vector<int32_t>& set, bool* added) {
+    uint64_t h = 0x9e3779b97f4a7c15ull ^ set.size();
+    for (int32_t x : set) h = (h ^ static_cast<uint32_t>(x)) * 0x100000001b3ull + (h >> 29);
+    const size_t mask = slots_.size() - 1;
+    for (size_t i = h & mask;; i = (i + 1) & mask) {
+      const int32_t k = slots_[i];
+      if (k < 0) break;
+      if (hashes_[k] == h && length(k) == set.size() &&
+          std::equal(set.begin(), set.end(), data(k))) {
+        *added = false;
+        return k;
+      }
+    }
+    const int32_t k = size();
+    hashes_.push_back(h);
+    arena_.insert(arena_.end(), set.begin(), set.end());
+    begin_.push_back(static_cast<uint32_t>(arena_.size()));
+    if (hashes_.size() * 2 > slots_.size()) {
+      slots_.assign(slots_.size() * 2, -1);
+      for (int32_t j = 0; j < k; ++j) place(j);
+    }
+    place(k);
+    *added = true;
+    return k;
+  }
+
+ private:
+  void place(int32_t k) {
+    const size_t mask = slots_.size() - 1;
+    size_t i = hashes_[k] & mask;
+    while (slots_[i] >= 0) i = (i + 1) & mask;
+    slots_[i] = k;
+  }
+  std::vector<int32_t> arena_;
+  std::vector<uint32_t> begin_;   // [size + 1] offsets into arena_
+  std::vector<uint64_t> hashes_;  // [size]
+  std::vector<int32_t> slots_;    // power of two; set index or -1
 };
 struct NfaState {
   std::vector<int32_t> eps;
@@ -132,6 +177,12 @@ class Builder {
   std::vector<uint32_t> stamp_;  // [nfa states] == generation_ when visited
   uint32_t generation_ = 0;
   std::vector<int32_t> work_;
+  int32_t cur_final_ = -1;  // final NFA state of the rule being determinised
+  // Subset-construction scratch, reused across states and rules (no allocation per state).
+  SetTable sets_;
+  std::vector<std::vector<int32_t>> targets_;  // [class] NFA targets of the current state
+  std::vector<int32_t> closed_, ret_set_;
+  std::vector<std::pair<int32_t, int32_t>> call_pairs_;  // (callee, NFA return state)
 
   const Grammar& g_;
   AutomatonLimits lim_;
@@ -241,6 +292,13 @@ void Builder::eps_closure(std::vector<int32_t>& set) {
     for (int32_t t : nfa[s].eps)
       if (stamp_[t] != generation_) { stamp_[t] = generation_; set.push_back(t); work_.push_back(t); }
   }
+  // Keep only the states that decide behaviour (byte edges, calls, the end): two closures that
+  // differ only in pass-through states are the same DFA state. Without this a string body had
+  // a twin state per character class, which doubled the states and hid self-loops from the
+  // mask walk.
+  set.erase(std::remove_if(set.begin(), set.end(),
+                           [&](int32_t s) { return nfa[s].bytes.empty() && nfa[s].calls.empty() && s != cur_final_; }),
+            set.end());
   std::sort(set.begin(), set.end());
 }
 
@@ -279,56 +337,68 @@ Pda Builder::run() {
 void Builder::determinize(int32_t idx, Pda& pda) {
   const auto& nfa = rule_nfas_.back();
   const int32_t nfa_final = rule_nfa_final_[idx];
+  cur_final_ = nfa_final;
   const int32_t nc = pda.num_classes;
-  std::unordered_map<std::vector<int32_t>, int32_t, StateSetHash> ids;  // NFA state set -> DFA state
-  std::vector<std::vector<int32_t>> pending;
-  auto intern = [&](std::vector<int32_t> set) -> int32_t {
-    eps_closure(set);
-    auto it = ids.find(set);
-    if (it != ids.end()) return it->second;
-    int32_t id = static_cast<int32_t>(pda.states.size());
-    if (static_cast<int64_t>(id) >= lim_.max_dfa_states)
-      DI_THROW(GrammarError, "grammar too large: more than ", lim_.max_dfa_states, " automaton states");
-    pda.states.push_back(PdaState{.rule = idx});
-    pda.trans.resize(pda.trans.size() + nc, -1);
-    ids.emplace(set, id);
-    pending.push_back(std::move(set));
+  const int32_t first = static_cast<int32_t>(pda.states.size());
+  sets_.clear();
+  // Closes `raw` (NFA targets) into closed_ and returns its DFA state, adding it when new.
+  auto intern = [&](const std::vector<int32_t>& raw) -> int32_t {
+    closed_.assign(raw.begin(), raw.end());
+    eps_closure(closed_);
+    if (closed_.empty()) return -1;  // only dead ends: no state
+    bool added = false;
+    const int32_t id = first + sets_.intern(closed_, &added);
+    if (added) {
+      if (static_cast<int64_t>(id) >= lim_.max_dfa_states)
+        DI_THROW(GrammarError, "grammar too large: more than ", lim_.max_dfa_states, " automaton states");
+      pda.states.push_back(PdaState{.rule = idx});
+      pda.trans.resize(pda.trans.size() + nc, -1);
+    }
     return id;
   };
-  int32_t first = static_cast<int32_t>(pda.states.size());
   pda.rule_start[idx] = intern({0});
-  std::vector<std::vector<int32_t>> targets(nc);
-  for (int32_t cur = first; cur - first < static_cast<int32_t>(pending.size()); ++cur) {
-    if (((cur - first) & 255) == 0) check_time();
-    std::vector<int32_t> set = pending[cur - first];
-    for (auto& t : targets) t.clear();
-    std::map<int32_t, std::vector<int32_t>> call_targets;
+  targets_.resize(std::max<size_t>(targets_.size(), nc));
+  for (int32_t k = 0; k < sets_.size(); ++k) {
+    if ((k & 255) == 0) check_time();
+    const int32_t cur = first + k;
+    for (int c = 0; c < nc; ++c) targets_[c].clear();
+    call_pairs_.clear();
     bool fin = false;
-    for (int32_t s : set) {
+    // Read set k before interning anything (interning may move the arena).
+    const int32_t* set = sets_.data(k);
+    for (uint32_t j = 0, n = sets_.length(k); j < n; ++j) {
+      const int32_t s = set[j];
       if (s == nfa_final) fin = true;
       for (const auto& e : nfa[s].bytes)
-        for (int c = pda.byte_class[e.lo]; c <= pda.byte_class[e.hi]; ++c) targets[c].push_back(e.to);
-      for (auto [r, t] : nfa[s].calls) call_targets[r].push_back(t);
+        for (int c = pda.byte_class[e.lo]; c <= pda.byte_class[e.hi]; ++c) targets_[c].push_back(e.to);
+      for (auto [r, t] : nfa[s].calls) call_pairs_.push_back({r, t});
     }
     pda.states[cur].final = fin;
     // Neighbouring classes usually have the same targets (every ordinary character of a
     // string body): reuse the previous class's closure instead of closing and hashing again.
     int32_t prev_c = -1, prev_t = -1;
     for (int c = 0; c < nc; ++c) {
-      if (targets[c].empty()) continue;
-      std::sort(targets[c].begin(), targets[c].end());
-      targets[c].erase(std::unique(targets[c].begin(), targets[c].end()), targets[c].end());
-      const int32_t t = prev_c >= 0 && targets[c] == targets[prev_c] ? prev_t : intern(targets[c]);
+      std::vector<int32_t>& tc = targets_[c];
+      if (tc.empty()) continue;
+      if (tc.size() > 1) {
+        std::sort(tc.begin(), tc.end());
+        tc.erase(std::unique(tc.begin(), tc.end()), tc.end());
+      }
+      const int32_t t = prev_c >= 0 && tc == targets_[prev_c] ? prev_t : intern(tc);
       pda.trans[static_cast<size_t>(cur) * nc + c] = t;
       prev_c = c;
       prev_t = t;
     }
+    // Calls grouped by callee (ascending rule index): one return state per callee.
     pda.states[cur].calls_begin = static_cast<int32_t>(pda.calls.size());
-    for (auto& [r, ts] : call_targets) {
-      std::sort(ts.begin(), ts.end());
-      ts.erase(std::unique(ts.begin(), ts.end()), ts.end());
-      int32_t t = intern(ts);
-      pda.calls.push_back(PdaCall{.rule = r, .ret = t, .tail = false});
+    std::sort(call_pairs_.begin(), call_pairs_.end());
+    for (size_t j = 0; j < call_pairs_.size();) {
+      const int32_t r = call_pairs_[j].first;
+      ret_set_.clear();
+      for (; j < call_pairs_.size() && call_pairs_[j].first == r; ++j)
+        if (ret_set_.empty() || ret_set_.back() != call_pairs_[j].second) ret_set_.push_back(call_pairs_[j].second);
+      const int32_t t = intern(ret_set_);
+      if (t >= 0) pda.calls.push_back(PdaCall{.rule = r, .ret = t, .tail = false});
     }
     pda.states[cur].calls_end = static_cast<int32_t>(pda.calls.size());
     pda.states[cur].has_calls = pda.states[cur].calls_end > pda.states[cur].calls_begin;
@@ -340,15 +410,24 @@ void Builder::determinize(int32_t idx, Pda& pda) {
 void finalize(Pda& pda) {
   const size_t n = pda.states.size();
   const int32_t nc = pda.num_classes;
-  // Calls form ordered lists per state; the ret state is in the caller's rule.
-  std::vector<std::vector<int32_t>> preds(n);
-  for (size_t s = 0; s < n; ++s) {
-    for (int c = 0; c < nc; ++c) {
-      int32_t t = pda.trans[s * nc + c];
-      if (t >= 0) preds[t].push_back(static_cast<int32_t>(s));
+  // Predecessors in CSR form (one allocation, not one vector per state); a call's return
+  // state is in the caller's rule.
+  std::vector<int32_t> pred_begin(n + 1, 0), preds;
+  auto for_each_edge = [&](auto&& f) {
+    for (size_t s = 0; s < n; ++s) {
+      const int32_t* row = &pda.trans[s * nc];
+      for (int c = 0; c < nc; ++c)
+        if (row[c] >= 0 && (c == 0 || row[c] != row[c - 1])) f(static_cast<int32_t>(s), row[c]);
+      for (int32_t k = pda.states[s].calls_begin; k < pda.states[s].calls_end; ++k)
+        f(static_cast<int32_t>(s), pda.calls[k].ret);
     }
-    for (int32_t k = pda.states[s].calls_begin; k < pda.states[s].calls_end; ++k)
-      preds[pda.calls[k].ret].push_back(static_cast<int32_t>(s));
+  };
+  for_each_edge([&](int32_t, int32_t t) { ++pred_begin[t + 1]; });
+  for (size_t s = 0; s < n; ++s) pred_begin[s + 1] += pred_begin[s];
+  preds.resize(pred_begin[n]);
+  {
+    std::vector<int32_t> fill(pred_begin.begin(), pred_begin.end() - 1);
+    for_each_edge([&](int32_t s, int32_t t) { preds[fill[t]++] = s; });
   }
   std::vector<bool> live(n, false);
   std::vector<int32_t> work;
@@ -356,7 +435,8 @@ void finalize(Pda& pda) {
   while (!work.empty()) {
     int32_t s = work.back();
     work.pop_back();
-    for (int32_t p : preds[s]) if (!live[p]) { live[p] = true; work.push_back(p); }
+    for (int32_t k = pred_begin[s]; k < pred_begin[s + 1]; ++k)
+      if (!live[preds[k]]) { live[preds[k]] = true; work.push_back(preds[k]); }
   }
   for (size_t s = 0; s < n; ++s) {
     for (int c = 0; c < nc; ++c) {

@@ -154,6 +154,11 @@ std::optional<Dfa> expr_to_dfa(const GrammarBuilder& b, ExprId e, int32_t max_st
   std::vector<std::vector<int32_t>> sets;
   auto intern = [&](std::vector<int32_t> set) {
     closure(nfa, set, stamp, ++gen);
+    // Only states with byte edges and the end decide behaviour: closures differing in
+    // pass-through states are one DFA state (no twin per character class).
+    set.erase(std::remove_if(set.begin(), set.end(), [&](int32_t s) { return nfa.bytes[s].empty() && s != end; }),
+              set.end());
+    if (set.empty()) return -1;
     auto it = ids.find(set);
     if (it != ids.end()) return it->second;
     int32_t id = static_cast<int32_t>(sets.size());
@@ -165,6 +170,11 @@ std::optional<Dfa> expr_to_dfa(const GrammarBuilder& b, ExprId e, int32_t max_st
     return id;
   };
   d.start = intern({start});
+  if (d.start < 0) {  // the empty language: one dead start state
+    d.start = 0;
+    d.final.push_back(false);
+    d.trans.assign(d.num_classes, -1);
+  }
   std::vector<std::vector<int32_t>> targets(d.num_classes);
   for (size_t cur = 0; cur < sets.size(); ++cur) {
     for (auto& t : targets) t.clear();
@@ -175,8 +185,7 @@ std::optional<Dfa> expr_to_dfa(const GrammarBuilder& b, ExprId e, int32_t max_st
       if (targets[c].empty()) continue;
       std::sort(targets[c].begin(), targets[c].end());
       targets[c].erase(std::unique(targets[c].begin(), targets[c].end()), targets[c].end());
-      int32_t t = intern(targets[c]);
-      d.trans[cur * d.num_classes + c] = t;
+      d.trans[cur * d.num_classes + c] = intern(targets[c]);
     }
   }
   return d;
