@@ -12,6 +12,7 @@
 #include <string>
 
 #include "core/check.h"
+#include "structured/lark.h"
 
 namespace deepinfer::structured {
 namespace {
@@ -257,6 +258,7 @@ Grammar EbnfParser::parse() {
 }  // namespace
 
 Grammar ebnf_to_grammar(std::string_view src) {
+  if (looks_like_lark(src)) return lark_to_grammar(src);
   GrammarBuilder b;
   EbnfParser p(src, b);
   return p.parse();

@@ -1,4 +1,5 @@
 // GBNF (llama.cpp) grammar text -> grammar. Errors: GrammarError "ebnf LINE:COL: what".
+// Text that reads as Lark (rules `name: ...`) goes to lark_to_grammar (lark.h).
 #pragma once
 #include <string_view>
 

@@ -56,6 +56,14 @@ struct MemberOp {
 };
 using Patch = std::vector<MemberOp>;  // all of these at once
 
+struct ArrayShape {  // an array schema's item schemas and count bounds
+  std::vector<const json*> prefix;
+  std::vector<std::string> prefix_ptrs;
+  const json* items;
+  std::string items_ptr;
+  int64_t min_items, max_items;  // max < 0: unbounded
+};
+
 class SchemaLowerer {
  public:
   SchemaLowerer(const json& root, const JsonGrammarOptions& opt);
@@ -77,6 +85,8 @@ class SchemaLowerer {
   ExprId lower_not(const json& s, const std::string& ptr, int depth);
   ExprId exclusive_branches(const std::vector<json>& merged, const std::vector<json>& raw, const std::string& ptr,
                             int depth);
+  ExprId lower_contains(const json& s, const ArrayShape& shape, const std::string& ptr, int depth);
+  ExprId lower_if(const json& s, const std::string& ptr, int depth);
   ExprId lower_dependent(const json& s, const std::string& ptr, int depth);
   bool disjoint(const json& a, const json& b, const std::string& ptr, int depth);
   bool disjoint_typed(const json& a, const json& b, const std::string& t, const std::string& ptr, int depth);

@@ -299,8 +299,6 @@ ExprId SchemaLowerer::lower_not(const json& s, const std::string& ptr, int depth
   json n = deref_top(s["not"], nptr, depth);
   if (n.is_boolean()) return n.get<bool>() ? b.nothing() : lower(rest, ptr, depth + 1);
   if (!n.is_object()) schema_error(nptr, "must be a schema");
-  for (const auto& k : kTypeKeywords.at("number"))
-    if (n.contains(k)) schema_error(nptr, "keyword 'not' with numeric keyword '" + k + "' is not supported");
   std::vector<ExprId> alts;
   std::set<std::string> have = declared_types(rest);
   for (const std::string& t : kTypes) {
@@ -419,6 +417,94 @@ ExprId SchemaLowerer::lower_dependent(const json& s, const std::string& ptr, int
     schema_error(kptr, std::string("dependent schema: ") + e.what());
   }
   return b.alt(std::move(alts));
+}
+
+}  // namespace deepinfer::structured
+
+namespace deepinfer::structured {
+
+// contains / minContains / maxContains: every item either matches `contains` (S and C) or not
+// (S and not C); the grammar counts matches up to what the bounds can tell apart, together
+// with the item position up to where the item schema and count bounds stop changing.
+// Returns -1 when the keyword imposes nothing (minContains 0 without maxContains).
+ExprId SchemaLowerer::lower_contains(const json& s, const ArrayShape& a, const std::string& ptr, int depth) {
+  const std::string cptr = ptr + "/contains";
+  auto count = [&](const char* k, int64_t dflt) -> int64_t {
+    if (!s.contains(k)) return dflt;
+    if (!s[k].is_number() || s[k].get<double>() < 0) schema_error(ptr + "/" + k, "must be a non-negative number");
+    return static_cast<int64_t>(std::min(s[k].get<double>(), 1e9));
+  };
+  const int64_t min_c = count("minContains", 1), max_c = count("maxContains", -1);
+  if (min_c == 0 && max_c < 0) return -1;
+  if (max_c >= 0 && min_c > max_c) return b.nothing();
+  const int64_t k = static_cast<int64_t>(a.prefix.size());
+  // From position `steady` on, the item schema and the item-count bounds no longer change.
+  const int64_t steady = std::max<int64_t>({k, a.min_items, a.max_items >= 0 ? a.max_items : 0, 1});
+  const int64_t cap = max_c >= 0 ? max_c + 1 : min_c;  // match counts told apart
+  if (steady > 256 || cap > 256 || (steady + 1) * (cap + 1) > 8192)
+    schema_error(cptr, "contains with item or match counts above 256 is not supported");
+  const json& c = s["contains"];
+  auto split = [&](const json& item, const std::string& iptr) -> std::pair<ExprId, ExprId> {
+    try {
+      ExprId yes = lower(json{{"allOf", json::array({item, c})}}, iptr, depth + 1);
+      ExprId no = lower(json{{"allOf", json::array({item})}, {"not", c}}, iptr, depth + 1);
+      return {yes, no};
+    } catch (const GrammarError& e) {
+      schema_error(cptr, std::string("contains: ") + e.what());
+    }
+  };
+  std::vector<std::pair<ExprId, ExprId>> at;  // [k + 1]: prefix positions, then the items schema
+  for (int64_t i = 0; i < k; ++i) at.push_back(split(*a.prefix[i], a.prefix_ptrs[i]));
+  at.push_back(split(*a.items, a.items_ptr));
+  ExprId comma = punct(',');
+  std::map<std::pair<int64_t, int64_t>, ExprId> memo;
+  // after(i, m): what may follow once i items with m matches were written.
+  std::function<ExprId(int64_t, int64_t)> after = [&](int64_t i, int64_t m) -> ExprId {
+    if (max_c >= 0 && m > max_c) return b.nothing();
+    auto key = std::make_pair(i, m);
+    if (auto it = memo.find(key); it != memo.end()) return it->second;
+    const bool done = i >= a.min_items && m >= min_c;
+    const auto& [yes, no] = at[std::min(i, k)];
+    ExprId sep = i > 0 ? comma : b.empty();
+    const int64_t m1 = std::min(m + 1, cap);
+    ExprId body;
+    if (a.max_items >= 0 && i >= a.max_items) {
+      body = done ? b.empty() : b.nothing();
+    } else if (i >= steady) {  // a loop of non-matches, then the end or one more match
+      ExprId next = m1 == m ? b.nothing() : b.seq({comma, yes, after(i, m1)});
+      if (m1 == m) body = b.star(b.seq({comma, b.alt({yes, no})}));
+      else body = b.seq({b.star(b.seq({comma, no})), b.alt({done ? b.empty() : b.nothing(), next})});
+    } else {
+      body = b.alt({done ? b.empty() : b.nothing(), b.seq({sep, yes, after(i + 1, m1)}), b.seq({sep, no, after(i + 1, m)})});
+    }
+    RuleId r = b.declare_rule("contains");
+    b.set_inline(r, false);
+    b.define_rule(r, body);
+    return memo[key] = b.ref(r);
+  };
+  return b.seq({b.byte('['), ws(), after(0, 0), ws(), b.byte(']')});
+}
+
+}  // namespace deepinfer::structured
+
+namespace deepinfer::structured {
+
+// if/then/else: the disjoint union of (if and then) and (not if, and else).
+ExprId SchemaLowerer::lower_if(const json& s, const std::string& ptr, int depth) {
+  json rest = s;
+  json cond = rest["if"];
+  json then_s = rest.contains("then") ? rest["then"] : json(true);
+  json else_s = rest.contains("else") ? rest["else"] : json(true);
+  for (const char* k : {"if", "then", "else"}) rest.erase(k);
+  if (then_s == true && else_s == true) return lower(rest, ptr, depth + 1);
+  ExprId yes = lower(json{{"allOf", json::array({rest, cond, then_s})}}, ptr + "/then", depth + 1);
+  ExprId no;
+  try {
+    no = lower(json{{"allOf", json::array({rest, else_s})}, {"not", cond}}, ptr + "/else", depth + 1);
+  } catch (const GrammarError& e) {
+    schema_error(ptr + "/if", std::string("if/else needs the complement of 'if': ") + e.what());
+  }
+  return b.alt({yes, no});
 }
 
 }  // namespace deepinfer::structured

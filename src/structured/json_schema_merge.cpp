@@ -50,7 +50,21 @@ void SchemaLowerer::merge_into(json& a, const json& b_in, const std::string& ptr
     if (a.get<bool>()) a = b_in;
     return;
   }
-  const json& b2 = b_in;
+  // if/then/else belong to one schema object: as the disjoint union (if and then) or (not if,
+  // and else) they merge like any anyOf (then/else without if mean nothing).
+  json cond_free;
+  if (b_in.contains("if") || b_in.contains("then") || b_in.contains("else")) {
+    cond_free = b_in;
+    for (const char* k : {"if", "then", "else"}) cond_free.erase(k);
+    if (b_in.contains("if") && (b_in.contains("then") || b_in.contains("else"))) {
+      const json& i = b_in["if"];
+      json t = b_in.contains("then") ? b_in["then"] : json(true), e = b_in.contains("else") ? b_in["else"] : json(true);
+      json cond = {{"anyOf", json::array({json{{"allOf", json::array({i, t})}}, json{{"allOf", json::array({e})}, {"not", i}}})}};
+      if (!cond_free.contains("allOf")) cond_free["allOf"] = json::array();
+      cond_free["allOf"].push_back(cond);
+    }
+  }
+  const json& b2 = cond_free.is_null() ? b_in : cond_free;
   auto has_obj_kw = [](const json& x) {
     return x.contains("additionalProperties") || x.contains("patternProperties");
   };

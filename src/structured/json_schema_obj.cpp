@@ -356,9 +356,14 @@ ExprId SchemaLowerer::lower_array(const json& s, const std::string& ptr, int dep
   static const json kTrue = true;
   const json* items = &kTrue;
   std::string items_ptr = ptr + "/items";
+  std::vector<const json*> prefix_schemas;
+  std::vector<std::string> prefix_ptrs;
   auto lower_prefix = [&](const json& arr, const std::string& p) {
     if (!arr.is_array()) schema_error(p, "must be an array");
-    for (size_t i = 0; i < arr.size(); ++i) prefix.push_back(lower(arr[i], p + "/" + std::to_string(i), depth + 1));
+    for (size_t i = 0; i < arr.size(); ++i) {
+      prefix_schemas.push_back(&arr[i]);
+      prefix_ptrs.push_back(p + "/" + std::to_string(i));
+    }
   };
   if (s.contains("prefixItems")) {
     lower_prefix(s["prefixItems"], ptr + "/prefixItems");
@@ -377,6 +382,11 @@ ExprId SchemaLowerer::lower_array(const json& s, const std::string& ptr, int dep
   };
   const int64_t min_items = count("minItems", 0), max_items = count("maxItems", -1);
   if (max_items >= 0 && min_items > max_items) return b.nothing();
+  if (s.contains("contains")) {
+    ArrayShape shape{prefix_schemas, prefix_ptrs, items, items_ptr, min_items, max_items};
+    if (ExprId e = lower_contains(s, shape, ptr, depth); e >= 0) return e;
+  }
+  for (size_t i = 0; i < prefix_schemas.size(); ++i) prefix.push_back(lower(*prefix_schemas[i], prefix_ptrs[i], depth + 1));
   for (auto [v, k] : {std::pair{min_items, "/minItems"}, std::pair{max_items, "/maxItems"}})
     if (v > kMaxCountBound) schema_error(ptr + k, "bounds above " + std::to_string(kMaxCountBound) + " are not supported");
   ExprId item = lower(*items, items_ptr, depth + 1);

@@ -119,6 +119,9 @@ TEST(JsonSchemaCoverage, NotOverEnumConstAndTypes) {
   // Objects: failing a properties/required schema is a union of patches.
   expect_lang(schema(R"({"type": "object", "not": {"required": ["a", "b"], "properties": {"a": {"type": "string"}}}})"),
               {"{}", R"({"a":"x"})", R"({"b":1})", R"({"a":1,"b":2})"}, {R"({"a":"x","b":2})", R"({"b":2,"a":"y"})"});
+  expect_lang(schema(R"({"type": "number", "not": {"minimum": 3, "exclusiveMaximum": 5.5}})"),
+              {"2.999", "5.5", "-1", "7"}, {"3", "4.2", "5.49"});
+  expect_lang(schema(R"({"not": {"multipleOf": 2}})"), {"3", "2.5"}, {"4", "-2", "0", R"("x")", "{}"});
   EXPECT_NE(error_of(R"({"not": {"minProperties": 2}})").find("#/not"), std::string::npos);
 }
 
@@ -154,6 +157,28 @@ TEST(JsonSchemaCoverage, DependentRequiredAndSchemas) {
   auto ds = schema(R"({"type": "object", "additionalProperties": false, "properties": {"card": {"type": "string"}, "addr": {"type": "string"}},
                       "dependentSchemas": {"card": {"required": ["addr"]}}})");
   expect_lang(ds, {"{}", R"({"addr":"x"})", R"({"card":"1","addr":"x"})"}, {R"({"card":"1"})", R"({"z":1})"});
+}
+
+TEST(JsonSchemaCoverage, Contains) {
+  expect_lang(schema(R"({"type": "array", "contains": {"type": "string"}})"),
+              {R"(["a"])", R"([1,"a",2])", R"([{},[],"x","y"])"}, {"[]", "[1,2]", R"([["a"]])"});
+  expect_lang(schema(R"({"type": "array", "items": {"type": "integer"}, "contains": {"minimum": 5},
+                         "minContains": 2, "maxContains": 3})"),
+              {"[5,6]", "[1,5,2,6,3]", "[5,6,7]"}, {"[5]", "[5,6,7,8]", "[1,2]", R"([5,6,"x"])"});
+  expect_lang(schema(R"({"prefixItems": [{"type": "string"}], "contains": {"const": 1}, "maxItems": 3})"),
+              {R"(["a",1])", R"(["a",2,1])"}, {R"([1])", R"(["a",2])", R"(["a",2,3,1])"});
+  expect_lang(schema(R"({"contains": {"type": "object", "required": ["k"]}, "minContains": 0, "maxContains": 1})"),
+              {"[]", R"([{"k":1}])", R"([{},{"j":2}])", "7"}, {R"([{"k":1},{"k":2}])"});
+}
+
+TEST(JsonSchemaCoverage, IfThenElse) {
+  expect_lang(schema(R"({"type": "object", "if": {"properties": {"kind": {"const": "a"}}, "required": ["kind"]},
+                         "then": {"required": ["x"]}, "else": {"required": ["y"]}})"),
+              {R"({"kind":"a","x":1})", R"({"kind":"b","y":1})", R"({"y":{}})"},
+              {R"({"kind":"a","y":1})", R"({"kind":"b","x":1})", "{}"});
+  expect_lang(schema(R"({"if": {"type": "string"}, "then": {"maxLength": 2}, "else": {"type": "integer"}})"),
+              {R"("ab")", "3"}, {R"("abc")", "1.5", "null"});
+  expect_lang(schema(R"({"if": {"minimum": 10}, "then": {"multipleOf": 5}})"), {"15", "3", R"("s")"}, {"12"});
 }
 
 TEST(JsonSchemaCoverage, UnicodeClasses) {
