@@ -1,6 +1,8 @@
 #include "engine/engine.h"
 
 #include <chrono>
+#include <cstdlib>
+#include <string>
 
 #include "core/check.h"
 #include "core/logging.h"
@@ -14,6 +16,14 @@ uint64_t splitmix(uint64_t x) {
   return x ^ (x >> 31);
 }
 }  // namespace
+
+bool device_sampling_from_env() {
+  const char* v = std::getenv("DEEPINFER_DEVICE_SAMPLING");
+  if (!v || !*v) return true;
+  const std::string s(v);
+  if (s != "0" && s != "1") DI_THROW(InvalidArgument, "DEEPINFER_DEVICE_SAMPLING must be 0 or 1, got '", s, "'");
+  return s == "1";
+}
 
 double now_seconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -39,7 +49,7 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<model::CausalLM> mode
   model_->allocate_cache(g);
   cache_ = std::make_unique<KVCacheManager>(g);
   scheduler_ = std::make_unique<Scheduler>(sc, *cache_, model_->vocab_size());
-  runner_ = std::make_unique<ModelRunner>(*model_);
+  runner_ = std::make_unique<ModelRunner>(*model_, RunnerOptions{.device_sampling = config_.device_sampling});
   outputs_ = std::make_unique<OutputProcessor>(codec_.get());
 }
 

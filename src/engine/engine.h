@@ -22,7 +22,13 @@ struct EngineConfig {
   SchedulerConfig scheduler;             // max_model_len 0 = the model's
   size_t kv_cache_memory_bytes = size_t(1) << 30;
   uint64_t seed = 0;
+  // Sample on the model's device when it keeps logits there (GPU model); LLM reads it from
+  // DEEPINFER_DEVICE_SAMPLING (device_sampling_from_env).
+  bool device_sampling = true;
 };
+
+// DEEPINFER_DEVICE_SAMPLING: unset or "1" -> true, "0" -> false; anything else InvalidArgument.
+bool device_sampling_from_env();
 
 class Engine {
  public:

@@ -8,6 +8,13 @@
 
 namespace deepinfer::engine {
 
+ModelRunner::ModelRunner(model::CausalLM& model, const RunnerOptions& options) : model_(model) {
+  if (options.device_sampling && model_.supports_device_logits())
+    device_sampler_ = DeviceSampler::create(model_.vocab_size());  // null without the CUDA backend
+}
+
+ModelRunner::~ModelRunner() = default;
+
 void ModelRunner::apply_state_changes(const SchedulerOutput& out) {
   for (int64_t id : out.finished_seq_ids) seqs_.erase(id);
   for (int64_t id : out.preempted_seq_ids) seqs_.erase(id);
@@ -63,30 +70,16 @@ model::ForwardBatch ModelRunner::build_batch(const SchedulerOutput& out, std::ve
   return b;
 }
 
-ModelRunnerOutput ModelRunner::execute(const SchedulerOutput& out) {
-  apply_state_changes(out);
-  ModelRunnerOutput result;
-  if (out.empty()) return result;
-  std::vector<int64_t> sample_rows;  // [scheduled] logits row, -1 = no sample
-  std::vector<PromptRows> prompt_rows;
-  model::ForwardBatch batch = build_batch(out, sample_rows, prompt_rows);
-  Tensor logits = model_.forward(batch);  // [rows, vocab] f32 host
-  const int64_t vocab = model_.vocab_size();
-  DI_CHECK(logits.dim() == 2 && logits.size(0) == int64_t(batch.logits_indices.size()) && logits.size(1) == vocab &&
-               logits.dtype() == DType::kF32 && logits.is_contiguous(),
-           "model returned logits ", logits.str(), " for ", batch.logits_indices.size(), " rows");
-  const float* L = logits.data<float>();
-
+std::vector<SamplingRow> ModelRunner::sampling_rows(const SchedulerOutput& out, const std::vector<int64_t>& sample_rows,
+                                                   std::vector<int64_t>& row_seq) const {
   std::unordered_map<int64_t, const std::vector<uint32_t>*> masks;
   for (size_t i = 0; i < out.grammar_seq_ids.size(); ++i) masks[out.grammar_seq_ids[i]] = &out.grammar_masks[i];
   std::vector<SamplingRow> rows;
-  std::vector<int64_t> row_seq;
   for (size_t i = 0; i < out.scheduled.size(); ++i) {
     if (sample_rows[i] < 0) continue;
     int64_t id = out.scheduled[i].seq_id;
     const SeqState& s = seqs_.at(id);
     SamplingRow r;
-    r.logits = L + sample_rows[i] * vocab;
     r.params = s.params.get();
     r.seed = s.seed;
     r.sample_index = s.sample_index;
@@ -99,12 +92,37 @@ ModelRunnerOutput ModelRunner::execute(const SchedulerOutput& out) {
     rows.push_back(r);
     row_seq.push_back(id);
   }
+  return rows;
+}
+
+// Logits stay on the device; the batch has sampling rows only, in row order (no prompt rows).
+std::vector<SampleResult> ModelRunner::sample_on_device(const model::ForwardBatch& batch,
+                                                        std::span<const SamplingRow> rows) {
+  DI_CHECK(batch.logits_indices.size() == rows.size(), "device sampling with ", batch.logits_indices.size(),
+           " logits rows for ", rows.size(), " samples");
+  const model::DeviceLogits logits = model_.forward_device(batch);
+  DI_CHECK(logits.rows == int64_t(rows.size()) && (rows.empty() || logits.data) &&
+               logits.row_stride >= model_.vocab_size(),
+           "model returned device logits of ", logits.rows, " rows (stride ", logits.row_stride, ") for ", rows.size(),
+           " rows");
+  stats_.device_steps++;
+  return device_sampler_->sample(logits, rows);
+}
+
+std::vector<SampleResult> ModelRunner::sample_on_host(const model::ForwardBatch& batch, std::vector<SamplingRow>& rows,
+                                                      const std::vector<int64_t>& sample_rows,
+                                                      const std::vector<PromptRows>& prompt_rows,
+                                                      ModelRunnerOutput& result) {
+  Tensor logits = model_.forward(batch);  // [rows, vocab] f32 host
+  const int64_t vocab = model_.vocab_size();
+  DI_CHECK(logits.dim() == 2 && logits.size(0) == int64_t(batch.logits_indices.size()) && logits.size(1) == vocab &&
+               logits.dtype() == DType::kF32 && logits.is_contiguous(),
+           "model returned logits ", logits.str(), " for ", batch.logits_indices.size(), " rows");
+  const float* L = logits.data<float>();
+  size_t k = 0;
+  for (int64_t row : sample_rows)
+    if (row >= 0) rows[k++].logits = L + row * vocab;
   std::vector<SampleResult> drawn = engine::sample_rows(rows, vocab);
-  for (size_t i = 0; i < drawn.size(); ++i) {
-    SampledToken t{row_seq[i], drawn[i].token, std::nullopt};
-    if (rows[i].params->logprobs) t.logprobs = std::move(drawn[i].logprobs);
-    result.sampled.push_back(std::move(t));
-  }
   for (const PromptRows& pr : prompt_rows) {
     const SeqState& s = seqs_.at(pr.seq_id);
     PromptLogprobsChunk c{pr.seq_id, pr.first_position, std::vector<TokenLogprobs>(size_t(pr.num_rows))};
@@ -113,6 +131,28 @@ ModelRunnerOutput ModelRunner::execute(const SchedulerOutput& out) {
                                               s.token_at(pr.first_position + j), *s.params->prompt_logprobs);
     });
     result.prompt_logprobs.push_back(std::move(c));
+  }
+  stats_.host_steps++;
+  return drawn;
+}
+
+ModelRunnerOutput ModelRunner::execute(const SchedulerOutput& out) {
+  apply_state_changes(out);
+  ModelRunnerOutput result;
+  if (out.empty()) return result;
+  std::vector<int64_t> sample_rows;  // [scheduled] logits row, -1 = no sample
+  std::vector<PromptRows> prompt_rows;
+  model::ForwardBatch batch = build_batch(out, sample_rows, prompt_rows);
+  std::vector<int64_t> row_seq;
+  std::vector<SamplingRow> rows = sampling_rows(out, sample_rows, row_seq);
+  bool on_device = device_sampler_ && prompt_rows.empty();
+  for (const SamplingRow& r : rows) on_device = on_device && device_sampler_->supports(r);
+  std::vector<SampleResult> drawn = on_device ? sample_on_device(batch, rows)
+                                              : sample_on_host(batch, rows, sample_rows, prompt_rows, result);
+  for (size_t i = 0; i < drawn.size(); ++i) {
+    SampledToken t{row_seq[i], drawn[i].token, std::nullopt};
+    if (rows[i].params->logprobs) t.logprobs = std::move(drawn[i].logprobs);
+    result.sampled.push_back(std::move(t));
   }
   // Commit: advance our own copy (the scheduler does the same in update()).
   for (size_t i = 0; i < out.scheduled.size(); ++i) seqs_.at(out.scheduled[i].seq_id).num_computed += out.scheduled[i].num_tokens;

@@ -21,7 +21,7 @@ using namespace gpu;
 CudaHostPlan CudaHostPlan::make(const DeepseekV4Config& cfg, const CudaModelOptions& o) {
   CudaHostPlan p;
   p.cache_specs = cache_specs_for(cfg, 0);  // MTP blocks do not run on the GPU yet
-  const size_t e = storage_bytes(o.numerics);
+  const size_t e = storage_bytes(o.storage_numerics());
   p.weight_bytes = gpu_weight_bytes(cfg, false, e);
   p.activation_bytes = gpu_activation_bytes(cfg, o.max_batch_tokens, o.max_seqs, o.max_context, e);
   p.block_tokens = kv::KvCache::default_block_tokens(p.cache_specs);
@@ -103,7 +103,8 @@ std::unique_ptr<DeepseekV4CudaModel> DeepseekV4CudaModel::load(const std::string
   s.mem = mem;
   s.specs = plan.cache_specs;
   s.cand_caps = decode_cand_caps(m->cfg_, o.max_context);
-  s.w = upload_weights(w, m->cfg_, storage_dtype(o.numerics), plan.weight_bytes, o.progress, s.stream.get());
+  s.w = upload_weights(w, m->cfg_, storage_dtype(o.storage_numerics()), plan.weight_bytes, o.progress,
+                       s.stream.get());
   DI_INFO("deepseek_v4 cuda: ", s.w.bytes >> 20, " MiB of weights on ", info.name, " (planned ", plan.weight_bytes >> 20,
           " MiB); cache budget ", mem.cache_bytes >> 20, " MiB");
   return m;
@@ -112,6 +113,7 @@ std::unique_ptr<DeepseekV4CudaModel> DeepseekV4CudaModel::load(const std::string
 std::unique_ptr<DeepseekV4CudaModel> DeepseekV4CudaModel::load(const std::string& dir, const EnvConfig& /*env*/) {
   CudaModelOptions o;
   o.numerics = Numerics::kProduction;
+  o.decode = kEngineDecodePath;  // DEEPINFER_CUDA_GRAPHS=0 still selects the general path
   return load(dir, o);
 }
 
@@ -122,14 +124,17 @@ std::string DeepseekV4CudaModel::describe() const {
      << cfg_.num_experts_per_tok << ", backend cuda "
      << (opts_.numerics == Numerics::kExact ? "f32 (exact)"
          : opts_.numerics == Numerics::kBf16 ? "bf16"
-                                              : "bf16 (production: FP8 kv, FP4 indexer)")
+         : opts_.f32_storage                 ? "f32 storage with production round trips (FP8 kv, FP4 indexer)"
+                                             : "bf16 (production: FP8 kv, FP4 indexer)")
+     << ", decode "
+     << (opts_.decode == DecodePath::kGraph ? "graphs" : opts_.decode == DecodePath::kFixed ? "fixed" : "general")
      << " on " << (st_ ? st_->info.name : "?");
   return os.str();
 }
 
 kv::CacheGeometry DeepseekV4CudaModel::plan_cache(size_t budget_bytes, int64_t max_slots) const {
   return plan_gpu_cache(st_->specs, std::min(budget_bytes, st_->mem.cache_bytes), max_slots,
-                        storage_bytes(opts_.numerics));
+                        storage_bytes(opts_.storage_numerics()));
 }
 
 void DeepseekV4CudaModel::allocate_cache(const kv::CacheGeometry& geometry) {
@@ -137,7 +142,7 @@ void DeepseekV4CudaModel::allocate_cache(const kv::CacheGeometry& geometry) {
   for (auto& g : st_->graphs) g = cuda::CudaGraph();
   st_->warmed.fill(false);
   st_->cache = GpuCache();  // free the old pools first
-  st_->cache = GpuCache(st_->specs, geometry, storage_dtype(opts_.numerics), st_->stream.get());
+  st_->cache = GpuCache(st_->specs, geometry, storage_dtype(opts_.storage_numerics()), st_->stream.get());
 }
 
 void DeepseekV4CudaModel::allocate_cache_for(int64_t slots, int64_t max_tokens_per_slot) {
@@ -145,8 +150,8 @@ void DeepseekV4CudaModel::allocate_cache_for(int64_t slots, int64_t max_tokens_p
   g.block_tokens = kv::KvCache::default_block_tokens(st_->specs);
   g.num_slots = slots;
   g.num_blocks = slots * std::max<int64_t>(1, (max_tokens_per_slot + g.block_tokens - 1) / g.block_tokens);
-  g.bytes_per_block = gpu_block_bytes(st_->specs, g.block_tokens, storage_bytes(opts_.numerics));
-  g.bytes_per_slot = gpu_slot_bytes(st_->specs, storage_bytes(opts_.numerics));
+  g.bytes_per_block = gpu_block_bytes(st_->specs, g.block_tokens, storage_bytes(opts_.storage_numerics()));
+  g.bytes_per_slot = gpu_slot_bytes(st_->specs, storage_bytes(opts_.storage_numerics()));
   allocate_cache(g);
 }
 
@@ -278,14 +283,14 @@ void launch_step(const StepCtx& c, const GpuWeights& w, GpuCache& cache, int64_t
   linear(c, w.head, c.at<void>(c.L.hh), D, R, c.at<float>(c.L.logits), DType::kF32, V);
 }
 
-StepCtx make_ctx(const DeepseekV4Config& cfg, Numerics num, const StepMeta& meta, const DevMeta& dm, char* arena,
-                 const ArenaLayout& L, const ops::cuda::AttnSplit& split, int num_sms, cudaStream_t st,
+StepCtx make_ctx(const DeepseekV4Config& cfg, const CudaModelOptions& o, const StepMeta& meta, const DevMeta& dm,
+                 char* arena, const ArenaLayout& L, const ops::cuda::AttnSplit& split, int num_sms, cudaStream_t st,
                  ops::cuda::CublasLt* blas, MoeHost* moe) {
   StepCtx c;
   c.cfg = &cfg;
-  c.numerics = num;
-  c.act = storage_dtype(num);
-  c.act_bytes = storage_bytes(num);
+  c.numerics = o.numerics;  // decides the round trips
+  c.act = storage_dtype(o.storage_numerics());
+  c.act_bytes = storage_bytes(o.storage_numerics());
   c.meta = &meta;
   c.dmeta = &dm;
   c.arena = arena;
@@ -300,17 +305,26 @@ StepCtx make_ctx(const DeepseekV4Config& cfg, Numerics num, const StepMeta& meta
 }  // namespace
 
 Tensor DeepseekV4CudaModel::forward(const ForwardBatch& batch) {
+  const int64_t V = cfg_.vocab_size;
+  const DeviceLogits d = run_step(batch);
+  Tensor out = Tensor::empty({d.rows, V}, DType::kF32);
+  const cudaStream_t st = st_->stream.get();
+  if (d.rows > 0) cuda::copy_d2h(out.raw_data(), d.data, out.nbytes(), st, false);
+  DI_CUDA_CHECK(cudaStreamSynchronize(st));
+  return out;
+}
+
+DeviceLogits DeepseekV4CudaModel::forward_device(const ForwardBatch& batch) { return run_step(batch); }
+
+DeviceLogits DeepseekV4CudaModel::run_step(const ForwardBatch& batch) {
   State& s = *st_;
   validate_batch(cfg_, s.cache.geometry(), s.cache.allocated(), batch);
   const int64_t T = batch.num_tokens(), R = int64_t(batch.logits_indices.size());
   const int64_t D = cfg_.hidden_size, n = cfg_.hc_mult, V = cfg_.vocab_size;
-  if (T == 0) return Tensor::empty({0, V}, DType::kF32);
-  Tensor out = Tensor::empty({R, V}, DType::kF32);
-  if (opts_.decode != DecodePath::kGeneral && decode_eligible(cfg_, batch, s.cand_caps)) {
-    forward_fixed(batch, out);
-    return out;
-  }
   const cudaStream_t st = s.stream.get();
+  DeviceLogits none{.data = nullptr, .rows = 0, .row_stride = V, .stream = st, .device = opts_.device};
+  if (T == 0) return none;
+  if (opts_.decode != DecodePath::kGeneral && decode_eligible(cfg_, batch, s.cand_caps)) return forward_fixed(batch);
   const StepMeta meta = build_step_meta(cfg_, s.cache.geometry(), batch);
   const MetaOffsets mo = pack_meta(meta, s.meta_h);
   ensure(s.meta, s.meta_h.size());
@@ -318,22 +332,18 @@ Tensor DeepseekV4CudaModel::forward(const ForwardBatch& batch) {
   const DevMeta dm = dev_meta(meta, mo, s.meta.as<const char>());
   ops::cuda::AttnSplit split;
   const ArenaLayout L =
-      layout_arena(cfg_, arena_sizes(cfg_, meta, R, storage_bytes(opts_.numerics), s.info.num_sms, &split));
+      layout_arena(cfg_, arena_sizes(cfg_, meta, R, storage_bytes(opts_.storage_numerics()), s.info.num_sms,
+                                     &split));
   ensure(s.arena, L.total);
-  const StepCtx c = make_ctx(cfg_, opts_.numerics, meta, dm, s.arena.as<char>(), L, split, s.info.num_sms, st,
+  const StepCtx c = make_ctx(cfg_, opts_, meta, dm, s.arena.as<char>(), L, split, s.info.num_sms, st,
                              &s.blas, &s.moe);
   launch_step(c, s.w, s.cache, R);
-  if (R == 0) {
-    if (batch.need_hidden) last_hidden_ = Tensor::empty({0, n, D}, DType::kF32);
-    DI_CUDA_CHECK(cudaStreamSynchronize(st));
-    return out;
-  }
   if (batch.need_hidden) {
     last_hidden_ = Tensor::empty({R, n, D}, DType::kF32);
-    cuda::copy_d2h(last_hidden_.raw_data(), c.at<float>(L.sel), last_hidden_.nbytes(), st, false);
+    if (R > 0) cuda::copy_d2h(last_hidden_.raw_data(), c.at<float>(L.sel), last_hidden_.nbytes(), st, true);
   }
-  cuda::copy_d2h(out.raw_data(), c.at<float>(L.logits), out.nbytes(), st, true);
-  return out;
+  if (R == 0) return none;
+  return {.data = c.at<float>(L.logits), .rows = R, .row_stride = V, .stream = st, .device = opts_.device};
 }
 
 // Fixed buffers of the fixed-shape path, sized once for the largest padded batch: graphs
@@ -345,7 +355,7 @@ void DeepseekV4CudaModel::ensure_fixed_buffers() {
   for (int64_t P : kDecodeBuckets) {
     const StepMeta m = build_decode_meta(cfg_, s.cache.geometry(), ForwardBatch{}, P, s.cand_caps);
     ops::cuda::AttnSplit split;
-    arena = std::max(arena, layout_arena(cfg_, arena_sizes(cfg_, m, P, storage_bytes(opts_.numerics),
+    arena = std::max(arena, layout_arena(cfg_, arena_sizes(cfg_, m, P, storage_bytes(opts_.storage_numerics()),
                                                            s.info.num_sms, &split)).total);
     std::vector<char> buf;
     const MetaOffsets o = pack_meta(m, buf);
@@ -357,7 +367,7 @@ void DeepseekV4CudaModel::ensure_fixed_buffers() {
   s.fixed_meta = cuda::DeviceBuffer(meta);
 }
 
-void DeepseekV4CudaModel::forward_fixed(const ForwardBatch& batch, Tensor& out) {
+DeviceLogits DeepseekV4CudaModel::forward_fixed(const ForwardBatch& batch) {
   State& s = *st_;
   const int64_t B = batch.num_tokens(), R = int64_t(batch.logits_indices.size());
   const int64_t D = cfg_.hidden_size, n = cfg_.hc_mult, V = cfg_.vocab_size;
@@ -373,9 +383,10 @@ void DeepseekV4CudaModel::forward_fixed(const ForwardBatch& batch, Tensor& out) 
   const DevMeta dm = dev_meta(meta, mo, s.fixed_meta.as<const char>());
   ops::cuda::AttnSplit split;
   const ArenaLayout L =
-      layout_arena(cfg_, arena_sizes(cfg_, meta, P, storage_bytes(opts_.numerics), s.info.num_sms, &split));
+      layout_arena(cfg_, arena_sizes(cfg_, meta, P, storage_bytes(opts_.storage_numerics()), s.info.num_sms,
+                                     &split));
   DI_CHECK(L.total <= s.fixed_arena.size_bytes(), "fixed decode arena ", L.total, " > ", s.fixed_arena.size_bytes());
-  const StepCtx c = make_ctx(cfg_, opts_.numerics, meta, dm, s.fixed_arena.as<char>(), L, split, s.info.num_sms, st,
+  const StepCtx c = make_ctx(cfg_, opts_, meta, dm, s.fixed_arena.as<char>(), L, split, s.info.num_sms, st,
                              &s.blas, nullptr);
   size_t gi = 0;
   while (kDecodeBuckets[gi] != P) ++gi;
@@ -404,11 +415,11 @@ void DeepseekV4CudaModel::forward_fixed(const ForwardBatch& batch, Tensor& out) 
   }
   if (batch.need_hidden) {
     last_hidden_ = Tensor::empty({R, n, D}, DType::kF32);
-    if (R > 0) cuda::copy_d2h(last_hidden_.raw_data(), c.at<float>(L.sel), last_hidden_.nbytes(), st, false);
+    if (R > 0) cuda::copy_d2h(last_hidden_.raw_data(), c.at<float>(L.sel), last_hidden_.nbytes(), st, true);
   }
   // logits_rows lists logits_indices first: rows 0..R-1 of the padded head output.
-  if (R > 0) cuda::copy_d2h(out.raw_data(), c.at<float>(L.logits), size_t(R * V) * sizeof(float), st, false);
-  DI_CUDA_CHECK(cudaStreamSynchronize(st));
+  return {.data = R > 0 ? c.at<float>(L.logits) : nullptr, .rows = R, .row_stride = V, .stream = st,
+          .device = opts_.device};
 }
 
 void DeepseekV4CudaModel::set_decode_path(DecodePath p) {

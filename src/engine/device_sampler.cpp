@@ -1,0 +1,227 @@
+#include "engine/device_sampler.h"
+
+#include "core/check.h"
+
+#if defined(DEEPINFER_HAVE_MODEL_CUDA) && __has_include("ops/cuda/sampling.h")
+#include <algorithm>
+#include <cstring>
+
+#include "ops/cuda/runtime.h"
+#include "ops/cuda/sampling.h"
+#define DI_DEVICE_SAMPLER 1
+#endif
+
+namespace deepinfer::engine {
+
+#if defined(DI_DEVICE_SAMPLER)
+namespace oc = ops::cuda;
+
+namespace {
+// The step's host-side lists, flattened the way ops::cuda::SampleParams reads them.
+struct Flat {
+  std::vector<oc::SamplingRowParams> rows;
+  std::vector<int32_t> bias_ids, banned, pen_ids, pen_counts;
+  std::vector<float> bias_vals;
+  bool any_mask = false, any_logprobs = false;
+  int max_top = 0;
+};
+
+Flat flatten(std::span<const SamplingRow> rows, int64_t vocab) {
+  Flat f;
+  f.rows.reserve(rows.size());
+  for (const SamplingRow& row : rows) {
+    const SamplingParams& p = *row.params;
+    oc::SamplingRowParams r{.temperature = p.temperature, .top_p = p.top_p, .min_p = p.min_p, .top_k = p.top_k,
+                            .repetition_penalty = p.repetition_penalty, .presence_penalty = p.presence_penalty,
+                            .frequency_penalty = p.frequency_penalty, .top_logprobs = p.logprobs.value_or(0),
+                            .seed = row.seed, .sample_index = row.sample_index, .position = row.position,
+                            .eos_token_id = int32_t(row.eos_token_id), .has_mask = row.allowed_mask ? 1 : 0};
+    if (p.logprobs) {
+      f.any_logprobs = true;
+      f.max_top = std::max(f.max_top, *p.logprobs);
+    }
+    f.any_mask |= row.allowed_mask != nullptr;
+    r.bias_begin = int32_t(f.bias_ids.size());
+    for (auto [t, b] : p.logit_bias) {
+      f.bias_ids.push_back(t);
+      f.bias_vals.push_back(b);
+    }
+    r.bias_end = int32_t(f.bias_ids.size());
+    // min_tokens not reached: EOS and the stop ids are banned (sampler.cpp, processed_logits).
+    r.banned_begin = int32_t(f.banned.size());
+    const int64_t n_out = row.output_ids ? int64_t(row.output_ids->size()) : 0;
+    if (n_out < p.min_tokens) {
+      if (row.eos_token_id >= 0 && row.eos_token_id < vocab) f.banned.push_back(int32_t(row.eos_token_id));
+      for (int32_t t : p.stop_token_ids) f.banned.push_back(t);
+    }
+    r.banned_end = int32_t(f.banned.size());
+    // Penalty entries only when a penalty is on: the repetition penalty covers prompt + output,
+    // presence/frequency the output alone (count 0 entries get no additive penalty).
+    r.penalty_begin = int32_t(f.pen_ids.size());
+    const bool rep = p.repetition_penalty != 1.0f;
+    const bool additive = (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) && row.output_ids;
+    if (rep || additive) {
+      std::span<const int32_t> prompt, output;
+      if (rep && row.prompt_ids) prompt = *row.prompt_ids;
+      if (row.output_ids) output = *row.output_ids;
+      oc::make_penalty_entries(prompt, output, vocab, f.pen_ids, f.pen_counts);
+    }
+    r.penalty_end = int32_t(f.pen_ids.size());
+    f.rows.push_back(r);
+  }
+  return f;
+}
+
+// Byte layout of one packed buffer: pieces at 256-byte aligned offsets.
+struct Layout {
+  size_t total = 0;
+  size_t add(size_t bytes) {
+    const size_t off = (total + 255) / 256 * 256;
+    total = off + bytes;
+    return off;
+  }
+};
+
+template <typename T>
+void put(char* base, size_t off, const std::vector<T>& v) {
+  if (!v.empty()) std::memcpy(base + off, v.data(), v.size() * sizeof(T));
+}
+
+void grow(cuda::DeviceBuffer& b, size_t bytes, int device) {
+  if (b.size_bytes() >= bytes) return;
+  b = cuda::DeviceBuffer();
+  b = cuda::DeviceBuffer(bytes + bytes / 4, device);
+}
+void grow(cuda::PinnedBuffer& b, size_t bytes) {
+  if (b.size_bytes() >= bytes) return;
+  b = cuda::PinnedBuffer();
+  b = cuda::PinnedBuffer(bytes + bytes / 4);
+}
+}  // namespace
+
+struct DeviceSampler::Impl {
+  cuda::DeviceBuffer in_d, out_d, workspace;
+  cuda::PinnedBuffer in_h, out_h;
+};
+
+std::unique_ptr<DeviceSampler> DeviceSampler::create(int64_t vocab) {
+  return std::unique_ptr<DeviceSampler>(new DeviceSampler(vocab));
+}
+
+DeviceSampler::DeviceSampler(int64_t vocab) : vocab_(vocab), impl_(std::make_unique<Impl>()) {
+  DI_CHECK(vocab >= 1 && vocab < INT32_MAX, "vocab ", vocab);
+}
+
+bool DeviceSampler::supports(const SamplingRow& row) const {
+  const SamplingParams& p = *row.params;
+  if (p.logprobs && (*p.logprobs < 0 || *p.logprobs > oc::kSamplingMaxTopLogprobs)) return false;
+  if (row.allowed_mask && int64_t(row.allowed_mask->size()) * 32 < vocab_) return false;
+  return true;
+}
+
+std::vector<SampleResult> DeviceSampler::sample(const model::DeviceLogits& logits, std::span<const SamplingRow> rows) {
+  const int64_t B = int64_t(rows.size()), V = vocab_, words = (V + 31) / 32;
+  const cudaStream_t st = static_cast<cudaStream_t>(logits.stream);
+  DI_CHECK(logits.rows == B, "device logits have ", logits.rows, " rows for ", B, " sampled rows");
+  if (B == 0) {
+    DI_CUDA_CHECK(cudaStreamSynchronize(st));
+    return {};
+  }
+  const Flat f = flatten(rows, V);
+  // Upload: rows, entry lists and (when any row has one) the [B, words] grammar bitmasks.
+  Layout in;
+  const size_t o_rows = in.add(f.rows.size() * sizeof(oc::SamplingRowParams));
+  const size_t o_bid = in.add(f.bias_ids.size() * 4), o_bval = in.add(f.bias_vals.size() * 4);
+  const size_t o_ban = in.add(f.banned.size() * 4);
+  const size_t o_pid = in.add(f.pen_ids.size() * 4), o_pcnt = in.add(f.pen_counts.size() * 4);
+  const size_t o_mask = in.add(f.any_mask ? size_t(B * words) * 4 : 0);
+  Impl& m = *impl_;
+  grow(m.in_h, in.total);
+  grow(m.in_d, in.total, logits.device);
+  char* h = m.in_h.as<char>();
+  put(h, o_rows, f.rows);
+  put(h, o_bid, f.bias_ids);
+  put(h, o_bval, f.bias_vals);
+  put(h, o_ban, f.banned);
+  put(h, o_pid, f.pen_ids);
+  put(h, o_pcnt, f.pen_counts);
+  if (f.any_mask) {
+    uint32_t* mask = reinterpret_cast<uint32_t*>(h + o_mask);
+    for (int64_t i = 0; i < B; ++i) {
+      const std::vector<uint32_t>* src = rows[size_t(i)].allowed_mask;
+      if (!src) continue;  // has_mask = 0: the row is never read
+      DI_CHECK(int64_t(src->size()) >= words, "grammar bitmask too short: ", src->size(), " words for vocab ", V);
+      std::memcpy(mask + i * words, src->data(), size_t(words) * 4);
+    }
+  }
+  DI_CUDA_CHECK(cudaMemcpyAsync(m.in_d.data(), h, in.total, cudaMemcpyHostToDevice, st));
+  // Outputs: ids, then (when asked) logprobs, ranks and the top-N block.
+  const int max_top = f.any_logprobs ? f.max_top : 0;
+  Layout out;
+  const size_t o_tok = out.add(size_t(B) * 4);
+  const size_t o_lp = out.add(f.any_logprobs ? size_t(B) * 4 : 0), o_rank = out.add(f.any_logprobs ? size_t(B) * 4 : 0);
+  const size_t o_tid = out.add(size_t(B * max_top) * 4), o_tlp = out.add(size_t(B * max_top) * 4);
+  grow(m.out_h, out.total);
+  grow(m.out_d, out.total, logits.device);
+  grow(m.workspace, oc::sampling_workspace_bytes(B, V), logits.device);
+  char* d_in = m.in_d.as<char>();
+  char* d_out = m.out_d.as<char>();
+  auto I32 = [](char* base, size_t off) { return reinterpret_cast<int32_t*>(base + off); };
+  auto F32 = [](char* base, size_t off) { return reinterpret_cast<float*>(base + off); };
+  oc::SampleParams p{.logits = logits.data, .logits_stride = logits.row_stride, .batch = B, .vocab = V,
+                     .rows = reinterpret_cast<const oc::SamplingRowParams*>(d_in + o_rows),
+                     .bias_ids = I32(d_in, o_bid), .bias_values = F32(d_in, o_bval),
+                     .num_bias = int64_t(f.bias_ids.size()), .banned_ids = I32(d_in, o_ban),
+                     .num_banned = int64_t(f.banned.size()), .penalty_ids = I32(d_in, o_pid),
+                     .penalty_counts = I32(d_in, o_pcnt), .num_penalty = int64_t(f.pen_ids.size()),
+                     .allowed_mask = f.any_mask ? reinterpret_cast<const uint32_t*>(d_in + o_mask) : nullptr,
+                     .mask_stride = words, .tokens = I32(d_out, o_tok),
+                     .logprobs = f.any_logprobs ? F32(d_out, o_lp) : nullptr,
+                     .ranks = f.any_logprobs ? I32(d_out, o_rank) : nullptr,
+                     .top_ids = max_top > 0 ? I32(d_out, o_tid) : nullptr,
+                     .top_logprobs = max_top > 0 ? F32(d_out, o_tlp) : nullptr, .max_top_logprobs = max_top,
+                     .workspace = m.workspace.data(), .workspace_bytes = m.workspace.size_bytes()};
+  oc::check_sampling_rows(f.rows, p);
+  oc::sample(p, st);
+  DI_CUDA_CHECK(cudaMemcpyAsync(m.out_h.data(), d_out, out.total, cudaMemcpyDeviceToHost, st));
+  DI_CUDA_CHECK(cudaStreamSynchronize(st));
+
+  char* ho = m.out_h.as<char>();
+  std::vector<SampleResult> res(static_cast<size_t>(B));
+  for (int64_t i = 0; i < B; ++i) {
+    SampleResult& r = res[size_t(i)];
+    r.token = I32(ho, o_tok)[i];
+    const SamplingParams& sp = *rows[size_t(i)].params;
+    if (!sp.logprobs) continue;
+    TokenLogprobs& lp = r.logprobs;
+    lp.token = r.token;
+    lp.logprob = F32(ho, o_lp)[i];
+    lp.rank = I32(ho, o_rank)[i];
+    const int n = int(std::min<int64_t>(*sp.logprobs, V));
+    for (int j = 0; j < n; ++j)
+      lp.top.emplace_back(I32(ho, o_tid)[i * max_top + j], F32(ho, o_tlp)[i * max_top + j]);
+  }
+  stats_.steps++;
+  stats_.rows += B;
+  stats_.h2d_bytes += int64_t(in.total);
+  stats_.d2h_bytes += int64_t(out.total);
+  stats_.last_d2h_bytes = int64_t(out.total);
+  return res;
+}
+
+DeviceSampler::~DeviceSampler() = default;
+
+#else  // no CUDA backend in this build
+
+struct DeviceSampler::Impl {};
+std::unique_ptr<DeviceSampler> DeviceSampler::create(int64_t) { return nullptr; }
+DeviceSampler::DeviceSampler(int64_t vocab) : vocab_(vocab) {}
+DeviceSampler::~DeviceSampler() = default;
+bool DeviceSampler::supports(const SamplingRow&) const { return false; }
+std::vector<SampleResult> DeviceSampler::sample(const model::DeviceLogits&, std::span<const SamplingRow>) {
+  DI_THROW(InternalError, "DeviceSampler: this build has no CUDA backend");
+}
+
+#endif
+
+}  // namespace deepinfer::engine

@@ -1,0 +1,54 @@
+// DeviceSampler: the engine's sampler run on the model's GPU, over logits the model left in
+// device memory (CausalLM::forward_device). Same semantics as sample_rows() (sampler.h): the
+// kernel is ops::cuda::sample, the host sampler's twin step by step (penalties, temperature,
+// min-p/top-k/top-p, grammar bitmask, Philox draw keyed by (seed, sample index, position)),
+// so tokens are identical and logprobs agree to a float ulp (src/ops/cuda/sampling.h says where
+// fp64 summation order could move a draw: within ~1e-13 of a CDF boundary).
+//
+// Per step: the rows' parameters, bias/banned/penalty lists and grammar bitmasks are packed
+// into one pinned buffer and uploaded with one copy; the kernel runs on the model's stream
+// right after the forward; one copy brings back the packed ids, logprobs, ranks and top-N
+// into pinned memory; one stream sync. Buffers grow and are reused across steps.
+// Built only with the CUDA backend: create() returns null otherwise.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "engine/sampler.h"
+#include "model/causal_lm.h"
+
+namespace deepinfer::engine {
+
+class DeviceSampler {
+ public:
+  struct Stats {
+    int64_t steps = 0, rows = 0;
+    int64_t h2d_bytes = 0, d2h_bytes = 0;  // totals over all steps
+    int64_t last_d2h_bytes = 0;            // of the last step
+  };
+
+  // Null when this build has no CUDA backend.
+  static std::unique_ptr<DeviceSampler> create(int64_t vocab);
+  ~DeviceSampler();
+
+  // Whether the device can draw `row` as the host would (top-N logprobs within the kernel's
+  // limit, a grammar mask covering the vocabulary). Rows it cannot take go to the host sampler.
+  bool supports(const SamplingRow& row) const;
+
+  // Draws rows[i] from row i of `logits` (rows.size() == logits.rows; SamplingRow::logits is
+  // ignored). Results in row order, logprobs filled for rows whose params ask for them.
+  std::vector<SampleResult> sample(const model::DeviceLogits& logits, std::span<const SamplingRow> rows);
+
+  const Stats& stats() const { return stats_; }
+
+ private:
+  struct Impl;
+  explicit DeviceSampler(int64_t vocab);
+  int64_t vocab_;
+  std::unique_ptr<Impl> impl_;
+  Stats stats_;
+};
+
+}  // namespace deepinfer::engine
