@@ -378,7 +378,7 @@ ExprId SchemaLowerer::lower_dependent(const json& s, const std::string& ptr, int
   if (!rest.contains("dependentSchemas")) return lower(rest, ptr, depth + 1);
   json deps = rest["dependentSchemas"];
   if (!deps.is_object()) schema_error(ptr + "/dependentSchemas", "must be an object");
-  if (deps.size() > 4) schema_error(ptr + "/dependentSchemas", "more than 4 dependent schemas are not supported");
+  if (deps.size() > 6) schema_error(ptr + "/dependentSchemas", "more than 6 dependent schemas are not supported");
   if (deps.empty()) {
     rest.erase("dependentSchemas");
     return lower(rest, ptr, depth + 1);

@@ -64,13 +64,41 @@ void SchemaLowerer::merge_into(json& a, const json& b_in, const std::string& ptr
       cond_free["allOf"].push_back(cond);
     }
   }
-  const json& b2 = cond_free.is_null() ? b_in : cond_free;
+  const json& b1 = cond_free.is_null() ? b_in : cond_free;
   auto has_obj_kw = [](const json& x) {
     return x.contains("additionalProperties") || x.contains("patternProperties");
   };
-  if ((has_obj_kw(a) && (b2.contains("properties") || has_obj_kw(b2))) ||
-      (has_obj_kw(b2) && a.contains("properties")))
-    schema_error(ptr, "allOf combining additionalProperties/patternProperties with other properties is not supported");
+  json members_merged;  // b1 without properties/additionalProperties once those are merged below
+  if ((has_obj_kw(a) && (b1.contains("properties") || has_obj_kw(b1))) ||
+      (has_obj_kw(b1) && a.contains("properties"))) {
+    if (a.contains("patternProperties") || b1.contains("patternProperties"))
+      schema_error(ptr, "allOf combining patternProperties with other properties is not supported");
+    // Without patterns, a key's value must satisfy each side's declared schema for it, or
+    // that side's additionalProperties when it does not declare the key.
+    auto add_of = [](const json& x) { return x.contains("additionalProperties") ? x["additionalProperties"] : json(true); };
+    auto value_for = [&](const json& x, const std::string& k) -> json {
+      if (x.contains("properties") && x["properties"].contains(k)) return x["properties"][k];
+      return add_of(x);
+    };
+    auto both = [](const json& x, const json& y) -> json {
+      if (x == y || y == true) return x;
+      if (x == true) return y;
+      return json{{"allOf", json::array({x, y})}};
+    };
+    json props = json::object();
+    for (const json* side : {static_cast<const json*>(&a), &b1})
+      if (side->contains("properties"))
+        for (auto it = (*side)["properties"].begin(); it != (*side)["properties"].end(); ++it)
+          if (!props.contains(it.key())) props[it.key()] = both(value_for(a, it.key()), value_for(b1, it.key()));
+    json add = both(add_of(a), add_of(b1));
+    a["properties"] = props;
+    if (add == true) a.erase("additionalProperties");
+    else a["additionalProperties"] = add;
+    members_merged = b1;
+    members_merged.erase("properties");
+    members_merged.erase("additionalProperties");
+  }
+  const json& b2 = members_merged.is_null() ? b1 : members_merged;
   if ((a.contains("items") && b2.contains("prefixItems")) || (a.contains("prefixItems") && b2.contains("items")) ||
       (a.contains("prefixItems") && b2.contains("prefixItems")))
     schema_error(ptr, "allOf combining prefixItems with items is not supported");
@@ -124,6 +152,8 @@ void SchemaLowerer::merge_into(json& a, const json& b_in, const std::string& ptr
       av = r;
     } else if (k == "allOf") {
       for (const auto& x : v) av.push_back(x);
+    } else if (k == "not") {  // not X and not Y = not (X or Y)
+      av = json{{"anyOf", json::array({av, v})}};
     } else {
       schema_error(ptr, "allOf with two different values of '" + k + "' is not supported");
     }

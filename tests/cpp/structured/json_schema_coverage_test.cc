@@ -171,6 +171,17 @@ TEST(JsonSchemaCoverage, Contains) {
               {"[]", R"([{"k":1}])", R"([{},{"j":2}])", "7"}, {R"([{"k":1},{"k":2}])"});
 }
 
+TEST(JsonSchemaCoverage, AllOfMerges) {
+  // Each side's additionalProperties applies to the keys it does not declare.
+  expect_lang(schema(R"({"allOf": [{"properties": {"a": {"type": "integer"}}, "additionalProperties": false},
+                                   {"properties": {"b": {}}, "additionalProperties": {"type": "string"}}]})"),
+              {"{}"}, {R"({"a":1})", R"({"b":"s"})", R"({"a":"x"})", R"({"c":"s"})"});
+  expect_lang(schema(R"({"allOf": [{"additionalProperties": {"type": "integer"}}, {"properties": {"a": {"minimum": 2}}}]})"),
+              {R"({"a":3,"z":1})", "{}"}, {R"({"a":1})", R"({"a":2.5})", R"({"z":"s"})"});
+  expect_lang(schema(R"({"type": "integer", "allOf": [{"not": {"const": 1}}, {"not": {"const": 2}}]})"),
+              {"0", "3"}, {"1", "2", "2.0"});
+}
+
 TEST(JsonSchemaCoverage, IfThenElse) {
   expect_lang(schema(R"({"type": "object", "if": {"properties": {"kind": {"const": "a"}}, "required": ["kind"]},
                          "then": {"required": ["x"]}, "else": {"required": ["y"]}})"),
