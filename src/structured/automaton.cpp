@@ -134,11 +134,33 @@ class SetTable {
   std::vector<uint64_t> hashes_;  // [size]
   std::vector<int32_t> slots_;    // power of two; set index or -1
 };
-struct NfaState {
-  std::vector<int32_t> eps;
+// One rule's NFA, built as flat edge lists (no allocation per state) and then grouped by
+// source state (CSR: state s's edges are [x_begin[s], x_begin[s + 1])).
+struct Nfa {
+  struct Call { int32_t rule, to; };  // compiled rule index, state after the call
+  int32_t num_states = 0;
+  int32_t final = -1;
+  std::vector<int32_t> eps_begin, eps;
+  std::vector<int32_t> byte_begin;
   std::vector<NfaEdge> bytes;
-  std::vector<std::pair<int32_t, int32_t>> calls;  // (compiled rule, target)
+  std::vector<int32_t> call_begin;
+  std::vector<Call> calls;
+
+  bool has_bytes(int32_t s) const { return byte_begin[s] < byte_begin[s + 1]; }
+  bool has_calls(int32_t s) const { return call_begin[s] < call_begin[s + 1]; }
 };
+
+// Groups (from, edge) pairs by `from` (stable counting sort) into begin/out.
+template <class E>
+void group_edges(int32_t n, const std::vector<std::pair<int32_t, E>>& raw, std::vector<int32_t>& begin,
+                 std::vector<E>& out) {
+  begin.assign(n + 1, 0);
+  for (const auto& [f, e] : raw) ++begin[f + 1];
+  for (int32_t s = 0; s < n; ++s) begin[s + 1] += begin[s];
+  out.resize(raw.size());
+  std::vector<int32_t> pos(begin.begin(), begin.end() - 1);
+  for (const auto& [f, e] : raw) out[pos[f]++] = e;
+}
 
 class Builder {
  public:
@@ -160,11 +182,10 @@ class Builder {
     return idx;
   }
   int32_t new_state() {
-    nfa_.emplace_back();
-    if (static_cast<int64_t>(nfa_.size()) + nfa_total_ > lim_.max_nfa_states)
+    if (++num_nfa_ + nfa_total_ > lim_.max_nfa_states)
       DI_THROW(GrammarError, "grammar too large: more than ", lim_.max_nfa_states,
                " automaton states after expanding repetitions");
-    return static_cast<int32_t>(nfa_.size() - 1);
+    return num_nfa_ - 1;
   }
   void check_time() {
     if (Clock::now() > deadline_)
@@ -174,10 +195,12 @@ class Builder {
   void build_rule_nfa(int32_t idx);
   void determinize(int32_t idx, Pda& pda);
   void eps_closure(std::vector<int32_t>& set);
+  void mark_live(const Nfa& nfa);
+  std::vector<uint8_t> keep_;  // [nfa states] 0 dead, 1 live pass-through, 2 live and deciding
+  std::vector<int32_t> pred_begin_, preds_;
   std::vector<uint32_t> stamp_;  // [nfa states] == generation_ when visited
   uint32_t generation_ = 0;
   std::vector<int32_t> work_;
-  int32_t cur_final_ = -1;  // final NFA state of the rule being determinised
   // Subset-construction scratch, reused across states and rules (no allocation per state).
   SetTable sets_;
   std::vector<std::vector<int32_t>> targets_;  // [class] NFA targets of the current state
@@ -190,9 +213,13 @@ class Builder {
   Clock::time_point deadline_;
   std::unordered_map<RuleId, int32_t> index_of_;
   std::vector<RuleId> kept_;             // compiled rule index -> grammar rule
-  std::vector<NfaState> nfa_;            // NFA of the rule being built
-  std::vector<std::vector<NfaState>> rule_nfas_;
-  std::vector<int32_t> rule_nfa_final_;  // per compiled rule: its NFA's final state
+  // NFA of the rule being built: state count and edges as (from, edge).
+  int32_t num_nfa_ = 0;
+  std::vector<std::pair<int32_t, int32_t>> raw_eps_;
+  std::vector<std::pair<int32_t, NfaEdge>> raw_bytes_;
+  std::vector<std::pair<int32_t, Nfa::Call>> raw_calls_;
+  std::vector<Nfa> rule_nfas_;           // [compiled rule]
+  const Nfa* cur_nfa_ = nullptr;         // the one being determinised
   int64_t nfa_total_ = 0;
 };
 
@@ -204,7 +231,7 @@ int32_t Builder::build(ExprId id, int32_t start, int depth) {
     case ExprKind::kEmpty: return start;
     case ExprKind::kBytes: {
       int32_t end = new_state();
-      for (ByteRange r : e.ranges) nfa_[start].bytes.push_back({r.lo, r.hi, end});
+      for (ByteRange r : e.ranges) raw_bytes_.push_back({start, {r.lo, r.hi, end}});
       return end;
     }
     case ExprKind::kSeq: {
@@ -216,9 +243,9 @@ int32_t Builder::build(ExprId id, int32_t start, int depth) {
       int32_t end = new_state();
       for (ExprId c : e.children) {
         int32_t s = new_state();
-        nfa_[start].eps.push_back(s);
+        raw_eps_.push_back({start, s});
         int32_t t = build(c, s, depth + 1);
-        nfa_[t].eps.push_back(end);
+        raw_eps_.push_back({t, end});
       }
       return end;
     }
@@ -227,20 +254,20 @@ int32_t Builder::build(ExprId id, int32_t start, int depth) {
       for (int32_t i = 0; i < e.min; ++i) cur = build(e.children[0], cur, depth + 1);
       if (e.max == kUnbounded) {
         int32_t loop = new_state();
-        nfa_[cur].eps.push_back(loop);
+        raw_eps_.push_back({cur, loop});
         int32_t t = build(e.children[0], loop, depth + 1);
-        nfa_[t].eps.push_back(loop);
+        raw_eps_.push_back({t, loop});
         return loop;
       }
       int32_t end = new_state();
       for (int32_t i = e.min; i < e.max; ++i) {
-        nfa_[cur].eps.push_back(end);
+        raw_eps_.push_back({cur, end});
         int32_t s = new_state();
-        nfa_[cur].eps.push_back(s);
+        raw_eps_.push_back({cur, s});
         cur = build(e.children[0], s, depth + 1);
         if ((i & 63) == 0) check_time();
       }
-      nfa_[cur].eps.push_back(end);
+      raw_eps_.push_back({cur, end});
       return end;
     }
     case ExprKind::kRef: {
@@ -248,20 +275,20 @@ int32_t Builder::build(ExprId id, int32_t start, int depth) {
       const Rule& r = g_.rules[e.rule];
       if (rec_[e.rule] || !r.inline_ok) {
         int32_t end = new_state();
-        nfa_[start].calls.push_back({compiled_index(e.rule), end});
+        raw_calls_.push_back({start, {compiled_index(e.rule), end}});
         return end;
       }
       return build(r.body, start, depth + 1);
     }
     case ExprKind::kAutomaton: {
       const ByteAutomaton& a = g_.automata[e.automaton];
-      int32_t base = static_cast<int32_t>(nfa_.size());
+      const int32_t base = num_nfa_;
       for (int32_t i = 0; i < a.num_states; ++i) new_state();
       int32_t end = new_state();
-      for (const auto& ed : a.edges) nfa_[base + ed.from].bytes.push_back({ed.lo, ed.hi, base + ed.to});
+      for (const auto& ed : a.edges) raw_bytes_.push_back({base + ed.from, {ed.lo, ed.hi, base + ed.to}});
       for (int32_t i = 0; i < a.num_states; ++i)
-        if (a.final[i]) nfa_[base + i].eps.push_back(end);
-      nfa_[start].eps.push_back(base + a.start);
+        if (a.final[i]) raw_eps_.push_back({base + i, end});
+      raw_eps_.push_back({start, base + a.start});
       return end;
     }
   }
@@ -269,36 +296,73 @@ int32_t Builder::build(ExprId id, int32_t start, int depth) {
 }
 
 void Builder::build_rule_nfa(int32_t idx) {
-  nfa_.clear();
+  num_nfa_ = 0;
+  raw_eps_.clear();
+  raw_bytes_.clear();
+  raw_calls_.clear();
   int32_t start = new_state();
   DI_CHECK(start == 0);
-  int32_t end = build(g_.rules[kept_[idx]].body, start, 0);
-  nfa_total_ += static_cast<int64_t>(nfa_.size());
-  rule_nfas_.push_back(std::move(nfa_));
-  rule_nfa_final_.push_back(end);
+  Nfa nfa;
+  nfa.final = build(g_.rules[kept_[idx]].body, start, 0);
+  nfa.num_states = num_nfa_;
+  nfa_total_ += num_nfa_;
+  group_edges(num_nfa_, raw_eps_, nfa.eps_begin, nfa.eps);
+  group_edges(num_nfa_, raw_bytes_, nfa.byte_begin, nfa.bytes);
+  group_edges(num_nfa_, raw_calls_, nfa.call_begin, nfa.calls);
+  rule_nfas_.push_back(std::move(nfa));
   check_time();
 }
 
+// NFA states from which the rule's end is reachable (through bytes, eps or calls). A DFA state
+// is live exactly when its set holds one of them, so subset construction keeps only those and
+// never creates a dead DFA state (finalize has nothing to trim).
+void Builder::mark_live(const Nfa& nfa) {
+  const int32_t n = nfa.num_states, fin = nfa.final;
+  auto each_edge = [&](auto&& f) {
+    for (int32_t s = 0; s < n; ++s) {
+      for (int32_t k = nfa.eps_begin[s]; k < nfa.eps_begin[s + 1]; ++k) f(s, nfa.eps[k]);
+      for (int32_t k = nfa.byte_begin[s]; k < nfa.byte_begin[s + 1]; ++k) f(s, nfa.bytes[k].to);
+      for (int32_t k = nfa.call_begin[s]; k < nfa.call_begin[s + 1]; ++k) f(s, nfa.calls[k].to);
+    }
+  };
+  pred_begin_.assign(n + 1, 0);
+  each_edge([&](int32_t, int32_t t) { ++pred_begin_[t + 1]; });
+  for (int32_t s = 0; s < n; ++s) pred_begin_[s + 1] += pred_begin_[s];
+  preds_.resize(pred_begin_[n]);
+  work_.assign(pred_begin_.begin(), pred_begin_.end() - 1);  // fill positions
+  each_edge([&](int32_t s, int32_t t) { preds_[work_[t]++] = s; });
+  keep_.assign(n, 0);  // 1: live, 2: live and deciding (byte edges, calls or the end)
+  work_.assign(1, fin);
+  keep_[fin] = 1;
+  while (!work_.empty()) {
+    const int32_t s = work_.back();
+    work_.pop_back();
+    for (int32_t k = pred_begin_[s]; k < pred_begin_[s + 1]; ++k)
+      if (!keep_[preds_[k]]) { keep_[preds_[k]] = 1; work_.push_back(preds_[k]); }
+  }
+  for (int32_t s = 0; s < n; ++s)
+    if (keep_[s] && (nfa.has_bytes(s) || nfa.has_calls(s) || s == fin)) keep_[s] = 2;
+}
+
+// Closes `set` under eps moves (dead states dropped) and keeps only the deciding states: two
+// closures that differ only in pass-through states are the same DFA state (without this a
+// string body had a twin state per character class, which multiplied the states and hid
+// self-loops from the mask walk). Sorted on return.
 void Builder::eps_closure(std::vector<int32_t>& set) {
   // Generation stamps instead of a fresh visited array: closures run once per DFA transition.
-  const auto& nfa = rule_nfas_.back();
-  if (stamp_.size() < nfa.size()) stamp_.assign(nfa.size(), 0);
+  const Nfa& nfa = *cur_nfa_;
   ++generation_;
-  work_.assign(set.begin(), set.end());
-  for (int32_t s : set) stamp_[s] = generation_;
+  work_.clear();
+  for (int32_t s : set)
+    if (keep_[s] && stamp_[s] != generation_) { stamp_[s] = generation_; work_.push_back(s); }
+  set.clear();
   while (!work_.empty()) {
-    int32_t s = work_.back();
+    const int32_t s = work_.back();
     work_.pop_back();
-    for (int32_t t : nfa[s].eps)
-      if (stamp_[t] != generation_) { stamp_[t] = generation_; set.push_back(t); work_.push_back(t); }
+    if (keep_[s] == 2) set.push_back(s);
+    for (int32_t k = nfa.eps_begin[s]; k < nfa.eps_begin[s + 1]; ++k)
+      if (const int32_t t = nfa.eps[k]; keep_[t] && stamp_[t] != generation_) { stamp_[t] = generation_; work_.push_back(t); }
   }
-  // Keep only the states that decide behaviour (byte edges, calls, the end): two closures that
-  // differ only in pass-through states are the same DFA state. Without this a string body had
-  // a twin state per character class, which doubled the states and hid self-loops from the
-  // mask walk.
-  set.erase(std::remove_if(set.begin(), set.end(),
-                           [&](int32_t s) { return nfa[s].bytes.empty() && nfa[s].calls.empty() && s != cur_final_; }),
-            set.end());
   std::sort(set.begin(), set.end());
 }
 
@@ -313,9 +377,8 @@ Pda Builder::run() {
   // Byte classes: intervals between all edge boundaries.
   std::vector<bool> boundary(257, false);
   boundary[0] = boundary[256] = true;
-  for (const auto& nfa : rule_nfas_)
-    for (const auto& s : nfa)
-      for (const auto& e : s.bytes) boundary[e.lo] = boundary[e.hi + 1] = true;
+  for (const Nfa& nfa : rule_nfas_)
+    for (const auto& e : nfa.bytes) boundary[e.lo] = boundary[e.hi + 1] = true;
   int32_t cls = -1;
   for (int b = 0; b < 256; ++b) {
     if (boundary[b]) ++cls;
@@ -324,10 +387,9 @@ Pda Builder::run() {
   pda.num_classes = cls + 1;
   pda.rule_start.assign(kept_.size(), -1);
   for (int32_t r : kept_) pda.rule_names.push_back(g_.rules[r].name);
-  auto nfas = std::move(rule_nfas_);
   for (size_t i = 0; i < kept_.size(); ++i) {
-    rule_nfas_.assign(1, std::move(nfas[i]));  // determinize reads rule_nfas_.back()
-    stamp_.assign(rule_nfas_.back().size(), 0);
+    cur_nfa_ = &rule_nfas_[i];
+    stamp_.assign(cur_nfa_->num_states, 0);
     generation_ = 0;
     determinize(static_cast<int32_t>(i), pda);
   }
@@ -335,9 +397,9 @@ Pda Builder::run() {
 }
 
 void Builder::determinize(int32_t idx, Pda& pda) {
-  const auto& nfa = rule_nfas_.back();
-  const int32_t nfa_final = rule_nfa_final_[idx];
-  cur_final_ = nfa_final;
+  const Nfa& nfa = *cur_nfa_;
+  const int32_t nfa_final = nfa.final;
+  mark_live(nfa);
   const int32_t nc = pda.num_classes;
   const int32_t first = static_cast<int32_t>(pda.states.size());
   sets_.clear();
@@ -369,9 +431,12 @@ void Builder::determinize(int32_t idx, Pda& pda) {
     for (uint32_t j = 0, n = sets_.length(k); j < n; ++j) {
       const int32_t s = set[j];
       if (s == nfa_final) fin = true;
-      for (const auto& e : nfa[s].bytes)
+      for (int32_t q = nfa.byte_begin[s]; q < nfa.byte_begin[s + 1]; ++q) {
+        const NfaEdge& e = nfa.bytes[q];
         for (int c = pda.byte_class[e.lo]; c <= pda.byte_class[e.hi]; ++c) targets_[c].push_back(e.to);
-      for (auto [r, t] : nfa[s].calls) call_pairs_.push_back({r, t});
+      }
+      for (int32_t q = nfa.call_begin[s]; q < nfa.call_begin[s + 1]; ++q)
+        call_pairs_.push_back({nfa.calls[q].rule, nfa.calls[q].to});
     }
     pda.states[cur].final = fin;
     // Neighbouring classes usually have the same targets (every ordinary character of a
@@ -405,57 +470,12 @@ void Builder::determinize(int32_t idx, Pda& pda) {
   }
 }
 
-// Removes states that cannot reach the end of their rule, marks tail calls, and rejects left
-// recursion (a rule reaching a call to itself without consuming a byte would loop forever).
+// Marks tail calls and rejects left recursion (a rule reaching a call to itself without
+// consuming a byte would loop forever).
 void finalize(Pda& pda) {
-  const size_t n = pda.states.size();
   const int32_t nc = pda.num_classes;
-  // Predecessors in CSR form (one allocation, not one vector per state); a call's return
-  // state is in the caller's rule.
-  std::vector<int32_t> pred_begin(n + 1, 0), preds;
-  auto for_each_edge = [&](auto&& f) {
-    for (size_t s = 0; s < n; ++s) {
-      const int32_t* row = &pda.trans[s * nc];
-      for (int c = 0; c < nc; ++c)
-        if (row[c] >= 0 && (c == 0 || row[c] != row[c - 1])) f(static_cast<int32_t>(s), row[c]);
-      for (int32_t k = pda.states[s].calls_begin; k < pda.states[s].calls_end; ++k)
-        f(static_cast<int32_t>(s), pda.calls[k].ret);
-    }
-  };
-  for_each_edge([&](int32_t, int32_t t) { ++pred_begin[t + 1]; });
-  for (size_t s = 0; s < n; ++s) pred_begin[s + 1] += pred_begin[s];
-  preds.resize(pred_begin[n]);
-  {
-    std::vector<int32_t> fill(pred_begin.begin(), pred_begin.end() - 1);
-    for_each_edge([&](int32_t s, int32_t t) { preds[fill[t]++] = s; });
-  }
-  std::vector<bool> live(n, false);
-  std::vector<int32_t> work;
-  for (size_t s = 0; s < n; ++s) if (pda.states[s].final) { live[s] = true; work.push_back(static_cast<int32_t>(s)); }
-  while (!work.empty()) {
-    int32_t s = work.back();
-    work.pop_back();
-    for (int32_t k = pred_begin[s]; k < pred_begin[s + 1]; ++k)
-      if (!live[preds[k]]) { live[preds[k]] = true; work.push_back(preds[k]); }
-  }
-  for (size_t s = 0; s < n; ++s) {
-    for (int c = 0; c < nc; ++c) {
-      int32_t& t = pda.trans[s * nc + c];
-      if (t >= 0 && !live[t]) t = -1;
-    }
-  }
-  // Compact calls in place, dropping those whose return state is dead.
-  std::vector<PdaCall> calls;
-  for (size_t s = 0; s < n; ++s) {
-    auto& st = pda.states[s];
-    int32_t b = static_cast<int32_t>(calls.size());
-    for (int32_t k = st.calls_begin; k < st.calls_end; ++k)
-      if (live[pda.calls[k].ret]) calls.push_back(pda.calls[k]);
-    st.calls_begin = b;
-    st.calls_end = static_cast<int32_t>(calls.size());
-    st.has_calls = st.calls_end > b;
-  }
-  pda.calls = std::move(calls);
+  // No trimming: determinize creates only states that can reach their rule's end, and only
+  // calls whose return state is live.
   pda.rule_called.assign(pda.rule_start.size(), false);
   for (auto& c : pda.calls) {
     pda.rule_called[c.rule] = true;
