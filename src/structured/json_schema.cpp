@@ -283,7 +283,7 @@ bool SchemaLowerer::validates(const json& schema, const std::string& ptr, const 
 
 // anyOf / oneOf: one branch per alternative, each merged with the sibling keywords.
 ExprId SchemaLowerer::lower_anyof(const json& s, const std::string& ptr, int depth) {
-  if (s.contains("anyOf") && s.contains("oneOf")) schema_error(ptr, "anyOf together with oneOf is not supported");
+  // With both, anyOf splits first; its branches keep the oneOf among their sibling keywords.
   const std::string kw = s.contains("anyOf") ? "anyOf" : "oneOf";
   const json& branches = s[kw];
   if (!branches.is_array() || branches.empty()) schema_error(ptr + "/" + kw, "must be a non-empty array");

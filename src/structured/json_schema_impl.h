@@ -93,6 +93,8 @@ class SchemaLowerer {
   bool accepts_all_of_type(const json& s, const std::string& t);
   json flatten(const json& s, const std::string& ptr, int depth);
   std::optional<std::vector<Patch>> object_failures(const json& n, const std::string& nptr, int depth);
+  void array_difference(const json& rt, const json& n, const std::string& ptr, const std::string& nptr, int depth,
+                        std::vector<ExprId>& alts);
   void object_difference(const json& rt, const json& n, const std::string& ptr, const std::string& nptr, int depth,
                          std::vector<ExprId>& alts);
   bool validates(const json& schema, const std::string& ptr, const json& value);

@@ -108,6 +108,17 @@ bool SchemaLowerer::disjoint(const json& a_in, const json& b_in, const std::stri
     return false;
   }
   if (a.is_boolean() || c.is_boolean()) return a == false || c == false;
+  // Disjoint from a union when disjoint from each branch (oneOf instances satisfy a branch too).
+  for (const auto& [x, y] : {std::pair{&a, &c}, std::pair{&c, &a}}) {
+    for (const char* kw : {"anyOf", "oneOf"}) {
+      if (!x->contains(kw) || !(*x)[kw].is_array()) continue;
+      json rest = *x;
+      rest.erase(kw);
+      for (const auto& br : (*x)[kw])
+        if (!disjoint(json{{"allOf", json::array({rest, br})}}, *y, ptr, depth + 1)) return false;
+      return true;
+    }
+  }
   for (const auto& [x, y] : {std::pair{&a, &c}, std::pair{&c, &a}}) {
     auto vals = value_list(*x);
     if (!vals) continue;
@@ -289,6 +300,55 @@ void SchemaLowerer::object_difference(const json& rt, const json& n, const std::
   }
 }
 
+// Arrays of `rt` failing `n`, where n only bounds the length and constrains every item: too
+// short, too long, or some item failing the item schema (contains "not S").
+void SchemaLowerer::array_difference(const json& rt, const json& n_in, const std::string& ptr, const std::string& nptr,
+                                     int depth, std::vector<ExprId>& alts) {
+  json n, base;
+  try {
+    n = flatten(n_in, nptr, depth + 1);
+    base = flatten(rt, ptr, depth + 1);
+  } catch (const GrammarError& e) {
+    schema_error(nptr, std::string("keyword 'not': ") + e.what());
+  }
+  if (base.is_boolean()) base = base.get<bool>() ? json{{"type", "array"}} : json{{"enum", json::array()}};
+  if (n.is_boolean()) {
+    if (n == false) alts.push_back(lower(base, ptr, depth + 1));
+    return;
+  }
+  for (auto it = n.begin(); it != n.end(); ++it) {
+    const std::string& k = it.key();
+    if (k != "type" && k != "minItems" && k != "maxItems" && !(k == "items" && it.value().is_object()) &&
+        !(k == "items" && it.value().is_boolean()) && !kAnnotationKeys.count(k))
+      schema_error(nptr, "keyword 'not' that may match some array instances is supported only for items/minItems/maxItems");
+  }
+  if (!type_admits(declared_types(n), "array")) {
+    alts.push_back(lower(base, ptr, depth + 1));
+    return;
+  }
+  auto num = [](const json& x, const char* k) { return static_cast<int64_t>(std::min(x[k].get<double>(), 1e9)); };
+  if (n.contains("minItems") && n["minItems"].is_number() && num(n, "minItems") > 0) {
+    json x = base;
+    int64_t m = num(n, "minItems") - 1;
+    x["maxItems"] = x.contains("maxItems") && x["maxItems"].is_number() ? std::min(num(x, "maxItems"), m) : m;
+    alts.push_back(lower(x, ptr, depth + 1));
+  }
+  if (n.contains("maxItems") && n["maxItems"].is_number()) {
+    json x = base;
+    int64_t m = num(n, "maxItems") + 1;
+    x["minItems"] = x.contains("minItems") && x["minItems"].is_number() ? std::max(num(x, "minItems"), m) : m;
+    alts.push_back(lower(x, ptr, depth + 1));
+  }
+  if (n.contains("items") && n["items"] != true && n["items"] != json::object()) {
+    if (base.contains("contains")) schema_error(nptr, "keyword 'not' of items next to contains is not supported");
+    json x = base;
+    x["contains"] = json{{"not", n["items"]}};
+    x.erase("minContains");
+    x.erase("maxContains");
+    alts.push_back(lower(x, ptr, depth + 1));
+  }
+}
+
 // `not`: per instance type t of the remaining schema R, R_t minus N_t. Exact when N admits
 // none of R_t (disjoint) or all of type t, or when both are regular (strings, numbers:
 // product automaton within the canonical spellings). Anything else is a compile error.
@@ -299,6 +359,10 @@ ExprId SchemaLowerer::lower_not(const json& s, const std::string& ptr, int depth
   json n = deref_top(s["not"], nptr, depth);
   if (n.is_boolean()) return n.get<bool>() ? b.nothing() : lower(rest, ptr, depth + 1);
   if (!n.is_object()) schema_error(nptr, "must be a schema");
+  bool only_not = n.contains("not");
+  for (auto it = n.begin(); it != n.end(); ++it)
+    if (it.key() != "not" && !kAnnotationKeys.count(it.key())) only_not = false;
+  if (only_not) return lower(json{{"allOf", json::array({rest, n["not"]})}}, ptr, depth + 1);  // not not X = X
   std::vector<ExprId> alts;
   std::set<std::string> have = declared_types(rest);
   for (const std::string& t : kTypes) {
@@ -318,6 +382,10 @@ ExprId SchemaLowerer::lower_not(const json& s, const std::string& ptr, int depth
     }
     if (t == "object") {
       object_difference(rt, n, ptr, nptr, depth, alts);
+      continue;
+    }
+    if (t == "array") {
+      array_difference(rt, n, ptr, nptr, depth, alts);
       continue;
     }
     if (t != "string" && t != "number" && t != "null" && t != "boolean")

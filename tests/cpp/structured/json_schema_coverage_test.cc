@@ -122,7 +122,15 @@ TEST(JsonSchemaCoverage, NotOverEnumConstAndTypes) {
   expect_lang(schema(R"({"type": "number", "not": {"minimum": 3, "exclusiveMaximum": 5.5}})"),
               {"2.999", "5.5", "-1", "7"}, {"3", "4.2", "5.49"});
   expect_lang(schema(R"({"not": {"multipleOf": 2}})"), {"3", "2.5"}, {"4", "-2", "0", R"("x")", "{}"});
+  // Arrays: too short, too long, or some item failing the item schema.
+  expect_lang(schema(R"({"type": "array", "not": {"items": {"type": "integer"}, "minItems": 1, "maxItems": 2}})"),
+              {"[]", "[1,2,3]", R"(["a"])", R"([1,[]])"}, {"[1]", "[1,2]", "7"});
+  // not (A or B) per branch; not not X = X.
+  expect_lang(schema(R"({"not": {"anyOf": [{"type": "string"}, {"type": "object", "required": ["a"]}]}})"),
+              {"1", "{}", R"({"b":1})", "[]"}, {R"("s")", R"({"a":1})"});
+  expect_lang(schema(R"({"not": {"not": {"type": "integer", "minimum": 3}}})"), {"3", "4"}, {"2", "3.5", R"("x")"});
   EXPECT_NE(error_of(R"({"not": {"minProperties": 2}})").find("#/not"), std::string::npos);
+  EXPECT_NE(error_of(R"({"not": {"uniqueItems": true}})").find("#/not"), std::string::npos);
 }
 
 TEST(JsonSchemaCoverage, OneOfProvenExclusive) {
