@@ -1,0 +1,316 @@
+// Grouped expert GEMM (grouped_gemm.h): one 64x128 output tile per block, 4 warps of 32x64,
+// mma.sync m16n8k16 bf16 with fp32 accumulators, K in steps of 64. The next K step's global data
+// (activation rows gathered through x_rows, raw weight bytes + e8m0 scales) is loaded into
+// registers while the current step computes from shared memory; the weights are dequantised to
+// bf16 (shared-memory lookup table per byte, then a bf16x2 multiply by the power-of-two scale;
+// exact) as they are written to shared memory.
+#include "ops/cuda/grouped_gemm.h"
+
+#include <cuda_bf16.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "core/numeric.h"
+#include "deepinfer/error.h"
+#include "ops/cuda/common.cuh"
+#include "ops/cuda/moe_dequant.h"
+
+namespace deepinfer::ops::cuda {
+
+const char* expert_format_name(ExpertFormat f) {
+  switch (f) {
+    case ExpertFormat::kPlain: return "plain";
+    case ExpertFormat::kFP4: return "fp4-e2m1/e8m0x32";
+    case ExpertFormat::kFP8: return "fp8-e4m3/e8m0x128";
+  }
+  return "?";
+}
+
+int64_t expert_matrix_bytes(ExpertFormat f, int64_t n, int64_t k, int64_t plain_bytes) {
+  switch (f) {
+    case ExpertFormat::kFP4: return n * (k / 2) + n * ((k + 31) / 32);
+    case ExpertFormat::kFP8: return n * k + n * ((k + 127) / 128);
+    default: return n * k * plain_bytes;
+  }
+}
+
+namespace {
+using deepinfer::cuda::kWarpSize;
+
+constexpr int BM = kGroupedTileM, BN = kGroupedTileN, BK = 64, kThreads = 128;
+constexpr int kLd = BK + 8;  // smem row stride (bf16): 144 bytes, ldmatrix rows hit distinct banks
+
+// Raw 16-byte chunks a thread carries per K step: A 4; B 2 (fp4), 4 (fp8), 8 (bf16).
+template <ExpertFormat F>
+struct BTraits {
+  static constexpr int kElemsPerChunk = F == ExpertFormat::kFP4 ? 32 : F == ExpertFormat::kFP8 ? 16 : 8;
+  static constexpr int kChunksPerRow = BK / kElemsPerChunk;
+  static constexpr int kChunks = BN * kChunksPerRow / kThreads;
+};
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <ExpertFormat F>
+struct Stage {
+  uint4 a[4];
+  uint4 b[BTraits<F>::kChunks];
+  uint8_t s[BTraits<F>::kChunks];
+};
+
+template <ExpertFormat F>
+__device__ __forceinline__ void load_stage(Stage<F>& st, const GroupedGemmParams& p, const int64_t* xrow, int64_t k0,
+                                           const uint8_t* w, const uint8_t* sc, int64_t n0) {
+  const int tid = threadIdx.x;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {  // A: 64 rows x 8 chunks of 8 bf16
+    const int i = tid + j * kThreads, r = i / 8, ch = i % 8;
+    const int64_t k = k0 + ch * 8;
+    st.a[j] = make_uint4(0, 0, 0, 0);
+    if (xrow[r] >= 0 && k < p.K)
+      st.a[j] = __ldg(reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(p.x) + xrow[r] * p.ldx + k));
+  }
+  using Tr = BTraits<F>;
+#pragma unroll
+  for (int j = 0; j < Tr::kChunks; ++j) {
+    const int i = tid + j * kThreads, r = i / Tr::kChunksPerRow, ch = i % Tr::kChunksPerRow;
+    const int64_t n = n0 + r, k = k0 + ch * Tr::kElemsPerChunk;
+    st.b[j] = make_uint4(0, 0, 0, 0);
+    st.s[j] = 127;
+    if (n >= p.N || k >= p.K) continue;
+    if constexpr (F == ExpertFormat::kFP4) {
+      st.b[j] = __ldg(reinterpret_cast<const uint4*>(w + n * (p.K / 2) + k / 2));
+      st.s[j] = __ldg(sc + n * (p.K / 32) + k / 32);
+    } else if constexpr (F == ExpertFormat::kFP8) {
+      st.b[j] = __ldg(reinterpret_cast<const uint4*>(w + n * p.K + k));
+      st.s[j] = __ldg(sc + n * ((p.K + 127) / 128) + k / 128);
+    } else {
+      st.b[j] = __ldg(reinterpret_cast<const uint4*>(w + (n * p.K + k) * 2));
+    }
+  }
+}
+
+// bf16x2 bits of the e8m0 scale (2^(e-127) in both halves; e = 0 is the bf16 subnormal 2^-127).
+__device__ __forceinline__ uint32_t e8m0_bf16x2(uint32_t e) {
+  const uint32_t b = e == 255 ? 0x7fc0u : e == 0 ? 0x0040u : e << 7;
+  return b | (b << 16);
+}
+__device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
+  __nv_bfloat162 r = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&a), *reinterpret_cast<const __nv_bfloat162*>(&b));
+  return *reinterpret_cast<const uint32_t*>(&r);
+}
+
+// Dequantisation tables in shared memory: FP4 byte -> bf16x2 of its two nibbles (low nibble in
+// the low half); FP8 byte -> bf16. Looked up per byte, then one bf16x2 multiply by the
+// power-of-two scale: both steps exact (the product of an e2m1/e4m3 value and 2^k is a bf16).
+template <ExpertFormat F>
+struct Lut {
+  static constexpr int kSize = F == ExpertFormat::kPlain ? 1 : 256;
+  uint32_t v[kSize];
+  __device__ void fill() {
+    if constexpr (F == ExpertFormat::kFP4)
+      for (int i = threadIdx.x; i < 256; i += blockDim.x) v[i] = fp4_bf16_bits(i & 15) | (fp4_bf16_bits(i >> 4) << 16);
+    else if constexpr (F == ExpertFormat::kFP8)
+      for (int i = threadIdx.x; i < 256; i += blockDim.x) v[i] = fp8_bf16_bits(i);
+  }
+};
+
+template <ExpertFormat F>
+__device__ __forceinline__ void store_stage(const Stage<F>& st, __nv_bfloat16* As, __nv_bfloat16* Bs, const Lut<F>& lut) {
+  const int tid = threadIdx.x;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int i = tid + j * kThreads, r = i / 8, ch = i % 8;
+    *reinterpret_cast<uint4*>(As + r * kLd + ch * 8) = st.a[j];
+  }
+  using Tr = BTraits<F>;
+#pragma unroll
+  for (int j = 0; j < Tr::kChunks; ++j) {
+    const int i = tid + j * kThreads, r = i / Tr::kChunksPerRow, ch = i % Tr::kChunksPerRow;
+    uint4* dst = reinterpret_cast<uint4*>(Bs + r * kLd + ch * Tr::kElemsPerChunk);
+    if constexpr (F == ExpertFormat::kPlain) {
+      dst[0] = st.b[j];
+    } else {
+      const uint32_t s2 = e8m0_bf16x2(st.s[j]);
+      const uint32_t* raw = reinterpret_cast<const uint32_t*>(&st.b[j]);
+      if constexpr (F == ExpertFormat::kFP4) {  // 16 bytes -> 32 bf16 (4 uint4)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          uint4 o;
+          uint32_t* po = reinterpret_cast<uint32_t*>(&o);
+#pragma unroll
+          for (int b = 0; b < 4; ++b) po[b] = mul_bf16x2(lut.v[(raw[q] >> (8 * b)) & 0xff], s2);
+          dst[q] = o;
+        }
+      } else {  // 16 bytes of e4m3 -> 16 bf16 (2 uint4)
+#pragma unroll
+        for (int q = 0; q < 2; ++q) {
+          uint4 o;
+          uint32_t* po = reinterpret_cast<uint32_t*>(&o);
+#pragma unroll
+          for (int b = 0; b < 4; ++b) {
+            const uint32_t word = raw[2 * q + b / 2], sh = 16 * (b % 2);
+            po[b] = mul_bf16x2(lut.v[(word >> sh) & 0xff] | (lut.v[(word >> (sh + 8)) & 0xff] << 16), s2);
+          }
+          dst[q] = o;
+        }
+      }
+    }
+  }
+}
+
+template <ExpertFormat F>
+__global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(const __grid_constant__ GroupedGemmParams p) {
+  __shared__ __align__(16) __nv_bfloat16 As[BM * kLd];
+  __shared__ __align__(16) __nv_bfloat16 Bs[BN * kLd];
+  __shared__ int64_t xrow[BM];
+  __shared__ Lut<F> lut;
+  if (int64_t(blockIdx.x) >= *p.num_tiles) return;
+  lut.fill();
+  const int32_t code = p.tiles[blockIdx.x];
+  const int e = code >> 16;
+  const int64_t row0 = p.seg[e] + int64_t(code & 0xffff) * BM, row_end = p.seg[e + 1];
+  const int64_t n0 = int64_t(blockIdx.y) * BN;
+  if (threadIdx.x < BM) {
+    const int64_t a = row0 + threadIdx.x;
+    xrow[threadIdx.x] = a < row_end ? (p.x_rows ? p.x_rows[a] : a) : -1;
+  }
+  __syncthreads();
+  const uint8_t* w = static_cast<const uint8_t*>(p.w[e]);
+  const uint8_t* sc = F == ExpertFormat::kPlain ? nullptr : p.scale[e];
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const int wm = warp / 2, wn = warp % 2;
+  float acc[2][8][4] = {};
+  Stage<F> st;
+  load_stage<F>(st, p, xrow, 0, w, sc, n0);
+  for (int64_t k0 = 0; k0 < p.K; k0 += BK) {
+    store_stage<F>(st, As, Bs, lut);
+    __syncthreads();
+    if (k0 + BK < p.K) load_stage<F>(st, p, xrow, k0 + BK, w, sc, n0);
+#pragma unroll
+    for (int kk = 0; kk < BK; kk += 16) {
+      uint32_t af[2][4];
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi) {
+        const int r = wm * 32 + mi * 16 + (lane % 8) + ((lane / 8) % 2) * 8, c = kk + (lane / 16) * 8;
+        ldmatrix_x4(af[mi], As + r * kLd + c);
+      }
+#pragma unroll
+      for (int nj = 0; nj < 4; ++nj) {  // two n8 tiles per ldmatrix.x4
+        uint32_t bf[4];
+        const int r = wn * 64 + nj * 16 + (lane % 8) + (lane / 16) * 8, c = kk + ((lane / 8) % 2) * 8;
+        ldmatrix_x4(bf, Bs + r * kLd + c);
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi) {
+          mma_bf16(acc[mi][2 * nj], af[mi], bf[0], bf[1]);
+          mma_bf16(acc[mi][2 * nj + 1], af[mi], bf[2], bf[3]);
+        }
+      }
+    }
+    __syncthreads();
+  }
+  const int g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t a = row0 + wm * 32 + mi * 16 + g + h * 8;
+      if (a >= row_end) continue;
+#pragma unroll
+      for (int ni = 0; ni < 8; ++ni) {
+#pragma unroll
+        for (int q = 0; q < 2; ++q) {
+          const int64_t n = n0 + wn * 64 + ni * 8 + 2 * t + q;
+          if (n >= p.N) continue;
+          const float v = acc[mi][ni][2 * h + q];
+          if (p.y_dtype == DType::kF32)
+            static_cast<float*>(p.y)[a * p.ldy + n] = v;
+          else
+            static_cast<__nv_bfloat16*>(p.y)[a * p.ldy + n] = __float2bfloat16_rn(v);
+        }
+      }
+    }
+}
+
+void validate(const GroupedGemmParams& p) {
+  if (p.experts <= 0 || p.N <= 0 || p.K <= 0 || p.max_tiles < 0)
+    DI_THROW(InvalidArgument, "grouped_gemm: bad shape experts=", p.experts, " N=", p.N, " K=", p.K, " max_tiles=",
+             p.max_tiles);
+  if (p.K % 32 != 0) DI_THROW(InvalidArgument, "grouped_gemm: K=", p.K, " must be a multiple of 32");
+  if (p.ldx < p.K || p.ldx % 8 != 0) DI_THROW(InvalidArgument, "grouped_gemm: ldx=", p.ldx, " (>= K, multiple of 8)");
+  if (p.ldy < p.N) DI_THROW(InvalidArgument, "grouped_gemm: ldy=", p.ldy, " < N=", p.N);
+  if (p.y_dtype != DType::kBF16 && p.y_dtype != DType::kF32)
+    DI_THROW(InvalidArgument, "grouped_gemm: output dtype ", dtype_name(p.y_dtype), " (bf16 or f32)");
+  if (!p.x || !p.w || !p.seg || !p.y || (p.format != ExpertFormat::kPlain && !p.scale))
+    DI_THROW(InvalidArgument, "grouped_gemm: null activation, weight/scale table, segments or output");
+}
+}  // namespace
+
+void grouped_gemm(const GroupedGemmParams& p, cudaStream_t stream) {
+  validate(p);
+  if (!p.tiles || !p.num_tiles) DI_THROW(InvalidArgument, "grouped_gemm: null tile list");
+  if (p.max_tiles == 0) return;
+  if (p.max_tiles >= (int64_t(1) << 31) || (p.N + BN - 1) / BN > 65535)
+    DI_THROW(InvalidArgument, "grouped_gemm: grid too large (tiles ", p.max_tiles, ", N ", p.N, ")");
+  const dim3 grid(unsigned(p.max_tiles), unsigned((p.N + BN - 1) / BN));
+  switch (p.format) {
+    case ExpertFormat::kPlain: grouped_gemm_kernel<ExpertFormat::kPlain><<<grid, kThreads, 0, stream>>>(p); break;
+    case ExpertFormat::kFP4: grouped_gemm_kernel<ExpertFormat::kFP4><<<grid, kThreads, 0, stream>>>(p); break;
+    case ExpertFormat::kFP8: grouped_gemm_kernel<ExpertFormat::kFP8><<<grid, kThreads, 0, stream>>>(p); break;
+  }
+  DI_CUDA_CHECK_LAUNCH();
+}
+
+// ---- host twin ----
+namespace {
+float e8m0_host(uint8_t e) { return deepinfer::e8m0_to_f32(e); }
+}  // namespace
+
+void grouped_gemm_host(const GroupedGemmParams& p) {
+  validate(p);
+  const int64_t N = p.N, K = p.K;
+  std::vector<float> wrow(static_cast<size_t>(K));
+  for (int64_t e = 0; e < p.experts; ++e) {
+    const uint8_t* w = static_cast<const uint8_t*>(p.w[e]);
+    for (int64_t n = 0; n < N; ++n) {
+      for (int64_t k = 0; k < K; ++k) {  // the exact dequantised weight, rounded to bf16 (exact for FP4/FP8)
+        float v;
+        if (p.format == ExpertFormat::kFP4) {
+          const uint8_t b = w[n * (K / 2) + k / 2];
+          v = fp4e2m1_to_f32(uint8_t(k % 2 ? b >> 4 : b & 15)) * e8m0_host(p.scale[e][n * (K / 32) + k / 32]);
+        } else if (p.format == ExpertFormat::kFP8) {
+          v = fp8e4m3_to_f32(w[n * K + k]) * e8m0_host(p.scale[e][n * ((K + 127) / 128) + k / 128]);
+        } else {
+          uint16_t b;
+          std::memcpy(&b, w + (n * K + k) * 2, 2);
+          v = bf16_to_f32(b);
+        }
+        wrow[size_t(k)] = bf16_to_f32(f32_to_bf16(v));
+      }
+      for (int64_t a = p.seg[e]; a < p.seg[e + 1]; ++a) {
+        const int64_t xr = p.x_rows ? p.x_rows[a] : a;
+        const uint16_t* x = static_cast<const uint16_t*>(p.x) + xr * p.ldx;
+        float s = 0.f;
+        for (int64_t k = 0; k < K; ++k) s += bf16_to_f32(x[k]) * wrow[size_t(k)];
+        if (p.y_dtype == DType::kF32)
+          static_cast<float*>(p.y)[a * p.ldy + n] = s;
+        else
+          static_cast<uint16_t*>(p.y)[a * p.ldy + n] = f32_to_bf16(s);
+      }
+    }
+  }
+}
+
+}  // namespace deepinfer::ops::cuda
