@@ -4,6 +4,8 @@
 
 #include "ops/cuda/attention.h"
 #include "ops/cuda/hc.h"
+#include "ops/cuda/grouped_gemm.h"
+#include "ops/cuda/moe_route.h"
 
 namespace deepinfer::model::v4::gpu {
 namespace {
@@ -68,6 +70,9 @@ ArenaLayout layout_arena(const DeepseekV4Config& c, const ArenaSizes& s) {
   L.perm_src = a.take(TK, 8);
   L.comb_rows = a.take(TK, 8);
   L.perm_w = a.take(TK, 4);
+  L.moe_seg = a.take(E + 1, 4);
+  L.moe_tiles = a.take(ops::cuda::moe_route_max_tiles(TK, E, ops::cuda::kGroupedTileM), 4);
+  L.moe_ntiles = a.take(1, 4);
   L.sel = a.take(s.R * n * D, 4);
   L.hu = a.take(s.R * D, 4);
   L.hh = a.take(s.R * D, A);

@@ -31,6 +31,7 @@ struct ArenaLayout {
   size_t iaz, istage, ient, qi, iw, scores, sel_rows, sel_count;
   size_t logits_r, ids, wts;                 // router f32 [T,E], i32 [T,K], f32 [T,K]
   size_t xe, gu, act, ye, sh, perm_src, comb_rows, perm_w;  // MoE
+  size_t moe_seg, moe_tiles, moe_ntiles;     // device permutation: i32 [E+1], [max tiles], [1]
   size_t sel, hu, hh, logits, head_ws;       // head
   size_t total;
 };

@@ -1,8 +1,9 @@
 // One decoder layer of the GPU forward (MODEL-DEEPSEEK-V4.md §2, §3, §5): mHC sites around the
 // attention block (q/kv projections, compressor + indexer updating the paged device cache,
 // sparse attention over window + compressed entries + sink, grouped output projection) and the
-// MoE block (router, tokens permuted by expert, per-expert cuBLASLt GEMMs, clamped SwiGLU,
-// fixed-order combine with the shared expert). Mirrors layer_attention.cpp / layer_moe.cpp.
+// MoE block (router, tokens permuted by expert on the device, grouped expert GEMMs over the
+// weights as stored — FP4/FP8/bf16 — or, in exact numerics, per-expert cuBLASLt fp32 GEMMs after a
+// routing read-back; clamped SwiGLU, fixed-order combine with the shared expert). Mirrors layer_attention.cpp / layer_moe.cpp.
 #include <cmath>
 
 #include "core/check.h"
@@ -12,8 +13,10 @@
 #include "model/deepseek_v4/cuda/moe_decode.h"
 #include "ops/cuda/attention.h"
 #include "ops/cuda/compressor.h"
+#include "ops/cuda/grouped_gemm.h"
 #include "ops/cuda/hc.h"
 #include "ops/cuda/indexer.h"
+#include "ops/cuda/moe_route.h"
 #include "ops/cuda/norm.h"
 #include "ops/cuda/quant.h"
 #include "ops/cuda/rope.h"
@@ -270,12 +273,55 @@ void moe_block_device(const StepCtx& c, const GpuMoE& M) {
   const int64_t T = c.meta->T, D = g.hidden_size, K = g.num_experts_per_tok;
   moe_decode({.x = c.at<void>(L.h), .expert_ids = c.at<int32_t>(L.ids), .weights = c.at<float>(L.wts),
               .w13 = static_cast<const void* const*>(M.w13_ptrs.data()),
-              .w2 = static_cast<const void* const*>(M.w2_ptrs.data()), .act = c.at<void>(L.act),
+              .w2 = static_cast<const void* const*>(M.w2_ptrs.data()), .format = M.format,
+              .w13_scale = static_cast<const uint8_t* const*>(M.w13_scale_ptrs.data()),
+              .w2_scale = static_cast<const uint8_t* const*>(M.w2_scale_ptrs.data()), .act = c.at<void>(L.act),
               .ye = c.at<float>(L.ye), .tokens = T, .topk = K, .num_experts = g.n_routed_experts, .dim = D,
               .inter = g.moe_intermediate_size, .dtype = c.act, .limit = float(g.swiglu_limit)},
              c.stream);
   shared_expert(c, M);
   moe_combine({.ye = c.at<float>(L.ye), .rows = c.dmeta->comb_rows, .shared = c.at<float>(L.sh),
+               .out = c.at<float>(L.y), .tokens = T, .topk = K, .dim = D},
+              c.stream);
+}
+
+// Any T, bf16 activations: the permutation by expert on the device (moe_route) and grouped GEMMs
+// over the expert segments reading the weights as stored (bf16, FP4 or FP8): no host sync. The
+// up GEMM gathers h rows through perm_src; its output is rounded to bf16 as cuBLASLt's was.
+void moe_block_grouped(const StepCtx& c, const GpuMoE& M) {
+  namespace oc = ops::cuda;
+  const DeepseekV4Config& g = *c.cfg;
+  const ArenaLayout& L = c.L;
+  const int64_t T = c.meta->T, D = g.hidden_size, E = g.n_routed_experts, K = g.num_experts_per_tok;
+  const int64_t I = g.moe_intermediate_size, max_tiles = oc::moe_route_max_tiles(T * K, E, oc::kGroupedTileM);
+  oc::moe_route({.ids = c.at<int32_t>(L.ids), .weights = c.at<float>(L.wts), .tokens = T, .topk = K, .experts = E,
+                 .tile_m = oc::kGroupedTileM, .seg = c.at<int32_t>(L.moe_seg), .perm_src = c.at<int64_t>(L.perm_src),
+                 .perm_w = c.at<float>(L.perm_w), .comb = c.at<int64_t>(L.comb_rows),
+                 .tiles = c.at<int32_t>(L.moe_tiles), .num_tiles = c.at<int32_t>(L.moe_ntiles), .max_tiles = max_tiles},
+                c.stream);
+  oc::GroupedGemmParams gp{.x = c.at<void>(L.h), .ldx = D, .x_rows = c.at<int64_t>(L.perm_src),
+                           .w = static_cast<const void* const*>(M.w13_ptrs.data()),
+                           .scale = static_cast<const uint8_t* const*>(M.w13_scale_ptrs.data()), .format = M.format,
+                           .seg = c.at<int32_t>(L.moe_seg), .tiles = c.at<int32_t>(L.moe_tiles),
+                           .num_tiles = c.at<int32_t>(L.moe_ntiles), .max_tiles = max_tiles, .experts = E,
+                           .N = 2 * I, .K = D, .y = c.at<void>(L.gu), .ldy = 2 * I, .y_dtype = c.act};
+  oc::grouped_gemm(gp, c.stream);
+  // Routed weight applied before W2, as the reference does. Rows of invalid ids (past seg[E])
+  // hold stale values here; the combine skips them (comb = -1).
+  swiglu_rows(c, c.at<void>(L.gu), c.at<void>(L.act), c.at<float>(L.perm_w), T * K);
+  gp.x = c.at<void>(L.act);
+  gp.ldx = I;
+  gp.x_rows = nullptr;
+  gp.w = static_cast<const void* const*>(M.w2_ptrs.data());
+  gp.scale = static_cast<const uint8_t* const*>(M.w2_scale_ptrs.data());
+  gp.N = D;
+  gp.K = I;
+  gp.y = c.at<float>(L.ye);
+  gp.ldy = D;
+  gp.y_dtype = DType::kF32;
+  oc::grouped_gemm(gp, c.stream);
+  shared_expert(c, M);
+  moe_combine({.ye = c.at<float>(L.ye), .rows = c.at<int64_t>(L.comb_rows), .shared = c.at<float>(L.sh),
                .out = c.at<float>(L.y), .tokens = T, .topk = K, .dim = D},
               c.stream);
 }
@@ -300,7 +346,12 @@ void moe_block(const StepCtx& c, const GpuMoE& M) {
     moe_block_device(c, M);
     return;
   }
-  // The per-expert row counts decide the GEMM shapes: read the routing back (one sync per layer).
+  if (c.act == DType::kBF16 && !M.host_routed && I % 32 == 0 && D % 32 == 0) {
+    moe_block_grouped(c, M);
+    return;
+  }
+  // Exact numerics (f32, the parity path): per-expert cuBLASLt fp32 GEMMs, whose shapes come from
+  // the per-expert row counts: read the routing back (one sync per layer).
   MoeHost& mh = *c.moe;
   mh.ids.resize(size_t(T * K));
   mh.wts.resize(size_t(T * K));

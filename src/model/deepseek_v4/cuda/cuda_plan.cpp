@@ -1,6 +1,7 @@
 #include "model/deepseek_v4/cuda/cuda_plan.h"
 
 #include <algorithm>
+#include <atomic>
 #include <numeric>
 #include <unordered_set>
 
@@ -61,6 +62,30 @@ kv::CacheGeometry plan_gpu_cache(const std::vector<kv::LayerCacheSpec>& layers, 
 }
 
 namespace {
+std::atomic<ExpertPath> g_expert_path{ExpertPath::kNative};
+}  // namespace
+
+void set_expert_path(ExpertPath p) { g_expert_path = p; }
+ExpertPath expert_path() { return g_expert_path; }
+
+WeightFormat device_expert_format(const DeepseekV4Config& cfg, Numerics numerics) {
+  const WeightFormat f = cfg.expert_format;
+  if (numerics == Numerics::kExact || g_expert_path != ExpertPath::kNative) return WeightFormat::kBF16;
+  if (f != WeightFormat::kFP4 && f != WeightFormat::kFP8Block) return WeightFormat::kBF16;
+  if (cfg.hidden_size % 32 || cfg.moe_intermediate_size % 32) return WeightFormat::kBF16;
+  if (f == WeightFormat::kFP4 && cfg.fp4_block != 32) return WeightFormat::kBF16;
+  if (f == WeightFormat::kFP8Block && cfg.fp8_block != 128) return WeightFormat::kBF16;
+  return f;
+}
+
+int64_t device_expert_matrix_bytes(WeightFormat f, int64_t n, int64_t k, int64_t elem_bytes) {
+  if (f == WeightFormat::kFP4) return n * (k / 2) + n * ((k + 31) / 32);
+  if (f == WeightFormat::kFP8Block) return n * k + n * ((k + 127) / 128);
+  return n * k * elem_bytes;
+}
+
+namespace {
+// Dense linears and the shared expert in elements of the linear dtype; routed experts separately.
 int64_t layer_dense_elems_bf16(const DeepseekV4Config& c, AttnKind kind) {
   const int64_t D = c.hidden_size, H = c.num_heads, d = c.head_dim, r = c.q_lora_rank;
   const int64_t GR = c.o_groups * c.o_lora_rank, I = c.moe_intermediate_size, E = c.n_routed_experts;
@@ -69,7 +94,7 @@ int64_t layer_dense_elems_bf16(const DeepseekV4Config& c, AttnKind kind) {
                                   c.index_n_heads * D;
   if (kind == AttnKind::kHCA) n += 2 * d * D;
   n += E * D;                           // router
-  n += (E + 1) * (2 * I * D + D * I);   // routed + shared experts
+  n += 2 * I * D + D * I;               // shared expert
   return n;
 }
 int64_t layer_f32_elems(const DeepseekV4Config& c, AttnKind kind, int64_t ratio, bool hash) {
@@ -83,18 +108,23 @@ int64_t layer_f32_elems(const DeepseekV4Config& c, AttnKind kind, int64_t ratio,
 }  // namespace
 
 size_t gpu_weight_bytes(const DeepseekV4Config& c, bool with_mtp, size_t linear_bytes) {
-  const int64_t D = c.hidden_size, V = c.vocab_size, n = c.hc_mult;
-  int64_t bf16 = 2 * V * D, f32 = D + n * c.hc_dim() + n + 1 + c.rope_head_dim;
+  const int64_t D = c.hidden_size, V = c.vocab_size, n = c.hc_mult, I = c.moe_intermediate_size;
+  const WeightFormat ef = device_expert_format(c, linear_bytes >= 4 ? Numerics::kExact : Numerics::kBf16);
+  const int64_t lb = int64_t(linear_bytes);
+  const int64_t expert_bytes = device_expert_matrix_bytes(ef, 2 * I, D, lb) + device_expert_matrix_bytes(ef, D, I, lb);
+  int64_t bf16 = 2 * V * D, f32 = D + n * c.hc_dim() + n + 1 + c.rope_head_dim, routed = 0;
   for (int64_t l = 0; l < c.num_layers; ++l) {
+    routed += c.n_routed_experts * expert_bytes;
     bf16 += layer_dense_elems_bf16(c, c.layer_types[l]);
     f32 += layer_f32_elems(c, c.layer_types[l], c.compress_ratio[l], c.mlp_types[l] == MlpKind::kHashMoE);
   }
   if (with_mtp)
     for (int64_t k = 0; k < c.num_mtp_layers; ++k) {
       bf16 += 2 * D * D + layer_dense_elems_bf16(c, AttnKind::kSliding);
+      routed += c.n_routed_experts * expert_bytes;
       f32 += 3 * D + n * c.hc_dim() + n + 1 + layer_f32_elems(c, AttnKind::kSliding, 0, false);
     }
-  return size_t(bf16) * linear_bytes + size_t(f32) * 4;
+  return size_t(bf16) * linear_bytes + size_t(f32) * 4 + size_t(routed);
 }
 
 size_t gpu_activation_bytes(const DeepseekV4Config& c, int64_t max_tokens, int64_t max_seqs, int64_t max_context,

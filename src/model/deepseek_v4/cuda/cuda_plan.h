@@ -39,9 +39,28 @@ kv::CacheGeometry plan_gpu_cache(const std::vector<kv::LayerCacheSpec>& layers, 
                                  int64_t max_slots, size_t kv_bytes = 2);
 std::vector<kv::LayerCacheSpec> cache_specs_for(const DeepseekV4Config& cfg, int64_t num_mtp);
 
-// Bytes the uploaded weights take on the device (linears incl. dequantised FP8/FP4 at
-// `linear_bytes` per element: bf16, f32 in kExact; f32 mHC/router bias/sinks/ape, bf16 norms
-// stored as f32). Computed from the config alone.
+// How routed experts live on the device: kFP4 / kFP8Block (release bytes + e8m0 scales, read by
+// the grouped GEMM and the decode GEMV) when the checkpoint has them, the numerics mode is not
+// kExact (exact keeps the f32 dequantised path the parity tests rely on), the widths are
+// multiples of 32 and expert_path() is kNative; otherwise dequantised (kBF16 here meaning "the
+// storage dtype").
+WeightFormat device_expert_format(const DeepseekV4Config& cfg, Numerics numerics);
+// Test/diagnostic switch (process-wide, read when a model loads) for the bf16/production MoE:
+enum class ExpertPath {
+  kNative,       // default: release-format experts, device routing, grouped GEMM (no host sync)
+  kDequantised,  // experts dequantised to bf16 at upload, same device routing + grouped GEMM
+  kHostRouted,   // the first version: dequantised, routing read back, one cuBLASLt GEMM per expert
+};
+void set_expert_path(ExpertPath p);
+ExpertPath expert_path();
+// Bytes of one routed-expert matrix [n, k] on the device in `f` (kFP4: n*k/2 + n*k/32 scale
+// bytes; kFP8Block: n*k + n*ceil(k/128), the block scale repeated per row; else n*k*elem_bytes).
+int64_t device_expert_matrix_bytes(WeightFormat f, int64_t n, int64_t k, int64_t elem_bytes);
+
+// Bytes the uploaded weights take on the device (linears incl. dequantised FP8 at
+// `linear_bytes` per element: bf16, f32 in kExact; routed experts in device_expert_format of
+// the mode, linear_bytes 4 meaning kExact; f32 mHC/router bias/sinks/ape, bf16 norms stored as
+// f32). Computed from the config alone.
 size_t gpu_weight_bytes(const DeepseekV4Config& cfg, bool with_mtp, size_t linear_bytes = 2);
 // Upper bound of the per-forward device workspace for `max_tokens` new tokens in a batch of
 // up to `max_seqs` sequences with contexts up to `max_context` tokens.

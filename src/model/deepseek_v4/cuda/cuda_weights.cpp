@@ -4,6 +4,9 @@
 #include <cstring>
 
 #include "core/check.h"
+#include "core/logging.h"
+#include "deepinfer/error.h"
+#include "model/deepseek_v4/cuda/cuda_plan.h"
 #include "ops/cpu/rope.h"
 
 namespace deepinfer::model::v4::gpu {
@@ -49,11 +52,13 @@ class Uploader {
   cudaStream_t stream_;
 };
 
-// Uploader plus the mode's linear storage dtype.
+// Uploader plus the mode's linear storage dtype and how routed experts are kept.
 struct Up {
   Uploader& u;
   const DeepseekV4Config& cfg;
-  DType dt;  // bf16 | f32
+  DType dt;                     // bf16 | f32
+  WeightFormat experts;         // device_expert_format: kFP4 / kFP8Block native, else dequantised
+  size_t expert_bytes = 0;      // routed experts uploaded
 };
 
 // dt [out, in] host copy of a linear in any stored format (f32: the exact dequantised values).
@@ -129,7 +134,111 @@ Linear plain(const Tensor& t) {
 
 GpuExpert up_expert(Up& U, const ExpertWeights& e) { return {up_fused(U, e.w1, e.w3), up_linear(U, e.w2)}; }
 
-GpuLayer up_layer(Up& U, const LayerWeights& lw, AttnKind kind, int64_t ratio, const GpuWeights& model) {
+// e8m0 byte of a power-of-two f32 scale (NaN -> 255), or -1 when it is not one.
+int e8m0_of(float v) {
+  uint32_t u;
+  std::memcpy(&u, &v, 4);
+  if (v != v) return 255;
+  if (u == 0x00400000u) return 0;  // 2^-127
+  const uint32_t e = u >> 23;      // sign bit must be clear
+  return (u & 0x7fffffu) == 0 && e >= 1 && e <= 254 ? int(e) : -1;
+}
+
+// Appends one expert matrix in its release format: weight bytes as stored and e8m0 scales per
+// row (FP4 [out, in/32]; FP8's [ceil(out/128), ceil(in/128)] grid repeated for each row).
+// False when the linear is not in format `f` or a scale is not a power of two (f32 scales of
+// some FP8 checkpoints): the caller then dequantises the layer's experts.
+bool append_native(const Linear& l, WeightFormat f, std::vector<uint8_t>& w, std::vector<uint8_t>& s) {
+  const DType wd = f == WeightFormat::kFP4 ? DType::kFP4E2M1 : DType::kF8E4M3;
+  if (l.format != f || !l.weight.defined() || l.weight.dim() != 2 || l.weight.dtype() != wd || !l.scale.defined() ||
+      l.scale.dim() != 2)
+    return false;
+  const int64_t out = l.weight.size(0), in = l.weight.size(1);
+  const int64_t bi = f == WeightFormat::kFP4 ? 32 : 128, bo = f == WeightFormat::kFP4 ? 1 : 128;
+  if (in % 32 || l.scale.size(0) != (out + bo - 1) / bo || l.scale.size(1) != (in + bi - 1) / bi) return false;
+  const Tensor wc = l.weight.contiguous();
+  const uint8_t* pw = static_cast<const uint8_t*>(wc.raw_data());
+  w.insert(w.end(), pw, pw + wc.nbytes());
+  const int64_t sr = l.scale.size(0), sc = l.scale.size(1);
+  std::vector<uint8_t> grid(size_t(sr * sc));
+  const Tensor st = l.scale.contiguous();
+  if (st.dtype() == DType::kE8M0) {
+    std::memcpy(grid.data(), st.raw_data(), grid.size());
+  } else {
+    const Tensor f32 = st.to_f32();
+    for (size_t i = 0; i < grid.size(); ++i) {
+      const int e = e8m0_of(f32.data<float>()[i]);
+      if (e < 0) return false;
+      grid[i] = uint8_t(e);
+    }
+  }
+  for (int64_t r = 0; r < out; ++r) {
+    const uint8_t* row = grid.data() + (r / bo) * sc;
+    s.insert(s.end(), row, row + sc);
+  }
+  return true;
+}
+
+// [a; b; ...] stacked by rows in release format (W1|W3 -> one [2I, D] matrix); nullopt when a
+// part cannot stay native.
+std::optional<DevLinear> up_native(Up& U, std::initializer_list<const Linear*> parts) {
+  std::vector<uint8_t> w, s;
+  DevLinear d;
+  for (const Linear* l : parts) {
+    if (!append_native(*l, U.experts, w, s)) return std::nullopt;
+    if (d.in && d.in != l->in_features()) return std::nullopt;
+    d.in = l->in_features();
+    d.out += l->out_features();
+  }
+  d.dtype = U.experts == WeightFormat::kFP4 ? DType::kFP4E2M1 : DType::kF8E4M3;
+  d.w = U.u.put(w.data(), w.size());
+  d.scale = U.u.put(s.data(), s.size());
+  return d;
+}
+
+// The routed experts of one layer: native when the mode and every expert allow it, else
+// dequantised (then a warning names the layer: the memory plan counted native bytes).
+void up_routed(Up& U, const MoEWeights& m, GpuMoE& M, int64_t layer) {
+  namespace oc = ops::cuda;
+  M.format = oc::ExpertFormat::kPlain;
+  M.host_routed = expert_path() == ExpertPath::kHostRouted;
+  if (U.experts == WeightFormat::kFP4 || U.experts == WeightFormat::kFP8Block) {
+    bool ok = true;
+    for (const auto& e : m.experts) {
+      auto w13 = up_native(U, {&e.w1, &e.w3});
+      auto w2 = w13 ? up_native(U, {&e.w2}) : std::nullopt;
+      if (!w13 || !w2) {
+        ok = false;
+        break;
+      }
+      M.experts.push_back({std::move(*w13), std::move(*w2)});
+    }
+    if (ok) {
+      M.format = U.experts == WeightFormat::kFP4 ? oc::ExpertFormat::kFP4 : oc::ExpertFormat::kFP8;
+    } else {
+      M.experts.clear();
+      DI_WARN("deepseek_v4 cuda: layer ", layer, " routed experts are not all ", (U.experts == WeightFormat::kFP4 ? "FP4" : "FP8"),
+              " with power-of-two scales; dequantising them to ", dtype_name(U.dt), " (more memory than planned)");
+    }
+  }
+  if (M.experts.empty())
+    for (const auto& e : m.experts) M.experts.push_back(up_expert(U, e));
+  // pointer tables for the device-side MoE (moe_decode.h, grouped_gemm.h)
+  std::vector<const void*> w13, w2, s13, s2;
+  for (const auto& e : M.experts) {
+    w13.push_back(e.w13.data());
+    w2.push_back(e.w2.data());
+    s13.push_back(e.w13.scale.data());
+    s2.push_back(e.w2.scale.data());
+  }
+  if (w13.empty()) w13 = w2 = s13 = s2 = {nullptr};
+  M.w13_ptrs = U.u.put(w13.data(), w13.size() * sizeof(void*));
+  M.w2_ptrs = U.u.put(w2.data(), w2.size() * sizeof(void*));
+  M.w13_scale_ptrs = U.u.put(s13.data(), s13.size() * sizeof(void*));
+  M.w2_scale_ptrs = U.u.put(s2.data(), s2.size() * sizeof(void*));
+}
+
+GpuLayer up_layer(Up& U, const LayerWeights& lw, AttnKind kind, int64_t ratio, const GpuWeights& model, int64_t layer) {
   Uploader& u = U.u;
   GpuLayer L;
   L.attn_norm = up_f32(u, lw.attn_norm);
@@ -169,17 +278,9 @@ GpuLayer up_layer(Up& U, const LayerWeights& lw, AttnKind kind, int64_t ratio, c
     L.ffn.tid2eid = u.put(ids.data(), ids.size() * sizeof(int32_t));
     L.ffn.tid2eid_rows = t.size(0);
   }
-  for (const auto& e : m.experts) L.ffn.experts.push_back(up_expert(U, e));
-  {  // pointer tables for the device-side decode MoE (moe_decode.h)
-    std::vector<const void*> w13, w2;
-    for (const auto& e : L.ffn.experts) {
-      w13.push_back(e.w13.data());
-      w2.push_back(e.w2.data());
-    }
-    if (w13.empty()) w13 = w2 = {nullptr};
-    L.ffn.w13_ptrs = u.put(w13.data(), w13.size() * sizeof(void*));
-    L.ffn.w2_ptrs = u.put(w2.data(), w2.size() * sizeof(void*));
-  }
+  const size_t before = u.done();
+  up_routed(U, m, L.ffn, layer);
+  U.expert_bytes += u.done() - before;
   L.ffn.shared = up_expert(U, m.shared);
   return L;
 }
@@ -196,7 +297,8 @@ GpuWeights upload_weights(const DeepseekV4Weights& w, const DeepseekV4Config& cf
   DI_CHECK(linear_dtype == DType::kBF16 || linear_dtype == DType::kF32, "upload_weights: linear dtype ",
            dtype_name(linear_dtype), " (bf16 or f32)");
   Uploader u(planned_bytes, progress, stream);
-  Up U{u, cfg, linear_dtype};
+  Up U{u, cfg, linear_dtype,
+       device_expert_format(cfg, linear_dtype == DType::kF32 ? Numerics::kExact : Numerics::kBf16)};
   GpuWeights g;
   g.inv_freq_main = up_vec(u, inv_freq_for(cfg.rope, cfg.rope_head_dim));
   g.inv_freq_compress = up_vec(u, inv_freq_for(cfg.compress_rope, cfg.rope_head_dim));
@@ -205,8 +307,9 @@ GpuWeights upload_weights(const DeepseekV4Weights& w, const DeepseekV4Config& cf
   g.norm = up_f32(u, w.norm);
   g.hc_head = up_hc(u, w.hc_head.fn, w.hc_head.base, w.hc_head.scale);
   for (int64_t l = 0; l < cfg.num_layers; ++l)
-    g.layers.push_back(up_layer(U, w.layers[size_t(l)], cfg.layer_types[size_t(l)], cfg.compress_ratio[size_t(l)], g));
+    g.layers.push_back(up_layer(U, w.layers[size_t(l)], cfg.layer_types[size_t(l)], cfg.compress_ratio[size_t(l)], g, l));
   g.bytes = u.done();
+  g.expert_bytes = U.expert_bytes;
   u.finish();
   return g;
 }

@@ -1,7 +1,9 @@
 // DeepSeek-V4 weights on the GPU, in the formats the CUDA forward consumes:
-//  * every linear as bf16 [out, in], or f32 in exact numerics (FP8 block-scaled and FP4 experts
-//    are dequantised on the host at upload — first version; the native FP8/FP4 GEMMs are still
-//    to do, docs/CUDA.md);
+//  * routed experts in their release format when device_expert_format (cuda_plan.h) says so:
+//    FP4 e2m1 bytes [out, in/2] + e8m0 [out, in/32], or FP8 e4m3 bytes [out, in] + e8m0
+//    [out, ceil(in/128)] (the 128x128 block scale repeated per row, so W1|W3 fuse by rows);
+//  * every other linear as bf16 [out, in], or f32 in exact numerics (FP8 block-scaled dense
+//    linears are dequantised on the host at upload);
 //  * compressor Wkv|Wgate fused [2c, D]; expert W1|W3 fused [2I, D] (one GEMM gives gate|up);
 //  * f32: mHC fn/base/scale, router bias, sinks, ape, norm weights (bf16 in the checkpoint,
 //    widened exactly), rope tables; hash-routing tables as i32.
@@ -12,14 +14,16 @@
 
 #include "model/deepseek_v4/config.h"
 #include "model/deepseek_v4/weights.h"
+#include "ops/cuda/grouped_gemm.h"
 #include "ops/cuda/runtime.h"
 
 namespace deepinfer::model::v4::gpu {
 
 struct DevLinear {          // dtype [out, in], contiguous
   cuda::DeviceBuffer w;
+  cuda::DeviceBuffer scale;    // e8m0 per row per 32 (FP4) / 128 (FP8) inputs; empty otherwise
   int64_t out = 0, in = 0;
-  DType dtype = DType::kBF16;  // bf16, or f32 (exact numerics)
+  DType dtype = DType::kBF16;  // bf16, or f32 (exact numerics); kFP4E2M1 / kF8E4M3: routed experts only
   const void* data() const { return w.data(); }
 };
 struct DevF32 {
@@ -56,8 +60,11 @@ struct GpuMoE {
   int64_t tid2eid_rows = 0;
   std::vector<GpuExpert> experts;
   GpuExpert shared;
-  // Device tables of the experts' weight pointers [E] (moe_decode reads them by routed id).
-  cuda::DeviceBuffer w13_ptrs, w2_ptrs;
+  // Device tables of the experts' weight (and e8m0 scale) pointers [E], read by routed id
+  // (moe_decode, grouped_gemm); `format` is how every routed expert of the layer is stored.
+  cuda::DeviceBuffer w13_ptrs, w2_ptrs, w13_scale_ptrs, w2_scale_ptrs;
+  ops::cuda::ExpertFormat format = ops::cuda::ExpertFormat::kPlain;
+  bool host_routed = false;  // ExpertPath::kHostRouted at upload (bf16 mode only; exact always is)
 };
 struct GpuLayer {
   DevF32 attn_norm, ffn_norm;
@@ -72,6 +79,7 @@ struct GpuWeights {
   std::vector<GpuLayer> layers;
   DevF32 inv_freq_main, inv_freq_compress;
   size_t bytes = 0;       // uploaded in total
+  size_t expert_bytes = 0;  // of which routed experts
 };
 
 // Uploads the main model (MTP blocks are not run on the GPU yet), linears (and the embedding)
