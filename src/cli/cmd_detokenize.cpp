@@ -1,11 +1,10 @@
 // `deepinfer detokenize --tokenizer PATH --jsonl IN`: one JSON array of ids per input line -> one
 // JSON string per output line (lossy like HF: invalid UTF-8 becomes U+FFFD).
 #include <CLI/CLI.hpp>
-#include <fstream>
-#include <iostream>
 #include <nlohmann/json.hpp>
 
 #include "cli/command.h"
+#include "cli/jsonl_io.h"
 #include "core/check.h"
 #include "deepinfer/tokenizer.h"
 
@@ -21,33 +20,15 @@ int run_detokenize(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   deepinfer::Tokenizer tok = deepinfer::Tokenizer::from_file(tok_path);
-  std::ifstream fin;
-  if (in_path != "-") {
-    fin.open(in_path, std::ios::binary);
-    if (!fin) DI_THROW(deepinfer::InvalidArgument, "cannot open --jsonl ", in_path);
-  }
-  std::istream& in = in_path == "-" ? std::cin : fin;
-  std::ofstream fout;
-  if (out_path != "-") fout.open(out_path, std::ios::binary);
-  std::ostream& out = out_path == "-" ? std::cout : fout;
-
-  std::string line;
-  for (size_t lineno = 1; std::getline(in, line); ++lineno) {
-    if (line.empty()) continue;
+  deepinfer::cli::filter_jsonl(in_path, out_path, [&](const nlohmann::json& j) {
     std::vector<int32_t> ids;
     try {
-      ids = nlohmann::json::parse(line).get<std::vector<int32_t>>();
+      ids = j.get<std::vector<int32_t>>();
     } catch (const nlohmann::json::exception& e) {
-      DI_THROW(deepinfer::InvalidArgument, in_path, ":", lineno, ": expected a JSON array of ids (", e.what(), ")");
+      DI_THROW(deepinfer::InvalidArgument, "expected a JSON array of ids (", e.what(), ")");
     }
-    std::string text;
-    try {
-      text = tok.decode(ids, skip_special);
-    } catch (const deepinfer::Error& e) {
-      DI_THROW(deepinfer::InvalidArgument, in_path, ":", lineno, ": ", e.what());
-    }
-    out << nlohmann::json(text).dump() << '\n';
-  }
+    return nlohmann::json(tok.decode(ids, skip_special));
+  });
   return 0;
 }
 }  // namespace

@@ -1,11 +1,10 @@
 // `deepinfer tokenize --tokenizer PATH --jsonl IN`: one JSON string per input line -> one JSON
 // array of token ids per output line. --add-special-tokens adds BOS (and the post-processor's ids).
 #include <CLI/CLI.hpp>
-#include <fstream>
-#include <iostream>
 #include <nlohmann/json.hpp>
 
 #include "cli/command.h"
+#include "cli/jsonl_io.h"
 #include "core/check.h"
 #include "deepinfer/tokenizer.h"
 
@@ -21,34 +20,10 @@ int run_tokenize(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   deepinfer::Tokenizer tok = deepinfer::Tokenizer::from_file(tok_path);
-  std::ifstream fin;
-  if (in_path != "-") {
-    fin.open(in_path, std::ios::binary);
-    if (!fin) DI_THROW(deepinfer::InvalidArgument, "cannot open --jsonl ", in_path);
-  }
-  std::istream& in = in_path == "-" ? std::cin : fin;
-  std::ofstream fout;
-  if (out_path != "-") fout.open(out_path, std::ios::binary);
-  std::ostream& out = out_path == "-" ? std::cout : fout;
-
-  std::string line;
-  for (size_t lineno = 1; std::getline(in, line); ++lineno) {
-    if (line.empty()) continue;
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::exception& e) {
-      DI_THROW(deepinfer::InvalidArgument, in_path, ":", lineno, ": not valid JSON (", e.what(), ")");
-    }
-    if (!j.is_string()) DI_THROW(deepinfer::InvalidArgument, in_path, ":", lineno, ": expected a JSON string");
-    std::vector<int32_t> ids;
-    try {
-      ids = tok.encode(j.get_ref<const std::string&>(), add_special);
-    } catch (const deepinfer::TokenizerError& e) {
-      DI_THROW(deepinfer::TokenizerError, in_path, ":", lineno, ": ", e.what());
-    }
-    out << nlohmann::json(ids).dump() << '\n';
-  }
+  deepinfer::cli::filter_jsonl(in_path, out_path, [&](const nlohmann::json& j) {
+    if (!j.is_string()) DI_THROW(deepinfer::InvalidArgument, "expected a JSON string");
+    return nlohmann::json(tok.encode(j.get_ref<const std::string&>(), add_special));
+  });
   return 0;
 }
 }  // namespace
