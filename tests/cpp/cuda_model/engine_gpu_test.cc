@@ -5,17 +5,21 @@
 //    n = 2, min_tokens, logprobs (within 1e-5, top-N ids equal), a prompt_logprobs request (its
 //    prefill steps take the host path) and grammar masks applied on the device;
 //  * decode through replayed CUDA graphs equals eager fixed-shape decode bit for bit through
-//    the engine (tokens and logprobs), and graphs are what the engine loads by default.
+//    the engine (tokens and logprobs), and graphs are what the engine loads by default;
+//  * at DeepSeek-V4's vocabulary (129,280): DeviceSampler vs copying the logits back and
+//    sample_rows, same tokens, and the time of each per step (host clock, sync included).
 // Lines "[gpu-engine] ..." are collected by tools/gpu_model_check.sh.
 #if defined(DEEPINFER_TEST_HAVE_ENGINE)
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <random>
 
 #include "core/env.h"
 #include "engine/engine.h"
@@ -220,6 +224,7 @@ TEST_F(GpuEngine, LoadsWithGraphDecodeByDefault) {
 TEST_F(GpuEngine, DeviceSamplingEqualsHostSampling) {
   const auto p = prompts();
   const auto ps = mixed_params();
+  run_engine(true, DecodePath::kGraph, p, ps);  // warm-up: cuBLASLt heuristics, graph capture
   const EngineRun dev = run_engine(true, DecodePath::kGraph, p, ps);
   const EngineRun host = run_engine(false, DecodePath::kGraph, p, ps);
   expect_same(dev, host, 1e-5, "device vs host sampling (graph decode)");
@@ -283,6 +288,75 @@ TEST_F(GpuEngine, GraphReplayEqualsEagerFixedThroughEngine) {
               "graph %.3f s, eager fixed %.3f s, general %.3f s\n",
               (long long)same, (long long)total, (long long)total_tokens(graph), graph.seconds, eager.seconds,
               general.seconds);
+}
+
+// Sampling cost at the real vocabulary: device (ids back) vs host (logits back, then
+// sample_rows). Random logits (std 2), half greedy rows, half seeded top-k/top-p/min-p rows with
+// a repetition penalty; every 4th row asks for 5 logprobs.
+TEST_F(GpuEngine, SamplerAtV4VocabDeviceVsHost) {
+  const int64_t V = 129280;
+  std::mt19937 gen(11);
+  std::normal_distribution<float> nd(0.f, 2.f);
+  std::vector<float> logits(size_t(64 * V));
+  for (float& x : logits) x = nd(gen);
+  cuda::Stream st;
+  cuda::DeviceBuffer dl(logits.size() * sizeof(float));
+  cuda::copy_h2d(dl.data(), logits.data(), logits.size() * sizeof(float), st.get());
+  SamplingParams greedy, sampled;
+  greedy.temperature = 0;
+  sampled.temperature = 0.8f;
+  sampled.top_k = 50;
+  sampled.top_p = 0.9f;
+  sampled.min_p = 0.01f;
+  sampled.repetition_penalty = 1.1f;
+  SamplingParams greedy_lp = greedy, sampled_lp = sampled;
+  greedy_lp.logprobs = sampled_lp.logprobs = 5;
+  std::vector<int32_t> prompt(200), output(50);
+  for (auto& t : prompt) t = int32_t(gen() % V);
+  for (auto& t : output) t = int32_t(gen() % V);
+  std::unique_ptr<DeviceSampler> ds = DeviceSampler::create(V);
+  ASSERT_NE(ds, nullptr);
+  for (int64_t B : {1, 8, 32, 64}) {
+    std::vector<SamplingRow> rows(static_cast<size_t>(B));
+    for (int64_t i = 0; i < B; ++i) {
+      SamplingRow& r = rows[size_t(i)];
+      r.params = i % 4 == 3 ? (i % 2 ? &sampled_lp : &greedy_lp) : (i % 2 ? &sampled : &greedy);
+      r.seed = 1000 + uint64_t(i);
+      r.position = 250;
+      r.prompt_ids = &prompt;
+      r.output_ids = &output;
+      r.eos_token_id = 1;
+    }
+    const model::DeviceLogits d{.data = dl.as<float>(), .rows = B, .row_stride = V, .stream = st.get(), .device = 0};
+    std::vector<double> dev_ms, host_ms;
+    std::vector<SampleResult> got, want;
+    for (int rep = 0; rep < 12; ++rep) {
+      auto t0 = std::chrono::steady_clock::now();
+      got = ds->sample(d, rows);
+      auto t1 = std::chrono::steady_clock::now();
+      Tensor host = Tensor::empty({B, V}, DType::kF32);  // what the host path copies back
+      cuda::copy_d2h(host.raw_data(), dl.data(), host.nbytes(), st.get(), true);
+      std::vector<SamplingRow> hrows = rows;
+      for (int64_t i = 0; i < B; ++i) hrows[size_t(i)].logits = host.data<float>() + i * V;
+      want = sample_rows(hrows, V);
+      auto t2 = std::chrono::steady_clock::now();
+      if (rep < 2) continue;  // warm-up
+      dev_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+      host_ms.push_back(std::chrono::duration<double, std::milli>(t2 - t1).count());
+    }
+    for (int64_t i = 0; i < B; ++i) {
+      EXPECT_EQ(got[size_t(i)].token, want[size_t(i)].token) << "B " << B << " row " << i;
+      EXPECT_EQ(got[size_t(i)].logprobs.rank, want[size_t(i)].logprobs.rank) << "B " << B << " row " << i;
+      for (size_t j = 0; j < want[size_t(i)].logprobs.top.size(); ++j)
+        EXPECT_EQ(got[size_t(i)].logprobs.top[j].first, want[size_t(i)].logprobs.top[j].first) << "row " << i;
+    }
+    std::sort(dev_ms.begin(), dev_ms.end());
+    std::sort(host_ms.begin(), host_ms.end());
+    std::printf("[gpu-engine] sampling V=%lld B=%lld (half greedy, half top-k/p/min-p + rep. penalty, 1/4 logprobs 5): "
+                "device %.3f ms (D2H %lld B), host %.3f ms (D2H %lld B + sample_rows), median of 10\n",
+                (long long)V, (long long)B, dev_ms[dev_ms.size() / 2], (long long)ds->stats().last_d2h_bytes,
+                host_ms[host_ms.size() / 2], (long long)(B * V * 4));
+  }
 }
 
 }  // namespace
