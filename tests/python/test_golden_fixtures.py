@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 GOLDEN = REPO / "tests" / "data" / "golden"
 sys.path.insert(0, str(REPO / "tools"))
 from golden_lib import names  # noqa: E402  (pure Python name maps)
-HF_FIXTURES = ["tiny", "tiny_clamp"]
+HF_FIXTURES = ["tiny", "tiny_clamp", "tiny_prod"]
 ALL_FIXTURES = HF_FIXTURES + ["tiny_official"]
 ELEM = {"BF16": 2, "F32": 4, "I64": 8, "I8": 1, "F8_E4M3": 1, "F8_E8M0": 1}
 E2M1 = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], np.float32)
@@ -165,6 +165,32 @@ def test_hf_rerun_matches_short_logits():
     with torch.no_grad():
         got = model(input_ids=torch.tensor([ids]), use_cache=False).logits[0].numpy()
     np.testing.assert_allclose(got, np.load(d / "logits_short.npy"), atol=1e-4, rtol=0)
+
+
+def test_prod_rerun_matches_logits_and_chain():
+    """tiny_prod re-run under golden_lib/production.py: the stored logits (row-wise, the rounding is
+    discontinuous: see tests/data/golden/tiny_prod/README.md) and the stored greedy chain's first steps."""
+    d = fixture_dir("tiny_prod")
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    if not hasattr(transformers, "DeepseekV4ForCausalLM"):
+        pytest.skip("transformers without DeepseekV4")
+    from golden_lib import production
+    torch.set_num_threads(1)  # the fixture was made with one thread
+    model = transformers.DeepseekV4ForCausalLM.from_pretrained(d, dtype=torch.float32,
+                                                                attn_implementation="eager").eval()
+    inputs = load_inputs(d)
+    meta = json.loads((d / "meta.json").read_text())
+    with production.production_rounding(model) as hits, torch.no_grad():
+        got = model(input_ids=torch.tensor([inputs["short"]]), use_cache=False).logits[0].numpy()
+        chain, _ = production.greedy_chain(model, inputs["short"], 8)
+    assert sum(hits.values()) > 0, "production rounding never applied"
+    ref = np.load(d / "logits_short.npy")
+    rows_close = np.mean(np.abs(got - ref).max(axis=1) <= 1e-3)
+    assert rows_close >= 0.95, f"only {rows_close:.1%} of rows within 1e-3"
+    assert (got.argmax(1) == ref.argmax(1)).mean() >= 0.95
+    assert meta["greedy_chain"]["prompt"] == "short"
+    assert chain == meta["greedy_chain"]["generated_ids"][:8]
 
 
 FP8_LEAVES = ("attn.wq_a.weight", "attn.wq_b.weight", "attn.wkv.weight", "attn.wo_a.weight", "attn.wo_b.weight",
