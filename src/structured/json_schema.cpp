@@ -274,6 +274,7 @@ bool SchemaLowerer::validates(const json& schema, const std::string& ptr, const 
     return !validates(schema["not"], ptr + "/not", value) && validates(rest, ptr, value);
   }
   SchemaLowerer sub(root_, opt_);
+  nest_into(sub);
   ExprId e = sub.lower(schema, ptr, 1);
   RuleId root = sub.b.declare_rule("root");
   sub.b.define_rule(root, e);

@@ -125,6 +125,15 @@ class SchemaLowerer {
   ExprId number_rule(bool integer);
 
  private:
+  // Sub-lowerers (compile a schema on its own to test values or languages) may nest, e.g. a
+  // oneOf proof that validates an enum against a schema whose own oneOf needs a proof; the
+  // depth is bounded so recursive schemas cannot recurse without end.
+  static constexpr int kMaxNesting = 4;
+  int nest_ = 0;
+  void nest_into(SchemaLowerer& sub) const {
+    sub.nest_ = nest_ + 1;
+    if (sub.nest_ > kMaxNesting) schema_error("", "schema checks nested too deeply (recursive oneOf/not/enum proofs)");
+  }
   const json& root_;
   bool draft4_ = false;  // root $schema is draft 3/4: integers have no fraction part
   JsonGrammarOptions opt_;

@@ -175,6 +175,7 @@ bool SchemaLowerer::disjoint_typed(const json& a, const json& c, const std::stri
   // Strings and numbers: both languages are regular; the product accepting both must be empty.
   try {
     SchemaLowerer sub(root_, opt_);
+  nest_into(sub);
     const json ty = json{{"type", t}};
     ExprId x = sub.lower(json{{"allOf", json::array({a, ty})}}, ptr, depth + 1);
     ExprId y = sub.lower(json{{"allOf", json::array({c, ty})}}, ptr, depth + 1);
@@ -393,6 +394,7 @@ ExprId SchemaLowerer::lower_not(const json& s, const std::string& ptr, int depth
     try {
       ExprId r = lower(rt, ptr, depth + 1);
       SchemaLowerer sub(root_, opt_);
+  nest_into(sub);
       auto dr = expr_to_dfa(b, r);
       auto dn = expr_to_dfa(sub.b, sub.lower(nt, nptr, depth + 1));
       auto du = expr_to_dfa(b, canonical_universe(b, t));
