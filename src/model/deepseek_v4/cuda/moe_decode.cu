@@ -88,46 +88,78 @@ __device__ __forceinline__ void fill_lut(uint32_t* lut) {
     for (int i = threadIdx.x; i < 256; i += blockDim.x) lut[i] = ops::cuda::fp8_bf16_bits(i) << 16;
 }
 
-template <typename T, ExpertFormat F>
-__device__ __forceinline__ float row_dot(const void* w, const uint8_t* sc, int64_t row, const uint4* xs, int64_t n,
-                                         int lane, const uint32_t* lut) {
-  if constexpr (F == ExpertFormat::kPlain) {
-    return warp_dot(static_cast<const T*>(w) + row * n, xs, n, lane);
-  } else {
-    constexpr int kPer = F == ExpertFormat::kFP4 ? 32 : 16;  // inputs per 16-byte vector
-    const int64_t row_bytes = F == ExpertFormat::kFP4 ? n / 2 : n, row_scales = F == ExpertFormat::kFP4 ? n / 32 : (n + 127) / 128;
-    const uint4* wv = reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(w) + row * row_bytes);
-    const uint8_t* srow = sc + row * row_scales;
-    float acc = 0.f;
-    for (int64_t v = lane; v < n / kPer; v += kWarpSize) {
-      const uint4 q = __ldg(wv + v);
-      const uint32_t* raw = reinterpret_cast<const uint32_t*>(&q);
-      float part = 0.f;
-      if constexpr (F == ExpertFormat::kFP4) {
+// Warp dots of R weight rows (release format F, n inputs each) with the staged row. Each lane
+// takes 16-byte vectors — FP4 32 inputs (one scale), FP8 16 inputs (scale per 128) — and loads
+// the vectors of all R rows before using any, so R loads are in flight (one row at a time left
+// the GEMV latency-bound near 1 TB/s); the staged inputs are read once for all rows. Per row a
+// vector's fp32 partial sum is multiplied by its power-of-two scale (exact), then accumulated.
+template <typename T, ExpertFormat F, int R>
+__device__ __forceinline__ void rows_dot(const void* w, const uint8_t* sc, const int64_t (&rows)[R], const uint4* xs,
+                                         int64_t n, int lane, const uint32_t* lut, float (&out)[R]) {
+  constexpr int kPer = F == ExpertFormat::kFP4 ? 32 : 16;        // inputs per 16-byte vector
+  constexpr int kScaleIn = F == ExpertFormat::kFP4 ? 32 : 128;   // inputs per scale
+  const int64_t row_bytes = F == ExpertFormat::kFP4 ? n / 2 : n, row_scales = (n + kScaleIn - 1) / kScaleIn;
+  const uint8_t* wb = static_cast<const uint8_t*>(w);
+  float acc[R];
 #pragma unroll
-        for (int g = 0; g < 4; ++g) {  // 8 inputs per 32-bit word
-          float x[8];
-          load8(xs, v * 4 + g, x, T{});
+  for (int r = 0; r < R; ++r) acc[r] = 0.f;
+  for (int64_t v = lane; v < n / kPer; v += kWarpSize) {
+    uint4 q[R];
+    uint8_t se[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      q[r] = __ldg(reinterpret_cast<const uint4*>(wb + rows[r] * row_bytes) + v);
+      se[r] = __ldg(sc + rows[r] * row_scales + v * kPer / kScaleIn);
+    }
+    float part[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) part[r] = 0.f;
+    if constexpr (F == ExpertFormat::kFP4) {
+#pragma unroll
+      for (int g = 0; g < 4; ++g) {  // 8 inputs per 32-bit word
+        float x[8];
+        load8(xs, v * 4 + g, x, T{});
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          const uint32_t word = reinterpret_cast<const uint32_t*>(&q[r])[g];
 #pragma unroll
           for (int b = 0; b < 4; ++b) {
-            const uint32_t v = lut[(raw[g] >> (8 * b)) & 0xff];
-            part += __uint_as_float(v << 16) * x[2 * b];
-            part += __uint_as_float(v & 0xffff0000u) * x[2 * b + 1];
+            const uint32_t d = lut[(word >> (8 * b)) & 0xff];
+            part[r] += __uint_as_float(d << 16) * x[2 * b];
+            part[r] += __uint_as_float(d & 0xffff0000u) * x[2 * b + 1];
           }
         }
-      } else {
+      }
+    } else {
 #pragma unroll
-        for (int g = 0; g < 2; ++g) {  // 8 inputs per two 32-bit words
-          float x[8];
-          load8(xs, v * 2 + g, x, T{});
+      for (int g = 0; g < 2; ++g) {  // 8 inputs per two 32-bit words
+        float x[8];
+        load8(xs, v * 2 + g, x, T{});
 #pragma unroll
-          for (int j = 0; j < 8; ++j) part += __uint_as_float(lut[(raw[2 * g + j / 4] >> (8 * (j % 4))) & 0xff]) * x[j];
+        for (int r = 0; r < R; ++r) {
+          const uint32_t* raw = reinterpret_cast<const uint32_t*>(&q[r]);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) part[r] += __uint_as_float(lut[(raw[2 * g + j / 4] >> (8 * (j % 4))) & 0xff]) * x[j];
         }
       }
-      acc += part * deepinfer::e8m0_to_f32(__ldg(srow + v * kPer / (F == ExpertFormat::kFP4 ? 32 : 128)));
     }
-    return warp_sum(acc);
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] += part[r] * deepinfer::e8m0_to_f32(se[r]);
   }
+#pragma unroll
+  for (int r = 0; r < R; ++r) out[r] = warp_sum(acc[r]);
+}
+
+// Rounded to the storage dtype like the grouped path's GEMM output, then clamped SwiGLU.
+template <typename T>
+__device__ __forceinline__ float swiglu_act(float g, float u, float wt, float limit) {
+  g = to_f32(from_f32<T>(g));
+  u = to_f32(from_f32<T>(u));
+  if (limit > 0.f) {
+    u = fminf(fmaxf(u, -limit), limit);
+    g = fminf(g, limit);
+  }
+  return wt * (g / (1.0f + expf(-g)) * u);
 }
 
 // Stage row `src` (n elements of T, 16-byte aligned) into shared memory.
@@ -153,21 +185,33 @@ __global__ void __launch_bounds__(kThreads) moe_up_kernel(const __grid_constant_
   const uint8_t* sc = valid && F != ExpertFormat::kPlain ? p.w13_scale[e] : nullptr;
   const float wt = p.weights[a];
   T* out = static_cast<T*>(p.act) + a * I;
-  for (int r = 0; r < kRowsPerWarp; ++r) {
-    const int64_t i = int64_t(blockIdx.y) * kRowsPerBlock + r * kWarps + warp;
-    if (i >= I) break;  // warp-uniform
-    float v = 0.f;
-    if (valid) {
-      // Rounded to the storage dtype like the grouped path's GEMM output, then clamped SwiGLU.
-      float g = to_f32(from_f32<T>(row_dot<T, F>(w, sc, i, xs, p.dim, lane, lut)));
-      float u = to_f32(from_f32<T>(row_dot<T, F>(w, sc, I + i, xs, p.dim, lane, lut)));
-      if (p.limit > 0.f) {
-        u = fminf(fmaxf(u, -p.limit), p.limit);
-        g = fminf(g, p.limit);
-      }
-      v = wt * (g / (1.0f + expf(-g)) * u);
+  const int64_t i0 = int64_t(blockIdx.y) * kRowsPerBlock + warp;  // rows i0 + r*kWarps
+  if constexpr (F != ExpertFormat::kPlain) {
+    // gate and up rows of the warp's kRowsPerWarp outputs in one pass (rows past I repeat row 0)
+    int64_t rows[2 * kRowsPerWarp];
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r) {
+      const int64_t i = i0 + r * kWarps < I ? i0 + r * kWarps : 0;
+      rows[2 * r] = i;
+      rows[2 * r + 1] = I + i;
     }
-    if (lane == 0) out[i] = from_f32<T>(v);
+    float d[2 * kRowsPerWarp];
+    if (valid) rows_dot<T, F, 2 * kRowsPerWarp>(w, sc, rows, xs, p.dim, lane, lut, d);
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r) {
+      const int64_t i = i0 + r * kWarps;
+      if (i < I && lane == 0) out[i] = from_f32<T>(valid ? swiglu_act<T>(d[2 * r], d[2 * r + 1], wt, p.limit) : 0.f);
+    }
+  } else {
+    for (int r = 0; r < kRowsPerWarp; ++r) {
+      const int64_t i = i0 + r * kWarps;
+      if (i >= I) break;  // warp-uniform
+      float v = 0.f;
+      if (valid)
+        v = swiglu_act<T>(warp_dot(static_cast<const T*>(w) + i * p.dim, xs, p.dim, lane),
+                          warp_dot(static_cast<const T*>(w) + (I + i) * p.dim, xs, p.dim, lane), wt, p.limit);
+      if (lane == 0) out[i] = from_f32<T>(v);
+    }
   }
 }
 
@@ -184,11 +228,25 @@ __global__ void __launch_bounds__(kThreads) moe_down_kernel(const __grid_constan
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const void* w = valid ? p.w2[e] : nullptr;
   const uint8_t* sc = valid && F != ExpertFormat::kPlain ? p.w2_scale[e] : nullptr;
-  for (int r = 0; r < kRowsPerWarp; ++r) {
-    const int64_t j = int64_t(blockIdx.y) * kRowsPerBlock + r * kWarps + warp;
-    if (j >= p.dim) break;  // warp-uniform
-    const float v = valid ? row_dot<T, F>(w, sc, j, xs, p.inter, lane, lut) : 0.f;
-    if (lane == 0) p.ye[a * p.dim + j] = v;
+  const int64_t j0 = int64_t(blockIdx.y) * kRowsPerBlock + warp;  // rows j0 + r*kWarps
+  if constexpr (F != ExpertFormat::kPlain) {
+    int64_t rows[kRowsPerWarp];
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r) rows[r] = j0 + r * kWarps < p.dim ? j0 + r * kWarps : 0;
+    float d[kRowsPerWarp];
+    if (valid) rows_dot<T, F, kRowsPerWarp>(w, sc, rows, xs, p.inter, lane, lut, d);
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r) {
+      const int64_t j = j0 + r * kWarps;
+      if (j < p.dim && lane == 0) p.ye[a * p.dim + j] = valid ? d[r] : 0.f;
+    }
+  } else {
+    for (int r = 0; r < kRowsPerWarp; ++r) {
+      const int64_t j = j0 + r * kWarps;
+      if (j >= p.dim) break;  // warp-uniform
+      const float v = valid ? warp_dot(static_cast<const T*>(w) + j * p.inter, xs, p.inter, lane) : 0.f;
+      if (lane == 0) p.ye[a * p.dim + j] = v;
+    }
   }
 }
 
