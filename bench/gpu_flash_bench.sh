@@ -7,7 +7,11 @@
 # (bytes / 4.3 TB/s, FLOPs / 790 TFLOP/s, scaled to the layers present) and per layer next to the
 # transformers eager numbers of ANCHORS.md. The table is printed last.
 #   bench/gpu_flash_bench.sh [--layers N] [--small] [--jobs N] [--clean] [-- extra bench-flash args]
-#     --layers N   layers of the stack (default 6: S S C H C H = sliding, CSA, HCA, hash and biased MoE)
+#     --layers N   layers of the stack (default 6: S S C H C H = sliding, CSA, HCA, hash and biased MoE).
+#                  Routed experts stay FP4 on the device (~3.5 GiB per layer with bf16 dense linears,
+#                  ~34 layers fit the H200); the stack takes 3.7 GB per layer on disk, so the 64 GB
+#                  disk of the one-GPU machine holds about 13 (--layers 13: 48.6 GB, written in 35 s).
+#                  bench-flash's floor still counts routed experts in bf16 ("as uploaded").
 #     --small      reduced widths, prompt 512, 8 decode steps, batches 1,2: tests this script in
 #                  seconds, e.g. DEEPINFER_ACCELERATOR=cpu BUILD_DIR=build bench/gpu_flash_bench.sh --small
 #     --clean      delete the stack afterwards
