@@ -38,11 +38,11 @@ const std::set<std::string> kSupported = {
     "items", "prefixItems", "additionalItems", "minItems", "maxItems", "minLength", "maxLength", "pattern",
     "format", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "anyOf", "oneOf",
     "allOf", "$ref", "nullable", "minProperties", "maxProperties", "propertyNames", "dependentRequired", "contains", "if",
+    "unevaluatedProperties", "unevaluatedItems",
     "minContains", "maxContains"};
 // Keywords that constrain instances but are not supported (compile error when they matter).
 const std::set<std::string> kUnsupported = {
     "uniqueItems",
-    "unevaluatedProperties", "unevaluatedItems",
     "$dynamicRef", "$recursiveRef"};
 
 const std::vector<std::string> kAllTypes = {"null", "boolean", "object", "array", "string", "number"};
@@ -140,6 +140,7 @@ ExprId SchemaLowerer::lower(const json& s, const std::string& ptr, int depth) {
         return lower_filtered_enum(s, ptr, depth);
     }
   }
+  if (s.contains("unevaluatedProperties") || s.contains("unevaluatedItems")) return lower_unevaluated(s, ptr, depth);
   if (s.contains("if")) return lower_if(s, ptr, depth);
   if (s.contains("not")) return lower_not(s, ptr, depth);
   if (s.contains("dependencies") || s.contains("dependentSchemas")) return lower_dependent(s, ptr, depth);

@@ -25,6 +25,8 @@ ExprId intersect(GrammarBuilder& b, const std::vector<ExprId>& parts);
 // x{mn, mx} (mx < 0: unbounded) without unrolling large counts: blocks of 64 copies become a
 // called rule, recursively, so any bound up to kMaxCountBound costs O(64 log bound) states.
 inline constexpr int64_t kMaxCountBound = 100'000'000;
+// States allowed for a string's pattern/format/length intersection automaton.
+inline constexpr int32_t kMaxStringStates = 100'000;
 ExprId counted_repeat(GrammarBuilder& b, ExprId x, int64_t mn, int64_t mx);
 // An integer divisible by k (k >= 1), any sign.
 ExprId multiple_of_expr(GrammarBuilder& b, int64_t k);
@@ -86,6 +88,8 @@ class SchemaLowerer {
   ExprId exclusive_branches(const std::vector<json>& merged, const std::vector<json>& raw, const std::string& ptr,
                             int depth);
   ExprId lower_contains(const json& s, const ArrayShape& shape, const std::string& ptr, int depth);
+  json close_unevaluated(const json& s, const std::string& ptr, int depth);
+  ExprId lower_unevaluated(const json& s, const std::string& ptr, int depth);
   ExprId lower_if(const json& s, const std::string& ptr, int depth);
   ExprId lower_dependent(const json& s, const std::string& ptr, int depth);
   bool disjoint(const json& a, const json& b, const std::string& ptr, int depth);
@@ -130,6 +134,7 @@ class SchemaLowerer {
   // depth is bounded so recursive schemas cannot recurse without end.
   static constexpr int kMaxNesting = 4;
   int nest_ = 0;
+  int closing_ = 0;  // close_unevaluated calls in progress
   void nest_into(SchemaLowerer& sub) const {
     sub.nest_ = nest_ + 1;
     if (sub.nest_ > kMaxNesting) schema_error("", "schema checks nested too deeply (recursive oneOf/not/enum proofs)");

@@ -578,3 +578,52 @@ ExprId SchemaLowerer::lower_if(const json& s, const std::string& ptr, int depth)
 }
 
 }  // namespace deepinfer::structured
+
+namespace deepinfer::structured {
+
+// unevaluatedProperties / unevaluatedItems where the evaluated set does not depend on which
+// subschemas succeed: with allOf and $ref merged into one schema and no conditional
+// applicator left (anyOf, oneOf, if, dependentSchemas, nested unevaluated*, contains), the
+// unevaluated members are exactly the additional ones, so the keyword is additionalProperties
+// (items after prefixItems). `not` yields no annotations and may stay. A schema holding the
+// keyword is "closed" this way before it merges with anything (its own scope: cousins,
+// $ref siblings and parents do not count as evaluating for it).
+json SchemaLowerer::close_unevaluated(const json& s, const std::string& ptr, int depth) {
+  if (!s.is_object() || (!s.contains("unevaluatedProperties") && !s.contains("unevaluatedItems"))) return s;
+  json rest = s;
+  std::optional<json> up, ui;
+  if (rest.contains("unevaluatedProperties")) up = rest["unevaluatedProperties"], rest.erase("unevaluatedProperties");
+  if (rest.contains("unevaluatedItems")) ui = rest["unevaluatedItems"], rest.erase("unevaluatedItems");
+  const std::string kw = up ? "unevaluatedProperties" : "unevaluatedItems";
+  // Closing merges parts, which may close their own parts (or, through $ref, this schema).
+  struct Guard {
+    int& n;
+    ~Guard() { --n; }
+  } guard{++closing_};
+  if (closing_ > 32 || depth > 64) schema_error(ptr + "/" + kw, "nested too deeply (recursive $ref?)");
+  json f;
+  try {
+    f = flatten(rest, ptr, depth + 1);
+  } catch (const GrammarError& e) {
+    schema_error(ptr + "/" + kw, std::string("keyword '" + kw + "': ") + e.what());
+  }
+  if (f.is_boolean()) return f;
+  for (const char* k : {"anyOf", "oneOf", "if", "then", "else", "dependentSchemas", "dependencies", "$dynamicRef",
+                        "$recursiveRef", "unevaluatedProperties", "unevaluatedItems", "contains"})
+    if (f.contains(k))
+      schema_error(ptr + "/" + kw, "keyword '" + kw + "' next to '" + k +
+                                       "' (annotations that depend on which subschemas match) is not supported");
+  if (up && !f.contains("additionalProperties")) f["additionalProperties"] = *up;
+  if (ui) {
+    const bool tuple = f.contains("items") && f["items"].is_array();
+    if (tuple && !f.contains("additionalItems")) f["additionalItems"] = *ui;
+    else if (!tuple && !f.contains("items")) f["items"] = *ui;
+  }
+  return f;
+}
+
+ExprId SchemaLowerer::lower_unevaluated(const json& s, const std::string& ptr, int depth) {
+  return lower(close_unevaluated(s, ptr, depth), ptr, depth + 1);
+}
+
+}  // namespace deepinfer::structured

@@ -31,7 +31,7 @@ json SchemaLowerer::deref_top(const json& s, const std::string& ptr, int depth) 
   const json* t = resolve(s["$ref"].get<std::string>(), ptr + "/$ref", &target);
   json rest = s;
   rest.erase("$ref");
-  json base = deref_top(*t, target, depth + 1);
+  json base = close_unevaluated(deref_top(*t, target, depth + 1), target, depth + 1);
   if (base.is_boolean()) {
     if (!base.get<bool>()) return false;
     return rest;
@@ -41,7 +41,10 @@ json SchemaLowerer::deref_top(const json& s, const std::string& ptr, int depth) 
   return out;
 }
 
-void SchemaLowerer::merge_into(json& a, const json& b_in, const std::string& ptr) {
+void SchemaLowerer::merge_into(json& a, const json& b_raw, const std::string& ptr) {
+  // A part with unevaluated* sees only its own annotations: close it before merging.
+  const json b_closed = close_unevaluated(b_raw, ptr, 1);
+  const json& b_in = b_closed;
   if (b_in.is_boolean()) {
     if (!b_in.get<bool>()) a = json{{"enum", json::array()}};
     return;
@@ -92,7 +95,8 @@ void SchemaLowerer::merge_into(json& a, const json& b_in, const std::string& ptr
           if (!props.contains(it.key())) props[it.key()] = both(value_for(a, it.key()), value_for(b1, it.key()));
     json add = both(add_of(a), add_of(b1));
     a["properties"] = props;
-    if (add == true) a.erase("additionalProperties");
+    // Kept even when true: additionalProperties evaluates every key (unevaluatedProperties).
+    if (add == true && !a.contains("additionalProperties") && !b1.contains("additionalProperties")) a.erase("additionalProperties");
     else a["additionalProperties"] = add;
     members_merged = b1;
     members_merged.erase("properties");

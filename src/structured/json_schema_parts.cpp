@@ -210,7 +210,9 @@ ExprId SchemaLowerer::lower_string(const json& s, const std::string& ptr) {
       std::vector<const Dfa*> ops;
       for (const auto& d : dfas) ops.push_back(&d);
       const uint32_t all = (1u << ops.size()) - 1;
-      content = dfa_to_expr(b, dfa_product(ops, [all](uint32_t m) { return m == all; }));
+      // A pattern with a length bound multiplies (pattern states x length); e-mail patterns
+      // with maxLength 254 reach ~50k states, so this product may go past the default limit.
+      content = dfa_to_expr(b, dfa_product(ops, [all](uint32_t m) { return m == all; }, kMaxStringStates));
     } catch (const GrammarError& e) {
       schema_error(ptr, std::string("pattern/format/length intersection: ") + e.what());
     }

@@ -200,6 +200,20 @@ TEST(JsonSchemaCoverage, IfThenElse) {
   expect_lang(schema(R"({"if": {"minimum": 10}, "then": {"multipleOf": 5}})"), {"15", "3", R"("s")"}, {"12"});
 }
 
+TEST(JsonSchemaCoverage, Unevaluated) {
+  expect_lang(schema(R"({"properties": {"a": {}}, "allOf": [{"properties": {"b": {}}}], "unevaluatedProperties": {"type": "integer"}})"),
+              {R"({"a":"x","b":[],"c":1})", "{}", "[1]"}, {R"({"c":"x"})"});
+  // A nested unevaluatedProperties sees only its own subschema.
+  expect_lang(schema(R"({"allOf": [{"properties": {"a": {}}}, {"unevaluatedProperties": false}]})"), {"{}", "1"},
+              {R"({"a":1})"});
+  expect_lang(schema(R"({"prefixItems": [{"type": "string"}], "unevaluatedItems": {"type": "integer"}})"),
+              {R"(["a",1,2])", "[]"}, {R"(["a","b"])", "[1]"});
+  EXPECT_NE(error_of(R"({"anyOf": [{"properties": {"a": {}}}, true], "unevaluatedProperties": false})").find("#/unevaluatedProperties"),
+            std::string::npos);
+  // A recursive $ref inside a closed schema is an error, not a crash.
+  EXPECT_NE(error_of(R"({"allOf": [{"$ref": "#"}], "unevaluatedProperties": false})"), "");
+}
+
 TEST(JsonSchemaCoverage, UnicodeClasses) {
   GrammarCompiler c(byte_vocab());
   auto re = [&](const std::string& r) { return c.compile_uncached(nlohmann::json{{"regex", r}}.dump()); };
