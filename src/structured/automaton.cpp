@@ -467,6 +467,7 @@ void Builder::determinize(int32_t idx, Pda& pda) {
     }
     pda.states[cur].calls_end = static_cast<int32_t>(pda.calls.size());
     pda.states[cur].has_calls = pda.states[cur].calls_end > pda.states[cur].calls_begin;
+    pda.states[cur].dead_end = fin && prev_c < 0 && !pda.states[cur].has_calls;
   }
 }
 

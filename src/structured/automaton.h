@@ -28,6 +28,7 @@ struct PdaState {
   int32_t rule = 0;         // compiled rule owning this state
   bool final = false;       // the rule may end here
   bool has_calls = false;   // calls_begin < calls_end
+  bool dead_end = false;    // final with no byte edge and no call: only finishing is left
   int32_t calls_begin = 0;  // into Pda::calls
   int32_t calls_end = 0;
 };

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <unordered_map>
 #include <vector>
 
 #include "deepinfer/structured.h"
@@ -53,9 +54,51 @@ struct CompiledGrammarImpl {
     std::atomic<uint64_t> loops[4]{};      // 256-bit set of bytes on which the state steps to itself
     std::atomic<int8_t> loops_known{0};     // loops filled
     std::atomic<int8_t> text_alive{-1};     // text_stays_alive: -1 not yet known, 0, 1
+    // Counted text (strings with maxLength, {m,n} repeats): the chain step of the state (the
+    // target `chain_next` most ASCII bytes step to, those bytes, whether every valid
+    // multi-byte character steps there too) and how many characters a text may have before
+    // the chain can end (run: ASCII only / with multi-byte characters; capped at the longest
+    // token). mask_walk.cpp.
+    std::atomic<int8_t> chain_known{0};
+    std::atomic<uint64_t> chain_ascii[2]{};
+    std::atomic<int32_t> chain_next{-1};
+    std::atomic<int8_t> chain_utf8{0};
+    std::atomic<int32_t> run_ascii{-1}, run_utf8{-1};
   };
+  struct ChainStep {
+    uint64_t ascii[2];
+    int32_t next;
+    bool utf8;
+  };
+  ChainStep chain_step(int32_t state) const;
+  // Characters of text (bytes from `state`'s chain set, and multi-byte characters when
+  // `utf8`) that stay alive from `state` whatever they are: the states along the chain all
+  // step those bytes to the next chain state. >= the longest token means unbounded.
+  int32_t chain_run(int32_t state, bool utf8) const;
   StateFacts* state_facts() const;  // [num_states], allocated on first use
   std::array<uint64_t, 4> self_loops(int32_t state) const;
+  // A root child's subtree walked from a given state (mask_walk.cpp): what any state whose
+  // first byte leads there gets for that subtree. Accepted tokens as rank bits in the words
+  // [w0, w0 + words.size()) of the rank bitmap (only the subtree's bits set); uncertain ids in
+  // trie preorder.
+  struct SubtreeResult {
+    int32_t w0 = 0;
+    std::vector<uint64_t> words;
+    int64_t count = 0;
+    std::vector<int32_t> uncertain;
+  };
+  std::shared_ptr<const SubtreeResult> find_subtree(uint64_t key) const;
+  void store_subtree(uint64_t key, std::shared_ptr<const SubtreeResult> r) const;
+  // A representative of the states behaving exactly like `state` (same finality, calls and
+  // transitions up to the same representatives: the DFAs are not minimised, so e.g. every
+  // declared-key prefix under additionalProperties diverges into its own copy of the "other
+  // key" state). Found on demand, for the states the walks share subtrees from.
+  int32_t canonical(int32_t state) const;
+  bool equivalent(int32_t a, int32_t b) const;
+  mutable std::mutex sub_mu_;
+  mutable std::unordered_map<uint64_t, std::shared_ptr<const SubtreeResult>> subtrees_;  // (state, esc, node)
+  mutable std::unordered_map<int32_t, int32_t> canon_;                 // state -> representative
+  mutable std::unordered_map<uint64_t, std::vector<int32_t>> canon_buckets_;  // shape hash -> representatives
   mutable std::mutex mu_;
   mutable std::vector<std::shared_ptr<const StateMaskCache>> caches_;  // [num_states]
   mutable std::once_flag facts_once_;

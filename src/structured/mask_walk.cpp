@@ -51,9 +51,10 @@ std::shared_ptr<const StateMaskCache> finish_cache(const TokenVocabulary& v, std
 // bytes and characters. Then a subtree below a node in `state` whose ASCII bytes loop and
 // whose other bytes are valid UTF-8 is all alive. Characters follow the strict decoder in
 // vocab.cpp.
-bool text_stays_alive(const Pda& pda, int32_t state, const std::array<uint64_t, 4>& loops) {
-  struct R { uint8_t lo, hi; };
-  static const std::vector<std::vector<R>> kChars = {
+// Valid multi-byte UTF-8 characters as byte-range sequences (the strict decoder of vocab.cpp).
+struct ByteSpan { uint8_t lo, hi; };
+const std::vector<std::vector<ByteSpan>>& utf8_chars() {
+  static const std::vector<std::vector<ByteSpan>> kChars = {
       {{0xC2, 0xDF}, {0x80, 0xBF}},
       {{0xE0, 0xE0}, {0xA0, 0xBF}, {0x80, 0xBF}},
       {{0xE1, 0xEC}, {0x80, 0xBF}, {0x80, 0xBF}},
@@ -62,11 +63,22 @@ bool text_stays_alive(const Pda& pda, int32_t state, const std::array<uint64_t, 
       {{0xF0, 0xF0}, {0x90, 0xBF}, {0x80, 0xBF}, {0x80, 0xBF}},
       {{0xF1, 0xF3}, {0x80, 0xBF}, {0x80, 0xBF}, {0x80, 0xBF}},
       {{0xF4, 0xF4}, {0x80, 0x8F}, {0x80, 0xBF}, {0x80, 0xBF}}};
-  constexpr size_t kMaxClosure = 32;
-  // Bytes of one class step alike: visit one byte per class within each range.
-  int class_end[256];  // [byte] last byte of its class
+  return kChars;
+}
+
+// [byte] last byte of its class: bytes of one class step alike, so one byte per class is
+// enough within a range.
+void class_ends(const Pda& pda, int class_end[256]) {
   for (int b = 255; b >= 0; --b)
     class_end[b] = b < 255 && pda.byte_class[b + 1] == pda.byte_class[b] ? class_end[b + 1] : b;
+}
+
+bool text_stays_alive(const Pda& pda, int32_t state, const std::array<uint64_t, 4>& loops) {
+  using R = ByteSpan;
+  const auto& kChars = utf8_chars();
+  constexpr size_t kMaxClosure = 32;
+  int class_end[256];
+  class_ends(pda, class_end);
   std::vector<int32_t> closure{state}, cur, next;
   auto add = [&](int32_t t) {
     if (std::find(closure.begin(), closure.end(), t) == closure.end()) closure.push_back(t);
@@ -105,6 +117,86 @@ CompiledGrammarImpl::StateFacts* CompiledGrammarImpl::state_facts() const {
   return facts_.get();
 }
 
+// Root-child subtrees smaller than this are walked again rather than shared.
+constexpr int32_t kMinSharedSubtree = 16;
+
+std::shared_ptr<const CompiledGrammarImpl::SubtreeResult> CompiledGrammarImpl::find_subtree(uint64_t key) const {
+  std::lock_guard<std::mutex> lock(sub_mu_);
+  auto it = subtrees_.find(key);
+  return it == subtrees_.end() ? nullptr : it->second;
+}
+
+void CompiledGrammarImpl::store_subtree(uint64_t key, std::shared_ptr<const SubtreeResult> r) const {
+  std::lock_guard<std::mutex> lock(sub_mu_);
+  subtrees_.emplace(key, std::move(r));
+}
+
+// Exact equivalence by a joint walk over state pairs. Bounded: past kMaxPairs the states are
+// treated as different, which only costs sharing (twin "other key" states differ in a handful
+// of escape and UTF-8 states; counters such as maxLength chains never match and must fail fast).
+bool CompiledGrammarImpl::equivalent(int32_t a, int32_t b) const {
+  constexpr size_t kMaxPairs = 48;
+  const int32_t nc = pda.num_classes;
+  std::vector<std::pair<int32_t, int32_t>> seen{{a, b}};
+  for (size_t k = 0; k < seen.size(); ++k) {
+    const auto [x, y] = seen[k];
+    if (x == y) continue;
+    const PdaState& sx = pda.states[x];
+    const PdaState& sy = pda.states[y];
+    if (sx.final != sy.final || pda.rule_called[sx.rule] != pda.rule_called[sy.rule] ||
+        sx.calls_end - sx.calls_begin != sy.calls_end - sy.calls_begin)
+      return false;
+    auto pair = [&](int32_t u, int32_t w) {
+      if (std::find(seen.begin(), seen.end(), std::make_pair(u, w)) == seen.end()) seen.push_back({u, w});
+    };
+    for (int32_t c = 0; c < sx.calls_end - sx.calls_begin; ++c) {
+      const PdaCall& cx = pda.calls[sx.calls_begin + c];
+      const PdaCall& cy = pda.calls[sy.calls_begin + c];
+      if (cx.rule != cy.rule || cx.tail != cy.tail) return false;
+      pair(cx.ret, cy.ret);
+    }
+    const int32_t* rx = &pda.trans[static_cast<size_t>(x) * nc];
+    const int32_t* ry = &pda.trans[static_cast<size_t>(y) * nc];
+    for (int32_t c = 0; c < nc; ++c) {
+      if ((rx[c] < 0) != (ry[c] < 0)) return false;
+      if (rx[c] >= 0 && (c == 0 || rx[c] != rx[c - 1] || ry[c] != ry[c - 1])) pair(rx[c], ry[c]);
+    }
+    if (seen.size() > kMaxPairs) return false;
+  }
+  return true;
+}
+
+int32_t CompiledGrammarImpl::canonical(int32_t state) const {
+  {
+    std::lock_guard<std::mutex> lock(sub_mu_);
+    auto it = canon_.find(state);
+    if (it != canon_.end()) return it->second;
+  }
+  // Shape hash: finality, calls, and per class whether the transition is missing, a self-loop
+  // or something else (equal for equivalent states).
+  const int32_t nc = pda.num_classes;
+  const PdaState& st = pda.states[state];
+  uint64_t h = (st.final ? 3 : 5) * 0x9e3779b97f4a7c15ull ^ static_cast<uint64_t>(st.calls_end - st.calls_begin);
+  for (int32_t c = 0; c < nc; ++c) {
+    const int32_t t = pda.trans[static_cast<size_t>(state) * nc + c];
+    h = (h ^ static_cast<uint64_t>(t < 0 ? 0 : t == state ? 1 : 2)) * 0x100000001b3ull;
+  }
+  std::vector<int32_t> reps;
+  {
+    std::lock_guard<std::mutex> lock(sub_mu_);
+    reps = canon_buckets_[h];
+  }
+  int32_t rep = state;
+  for (int32_t r : reps)
+    if (equivalent(state, r)) {
+      rep = r;
+      break;
+    }
+  std::lock_guard<std::mutex> lock(sub_mu_);
+  if (rep == state && canon_buckets_[h].size() < 4) canon_buckets_[h].push_back(state);
+  return canon_.emplace(state, rep).first->second;
+}
+
 // Computed per state on first use: a walk touches few states, a grammar may have many.
 std::array<uint64_t, 4> CompiledGrammarImpl::self_loops(int32_t state) const {
   StateFacts& f = state_facts()[state];
@@ -118,6 +210,83 @@ std::array<uint64_t, 4> CompiledGrammarImpl::self_loops(int32_t state) const {
   for (int w = 0; w < 4; ++w) f.loops[w].store(l[w], std::memory_order_relaxed);
   f.loops_known.store(1, std::memory_order_release);
   return l;
+}
+
+// The chain step of a state: the target most ASCII bytes lead to, those bytes, and whether
+// every valid multi-byte character leads there too. Memoised per state.
+CompiledGrammarImpl::ChainStep CompiledGrammarImpl::chain_step(int32_t state) const {
+  StateFacts& f = state_facts()[state];
+  if (f.chain_known.load(std::memory_order_acquire))
+    return {{f.chain_ascii[0].load(std::memory_order_relaxed), f.chain_ascii[1].load(std::memory_order_relaxed)},
+            f.chain_next.load(std::memory_order_relaxed), f.chain_utf8.load(std::memory_order_relaxed) != 0};
+  int class_end[256];
+  class_ends(pda, class_end);
+  // The most common target over the ASCII classes, weighted by class width.
+  int32_t best = -1, best_n = 0;
+  for (int b = 0; b < 128; b = class_end[b] + 1) {
+    const int32_t t = pda.next(state, static_cast<uint8_t>(b));
+    if (t < 0) continue;
+    int n = 0;
+    for (int c = 0; c < 128; c = class_end[c] + 1)
+      if (pda.next(state, static_cast<uint8_t>(c)) == t) n += std::min(class_end[c], 127) - c + 1;
+    if (n > best_n) { best = t; best_n = n; }
+  }
+  ChainStep r{{0, 0}, best, false};
+  if (best >= 0) {
+    for (int b = 0; b < 128; ++b)
+      if (pda.next(state, static_cast<uint8_t>(b)) == best) r.ascii[b >> 6] |= 1ull << (b & 63);
+    // Every valid multi-byte character must end exactly in `best` (its prefixes alive).
+    r.utf8 = true;
+    std::vector<int32_t> cur, nxt;
+    for (const auto& ch : utf8_chars()) {
+      cur.assign(1, state);
+      for (const ByteSpan& sp : ch) {
+        nxt.clear();
+        for (int32_t u : cur)
+          for (int b = sp.lo; b <= sp.hi; b = class_end[b] + 1) {
+            const int32_t t = pda.next(u, static_cast<uint8_t>(b));
+            if (t < 0) { r.utf8 = false; break; }
+            if (std::find(nxt.begin(), nxt.end(), t) == nxt.end()) nxt.push_back(t);
+          }
+        if (!r.utf8 || nxt.size() > 8) { r.utf8 = false; break; }
+        std::swap(cur, nxt);
+      }
+      if (!r.utf8) break;
+      for (int32_t t : cur)
+        if (t != best) r.utf8 = false;
+      if (!r.utf8) break;
+    }
+  }
+  f.chain_ascii[0].store(r.ascii[0], std::memory_order_relaxed);
+  f.chain_ascii[1].store(r.ascii[1], std::memory_order_relaxed);
+  f.chain_next.store(r.next, std::memory_order_relaxed);
+  f.chain_utf8.store(r.utf8 ? 1 : 0, std::memory_order_relaxed);
+  f.chain_known.store(1, std::memory_order_release);
+  return r;
+}
+
+int32_t CompiledGrammarImpl::chain_run(int32_t state, bool utf8) const {
+  StateFacts& f = state_facts()[state];
+  std::atomic<int32_t>& memo = utf8 ? f.run_utf8 : f.run_ascii;
+  int32_t run = memo.load(std::memory_order_relaxed);
+  if (run >= 0) return run;
+  // Follow the chain while each state steps (at least) this state's bytes to its successor;
+  // a state stepping to itself repeats forever.
+  const int32_t cap = vocab->max_depth_;
+  const ChainStep first = chain_step(state);
+  run = 0;
+  for (int32_t s = state; run < cap;) {
+    const ChainStep c = s == state ? first : chain_step(s);
+    if (c.next < 0 || (first.ascii[0] & ~c.ascii[0]) || (first.ascii[1] & ~c.ascii[1]) || (utf8 && !c.utf8)) break;
+    if (c.next == s) {
+      run = cap;
+      break;
+    }
+    ++run;
+    s = c.next;
+  }
+  memo.store(run, std::memory_order_relaxed);
+  return run;
 }
 
 std::shared_ptr<const StateMaskCache> CompiledGrammarImpl::compute_state_cache(int32_t state) const {
@@ -143,6 +312,7 @@ std::shared_ptr<const StateMaskCache> CompiledGrammarImpl::compute_state_cache(i
   const int32_t* end = v.end_.data();
   const auto* below = v.below_bytes_.data();
   const uint8_t* utf8_below = v.utf8_below_.data();
+  const int32_t* height = v.height_.data();
   StateFacts* facts = state_facts();
   // Accepted tokens by rank (index into tok_ids, byte order): a subtree is a rank range, so a
   // whole accepted subtree costs words, not tokens. [ceil(num grammar tokens / 64)]
@@ -163,8 +333,31 @@ std::shared_ptr<const StateMaskCache> CompiledGrammarImpl::compute_state_cache(i
     accepted_rank[w1] |= m1;
   };
   std::vector<int32_t> uncertain;
+  // Root-child subtrees are shared between states: many states step their first byte into the
+  // same state (every prefix of a declared key under additionalProperties diverges into one
+  // "other key" state), and what happens below depends only on that state and the escape flag.
+  // A subtree walked here is recorded (rec_*) and later states replay it.
+  int64_t rec_node = -1, rec_end = 0;
+  uint64_t rec_key = 0;
+  size_t rec_unc = 0, rec_acc = 0;
+  auto flush_record = [&] {
+    const int32_t k0 = tok_begin[rec_node], k1 = tok_begin[end[rec_node]];
+    auto r = std::make_shared<SubtreeResult>();
+    r->count = static_cast<int64_t>(num_accepted - rec_acc);
+    r->uncertain.assign(uncertain.begin() + static_cast<std::ptrdiff_t>(rec_unc), uncertain.end());
+    if (k1 > k0) {
+      r->w0 = k0 >> 6;
+      const int32_t w1 = (k1 - 1) >> 6;
+      r->words.assign(accepted_rank.begin() + r->w0, accepted_rank.begin() + w1 + 1);
+      r->words.front() &= ~0ull << (k0 & 63);
+      r->words.back() &= ~0ull >> (63 - ((k1 - 1) & 63));
+    }
+    store_subtree(rec_key, std::move(r));
+    rec_node = -1;
+  };
   const size_t n = v.num_nodes();
   for (size_t i = 1; i < n;) {
+    if (rec_node >= 0 && static_cast<int64_t>(i) >= rec_end) flush_record();
     const int32_t d = depth[i];
     const int32_t p = single[d - 1];
     bool e = false, alive;
@@ -204,15 +397,40 @@ std::shared_ptr<const StateMaskCache> CompiledGrammarImpl::compute_state_cache(i
         }
         whole = known == 1;
       }
+      if (!whole) {
+        // Counted text (a string with maxLength): the bytes below step along a chain of states
+        // that is longer than the subtree is deep.
+        const ChainStep c = chain_step(t);
+        if (c.next >= 0 && !((b[0] & ~c.ascii[0]) | (b[1] & ~c.ascii[1]))) {
+          const bool multi = (b[2] | b[3]) != 0;
+          if (!multi || (utf8_below[i] & 1)) whole = chain_run(t, multi) >= height[i];
+        }
+      }
       if (whole) {
         accept_range(tok_begin[i], tok_begin[end[i]]);
         i = end[i];
         continue;
       }
+      if (d == 1 && end[i] - static_cast<int32_t>(i) >= kMinSharedSubtree) {
+        const uint64_t key = static_cast<uint64_t>(canonical(t)) << 33 | static_cast<uint64_t>(esc[1]) << 32 | i;
+        if (auto r = find_subtree(key)) {
+          for (size_t w = 0; w < r->words.size(); ++w) accepted_rank[r->w0 + w] |= r->words[w];
+          num_accepted += static_cast<size_t>(r->count);
+          uncertain.insert(uncertain.end(), r->uncertain.begin(), r->uncertain.end());
+          i = end[i];
+          continue;
+        }
+        rec_node = static_cast<int64_t>(i);
+        rec_end = end[i];
+        rec_key = key;
+        rec_unc = uncertain.size();
+        rec_acc = num_accepted;
+      }
     }
     accept_range(tok_begin[i], tok_begin[i + 1]);
     ++i;
   }
+  if (rec_node >= 0) flush_record();
   // Rank bits -> id bits, touching the smaller of the accepted and the other grammar tokens.
   std::vector<uint32_t> accepted;  // [ceil(vocab/32)]
   const bool most = num_accepted * 2 > static_cast<size_t>(num_ranked);

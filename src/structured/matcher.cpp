@@ -84,6 +84,19 @@ bool MatcherState::advance(std::string_view bytes, std::vector<Frame>& out) {
     if (b.empty()) return false;
     std::swap(a, b);
   }
+  // A frame in a dead end (its rule can only finish) behaves exactly like the frame below it:
+  // pop it now, so the next mask is the caller's state (a cached, mostly decided mask) rather
+  // than a state whose every token is uncertain and re-walked with the stack each time.
+  bool popped = false;
+  for (Frame& f : a)
+    while (f.parent >= 0 && g->pda.states[f.state].dead_end) {
+      f = pool.node(f.parent);
+      popped = true;
+    }
+  if (popped) {
+    std::sort(a.begin(), a.end());
+    a.erase(std::unique(a.begin(), a.end()), a.end());
+  }
   out = std::move(a);
   return true;
 }

@@ -103,7 +103,9 @@ TokenVocabulary::TokenVocabulary(TokenizerInfo info) : info_(std::move(info)) {
   }
   below_bytes_.assign(byte_.size(), {0, 0, 0, 0});
   utf8_below_.assign(byte_.size(), 0xFF);
+  height_.assign(byte_.size(), 0);
   for (size_t i = byte_.size() - 1; i >= 1; --i) {
+    height_[parent[i]] = std::max(height_[parent[i]], height_[i] + 1);
     auto& up = below_bytes_[parent[i]];
     for (int w = 0; w < 4; ++w) up[w] |= below_bytes_[i][w];
     up[byte_[i] >> 6] |= 1ull << (byte_[i] & 63);

@@ -61,6 +61,7 @@ class TokenVocabulary {
   // most one truncated one; no overlongs, surrogates or code points past U+10FFFF) when
   // decoding starts in UTF-8 decoder state s (vocab.cpp; bit 0: at a character boundary).
   std::vector<uint8_t> utf8_below_;
+  std::vector<int32_t> height_;    // [num_nodes] longest path below node i, in bytes (0: a leaf)
   std::vector<uint32_t> grammar_bits_;  // [ceil(vocab_size/32)] bit set <=> a grammar token
   int32_t max_depth_ = 0;          // longest grammar token, bytes
   mutable SharedMaskCache shared_masks_;  // filled lazily by every grammar over this vocabulary

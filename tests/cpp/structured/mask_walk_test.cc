@@ -1,0 +1,121 @@
+// The fast mask walk (mask_walk.cpp) against its plain reference walk on every automaton state,
+// over random vocabularies: counted text (maxLength strings, {m,n} repeats, with and without
+// multi-byte characters), keys under additionalProperties, and subtrees deeper or shallower
+// than the counter's remaining length. Also the vocabulary's per-node subtree heights.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <random>
+
+#include "structured/compiled.h"
+#include "test_util.h"
+
+namespace deepinfer::structured::test {
+namespace {
+
+std::vector<int32_t> accepted_of(const StateMaskCache& c) {
+  std::vector<int32_t> out = c.accepted_ids;
+  for (size_t w = 0; w < c.accepted_bits.size(); ++w)
+    for (int b = 0; b < 32; ++b)
+      if (c.accepted_bits[w] >> b & 1) out.push_back(static_cast<int32_t>(w * 32 + b));
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// All single bytes (so every text is reachable) plus `extra` random tokens of 2..max_len
+// bytes drawn from an alphabet of JSON punctuation, letters, digits and UTF-8 pieces (whole
+// characters and stray lead/continuation bytes).
+std::shared_ptr<const TokenVocabulary> random_vocab(uint32_t seed, int extra, int max_len) {
+  std::mt19937 rng(seed);
+  const std::vector<std::string> pieces = {"a", "b", "z", "A", "0", "7", " ", "\"", ":", ",", "{", "}", "[", "]",
+                                           "\\", "n", "u", "-", ".", "e", "é", "中", "😀", "\xC3", "\xA9", "\xF0\x9F"};
+  TokenizerInfo info;
+  for (int b = 0; b < 256; ++b) info.token_bytes.push_back(std::string(1, static_cast<char>(b)));
+  std::uniform_int_distribution<int> len(2, max_len), pick(0, static_cast<int>(pieces.size()) - 1);
+  // Mostly plain text (long runs of letters) so that whole subtrees qualify for skipping.
+  std::uniform_int_distribution<int> coin(0, 3);
+  for (int k = 0; k < extra; ++k) {
+    std::string t;
+    const int n = len(rng);
+    while (static_cast<int>(t.size()) < n) t += coin(rng) ? pieces[pick(rng) % 3] : pieces[pick(rng)];
+    info.token_bytes.push_back(t);
+  }
+  std::sort(info.token_bytes.begin() + 256, info.token_bytes.end());
+  info.token_bytes.erase(std::unique(info.token_bytes.begin() + 256, info.token_bytes.end()), info.token_bytes.end());
+  info.token_bytes.push_back("<eos>");
+  info.stop_ids = {static_cast<int32_t>(info.token_bytes.size() - 1)};
+  return make_vocabulary(info);
+}
+
+void expect_fast_equals_reference(const std::shared_ptr<const TokenVocabulary>& v, const std::string& args) {
+  GrammarCompiler c(v);
+  auto g = c.compile_uncached(args);
+  const CompiledGrammarImpl& impl = g->impl();
+  for (int32_t s = 0; s < static_cast<int32_t>(impl.pda.num_states()); ++s) {
+    auto fast = impl.compute_state_cache(s);
+    auto ref = impl.compute_state_cache_reference(s);
+    ASSERT_EQ(accepted_of(*fast), accepted_of(*ref)) << args << " state " << s;
+    ASSERT_EQ(fast->uncertain, ref->uncertain) << args << " state " << s;
+    ASSERT_EQ(fast->uncertain_lcp, ref->uncertain_lcp) << args << " state " << s;
+  }
+}
+
+const char* const kGrammars[] = {
+    R"({"json_schema": {"type": "string", "maxLength": 5}})",
+    R"({"json_schema": {"type": "string", "minLength": 3, "maxLength": 30}})",
+    R"({"json_schema": {"type": "object", "properties": {"info": {"type": "string", "maxLength": 12}, "n": {"type": "integer"}}, "required": ["n"]}})",
+    R"({"json_schema": {"type": "object", "properties": {"a": {"type": "string", "maxLength": 200}}, "additionalProperties": {"type": "string", "minLength": 2}}})",
+    R"({"json_schema": {"type": "array", "items": {"type": "string", "maxLength": 3}, "maxItems": 4}})",
+    R"({"regex": "[a-z]{2,9}x"})",
+    R"({"regex": "(é|[a-c]){0,7}!"})",
+    R"({"regex": "[^\"]{4,40}\"(ab|b){1,3}"})",
+    R"({"regex": "[0-9]{3,5}(\\.[0-9]{1,20})?"})",
+};
+
+TEST(MaskWalkRandom, FastEqualsReferenceOnCountedText) {
+  for (uint32_t seed : {1u, 2u, 3u}) {
+    auto v = random_vocab(seed, 400, seed == 3 ? 48 : 12);
+    for (const char* args : kGrammars) expect_fast_equals_reference(v, args);
+  }
+}
+
+// height_[i] is the longest path below node i (checked against the tokens directly).
+TEST(MaskWalkRandom, SubtreeHeights) {
+  auto v = random_vocab(7, 300, 20);
+  for (size_t i = 0; i < v->num_nodes(); ++i) {
+    int32_t h = 0;
+    for (int32_t j = static_cast<int32_t>(i) + 1; j < v->end_[i]; ++j) h = std::max(h, v->depth_[j] - v->depth_[i]);
+    ASSERT_EQ(v->height_[i], h) << "node " << i;
+  }
+}
+
+// Masks agree with accept_token on random walks through counted strings (the runtime path:
+// shared cache, uncertain tokens re-walked with the real stack).
+TEST(MaskWalkRandom, MasksMatchAcceptToken) {
+  auto v = random_vocab(11, 400, 16);
+  GrammarCompiler c(v);
+  std::mt19937 rng(5);
+  const int32_t vs = vocabulary_size(*v);
+  std::vector<int32_t> words((vs + 31) / 32);
+  for (const char* args : kGrammars) {
+    auto g = c.compile(args);
+    for (int rep = 0; rep < 5; ++rep) {
+      GrammarMatcher m(g);
+      for (int step = 0; step < 30 && !m.is_terminated(); ++step) {
+        m.fill_next_token_bitmask(words);
+        std::vector<int32_t> allowed;
+        for (int32_t t = 0; t < vs; ++t) {
+          const bool bit = words[t >> 5] >> (t & 31) & 1;
+          GrammarMatcher probe = m.clone();
+          ASSERT_EQ(bit, probe.accept_token(t)) << args << " step " << step << " token " << t;
+          if (bit) allowed.push_back(t);
+        }
+        if (allowed.empty()) break;
+        ASSERT_TRUE(m.accept_token(allowed[std::uniform_int_distribution<size_t>(0, allowed.size() - 1)(rng)]));
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace deepinfer::structured::test
