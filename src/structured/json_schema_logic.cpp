@@ -608,6 +608,36 @@ json SchemaLowerer::close_unevaluated(const json& s, const std::string& ptr, int
     schema_error(ptr + "/" + kw, std::string("keyword '" + kw + "': ") + e.what());
   }
   if (f.is_boolean()) return f;
+  json closing = json::object();  // the unevaluated* keywords, to re-attach per case below
+  if (up) closing["unevaluatedProperties"] = *up;
+  if (ui) closing["unevaluatedItems"] = *ui;
+  auto closed = [&](json parts) {
+    json x = json{{"allOf", std::move(parts)}};
+    x.update(closing);
+    return close_unevaluated(x, ptr, depth + 1);
+  };
+  if (f.contains("oneOf") && f["oneOf"].is_array() && !f.contains("anyOf") && !f.contains("if")) {
+    // Exactly one branch holds and evaluates: oneOf(b) and anyOf(rest and b_k, closed). A
+    // failing b_k fails its closed form too, so the anyOf picks the one branch that holds.
+    json base = f;
+    base.erase("oneOf");
+    json any = json::array();
+    for (const auto& br : f["oneOf"]) any.push_back(closed(json::array({base, br})));
+    base["oneOf"] = f["oneOf"];
+    base["anyOf"] = any;
+    return base;
+  }
+  if (f.contains("if") && !f.contains("anyOf") && !f.contains("oneOf")) {
+    // The if-branch evaluates when it holds; a failing `if` yields no annotations.
+    json base = f;
+    json i = f["if"], t = f.contains("then") ? f["then"] : json(true), e = f.contains("else") ? f["else"] : json(true);
+    for (const char* k : {"if", "then", "else"}) base.erase(k);
+    json out = base;
+    out["if"] = i;
+    out["then"] = closed(json::array({base, i, t}));
+    out["else"] = closed(json::array({base, e}));
+    return out;
+  }
   for (const char* k : {"anyOf", "oneOf", "if", "then", "else", "dependentSchemas", "dependencies", "$dynamicRef",
                         "$recursiveRef", "unevaluatedProperties", "unevaluatedItems", "contains"})
     if (f.contains(k))

@@ -102,10 +102,35 @@ void SchemaLowerer::merge_into(json& a, const json& b_raw, const std::string& pt
     members_merged.erase("properties");
     members_merged.erase("additionalProperties");
   }
-  const json& b2 = members_merged.is_null() ? b1 : members_merged;
-  if ((a.contains("items") && b2.contains("prefixItems")) || (a.contains("prefixItems") && b2.contains("items")) ||
-      (a.contains("prefixItems") && b2.contains("prefixItems")))
-    schema_error(ptr, "allOf combining prefixItems with items is not supported");
+  const json& b_m = members_merged.is_null() ? b1 : members_merged;
+  json items_merged;  // b_m without prefixItems/items once those are merged below
+  if ((a.contains("items") && b_m.contains("prefixItems")) || (a.contains("prefixItems") && b_m.contains("items")) ||
+      (a.contains("prefixItems") && b_m.contains("prefixItems"))) {
+    for (const json* x : {static_cast<const json*>(&a), &b_m})
+      if ((x->contains("items") && (*x)["items"].is_array()) || !x->value("prefixItems", json::array()).is_array())
+        schema_error(ptr, "allOf combining prefixItems with array-form items is not supported");
+    // Position i must satisfy each side's prefixItems[i], or that side's items past its prefix.
+    auto at = [](const json& x, size_t i) -> json {
+      if (x.contains("prefixItems") && i < x["prefixItems"].size()) return x["prefixItems"][i];
+      return x.contains("items") ? x["items"] : json(true);
+    };
+    auto both = [](const json& x, const json& y) -> json {
+      if (x == y || y == true) return x;
+      if (x == true) return y;
+      return json{{"allOf", json::array({x, y})}};
+    };
+    size_t n = std::max(a.value("prefixItems", json::array()).size(), b_m.value("prefixItems", json::array()).size());
+    json pre = json::array();
+    for (size_t i = 0; i < n; ++i) pre.push_back(both(at(a, i), at(b_m, i)));
+    json rest_items = both(at(a, n), at(b_m, n));
+    a["prefixItems"] = pre;
+    if (rest_items == true && !a.contains("items") && !b_m.contains("items")) a.erase("items");
+    else a["items"] = rest_items;  // kept even when true: items evaluates the rest (unevaluatedItems)
+    items_merged = b_m;
+    items_merged.erase("prefixItems");
+    items_merged.erase("items");
+  }
+  const json& b2 = items_merged.is_null() ? b_m : items_merged;
   for (auto it = b2.begin(); it != b2.end(); ++it) {
     const std::string& k = it.key();
     const json& v = it.value();

@@ -186,6 +186,9 @@ TEST(JsonSchemaCoverage, AllOfMerges) {
               {"{}"}, {R"({"a":1})", R"({"b":"s"})", R"({"a":"x"})", R"({"c":"s"})"});
   expect_lang(schema(R"({"allOf": [{"additionalProperties": {"type": "integer"}}, {"properties": {"a": {"minimum": 2}}}]})"),
               {R"({"a":3,"z":1})", "{}"}, {R"({"a":1})", R"({"a":2.5})", R"({"z":"s"})"});
+  expect_lang(schema(R"({"allOf": [{"prefixItems": [{"type": "integer"}], "items": {"type": "string"}},
+                                   {"prefixItems": [{"minimum": 0}, {"maxLength": 1}]}]})"),
+              {"[]", "[1]", R"([1,"a","bc"])"}, {"[-1]", R"([1,"ab"])", R"(["x"])", "[1,2]"});
   expect_lang(schema(R"({"type": "integer", "allOf": [{"not": {"const": 1}}, {"not": {"const": 2}}]})"),
               {"0", "3"}, {"1", "2", "2.0"});
 }
