@@ -627,6 +627,22 @@ json SchemaLowerer::close_unevaluated(const json& s, const std::string& ptr, int
     base["anyOf"] = any;
     return base;
   }
+  if (f.contains("anyOf") && f["anyOf"].is_array() && f["anyOf"].size() <= 4 && !f.contains("oneOf") &&
+      !f.contains("if")) {
+    // Every branch that holds evaluates: split by the exact set T of branches that hold
+    // (disjoint cases), each closed with the rest and T's branches.
+    json base = f;
+    base.erase("anyOf");
+    const json& br = f["anyOf"];
+    const uint32_t n = static_cast<uint32_t>(br.size());
+    json cases = json::array();
+    for (uint32_t t = 1; t < (1u << n); ++t) {
+      json parts = json::array({base});
+      for (uint32_t i = 0; i < n; ++i) parts.push_back(t >> i & 1 ? br[i] : json{{"not", br[i]}});
+      cases.push_back(closed(std::move(parts)));
+    }
+    return json{{"anyOf", cases}};
+  }
   if (f.contains("if") && !f.contains("anyOf") && !f.contains("oneOf")) {
     // The if-branch evaluates when it holds; a failing `if` yields no annotations.
     json base = f;

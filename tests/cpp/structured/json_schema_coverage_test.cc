@@ -211,7 +211,12 @@ TEST(JsonSchemaCoverage, Unevaluated) {
               {R"({"a":1})"});
   expect_lang(schema(R"({"prefixItems": [{"type": "string"}], "unevaluatedItems": {"type": "integer"}})"),
               {R"(["a",1,2])", "[]"}, {R"(["a","b"])", "[1]"});
-  EXPECT_NE(error_of(R"({"anyOf": [{"properties": {"a": {}}}, true], "unevaluatedProperties": false})").find("#/unevaluatedProperties"),
+  // anyOf: every branch that holds evaluates (split by the set of branches that hold).
+  expect_lang(schema(R"({"anyOf": [{"properties": {"a": {}}}, {"properties": {"b": {}}, "required": ["b"]}],
+                         "unevaluatedProperties": false})"),
+              {"{}", R"({"a":1})", R"({"a":1,"b":2})", R"({"b":2})", "7"}, {R"({"c":1})", R"({"a":1,"c":2})"});
+  EXPECT_NE(error_of(R"({"dependentSchemas": {"a": {"properties": {"b": {}}}}, "unevaluatedProperties": false})")
+                .find("#/unevaluatedProperties"),
             std::string::npos);
   // A recursive $ref inside a closed schema is an error, not a crash.
   EXPECT_NE(error_of(R"({"allOf": [{"$ref": "#"}], "unevaluatedProperties": false})"), "");
