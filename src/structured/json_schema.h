@@ -7,14 +7,23 @@
 // exactly is a GrammarError naming the keyword and its JSON pointer.
 //
 // Supported beyond the basics: patternProperties and propertyNames (key languages partitioned
-// by product DFAs), pattern/format/minLength/maxLength together (DFA intersection),
-// min/maxProperties (member counts, any-order objects only), oneOf with overlapping branches when
-// every branch is regular (product accepting exactly one), `not` of boolean and type-only
-// schemas, enum/const next to any other keywords (each value validated against the rest).
-// Known limits (errors, not silent): other `not`, if/then/else, contains, uniqueItems: true,
-// dependent*, unevaluated*, $dynamicRef, remote $ref, length bounds above 10000, non-integer
-// numeric bounds, oneOf with overlapping non-regular branches. Declared properties are accepted
-// in any order when there are at most kAnyOrderMaxProperties of them, otherwise in schema order.
+// by product DFAs), pattern/format/minLength/maxLength together (DFA intersection), long
+// length/item bounds alone (nested block rules, up to kMaxCountBound), decimal numeric bounds
+// and multipleOf (exact digit languages; bounded numbers are written without an exponent),
+// min/maxProperties and dependentRequired (member sets, any-order objects only),
+// dependentSchemas / draft-7 dependencies, if/then/else, contains/minContains/maxContains,
+// `not` as a per-type difference (strings/numbers by DFA difference within canonical
+// spellings, objects by properties/required failure patches, arrays by length/items
+// failures), oneOf proven exclusive (schema-level disjointness) or rewritten as "branch and
+// not the others" (or a product DFA when every branch is regular), unevaluatedProperties /
+// unevaluatedItems where the evaluated set is static or splits over anyOf/oneOf/if,
+// enum/const next to any other keywords (each value validated against the rest).
+// Known limits (errors naming keyword and pointer, never a looser grammar): uniqueItems: true,
+// $dynamicRef, remote $ref, `not` of other object/array keywords, unevaluated* next to
+// dependentSchemas or contains, dependentRequired / minProperties with more than
+// kAnyOrderMaxProperties named properties, oneOf with overlapping branches whose complement is
+// not expressible. Declared properties are accepted in any order when there are at most
+// kAnyOrderMaxProperties of them, otherwise in schema order.
 #pragma once
 #include <nlohmann/json.hpp>
 
