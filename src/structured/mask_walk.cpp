@@ -313,6 +313,8 @@ std::shared_ptr<const StateMaskCache> CompiledGrammarImpl::compute_state_cache(i
   const auto* below = v.below_bytes_.data();
   const uint8_t* utf8_below = v.utf8_below_.data();
   const int32_t* height = v.height_.data();
+  const int32_t* text_run_end = v.text_run_end_.data();
+  const int32_t* text_run_height = v.text_run_height_.data();
   StateFacts* facts = state_facts();
   // Accepted tokens by rank (index into tok_ids, byte order): a subtree is a rank range, so a
   // whole accepted subtree costs words, not tokens. [ceil(num grammar tokens / 64)]
@@ -333,6 +335,50 @@ std::shared_ptr<const StateMaskCache> CompiledGrammarImpl::compute_state_cache(i
     accepted_rank[w1] |= m1;
   };
   std::vector<int32_t> uncertain;
+  // The per-state facts of the states this walk meets (few: a string body, its chain), kept
+  // here so a visited node costs no shared-array loads (direct-mapped by state).
+  struct Local {
+    int32_t state = -1;
+    std::array<uint64_t, 4> loops{};
+    int8_t text_alive = -1;
+    bool chain_known = false;
+    ChainStep chain{};
+    int32_t run[2] = {-1, -1};
+  };
+  Local local[16];
+  auto local_facts = [&](int32_t s) -> Local& {
+    Local& f = local[s & 15];
+    if (f.state != s) {
+      f = Local{};
+      f.state = s;
+      f.loops = self_loops(s);
+    }
+    return f;
+  };
+  // True if every JSON string text of at most `h` bytes keeps state s alive.
+  auto text_state = [&](int32_t s, int32_t h) {
+    Local& f = local_facts(s);
+    const uint64_t* json = TokenVocabulary::kJsonText;
+    if (!(json[0] & ~f.loops[0]) && !(json[1] & ~f.loops[1])) {
+      if (f.text_alive < 0) {
+        int8_t known = facts[s].text_alive.load(std::memory_order_relaxed);
+        if (known < 0) {
+          known = text_stays_alive(pda, s, f.loops) ? 1 : 0;
+          facts[s].text_alive.store(known, std::memory_order_relaxed);
+        }
+        f.text_alive = known;
+      }
+      if (f.text_alive == 1) return true;
+    }
+    if (!f.chain_known) {
+      f.chain = chain_step(s);
+      f.chain_known = true;
+    }
+    const ChainStep& c = f.chain;
+    if (c.next < 0 || !c.utf8 || (json[0] & ~c.ascii[0]) || (json[1] & ~c.ascii[1])) return false;
+    if (f.run[1] < 0) f.run[1] = chain_run(s, true);
+    return f.run[1] >= h;
+  };
   // Root-child subtrees are shared between states: many states step their first byte into the
   // same state (every prefix of a declared key under additionalProperties diverges into one
   // "other key" state), and what happens below depends only on that state and the escape flag.
@@ -360,6 +406,13 @@ std::shared_ptr<const StateMaskCache> CompiledGrammarImpl::compute_state_cache(i
     if (rec_node >= 0 && static_cast<int64_t>(i) >= rec_end) flush_record();
     const int32_t d = depth[i];
     const int32_t p = single[d - 1];
+    // A run of sibling subtrees that are all JSON string text, under a string body (loops on
+    // that text) or a counter whose chain outlasts the run's depth: accepted at once.
+    if (p >= 0 && text_run_end[i] > end[i] && !states[p].has_calls && text_state(p, text_run_height[i])) {
+      accept_range(tok_begin[i], tok_begin[text_run_end[i]]);
+      i = text_run_end[i];
+      continue;
+    }
     bool e = false, alive;
     if (p >= 0 && !states[p].has_calls) {
       // Finishing a called rule before this byte escapes into the unknown context.
@@ -386,24 +439,35 @@ std::shared_ptr<const StateMaskCache> CompiledGrammarImpl::compute_state_cache(i
     const int32_t t = single[d];
     if (t >= 0 && end[i] > static_cast<int32_t>(i) + 1) {
       const auto& b = below[i];
-      const std::array<uint64_t, 4> l = self_loops(t);
+      Local& f = local_facts(t);
+      const std::array<uint64_t, 4>& l = f.loops;
       bool whole = !((b[0] & ~l[0]) | (b[1] & ~l[1]) | (b[2] & ~l[2]) | (b[3] & ~l[3]));
       if (!whole && !((b[0] & ~l[0]) | (b[1] & ~l[1])) && (utf8_below[i] & 1)) {
         // ASCII below loops; the rest is whole characters of valid UTF-8 (e.g. CJK text).
-        int8_t known = facts[t].text_alive.load(std::memory_order_relaxed);
-        if (known < 0) {
-          known = text_stays_alive(pda, t, l) ? 1 : 0;
-          facts[t].text_alive.store(known, std::memory_order_relaxed);
+        if (f.text_alive < 0) {
+          int8_t known = facts[t].text_alive.load(std::memory_order_relaxed);
+          if (known < 0) {
+            known = text_stays_alive(pda, t, l) ? 1 : 0;
+            facts[t].text_alive.store(known, std::memory_order_relaxed);
+          }
+          f.text_alive = known;
         }
-        whole = known == 1;
+        whole = f.text_alive == 1;
       }
       if (!whole) {
         // Counted text (a string with maxLength): the bytes below step along a chain of states
         // that is longer than the subtree is deep.
-        const ChainStep c = chain_step(t);
+        if (!f.chain_known) {
+          f.chain = chain_step(t);
+          f.chain_known = true;
+        }
+        const ChainStep& c = f.chain;
         if (c.next >= 0 && !((b[0] & ~c.ascii[0]) | (b[1] & ~c.ascii[1]))) {
-          const bool multi = (b[2] | b[3]) != 0;
-          if (!multi || (utf8_below[i] & 1)) whole = chain_run(t, multi) >= height[i];
+          const int multi = (b[2] | b[3]) != 0 ? 1 : 0;
+          if (!multi || (utf8_below[i] & 1)) {
+            if (f.run[multi] < 0) f.run[multi] = chain_run(t, multi != 0);
+            whole = f.run[multi] >= height[i];
+          }
         }
       }
       if (whole) {

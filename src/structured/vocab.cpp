@@ -114,6 +114,25 @@ TokenVocabulary::TokenVocabulary(TokenizerInfo info) : info_(std::move(info)) {
       if (t < 0 || !(utf8_below_[i] >> t & 1)) utf8_below_[parent[i]] &= static_cast<uint8_t>(~(1u << s));
     }
   }
+  // Text runs, right to left so a node's next sibling (end_[i] at the same depth) is done.
+  const size_t nn = byte_.size();
+  text_run_end_.assign(nn, 0);
+  text_run_height_.assign(nn, 0);
+  for (size_t i = nn - 1; i >= 1; --i) {
+    const uint8_t b = byte_[i];
+    const int s = b < 0x80 ? ((kJsonText[b >> 6] >> (b & 63) & 1) ? 0 : -1) : utf8_step(0, b);
+    const auto& bb = below_bytes_[i];
+    const bool text = s >= 0 && !(bb[0] & ~kJsonText[0]) && !(bb[1] & ~kJsonText[1]) && (utf8_below_[i] >> s & 1);
+    text_run_end_[i] = static_cast<int32_t>(i);
+    if (!text) continue;
+    const size_t k = static_cast<size_t>(end_[i]);
+    text_run_end_[i] = end_[i];
+    text_run_height_[i] = height_[i] + 1;
+    if (k < nn && depth_[k] == depth_[i] && text_run_end_[k] > static_cast<int32_t>(k)) {
+      text_run_end_[i] = text_run_end_[k];
+      text_run_height_[i] = std::max(text_run_height_[i], text_run_height_[k]);
+    }
+  }
   tok_begin_.assign(byte_.size() + 1, 0);
   for (auto [node, id] : node_tok) ++tok_begin_[node + 1];
   std::partial_sum(tok_begin_.begin(), tok_begin_.end(), tok_begin_.begin());

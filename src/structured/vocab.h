@@ -62,6 +62,14 @@ class TokenVocabulary {
   // decoding starts in UTF-8 decoder state s (vocab.cpp; bit 0: at a character boundary).
   std::vector<uint8_t> utf8_below_;
   std::vector<int32_t> height_;    // [num_nodes] longest path below node i, in bytes (0: a leaf)
+  // JSON string text: node i is "text" when the edge into it and everything below are JSON
+  // string characters (ASCII 0x20-0x7F but '"' and '\\', or valid UTF-8 from a character
+  // boundary). text_run_end_[i]: one past the last node of the maximal run of consecutive text
+  // siblings starting at i (i itself when i is not text); text_run_height_[i]: the longest path
+  // through that run, in bytes. A string-body state skips the whole run at once (mask_walk.cpp).
+  std::vector<int32_t> text_run_end_;
+  std::vector<int32_t> text_run_height_;
+  static constexpr uint64_t kJsonText[2] = {0xFFFFFFFB00000000ull, 0xFFFFFFFFEFFFFFFFull};  // ASCII bits
   std::vector<uint32_t> grammar_bits_;  // [ceil(vocab_size/32)] bit set <=> a grammar token
   int32_t max_depth_ = 0;          // longest grammar token, bytes
   mutable SharedMaskCache shared_masks_;  // filled lazily by every grammar over this vocabulary

@@ -89,6 +89,60 @@ TEST(MaskWalkRandom, SubtreeHeights) {
   }
 }
 
+// Strict UTF-8 check of JSON string text (a truncated last character allowed), by brute force.
+bool json_text(const std::string& s) {
+  for (size_t k = 0; k < s.size();) {
+    const uint8_t b = static_cast<uint8_t>(s[k]);
+    if (b < 0x80) {
+      if (b < 0x20 || b == '"' || b == '\\') return false;
+      ++k;
+      continue;
+    }
+    int n = b >= 0xC2 && b <= 0xDF ? 2 : b >= 0xE0 && b <= 0xEF ? 3 : b >= 0xF0 && b <= 0xF4 ? 4 : 0;
+    if (!n) return false;
+    uint8_t lo = 0x80, hi = 0xBF;  // bounds of the second byte
+    if (b == 0xE0) lo = 0xA0;
+    if (b == 0xED) hi = 0x9F;
+    if (b == 0xF0) lo = 0x90;
+    if (b == 0xF4) hi = 0x8F;
+    for (int j = 1; j < n; ++j) {
+      if (k + j >= s.size()) return true;  // truncated at the end
+      const uint8_t c = static_cast<uint8_t>(s[k + j]);
+      if (j == 1 ? (c < lo || c > hi) : (c < 0x80 || c > 0xBF)) return false;
+    }
+    k += n;
+  }
+  return true;
+}
+
+// text_run_end_ / text_run_height_ against the tokens: a node is text when every token below
+// it is JSON string text from the node's byte on; runs are maximal among consecutive siblings.
+TEST(MaskWalkRandom, TextRuns) {
+  auto v = random_vocab(9, 500, 10);
+  const size_t n = v->num_nodes();
+  std::vector<std::string> path(n);  // bytes from the root to node i
+  std::vector<int32_t> at(v->max_depth_ + 1, 0);
+  for (size_t i = 1; i < n; ++i) {
+    path[i] = path[at[v->depth_[i] - 1]] + static_cast<char>(v->byte_[i]);
+    at[v->depth_[i]] = static_cast<int32_t>(i);
+  }
+  auto is_text = [&](size_t i) {
+    for (size_t j = i; j < static_cast<size_t>(v->end_[i]); ++j)
+      if (!json_text(path[j].substr(v->depth_[i] - 1))) return false;
+    return true;
+  };
+  for (size_t i = 1; i < n; ++i) {
+    int32_t want_end = static_cast<int32_t>(i), want_h = 0;
+    for (size_t k = i; k < n && v->depth_[k] == v->depth_[i] && is_text(k); k = v->end_[k]) {
+      want_end = v->end_[k];
+      want_h = std::max(want_h, v->height_[k] + 1);
+      if (k != i && k > i && v->depth_[k] < v->depth_[i]) break;
+    }
+    ASSERT_EQ(v->text_run_end_[i], want_end) << "node " << i << " '" << path[i] << "'";
+    if (want_end > static_cast<int32_t>(i)) ASSERT_EQ(v->text_run_height_[i], want_h) << "node " << i;
+  }
+}
+
 // Masks agree with accept_token on random walks through counted strings (the runtime path:
 // shared cache, uncertain tokens re-walked with the real stack).
 TEST(MaskWalkRandom, MasksMatchAcceptToken) {
