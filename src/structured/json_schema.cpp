@@ -56,6 +56,11 @@ bool keyword_is_noop(const std::string& k, const json& v, const json& s) {
 
 }  // namespace
 
+bool constraining_keyword(const std::string& k) {
+  return kSupported.count(k) || kUnsupported.count(k) || k == "not" || k == "dependentSchemas" ||
+         k == "dependencies" || k == "then" || k == "else";
+}
+
 SchemaLowerer::SchemaLowerer(const json& root, const JsonGrammarOptions& opt) : root_(root), opt_(opt) {
   index_ids(root, "", true);
   if (root.is_object() && root.contains("$schema") && root["$schema"].is_string()) {

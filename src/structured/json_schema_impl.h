@@ -16,6 +16,8 @@ using json = nlohmann::ordered_json;
 
 [[noreturn]] void schema_error(const std::string& ptr, const std::string& what);
 std::string ptr_escape(const std::string& key);  // JSON pointer token escaping
+// A keyword that may constrain instances (unknown keywords are annotations).
+bool constraining_keyword(const std::string& k);
 
 // Integers in [lo, hi] (either side open) as decimal text without leading zeros.
 // neg_zero: also the spelling "-0" when 0 is in range (not when a fraction follows).

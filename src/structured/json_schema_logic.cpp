@@ -80,7 +80,7 @@ bool SchemaLowerer::accepts_all_of_type(const json& s, const std::string& t) {
   if (!type_admits(declared_types(s), t)) return false;
   for (auto it = s.begin(); it != s.end(); ++it) {
     const std::string& k = it.key();
-    if (k == "type" || kAnnotationKeys.count(k)) continue;
+    if (k == "type" || kAnnotationKeys.count(k) || !constraining_keyword(k)) continue;
     bool other_type = false;
     for (const auto& [tt, keys] : kTypeKeywords)
       if (tt != t && !(t == "integer" && tt == "number") && keys.count(k)) other_type = true;
@@ -216,7 +216,8 @@ namespace {
 bool simple_object_schema(const json& n) {
   if (!n.is_object()) return false;
   for (auto it = n.begin(); it != n.end(); ++it)
-    if (it.key() != "type" && it.key() != "properties" && it.key() != "required" && !kAnnotationKeys.count(it.key()))
+    if (it.key() != "type" && it.key() != "properties" && it.key() != "required" && !kAnnotationKeys.count(it.key()) &&
+        constraining_keyword(it.key()))
       return false;
   return true;
 }
@@ -320,7 +321,7 @@ void SchemaLowerer::array_difference(const json& rt, const json& n_in, const std
   for (auto it = n.begin(); it != n.end(); ++it) {
     const std::string& k = it.key();
     if (k != "type" && k != "minItems" && k != "maxItems" && !(k == "items" && it.value().is_object()) &&
-        !(k == "items" && it.value().is_boolean()) && !kAnnotationKeys.count(k))
+        !(k == "items" && it.value().is_boolean()) && !kAnnotationKeys.count(k) && constraining_keyword(k))
       schema_error(nptr, "keyword 'not' that may match some array instances is supported only for items/minItems/maxItems");
   }
   if (!type_admits(declared_types(n), "array")) {
@@ -362,7 +363,7 @@ ExprId SchemaLowerer::lower_not(const json& s, const std::string& ptr, int depth
   if (!n.is_object()) schema_error(nptr, "must be a schema");
   bool only_not = n.contains("not");
   for (auto it = n.begin(); it != n.end(); ++it)
-    if (it.key() != "not" && !kAnnotationKeys.count(it.key())) only_not = false;
+    if (it.key() != "not" && !kAnnotationKeys.count(it.key()) && constraining_keyword(it.key())) only_not = false;
   if (only_not) return lower(json{{"allOf", json::array({rest, n["not"]})}}, ptr, depth + 1);  // not not X = X
   std::vector<ExprId> alts;
   std::set<std::string> have = declared_types(rest);

@@ -279,6 +279,27 @@ ExprId SchemaLowerer::lower_object(const json& s, const std::string& ptr, int de
     }
   }
   const size_t num_declared = names.size();
+  if (!dep_req.empty()) {
+    std::set<std::string> all(names.begin(), names.end());
+    all.insert(req_order.begin(), req_order.end());
+    for (const auto& [t, need] : dep_req) {
+      all.insert(t);
+      all.insert(need.begin(), need.end());
+    }
+    if (all.size() > static_cast<size_t>(kAnyOrderMaxProperties)) {
+      // Too many names to track as a set: split on each trigger instead (present: its names
+      // are required; absent: the key is not there), as a dependent schema.
+      json x = s;
+      x.erase("dependentRequired");
+      x["type"] = "object";
+      for (const auto& [t, need] : dep_req) {
+        json req = json{{"required", need}};
+        json& ds = x["dependentSchemas"];
+        ds[t] = ds.contains(t) ? json{{"allOf", json::array({ds[t], req})}} : req;
+      }
+      return lower(x, ptr, depth + 1);
+    }
+  }
   std::vector<std::string> extra_names = req_order;  // named but not declared: additional properties
   for (const auto& [t, need] : dep_req) {
     extra_names.push_back(t);

@@ -159,6 +159,10 @@ TEST(JsonSchemaCoverage, DependentRequiredAndSchemas) {
   auto g = schema(R"({"type": "object", "properties": {"a": {}, "b": {}}, "dependentRequired": {"a": ["b", "c"]}})");
   expect_lang(g, {"{}", R"({"b":1})", R"({"a":1,"b":2,"c":3})", R"({"c":3,"b":2,"a":1})"},
               {R"({"a":1})", R"({"a":1,"b":2})", R"({"a":1,"c":2})"});
+  // More names than an any-order object tracks: split on the trigger instead.
+  auto many = schema(R"({"type": "object", "properties": {"p1": {}, "p2": {}, "p3": {}, "p4": {}, "p5": {}, "p6": {},
+                         "p7": {}, "p8": {}, "p9": {}}, "dependentRequired": {"p1": ["p9"]}})");
+  expect_lang(many, {"{}", R"({"p2":1})", R"({"p1":1,"p9":2})"}, {R"({"p1":1})", R"({"p1":1,"p2":2})"});
   auto d7 = schema(R"({"dependencies": {"bar": ["foo"], "q": {"properties": {"n": {"type": "integer"}}, "required": ["n"]}}})");
   expect_lang(d7, {"{}", R"({"foo":1,"bar":2})", R"({"q":1,"n":2})", "[1]", "7"},
               {R"({"bar":2})", R"({"q":1})", R"({"q":1,"n":"x"})"});
