@@ -1,4 +1,5 @@
 #include "model/deepseek_v4/model.h"
+#include "model/sequence_runner.h"
 
 #include <algorithm>
 #include <cstring>
@@ -209,38 +210,15 @@ namespace deepinfer::model::v4 {
 
 Tensor run_sequence(DeepseekV4Model& model, const std::vector<int32_t>& ids, const std::vector<int64_t>& chunks,
                     int32_t slot, bool need_hidden, Tensor* hidden) {
-  const int64_t T = int64_t(ids.size()), V = model.vocab_size();
-  int64_t sum = 0;
-  for (int64_t c : chunks) {
-    if (c <= 0) DI_THROW(InvalidArgument, "run_sequence: chunk sizes must be positive, got ", c);
-    sum += c;
-  }
-  if (sum != T) DI_THROW(InvalidArgument, "run_sequence: chunks sum to ", sum, " but there are ", T, " tokens");
-  const kv::CacheGeometry& g = model.cache().geometry();
-  const int64_t per_slot = g.num_slots ? g.num_blocks / g.num_slots : 0;
-  model.reset_slot(slot);
-  SeqInBatch seq;
-  seq.cache_slot = slot;
-  for (int64_t b = 0; b < per_slot; ++b) seq.block_table.push_back(int32_t(slot * per_slot + b));
-  Tensor out = Tensor::empty({T, V}, DType::kF32);
-  Tensor hid;
   const int64_t n = model.config().hc_mult, D = model.config().hidden_size;
-  if (need_hidden) hid = Tensor::empty({T, n, D}, DType::kF32);
-  int64_t done = 0;
-  for (int64_t c : chunks) {
-    ForwardBatch b;
-    b.token_ids.assign(ids.begin() + done, ids.begin() + done + c);
-    seq.num_computed_tokens = done;
-    seq.num_new_tokens = int32_t(c);
-    b.seqs = {seq};
-    for (int64_t i = 0; i < c; ++i) b.logits_indices.push_back(int32_t(i));
-    b.need_hidden = need_hidden;
-    Tensor l = model.forward(b);
-    std::memcpy(out.data<float>() + done * V, l.data<float>(), size_t(c * V) * sizeof(float));
-    if (need_hidden)
-      std::memcpy(hid.data<float>() + done * n * D, model.last_hidden().data<float>(), size_t(c * n * D) * 4);
-    done += c;
-  }
+  Tensor hid;
+  if (need_hidden) hid = Tensor::empty({int64_t(ids.size()), n, D}, DType::kF32);
+  Tensor out = deepinfer::model::run_sequence(model, model.cache().geometry(), ids, chunks, slot, need_hidden,
+                                   [&](int64_t first, int64_t c) {
+                                     if (need_hidden)
+                                       std::copy_n(model.last_hidden().data<float>(), c * n * D,
+                                                   hid.data<float>() + first * n * D);
+                                   });
   if (hidden) *hidden = hid;
   return out;
 }

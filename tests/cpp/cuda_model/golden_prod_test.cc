@@ -21,11 +21,15 @@
 
 #include "golden.h"
 #include "model/deepseek_v4/cuda/cuda_model.h"
+#include "model/sequence_runner.h"
 #include "ops/cuda/runtime.h"
 
 namespace deepinfer::model::v4 {
 namespace {
+using deepinfer::testing::compare_logits;
+using deepinfer::testing::fixed_chunks;
 using deepinfer::testing::golden_dir;
+using Diff = deepinfer::testing::LogitsDiff;
 using deepinfer::testing::read_inputs;
 using deepinfer::testing::read_npy;
 using gpu::Numerics;
@@ -43,35 +47,6 @@ constexpr double kBf16Rel = 0.6, kBf16Top1 = 0.85;  // bf16 regime (golden_test.
 
 std::string fixture() { return golden_dir("tiny_prod"); }
 
-struct Diff {
-  double max_abs = 0, max_ref = 0;
-  int64_t mismatch = 0, rows = 0, rows_within = 0;  // rows with max|d| <= kOracleAbs
-  double rel() const { return max_ref > 0 ? max_abs / max_ref : max_abs; }
-  void add(const Diff& o) {
-    max_abs = std::max(max_abs, o.max_abs);
-    max_ref = std::max(max_ref, o.max_ref);
-    mismatch += o.mismatch;
-    rows += o.rows;
-    rows_within += o.rows_within;
-  }
-};
-Diff compare(const float* got, const float* ref, int64_t rows, int64_t V) {
-  Diff d;
-  d.rows = rows;
-  for (int64_t t = 0; t < rows; ++t) {
-    const float *a = got + t * V, *b = ref + t * V;
-    double row = 0;
-    for (int64_t v = 0; v < V; ++v) {
-      row = std::max(row, double(std::abs(a[v] - b[v])));
-      d.max_ref = std::max(d.max_ref, double(std::abs(b[v])));
-    }
-    d.max_abs = std::max(d.max_abs, row);
-    d.rows_within += row <= kOracleAbs;
-    if (std::max_element(a, a + V) - a != std::max_element(b, b + V) - b) d.mismatch++;
-  }
-  return d;
-}
-
 std::unique_ptr<DeepseekV4CudaModel> load(Numerics n, bool f32_storage, DecodePath decode = DecodePath::kGeneral) {
   CudaModelOptions o;
   o.decode = decode;
@@ -86,30 +61,6 @@ std::unique_ptr<DeepseekV4CudaModel> load(Numerics n, bool f32_storage, DecodePa
   return m;
 }
 
-// One sequence in chunks of `chunk` tokens (0 = all at once) through slot 0; logits of every position.
-std::vector<float> run(DeepseekV4CudaModel& m, const std::vector<int32_t>& ids, int64_t chunk) {
-  const int64_t T = int64_t(ids.size()), V = m.vocab_size();
-  const kv::CacheGeometry& g = m.cache_geometry();
-  m.reset_slot(0);
-  SeqInBatch s;
-  s.cache_slot = 0;
-  for (int64_t b = 0; b < g.num_blocks; ++b) s.block_table.push_back(int32_t(b));
-  std::vector<float> out(size_t(T * V));
-  for (int64_t done = 0; done < T;) {
-    const int64_t n = chunk == 0 ? T : std::min(chunk, T - done);
-    ForwardBatch b;
-    b.token_ids.assign(ids.begin() + done, ids.begin() + done + n);
-    s.num_computed_tokens = done;
-    s.num_new_tokens = int32_t(n);
-    b.seqs = {s};
-    for (int64_t i = 0; i < n; ++i) b.logits_indices.push_back(int32_t(i));
-    Tensor l = m.forward(b);
-    std::copy_n(l.data<float>(), n * V, out.data() + done * V);
-    done += n;
-  }
-  return out;
-}
-
 // Every fixture sequence through `m` as full / chunked (13) / decode runs; the aggregate diff.
 Diff run_all(DeepseekV4CudaModel& m, const char* tag, bool full_only = false) {
   const int64_t V = m.vocab_size();
@@ -118,42 +69,17 @@ Diff run_all(DeepseekV4CudaModel& m, const char* tag, bool full_only = false) {
     const auto ref = read_npy(fixture() + "/logits_" + name + ".npy");
     for (int64_t chunk : {int64_t(0), int64_t(13), int64_t(1)}) {
       if (full_only && chunk != 0) continue;
-      const std::vector<float> got = run(m, ids, chunk);
-      const Diff d = compare(got.data(), ref.data.data(), int64_t(ids.size()), V);
+      const int64_t T = int64_t(ids.size());
+      const Tensor got = model::run_sequence(m, m.cache_geometry(), ids, fixed_chunks(T, chunk));
+      const Diff d = compare_logits(got.data<float>(), ref.data.data(), T, V, kOracleAbs);
       std::printf("[gpu-prod] %s/%s %s: max|dlogit| %.3g (rel %.3g), rows within %.0e %lld/%lld, top-1 mismatches "
                   "%lld\n",
                   tag, name.c_str(), chunk == 0 ? "full" : chunk == 1 ? "decode" : "chunked", d.max_abs, d.rel(),
-                  kOracleAbs, (long long)d.rows_within, (long long)d.rows, (long long)d.mismatch);
+                  kOracleAbs, (long long)d.rows_within, (long long)d.rows, (long long)d.argmax_mismatch);
       all.add(d);
     }
   }
   return all;
-}
-
-// Greedy decode of the fixture's chain prompt, one token per step after the prompt.
-std::vector<int32_t> greedy(DeepseekV4CudaModel& m, std::vector<int32_t> toks, size_t n) {
-  const int64_t V = m.vocab_size();
-  const kv::CacheGeometry& g = m.cache_geometry();
-  m.reset_slot(0);
-  SeqInBatch s;
-  s.cache_slot = 0;
-  for (int64_t b = 0; b < g.num_blocks; ++b) s.block_table.push_back(int32_t(b));
-  std::vector<int32_t> out;
-  int64_t done = 0;
-  while (out.size() < n) {
-    ForwardBatch b;
-    b.token_ids.assign(toks.begin() + done, toks.end());
-    s.num_computed_tokens = done;
-    s.num_new_tokens = int32_t(b.token_ids.size());
-    b.seqs = {s};
-    b.logits_indices = {int32_t(b.token_ids.size() - 1)};
-    Tensor l = m.forward(b);
-    done = int64_t(toks.size());
-    const float* p = l.data<float>();
-    out.push_back(int32_t(std::max_element(p, p + V) - p));
-    toks.push_back(out.back());
-  }
-  return out;
 }
 
 class GpuGoldenProd : public ::testing::Test {
@@ -170,7 +96,7 @@ class GpuGoldenProd : public ::testing::Test {
 TEST_F(GpuGoldenProd, OracleMatchesReferenceWithProductionRounding) {
   auto m = load(Numerics::kProduction, true);
   const Diff d = run_all(*m, "oracle (f32 + round trips)");
-  const double agree = 1.0 - double(d.mismatch) / double(d.rows);
+  const double agree = 1.0 - double(d.argmax_mismatch) / double(d.rows);
   const double within = double(d.rows_within) / double(d.rows);
   std::printf("[gpu-prod] oracle: %lld rows, %.4f within %.0e (max|dlogit| %.3g), top-1 agreement %.5f\n",
               (long long)d.rows, within, kOracleAbs, d.max_abs, agree);
@@ -180,7 +106,7 @@ TEST_F(GpuGoldenProd, OracleMatchesReferenceWithProductionRounding) {
   const auto& chain = meta_.at("greedy_chain");
   const std::vector<int32_t> want = chain.at("generated_ids").get<std::vector<int32_t>>();
   const std::vector<int32_t> prompt = read_inputs(fixture()).at(chain.at("prompt").get<std::string>());
-  const std::vector<int32_t> got = greedy(*m, prompt, want.size());
+  const std::vector<int32_t> got = greedy_continuation(*m, m->cache_geometry(), prompt, want.size());
   size_t same = 0;
   while (same < got.size() && got[same] == want[same]) ++same;
   std::printf("[gpu-prod] oracle greedy %zu: %zu leading tokens equal to the reference chain\n", want.size(), same);
@@ -204,7 +130,7 @@ TEST_F(GpuGoldenProd, ProductionNumericsInBf16Regime) {
     const char* tag = path == DecodePath::kGraph ? "production graphs" : "production general";
     auto m = load(Numerics::kProduction, false, path);
     const Diff d = run_all(*m, tag);
-    const double agree = 1.0 - double(d.mismatch) / double(d.rows);
+    const double agree = 1.0 - double(d.argmax_mismatch) / double(d.rows);
     std::printf("[gpu-prod] %s (bf16 + round trips): rel %.3g, top-1 agreement %.5f over %lld rows\n", tag, d.rel(),
                 agree, (long long)d.rows);
     EXPECT_LE(d.rel(), kBf16Rel) << tag;
@@ -212,7 +138,8 @@ TEST_F(GpuGoldenProd, ProductionNumericsInBf16Regime) {
     const auto& chain = meta_.at("greedy_chain");
     const std::vector<int32_t> want = chain.at("generated_ids").get<std::vector<int32_t>>();
     const std::vector<int32_t> got =
-        greedy(*m, read_inputs(fixture()).at(chain.at("prompt").get<std::string>()), want.size());
+        greedy_continuation(*m, m->cache_geometry(), read_inputs(fixture()).at(chain.at("prompt").get<std::string>()),
+                            want.size());
     size_t same = 0;
     while (same < got.size() && got[same] == want[same]) ++same;
     std::printf("[gpu-prod] %s greedy %zu: %zu leading tokens equal to the reference chain\n", tag, want.size(),

@@ -18,14 +18,19 @@
 #include "golden.h"
 #include "model/deepseek_v4/cuda/cuda_model.h"
 #include "model/deepseek_v4/model.h"
+#include "model/sequence_runner.h"
 #include "ops/cuda/runtime.h"
 
 namespace deepinfer::model::v4 {
 namespace {
+using deepinfer::testing::compare_logits;
 using deepinfer::testing::golden_dir;
+using Diff = deepinfer::testing::LogitsDiff;
 using deepinfer::testing::Npy;
 using deepinfer::testing::read_inputs;
+using deepinfer::testing::random_chunks;
 using deepinfer::testing::read_npy;
+using deepinfer::testing::scattered_block_table;
 using gpu::Numerics;
 
 constexpr double kTop1 = 0.999;
@@ -44,63 +49,6 @@ constexpr double kBf16PathRel = 3e-2;   // between GPU paths / batch vs alone (G
 
 const char* mode_name(Numerics n) {
   return n == Numerics::kExact ? "exact" : n == Numerics::kBf16 ? "bf16" : "production";
-}
-
-struct Diff {
-  double max_abs = 0, max_ref = 0;
-  int64_t mismatch = 0, rows = 0;
-  double rel() const { return max_ref > 0 ? max_abs / max_ref : max_abs; }
-};
-Diff compare(const float* got, const float* ref, int64_t rows, int64_t V) {
-  Diff d;
-  d.rows = rows;
-  for (int64_t t = 0; t < rows; ++t) {
-    const float *a = got + t * V, *b = ref + t * V;
-    for (int64_t v = 0; v < V; ++v) {
-      d.max_abs = std::max(d.max_abs, double(std::abs(a[v] - b[v])));
-      d.max_ref = std::max(d.max_ref, double(std::abs(b[v])));
-    }
-    if (std::max_element(a, a + V) - a != std::max_element(b, b + V) - b) d.mismatch++;
-  }
-  return d;
-}
-
-std::vector<int64_t> random_chunks(int64_t T, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::uniform_int_distribution<int64_t> dist(1, 40);
-  std::vector<int64_t> c;
-  for (int64_t done = 0; done < T;) {
-    const int64_t n = std::min(dist(gen), T - done);
-    c.push_back(n);
-    done += n;
-  }
-  return c;
-}
-
-// One sequence in chunks through slot `slot` (blocks slot*per_slot ..), logits of every position.
-Tensor run_gpu(DeepseekV4CudaModel& m, const std::vector<int32_t>& ids, const std::vector<int64_t>& chunks,
-               int32_t slot) {
-  const int64_t T = int64_t(ids.size()), V = m.vocab_size();
-  const kv::CacheGeometry& g = m.cache_geometry();
-  const int64_t per_slot = g.num_blocks / g.num_slots;
-  m.reset_slot(slot);
-  SeqInBatch seq;
-  seq.cache_slot = slot;
-  for (int64_t b = 0; b < per_slot; ++b) seq.block_table.push_back(int32_t(slot * per_slot + b));
-  Tensor out = Tensor::empty({T, V}, DType::kF32);
-  int64_t done = 0;
-  for (int64_t c : chunks) {
-    ForwardBatch b;
-    b.token_ids.assign(ids.begin() + done, ids.begin() + done + c);
-    seq.num_computed_tokens = done;
-    seq.num_new_tokens = int32_t(c);
-    b.seqs = {seq};
-    for (int64_t i = 0; i < c; ++i) b.logits_indices.push_back(int32_t(i));
-    Tensor l = m.forward(b);
-    std::copy_n(l.data<float>(), c * V, out.data<float>() + done * V);
-    done += c;
-  }
-  return out;
 }
 
 class GpuGolden : public ::testing::TestWithParam<std::tuple<std::string, Numerics>> {
@@ -135,7 +83,7 @@ class GpuGolden : public ::testing::TestWithParam<std::tuple<std::string, Numeri
       EXPECT_LE(d.max_abs, kExactAbs) << tag_ << " " << what;
     else
       EXPECT_LE(d.rel(), kBf16PathRel) << tag_ << " " << what;
-    EXPECT_EQ(d.mismatch, 0) << tag_ << " " << what;
+    EXPECT_EQ(d.argmax_mismatch, 0) << tag_ << " " << what;
   }
   std::string fixture_, tag_, dir_;
   Numerics numerics_ = Numerics::kExact;
@@ -153,19 +101,19 @@ TEST_P(GpuGolden, FullChunkedDecodeMatchTransformers) {
         {"full", {T}}, {"chunked", random_chunks(T, 1234 + uint32_t(T))}, {"decode", std::vector<int64_t>(T, 1)}};
     Tensor full;
     for (const auto& [path, chunks] : paths) {
-      Tensor logits = run_gpu(*model_, ids, chunks, 1);
-      const Diff d = compare(logits.data<float>(), ref.data.data(), T, V);
+      Tensor logits = model::run_sequence(*model_, model_->cache_geometry(), ids, chunks, 1);
+      const Diff d = compare_logits(logits.data<float>(), ref.data.data(), T, V);
       std::printf("[gpu-parity] %s/%s %s: max|dlogit| = %.3g (rel %.3g), top-1 mismatches %lld/%lld\n",
-                  tag_.c_str(), name.c_str(), path.c_str(), d.max_abs, d.rel(), (long long)d.mismatch, (long long)T);
+                  tag_.c_str(), name.c_str(), path.c_str(), d.max_abs, d.rel(), (long long)d.argmax_mismatch, (long long)T);
       expect_parity(d, name + " " + path);
-      mism += d.mismatch;
+      mism += d.argmax_mismatch;
       rows += T;
       if (path == "full") {
         full = logits;
       } else {
-        const Diff dp = compare(logits.data<float>(), full.data<float>(), T, V);
+        const Diff dp = compare_logits(logits.data<float>(), full.data<float>(), T, V);
         std::printf("[gpu-paths] %s/%s %s vs full: max|d| = %.3g (rel %.3g), top-1 mismatches %lld%s\n",
-                    tag_.c_str(), name.c_str(), path.c_str(), dp.max_abs, dp.rel(), (long long)dp.mismatch,
+                    tag_.c_str(), name.c_str(), path.c_str(), dp.max_abs, dp.rel(), (long long)dp.argmax_mismatch,
                     dp.max_abs == 0 ? " (bit identical)" : "");
         expect_same(dp, name + " " + path + " vs full");
       }
@@ -185,55 +133,21 @@ TEST_P(GpuGolden, BatchOfSequencesMatchesEachAlone) {
   for (auto& [k, v] : inputs) names.push_back(k);
   ASSERT_LE(names.size(), 3u);
   const kv::CacheGeometry& g = model_->cache_geometry();
-  const int64_t per_slot = g.num_blocks / g.num_slots;
-  struct St {
-    std::vector<int32_t> ids;
-    SeqInBatch seq;
-    std::vector<float> logits;
-    int64_t done = 0;
-  };
-  std::vector<St> st(names.size());
+  std::vector<InterleavedSequence> st(names.size());
   for (size_t i = 0; i < names.size(); ++i) {
     st[i].ids = inputs[names[i]];
     st[i].seq.cache_slot = int32_t(i);
-    for (int64_t b = per_slot - 1; b >= 0; --b) st[i].seq.block_table.push_back(int32_t(b * g.num_slots + i));
-    st[i].logits.assign(st[i].ids.size() * size_t(V), 0.f);
-    model_->reset_slot(int32_t(i));
+    st[i].seq.block_table = scattered_block_table(g, int32_t(i));
   }
-  std::mt19937 gen(77);
-  std::uniform_int_distribution<int64_t> dist(0, 24);
-  for (bool busy = true; busy;) {
-    ForwardBatch b;
-    std::vector<std::pair<size_t, int64_t>> rows;
-    busy = false;
-    for (size_t i = 0; i < st.size(); ++i) {
-      const int64_t n = std::min(int64_t(st[i].ids.size()) - st[i].done, dist(gen));
-      if (n == 0) continue;
-      SeqInBatch s = st[i].seq;
-      s.num_computed_tokens = st[i].done;
-      s.num_new_tokens = int32_t(n);
-      for (int64_t j = 0; j < n; ++j) {
-        b.logits_indices.push_back(int32_t(b.token_ids.size()));
-        b.token_ids.push_back(st[i].ids[st[i].done + j]);
-        rows.push_back({i, st[i].done + j});
-      }
-      b.seqs.push_back(s);
-      st[i].done += n;
-    }
-    for (auto& s : st) busy |= s.done < int64_t(s.ids.size());
-    if (b.token_ids.empty()) continue;
-    Tensor l = model_->forward(b);
-    for (size_t r = 0; r < rows.size(); ++r)
-      std::copy_n(l.data<float>() + r * V, V, st[rows[r].first].logits.data() + rows[r].second * V);
-  }
+  run_interleaved(*model_, st, /*seed=*/77, /*max_chunk=*/24);
   for (size_t i = 0; i < st.size(); ++i) {
     const int64_t T = int64_t(st[i].ids.size());
     const Npy ref = read_npy(dir_ + "/logits_" + names[i] + ".npy");
-    const Diff d = compare(st[i].logits.data(), ref.data.data(), T, V);
-    Tensor alone = run_gpu(*model_, st[i].ids, {T}, 3);
-    const Diff da = compare(st[i].logits.data(), alone.data<float>(), T, V);
+    const Diff d = compare_logits(st[i].logits.data(), ref.data.data(), T, V);
+    Tensor alone = model::run_sequence(*model_, model_->cache_geometry(), st[i].ids, {T}, 3);
+    const Diff da = compare_logits(st[i].logits.data(), alone.data<float>(), T, V);
     std::printf("[gpu-batch] %s/%s: vs fixture max|d| %.3g rel %.3g (top-1 mismatches %lld), vs alone max|d| %.3g%s\n",
-                tag_.c_str(), names[i].c_str(), d.max_abs, d.rel(), (long long)d.mismatch, da.max_abs,
+                tag_.c_str(), names[i].c_str(), d.max_abs, d.rel(), (long long)d.argmax_mismatch, da.max_abs,
                 da.max_abs == 0 ? " (bit identical)" : "");
     expect_parity(d, names[i] + " batch");
     expect_same(da, names[i] + " batch vs alone");
@@ -246,8 +160,6 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, GpuGolden,
                          [](const auto& info) {
                            return std::get<0>(info.param) + "_" + mode_name(std::get<1>(info.param));
                          });
-
-int32_t argmax(const float* p, int64_t V) { return int32_t(std::max_element(p, p + V) - p); }
 
 // Greedy decoding of 64 tokens from the "short" prompt: in exact mode the GPU chain equals the
 // CPU model's (fp32); in bf16 mode the common prefix is printed only (bf16 rounding flips
@@ -268,31 +180,8 @@ TEST_P(GpuGoldenChain, Greedy64MatchesCpuModel) {
   auto cm = DeepseekV4Model::load(dir);
   cm->allocate_cache_for(1, 1024);
   const std::vector<int32_t> prompt = read_inputs(dir).at("short");
-  const int64_t V = gm->vocab_size();
-  auto chain = [&](auto& m, const kv::CacheGeometry& g) {
-    m.reset_slot(0);
-    SeqInBatch s;
-    s.cache_slot = 0;
-    for (int64_t b = 0; b < g.num_blocks; ++b) s.block_table.push_back(int32_t(b));
-    std::vector<int32_t> toks = prompt, out;
-    int64_t done = 0;
-    for (int step = 0; step < 64; ++step) {
-      ForwardBatch b;
-      b.token_ids.assign(toks.begin() + done, toks.end());
-      s.num_computed_tokens = done;
-      s.num_new_tokens = int32_t(b.token_ids.size());
-      b.seqs = {s};
-      b.logits_indices = {int32_t(b.token_ids.size() - 1)};
-      Tensor l = m.forward(b);
-      done = int64_t(toks.size());
-      const int32_t next = argmax(l.data<float>(), V);
-      out.push_back(next);
-      toks.push_back(next);
-    }
-    return out;
-  };
-  const std::vector<int32_t> g_chain = chain(*gm, gm->cache_geometry());
-  const std::vector<int32_t> c_chain = chain(*cm, cm->cache().geometry());
+  const std::vector<int32_t> g_chain = greedy_continuation(*gm, gm->cache_geometry(), prompt, 64);
+  const std::vector<int32_t> c_chain = greedy_continuation(*cm, cm->cache().geometry(), prompt, 64);
   size_t same = 0;
   while (same < g_chain.size() && g_chain[same] == c_chain[same]) ++same;
   std::printf("[gpu-chain] tiny %s greedy 64: %zu leading tokens equal to the CPU chain\n", mode_name(GetParam()),

@@ -22,6 +22,7 @@
 #include "model/deepseek_v4/cuda/cuda_model.h"
 #include "model/deepseek_v4/cuda/cuda_plan.h"
 #include "model/deepseek_v4/cuda/moe_decode.h"
+#include "model/sequence_runner.h"
 #include "ops/cuda/runtime.h"
 
 namespace deepinfer::model::v4 {
@@ -214,45 +215,12 @@ TEST(MoeNativePlan, CountsReleaseBytes) {
 }
 
 // ---- model level: tiny_official (FP4 experts) in bf16 numerics ----
-struct Diff {
-  double max_abs = 0, max_ref = 0;
-  int64_t mismatch = 0;
-  double rel() const { return max_ref > 0 ? max_abs / max_ref : max_abs; }
-};
-Diff compare(const float* a, const float* b, int64_t rows, int64_t V) {
-  Diff d;
-  for (int64_t t = 0; t < rows; ++t) {
-    const float *x = a + t * V, *y = b + t * V;
-    for (int64_t v = 0; v < V; ++v) {
-      d.max_abs = std::max(d.max_abs, double(std::abs(x[v] - y[v])));
-      d.max_ref = std::max(d.max_ref, double(std::abs(y[v])));
-    }
-    if (std::max_element(x, x + V) - x != std::max_element(y, y + V) - y) d.mismatch++;
-  }
-  return d;
-}
+using Diff = deepinfer::testing::LogitsDiff;
 
-std::vector<float> run(DeepseekV4CudaModel& m, const std::vector<int32_t>& ids, bool token_by_token) {
-  const int64_t T = int64_t(ids.size()), V = m.vocab_size();
-  const kv::CacheGeometry& g = m.cache_geometry();
-  m.reset_slot(0);
-  SeqInBatch seq;
-  seq.cache_slot = 0;
-  for (int64_t b = 0; b < g.num_blocks / g.num_slots; ++b) seq.block_table.push_back(int32_t(b));
-  std::vector<float> out(size_t(T * V));
-  for (int64_t done = 0; done < T;) {
-    const int64_t c = token_by_token ? 1 : T;
-    ForwardBatch b;
-    b.token_ids.assign(ids.begin() + done, ids.begin() + done + c);
-    seq.num_computed_tokens = done;
-    seq.num_new_tokens = int32_t(c);
-    b.seqs = {seq};
-    for (int64_t i = 0; i < c; ++i) b.logits_indices.push_back(int32_t(i));
-    Tensor l = m.forward(b);
-    std::copy_n(l.data<float>(), c * V, out.data() + done * V);
-    done += c;
-  }
-  return out;
+// One sequence through slot 0 in one chunk or token by token; logits of every position.
+Tensor run(DeepseekV4CudaModel& m, const std::vector<int32_t>& ids, bool token_by_token) {
+  const int64_t T = int64_t(ids.size());
+  return model::run_sequence(m, m.cache_geometry(), ids, deepinfer::testing::fixed_chunks(T, token_by_token ? 1 : 0));
 }
 
 std::unique_ptr<DeepseekV4CudaModel> load(const std::string& dir, gpu::ExpertPath path, DecodePath decode) {
@@ -289,24 +257,24 @@ TEST(MoeNativeModel, TinyOfficialBf16) {
   auto host = load(dir, gpu::ExpertPath::kHostRouted, DecodePath::kGeneral);
   const auto hf = run(*host, ids, false);
   host.reset();
-  auto report = [&](const char* what, const std::vector<float>& a, const float* b) {
-    const Diff d = compare(a.data(), b, T, V);
+  auto report = [&](const char* what, const Tensor& a, const float* b) {
+    const Diff d = deepinfer::testing::compare_logits(a.data<float>(), b, T, V);
     std::printf("[gpu-moe] tiny_official bf16 long (T=%lld) %s: max|d| %.3g rel %.3g, top-1 agreement %.4f%s\n",
-                (long long)T, what, d.max_abs, d.rel(), 1.0 - double(d.mismatch) / double(T),
+                (long long)T, what, d.max_abs, d.rel(), 1.0 - double(d.argmax_mismatch) / double(T),
                 d.max_abs == 0 ? " (bit identical)" : "");
     return d;
   };
-  EXPECT_EQ(report("native FP4 vs dequantised, full", nf, df.data()).max_abs, 0.0);
-  EXPECT_EQ(report("native FP4 vs dequantised, token by token", nd, dd.data()).max_abs, 0.0);
-  const Diff dn = report("native token by token vs native full", nd, nf.data());
+  EXPECT_EQ(report("native FP4 vs dequantised, full", nf, df.data<float>()).max_abs, 0.0);
+  EXPECT_EQ(report("native FP4 vs dequantised, token by token", nd, dd.data<float>()).max_abs, 0.0);
+  const Diff dn = report("native token by token vs native full", nd, nf.data<float>());
   EXPECT_LE(dn.rel(), 3e-2);
-  EXPECT_EQ(dn.mismatch, 0);
-  const Diff dh = report("native vs host-routed cuBLASLt (first version), full", nf, hf.data());
+  EXPECT_EQ(dn.argmax_mismatch, 0);
+  const Diff dh = report("native vs host-routed cuBLASLt (first version), full", nf, hf.data<float>());
   EXPECT_LE(dh.rel(), 0.25);  // summation order only (H200: bit identical at these widths)
-  EXPECT_GE(1.0 - double(dh.mismatch) / double(T), 0.9);
+  EXPECT_GE(1.0 - double(dh.argmax_mismatch) / double(T), 0.9);
   const Diff dr = report("native vs transformers fp32, full", nf, ref.data.data());
   EXPECT_LE(dr.rel(), 0.6);   // golden_test's bf16 bound
-  EXPECT_GE(1.0 - double(dr.mismatch) / double(T), 0.9);
+  EXPECT_GE(1.0 - double(dr.argmax_mismatch) / double(T), 0.9);
   // Fixed-shape decode (moe_decode reads FP4 directly) vs its dequantised twin.
   auto nfix = load(dir, gpu::ExpertPath::kNative, DecodePath::kFixed);
   const auto nx = run(*nfix, ids, true);
@@ -316,10 +284,10 @@ TEST(MoeNativeModel, TinyOfficialBf16) {
   // moe_decode sums each 16-byte weight vector then scales it, the dequantised twin sums 8-wide:
   // bf16 roundings of gate/up flip and this random model amplifies them (H200: rel 0.265, top-1
   // 0.993; the fixed vs general path of the same weights differ as much, rel 0.263).
-  const Diff fx = report("fixed decode path native FP4 vs dequantised", nx, dx.data());
+  const Diff fx = report("fixed decode path native FP4 vs dequantised", nx, dx.data<float>());
   EXPECT_LE(fx.rel(), 0.5);
-  EXPECT_GE(1.0 - double(fx.mismatch) / double(T), 0.95);
-  report("fixed decode path native vs general path native", nx, nd.data());
+  EXPECT_GE(1.0 - double(fx.argmax_mismatch) / double(T), 0.95);
+  report("fixed decode path native vs general path native", nx, nd.data<float>());
 }
 
 }  // namespace

@@ -11,44 +11,20 @@
 #include "deepinfer/error.h"
 #include "golden.h"
 #include "model/deepseek_v4/model.h"
+#include "model/sequence_runner.h"
 
 namespace deepinfer::model::v4 {
 namespace {
+using deepinfer::testing::compare_logits;
 using deepinfer::testing::golden_dir;
+using Diff = deepinfer::testing::LogitsDiff;
 using deepinfer::testing::Npy;
 using deepinfer::testing::read_inputs;
+using deepinfer::testing::random_chunks;
 using deepinfer::testing::read_npy;
+using deepinfer::testing::scattered_block_table;
 
 constexpr double kTol = 1e-4;
-
-struct Diff {
-  double max_abs = 0;
-  int64_t argmax_mismatch = 0;
-};
-
-// Compares rows [0, rows) of got [*, V] with ref.
-Diff compare(const float* got, const float* ref, int64_t rows, int64_t V) {
-  Diff d;
-  for (int64_t t = 0; t < rows; ++t) {
-    const float* a = got + t * V;
-    const float* b = ref + t * V;
-    for (int64_t v = 0; v < V; ++v) d.max_abs = std::max(d.max_abs, double(std::abs(a[v] - b[v])));
-    if (std::max_element(a, a + V) - a != std::max_element(b, b + V) - b) d.argmax_mismatch++;
-  }
-  return d;
-}
-
-std::vector<int64_t> random_chunks(int64_t T, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::uniform_int_distribution<int64_t> dist(1, 40);
-  std::vector<int64_t> c;
-  for (int64_t done = 0; done < T;) {
-    const int64_t n = std::min(dist(gen), T - done);
-    c.push_back(n);
-    done += n;
-  }
-  return c;
-}
 
 class GoldenForward : public ::testing::TestWithParam<std::string> {
  protected:
@@ -72,7 +48,7 @@ TEST_P(GoldenForward, FullChunkedDecodeMatchTransformers) {
         {"full", {T}}, {"chunked", random_chunks(T, 1234 + uint32_t(T))}, {"decode", std::vector<int64_t>(T, 1)}};
     for (const auto& [path, chunks] : paths) {
       Tensor logits = run_sequence(*model_, ids, chunks, /*slot=*/1);
-      const Diff d = compare(logits.data<float>(), ref.data.data(), T, V);
+      const Diff d = compare_logits(logits.data<float>(), ref.data.data(), T, V);
       std::printf("[parity] %s/%s %s: max|dlogit| = %.3g, argmax mismatches %lld/%lld\n", GetParam().c_str(),
                   name.c_str(), path.c_str(), d.max_abs, (long long)d.argmax_mismatch, (long long)T);
       EXPECT_LE(d.max_abs, kTol) << name << " " << path;
@@ -90,58 +66,21 @@ TEST_P(GoldenForward, BatchOfSequencesMatchesEachAlone) {
   std::vector<std::string> names;
   for (auto& [k, v] : inputs) names.push_back(k);
   const kv::CacheGeometry& g = model_->cache().geometry();
-  const int64_t per_slot = g.num_blocks / g.num_slots;
-  struct State {
-    std::vector<int32_t> ids;
-    Npy ref;
-    SeqInBatch seq;
-    std::vector<float> logits;
-    int64_t done = 0;
-  };
-  std::vector<State> st(names.size());
+  std::vector<InterleavedSequence> st(names.size());
   for (size_t i = 0; i < names.size(); ++i) {
     st[i].ids = inputs[names[i]];
-    st[i].ref = read_npy(dir_ + "/logits_" + names[i] + ".npy");
     st[i].seq.cache_slot = int32_t(i);
-    // Scatter blocks: slot i takes blocks in reverse order to exercise the block table.
-    for (int64_t b = per_slot - 1; b >= 0; --b) st[i].seq.block_table.push_back(int32_t(b * g.num_slots + i));
-    st[i].logits.assign(st[i].ids.size() * size_t(V), 0.f);
-    model_->reset_slot(int32_t(i));
+    st[i].seq.block_table = scattered_block_table(g, int32_t(i));
   }
-  std::mt19937 gen(77);
-  std::uniform_int_distribution<int64_t> dist(0, 24);
-  for (bool busy = true; busy;) {
-    ForwardBatch b;
-    std::vector<std::pair<size_t, int64_t>> rows;  // (sequence, position) of each logits row
-    busy = false;
-    for (size_t i = 0; i < st.size(); ++i) {
-      const int64_t left = int64_t(st[i].ids.size()) - st[i].done;
-      const int64_t n = std::min(left, dist(gen));
-      if (n == 0) continue;
-      SeqInBatch s = st[i].seq;
-      s.num_computed_tokens = st[i].done;
-      s.num_new_tokens = int32_t(n);
-      for (int64_t j = 0; j < n; ++j) {
-        b.logits_indices.push_back(int32_t(b.token_ids.size()));
-        b.token_ids.push_back(st[i].ids[st[i].done + j]);
-        rows.push_back({i, st[i].done + j});
-      }
-      b.seqs.push_back(s);
-      st[i].done += n;
-    }
-    for (auto& s : st) busy |= s.done < int64_t(s.ids.size());
-    if (b.token_ids.empty()) continue;
-    Tensor l = model_->forward(b);
-    for (size_t r = 0; r < rows.size(); ++r)
-      std::copy_n(l.data<float>() + r * V, V, st[rows[r].first].logits.data() + rows[r].second * V);
-  }
+  run_interleaved(*model_, st, /*seed=*/77, /*max_chunk=*/24);
   for (size_t i = 0; i < st.size(); ++i) {
     const int64_t T = int64_t(st[i].ids.size());
-    const Diff d = compare(st[i].logits.data(), st[i].ref.data.data(), T, V);
+    const Npy ref = read_npy(dir_ + "/logits_" + names[i] + ".npy");
+    const Diff d = compare_logits(st[i].logits.data(), ref.data.data(), T, V);
     EXPECT_LE(d.max_abs, kTol) << names[i];
     EXPECT_EQ(d.argmax_mismatch, 0) << names[i];
     Tensor alone = run_sequence(*model_, st[i].ids, {T}, 3);
-    const Diff da = compare(st[i].logits.data(), alone.data<float>(), T, V);
+    const Diff da = compare_logits(st[i].logits.data(), alone.data<float>(), T, V);
     std::printf("[batch] %s/%s: vs fixture %.3g, vs alone %.3g\n", GetParam().c_str(), names[i].c_str(), d.max_abs,
                 da.max_abs);
     EXPECT_LE(da.max_abs, 2e-5) << names[i];
@@ -185,7 +124,7 @@ TEST(GoldenMtp, DraftLogitsMatchReference) {
         std::copy_n(l.data<float>(), c * V, got.data() + done * V);
         done += c;
       }
-      const Diff d = compare(got.data(), ref.data.data(), N, V);
+      const Diff d = compare_logits(got.data(), ref.data.data(), N, V);
       std::printf("[mtp] %s chunks=%zu: max|dlogit| = %.3g, argmax mismatches %lld\n", name.c_str(), chunks.size(),
                   d.max_abs, (long long)d.argmax_mismatch);
       EXPECT_LE(d.max_abs, kTol) << name;

@@ -1,16 +1,21 @@
 // Test helpers for the golden fixtures in tests/data/golden (see its README.md): locating them,
 // reading float32 .npy arrays and inputs.json.
 #pragma once
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <random>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include "kv/kv_cache.h"
 
 namespace deepinfer::testing {
 
@@ -73,6 +78,66 @@ inline std::map<std::string, std::vector<int32_t>> read_inputs(const std::string
   std::map<std::string, std::vector<int32_t>> out;
   for (auto& [k, v] : j.items()) out[k] = v.get<std::vector<int32_t>>();
   return out;
+}
+
+// Logits [rows, V] against a reference: largest |difference|, largest |reference| (for a
+// relative figure), rows whose argmax differs, rows whose largest |difference| <= row_tol.
+struct LogitsDiff {
+  double max_abs = 0, max_ref = 0;
+  int64_t argmax_mismatch = 0, rows = 0, rows_within = 0;
+  double rel() const { return max_ref > 0 ? max_abs / max_ref : max_abs; }
+  void add(const LogitsDiff& o) {
+    max_abs = std::max(max_abs, o.max_abs);
+    max_ref = std::max(max_ref, o.max_ref);
+    argmax_mismatch += o.argmax_mismatch;
+    rows += o.rows;
+    rows_within += o.rows_within;
+  }
+};
+inline LogitsDiff compare_logits(const float* got, const float* ref, int64_t rows, int64_t V, double row_tol = 0) {
+  LogitsDiff d;
+  d.rows = rows;
+  for (int64_t t = 0; t < rows; ++t) {
+    const float *a = got + t * V, *b = ref + t * V;
+    double row = 0;
+    for (int64_t v = 0; v < V; ++v) {
+      row = std::max(row, double(std::abs(a[v] - b[v])));
+      d.max_ref = std::max(d.max_ref, double(std::abs(b[v])));
+    }
+    d.max_abs = std::max(d.max_abs, row);
+    d.rows_within += row <= row_tol;
+    if (std::max_element(a, a + V) - a != std::max_element(b, b + V) - b) d.argmax_mismatch++;
+  }
+  return d;
+}
+
+// Random chunk sizes in [1, 40] covering T tokens.
+inline std::vector<int64_t> random_chunks(int64_t T, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_int_distribution<int64_t> dist(1, 40);
+  std::vector<int64_t> c;
+  for (int64_t done = 0; done < T;) {
+    const int64_t n = std::min(dist(gen), T - done);
+    c.push_back(n);
+    done += n;
+  }
+  return c;
+}
+
+// Chunks of `chunk` tokens covering T (the last one shorter); chunk 0 = one chunk of T.
+inline std::vector<int64_t> fixed_chunks(int64_t T, int64_t chunk) {
+  if (chunk <= 0) return {T};
+  std::vector<int64_t> c;
+  for (int64_t done = 0; done < T; done += chunk) c.push_back(std::min(chunk, T - done));
+  return c;
+}
+
+// Slot `slot`'s blocks interleaved with the other slots' and in reverse order (block b*num_slots
+// + slot, last first), so a batch exercises non-contiguous block tables.
+inline std::vector<int32_t> scattered_block_table(const kv::CacheGeometry& g, int32_t slot) {
+  std::vector<int32_t> t;
+  for (int64_t b = g.num_blocks / g.num_slots - 1; b >= 0; --b) t.push_back(int32_t(b * g.num_slots + slot));
+  return t;
 }
 
 }  // namespace deepinfer::testing
