@@ -6,8 +6,10 @@
 //  * decode at each --batches B: B requests of --prompt-len tokens are prefilled, then
 //    --decode-steps pure decode steps (every request emits exactly one token) are timed alone
 //    (TPOT = median step); floor = bytes the step must read / 4.3 TB/s, counting the dense weights
-//    in bf16 as the GPU model uploads them, the experts the step touches (expected distinct
-//    experts of B tokens, uniform routing), lm_head, and each sequence's KV.
+//    in bf16 as the GPU model uploads them, the routed experts the step touches (expected
+//    distinct experts of B tokens, uniform routing) in FP4 e2m1 + e8m0/32 as they stay on the
+//    device, lm_head, and each sequence's KV. The release-precision floor also counts the dense
+//    FP8 linears at 1 byte (the GPU model still dequantises those to bf16 at upload).
 // Per-layer ms = step / layers (embedding, head and sampling included) next to the transformers
 // eager numbers of ANCHORS.md. Used by bench/gpu_flash_bench.sh.
 #include <CLI/CLI.hpp>
@@ -80,11 +82,12 @@ struct CostModel {
     return 2 * n;
   }
   double head_bytes() const { return 2.0 * c.vocab_size * c.hidden_size; }
+  static constexpr double kFp4Bytes = 0.5 + 1.0 / 32;  // e2m1 code + one e8m0 scale per 32
   double decode_bytes(int64_t B, double ctx, bool release) const {
     double n = head_bytes();
     for (int64_t l = 0; l < c.num_layers; ++l)
       n += (release ? dense_bytes_release(l) : dense_bytes(l)) +
-           touched_experts(double(B)) * expert_params() * (release ? 0.5 + 1.0 / 32 : 2.0) + double(B) * kv_bytes(l, ctx);
+           touched_experts(double(B)) * expert_params() * kFp4Bytes + double(B) * kv_bytes(l, ctx);
     return n;
   }
   double active_params(int64_t l) const {
@@ -113,7 +116,7 @@ struct CostModel {
   }
   double prefill_bytes(int64_t P) const {
     double n = head_bytes();
-    for (int64_t l = 0; l < c.num_layers; ++l) n += dense_bytes(l) + touched_experts(double(P)) * expert_params() * 2;
+    for (int64_t l = 0; l < c.num_layers; ++l) n += dense_bytes(l) + touched_experts(double(P)) * expert_params() * kFp4Bytes;
     return n;
   }
   double decode_flops(int64_t B, double ctx) const {
@@ -277,7 +280,7 @@ int run_bench_flash(int argc, char** argv) {
          << ", \"basis\": \"" << r.basis << "\", \"impure_steps\": " << r.impure << ", \"load_s\": " << load_s << "}\n";
   }
   const char* graphs = std::getenv("DEEPINFER_CUDA_GRAPHS");
-  std::printf("\n%s\nloaded in %.1f s; DEEPINFER_CUDA_GRAPHS=%s; floors: 4.3 TB/s, 790 TFLOP/s; bf16 weights as uploaded\n\n",
+  std::printf("\n%s\nloaded in %.1f s; DEEPINFER_CUDA_GRAPHS=%s; floors: 4.3 TB/s, 790 TFLOP/s; weights as uploaded (dense bf16, routed experts FP4)\n\n",
               llm.describe().c_str(), load_s, graphs && *graphs ? graphs : "(unset)");
   std::printf("%-8s %5s %6s %10s %10s %7s %10s %9s  %s\n", "measure", "batch", "ctx", "engine_ms", "floor_ms", "ratio",
               "layer_ms", "hf_layer", "floor basis");

@@ -12,8 +12,10 @@
 // 1, 2, 4, ..., 64 tokens: metadata in fixed device buffers (one H2D copy a step), device-side
 // MoE routing, no host sync, replayed from one CUDA graph per padded size (DecodePath; the
 // engine's default).
-// Not yet: MTP drafting on the GPU, native FP8/FP4 GEMMs (weights are dequantised
-// to bf16 at upload), multi-GPU.
+// Routed experts stay in their release format on the device (FP4 e2m1 + e8m0/32, FP8 e4m3 +
+// e8m0/128) outside exact numerics; the MoE routes on the device in every path (no host sync).
+// Not yet: MTP drafting on the GPU, dense FP8 linears kept in FP8 (dequantised to bf16 at
+// upload), multi-GPU.
 #pragma once
 #include <memory>
 #include <string>
@@ -28,7 +30,8 @@ namespace deepinfer::model::v4 {
 
 // How decode steps (every sequence one new token, at most 64 sequences) run.
 enum class DecodePath {
-  kGeneral,  // the variable-shape path (grouped MoE with one routing read-back per layer)
+  kGeneral,  // the variable-shape path (device-routed grouped expert GEMM; exact numerics
+             // keeps per-expert cuBLASLt with one routing read-back per layer)
   kFixed,    // fixed shapes per padded batch size (1, 2, 4, ..., 64), device-side MoE, no host
              // sync inside the forward; launched eagerly
   kGraph,    // kFixed captured once per padded size into a CUDA graph and replayed
@@ -40,7 +43,7 @@ enum class DecodePath {
 // with device sampling (tests/cpp/cuda_model/graph_test.cc, engine_gpu_test.cc), and, in
 // exact numerics, equal to kGeneral to 3.7e-6 (H200). Cross-path rounding: in bf16 and
 // production numerics the fixed path's device MoE rounds the gate/up activations to bf16 after
-// a different fp32 summation order than the general path's cuBLASLt grouped GEMMs, so decode
+// a different fp32 summation order than the general path's grouped expert GEMM, so decode
 // logits differ from the prefill/general path by bf16 roundings (the random tiny fixtures
 // amplify that to rel 0.03-0.16). The golden path-identity checks (3e-2, equal top-1) therefore
 // run kGeneral, the default of CudaModelOptions; both paths stay in the bf16 regime.

@@ -7,6 +7,7 @@
 
 #include "deepinfer/error.h"
 #include "model/deepseek_v4/cuda/arena.h"
+#include "ops/cuda/sampling.h"
 
 namespace deepinfer::model::v4::gpu {
 
@@ -144,7 +145,10 @@ size_t gpu_activation_bytes(const DeepseekV4Config& c, int64_t max_tokens, int64
   // (choose_attention_split), so T·splits < 8·SMs whatever max_tokens is: bound them by 2048
   // token-splits (up to 256 SMs) instead of max_tokens x 64 (69 GB at V4-Flash width, 8192 tokens).
   s.attn_splits = 1;
-  return layout_arena(c, s).total + size_t(2048) * size_t(c.num_heads) * size_t(c.head_dim + 2) * sizeof(float);
+  // The engine's device sampler (engine/device_sampler) keeps a workspace per sampled row; the
+  // decode batch is at most max_seqs rows (66 MB at 64 x V4's 129,280 vocabulary).
+  return layout_arena(c, s).total + size_t(2048) * size_t(c.num_heads) * size_t(c.head_dim + 2) * sizeof(float) +
+         ops::cuda::sampling_workspace_bytes(max_seqs, c.vocab_size);
 }
 
 const CompressMeta* StepMeta::kind(int64_t ratio, bool overlap) const {
