@@ -123,13 +123,58 @@ ExprId SchemaLowerer::number_rule(bool integer) {
   return b.seq({int_part, frac, exp});
 }
 
+namespace {
+
+// RFC 3986 IPv6address: 8 groups, or fewer around one "::", the last 32 bits possibly IPv4.
+std::string ipv6_re() {
+  const std::string h = "[0-9a-fA-F]{1,4}", oct = R"((25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d))";
+  const std::string ls32 = "(" + h + ":" + h + "|" + oct + "(\\." + oct + "){3})";
+  auto groups = [&](int n) { return n == 0 ? std::string() : "(" + h + ":){" + std::to_string(n) + "}"; };
+  auto before = [&](int k) {  // [ *k( h16 ":" ) h16 ]
+    return k < 0 ? std::string() : "((" + h + ":){0," + std::to_string(k) + "}" + h + ")?";
+  };
+  std::string re = "(" + groups(6) + ls32 + "|::" + groups(5) + ls32;
+  for (int k = 0; k <= 4; ++k) re += "|" + before(k - 1) + "::" + groups(4 - k) + ls32;
+  re += "|" + before(4) + "::" + h + "|" + before(5) + "::)";
+  return re;
+}
+
+// RFC 3986 URI / URI-reference, or with `iri` RFC 3987 IRI / IRI-reference (ucschar in
+// unreserved, iprivate in queries), written out from the ABNF.
+std::string uri_re(bool iri, bool reference) {
+  const std::string ucs = iri ? R"(\u00A0-\uD7FF\uF900-\uFDCF\uFDF0-\uFFEF\u{10000}-\u{1FFFD}\u{20000}-\u{2FFFD}\u{30000}-\u{3FFFD})"
+                                R"(\u{40000}-\u{4FFFD}\u{50000}-\u{5FFFD}\u{60000}-\u{6FFFD}\u{70000}-\u{7FFFD}\u{80000}-\u{8FFFD})"
+                                R"(\u{90000}-\u{9FFFD}\u{A0000}-\u{AFFFD}\u{B0000}-\u{BFFFD}\u{C0000}-\u{CFFFD}\u{D0000}-\u{DFFFD})"
+                                R"(\u{E1000}-\u{EFFFD})"
+                              : "";
+  const std::string unres = "A-Za-z0-9\\-._~" + ucs, sub = "!$&'()*+,;=", pct = "%[0-9A-Fa-f]{2}";
+  const std::string pchar = "([" + unres + sub + ":@]|" + pct + ")";
+  const std::string seg = pchar + "*", seg_nz = pchar + "+";
+  const std::string seg_nz_nc = "([" + unres + sub + "@]|" + pct + ")+";
+  const std::string oct = R"((25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d))";
+  const std::string host = "(\\[(" + ipv6_re() + "|[vV][0-9A-Fa-f]+\\.[" + "A-Za-z0-9\\-._~" + sub + ":]+)\\]|([" + unres +
+                           sub + "]|" + pct + ")*)";
+  const std::string authority = "(([" + unres + sub + ":]|" + pct + ")*@)?" + host + "(:[0-9]*)?";
+  const std::string abempty = "(/" + seg + ")*", absolute = "/(" + seg_nz + "(/" + seg + ")*)?";
+  const std::string private_use = iri ? R"(\uE000-\uF8FF\u{F0000}-\u{FFFFD}\u{100000}-\u{10FFFD})" : "";
+  const std::string query = "(\\?(" + pchar + "|[/?" + private_use + "])*)?", frag = "(#(" + pchar + "|[/?])*)?";
+  const std::string full = "[A-Za-z][A-Za-z0-9+\\-.]*:(//" + authority + abempty + "|" + absolute + "|" + seg_nz + "(/" +
+                           seg + ")*|)" + query + frag;
+  if (!reference) return full;
+  const std::string relative = "(//" + authority + abempty + "|" + absolute + "|" + seg_nz_nc + "(/" + seg + ")*|)" + query + frag;
+  return "(" + full + "|" + relative + ")";
+}
+
+}  // namespace
+
 ExprId SchemaLowerer::format_expr(const std::string& fmt, const std::string& ptr) {
   // Day ranges per month; 02-29 only in leap years (divisible by 4, centuries by 400).
   static const std::string kDate =
       R"((\d{4}-((0[13578]|1[02])-(0[1-9]|[12]\d|3[01])|(0[469]|11)-(0[1-9]|[12]\d|30)|02-(0[1-9]|1\d|2[0-8]))|)"
       R"((\d\d(0[48]|[2468][048]|[13579][26])|([02468][048]|[13579][26])00)-02-29))";
   static const std::string kTime = R"(([01]\d|2[0-3]):[0-5]\d:([0-5]\d|60)(\.\d+)?([Zz]|[+-]([01]\d|2[0-3]):[0-5]\d))";
-  static const std::string kDur1 = R"((\d+H(\d+M)?(\d+S)?|\d+M(\d+S)?|\d+S))";
+  // RFC 3339 appendix A: each unit may only be followed by the next smaller one (P1Y2D is invalid).
+  static const std::string kDur1 = R"((\d+H(\d+M(\d+S)?)?|\d+M(\d+S)?|\d+S))";
   static const std::string kLabel = R"([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)";
   static const std::string kOct = R"((25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d))";
   static const std::string kH = R"([0-9a-fA-F]{1,4})";
@@ -138,21 +183,27 @@ ExprId SchemaLowerer::format_expr(const std::string& fmt, const std::string& ptr
   else if (fmt == "time") re = kTime;
   else if (fmt == "date-time") re = kDate + "[Tt]" + kTime;
   else if (fmt == "duration")
-    re = "P(\\d+W|(\\d+Y(\\d+M)?(\\d+D)?|\\d+M(\\d+D)?|\\d+D)(T" + kDur1 + ")?|T" + kDur1 + ")";
+    re = "P(\\d+W|(\\d+Y(\\d+M(\\d+D)?)?|\\d+M(\\d+D)?|\\d+D)(T" + kDur1 + ")?|T" + kDur1 + ")";
   else if (fmt == "email")
-    re = R"([A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*@)" + kLabel + "(\\." + kLabel + ")*";
+    // RFC 5321: dot-atom or quoted local part; host name or [IPv4] / [IPv6:...] literal.
+    re = std::string(R"(([A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*|"([\x20\x21\x23-\x5B\x5D-\x7E]|\\[\x20-\x7E])*")@)") +
+         "(" + kLabel + "(\\." + kLabel + ")*|\\[" + kOct + "(\\." + kOct + "){3}\\]|\\[IPv6:" + ipv6_re() + "\\])";
   else if (fmt == "uuid") re = "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}";
   else if (fmt == "ipv4") re = kOct + "(\\." + kOct + "){3}";
-  else if (fmt == "ipv6")
-    re = "((" + kH + ":){7}" + kH + "|(" + kH + ":){1,7}:|(" + kH + ":){1,6}:" + kH + "|(" + kH + ":){1,5}(:" + kH +
-         "){1,2}|(" + kH + ":){1,4}(:" + kH + "){1,3}|(" + kH + ":){1,3}(:" + kH + "){1,4}|(" + kH + ":){1,2}(:" + kH +
-         "){1,5}|" + kH + ":(:" + kH + "){1,6}|:((:" + kH + "){1,7}|:)|(" + kH + ":){6}" + kOct + "(\\." + kOct +
-         "){3}|::(" + kH + ":){0,5}" + kOct + "(\\." + kOct + "){3})";
+  else if (fmt == "ipv6") re = ipv6_re();
   else if (fmt == "hostname") re = kLabel + "(\\." + kLabel + ")*";
-  else if (fmt == "uri") re = R"([A-Za-z][A-Za-z0-9+.\-]*:[A-Za-z0-9\-._~:/?#\[\]@!$&'()*+,;=%]*)";
-  else if (fmt == "uri-reference") re = R"([A-Za-z0-9\-._~:/?#\[\]@!$&'()*+,;=%]*)";
-  else if (fmt == "iri" || fmt == "iri-reference" || fmt == "idn-email" || fmt == "idn-hostname" ||
-           fmt == "json-pointer" || fmt == "relative-json-pointer" || fmt == "regex" || fmt == "uri-template")
+  else if (fmt == "uri") re = uri_re(false, false);
+  else if (fmt == "uri-reference") re = uri_re(false, true);
+  else if (fmt == "iri") re = uri_re(true, false);
+  else if (fmt == "iri-reference") re = uri_re(true, true);
+  else if (fmt == "json-pointer") re = R"((/([^~/]|~[01])*)*)";  // RFC 6901
+  else if (fmt == "relative-json-pointer") re = R"((0|[1-9][0-9]*)(#|(/([^~/]|~[01])*)*))";
+  else if (fmt == "uri-template") {  // RFC 6570: literals and {expressions} of variable names
+    const std::string var = R"(([A-Za-z0-9_]|%[0-9A-Fa-f]{2})(\.?([A-Za-z0-9_]|%[0-9A-Fa-f]{2}))*(:[1-9][0-9]{0,3}|\*)?)";
+    re = R"(([\x21\x23\x24\x26-\x3B\x3D\x3F-\x5B\x5D\x5F\x61-\x7A\x7E]|[^\x00-\x7F]|%[0-9A-Fa-f]{2}|\{[+#./;?&=,!@|]?)" +
+         var + "(," + var + R"()*\})*)";
+  }
+  else if (fmt == "idn-email" || fmt == "idn-hostname" || fmt == "regex")
     schema_error(ptr, "format '" + fmt + "' is not supported");
   else
     return -1;  // unknown formats are annotations (JSON Schema 2020-12 §7.2)

@@ -207,6 +207,16 @@ TEST(JsonSchemaCoverage, IfThenElse) {
   expect_lang(schema(R"({"if": {"minimum": 10}, "then": {"multipleOf": 5}})"), {"15", "3", R"("s")"}, {"12"});
 }
 
+TEST(JsonSchemaCoverage, MoreFormats) {
+  expect_lang(schema(R"({"type": "string", "format": "json-pointer"})"), {R"("")", R"("/a/b~0~1")", R"("/")"},
+              {R"("a")", R"("/a~2")"});
+  expect_lang(schema(R"({"type": "string", "format": "relative-json-pointer"})"), {R"("0")", R"("1/a")", R"("2#")"},
+              {R"("/a")", R"("01")", R"("-1")"});
+  expect_lang(schema(R"({"type": "string", "format": "iri"})"), {R"("http://ƒøø.ßår/?∂éœ=πîx#πîüx")"}, {R"("x y")"});
+  expect_lang(schema(R"({"type": "string", "format": "uri-template"})"),
+              {R"("http://example.com/dictionary/{term:1}/{term}")", R"("a{+x,y*}")"}, {R"("http://x/{term")", R"("{}")"});
+}
+
 TEST(JsonSchemaCoverage, Unevaluated) {
   expect_lang(schema(R"({"properties": {"a": {}}, "allOf": [{"properties": {"b": {}}}], "unevaluatedProperties": {"type": "integer"}})"),
               {R"({"a":"x","b":[],"c":1})", "{}", "[1]"}, {R"({"c":"x"})"});
