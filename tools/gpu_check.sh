@@ -10,20 +10,23 @@
 #                   half-finished modules elsewhere in the working tree cannot break the check
 #     --scope full  build the tree as it is
 #     --sanitize    also run the op tests under compute-sanitizer memcheck (slow)
+#     --prebuilt D  run the test binaries in D (made here by tools/pack_prebuilt.sh; carry D) instead
+#                   of configuring and building on the GPU machine: saves the device minutes a build costs
 # Device example (one call):
 #   run: tools/gpu_check.sh --sanitize   carry: [".gpudeps"]
 # Logs go to $OUT (when set) so they come back with the call.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
-BUILD_ONLY=0; SCOPE=ops; SANITIZE=0; JOBS=$(nproc)
+BUILD_ONLY=0; SCOPE=ops; SANITIZE=0; JOBS=$(nproc); PREBUILT=
 while [ $# -gt 0 ]; do
   case "$1" in
     --build-only) BUILD_ONLY=1 ;;
     --scope) SCOPE=$2; shift ;;
     --sanitize) SANITIZE=1 ;;
     --jobs) JOBS=$2; shift ;;
-    -h|--help) sed -n 2,16p "$0"; exit 0 ;;
+    --prebuilt) PREBUILT=$(cd "$2" && pwd); shift ;;
+    -h|--help) sed -n 2,18p "$0"; exit 0 ;;
     *) echo "gpu_check: unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -38,33 +41,41 @@ step() { echo "== gpu_check [$(( $(date +%s) - T0 ))s] $*"; }
 source "$ROOT/tools/gpu_deps.sh"
 di_use_gpu_deps || exit 1
 
-# ---- source tree: the whole checkout, or a staged copy of what the op tests need ----
 SRC=$ROOT
-if [ "$SCOPE" = ops ]; then
-  SRC=/tmp/di-gpu-stage
-  rm -rf "$SRC" && mkdir -p "$SRC"
-  paths=(CMakeLists.txt include src/core src/cli src/ops tests/cpp/CMakeLists.txt tests/cpp/core tests/cpp/ops tests/cpp/cuda
-         src/engine/sampler.h src/engine/sampler.cpp src/engine/philox.h)  # the sampler test's CPU reference
-  existing=()
-  for p in "${paths[@]}"; do [ -e "$p" ] && existing+=("$p"); done
-  tar cf - "${existing[@]}" | tar xf - -C "$SRC"
-  step "staged ${existing[*]} into $SRC"
-fi
-BUILD=${BUILD_DIR:-/tmp/di-gpu-build}
-GEN=(); command -v ninja >/dev/null && GEN=(-G Ninja)
+if [ -n "$PREBUILT" ]; then
+  TEST_BIN=$PREBUILT/cuda_ops_test
+  export LD_LIBRARY_PATH=$PREBUILT/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  [ -x "$TEST_BIN" ] || { echo "gpu_check: $TEST_BIN missing (tools/pack_prebuilt.sh)"; exit 1; }
+  step "prebuilt binaries from $PREBUILT"
+else
+  # ---- source tree: the whole checkout, or a staged copy of what the op tests need ----
+  SRC=$ROOT
+  if [ "$SCOPE" = ops ]; then
+    SRC=/tmp/di-gpu-stage
+    rm -rf "$SRC" && mkdir -p "$SRC"
+    paths=(CMakeLists.txt include src/core src/cli src/ops tests/cpp/CMakeLists.txt tests/cpp/core tests/cpp/ops tests/cpp/cuda
+           src/engine/sampler.h src/engine/sampler.cpp src/engine/philox.h)  # the sampler test's CPU reference
+    existing=()
+    for p in "${paths[@]}"; do [ -e "$p" ] && existing+=("$p"); done
+    tar cf - "${existing[@]}" | tar xf - -C "$SRC"
+    step "staged ${existing[*]} into $SRC"
+  fi
+  BUILD=${BUILD_DIR:-/tmp/di-gpu-build}
+  GEN=(); command -v ninja >/dev/null && GEN=(-G Ninja)
 
-step "configure ($SCOPE scope, sm_90a only)"
-cmake -S "$SRC" -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDEEPINFER_BUILD_PYTHON=OFF \
-  -DDEEPINFER_CUDA_SM90_ONLY=ON "${CMAKE_DEP_ARGS[@]}" >"$LOG_DIR/configure.log" 2>&1 \
-  || { tail -30 "$LOG_DIR/configure.log"; exit 1; }
-grep -E "deepinfer:" "$LOG_DIR/configure.log"
-TARGETS=(cuda_ops_test)
-[ "$SCOPE" = full ] && TARGETS=(all)
-step "build ${TARGETS[*]} (-j$JOBS)"
-cmake --build "$BUILD" -j "$JOBS" --target "${TARGETS[@]}" >"$LOG_DIR/build.log" 2>&1 \
-  || { grep -E "error|Error" "$LOG_DIR/build.log" | head -40; tail -20 "$LOG_DIR/build.log"; exit 1; }
-TEST_BIN=$(find "$BUILD" -name cuda_ops_test -type f -perm -u+x | head -1)
-[ -n "$TEST_BIN" ] || { echo "gpu_check: cuda_ops_test was not built (CUDA off?)"; exit 1; }
+  step "configure ($SCOPE scope, sm_90a only)"
+  cmake -S "$SRC" -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDEEPINFER_BUILD_PYTHON=OFF \
+    -DDEEPINFER_CUDA_SM90_ONLY=ON "${CMAKE_DEP_ARGS[@]}" >"$LOG_DIR/configure.log" 2>&1 \
+    || { tail -30 "$LOG_DIR/configure.log"; exit 1; }
+  grep -E "deepinfer:" "$LOG_DIR/configure.log"
+  TARGETS=(cuda_ops_test)
+  [ "$SCOPE" = full ] && TARGETS=(all)
+  step "build ${TARGETS[*]} (-j$JOBS)"
+  cmake --build "$BUILD" -j "$JOBS" --target "${TARGETS[@]}" >"$LOG_DIR/build.log" 2>&1 \
+    || { grep -E "error|Error" "$LOG_DIR/build.log" | head -40; tail -20 "$LOG_DIR/build.log"; exit 1; }
+  TEST_BIN=$(find "$BUILD" -name cuda_ops_test -type f -perm -u+x | head -1)
+  [ -n "$TEST_BIN" ] || { echo "gpu_check: cuda_ops_test was not built (CUDA off?)"; exit 1; }
+fi
 [ "$BUILD_ONLY" = 1 ] && { step "build only: done"; exit 0; }
 
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv,noheader 2>/dev/null
@@ -94,6 +105,7 @@ MODEL=skipped
 if [ -x tools/gpu_model_check.sh ] && [ "$BUILD_ONLY" = 0 ]; then
   step "GPU model checks (tools/gpu_model_check.sh)"
   SAN_ARG=(); [ "$SANITIZE" = 1 ] && SAN_ARG=(--sanitize)
+  [ -n "$PREBUILT" ] && SAN_ARG+=(--prebuilt "$PREBUILT")
   tools/gpu_model_check.sh --jobs "$JOBS" "${SAN_ARG[@]}" >"$LOG_DIR/gpu_model.log" 2>&1 && MODEL=pass || MODEL=FAIL
   grep -E "^\[gpu-|FAILED|gpu_model_check:|ERROR SUMMARY|error" "$LOG_DIR/gpu_model.log" | head -60
 fi
