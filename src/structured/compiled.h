@@ -29,6 +29,17 @@ struct StateMaskCache {
   std::vector<int32_t> uncertain_lcp;   // [uncertain.size()] common prefix with the previous one
 };
 
+// A root child's subtree walked from a given state (mask_walk.cpp): what any state whose first
+// byte leads there gets for that subtree. Accepted tokens as rank bits in the words
+// [w0, w0 + words.size()) of the rank bitmap (only the subtree's bits set); uncertain ids in
+// trie preorder.
+struct SubtreeResult {
+  int32_t w0 = 0;
+  std::vector<uint64_t> words;
+  int64_t count = 0;
+  std::vector<int32_t> uncertain;
+};
+
 struct CompiledGrammarImpl {
   Grammar grammar;
   Pda pda;
@@ -77,16 +88,6 @@ struct CompiledGrammarImpl {
   int32_t chain_run(int32_t state, bool utf8) const;
   StateFacts* state_facts() const;  // [num_states], allocated on first use
   std::array<uint64_t, 4> self_loops(int32_t state) const;
-  // A root child's subtree walked from a given state (mask_walk.cpp): what any state whose
-  // first byte leads there gets for that subtree. Accepted tokens as rank bits in the words
-  // [w0, w0 + words.size()) of the rank bitmap (only the subtree's bits set); uncertain ids in
-  // trie preorder.
-  struct SubtreeResult {
-    int32_t w0 = 0;
-    std::vector<uint64_t> words;
-    int64_t count = 0;
-    std::vector<int32_t> uncertain;
-  };
   std::shared_ptr<const SubtreeResult> find_subtree(uint64_t key) const;
   void store_subtree(uint64_t key, std::shared_ptr<const SubtreeResult> r) const;
   // A representative of the states behaving exactly like `state` (same finality, calls and

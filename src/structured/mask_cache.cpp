@@ -16,6 +16,11 @@ namespace {
 // (mask_walk.cpp) does; 4096 before the fast walk put ~500 keys of 0.3-0.9 ms each in the
 // MaskBench-dev p99 tail.
 constexpr size_t kMaxSharedKeyStates = 256;
+// String bodies (states looping on all JSON string text) are the exception: their walks are
+// the most expensive (~10k trie nodes: every token holding a quote is followed past the string's
+// end), and the "other key" state of every object with additionalProperties looks the same in
+// every schema, so a larger key (tens of microseconds) is worth it there.
+constexpr size_t kMaxTextKeyStates = 2048;
 
 void put_i32(std::string& out, int32_t x) { out.append(reinterpret_cast<const char*>(&x), sizeof x); }
 
@@ -49,11 +54,14 @@ std::string CompiledGrammarImpl::shared_key(int32_t state) const {
       queue.push_front(k);
     }
   };
+  const std::array<uint64_t, 4> loops = self_loops(state);
+  const uint64_t* json = TokenVocabulary::kJsonText;
+  const size_t limit = !(json[0] & ~loops[0]) && !(json[1] & ~loops[1]) ? kMaxTextKeyStates : kMaxSharedKeyStates;
   visit(state, 0, false);
   while (!queue.empty()) {
     int32_t k = queue.front();
     queue.pop_front();
-    if (order.size() > kMaxSharedKeyStates) return {};
+    if (order.size() > limit) return {};
     const int32_t s = order[k];
     const PdaState& st = pda.states[s];
     for (int32_t c = st.calls_begin; c < st.calls_end; ++c) {

@@ -119,8 +119,10 @@ CompiledGrammarImpl::StateFacts* CompiledGrammarImpl::state_facts() const {
 
 // Root-child subtrees smaller than this are walked again rather than shared.
 constexpr int32_t kMinSharedSubtree = 16;
+// Root-child subtrees at least this large are also looked up across grammars (by state key).
+constexpr int32_t kMinSharedAcrossGrammars = 2048;
 
-std::shared_ptr<const CompiledGrammarImpl::SubtreeResult> CompiledGrammarImpl::find_subtree(uint64_t key) const {
+std::shared_ptr<const SubtreeResult> CompiledGrammarImpl::find_subtree(uint64_t key) const {
   std::lock_guard<std::mutex> lock(sub_mu_);
   auto it = subtrees_.find(key);
   return it == subtrees_.end() ? nullptr : it->second;
@@ -219,18 +221,28 @@ CompiledGrammarImpl::ChainStep CompiledGrammarImpl::chain_step(int32_t state) co
   if (f.chain_known.load(std::memory_order_acquire))
     return {{f.chain_ascii[0].load(std::memory_order_relaxed), f.chain_ascii[1].load(std::memory_order_relaxed)},
             f.chain_next.load(std::memory_order_relaxed), f.chain_utf8.load(std::memory_order_relaxed) != 0};
-  int class_end[256];
-  class_ends(pda, class_end);
-  // The most common target over the ASCII classes, weighted by class width.
-  int32_t best = -1, best_n = 0;
-  for (int b = 0; b < 128; b = class_end[b] + 1) {
-    const int32_t t = pda.next(state, static_cast<uint8_t>(b));
-    if (t < 0) continue;
-    int n = 0;
-    for (int c = 0; c < 128; c = class_end[c] + 1)
-      if (pda.next(state, static_cast<uint8_t>(c)) == t) n += std::min(class_end[c], 127) - c + 1;
-    if (n > best_n) { best = t; best_n = n; }
+  const int32_t nc = pda.num_classes;
+  const int32_t* row = &pda.trans[static_cast<size_t>(state) * nc];
+  // The most common target over the ASCII bytes (classes are byte intervals: one lookup each).
+  int32_t tgt[8], cnt[8], k = 0;
+  for (int b = 0; b < 128;) {
+    const int c = pda.byte_class[b];
+    int e = b + 1;
+    while (e < 128 && pda.byte_class[e] == c) ++e;
+    const int32_t t = row[c];
+    if (t >= 0) {
+      int j = 0;
+      while (j < k && tgt[j] != t) ++j;
+      if (j == k && k < 8) tgt[k] = t, cnt[k++] = 0;
+      if (j < k) cnt[j] += e - b;
+    }
+    b = e;
   }
+  int32_t best = -1, best_n = 0;
+  for (int j = 0; j < k; ++j)
+    if (cnt[j] > best_n) best = tgt[j], best_n = cnt[j];
+  int class_end[256];
+  if (best >= 0) class_ends(pda, class_end);
   ChainStep r{{0, 0}, best, false};
   if (best >= 0) {
     for (int b = 0; b < 128; ++b)
@@ -344,6 +356,8 @@ std::shared_ptr<const StateMaskCache> CompiledGrammarImpl::compute_state_cache(i
     bool chain_known = false;
     ChainStep chain{};
     int32_t run[2] = {-1, -1};
+    bool key_known = false;
+    int32_t key_id = -1;  // id of shared_key (-1: none)
   };
   Local local[16];
   auto local_facts = [&](int32_t s) -> Local& {
@@ -370,6 +384,10 @@ std::shared_ptr<const StateMaskCache> CompiledGrammarImpl::compute_state_cache(i
       }
       if (f.text_alive == 1) return true;
     }
+    // A text chain steps every JSON text byte alike: three lookups reject other states (key
+    // literals, numbers) before the chain facts are worked out.
+    const int32_t ta = pda.next(s, 'a');
+    if (ta < 0 || pda.next(s, '~') != ta || pda.next(s, ' ') != ta) return false;
     if (!f.chain_known) {
       f.chain = chain_step(s);
       f.chain_known = true;
@@ -385,6 +403,7 @@ std::shared_ptr<const StateMaskCache> CompiledGrammarImpl::compute_state_cache(i
   // A subtree walked here is recorded (rec_*) and later states replay it.
   int64_t rec_node = -1, rec_end = 0;
   uint64_t rec_key = 0;
+  std::string rec_shared;
   size_t rec_unc = 0, rec_acc = 0;
   auto flush_record = [&] {
     const int32_t k0 = tok_begin[rec_node], k1 = tok_begin[end[rec_node]];
@@ -398,6 +417,7 @@ std::shared_ptr<const StateMaskCache> CompiledGrammarImpl::compute_state_cache(i
       r->words.front() &= ~0ull << (k0 & 63);
       r->words.back() &= ~0ull >> (63 - ((k1 - 1) & 63));
     }
+    if (!rec_shared.empty()) v.shared_subtrees_.insert(rec_shared, r);
     store_subtree(rec_key, std::move(r));
     rec_node = -1;
   };
@@ -477,7 +497,28 @@ std::shared_ptr<const StateMaskCache> CompiledGrammarImpl::compute_state_cache(i
       }
       if (d == 1 && end[i] - static_cast<int32_t>(i) >= kMinSharedSubtree) {
         const uint64_t key = static_cast<uint64_t>(canonical(t)) << 33 | static_cast<uint64_t>(esc[1]) << 32 | i;
-        if (auto r = find_subtree(key)) {
+        std::shared_ptr<const SubtreeResult> r = find_subtree(key);
+        std::string shared;  // the key across grammars, when the state has one
+        // Across grammars only from string bodies and for large subtrees (a key costs up to
+        // tens of microseconds): these recur in every schema, e.g. the "other key" state of an
+        // object with additionalProperties and the `"` subtree after a key (`":`, `","`, ...).
+        Local& f = local_facts(t);
+        const uint64_t* json = TokenVocabulary::kJsonText;
+        if (!r && ((!(json[0] & ~f.loops[0]) && !(json[1] & ~f.loops[1])) ||
+                   end[i] - static_cast<int32_t>(i) >= kMinSharedAcrossGrammars)) {
+          if (!f.key_known) {
+            const std::string k = shared_key(t);
+            f.key_id = k.empty() ? -1 : v.key_id(k);
+            f.key_known = true;
+          }
+          if (f.key_id >= 0) {
+            const uint64_t sk = static_cast<uint64_t>(f.key_id) << 33 | static_cast<uint64_t>(esc[1]) << 32 | i;
+            shared.assign(reinterpret_cast<const char*>(&sk), sizeof sk);
+            r = v.shared_subtrees_.find(shared);
+            if (r) store_subtree(key, r);
+          }
+        }
+        if (r) {
           for (size_t w = 0; w < r->words.size(); ++w) accepted_rank[r->w0 + w] |= r->words[w];
           num_accepted += static_cast<size_t>(r->count);
           uncertain.insert(uncertain.end(), r->uncertain.begin(), r->uncertain.end());
@@ -487,6 +528,7 @@ std::shared_ptr<const StateMaskCache> CompiledGrammarImpl::compute_state_cache(i
         rec_node = static_cast<int64_t>(i);
         rec_end = end[i];
         rec_key = key;
+        rec_shared = std::move(shared);
         rec_unc = uncertain.size();
         rec_acc = num_accepted;
       }

@@ -140,25 +140,14 @@ TokenVocabulary::TokenVocabulary(TokenizerInfo info) : info_(std::move(info)) {
   for (size_t i = 0; i < node_tok.size(); ++i) tok_ids_[i] = node_tok[i].second;  // already node-ordered
 }
 
-std::shared_ptr<const StateMaskCache> SharedMaskCache::find(const std::string& key) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = map_.find(key);
-  return it == map_.end() ? nullptr : it->second;
-}
-
-void SharedMaskCache::insert(const std::string& key, std::shared_ptr<const StateMaskCache> c) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (!map_.emplace(key, std::move(c)).second) return;
-  order_.push_back(key);
-  while (order_.size() > kCapacity) {
-    map_.erase(order_.front());
-    order_.pop_front();
-  }
-}
-
-size_t SharedMaskCache::size() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return map_.size();
+int32_t TokenVocabulary::key_id(const std::string& key) const {
+  std::lock_guard<std::mutex> lock(key_mu_);
+  auto it = key_ids_.find(key);
+  if (it != key_ids_.end()) return it->second;
+  if (key_ids_.size() >= kMaxKeyIds) return -1;
+  const int32_t id = static_cast<int32_t>(key_ids_.size());
+  key_ids_.emplace(key, id);
+  return id;
 }
 
 std::shared_ptr<const TokenVocabulary> make_vocabulary(TokenizerInfo info) {

@@ -17,23 +17,42 @@
 namespace deepinfer::structured {
 
 struct StateMaskCache;  // compiled.h
+struct SubtreeResult;   // compiled.h
 
-// Context-independent token masks shared by every grammar compiled for one vocabulary, keyed
-// by the canonical encoding of an automaton state's behaviour up to the longest token
+// Context-independent results shared by every grammar compiled for one vocabulary, keyed by
+// the canonical encoding of an automaton state's behaviour up to the longest token
 // (mask_cache.cpp): a JSON string body or any-JSON-value state is walked once per process, not
 // once per schema. Thread-safe; oldest entries evicted past `capacity`.
-class SharedMaskCache {
+template <class T>
+class SharedCache {
  public:
-  std::shared_ptr<const StateMaskCache> find(const std::string& key) const;
-  void insert(const std::string& key, std::shared_ptr<const StateMaskCache> c);
-  size_t size() const;
-  static constexpr size_t kCapacity = 2048;
+  explicit SharedCache(size_t capacity) : capacity_(capacity) {}
+  std::shared_ptr<const T> find(const std::string& key) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = map_.find(key);
+    return it == map_.end() ? nullptr : it->second;
+  }
+  void insert(const std::string& key, std::shared_ptr<const T> c) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!map_.emplace(key, std::move(c)).second) return;
+    order_.push_back(key);
+    while (order_.size() > capacity_) {
+      map_.erase(order_.front());
+      order_.pop_front();
+    }
+  }
+  size_t size() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return map_.size();
+  }
 
  private:
+  size_t capacity_;
   mutable std::mutex mu_;
-  std::unordered_map<std::string, std::shared_ptr<const StateMaskCache>> map_;
+  std::unordered_map<std::string, std::shared_ptr<const T>> map_;
   std::deque<std::string> order_;  // insertion order, for eviction
 };
+using SharedMaskCache = SharedCache<StateMaskCache>;
 
 class TokenVocabulary {
  public:
@@ -72,11 +91,19 @@ class TokenVocabulary {
   static constexpr uint64_t kJsonText[2] = {0xFFFFFFFB00000000ull, 0xFFFFFFFFEFFFFFFFull};  // ASCII bits
   std::vector<uint32_t> grammar_bits_;  // [ceil(vocab_size/32)] bit set <=> a grammar token
   int32_t max_depth_ = 0;          // longest grammar token, bytes
-  mutable SharedMaskCache shared_masks_;  // filled lazily by every grammar over this vocabulary
+  mutable SharedMaskCache shared_masks_{2048};  // filled lazily by every grammar over this vocabulary
+  // Root-child subtrees walked from a state, by (state key id, escape flag, node): mask_walk.cpp.
+  mutable SharedCache<SubtreeResult> shared_subtrees_{16384};
+  // A small id per distinct state key (a key can be kilobytes; the subtree cache is looked up
+  // once per root child). -1 once kMaxKeyIds keys exist.
+  int32_t key_id(const std::string& key) const;
+  static constexpr size_t kMaxKeyIds = 1 << 16;
 
  private:
   enum Kind : uint8_t { kNormal, kStop, kNever };
   TokenizerInfo info_;
+  mutable std::mutex key_mu_;
+  mutable std::unordered_map<std::string, int32_t> key_ids_;
   std::vector<uint8_t> kind_;  // [vocab_size]
 };
 
