@@ -204,6 +204,7 @@ class Builder {
   // Subset-construction scratch, reused across states and rules (no allocation per state).
   SetTable sets_;
   std::vector<std::vector<int32_t>> targets_;  // [class] NFA targets of the current state
+  std::vector<int32_t> touched_;               // classes with targets_ non-empty
   std::vector<int32_t> closed_, ret_set_;
   std::vector<std::pair<int32_t, int32_t>> call_pairs_;  // (callee, NFA return state)
 
@@ -423,7 +424,8 @@ void Builder::determinize(int32_t idx, Pda& pda) {
   for (int32_t k = 0; k < sets_.size(); ++k) {
     if ((k & 255) == 0) check_time();
     const int32_t cur = first + k;
-    for (int c = 0; c < nc; ++c) targets_[c].clear();
+    for (int32_t c : touched_) targets_[c].clear();
+    touched_.clear();
     call_pairs_.clear();
     bool fin = false;
     // Read set k before interning anything (interning may move the arena).
@@ -433,7 +435,10 @@ void Builder::determinize(int32_t idx, Pda& pda) {
       if (s == nfa_final) fin = true;
       for (int32_t q = nfa.byte_begin[s]; q < nfa.byte_begin[s + 1]; ++q) {
         const NfaEdge& e = nfa.bytes[q];
-        for (int c = pda.byte_class[e.lo]; c <= pda.byte_class[e.hi]; ++c) targets_[c].push_back(e.to);
+        for (int c = pda.byte_class[e.lo]; c <= pda.byte_class[e.hi]; ++c) {
+          if (targets_[c].empty()) touched_.push_back(c);
+          targets_[c].push_back(e.to);
+        }
       }
       for (int32_t q = nfa.call_begin[s]; q < nfa.call_begin[s + 1]; ++q)
         call_pairs_.push_back({nfa.calls[q].rule, nfa.calls[q].to});
@@ -441,10 +446,11 @@ void Builder::determinize(int32_t idx, Pda& pda) {
     pda.states[cur].final = fin;
     // Neighbouring classes usually have the same targets (every ordinary character of a
     // string body): reuse the previous class's closure instead of closing and hashing again.
+    // Only the classes with a target (a literal's state has one or two of ~60), in order.
+    std::sort(touched_.begin(), touched_.end());
     int32_t prev_c = -1, prev_t = -1;
-    for (int c = 0; c < nc; ++c) {
+    for (int32_t c : touched_) {
       std::vector<int32_t>& tc = targets_[c];
-      if (tc.empty()) continue;
       if (tc.size() > 1) {
         std::sort(tc.begin(), tc.end());
         tc.erase(std::unique(tc.begin(), tc.end()), tc.end());

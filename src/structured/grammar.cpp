@@ -159,10 +159,21 @@ ExprId GrammarBuilder::codepoints(const std::vector<std::pair<uint32_t, uint32_t
 }
 
 RuleId GrammarBuilder::declare_rule(std::string name) {
+  // The first free name among name, name_2, name_3, ...: names are only ever added, so the
+  // search for a base name resumes where it last stopped (schemas declare hundreds of rules).
   std::string unique = name;
-  for (int i = 2; find_rule(unique) >= 0; ++i) unique = name + "_" + std::to_string(i);
+  if (rule_index_.count(unique)) {
+    int32_t& i = next_suffix_[name];
+    for (i = std::max(i, 2);; ++i) {
+      unique = name + "_" + std::to_string(i);
+      if (!rule_index_.count(unique)) break;
+    }
+    ++i;
+  }
+  const RuleId id = static_cast<RuleId>(g_.rules.size());
+  rule_index_.emplace(unique, id);
   g_.rules.push_back(Rule{.name = std::move(unique)});
-  return static_cast<RuleId>(g_.rules.size() - 1);
+  return id;
 }
 
 void GrammarBuilder::define_rule(RuleId r, ExprId body) { g_.rules[r].body = body; }
@@ -170,9 +181,8 @@ void GrammarBuilder::define_rule(RuleId r, ExprId body) { g_.rules[r].body = bod
 ExprId GrammarBuilder::ref(RuleId r) { return add(Expr{.kind = ExprKind::kRef, .rule = r}); }
 
 RuleId GrammarBuilder::find_rule(std::string_view name) const {
-  for (size_t i = 0; i < g_.rules.size(); ++i)
-    if (g_.rules[i].name == name) return static_cast<RuleId>(i);
-  return -1;
+  auto it = rule_index_.find(std::string(name));
+  return it == rule_index_.end() ? -1 : it->second;
 }
 
 Grammar GrammarBuilder::finish(RuleId root) && {

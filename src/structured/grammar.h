@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -118,6 +119,8 @@ class GrammarBuilder {
   static constexpr ExprId kEmptyId = 1;
   ExprId add(Expr e);
   Grammar g_;
+  std::unordered_map<std::string, RuleId> rule_index_;  // rule name -> id
+  std::unordered_map<std::string, int32_t> next_suffix_;  // base name -> next _N to try
 };
 
 }  // namespace deepinfer::structured

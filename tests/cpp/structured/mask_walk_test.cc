@@ -70,6 +70,9 @@ const char* const kGrammars[] = {
     R"({"regex": "(é|[a-c]){0,7}!"})",
     R"({"regex": "[^\"]{4,40}\"(ab|b){1,3}"})",
     R"({"regex": "[0-9]{3,5}(\\.[0-9]{1,20})?"})",
+    R"({"json_schema": {"type": "array", "items": {"type": "number"}}})",
+    R"({"json_schema": {"type": "object", "properties": {"n": {"type": "integer"}, "m": {"type": "number"}, "s": {"type": "string"}}}})",
+    R"({"json_object": true})",
 };
 
 TEST(MaskWalkRandom, FastEqualsReferenceOnCountedText) {
