@@ -17,7 +17,7 @@ const std::vector<std::string> kTypes = {"null", "boolean", "object", "array", "
 // Keywords that only constrain instances of one type (others are annotations for other types).
 const std::map<std::string, std::set<std::string>> kTypeKeywords = {
     {"number", {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"}},
-    {"string", {"minLength", "maxLength", "pattern", "format"}},
+    {"string", {"minLength", "maxLength", "pattern", "format", "x-di-patterns"}},
     {"object", {"properties", "required", "additionalProperties", "patternProperties", "minProperties",
                 "maxProperties", "propertyNames", "dependentRequired", "dependentSchemas", "dependencies"}},
     {"array", {"items", "prefixItems", "additionalItems", "minItems", "maxItems", "contains", "minContains",

@@ -170,6 +170,15 @@ void SchemaLowerer::merge_into(json& a, const json& b_raw, const std::string& pt
       av = r;
     } else if (k == "const") {
       a["enum"] = json::array();  // two different consts
+    } else if (k == "pattern" && av.is_string() && v.is_string()) {
+      // Two patterns: both must match; the extra ones ride along in an internal keyword
+      // that lower_string intersects with the rest.
+      if (!a.contains("x-di-patterns")) a["x-di-patterns"] = json::array();
+      a["x-di-patterns"].push_back(v);
+    } else if (k == "x-di-patterns" && av.is_array() && v.is_array()) {
+      for (const auto& x : v) av.push_back(x);
+    } else if (k == "propertyNames") {  // every key valid against both = valid against allOf
+      av = json{{"allOf", json::array({av, v})}};
     } else if (k == "items" || k == "additionalProperties") {
       av = json{{"allOf", json::array({av, v})}};
     } else if (k == "anyOf") {

@@ -221,13 +221,16 @@ ExprId SchemaLowerer::lower_string(const json& s, const std::string& ptr) {
     ExprId f = format_expr(fmt, ptr + "/format");
     if (f >= 0) parts.push_back(f);
   }
-  if (s.contains("pattern")) {
-    if (!s["pattern"].is_string()) schema_error(ptr + "/pattern", "must be a string");
+  std::vector<json> patterns;  // `pattern`, and more from allOf merges (all must match)
+  if (s.contains("pattern")) patterns.push_back(s["pattern"]);
+  if (s.contains("x-di-patterns")) patterns.insert(patterns.end(), s["x-di-patterns"].begin(), s["x-di-patterns"].end());
+  for (const json& pat : patterns) {
+    if (!pat.is_string()) schema_error(ptr + "/pattern", "must be a string");
     RegexOptions o;
     o.json_string = true;
     o.search = true;
     try {
-      parts.push_back(regex_to_expr(b, s["pattern"].get<std::string>(), o));
+      parts.push_back(regex_to_expr(b, pat.get<std::string>(), o));
     } catch (const GrammarError& e) {
       schema_error(ptr + "/pattern", e.what());
     }
@@ -257,7 +260,7 @@ ExprId SchemaLowerer::lower_string(const json& s, const std::string& ptr) {
   if (parts.size() > 1) {
     std::vector<Dfa> dfas;
     try {
-      for (ExprId p : parts) dfas.push_back(*expr_to_dfa(b, p));
+      for (ExprId p : parts) dfas.push_back(*expr_to_dfa(b, p, kMaxStringStates));
       std::vector<const Dfa*> ops;
       for (const auto& d : dfas) ops.push_back(&d);
       const uint32_t all = (1u << ops.size()) - 1;

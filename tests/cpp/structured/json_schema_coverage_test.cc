@@ -193,6 +193,12 @@ TEST(JsonSchemaCoverage, AllOfMerges) {
   expect_lang(schema(R"({"allOf": [{"prefixItems": [{"type": "integer"}], "items": {"type": "string"}},
                                    {"prefixItems": [{"minimum": 0}, {"maxLength": 1}]}]})"),
               {"[]", "[1]", R"([1,"a","bc"])"}, {"[-1]", R"([1,"ab"])", R"(["x"])", "[1,2]"});
+  expect_lang(schema(R"({"type": "string", "allOf": [{"pattern": "^a"}, {"pattern": "b$"}, {"pattern": "x"}]})"),
+              {R"("axb")", R"("axxb")"}, {R"("ab")", R"("xb")", R"("axbc")"});
+  expect_lang(schema(R"({"enum": ["ab", "ac", "bc"], "allOf": [{"pattern": "^a"}, {"pattern": "c$"}]})"), {R"("ac")"},
+              {R"("ab")", R"("bc")"});
+  expect_lang(schema(R"({"allOf": [{"propertyNames": {"maxLength": 2}}, {"propertyNames": {"pattern": "^a"}}]})"),
+              {R"({"ab":1})", "{}"}, {R"({"abc":1})", R"({"b":1})"});
   expect_lang(schema(R"({"type": "integer", "allOf": [{"not": {"const": 1}}, {"not": {"const": 2}}]})"),
               {"0", "3"}, {"1", "2", "2.0"});
 }
