@@ -32,14 +32,16 @@ std::shared_ptr<const StateMaskCache> finish_cache(const TokenVocabulary& v, std
       for (uint32_t x = accepted_bits[w]; x; x &= x - 1)
         c->accepted_ids.push_back(static_cast<int32_t>(w * 32 + __builtin_ctz(x)));
   }
-  // The walks visit the trie in preorder, so `uncertain` is already byte-sorted.
+  // The walks visit the trie in preorder, so `uncertain` is already byte-sorted: the common
+  // prefix of two of them is the least common prefix of the sorted neighbours in between
+  // (mostly none: uncertain tokens come in whole subtrees).
   c->uncertain_lcp.resize(uncertain.size(), 0);
+  const int32_t* lcp_prev = v.lcp_prev_.data();
   for (size_t j = 1; j < uncertain.size(); ++j) {
-    const std::string& a = v.bytes(uncertain[j - 1]);
-    const std::string& b = v.bytes(uncertain[j]);
-    size_t l = 0;
-    while (l < a.size() && l < b.size() && a[l] == b[l]) ++l;
-    c->uncertain_lcp[j] = static_cast<int32_t>(l);
+    const int32_t ka = v.rank_[uncertain[j - 1]], kb = v.rank_[uncertain[j]];
+    int32_t l = lcp_prev[kb];
+    for (int32_t k = ka + 1; k < kb; ++k) l = std::min(l, lcp_prev[k]);
+    c->uncertain_lcp[j] = l;
   }
   c->uncertain = std::move(uncertain);
   return c;

@@ -63,6 +63,14 @@ TokenVocabulary::TokenVocabulary(TokenizerInfo info) : info_(std::move(info)) {
   node_of_.assign(n, -1);
   rank_.assign(n, -1);
   for (size_t i = 0; i < order.size(); ++i) rank_[order[i]] = static_cast<int32_t>(i);
+  lcp_prev_.assign(order.size(), 0);
+  for (size_t i = 1; i < order.size(); ++i) {
+    const std::string& a = info_.token_bytes[order[i - 1]];
+    const std::string& b = info_.token_bytes[order[i]];
+    size_t l = 0;
+    while (l < a.size() && l < b.size() && a[l] == b[l]) ++l;
+    lcp_prev_[i] = static_cast<int32_t>(l);
+  }
   // Build the preorder trie from the sorted strings: keep the path of open nodes, close
   // (set end_) the ones not shared with the next string.
   byte_.push_back(0);

@@ -73,6 +73,7 @@ class TokenVocabulary {
   std::vector<int32_t> tok_ids_;   //   tok_ids_[tok_begin_[i] .. tok_begin_[i+1])
   std::vector<int32_t> node_of_;   // [vocab_size] trie node of a grammar token, else -1
   std::vector<int32_t> rank_;      // [vocab_size] position in byte-sorted order (grammar tokens)
+  std::vector<int32_t> lcp_prev_;  // [num grammar tokens] common prefix of rank k and rank k-1 (0 for k = 0)
   // [num_nodes] 256-bit set of the bytes on edges strictly below node i: a DFA state looping
   // on all of them accepts the whole subtree without walking it (mask_walk.cpp).
   std::vector<std::array<uint64_t, 4>> below_bytes_;

@@ -57,6 +57,14 @@ void expect_fast_equals_reference(const std::shared_ptr<const TokenVocabulary>& 
     ASSERT_EQ(accepted_of(*fast), accepted_of(*ref)) << args << " state " << s;
     ASSERT_EQ(fast->uncertain, ref->uncertain) << args << " state " << s;
     ASSERT_EQ(fast->uncertain_lcp, ref->uncertain_lcp) << args << " state " << s;
+    // uncertain_lcp[j]: common prefix of uncertain tokens j-1 and j (by the bytes).
+    for (size_t j = 1; j < fast->uncertain.size(); ++j) {
+      const std::string& a = v->bytes(fast->uncertain[j - 1]);
+      const std::string& b = v->bytes(fast->uncertain[j]);
+      int32_t l = 0;
+      while (l < static_cast<int32_t>(std::min(a.size(), b.size())) && a[l] == b[l]) ++l;
+      ASSERT_EQ(fast->uncertain_lcp[j], l) << args << " state " << s << " uncertain " << j;
+    }
   }
 }
 
