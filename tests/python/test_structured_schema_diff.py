@@ -114,3 +114,82 @@ def test_schema_keywords_match_jsonschema(tmp_path):
     for schema in EXPECTED_ERRORS:
         r = so_check(exe, tmp_path, schema, [None])[0]
         assert "error" in r and "compile_ms" not in r, f"{json.dumps(schema)} compiled"
+
+
+def random_schema(rng, depth=0):
+    """Nested applicators (not/anyOf/oneOf/allOf/if/contains/dependentSchemas/unevaluated*) over
+    small leaf constraints."""
+    def leaf():
+        return rng.choice([
+            {"type": rng.choice(["integer", "number", "string", "object", "array", "null", "boolean"])},
+            {"enum": rng.sample([1, 2, "a", "b", None, True, [], {}], rng.randint(1, 3))},
+            {"const": rng.choice([1, "a", None, 2.5])}, {"minimum": rng.choice([-1, 0, 1.5, 2])},
+            {"maxLength": rng.choice([0, 1, 2])}, {"required": rng.sample(KEYS, rng.randint(1, 2))},
+            {"minItems": rng.choice([1, 2])}, {"pattern": rng.choice(["^a", "b$", "x"])},
+            {"multipleOf": rng.choice([2, 0.5])}, {"maxProperties": rng.choice([0, 1, 2])}, True, False, {}])
+    if depth > 2 or rng.random() < 0.3:
+        return leaf()
+    sub = lambda: random_schema(rng, depth + 1)
+    c = rng.randrange(10)
+    if c == 0:
+        return {"not": sub()}
+    if c in (1, 2, 3):
+        return {["anyOf", "oneOf", "allOf"][c - 1]: [sub() for _ in range(rng.randint(1, 3))]}
+    if c == 4:
+        s = {"properties": {k: sub() for k in rng.sample(KEYS, rng.randint(1, 2))}}
+        if rng.random() < 0.4:
+            s["additionalProperties"] = sub()
+        return s
+    if c == 5:
+        return {"items": sub()}
+    if c == 6:
+        return {"contains": sub(), **({"maxContains": 1} if rng.random() < 0.5 else {})}
+    if c == 7:
+        return {"if": sub(), "then": sub(), **({"else": sub()} if rng.random() < 0.6 else {})}
+    if c == 8:
+        return {"dependentSchemas": {rng.choice(KEYS): sub()}}
+    s = sub()
+    s = dict(s) if isinstance(s, dict) else {}
+    s["unevaluatedProperties"] = sub()
+    return s
+
+
+def small_instance(rng, depth=0):
+    r = rng.random() * (0.6 if depth > 1 else 1.0)
+    if r < 0.1:
+        return rng.choice([None, True, False])
+    if r < 0.3:
+        return rng.choice([0, 1, 2, 3, -1, 1.5, 2.5, 0.5, 4])
+    if r < 0.5:
+        return rng.choice(["", "a", "b", "ab", "xb", "ax", "abc"])
+    if r < 0.75:
+        return [small_instance(rng, depth + 1) for _ in range(rng.randint(0, 3))]
+    return {k: small_instance(rng, depth + 1) for k in rng.sample(KEYS, rng.randint(0, 3))}
+
+
+def test_random_schemas_match_jsonschema(tmp_path):
+    """Schemas that compile must decide every instance as jsonschema does (no crash either)."""
+    exe = cli()
+    if not exe:
+        pytest.skip("deepinfer CLI not built (set DEEPINFER_CLI)")
+    rng = random.Random(7)
+    schemas = [random_schema(rng) for _ in range(120)]
+    rows = [(s, small_instance(rng)) for s in schemas for _ in range(30)]
+    path = tmp_path / "inputs.jsonl"
+    with open(path, "w") as f:
+        for s, x in rows:
+            f.write(json.dumps({"input": json.dumps(x, separators=(",", ":")), "so_args": {"json_schema": s}}) + "\n")
+    out = subprocess.run([exe, "so-check", "--tokenizer", "bytes", "--inputs", str(path)],
+                         capture_output=True, text=True, timeout=600, check=True).stdout.splitlines()
+    assert len(out) == len(rows)
+    wrong, compiled = [], 0
+    for (s, x), line in zip(rows, out):
+        r = json.loads(line)
+        if "error" in r and "compile_ms" not in r:
+            continue
+        compiled += 1
+        if r["accepted"] != jsonschema.Draft202012Validator(s).is_valid(x):
+            wrong.append(f"{json.dumps(s)} on {json.dumps(x)}: accepted={r['accepted']}")
+    print(f"[random-schemas] instances {len(rows)} decided {compiled} wrong {len(wrong)}")
+    assert compiled > len(rows) // 2
+    assert not wrong, "\n".join(wrong[:20])
