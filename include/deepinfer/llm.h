@@ -31,7 +31,8 @@ struct LLMConfig {
   int64_t max_num_seqs = 64;             // sequences per step
   int64_t max_num_batched_tokens = 2048; // tokens per step
   bool enable_chunked_prefill = true;
-  size_t kv_cache_memory_bytes = 0;      // cache budget; 0 = 1 GiB
+  size_t kv_cache_memory_bytes = 0;      // cache budget; 0 = auto: max_num_seqs x max_model_len
+                                         // worth, at most 1 GiB on the host, up to the GPU's plan
   uint64_t seed = 0;                     // seeds requests that carry no seed of their own
   std::string accelerator;               // "cpu" | "nvidia"; empty = DEEPINFER_ACCELERATOR / auto
 };

@@ -11,7 +11,7 @@ namespace deepinfer::cli {
 
 struct EngineFlags {
   LLMConfig cfg;
-  double kv_cache_gib = 1.0;
+  double kv_cache_gib = 0.0;
   SamplingParams sp;
   int max_tokens = 128;
   std::optional<uint64_t> seed;
@@ -23,7 +23,7 @@ struct EngineFlags {
     app.add_option("--max-model-len", cfg.max_model_len, "max prompt + output tokens");
     app.add_option("--max-num-seqs", cfg.max_num_seqs, "sequences per step");
     app.add_option("--max-num-batched-tokens", cfg.max_num_batched_tokens, "tokens per step");
-    app.add_option("--kv-cache-gib", kv_cache_gib, "cache memory budget (GiB)");
+    app.add_option("--kv-cache-gib", kv_cache_gib, "cache memory budget (GiB); 0 = enough for max-num-seqs x max-model-len (at most 1 GiB on the CPU, up to the GPU memory plan)");
     app.add_option("--accelerator", cfg.accelerator, "cpu | nvidia (default: $DEEPINFER_ACCELERATOR)");
     app.add_option("--temperature", sp.temperature, "0 = greedy");
     app.add_option("--top-p", sp.top_p);

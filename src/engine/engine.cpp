@@ -1,5 +1,6 @@
 #include "engine/engine.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <string>
@@ -29,12 +30,23 @@ double now_seconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
+size_t auto_cache_budget(const model::CausalLM& model, int64_t max_num_seqs, int64_t max_model_len) {
+  // Per-block and per-slot bytes from a one-slot plan (nothing is allocated by planning).
+  const kv::CacheGeometry unit = model.plan_cache(kHostCacheCap, 1);
+  const int64_t blocks_per_seq = unit.block_tokens > 0 ? (max_model_len + unit.block_tokens - 1) / unit.block_tokens : 0;
+  const double need = double(max_num_seqs) * (double(unit.bytes_per_slot) + double(blocks_per_seq) * double(unit.bytes_per_block));
+  const double cap = model.supports_device_logits() ? 1e18 : double(kHostCacheCap);
+  return size_t(std::min(need, cap));
+}
+
 Engine::Engine(const EngineConfig& config, std::unique_ptr<model::CausalLM> model, std::unique_ptr<TextCodec> codec,
                std::unique_ptr<GrammarCompiler> grammar)
     : config_(config), model_(std::move(model)), codec_(std::move(codec)), grammar_(std::move(grammar)) {
   DI_CHECK(model_, "Engine needs a model");
   SchedulerConfig& sc = config_.scheduler;
   if (sc.max_model_len <= 0 || sc.max_model_len > model_->max_model_len()) sc.max_model_len = model_->max_model_len();
+  if (config_.kv_cache_memory_bytes == 0)
+    config_.kv_cache_memory_bytes = auto_cache_budget(*model_, sc.max_num_seqs, sc.max_model_len);
   kv::CacheGeometry g = model_->plan_cache(config_.kv_cache_memory_bytes, sc.max_num_seqs);
   if (g.num_blocks <= 0 || g.num_slots <= 0)
     DI_THROW(OutOfMemory, "kv_cache_memory_bytes=", config_.kv_cache_memory_bytes, " holds no cache block (",

@@ -20,12 +20,22 @@ namespace deepinfer::engine {
 
 struct EngineConfig {
   SchedulerConfig scheduler;             // max_model_len 0 = the model's
-  size_t kv_cache_memory_bytes = size_t(1) << 30;
+  // 0 = auto (auto_cache_budget): what max_num_seqs sequences of max_model_len tokens can use,
+  // at most kHostCacheCap for a host model; a GPU model caps any budget at its memory plan's.
+  size_t kv_cache_memory_bytes = 0;
   uint64_t seed = 0;
   // Sample on the model's device when it keeps logits there (GPU model); LLM reads it from
   // DEEPINFER_DEVICE_SAMPLING (device_sampling_from_env).
   bool device_sampling = true;
 };
+
+constexpr size_t kHostCacheCap = size_t(1) << 30;
+
+// The cache budget for kv_cache_memory_bytes = 0: enough for `max_num_seqs` sequences of
+// `max_model_len` tokens each (a cache never needs more), capped at kHostCacheCap unless the
+// model runs on a device (supports_device_logits), whose plan_cache caps it at what the device's
+// memory plan left for the cache (the whole card's share, as vLLM's gpu_memory_utilization).
+size_t auto_cache_budget(const model::CausalLM& model, int64_t max_num_seqs, int64_t max_model_len);
 
 // DEEPINFER_DEVICE_SAMPLING: unset or "1" -> true, "0" -> false; anything else InvalidArgument.
 bool device_sampling_from_env();

@@ -38,7 +38,7 @@ LLM::LLM(const LLMConfig& config) : impl_(std::make_unique<Impl>()) {
   ec.scheduler.enable_chunked_prefill = config.enable_chunked_prefill;
   if (config.max_num_seqs <= 0) DI_THROW(InvalidArgument, "LLMConfig.max_num_seqs must be positive");
   if (config.max_num_batched_tokens <= 0) DI_THROW(InvalidArgument, "LLMConfig.max_num_batched_tokens must be positive");
-  if (config.kv_cache_memory_bytes) ec.kv_cache_memory_bytes = config.kv_cache_memory_bytes;
+  ec.kv_cache_memory_bytes = config.kv_cache_memory_bytes;  // 0 = auto_cache_budget
   ec.seed = config.seed;
   ec.device_sampling = engine::device_sampling_from_env();
   impl_->engine = std::make_unique<Engine>(ec, std::move(model), std::move(codec), std::move(grammar));

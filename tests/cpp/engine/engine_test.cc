@@ -253,3 +253,22 @@ TEST(Engine, MaxTokensMinTokensAndEos) {
   EXPECT_EQ(o.token_ids.back(), 1);
   for (size_t i = 0; i + 1 < o.token_ids.size(); ++i) EXPECT_NE(o.token_ids[i], 1);
 }
+
+// kv_cache_memory_bytes = 0: the budget holds every sequence at max_model_len (no more), and a
+// host model never gets more than kHostCacheCap.
+TEST(Engine, AutoCacheBudgetHoldsEverySequenceAtMaxLen) {
+  ToyModelConfig tc;
+  tc.max_model_len = 1000;
+  ToyModel m(tc);
+  const size_t budget = auto_cache_budget(m, 8, 1000);
+  const kv::CacheGeometry g = m.plan_cache(budget, 8);
+  EXPECT_EQ(g.num_blocks, 8 * ((1000 + tc.block_tokens - 1) / tc.block_tokens));
+  EXPECT_LT(m.plan_cache(budget - 1, 8).num_blocks, g.num_blocks);  // not more than needed
+  EXPECT_EQ(auto_cache_budget(m, 64, int64_t(1) << 40), kHostCacheCap);
+
+  EngineConfig ec;  // kv_cache_memory_bytes 0 = auto
+  ec.scheduler.max_num_seqs = 8;
+  ec.scheduler.max_model_len = 1000;
+  Engine engine(ec, std::make_unique<ToyModel>(tc), nullptr);
+  EXPECT_EQ(engine.cache().geometry().num_blocks, g.num_blocks);
+}
