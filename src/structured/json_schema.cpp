@@ -39,7 +39,7 @@ const std::set<std::string> kSupported = {
     "format", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "anyOf", "oneOf",
     "allOf", "$ref", "nullable", "minProperties", "maxProperties", "propertyNames", "dependentRequired", "contains", "if",
     "unevaluatedProperties", "unevaluatedItems",
-    "minContains", "maxContains", "x-di-patterns"};
+    "minContains", "maxContains", "x-di-patterns", "x-di-witness"};
 // Keywords that constrain instances but are not supported (compile error when they matter).
 const std::set<std::string> kUnsupported = {
     "uniqueItems",

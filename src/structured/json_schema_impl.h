@@ -57,8 +57,20 @@ struct MemberOp {
   bool absent;
   std::string name;
   json value_schema;  // present: the schema the value must fail
+  json key_schema;    // set (a string schema): some member whose key satisfies it has a value failing value_schema
 };
 using Patch = std::vector<MemberOp>;  // all of these at once
+
+struct ObjectParts {  // a lowered object schema's members, for variants of it (json_schema_logic.cpp)
+  std::vector<std::string> names;
+  std::vector<const json*> schemas;
+  std::vector<ExprId> props;
+  std::vector<bool> required;
+  ExprId additional;
+  const json* add_schema;
+  const Dfa* names_dfa;  // propertyNames, or null
+  bool has_patterns;
+};
 
 struct ArrayShape {  // an array schema's item schemas and count bounds
   std::vector<const json*> prefix;
@@ -89,6 +101,8 @@ class SchemaLowerer {
   ExprId lower_not(const json& s, const std::string& ptr, int depth);
   ExprId exclusive_branches(const std::vector<json>& merged, const std::vector<json>& raw, const std::string& ptr,
                             int depth);
+  ExprId witness_members(const json& w, const ObjectParts& o, const CountBounds& count, const std::string& ptr,
+                         int depth);
   ExprId lower_contains(const json& s, const ArrayShape& shape, const std::string& ptr, int depth);
   json close_unevaluated(const json& s, const std::string& ptr, int depth);
   ExprId lower_unevaluated(const json& s, const std::string& ptr, int depth);

@@ -19,7 +19,7 @@ const std::map<std::string, std::set<std::string>> kTypeKeywords = {
     {"number", {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"}},
     {"string", {"minLength", "maxLength", "pattern", "format", "x-di-patterns"}},
     {"object", {"properties", "required", "additionalProperties", "patternProperties", "minProperties",
-                "maxProperties", "propertyNames", "dependentRequired", "dependentSchemas", "dependencies"}},
+                "maxProperties", "propertyNames", "dependentRequired", "dependentSchemas", "dependencies", "x-di-witness"}},
     {"array", {"items", "prefixItems", "additionalItems", "minItems", "maxItems", "contains", "minContains",
                "maxContains", "uniqueItems"}}};
 
@@ -215,10 +215,10 @@ namespace {
 
 bool simple_object_schema(const json& n) {
   if (!n.is_object()) return false;
+  static const std::set<std::string> kOk = {"type", "properties", "required", "additionalProperties",
+                                            "patternProperties", "propertyNames"};
   for (auto it = n.begin(); it != n.end(); ++it)
-    if (it.key() != "type" && it.key() != "properties" && it.key() != "required" && !kAnnotationKeys.count(it.key()) &&
-        constraining_keyword(it.key()))
-      return false;
+    if (!kOk.count(it.key()) && !kAnnotationKeys.count(it.key()) && constraining_keyword(it.key())) return false;
   return true;
 }
 
@@ -262,7 +262,25 @@ std::optional<std::vector<Patch>> SchemaLowerer::object_failures(const json& n_i
       if (r.is_string()) out.push_back({MemberOp{true, r.get<std::string>(), json()}});
   if (n.contains("properties") && n["properties"].is_object())
     for (auto it = n["properties"].begin(); it != n["properties"].end(); ++it)
-      if (it.value() != true && it.value() != json::object()) out.push_back({MemberOp{false, it.key(), it.value()}});
+      if (it.value() != true && it.value() != json::object()) out.push_back({MemberOp{false, it.key(), it.value(), json()}});
+  // Members failing patternProperties, additionalProperties or propertyNames: some key of a
+  // key language with a value failing the schema (a witness member).
+  json not_declared = json::array();  // key schemas excluding declared names and patterns
+  if (n.contains("properties") && n["properties"].is_object()) {
+    json names = json::array();
+    for (auto it = n["properties"].begin(); it != n["properties"].end(); ++it) names.push_back(it.key());
+    not_declared.push_back(json{{"not", json{{"enum", names}}}});
+  }
+  if (n.contains("patternProperties") && n["patternProperties"].is_object())
+    for (auto it = n["patternProperties"].begin(); it != n["patternProperties"].end(); ++it) {
+      not_declared.push_back(json{{"not", json{{"pattern", it.key()}}}});
+      if (it.value() != true && it.value() != json::object())
+        out.push_back({MemberOp{false, "", it.value(), json{{"pattern", it.key()}}}});
+    }
+  if (n.contains("additionalProperties") && n["additionalProperties"] != true && n["additionalProperties"] != json::object())
+    out.push_back({MemberOp{false, "", n["additionalProperties"], json{{"allOf", not_declared}}}});
+  if (n.contains("propertyNames") && n["propertyNames"] != true && n["propertyNames"] != json::object())
+    out.push_back({MemberOp{false, "", json(false), json{{"not", n["propertyNames"]}}}});
   return out;
 }
 
@@ -285,6 +303,12 @@ void SchemaLowerer::object_difference(const json& rt, const json& n, const std::
     for (const MemberOp& op : patch) {
       if (op.absent) {  // the name is absent: nothing else about other keys changes
         x["properties"][op.name] = false;
+        continue;
+      }
+      if (!op.key_schema.is_null()) {  // some member with such a key fails the value schema
+        if (x.contains("x-di-witness"))
+          schema_error(nptr, "keyword 'not' needing two witness members at once is not supported");
+        x["x-di-witness"] = json{{"keys", op.key_schema}, {"value", json{{"not", op.value_schema}}}};
         continue;
       }
       if (x.contains("properties") && x["properties"].contains(op.name)) {
@@ -671,6 +695,56 @@ json SchemaLowerer::close_unevaluated(const json& s, const std::string& ptr, int
 
 ExprId SchemaLowerer::lower_unevaluated(const json& s, const std::string& ptr, int depth) {
   return lower(close_unevaluated(s, ptr, depth), ptr, depth + 1);
+}
+
+}  // namespace deepinfer::structured
+
+namespace deepinfer::structured {
+
+// An object that must have some member (k, v) with k in w.keys and v valid against w.value,
+// besides its own constraints: the union of "declared member i is that witness" for each
+// declared name in w.keys, and "one extra member with a key outside the names is".
+ExprId SchemaLowerer::witness_members(const json& w, const ObjectParts& o, const CountBounds& count,
+                                      const std::string& ptr, int depth) {
+  if (o.has_patterns) schema_error(ptr, "keyword 'not' on members of an object with patternProperties is not supported");
+  if (o.names.size() + 1 > static_cast<size_t>(kAnyOrderMaxProperties))
+    schema_error(ptr, "keyword 'not' on members of an object with more than " + std::to_string(kAnyOrderMaxProperties - 1) +
+                          " named properties is not supported");
+  const json& keys = w["keys"];
+  const json& value = w["value"];
+  json key_schema = json{{"allOf", json::array({keys, json{{"type", "string"}}})}};
+  std::vector<ExprId> alts;
+  for (size_t i = 0; i < o.names.size(); ++i) {
+    if (!validates(key_schema, ptr, json(o.names[i]))) continue;
+    std::vector<ExprId> props = o.props;
+    std::vector<bool> required = o.required;
+    ExprId v = lower(json{{"allOf", json::array({*o.schemas[i], value})}}, ptr, depth + 1);
+    props[i] = b.seq({string_literal(o.names[i]), punct(':'), v});
+    required[i] = true;
+    alts.push_back(members(props, required, o.additional, count));
+  }
+  // A key outside the names: the key language is a product over the quoted key.
+  auto kd = expr_to_dfa(b, lower(key_schema, ptr, depth + 1));
+  if (!kd) schema_error(ptr, "keyword 'not' on member names with a non-regular key schema is not supported");
+  std::vector<ExprId> lits;
+  for (const auto& n : o.names) lits.push_back(string_literal(n));
+  auto named = expr_to_dfa(b, b.alt(std::move(lits)));
+  std::vector<const Dfa*> ops{&*kd, &*named};
+  if (o.names_dfa) ops.push_back(o.names_dfa);
+  const bool pn = o.names_dfa != nullptr;
+  Dfa wkeys = dfa_product(ops, [pn](uint32_t m) { return (m & 1) && !(m & 2) && (!pn || (m & 4)); });
+  ExprId v = lower(json{{"allOf", json::array({*o.add_schema, value})}}, ptr, depth + 1);
+  if (!dfa_is_empty(wkeys) && b.expr(v).kind != ExprKind::kNothing) {
+    RuleId r = b.declare_rule("witness");
+    b.set_inline(r, false);
+    b.define_rule(r, b.seq({dfa_to_expr(b, wkeys), punct(':'), v}));
+    std::vector<ExprId> props = o.props;
+    std::vector<bool> required = o.required;
+    props.push_back(b.ref(r));
+    required.push_back(true);
+    alts.push_back(members(props, required, o.additional, count));
+  }
+  return b.alt(std::move(alts));
 }
 
 }  // namespace deepinfer::structured

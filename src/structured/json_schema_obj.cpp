@@ -369,6 +369,11 @@ ExprId SchemaLowerer::lower_object(const json& s, const std::string& ptr, int de
     count.deps.push_back({index_of(t), m});
     if (count.ptr.empty()) count.ptr = ptr + "/dependentRequired";
   }
+  if (s.contains("x-di-witness")) {
+    std::vector<const json*> sch(schemas.begin(), schemas.end());
+    ObjectParts o{names, sch, props, required, additional, add_schema, names_dfa ? &*names_dfa : nullptr, !pats.empty()};
+    return b.seq({b.byte('{'), ws(), witness_members(s["x-di-witness"], o, count, ptr, depth), ws(), b.byte('}')});
+  }
   return b.seq({b.byte('{'), ws(), members(props, required, additional, count), ws(), b.byte('}')});
 }
 

@@ -129,6 +129,13 @@ TEST(JsonSchemaCoverage, NotOverEnumConstAndTypes) {
   expect_lang(schema(R"({"not": {"anyOf": [{"type": "string"}, {"type": "object", "required": ["a"]}]}})"),
               {"1", "{}", R"({"b":1})", "[]"}, {R"("s")", R"({"a":1})"});
   expect_lang(schema(R"({"not": {"not": {"type": "integer", "minimum": 3}}})"), {"3", "4"}, {"2", "3.5", R"("x")"});
+  // Members failing additionalProperties / patternProperties / propertyNames: a witness member.
+  expect_lang(schema(R"({"type": "object", "properties": {"a": {}}, "not": {"properties": {"a": {}}, "additionalProperties": false}})"),
+              {R"({"b":1})", R"({"a":1,"c":2})"}, {"{}", R"({"a":1})"});
+  expect_lang(schema(R"({"type": "object", "not": {"patternProperties": {"^x": {"type": "integer"}}}})"),
+              {R"({"x1":"s"})", R"({"a":1,"xy":[]})"}, {"{}", R"({"x1":2})", R"({"a":"s"})"});
+  expect_lang(schema(R"({"type": "object", "properties": {"ab": {"type": "integer"}}, "not": {"propertyNames": {"maxLength": 1}}})"),
+              {R"({"ab":1})", R"({"cd":"x"})"}, {"{}", R"({"a":1})", R"({"ab":"s"})"});
   EXPECT_NE(error_of(R"({"not": {"minProperties": 2}})").find("#/not"), std::string::npos);
   EXPECT_NE(error_of(R"({"not": {"uniqueItems": true}})").find("#/not"), std::string::npos);
 }
