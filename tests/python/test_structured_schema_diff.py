@@ -126,7 +126,9 @@ def random_schema(rng, depth=0):
             {"const": rng.choice([1, "a", None, 2.5])}, {"minimum": rng.choice([-1, 0, 1.5, 2])},
             {"maxLength": rng.choice([0, 1, 2])}, {"required": rng.sample(KEYS, rng.randint(1, 2))},
             {"minItems": rng.choice([1, 2])}, {"pattern": rng.choice(["^a", "b$", "x"])},
-            {"multipleOf": rng.choice([2, 0.5])}, {"maxProperties": rng.choice([0, 1, 2])}, True, False, {}])
+            {"multipleOf": rng.choice([2, 0.5])}, {"maxProperties": rng.choice([0, 1, 2])}, True, False, {},
+            {"properties": {"a": {}}, "additionalProperties": False}, {"patternProperties": {"^a": {"type": "integer"}}},
+            {"propertyNames": {"maxLength": 1}}, {"additionalProperties": {"type": "string"}}])
     if depth > 2 or rng.random() < 0.3:
         return leaf()
     sub = lambda: random_schema(rng, depth + 1)
@@ -164,7 +166,7 @@ def small_instance(rng, depth=0):
         return rng.choice(["", "a", "b", "ab", "xb", "ax", "abc"])
     if r < 0.75:
         return [small_instance(rng, depth + 1) for _ in range(rng.randint(0, 3))]
-    return {k: small_instance(rng, depth + 1) for k in rng.sample(KEYS, rng.randint(0, 3))}
+    return {k: small_instance(rng, depth + 1) for k in rng.sample(KEYS + ["ab", "xa"], rng.randint(0, 3))}
 
 
 def test_random_schemas_match_jsonschema(tmp_path):
