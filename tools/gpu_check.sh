@@ -110,6 +110,21 @@ if [ -x tools/gpu_model_check.sh ] && [ "$BUILD_ONLY" = 0 ]; then
   grep -E "^\[gpu-|FAILED|gpu_model_check:|ERROR SUMMARY|error" "$LOG_DIR/gpu_model.log" | head -60
 fi
 
+# ---- engine smoke: the main job (generate on the bundled default model) through the GPU ----
+SMOKE=skipped
+CLI=""
+if [ -n "$PREBUILT" ] && [ -x "$PREBUILT/deepinfer" ]; then CLI=$PREBUILT/deepinfer
+elif [ -n "${BUILD:-}" ] && [ -x "$BUILD/deepinfer" ]; then CLI=$BUILD/deepinfer; fi
+if [ -n "$CLI" ] && [ "$BUILD_ONLY" = 0 ]; then
+  step "engine smoke: deepinfer generate on the default model, DEEPINFER_ACCELERATOR=nvidia"
+  M=/tmp/di-default-model
+  { [ -f "$M/config.json" ] || "$CLI" make-default-model --out "$M" >"$LOG_DIR/smoke.log" 2>&1; } &&
+    DEEPINFER_ACCELERATOR=nvidia timeout 120 "$CLI" generate -m "$M" --max-tokens 64 --ignore-eos --max-num-seqs 16 \
+      -p "Hello" -p "The capital of France is" -p "def fib(n):" -p "1, 2, 3," >>"$LOG_DIR/smoke.log" 2>&1 \
+    && SMOKE=pass || SMOKE=FAIL
+  grep -vE "^\s*$" "$LOG_DIR/smoke.log" | grep -iE "tok/s|tokens/s|backend|error|cuda" | tail -6
+fi
+
 echo
 echo "op                   cases  max_rel_err  tolerance  result"
 grep '^DI_CUDA_ERR|' "$LOG_DIR/cuda_tests.log" | awk -F'|' '
@@ -122,5 +137,5 @@ echo
 echo "kernel          shape                     median_us  rate"
 grep '^DI_CUDA_TIME|' "$LOG_DIR/cuda_tests.log" | awk -F'|' '{ printf "%-15s %-25s %9s  %s\n", $2, $3, $4, $5 }'
 echo
-echo "tests rc=$TEST_RC  sanitizer=$SAN_RC  golden=$GOLD  model=$MODEL  total $(( $(date +%s) - T0 ))s"
-[ "$TEST_RC" = 0 ] && { [ "$SAN_RC" = skipped ] || [ "$SAN_RC" = 0 ]; }
+echo "tests rc=$TEST_RC  sanitizer=$SAN_RC  golden=$GOLD  model=$MODEL  smoke=$SMOKE  total $(( $(date +%s) - T0 ))s"
+[ "$TEST_RC" = 0 ] && { [ "$SAN_RC" = skipped ] || [ "$SAN_RC" = 0 ]; } && [ "$MODEL" != FAIL ] && [ "$SMOKE" != FAIL ]
