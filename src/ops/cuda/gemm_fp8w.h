@@ -1,0 +1,68 @@
+// FP8 weight-only GEMM for small M (decode): y[M, N] = x[M, K] · Wᵀ with bf16 activations and the
+// release checkpoint's FP8 weight as stored — e4m3 bytes [N, K] plus one e8m0 scale per 128×128
+// block — dequantised exactly in registers (e4m3 · 2^e is a bf16 value) and fed to bf16 tensor
+// cores with fp32 accumulation. Memory-bound: it reads 1 byte per weight instead of bf16's 2.
+// The same kernel also takes plain bf16 weights (Fp8wGemmParams::w_bf16): identical k order and
+// reduction order, so FP8 weights give bit-for-bit the output of their bf16 dequantisation
+// (dequant_fp8w_bf16) through that path — the test of the in-register dequantisation.
+// Order of the reduction: fixed by (N, K, split count), so results are deterministic run to run.
+// K is split over blocks when N alone does not fill the GPU; the partial sums then go through
+// `workspace` (f32 [splits, M, N]) and a second kernel sums them in split order.
+// For large M dequantise once (dequant_fp8w_bf16, to a bf16 scratch) and use the cuBLASLt GEMM.
+// CPU twin: ops/cpu/gemm.h linear over the dequantised weight (tests/cpp/cuda/gemm_fp8w_test.cc).
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace deepinfer::ops::cuda {
+
+// Largest exponent byte the in-register dequantisation takes: scale 2^(e-127) ≤ 2^7 (weights'
+// scales are amax/448 ≤ 1 in practice). Larger scales: dequantise at upload instead.
+constexpr int kFp8wMaxScaleExp = 134;
+
+struct Fp8wGemmParams {
+  const void* x = nullptr;        // bf16 [batch][M, K]; row stride ldx, batch b at x + b*batch_stride_x
+  int64_t ldx = 0;
+  const uint8_t* w = nullptr;     // e4m3 [batch*N, K] contiguous (batch b = rows b*N ..)
+  const uint8_t* scale = nullptr; // e8m0 [ceil(batch*N/scale_rows), ceil(K/128)] of the whole [batch*N, K] matrix
+  int64_t scale_rows = 128;       // rows per scale row: 128 (checkpoint grid), or a divisor of 128 for
+                                  // stacked linears whose parts are not 128-row aligned (W1|W3)
+  const void* w_bf16 = nullptr;   // instead of w/scale: bf16 [batch*N, K] contiguous (same kernel, no scales)
+  void* y = nullptr;              // [batch][M, N] out_dtype; row stride ldy, batch b at y + b*batch_stride_y
+  int64_t ldy = 0;
+  DType out_dtype = DType::kBF16; // bf16 or f32
+  int64_t M = 0, N = 0, K = 0;    // K % 16 == 0; ldx % 8 == 0 and x 16-byte aligned
+  int64_t batch = 1;
+  int64_t batch_stride_x = 0, batch_stride_y = 0;  // elements
+  float* workspace = nullptr;     // f32, >= fp8w_workspace_bytes(M, N, K, batch, num_sms) (may be 0 bytes)
+  size_t workspace_bytes = 0;
+  int num_sms = 132;              // the device's SM count (sets the K split)
+};
+
+// Rows of one kernel launch at most (8 token tiles of 8); larger M runs in chunks of this many.
+constexpr int64_t kFp8wMaxM = 64;
+// Splits of K the kernel uses for this shape (1: no workspace).
+int fp8w_splits(int64_t M, int64_t N, int64_t K, int64_t batch, int num_sms);
+// Workspace bytes for the shape (0 when K is not split). Grows with num_sms; an upper bound for
+// any GPU up to `num_sms` SMs.
+size_t fp8w_workspace_bytes(int64_t M, int64_t N, int64_t K, int64_t batch, int num_sms);
+
+// Validates (InvalidArgument naming the field), then launches on `stream`. Graph-capturable.
+void gemm_fp8w(const Fp8wGemmParams& p, cudaStream_t stream);
+
+// FP8 [N, K] + e8m0 scales -> bf16 [N, K] (K % 16 == 0), the values the GEMM
+// uses; one pass, 16 weights per thread (3 bytes of traffic per weight).
+struct Fp8wDequantParams {
+  const uint8_t* w = nullptr;
+  const uint8_t* scale = nullptr; // [ceil(N/scale_rows), ceil(K/128)]
+  void* out = nullptr;
+  int64_t N = 0, K = 0;
+  int64_t scale_rows = 128;
+};
+void dequant_fp8w_bf16(const Fp8wDequantParams& p, cudaStream_t stream);
+
+}  // namespace deepinfer::ops::cuda
