@@ -161,16 +161,25 @@ __global__ void __launch_bounds__(kWarps * 32) fp8w_kernel(const __grid_constant
 #pragma unroll
   for (int q = 0; q < kNT; ++q) acc[q][0] = acc[q][1] = acc[q][2] = acc[q][3] = 0.f;
 
-  WRegs cur{}, nxt{};
-  if (c0 < c1) load_w<kFp8>(p, rowA, okA, okB, sA, sB, c0 * kChunk + 16 * t, cur);
+  // Weights two chunks ahead (about 1 KB per warp per chunk in flight); at decode sizes
+  // (kNT <= 2) x one chunk ahead too, else x is loaded at the top of its chunk.
+  constexpr bool kPrefetchX = true;
+  WRegs w0{}, w1{}, w2{};
+  uint4 X[kNT][2], XN[kNT][2];
+  if (c0 < c1) load_w<kFp8>(p, rowA, okA, okB, sA, sB, c0 * kChunk + 16 * t, w0);
+  if (c0 + 1 < c1) load_w<kFp8>(p, rowA, okA, okB, sA, sB, (c0 + 1) * kChunk + 16 * t, w1);
+  if (kPrefetchX && c0 < c1) load_x<kNT>(p, xb, g, c0 * kChunk + 16 * t, X);
   for (int64_t c = c0; c < c1; ++c) {
     const int64_t k = c * kChunk + 16 * t;
-    uint4 X[kNT][2];
-    load_x<kNT>(p, xb, g, k, X);
-    if (c + 1 < c1) load_w<kFp8>(p, rowA, okA, okB, sA, sB, k + kChunk, nxt);  // next chunk in flight
+    if (c + 2 < c1) load_w<kFp8>(p, rowA, okA, okB, sA, sB, k + 2 * kChunk, w2);
+    if constexpr (kPrefetchX) {
+      if (c + 1 < c1) load_x<kNT>(p, xb, g, k + kChunk, XN);
+    } else {
+      load_x<kNT>(p, xb, g, k, X);
+    }
     uint32_t PA[8], PB[8];
-    row_pairs<kFp8>(cur.a0, cur.a1, cur.fa, PA);
-    row_pairs<kFp8>(cur.b0, cur.b1, cur.fb, PB);
+    row_pairs<kFp8>(w0.a0, w0.a1, w0.fa, PA);
+    row_pairs<kFp8>(w0.b0, w0.b1, w0.fb, PB);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const uint32_t a[4] = {PA[2 * j], PB[2 * j], PA[2 * j + 1], PB[2 * j + 1]};
@@ -181,7 +190,12 @@ __global__ void __launch_bounds__(kWarps * 32) fp8w_kernel(const __grid_constant
         mma_bf16(acc[q], a, xw[2 * j], xw[2 * j + 1]);
       }
     }
-    cur = nxt;
+    w0 = w1;
+    w1 = w2;
+    if constexpr (kPrefetchX) {
+#pragma unroll
+      for (int q = 0; q < kNT; ++q) X[q][0] = XN[q][0], X[q][1] = XN[q][1];
+    }
   }
   // acc[q][0..1]: row g, tokens 8q + 2t, 2t+1; acc[q][2..3]: row g+8.
 #pragma unroll
@@ -235,12 +249,17 @@ int token_tiles(int64_t M) {
 struct Split {
   int splits = 1, chunks_per_split = 1;
 };
-Split choose_split(int64_t M, int64_t N, int64_t K, int64_t batch, int num_sms) {
+// The split depends on the weight's shape alone (not on M), so every row of x is reduced in the
+// same order whatever the batch size: token-by-token decode and a prefill chunk give the same
+// per-token result (the model's chunked-vs-full consistency tests rely on it).
+Split choose_split(int64_t N, int64_t K, int64_t batch, int num_sms) {
   const int64_t chunks = ceil_div(K, kChunk), blocks = ceil_div(N, kRowsPerBlock) * batch;
-  // ~4 blocks of 4 warps per SM keep enough weight loads in flight; wider token tiles do more
-  // work per byte, so fewer splits (less partial-sum traffic).
-  const int64_t target = int64_t(std::max(num_sms, 1)) * (token_tiles(M) >= 4 ? 2 : 4);
-  int64_t s = std::clamp<int64_t>(ceil_div(target, blocks), 1, std::max<int64_t>(ceil_div(chunks, 2), 1));
+  // As many splits as fit one wave of the decode kernel (kNT = 1: 6 blocks of 4 warps per SM by
+  // registers, ~2 chunks of weight loads in flight per warp), at least 2 chunks per split: a
+  // second, partial wave would cost as much as the first.
+  constexpr int64_t kBlocksPerSm = 6;
+  const int64_t wave = int64_t(std::max(num_sms, 1)) * kBlocksPerSm;
+  int64_t s = std::clamp<int64_t>(wave / blocks, 1, std::max<int64_t>(ceil_div(chunks, 2), 1));
   s = std::min<int64_t>(s, 65535);
   Split r;
   r.chunks_per_split = int(ceil_div(chunks, s));
@@ -289,22 +308,14 @@ void validate(const Fp8wGemmParams& p) {
 }
 }  // namespace
 
-int fp8w_splits(int64_t M, int64_t N, int64_t K, int64_t batch, int num_sms) {
-  return choose_split(std::min(M, kFp8wMaxM), N, K, batch, num_sms).splits;
+int fp8w_splits(int64_t /*M*/, int64_t N, int64_t K, int64_t batch, int num_sms) {
+  return choose_split(N, K, batch, num_sms).splits;
 }
 
 size_t fp8w_workspace_bytes(int64_t M, int64_t N, int64_t K, int64_t batch, int num_sms) {
   if (M <= 0 || N <= 0 || K <= 0 || batch <= 0) return 0;
-  const int64_t m = std::min(M, kFp8wMaxM);
-  // Every chunk of M up to kFp8wMaxM rows: the largest chunk has the most partial sums.
-  const Split s = choose_split(m, N, K, batch, num_sms);
-  size_t best = s.splits > 1 ? size_t(s.splits) * size_t(batch * m * N) * 4 : 0;
-  if (M > kFp8wMaxM && M % kFp8wMaxM) {  // the tail chunk may pick more splits (fewer token tiles)
-    const int64_t r = M % kFp8wMaxM;
-    const Split t = choose_split(r, N, K, batch, num_sms);
-    if (t.splits > 1) best = std::max(best, size_t(t.splits) * size_t(batch * r * N) * 4);
-  }
-  return best;
+  const Split s = choose_split(N, K, batch, num_sms);  // M runs in chunks of kFp8wMaxM rows
+  return s.splits > 1 ? size_t(s.splits) * size_t(batch * std::min(M, kFp8wMaxM) * N) * 4 : 0;
 }
 
 void gemm_fp8w(const Fp8wGemmParams& p, cudaStream_t stream) {
@@ -313,7 +324,7 @@ void gemm_fp8w(const Fp8wGemmParams& p, cudaStream_t stream) {
   const size_t ob = p.out_dtype == DType::kF32 ? 4 : 2;
   for (int64_t m0 = 0; m0 < p.M; m0 += kFp8wMaxM) {
     const int64_t M = std::min(kFp8wMaxM, p.M - m0);
-    const Split sp = choose_split(M, p.N, p.K, p.batch, p.num_sms);
+    const Split sp = choose_split(p.N, p.K, p.batch, p.num_sms);
     const size_t need = sp.splits > 1 ? size_t(sp.splits) * size_t(p.batch * M * p.N) * 4 : 0;
     if (need > p.workspace_bytes || (need && !p.workspace))
       DI_THROW(InvalidArgument, "gemm_fp8w: workspace of ", p.workspace_bytes, " bytes, this shape (M=", M, " N=",

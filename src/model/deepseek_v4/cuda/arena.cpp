@@ -2,7 +2,9 @@
 
 #include <algorithm>
 
+#include "model/deepseek_v4/cuda/cuda_plan.h"
 #include "ops/cuda/attention.h"
+#include "ops/cuda/gemm_fp8w.h"
 #include "ops/cuda/hc.h"
 #include "ops/cuda/grouped_gemm.h"
 #include "ops/cuda/moe_route.h"
@@ -79,6 +81,20 @@ ArenaLayout layout_arena(const DeepseekV4Config& c, const ArenaSizes& s) {
   L.logits = a.take(s.R * c.vocab_size, 4);
   L.head_ws = a.take(
       int64_t(ops::cuda::hc_pre_workspace_bytes(std::max<int64_t>(s.R, 1), int(n), D, ops::cuda::HcMode::kHead)), 1);
+  size_t ws = 0, wdq = 0;
+  if (A == 2 && c.dense_format == WeightFormat::kFP8Block && c.fp8_block == 128 && T > 0) {
+    for (size_t l = 0; l < c.layer_types.size(); ++l)
+      for (const DenseShape& d : dense_fp8_shapes(c, c.layer_types[l])) {
+        if (T <= kDenseFp8PrefillM)
+          ws = std::max(ws, ops::cuda::fp8w_workspace_bytes(T, d.n, d.k, d.batch, kArenaMaxSms));
+        else
+          wdq = std::max(wdq, size_t(d.batch * d.n * d.k) * 2);
+      }
+  }
+  L.fp8_ws_bytes = ws;
+  L.fp8_ws = a.take(int64_t(ws), 1);
+  L.wdq_bytes = wdq;
+  L.wdq = a.take(int64_t(wdq), 1);
   L.total = (a.off + 255) / 256 * 256;
   return L;
 }

@@ -33,8 +33,14 @@ struct ArenaLayout {
   size_t xe, gu, act, ye, sh, perm_src, comb_rows, perm_w;  // MoE
   size_t moe_seg, moe_tiles, moe_ntiles;     // device permutation: i32 [E+1], [max tiles], [1]
   size_t sel, hu, hh, logits, head_ws;       // head
+  // Dense FP8 linears (cuda_plan.h device_dense_fp8; carved whenever the config has them in the
+  // bf16 modes): T <= kDenseFp8PrefillM: gemm_fp8w's K-split workspace (f32, the largest of the
+  // layer's linears, for up to kArenaMaxSms SMs); above: bf16 scratch for the largest linear.
+  size_t fp8_ws, fp8_ws_bytes, wdq, wdq_bytes;
   size_t total;
 };
+
+constexpr int kArenaMaxSms = 256;  // SM count the FP8 GEMM workspace is sized for
 
 ArenaLayout layout_arena(const DeepseekV4Config& cfg, const ArenaSizes& s);
 

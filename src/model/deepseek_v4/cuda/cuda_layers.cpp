@@ -13,6 +13,7 @@
 #include "model/deepseek_v4/cuda/moe_decode.h"
 #include "ops/cuda/attention.h"
 #include "ops/cuda/compressor.h"
+#include "ops/cuda/gemm_fp8w.h"
 #include "ops/cuda/grouped_gemm.h"
 #include "ops/cuda/hc.h"
 #include "ops/cuda/indexer.h"
@@ -32,10 +33,41 @@ const DevKind& DevMeta::kind(int64_t ratio, bool overlap) const {
   DI_THROW(InvalidArgument, "forward: no step metadata for compress ratio ", ratio, overlap ? " (CSA)" : " (HCA)");
 }
 
+namespace {
+// Dense FP8 weight (cuda_weights: e4m3 + e8m0 grid), `batch` row groups of [n, k] (wo_a: groups):
+// up to kDenseFp8PrefillM tokens the weight-only GEMM reads the bytes as stored; above, one
+// dequantisation to the arena's bf16 scratch and the cuBLASLt GEMM.
+void linear_fp8(const StepCtx& c, const DevLinear& W, const void* x, int64_t ldx, int64_t bsx, int64_t M, void* y,
+                DType out_dtype, int64_t ldy, int64_t bsy, int64_t n, int64_t k, int64_t batch) {
+  namespace oc = ops::cuda;
+  DI_CHECK(c.act == DType::kBF16, "linear: FP8 weights need bf16 activations");
+  if (M > kDenseFp8PrefillM && c.L.wdq_bytes >= size_t(W.out * W.in) * 2) {
+    void* wd = c.at<void>(c.L.wdq);
+    oc::dequant_fp8w_bf16({.w = static_cast<const uint8_t*>(W.data()), .scale = W.scale.as<const uint8_t>(),
+                           .out = wd, .N = W.out, .K = W.in, .scale_rows = W.scale_rows},
+                          c.stream);
+    c.blas->gemm({.x = x, .ldx = ldx, .w = wd, .ldw = k, .y = y, .ldy = ldy, .in_dtype = DType::kBF16,
+                  .out_dtype = out_dtype, .M = M, .N = n, .K = k, .batch = batch, .batch_stride_x = bsx,
+                  .batch_stride_w = n * k, .batch_stride_y = bsy},
+                 c.stream);
+    return;
+  }
+  oc::gemm_fp8w({.x = x, .ldx = ldx, .w = static_cast<const uint8_t*>(W.data()), .scale = W.scale.as<const uint8_t>(),
+                 .scale_rows = W.scale_rows, .y = y, .ldy = ldy, .out_dtype = out_dtype, .M = M, .N = n, .K = k,
+                 .batch = batch, .batch_stride_x = bsx, .batch_stride_y = bsy,
+                 .workspace = c.at<float>(c.L.fp8_ws), .workspace_bytes = c.L.fp8_ws_bytes, .num_sms = c.num_sms},
+                c.stream);
+}
+}  // namespace
+
 void linear(const StepCtx& c, const DevLinear& W, const void* x, int64_t ldx, int64_t M, void* y, DType out_dtype,
             int64_t ldy) {
   if (M == 0) return;
   DI_CHECK(W.data() != nullptr && W.out > 0 && W.in > 0, "linear: weight not uploaded");
+  if (W.dtype == DType::kF8E4M3) {
+    linear_fp8(c, W, x, ldx, 0, M, y, out_dtype, ldy, 0, W.out, W.in, 1);
+    return;
+  }
   DI_CHECK(W.dtype == DType::kBF16 || out_dtype == DType::kF32, "linear: f32 weights need an f32 output");
   c.blas->gemm({.x = x, .ldx = ldx, .w = W.data(), .ldw = W.in, .y = y, .ldy = ldy, .in_dtype = W.dtype,
                 .out_dtype = out_dtype, .M = M, .N = W.out, .K = W.in},
@@ -213,10 +245,16 @@ void attention_block(const StepCtx& c, const GpuAttention& A, GpuLayerCache& cac
 
   // Grouped output projection: group gi of every token through wo_a[gi] [R, gin] (strided batch).
   const int64_t G = g.o_groups, R = g.o_lora_rank, gin = H * d / G;
-  c.blas->gemm({.x = c.at<void>(L.o), .ldx = H * d, .w = A.wo_a.data(), .ldw = gin, .y = c.at<void>(L.zo),
-                .ldy = G * R, .in_dtype = A.wo_a.dtype, .out_dtype = c.act, .M = T, .N = R, .K = gin,
-                .batch = G, .batch_stride_x = gin, .batch_stride_w = R * gin, .batch_stride_y = R},
-               c.stream);
+  if (A.wo_a.dtype == DType::kF8E4M3) {
+    DI_CHECK(A.wo_a.out == G * R && A.wo_a.in == gin, "wo_a is [", A.wo_a.out, ", ", A.wo_a.in, "], expected [", G * R,
+             ", ", gin, "]");
+    linear_fp8(c, A.wo_a, c.at<void>(L.o), H * d, gin, T, c.at<void>(L.zo), c.act, G * R, R, R, gin, G);
+  } else {
+    c.blas->gemm({.x = c.at<void>(L.o), .ldx = H * d, .w = A.wo_a.data(), .ldw = gin, .y = c.at<void>(L.zo),
+                  .ldy = G * R, .in_dtype = A.wo_a.dtype, .out_dtype = c.act, .M = T, .N = R, .K = gin,
+                  .batch = G, .batch_stride_x = gin, .batch_stride_w = R * gin, .batch_stride_y = R},
+                 c.stream);
+  }
   linear(c, A.wo_b, c.at<void>(L.zo), G * R, T, c.at<float>(L.y), DType::kF32, D);
 }
 }  // namespace

@@ -79,6 +79,26 @@ WeightFormat device_expert_format(const DeepseekV4Config& cfg, Numerics numerics
   return f;
 }
 
+namespace {
+std::atomic<DensePath> g_dense_path{DensePath::kNative};
+}  // namespace
+
+void set_dense_path(DensePath p) { g_dense_path = p; }
+DensePath dense_path() { return g_dense_path; }
+
+bool device_dense_fp8(const DeepseekV4Config& cfg, Numerics numerics) {
+  return numerics != Numerics::kExact && g_dense_path == DensePath::kNative &&
+         cfg.dense_format == WeightFormat::kFP8Block && cfg.fp8_block == 128;
+}
+
+std::vector<DenseShape> dense_fp8_shapes(const DeepseekV4Config& c, AttnKind kind) {
+  const int64_t D = c.hidden_size, H = c.num_heads, d = c.head_dim, r = c.q_lora_rank;
+  const int64_t G = std::max<int64_t>(c.o_groups, 1), R = c.o_lora_rank, I = c.moe_intermediate_size;
+  std::vector<DenseShape> v{{r, D}, {H * d, r}, {d, D}, {R, H * d / G, G}, {D, G * R}, {2 * I, D, 1, I % 128 ? 16 : 128}, {D, I}};
+  if (kind == AttnKind::kCSA) v.push_back({c.index_n_heads * c.index_head_dim, r});
+  return v;
+}
+
 int64_t device_expert_matrix_bytes(WeightFormat f, int64_t n, int64_t k, int64_t elem_bytes) {
   if (f == WeightFormat::kFP4) return n * (k / 2) + n * ((k + 31) / 32);
   if (f == WeightFormat::kFP8Block) return n * k + n * ((k + 127) / 128);
@@ -114,9 +134,16 @@ size_t gpu_weight_bytes(const DeepseekV4Config& c, bool with_mtp, size_t linear_
   const int64_t lb = int64_t(linear_bytes);
   const int64_t expert_bytes = device_expert_matrix_bytes(ef, 2 * I, D, lb) + device_expert_matrix_bytes(ef, D, I, lb);
   int64_t bf16 = 2 * V * D, f32 = D + n * c.hc_dim() + n + 1 + c.rope_head_dim, routed = 0;
+  const bool fp8 = linear_bytes == 2 && device_dense_fp8(c, Numerics::kBf16);
+  int64_t fp8_bytes = 0;  // dense FP8 linears kept FP8: 1 byte per weight + one e8m0 per 128x128 block
   for (int64_t l = 0; l < c.num_layers; ++l) {
     routed += c.n_routed_experts * expert_bytes;
     bf16 += layer_dense_elems_bf16(c, c.layer_types[l]);
+    if (fp8)
+      for (const DenseShape& s : dense_fp8_shapes(c, c.layer_types[l])) {
+        bf16 -= s.batch * s.n * s.k;
+        fp8_bytes += s.batch * s.n * s.k + (s.batch * s.n + s.scale_rows - 1) / s.scale_rows * ((s.k + 127) / 128);
+      }
     f32 += layer_f32_elems(c, c.layer_types[l], c.compress_ratio[l], c.mlp_types[l] == MlpKind::kHashMoE);
   }
   if (with_mtp)
@@ -125,7 +152,7 @@ size_t gpu_weight_bytes(const DeepseekV4Config& c, bool with_mtp, size_t linear_
       routed += c.n_routed_experts * expert_bytes;
       f32 += 3 * D + n * c.hc_dim() + n + 1 + layer_f32_elems(c, AttnKind::kSliding, 0, false);
     }
-  return size_t(bf16) * linear_bytes + size_t(f32) * 4 + size_t(routed);
+  return size_t(bf16) * linear_bytes + size_t(f32) * 4 + size_t(routed) + size_t(fp8_bytes);
 }
 
 size_t gpu_activation_bytes(const DeepseekV4Config& c, int64_t max_tokens, int64_t max_seqs, int64_t max_context,

@@ -53,6 +53,37 @@ enum class ExpertPath {
 };
 void set_expert_path(ExpertPath p);
 ExpertPath expert_path();
+// Dense FP8 linears (attention wq_a/wq_b/wkv/wo_a/wo_b, indexer wq_b, shared expert W1|W3 and W2:
+// those the release checkpoint stores as e4m3 + 128x128 e8m0 scales) stay FP8 on the device in
+// the bf16/production numerics (ops/cuda/gemm_fp8w.h: the weight-only GEMM for up to
+// kDenseFp8PrefillM tokens, above that a dequantisation to a bf16 scratch + cuBLASLt); exact
+// numerics keeps the f32 dequantised path the parity tests rely on. Test switch, process-wide,
+// read when a model loads:
+enum class DensePath {
+  kNative,       // default: FP8 on the device
+  kDequantised,  // dense FP8 linears dequantised to bf16 at upload (the first version)
+};
+void set_dense_path(DensePath p);
+DensePath dense_path();
+// Whether the mode keeps the config's dense FP8 linears FP8 (cfg.dense_format kFP8Block with
+// 128-blocks, not kExact, kNative). A linear whose scales are not powers of two <= 2^7 or whose
+// input width is not a multiple of 16 is still dequantised (cuda_weights warns).
+bool device_dense_fp8(const DeepseekV4Config& cfg, Numerics numerics);
+// Above this many tokens a dense FP8 linear is dequantised to the arena's bf16 scratch and run by
+// cuBLASLt; at or below, gemm_fp8w. From the H200 timings alone the crossover is ~32-64 tokens
+// (gemm_fp8w_test), but cuBLASLt sums in another order than gemm_fp8w, and the bf16 path checks
+// (golden_test, moe_native_test: token by token vs one chunk within 3% and no top-1 flip on
+// tiny_official's 300 tokens) need one order for every chunk size up to a fixture's length: so
+// 512, which costs steps of 65..512 new tokens (gemm_fp8w re-reads the weight per 64 rows).
+constexpr int64_t kDenseFp8PrefillM = 512;
+// One dense FP8 linear of a layer as the forward runs it: `batch` matrices [n, k] (wo_a: groups).
+struct DenseShape {
+  int64_t n = 0, k = 0, batch = 1;
+  int64_t scale_rows = 128;  // 16 for W1|W3 when I is not a multiple of 128 (scales repeated per 16 rows)
+};
+// The dense FP8 linears of one layer of `kind` (W1|W3 fused as one [2I, D]).
+std::vector<DenseShape> dense_fp8_shapes(const DeepseekV4Config& cfg, AttnKind kind);
+
 // Bytes of one routed-expert matrix [n, k] on the device in `f` (kFP4: n*k/2 + n*k/32 scale
 // bytes; kFP8Block: n*k + n*ceil(k/128), the block scale repeated per row; else n*k*elem_bytes).
 int64_t device_expert_matrix_bytes(WeightFormat f, int64_t n, int64_t k, int64_t elem_bytes);

@@ -1,6 +1,7 @@
 #include "model/deepseek_v4/cuda/cuda_weights.h"
 
 #include <cstdio>
+#include <atomic>
 #include <cstring>
 
 #include "core/check.h"
@@ -8,6 +9,7 @@
 #include "deepinfer/error.h"
 #include "model/deepseek_v4/cuda/cuda_plan.h"
 #include "ops/cpu/rope.h"
+#include "ops/cuda/gemm_fp8w.h"
 
 namespace deepinfer::model::v4::gpu {
 namespace {
@@ -58,7 +60,9 @@ struct Up {
   const DeepseekV4Config& cfg;
   DType dt;                     // bf16 | f32
   WeightFormat experts;         // device_expert_format: kFP4 / kFP8Block native, else dequantised
+  bool dense_fp8 = false;       // device_dense_fp8: dense FP8 linears stay FP8
   size_t expert_bytes = 0;      // routed experts uploaded
+  int64_t fp8_kept = 0, fp8_dequantised = 0;
 };
 
 // dt [out, in] host copy of a linear in any stored format (f32: the exact dequantised values).
@@ -93,6 +97,100 @@ DevLinear up_fused(Up& U, const Linear& a, const Linear& b) {
   d.dtype = U.dt;
   d.w = U.u.put(buf.data(), buf.size());
   return d;
+}
+
+// e8m0 byte of a power-of-two f32 scale (NaN -> 255), or -1 when it is not one.
+int e8m0_of(float v) {
+  uint32_t u;
+  std::memcpy(&u, &v, 4);
+  if (v != v) return 255;
+  if (u == 0x00400000u) return 0;  // 2^-127
+  const uint32_t e = u >> 23;      // sign bit must be clear
+  return (u & 0x7fffffu) == 0 && e >= 1 && e <= 254 ? int(e) : -1;
+}
+
+// e8m0 grid of a dense FP8 linear ([ceil(out/128), ceil(in/128)], f32 power-of-two scales
+// converted), or nullopt when gemm_fp8w cannot read it as stored: not FP8, input width not a
+// multiple of 16, a scale not a power of two or above 2^(kFp8wMaxScaleExp-127).
+std::optional<std::vector<uint8_t>> dense_fp8_grid(const Linear& l) {
+  if (l.format != WeightFormat::kFP8Block || !l.weight.defined() || l.weight.dim() != 2 ||
+      l.weight.dtype() != DType::kF8E4M3 || !l.scale.defined() || l.scale.dim() != 2)
+    return std::nullopt;
+  const int64_t out = l.weight.size(0), in = l.weight.size(1);
+  if (in % 16 || l.scale.size(0) != (out + 127) / 128 || l.scale.size(1) != (in + 127) / 128) return std::nullopt;
+  const Tensor st = l.scale.contiguous();
+  std::vector<uint8_t> grid(size_t(st.numel()));
+  if (st.dtype() == DType::kE8M0) {
+    std::memcpy(grid.data(), st.raw_data(), grid.size());
+  } else {
+    const Tensor f32 = st.to_f32();
+    for (size_t i = 0; i < grid.size(); ++i) {
+      const int e = e8m0_of(f32.data<float>()[i]);
+      if (e < 0) return std::nullopt;
+      grid[i] = uint8_t(e);
+    }
+  }
+  for (uint8_t e : grid)
+    if (e > ops::cuda::kFp8wMaxScaleExp) return std::nullopt;
+  return grid;
+}
+
+// Dense linears [a; b; ...] stacked by rows: FP8 as stored when the mode and every part allow it
+// (parts' scale grids stacked; per 16 rows when a part before the last is not 128-row aligned),
+// else dequantised to the storage dtype (with a warning when the mode wanted FP8).
+DevLinear up_dense(Up& U, std::initializer_list<const Linear*> parts, const char* what) {
+  if (U.dense_fp8) {
+    bool ok = true, aligned = true;
+    std::vector<std::optional<std::vector<uint8_t>>> grids;
+    int64_t in = -1;
+    size_t i = 0;
+    for (const Linear* l : parts) {
+      grids.push_back(dense_fp8_grid(*l));
+      ok = ok && grids.back().has_value() && (in < 0 || in == l->in_features());
+      in = l->in_features();
+      if (++i < parts.size()) {
+        aligned = aligned && l->out_features() % 128 == 0;
+        ok = ok && l->out_features() % 16 == 0;
+      }
+    }
+    if (ok) {
+      DevLinear d;
+      d.dtype = DType::kF8E4M3;
+      d.in = in;
+      d.scale_rows = aligned ? 128 : 16;
+      const int64_t kb = (in + 127) / 128;
+      std::vector<uint8_t> w, s;
+      i = 0;
+      for (const Linear* l : parts) {
+        const Tensor wc = l->weight.contiguous();
+        const uint8_t* pw = static_cast<const uint8_t*>(wc.raw_data());
+        w.insert(w.end(), pw, pw + wc.nbytes());
+        const std::vector<uint8_t>& g = *grids[i++];
+        const int64_t out = l->out_features();
+        if (aligned) {
+          s.insert(s.end(), g.begin(), g.end());
+        } else {  // one grid row per 16 rows, copied from the 128-row block holding them
+          for (int64_t r = 0; r < out; r += 16) s.insert(s.end(), g.begin() + (r / 128) * kb, g.begin() + (r / 128 + 1) * kb);
+        }
+        d.out += out;
+      }
+      d.w = U.u.put(w.data(), w.size());
+      d.scale = U.u.put(s.data(), s.size());
+      U.fp8_kept++;
+      return d;
+    }
+    bool any_fp8 = false;
+    for (const Linear* l : parts) any_fp8 = any_fp8 || l->format == WeightFormat::kFP8Block;
+    if (any_fp8) {
+      U.fp8_dequantised++;
+      DI_WARN("deepseek_v4 cuda: ", what, " cannot stay FP8 on the device (scales not powers of two <= 2^7, input "
+              "width not a multiple of 16, or stacked parts not 16-row aligned); dequantising it to ",
+              dtype_name(U.dt), " (more memory than planned)");
+    }
+  }
+  if (parts.size() == 1) return up_linear(U, **parts.begin());
+  DI_CHECK(parts.size() == 2, "up_dense: stacks of ", parts.size(), " parts");
+  return up_fused(U, **parts.begin(), **(parts.begin() + 1));
 }
 
 DevF32 up_f32(Uploader& u, const Tensor& t) {
@@ -133,16 +231,6 @@ Linear plain(const Tensor& t) {
 }
 
 GpuExpert up_expert(Up& U, const ExpertWeights& e) { return {up_fused(U, e.w1, e.w3), up_linear(U, e.w2)}; }
-
-// e8m0 byte of a power-of-two f32 scale (NaN -> 255), or -1 when it is not one.
-int e8m0_of(float v) {
-  uint32_t u;
-  std::memcpy(&u, &v, 4);
-  if (v != v) return 255;
-  if (u == 0x00400000u) return 0;  // 2^-127
-  const uint32_t e = u >> 23;      // sign bit must be clear
-  return (u & 0x7fffffu) == 0 && e >= 1 && e <= 254 ? int(e) : -1;
-}
 
 // Appends one expert matrix in its release format: weight bytes as stored and e8m0 scales per
 // row (FP4 [out, in/32]; FP8's [ceil(out/128), ceil(in/128)] grid repeated for each row).
@@ -249,11 +337,11 @@ GpuLayer up_layer(Up& U, const LayerWeights& lw, AttnKind kind, int64_t ratio, c
   GpuAttention& A = L.attn;
   A.kind = kind;
   A.ratio = ratio;
-  A.wq_a = up_linear(U, a.wq_a);
-  A.wq_b = up_linear(U, a.wq_b);
-  A.wkv = up_linear(U, a.wkv);
-  A.wo_a = up_linear(U, a.wo_a);
-  A.wo_b = up_linear(U, a.wo_b);
+  A.wq_a = up_dense(U, {&a.wq_a}, "wq_a");
+  A.wq_b = up_dense(U, {&a.wq_b}, "wq_b");
+  A.wkv = up_dense(U, {&a.wkv}, "wkv");
+  A.wo_a = up_dense(U, {&a.wo_a}, "wo_a");
+  A.wo_b = up_dense(U, {&a.wo_b}, "wo_b");
   A.q_norm = up_f32(u, a.q_norm);
   A.kv_norm = up_f32(u, a.kv_norm);
   A.sink = up_f32(u, a.sink);
@@ -265,7 +353,7 @@ GpuLayer up_layer(Up& U, const LayerWeights& lw, AttnKind kind, int64_t ratio, c
   if (kind == AttnKind::kCSA) {
     DI_CHECK(a.indexer.has_value(), "CSA layer without indexer weights");
     A.icomp = up_compressor(U, a.indexer->compressor, ratio);
-    A.index_wq_b = up_linear(U, a.indexer->wq_b);
+    A.index_wq_b = up_dense(U, {&a.indexer->wq_b}, "indexer wq_b");
     A.index_weights = up_linear(U, a.indexer->weights_proj);
   }
   const MoEWeights& m = lw.ffn;
@@ -281,10 +369,12 @@ GpuLayer up_layer(Up& U, const LayerWeights& lw, AttnKind kind, int64_t ratio, c
   const size_t before = u.done();
   up_routed(U, m, L.ffn, layer);
   U.expert_bytes += u.done() - before;
-  L.ffn.shared = up_expert(U, m.shared);
+  L.ffn.shared = {up_dense(U, {&m.shared.w1, &m.shared.w3}, "shared expert w1|w3"),
+                  up_dense(U, {&m.shared.w2}, "shared expert w2")};
   return L;
 }
 
+std::atomic<int64_t> g_last_kept{0}, g_last_dequantised{0};
 std::vector<float> inv_freq_for(const RopeParams& p, int64_t rope_dim) {
   if (!p.yarn) return ops::cpu::rope_inv_freq(p.theta, rope_dim, nullptr);
   ops::cpu::YarnScaling y{p.factor, double(p.original_max_position), p.beta_fast, p.beta_slow};
@@ -292,13 +382,15 @@ std::vector<float> inv_freq_for(const RopeParams& p, int64_t rope_dim) {
 }
 }  // namespace
 
+std::pair<int64_t, int64_t> last_upload_dense_fp8() { return {g_last_kept.load(), g_last_dequantised.load()}; }
+
 GpuWeights upload_weights(const DeepseekV4Weights& w, const DeepseekV4Config& cfg, DType linear_dtype,
                           size_t planned_bytes, bool progress, cudaStream_t stream) {
   DI_CHECK(linear_dtype == DType::kBF16 || linear_dtype == DType::kF32, "upload_weights: linear dtype ",
            dtype_name(linear_dtype), " (bf16 or f32)");
   Uploader u(planned_bytes, progress, stream);
-  Up U{u, cfg, linear_dtype,
-       device_expert_format(cfg, linear_dtype == DType::kF32 ? Numerics::kExact : Numerics::kBf16)};
+  const Numerics mode = linear_dtype == DType::kF32 ? Numerics::kExact : Numerics::kBf16;
+  Up U{u, cfg, linear_dtype, device_expert_format(cfg, mode), device_dense_fp8(cfg, mode)};
   GpuWeights g;
   g.inv_freq_main = up_vec(u, inv_freq_for(cfg.rope, cfg.rope_head_dim));
   g.inv_freq_compress = up_vec(u, inv_freq_for(cfg.compress_rope, cfg.rope_head_dim));
@@ -310,6 +402,10 @@ GpuWeights upload_weights(const DeepseekV4Weights& w, const DeepseekV4Config& cf
     g.layers.push_back(up_layer(U, w.layers[size_t(l)], cfg.layer_types[size_t(l)], cfg.compress_ratio[size_t(l)], g, l));
   g.bytes = u.done();
   g.expert_bytes = U.expert_bytes;
+  g.dense_fp8 = U.fp8_kept;
+  g.dense_fp8_dequantised = U.fp8_dequantised;
+  g_last_kept = U.fp8_kept;
+  g_last_dequantised = U.fp8_dequantised;
   u.finish();
   return g;
 }

@@ -2,14 +2,19 @@
 //  * routed experts in their release format when device_expert_format (cuda_plan.h) says so:
 //    FP4 e2m1 bytes [out, in/2] + e8m0 [out, in/32], or FP8 e4m3 bytes [out, in] + e8m0
 //    [out, ceil(in/128)] (the 128x128 block scale repeated per row, so W1|W3 fuse by rows);
+//  * dense FP8 linears (attention, indexer wq_b, shared expert; cuda_plan.h device_dense_fp8) in
+//    the bf16 modes as stored: e4m3 bytes [out, in] + the e8m0 grid [ceil(out/scale_rows),
+//    ceil(in/128)] (scale_rows 128; 16 for a stacked W1|W3 whose halves are not 128-row aligned),
+//    read by ops/cuda/gemm_fp8w (f32 power-of-two checkpoint scales become e8m0 bytes);
 //  * every other linear as bf16 [out, in], or f32 in exact numerics (FP8 block-scaled dense
-//    linears are dequantised on the host at upload);
+//    linears that cannot stay FP8 are dequantised on the host at upload);
 //  * compressor Wkv|Wgate fused [2c, D]; expert W1|W3 fused [2I, D] (one GEMM gives gate|up);
 //  * f32: mHC fn/base/scale, router bias, sinks, ape, norm weights (bf16 in the checkpoint,
 //    widened exactly), rope tables; hash-routing tables as i32.
 #pragma once
 #include <cstdint>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "model/deepseek_v4/config.h"
@@ -21,9 +26,12 @@ namespace deepinfer::model::v4::gpu {
 
 struct DevLinear {          // dtype [out, in], contiguous
   cuda::DeviceBuffer w;
-  cuda::DeviceBuffer scale;    // e8m0 per row per 32 (FP4) / 128 (FP8) inputs; empty otherwise
+  cuda::DeviceBuffer scale;    // routed experts: e8m0 per row per 32 (FP4) / 128 (FP8) inputs;
+                               // dense kF8E4M3: e8m0 grid per scale_rows rows x 128 inputs; else empty
   int64_t out = 0, in = 0;
-  DType dtype = DType::kBF16;  // bf16, or f32 (exact numerics); kFP4E2M1 / kF8E4M3: routed experts only
+  int64_t scale_rows = 128;    // dense kF8E4M3 only
+  DType dtype = DType::kBF16;  // bf16, or f32 (exact numerics); kFP4E2M1: routed experts; kF8E4M3:
+                               // routed experts (per-row scales) or dense linears (scale grid)
   const void* data() const { return w.data(); }
 };
 struct DevF32 {
@@ -80,11 +88,17 @@ struct GpuWeights {
   DevF32 inv_freq_main, inv_freq_compress;
   size_t bytes = 0;       // uploaded in total
   size_t expert_bytes = 0;  // of which routed experts
+  int64_t dense_fp8 = 0;    // dense linears kept FP8 (cuda_plan.h device_dense_fp8)
+  int64_t dense_fp8_dequantised = 0;  // FP8 dense linears the mode wanted FP8 but had to dequantise
 };
 
 // Uploads the main model (MTP blocks are not run on the GPU yet), linears (and the embedding)
 // as `linear_dtype` (bf16 or f32). Prints a progress bar to stderr when `progress`. Throws
 // CudaError / OutOfMemory from the allocations.
+// Counts of the most recent upload_weights in this process (tests/diagnostics: whether the FP8
+// dense path was taken): {dense_fp8, dense_fp8_dequantised}.
+std::pair<int64_t, int64_t> last_upload_dense_fp8();
+
 GpuWeights upload_weights(const DeepseekV4Weights& w, const DeepseekV4Config& cfg, DType linear_dtype,
                           size_t planned_bytes, bool progress, cudaStream_t stream);
 
