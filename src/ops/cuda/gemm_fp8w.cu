@@ -161,40 +161,41 @@ __global__ void __launch_bounds__(kWarps * 32) fp8w_kernel(const __grid_constant
 #pragma unroll
   for (int q = 0; q < kNT; ++q) acc[q][0] = acc[q][1] = acc[q][2] = acc[q][3] = 0.f;
 
-  // Weights two chunks ahead (about 1 KB per warp per chunk in flight); at decode sizes
-  // (kNT <= 2) x one chunk ahead too, else x is loaded at the top of its chunk.
-  constexpr bool kPrefetchX = true;
-  WRegs w0{}, w1{}, w2{};
-  uint4 X[kNT][2], XN[kNT][2];
-  if (c0 < c1) load_w<kFp8>(p, rowA, okA, okB, sA, sB, c0 * kChunk + 16 * t, w0);
-  if (c0 + 1 < c1) load_w<kFp8>(p, rowA, okA, okB, sA, sB, (c0 + 1) * kChunk + 16 * t, w1);
-  if (kPrefetchX && c0 < c1) load_x<kNT>(p, xb, g, c0 * kChunk + 16 * t, X);
-  for (int64_t c = c0; c < c1; ++c) {
-    const int64_t k = c * kChunk + 16 * t;
-    if (c + 2 < c1) load_w<kFp8>(p, rowA, okA, okB, sA, sB, k + 2 * kChunk, w2);
-    if constexpr (kPrefetchX) {
-      if (c + 1 < c1) load_x<kNT>(p, xb, g, k + kChunk, XN);
-    } else {
-      load_x<kNT>(p, xb, g, k, X);
+  // Loads run kDepth chunks ahead through a ring of registers. The ring is indexed by constants
+  // only (the inner loop is unrolled), so no register is copied: copying a buffer whose load is
+  // still in flight would wait for it and serialise the loads.
+  constexpr int kDepth = kNT <= 2 ? 4 : 2;
+  WRegs W[kDepth];
+  uint4 X[kDepth][kNT][2];
+#pragma unroll
+  for (int b = 0; b < kDepth; ++b)
+    if (c0 + b < c1) {
+      const int64_t k = (c0 + b) * kChunk + 16 * t;
+      load_w<kFp8>(p, rowA, okA, okB, sA, sB, k, W[b]);
+      load_x<kNT>(p, xb, g, k, X[b]);
     }
-    uint32_t PA[8], PB[8];
-    row_pairs<kFp8>(w0.a0, w0.a1, w0.fa, PA);
-    row_pairs<kFp8>(w0.b0, w0.b1, w0.fb, PB);
+  for (int64_t c = c0; c < c1; c += kDepth) {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const uint32_t a[4] = {PA[2 * j], PB[2 * j], PA[2 * j + 1], PB[2 * j + 1]};
+    for (int b = 0; b < kDepth; ++b) {
+      if (c + b >= c1) break;
+      uint32_t PA[8], PB[8];
+      row_pairs<kFp8>(W[b].a0, W[b].a1, W[b].fa, PA);
+      row_pairs<kFp8>(W[b].b0, W[b].b1, W[b].fb, PB);
 #pragma unroll
-      for (int q = 0; q < kNT; ++q) {
-        const uint32_t xw[8] = {X[q][0].x, X[q][0].y, X[q][0].z, X[q][0].w,
-                                X[q][1].x, X[q][1].y, X[q][1].z, X[q][1].w};
-        mma_bf16(acc[q], a, xw[2 * j], xw[2 * j + 1]);
+      for (int j = 0; j < 4; ++j) {
+        const uint32_t a[4] = {PA[2 * j], PB[2 * j], PA[2 * j + 1], PB[2 * j + 1]};
+#pragma unroll
+        for (int q = 0; q < kNT; ++q) {
+          const uint32_t xw[8] = {X[b][q][0].x, X[b][q][0].y, X[b][q][0].z, X[b][q][0].w,
+                                  X[b][q][1].x, X[b][q][1].y, X[b][q][1].z, X[b][q][1].w};
+          mma_bf16(acc[q], a, xw[2 * j], xw[2 * j + 1]);
+        }
       }
-    }
-    w0 = w1;
-    w1 = w2;
-    if constexpr (kPrefetchX) {
-#pragma unroll
-      for (int q = 0; q < kNT; ++q) X[q][0] = XN[q][0], X[q][1] = XN[q][1];
+      if (c + b + kDepth < c1) {  // refill this slot kDepth chunks ahead
+        const int64_t k = (c + b + kDepth) * kChunk + 16 * t;
+        load_w<kFp8>(p, rowA, okA, okB, sA, sB, k, W[b]);
+        load_x<kNT>(p, xb, g, k, X[b]);
+      }
     }
   }
   // acc[q][0..1]: row g, tokens 8q + 2t, 2t+1; acc[q][2..3]: row g+8.
@@ -254,10 +255,10 @@ struct Split {
 // per-token result (the model's chunked-vs-full consistency tests rely on it).
 Split choose_split(int64_t N, int64_t K, int64_t batch, int num_sms) {
   const int64_t chunks = ceil_div(K, kChunk), blocks = ceil_div(N, kRowsPerBlock) * batch;
-  // As many splits as fit one wave of the decode kernel (kNT = 1: 6 blocks of 4 warps per SM by
-  // registers, ~2 chunks of weight loads in flight per warp), at least 2 chunks per split: a
-  // second, partial wave would cost as much as the first.
-  constexpr int64_t kBlocksPerSm = 6;
+  // As many splits as fit one wave of the decode kernel (kNT = 1: 112 registers, 4 blocks of 4
+  // warps per SM, 4 chunks of loads in flight per warp), at least 2 chunks per split: a second,
+  // partial wave would cost as much as the first.
+  constexpr int64_t kBlocksPerSm = 4;
   const int64_t wave = int64_t(std::max(num_sms, 1)) * kBlocksPerSm;
   int64_t s = std::clamp<int64_t>(wave / blocks, 1, std::max<int64_t>(ceil_div(chunks, 2), 1));
   s = std::min<int64_t>(s, 65535);
