@@ -192,6 +192,8 @@ class Builder {
       DI_THROW(GrammarError, "grammar compilation exceeded its time limit of ", lim_.time_limit_ms, " ms");
   }
   int32_t build(ExprId id, int32_t start, int depth);
+  void build_to(ExprId id, int32_t start, int32_t cont, int depth);
+  uint32_t shape(ExprId id);
   void build_rule_nfa(int32_t idx);
   void determinize(int32_t idx, Pda& pda);
   void eps_closure(std::vector<int32_t>& set);
@@ -221,6 +223,13 @@ class Builder {
   std::vector<std::pair<int32_t, Nfa::Call>> raw_calls_;
   std::vector<Nfa> rule_nfas_;           // [compiled rule]
   const Nfa* cur_nfa_ = nullptr;         // the one being determinised
+  // Shared suffix fragments of the rule being built: (shape of a repeat / inlined rule /
+  // automaton, continuation state) -> entry state. Structurally equal expressions have one
+  // shape id (the lowering builds e.g. "any string character*" afresh at every key-trie
+  // node, each a new ExprId).
+  std::unordered_map<uint64_t, int32_t> shared_;
+  std::vector<uint32_t> shape_of_;  // [exprs] shape id + 1, 0 = not computed
+  std::unordered_map<std::string, uint32_t> shapes_;
   int64_t nfa_total_ = 0;
 };
 
@@ -245,8 +254,7 @@ int32_t Builder::build(ExprId id, int32_t start, int depth) {
       for (ExprId c : e.children) {
         int32_t s = new_state();
         raw_eps_.push_back({start, s});
-        int32_t t = build(c, s, depth + 1);
-        raw_eps_.push_back({t, end});
+        build_to(c, s, end, depth + 1);
       }
       return end;
     }
@@ -296,8 +304,76 @@ int32_t Builder::build(ExprId id, int32_t start, int depth) {
   return new_state();
 }
 
+// Structural id of an expression (equal ids <=> equal expression trees).
+uint32_t Builder::shape(ExprId id) {
+  if (shape_of_.size() < g_.exprs.size()) shape_of_.resize(g_.exprs.size(), 0);
+  if (shape_of_[id]) return shape_of_[id] - 1;
+  const Expr& e = g_.exprs[id];
+  std::string k;
+  auto put = [&](int64_t v) { k.append(reinterpret_cast<const char*>(&v), sizeof v); };
+  put(static_cast<int64_t>(e.kind));
+  put(e.min);
+  put(e.max);
+  put(e.rule);
+  put(e.automaton);
+  put(static_cast<int64_t>(e.ranges.size()));
+  for (ByteRange r : e.ranges) put(r.lo * 256 + r.hi);
+  for (ExprId c : e.children) put(shape(c));
+  const uint32_t sh = shapes_.emplace(std::move(k), static_cast<uint32_t>(shapes_.size())).first->second;
+  shape_of_[id] = sh + 1;
+  return sh;
+}
+
+// Builds `id` from `start` into the continuation state `cont`. Alternatives and a sequence's
+// last part pass `cont` down, so the suffixes of nested alternatives that end the same way
+// meet at one state; a repeat, inlined rule or automaton seen again with the same shape and
+// continuation is entered through the fragment already built (same language: the fragment
+// reads L(e) from its entry to `cont` whatever led there). Without this every key-trie node
+// of an "other key" (additionalProperties) got its own copy of the string body, and the
+// DFA one copy of its states per node.
+void Builder::build_to(ExprId id, int32_t start, int32_t cont, int depth) {
+  const Expr& e = g_.exprs[id];
+  if (depth > 10'000) DI_THROW(GrammarError, "grammar nesting too deep while inlining rules");
+  switch (e.kind) {
+    case ExprKind::kAlt:
+      for (ExprId c : e.children) {
+        int32_t s = new_state();
+        raw_eps_.push_back({start, s});
+        build_to(c, s, cont, depth + 1);
+      }
+      return;
+    case ExprKind::kSeq: {
+      int32_t cur = start;
+      for (size_t i = 0; i + 1 < e.children.size(); ++i) cur = build(e.children[i], cur, depth + 1);
+      if (e.children.empty()) raw_eps_.push_back({cur, cont});
+      else build_to(e.children.back(), cur, cont, depth + 1);
+      return;
+    }
+    case ExprKind::kRepeat:
+    case ExprKind::kRef:
+    case ExprKind::kAutomaton: {
+      if (!lim_.share_suffixes) break;
+      if (e.kind == ExprKind::kRef && (!prod_[e.rule] || rec_[e.rule] || !g_.rules[e.rule].inline_ok)) break;
+      const uint64_t key = static_cast<uint64_t>(shape(id)) << 32 | static_cast<uint32_t>(cont);
+      auto it = shared_.find(key);
+      if (it != shared_.end()) {
+        raw_eps_.push_back({start, it->second});
+        return;
+      }
+      const int32_t entry = new_state();
+      shared_.emplace(key, entry);
+      raw_eps_.push_back({start, entry});
+      raw_eps_.push_back({build(id, entry, depth + 1), cont});
+      return;
+    }
+    default: break;
+  }
+  raw_eps_.push_back({build(id, start, depth + 1), cont});
+}
+
 void Builder::build_rule_nfa(int32_t idx) {
   num_nfa_ = 0;
+  shared_.clear();
   raw_eps_.clear();
   raw_bytes_.clear();
   raw_calls_.clear();
