@@ -12,24 +12,18 @@
 #include <string>
 
 #include "core/check.h"
+#include "structured/grammar_text.h"
 #include "structured/lark.h"
 
 namespace deepinfer::structured {
 namespace {
 
-class EbnfParser {
+class EbnfParser : GrammarTextParser {
  public:
-  EbnfParser(std::string_view src, GrammarBuilder& b) : s_(src), b_(b) {}
+  EbnfParser(std::string_view src, GrammarBuilder& b) : GrammarTextParser(src, b, "ebnf") {}
   Grammar parse();
 
  private:
-  [[noreturn]] void fail(size_t at, const std::string& what) const {
-    size_t line = 1, col = 1;
-    for (size_t i = 0; i < at && i < s_.size(); ++i) {
-      if (s_[i] == '\n') { ++line; col = 1; } else { ++col; }
-    }
-    DI_THROW(GrammarError, "ebnf ", line, ":", col, ": ", what);
-  }
   void skip_space() {
     while (pos_ < s_.size()) {
       char c = s_[pos_];
@@ -62,19 +56,7 @@ class EbnfParser {
   ExprId parse_alt(int depth);
   ExprId parse_seq(int depth);
   ExprId parse_atom(int depth);
-  RuleId rule_ref(const std::string& name, size_t at) {
-    RuleId r = b_.find_rule(name);
-    if (r < 0) {
-      r = b_.declare_rule(name);
-      first_use_[r] = at;
-    }
-    return r;
-  }
 
-  std::string_view s_;
-  GrammarBuilder& b_;
-  size_t pos_ = 0;
-  std::map<RuleId, size_t> first_use_;
   std::map<RuleId, bool> defined_;
 };
 

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "core/check.h"
+#include "structured/grammar_text.h"
 #include "structured/regex.h"
 
 namespace deepinfer::structured {
@@ -52,19 +53,12 @@ bool is_terminal_name(const std::string& n) {
   return i < n.size() && n[i] >= 'A' && n[i] <= 'Z';
 }
 
-class LarkParser {
+class LarkParser : GrammarTextParser {
  public:
-  LarkParser(std::string_view src, GrammarBuilder& b) : s_(src), b_(b) {}
+  LarkParser(std::string_view src, GrammarBuilder& b) : GrammarTextParser(src, b, "lark") {}
   Grammar parse();
 
  private:
-  [[noreturn]] void fail(size_t at, const std::string& what) const {
-    size_t line = 1, col = 1;
-    for (size_t i = 0; i < at && i < s_.size(); ++i) {
-      if (s_[i] == '\n') { ++line; col = 1; } else { ++col; }
-    }
-    DI_THROW(GrammarError, "lark ", line, ":", col, ": ", what);
-  }
   bool eof() const { return pos_ >= s_.size(); }
   // Skips blanks and // comments; newlines too when `nl` (inside brackets) is set.
   void skip(bool nl) {
@@ -95,14 +89,6 @@ class LarkParser {
     if (st == pos_) fail(pos_, "expected a name");
     return std::string(s_.substr(st, pos_ - st));
   }
-  RuleId rule_ref(const std::string& n, size_t at) {
-    RuleId r = b_.find_rule(n);
-    if (r < 0) {
-      r = b_.declare_rule(n);
-      first_use_[r] = at;
-    }
-    return r;
-  }
   void definition();
   void directive();
   void import_common(const std::string& n, const std::string& as, size_t at);
@@ -118,13 +104,9 @@ class LarkParser {
     return b_.ref(ignore_rule_);
   }
 
-  std::string_view s_;
-  GrammarBuilder& b_;
-  size_t pos_ = 0;
   bool in_rule_ = false;  // lowering a rule (tokens may be preceded by ignored text)
   RuleId ignore_rule_ = -1;
   std::vector<ExprId> ignored_;
-  std::map<RuleId, size_t> first_use_;
   std::set<RuleId> defined_;
 };
 
