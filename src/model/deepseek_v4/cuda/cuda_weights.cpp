@@ -109,6 +109,24 @@ int e8m0_of(float v) {
   return (u & 0x7fffffu) == 0 && e >= 1 && e <= 254 ? int(e) : -1;
 }
 
+// A scale tensor (e8m0, or f32/bf16 powers of two) as row-major e8m0 exponent bytes; nullopt when
+// a scale is not a power of two.
+std::optional<std::vector<uint8_t>> e8m0_grid(const Tensor& scale) {
+  const Tensor st = scale.contiguous();
+  std::vector<uint8_t> grid(size_t(st.numel()));
+  if (st.dtype() == DType::kE8M0) {
+    std::memcpy(grid.data(), st.raw_data(), grid.size());
+    return grid;
+  }
+  const Tensor f32 = st.to_f32();
+  for (size_t i = 0; i < grid.size(); ++i) {
+    const int e = e8m0_of(f32.data<float>()[i]);
+    if (e < 0) return std::nullopt;
+    grid[i] = uint8_t(e);
+  }
+  return grid;
+}
+
 // e8m0 grid of a dense FP8 linear ([ceil(out/128), ceil(in/128)], f32 power-of-two scales
 // converted), or nullopt when gemm_fp8w cannot read it as stored: not FP8, input width not a
 // multiple of 16, a scale not a power of two or above 2^(kFp8wMaxScaleExp-127).
@@ -118,21 +136,11 @@ std::optional<std::vector<uint8_t>> dense_fp8_grid(const Linear& l) {
     return std::nullopt;
   const int64_t out = l.weight.size(0), in = l.weight.size(1);
   if (in % 16 || l.scale.size(0) != (out + 127) / 128 || l.scale.size(1) != (in + 127) / 128) return std::nullopt;
-  const Tensor st = l.scale.contiguous();
-  std::vector<uint8_t> grid(size_t(st.numel()));
-  if (st.dtype() == DType::kE8M0) {
-    std::memcpy(grid.data(), st.raw_data(), grid.size());
-  } else {
-    const Tensor f32 = st.to_f32();
-    for (size_t i = 0; i < grid.size(); ++i) {
-      const int e = e8m0_of(f32.data<float>()[i]);
-      if (e < 0) return std::nullopt;
-      grid[i] = uint8_t(e);
-    }
-  }
-  for (uint8_t e : grid)
+  std::optional<std::vector<uint8_t>> grid = e8m0_grid(l.scale);
+  if (!grid) return std::nullopt;
+  for (uint8_t e : *grid)
     if (e > ops::cuda::kFp8wMaxScaleExp) return std::nullopt;
-  return grid;
+  return *grid;
 }
 
 // Dense linears [a; b; ...] stacked by rows: FP8 as stored when the mode and every part allow it
@@ -244,24 +252,14 @@ bool append_native(const Linear& l, WeightFormat f, std::vector<uint8_t>& w, std
   const int64_t out = l.weight.size(0), in = l.weight.size(1);
   const int64_t bi = f == WeightFormat::kFP4 ? 32 : 128, bo = f == WeightFormat::kFP4 ? 1 : 128;
   if (in % 32 || l.scale.size(0) != (out + bo - 1) / bo || l.scale.size(1) != (in + bi - 1) / bi) return false;
+  const std::optional<std::vector<uint8_t>> grid = e8m0_grid(l.scale);
+  if (!grid) return false;
   const Tensor wc = l.weight.contiguous();
   const uint8_t* pw = static_cast<const uint8_t*>(wc.raw_data());
   w.insert(w.end(), pw, pw + wc.nbytes());
-  const int64_t sr = l.scale.size(0), sc = l.scale.size(1);
-  std::vector<uint8_t> grid(size_t(sr * sc));
-  const Tensor st = l.scale.contiguous();
-  if (st.dtype() == DType::kE8M0) {
-    std::memcpy(grid.data(), st.raw_data(), grid.size());
-  } else {
-    const Tensor f32 = st.to_f32();
-    for (size_t i = 0; i < grid.size(); ++i) {
-      const int e = e8m0_of(f32.data<float>()[i]);
-      if (e < 0) return false;
-      grid[i] = uint8_t(e);
-    }
-  }
+  const int64_t sc = l.scale.size(1);
   for (int64_t r = 0; r < out; ++r) {
-    const uint8_t* row = grid.data() + (r / bo) * sc;
+    const uint8_t* row = grid->data() + (r / bo) * sc;
     s.insert(s.end(), row, row + sc);
   }
   return true;
