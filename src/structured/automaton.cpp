@@ -134,6 +134,48 @@ class SetTable {
   std::vector<uint64_t> hashes_;  // [size]
   std::vector<int32_t> slots_;    // power of two; set index or -1
 };
+// uint64 -> int32 open-addressing map (keys != ~0); clear() keeps the capacity.
+class FlatMap {
+ public:
+  void clear() {
+    keys_.assign(64, kEmpty);
+    vals_.assign(64, 0);
+    size_ = 0;
+  }
+  const int32_t* find(uint64_t k) const {
+    const size_t mask = keys_.size() - 1;
+    for (size_t i = mix(k) & mask;; i = (i + 1) & mask) {
+      if (keys_[i] == k) return &vals_[i];
+      if (keys_[i] == kEmpty) return nullptr;
+    }
+  }
+  void insert(uint64_t k, int32_t v) {  // k absent
+    if ((size_ + 1) * 2 > keys_.size()) grow();
+    const size_t mask = keys_.size() - 1;
+    size_t i = mix(k) & mask;
+    while (keys_[i] != kEmpty) i = (i + 1) & mask;
+    keys_[i] = k;
+    vals_[i] = v;
+    ++size_;
+  }
+
+ private:
+  static constexpr uint64_t kEmpty = ~0ull;
+  static uint64_t mix(uint64_t k) { return (k * 0x9e3779b97f4a7c15ull) >> 17; }
+  void grow() {
+    std::vector<uint64_t> ok = std::move(keys_);
+    std::vector<int32_t> ov = std::move(vals_);
+    keys_.assign(ok.size() * 2, kEmpty);
+    vals_.assign(ok.size() * 2, 0);
+    size_ = 0;
+    for (size_t i = 0; i < ok.size(); ++i)
+      if (ok[i] != kEmpty) insert(ok[i], ov[i]);
+  }
+  std::vector<uint64_t> keys_;
+  std::vector<int32_t> vals_;
+  size_t size_ = 0;
+};
+
 // One rule's NFA, built as flat edge lists (no allocation per state) and then grouped by
 // source state (CSR: state s's edges are [x_begin[s], x_begin[s + 1])).
 struct Nfa {
@@ -165,6 +207,7 @@ void group_edges(int32_t n, const std::vector<std::pair<int32_t, E>>& raw, std::
 class Builder {
  public:
   Builder(const Grammar& g, const AutomatonLimits& lim) : g_(g), lim_(lim) {
+    shapes_.clear();
     prod_ = productive_rules(g);
     rec_ = recursive_rules(g);
     deadline_ = Clock::now() + std::chrono::microseconds(static_cast<int64_t>(lim.time_limit_ms * 1000));
@@ -193,6 +236,9 @@ class Builder {
   }
   int32_t build(ExprId id, int32_t start, int depth);
   void build_to(ExprId id, int32_t start, int32_t cont, int depth);
+  int32_t entry_to(ExprId id, int32_t cont, int depth);
+  void number_calls(ExprId id, int depth);
+  std::vector<bool> numbered_;  // [exprs] number_calls visited it
   uint32_t shape(ExprId id);
   void build_rule_nfa(int32_t idx);
   void determinize(int32_t idx, Pda& pda);
@@ -227,9 +273,10 @@ class Builder {
   // automaton, continuation state) -> entry state. Structurally equal expressions have one
   // shape id (the lowering builds e.g. "any string character*" afresh at every key-trie
   // node, each a new ExprId).
-  std::unordered_map<uint64_t, int32_t> shared_;
+  FlatMap shared_;
   std::vector<uint32_t> shape_of_;  // [exprs] shape id + 1, 0 = not computed
-  std::unordered_map<std::string, uint32_t> shapes_;
+  SetTable shapes_;
+  std::vector<int32_t> shape_buf_;
   int64_t nfa_total_ = 0;
 };
 
@@ -304,71 +351,92 @@ int32_t Builder::build(ExprId id, int32_t start, int depth) {
   return new_state();
 }
 
-// Structural id of an expression (equal ids <=> equal expression trees).
+// Structural id of an expression (equal ids <=> equal expression trees): its fields and its
+// children's ids, interned in a SetTable (exact comparison, no allocation per lookup).
 uint32_t Builder::shape(ExprId id) {
   if (shape_of_.size() < g_.exprs.size()) shape_of_.resize(g_.exprs.size(), 0);
   if (shape_of_[id]) return shape_of_[id] - 1;
   const Expr& e = g_.exprs[id];
-  std::string k;
-  auto put = [&](int64_t v) { k.append(reinterpret_cast<const char*>(&v), sizeof v); };
-  put(static_cast<int64_t>(e.kind));
-  put(e.min);
-  put(e.max);
-  put(e.rule);
-  put(e.automaton);
-  put(static_cast<int64_t>(e.ranges.size()));
-  for (ByteRange r : e.ranges) put(r.lo * 256 + r.hi);
-  for (ExprId c : e.children) put(shape(c));
-  const uint32_t sh = shapes_.emplace(std::move(k), static_cast<uint32_t>(shapes_.size())).first->second;
+  for (ExprId c : e.children) shape(c);  // children first: the recursion reuses shape_buf_
+  shape_buf_.assign({static_cast<int32_t>(e.kind), e.min, e.max, e.rule, e.automaton,
+                     static_cast<int32_t>(e.ranges.size())});
+  for (ByteRange r : e.ranges) shape_buf_.push_back(r.lo * 256 + r.hi);
+  for (ExprId c : e.children) shape_buf_.push_back(static_cast<int32_t>(shape_of_[c] - 1));
+  bool added = false;
+  const uint32_t sh = static_cast<uint32_t>(shapes_.intern(shape_buf_, &added));
   shape_of_[id] = sh + 1;
   return sh;
 }
 
-// Builds `id` from `start` into the continuation state `cont`. Alternatives and a sequence's
-// last part pass `cont` down, so the suffixes of nested alternatives that end the same way
-// meet at one state; a repeat, inlined rule or automaton seen again with the same shape and
-// continuation is entered through the fragment already built (same language: the fragment
-// reads L(e) from its entry to `cont` whatever led there). Without this every key-trie node
-// of an "other key" (additionalProperties) got its own copy of the string body, and the
-// DFA one copy of its states per node.
+// Gives the called rules in `id` their compiled indices in first-use order of a plain
+// left-to-right build (the order build_to's continuation-first construction would change).
+void Builder::number_calls(ExprId id, int depth) {
+  if (numbered_.size() < g_.exprs.size()) numbered_.resize(g_.exprs.size(), false);
+  if (numbered_[id]) return;
+  numbered_[id] = true;
+  if (depth > 10'000) DI_THROW(GrammarError, "grammar nesting too deep while inlining rules");
+  const Expr& e = g_.exprs[id];
+  switch (e.kind) {
+    case ExprKind::kSeq:
+    case ExprKind::kAlt:
+      for (ExprId c : e.children) number_calls(c, depth + 1);
+      return;
+    case ExprKind::kRepeat:
+      if (e.min > 0 || e.max != 0) number_calls(e.children[0], depth + 1);
+      return;
+    case ExprKind::kRef:
+      if (!prod_[e.rule]) return;
+      if (rec_[e.rule] || !g_.rules[e.rule].inline_ok) compiled_index(e.rule);
+      else number_calls(g_.rules[e.rule].body, depth + 1);
+      return;
+    default: return;
+  }
+}
+
+// Builds `id` from `start` into the continuation state `cont`: start -eps-> entry_to(id, cont).
 void Builder::build_to(ExprId id, int32_t start, int32_t cont, int depth) {
+  const int32_t entry = entry_to(id, cont, depth);
+  if (entry >= 0) raw_eps_.push_back({start, entry});
+}
+
+// A state reading exactly L(id) into `cont` (-1: none, L(id) is empty), entered only through
+// epsilons its callers add. Built continuation-first: a sequence from its last part back,
+// alternatives all into `cont`. With share_suffixes, an expression of equal shape (structural
+// id) into the same continuation is built once: L(entry) = L(id) . L(cont) whatever led to
+// it, so equal suffixes (the UTF-8 tails and "any string character*" that the lowering
+// rebuilds at every key-trie node of an additionalProperties key, each a new ExprId) become
+// one NFA fragment, and the DFA gets one copy of their states instead of one per node.
+int32_t Builder::entry_to(ExprId id, int32_t cont, int depth) {
   const Expr& e = g_.exprs[id];
   if (depth > 10'000) DI_THROW(GrammarError, "grammar nesting too deep while inlining rules");
-  switch (e.kind) {
-    case ExprKind::kAlt:
-      for (ExprId c : e.children) {
-        int32_t s = new_state();
-        raw_eps_.push_back({start, s});
-        build_to(c, s, cont, depth + 1);
-      }
-      return;
-    case ExprKind::kSeq: {
-      int32_t cur = start;
-      for (size_t i = 0; i + 1 < e.children.size(); ++i) cur = build(e.children[i], cur, depth + 1);
-      if (e.children.empty()) raw_eps_.push_back({cur, cont});
-      else build_to(e.children.back(), cur, cont, depth + 1);
-      return;
-    }
-    case ExprKind::kRepeat:
-    case ExprKind::kRef:
-    case ExprKind::kAutomaton: {
-      if (!lim_.share_suffixes) break;
-      if (e.kind == ExprKind::kRef && (!prod_[e.rule] || rec_[e.rule] || !g_.rules[e.rule].inline_ok)) break;
-      const uint64_t key = static_cast<uint64_t>(shape(id)) << 32 | static_cast<uint32_t>(cont);
-      auto it = shared_.find(key);
-      if (it != shared_.end()) {
-        raw_eps_.push_back({start, it->second});
-        return;
-      }
-      const int32_t entry = new_state();
-      shared_.emplace(key, entry);
-      raw_eps_.push_back({start, entry});
-      raw_eps_.push_back({build(id, entry, depth + 1), cont});
-      return;
-    }
-    default: break;
+  if (e.kind == ExprKind::kEmpty) return cont;
+  if (e.kind == ExprKind::kNothing) return -1;
+  uint64_t key = 0;
+  if (lim_.share_suffixes) {
+    key = static_cast<uint64_t>(shape(id)) << 32 | static_cast<uint32_t>(cont);
+    if (const int32_t* hit = shared_.find(key)) return *hit;
   }
-  raw_eps_.push_back({build(id, start, depth + 1), cont});
+  int32_t entry = -1;
+  switch (e.kind) {
+    case ExprKind::kSeq:
+      entry = cont;
+      for (size_t i = e.children.size(); i-- > 0 && entry >= 0;) entry = entry_to(e.children[i], entry, depth + 1);
+      break;
+    case ExprKind::kAlt:
+      entry = new_state();
+      for (ExprId c : e.children)
+        if (const int32_t x = entry_to(c, cont, depth + 1); x >= 0) raw_eps_.push_back({entry, x});
+      break;
+    case ExprKind::kBytes:
+      entry = new_state();
+      for (ByteRange r : e.ranges) raw_bytes_.push_back({entry, {r.lo, r.hi, cont}});
+      break;
+    default:
+      entry = new_state();
+      raw_eps_.push_back({build(id, entry, depth + 1), cont});
+  }
+  if (lim_.share_suffixes) shared_.insert(key, entry);
+  return entry;
 }
 
 void Builder::build_rule_nfa(int32_t idx) {
@@ -380,6 +448,7 @@ void Builder::build_rule_nfa(int32_t idx) {
   int32_t start = new_state();
   DI_CHECK(start == 0);
   Nfa nfa;
+  number_calls(g_.rules[kept_[idx]].body, 0);
   nfa.final = build(g_.rules[kept_[idx]].body, start, 0);
   nfa.num_states = num_nfa_;
   nfa_total_ += num_nfa_;

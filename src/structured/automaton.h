@@ -16,9 +16,10 @@ struct AutomatonLimits {
   int64_t max_nfa_states = 2'000'000;  // after repeat expansion, all rules together
   int64_t max_dfa_states = 200'000;    // all rules together
   double time_limit_ms = 5'000;        // wall time for the whole compilation
-  // Repeats / inlined rules / automata of equal shape that continue into the same state are
-  // built once (automaton.cpp, build_to). Same language either way, far fewer DFA states
-  // under additionalProperties; off only in tests, which compare the two.
+  // Expressions of equal shape that continue into the same NFA state are built once
+  // (automaton.cpp, entry_to): equal suffixes share one fragment. Same automaton up to
+  // bisimulation, far fewer DFA states (key tries under additionalProperties, UTF-8 tails);
+  // off only in tests, which compare the two.
   bool share_suffixes = true;
 };
 

@@ -1,5 +1,5 @@
 // Shared suffix fragments in the NFA build (AutomatonLimits::share_suffixes, automaton.cpp
-// build_to) against the plain build: the two automata must be bisimilar from every rule start
+// entry_to) against the plain build: the two automata must be bisimilar from every rule start
 // (same finality, dead ends, calls with their tail flags, and transitions on every byte class,
 // pairwise over all reachable state pairs), so every accept/reject and every mask is the same.
 // Over hand-written schemas (additionalProperties key tries incl. escapes and UTF-8 names),
@@ -94,7 +94,7 @@ TEST(AutomatonShare, SchemasBisimilarAndSmaller) {
 }
 
 // Random grammars whose alternatives end in structurally equal (but separately built)
-// repeats, inlined rules and nested alternatives: the shapes build_to shares.
+// repeats, inlined rules and nested alternatives: the suffixes entry_to shares.
 ExprId random_expr(GrammarBuilder& b, std::mt19937& rng, const std::vector<RuleId>& rules, int depth) {
   std::uniform_int_distribution<int> kind(0, depth > 3 ? 1 : 6), byte('a', 'd'), n(2, 3);
   switch (kind(rng)) {
