@@ -29,49 +29,58 @@ void put_i32(std::string& out, int32_t x) { out.append(reinterpret_cast<const ch
 std::string CompiledGrammarImpl::shared_key(int32_t state) const {
   const int32_t max_depth = vocab->max_depth_;
   const int32_t nc = pda.num_classes;
-  // 0-1 BFS: byte edges cost 1, calls and returns 0, so `depth` is a lower bound on the bytes
-  // needed to reach a state; byte edges are encoded only below the longest token.
+  // Label-correcting 0-1 search over the byte budget: `rem` is an upper bound on the bytes a
+  // token can still hold when the walk is in a state (start: the longest token; a byte edge
+  // on b: at most rem - 1 and at most vocab->after_byte_[b], the most bytes any token has
+  // after a b; calls and returns: unchanged). Byte edges are encoded only where rem > 0, so
+  // the key holds everything the walk can see (equal keys => equal context-independent
+  // masks) but stops a few bytes past a quote or comma instead of a whole token length on.
   // canon: [num_states] state -> canonical index or -1; thread-local so that a key costs only
   // the states it touches (they are reset on the way out), not an allocation per call.
   thread_local std::vector<int32_t> canon;
   if (canon.size() < pda.num_states()) canon.assign(pda.num_states(), -1);
-  std::vector<int32_t> order, depth;  // [canonical] state, min depth
+  std::vector<int32_t> order, rem;  // [canonical] state, byte budget
   std::deque<int32_t> queue;
   struct Reset {
     std::vector<int32_t>& canon;
     std::vector<int32_t>& order;
     ~Reset() { for (int32_t s : order) canon[s] = -1; }
   } reset{canon, order};
-  auto visit = [&](int32_t s, int32_t d, bool front) {
+  auto visit = [&](int32_t s, int32_t r, bool front) {
     int32_t& k = canon[s];
     if (k < 0) {
       k = static_cast<int32_t>(order.size());
       order.push_back(s);
-      depth.push_back(d);
+      rem.push_back(r);
       front ? queue.push_front(k) : queue.push_back(k);
-    } else if (d < depth[k]) {
-      depth[k] = d;  // found shorter through a call: revisit first
+    } else if (r > rem[k]) {
+      rem[k] = r;  // reached with more bytes left: revisit first
       queue.push_front(k);
     }
   };
+  int32_t class_after[256];  // [class] most bytes after any byte of the class
+  for (int32_t c = 0; c < nc; ++c) class_after[c] = -1;
+  for (int b = 0; b < 256; ++b)
+    class_after[pda.byte_class[b]] = std::max(class_after[pda.byte_class[b]], vocab->after_byte_[b]);
   const std::array<uint64_t, 4> loops = self_loops(state);
   const uint64_t* json = TokenVocabulary::kJsonText;
   const size_t limit = !(json[0] & ~loops[0]) && !(json[1] & ~loops[1]) ? kMaxTextKeyStates : kMaxSharedKeyStates;
-  visit(state, 0, false);
+  visit(state, max_depth, false);
   while (!queue.empty()) {
     int32_t k = queue.front();
     queue.pop_front();
     if (order.size() > limit) return {};
     const int32_t s = order[k];
+    const int32_t r = rem[k];
     const PdaState& st = pda.states[s];
     for (int32_t c = st.calls_begin; c < st.calls_end; ++c) {
-      visit(pda.rule_start[pda.calls[c].rule], depth[k], true);
-      visit(pda.calls[c].ret, depth[k], true);
+      visit(pda.rule_start[pda.calls[c].rule], r, true);
+      visit(pda.calls[c].ret, r, true);
     }
-    if (depth[k] >= max_depth) continue;
+    if (r <= 0) continue;
     const int32_t* row = &pda.trans[static_cast<size_t>(s) * nc];
     for (int32_t c = 0; c < nc; ++c)
-      if (row[c] >= 0) visit(row[c], depth[k] + 1, false);
+      if (row[c] >= 0) visit(row[c], std::max(0, std::min(r - 1, class_after[c])), false);
   }
   // Byte classes are byte intervals in increasing order: class_lo[c] is the first byte of c.
   int32_t class_lo[257];
@@ -91,7 +100,7 @@ std::string CompiledGrammarImpl::shared_key(int32_t state) const {
       put_i32(key, canon[pda.rule_start[pda.calls[c].rule]]);
       put_i32(key, canon[pda.calls[c].ret]);
     }
-    if (depth[k] >= max_depth) {
+    if (rem[k] <= 0) {
       key.push_back('|');
       continue;
     }

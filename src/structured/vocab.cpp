@@ -122,6 +122,8 @@ TokenVocabulary::TokenVocabulary(TokenizerInfo info) : info_(std::move(info)) {
       if (t < 0 || !(utf8_below_[i] >> t & 1)) utf8_below_[parent[i]] &= static_cast<uint8_t>(~(1u << s));
     }
   }
+  after_byte_.fill(-1);
+  for (size_t i = 1; i < byte_.size(); ++i) after_byte_[byte_[i]] = std::max(after_byte_[byte_[i]], height_[i]);
   // Text runs, right to left so a node's next sibling (end_[i] at the same depth) is done.
   const size_t nn = byte_.size();
   text_run_end_.assign(nn, 0);

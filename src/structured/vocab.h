@@ -92,6 +92,10 @@ class TokenVocabulary {
   static constexpr uint64_t kJsonText[2] = {0xFFFFFFFB00000000ull, 0xFFFFFFFFEFFFFFFFull};  // ASCII bits
   std::vector<uint32_t> grammar_bits_;  // [ceil(vocab_size/32)] bit set <=> a grammar token
   int32_t max_depth_ = 0;          // longest grammar token, bytes
+  // [byte] the most bytes any grammar token has after an occurrence of the byte (-1: in no
+  // token): after `"` only a few (`","`), after a letter or space many. Bounds how far the
+  // mask walk can go past a byte, so state keys (mask_cache.cpp) stop there.
+  std::array<int32_t, 256> after_byte_{};
   mutable SharedMaskCache shared_masks_{2048};  // filled lazily by every grammar over this vocabulary
   // Root-child subtrees walked from a state, by (state key id, escape flag, node): mask_walk.cpp.
   mutable SharedCache<SubtreeResult> shared_subtrees_{16384};
