@@ -14,8 +14,9 @@ namespace {
 // Beyond this many reachable states: per-grammar cache only. Keys that large are schema
 // specific (they rarely hit across grammars) and cost more to build than the fast walk
 // (mask_walk.cpp) does; 4096 before the fast walk put ~500 keys of 0.3-0.9 ms each in the
-// MaskBench-dev p99 tail.
-constexpr size_t kMaxSharedKeyStates = 256;
+// MaskBench-dev p99 tail. With keys cut at the per-byte token budget, 128 beats 256 (64 and
+// 512 are worse): MaskBench-dev 300, per-mask min of 5-6 runs, p99 214-219 vs 218-232 us.
+constexpr size_t kMaxSharedKeyStates = 128;
 // String bodies (states looping on all JSON string text) are the exception: their walks are
 // the most expensive (~10k trie nodes: every token holding a quote is followed past the string's
 // end), and the "other key" state of every object with additionalProperties looks the same in
