@@ -92,6 +92,22 @@ void SchemaLowerer::index_ids(const json& s, const std::string& ptr, bool in_roo
   }
 }
 
+namespace {
+// The candidate values of enum and/or const (const inside enum, or nothing when it is not there).
+std::vector<json> enum_const_values(const json& s, const std::string& ptr) {
+  std::vector<json> values;
+  if (s.contains("enum")) {
+    if (!s["enum"].is_array()) schema_error(ptr + "/enum", "must be an array");
+    for (const auto& v : s["enum"]) values.push_back(v);
+  }
+  if (!s.contains("const")) return values;
+  const bool in = !s.contains("enum") || std::find(values.begin(), values.end(), s["const"]) != values.end();
+  values.clear();
+  if (in) values.push_back(s["const"]);
+  return values;
+}
+}  // namespace
+
 ExprId SchemaLowerer::ws() {
   if (!opt_.flexible_whitespace) return b.empty();
   return b.repeat(b.bytes({{' ', ' '}, {'\t', '\t'}, {'\n', '\n'}, {'\r', '\r'}}), 0, opt_.max_whitespace);
@@ -197,20 +213,7 @@ ExprId SchemaLowerer::lower_object_schema(const json& s, const std::string& ptr,
   if (s.contains("nullable") && s["nullable"] == true && std::find(types.begin(), types.end(), "null") == types.end())
     types.push_back("null");
   if (s.contains("enum") || s.contains("const")) {
-    std::vector<json> values;
-    if (s.contains("enum")) {
-      if (!s["enum"].is_array()) schema_error(ptr + "/enum", "must be an array");
-      for (const auto& v : s["enum"]) values.push_back(v);
-    }
-    if (s.contains("const")) {
-      if (s.contains("enum")) {
-        bool in = std::any_of(values.begin(), values.end(), [&](const json& v) { return v == s["const"]; });
-        values.clear();
-        if (in) values.push_back(s["const"]);
-      } else {
-        values.push_back(s["const"]);
-      }
-    }
+    const std::vector<json> values = enum_const_values(s, ptr);
     for (auto it = s.begin(); it != s.end(); ++it) {
       const std::string& k = it.key();
       if (k != "enum" && k != "const" && k != "type" && k != "nullable" && kSupported.count(k))
@@ -249,20 +252,7 @@ ExprId SchemaLowerer::lower_type(const std::string& t, const json& s, const std:
 // enum/const next to other keywords: the finite candidate set, filtered by validating each
 // value against the rest of the schema (compiled on its own and matched byte by byte).
 ExprId SchemaLowerer::lower_filtered_enum(const json& s, const std::string& ptr, int depth) {
-  std::vector<json> values;
-  if (s.contains("enum")) {
-    if (!s["enum"].is_array()) schema_error(ptr + "/enum", "must be an array");
-    for (const auto& v : s["enum"]) values.push_back(v);
-  }
-  if (s.contains("const")) {
-    if (s.contains("enum")) {
-      bool in = std::any_of(values.begin(), values.end(), [&](const json& v) { return v == s["const"]; });
-      values.clear();
-      if (in) values.push_back(s["const"]);
-    } else {
-      values.push_back(s["const"]);
-    }
-  }
+  const std::vector<json> values = enum_const_values(s, ptr);
   json rest = s;
   rest.erase("enum");
   rest.erase("const");

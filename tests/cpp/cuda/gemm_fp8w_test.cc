@@ -174,21 +174,6 @@ TEST(CudaGemmFp8w, TypedErrors) {
   EXPECT_THROW(oc::dequant_fp8w_bf16({.w = buf, .scale = buf, .out = buf, .N = 2, .K = 20}, nullptr), InvalidArgument);
 }
 
-double median_us(const std::function<void(cudaStream_t)>& fn, cudaStream_t s) {
-  for (int i = 0; i < 3; ++i) fn(s);
-  std::vector<double> t;
-  Event a(true), b(true);
-  for (int i = 0; i < 20; ++i) {
-    a.record(s);
-    fn(s);
-    b.record(s);
-    b.synchronize();
-    t.push_back(1e3 * b.elapsed_ms_since(a));
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
-std::string gbps(double bytes, double us) { return std::to_string(int(bytes / us / 1e3)) + " GB/s"; }
 
 // Decode-size timings. Weights rotate over copies that together exceed L2 (50 MB on the H200),
 // so every launch reads its weights from HBM. GB/s counts weight bytes (+ scales) only.

@@ -18,22 +18,6 @@ namespace {
 using namespace test;
 namespace oc = ops::cuda;
 
-double median_us(const std::function<void(cudaStream_t)>& fn, cudaStream_t s) {
-  for (int i = 0; i < 3; ++i) fn(s);
-  std::vector<double> t;
-  Event a(true), b(true);
-  for (int i = 0; i < 20; ++i) {
-    a.record(s);
-    fn(s);
-    b.record(s);
-    b.synchronize();
-    t.push_back(1e3 * b.elapsed_ms_since(a));
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
-std::string gbps(double bytes, double us) { return std::to_string(int(bytes / us / 1e3)) + " GB/s"; }
-std::string tflops(double flop, double us) { return std::to_string(int(flop / us / 1e6)) + " TFLOP/s"; }
 
 TEST(CudaTiming, Kernels) {
   DI_REQUIRE_GPU();
