@@ -59,6 +59,21 @@ class Loader {
     DI_THROW(CheckpointError, ck_.dir(), ": missing tensor '", preferred(off, hf), "'");
   }
 
+  // Every entry of a hash-routing table [V, k] must name a routed expert: checked once here, so
+  // no forward path (the GPU's device-routed MoE has no host check) can meet a bad id.
+  void check_expert_ids(const std::string& off, const std::string& hf, const Tensor& t, int64_t experts) const {
+    const Tensor c = t.contiguous();
+    const int64_t n = c.numel(), k = c.size(1);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t v = c.dtype() == DType::kI64 ? c.data<int64_t>()[i] : int64_t(c.data<int32_t>()[i]);
+      if (v < 0 || v >= experts) {
+        const std::string name = resolve(off, hf);
+        DI_THROW(CheckpointError, ck_.file_of(name), ": tensor '", name, "' entry [", i / k, ", ", i % k, "] is ", v,
+                 ", not an expert id in [0, ", experts, ")");
+      }
+    }
+  }
+
   // Fetch + check dtype and shape.
   Tensor get(const std::string& off, const std::string& hf, DTypes dts, const Shape& shape,
              const std::string& alias = "") {
@@ -209,9 +224,11 @@ MoEWeights load_moe(Loader& ld, const Prefix& p, MlpKind kind) {
   MoEWeights m;
   m.gate = ld.get(o + "gate.weight", f + "gate.weight", kFloat, {E, D});
   if (kind == MlpKind::kHashMoE)
+  {
     m.tid2eid = ld.get(o + "gate.tid2eid", f + "gate.tid2eid", {DType::kI64, DType::kI32},
                        {c.vocab_size, c.num_experts_per_tok});
-  else
+    ld.check_expert_ids(o + "gate.tid2eid", f + "gate.tid2eid", m.tid2eid, E);
+  } else
     m.bias = ld.get(o + "gate.bias", f + "gate.e_score_correction_bias", kFloat, {E});
   if (c.n_shared_experts > 0) {
     const std::string so = o + "shared_experts.", sf = f + "shared_experts.";

@@ -210,6 +210,19 @@ TEST(WeightsErrors, WrongDtype) {
   EXPECT_HAS(e, "tensor 'model.norm.weight' has dtype F8_E4M3, expected BF16/F32");
 }
 
+TEST(WeightsErrors, HashTableNamesAMissingExpert) {
+  fs::path d = make("tid2eid", CheckpointLayout::kTransformers);
+  rewrite(d, [](const std::string& n, const Tensor& t, io::SafetensorsWriter& w) {
+    if (n != "model.layers.1.mlp.gate.tid2eid") return w.add(n, t);
+    Tensor bad = t.contiguous().clone();
+    bad.data<int64_t>()[5] = 1000;  // no expert has this id
+    w.add(n, bad);
+  });
+  std::string e = error_of<CheckpointError>([&] { load(d); });
+  EXPECT_HAS(e, "tensor 'model.layers.1.mlp.gate.tid2eid' entry [");
+  EXPECT_HAS(e, "] is 1000, not an expert id in [0, ");
+}
+
 TEST(WeightsErrors, OfficialMissingScaleAndWrongScaleShape) {
   fs::path d = make("scale", CheckpointLayout::kOfficial);
   rewrite(d, [](const std::string& n, const Tensor& t, io::SafetensorsWriter& w) {
