@@ -53,6 +53,8 @@ EnvConfig EnvConfig::from_environment() {
   if (const char* v = get("DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE")) c.yoco_truncation_mode = v;
   if (const char* v = get("DEEPINFER_YOCO_PREFILL_KEEP_TOKENS"))
     c.yoco_keep_tokens = parse_int("DEEPINFER_YOCO_PREFILL_KEEP_TOKENS", v, 0, 1 << 20);
+  if (const char* v = get("DEEPINFER_CUDA_GRAPHS")) c.cuda_graphs = parse_bool("DEEPINFER_CUDA_GRAPHS", v);
+  if (const char* v = get("DEEPINFER_DEVICE_SAMPLING")) c.device_sampling = parse_bool("DEEPINFER_DEVICE_SAMPLING", v);
   return c;
 }
 

@@ -16,6 +16,8 @@ struct EnvConfig {
   bool async_scheduling = true;                  // DEEPINFER_ASYNC_SCHEDULING (default on)
   std::string yoco_truncation_mode;              // DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE (compact)
   int yoco_keep_tokens = 140;                    // DEEPINFER_YOCO_PREFILL_KEEP_TOKENS
+  bool cuda_graphs = true;                       // DEEPINFER_CUDA_GRAPHS: GPU decode replays CUDA graphs
+  bool device_sampling = true;                   // DEEPINFER_DEVICE_SAMPLING: sample where the logits are
 
   // Reads the process environment; throws InvalidArgument naming the variable on a bad value.
   static EnvConfig from_environment();

@@ -137,6 +137,7 @@ class Builder {
     flt(o + "kv_norm.weight", f + "kv_norm.weight", {d}, a ? &a->kv_norm : nullptr, A ? &A->kv_norm : nullptr,
         o + "norm.weight");
     dense("wo_a.weight", "o_a_proj.weight", {G * R, H * d / G}, a ? &a->wo_a : nullptr, A ? &A->wo_a : nullptr);
+    t_.entries.back().groups = G;
     dense("wo_b.weight", "o_b_proj.weight", {D, G * R}, a ? &a->wo_b : nullptr, A ? &A->wo_b : nullptr);
     flt(o + "attn_sink", f + "sinks", {H}, a ? &a->sink : nullptr, A ? &A->sink : nullptr);
     if (p.owns_entries()) {

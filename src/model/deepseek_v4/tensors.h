@@ -47,6 +47,7 @@ struct TensorEntry {
   int32_t layer = -1;              // main layer (or num_layers + k for MTP block k), -1 global
   int32_t expert = -1;             // routed expert index (role kExpert)
   bool expert_w13 = false;         // routed expert: the W1|W3 entry (else W2)
+  int64_t groups = 1;              // block-diagonal grouped linear (wo_a: o_groups row groups)
   ds::LinearRef* lin = nullptr;    // prepared target (kLinear)
   ds::VecRef* vec = nullptr;       // prepared target (kFloat)
   const int32_t** table = nullptr; // prepared target (kTable)

@@ -284,8 +284,10 @@ StepPlan build_fixed_step_plan(const std::vector<kv::LayerCacheSpec>& specs, con
     m.kinds.push_back(std::move(k));
   }
   common_lists(m, dims, b);
-  m.hidden_rows.resize(size_t(P), 0);
-  for (size_t i = 0; i < b.hidden_indices.size(); ++i) m.hidden_rows[i] = b.hidden_indices[i];
+  if (!b.hidden_indices.empty()) {  // every padded row, hidden_indices first (like the logits rows)
+    m.hidden_rows.assign(size_t(P), 0);
+    for (size_t i = 0; i < b.hidden_indices.size(); ++i) m.hidden_rows[i] = b.hidden_indices[i];
+  }
   m.logits_rows.assign(size_t(P), 0);
   for (size_t i = 0; i < b.logits_indices.size(); ++i) m.logits_rows[i] = b.logits_indices[i];
   m.comb_rows.resize(size_t(P * dims.topk_experts));

@@ -1,4 +1,4 @@
-#include "model/deepseek_v4/cuda/moe_decode.h"
+#include "model/deepseek/cuda/moe_decode.h"
 
 #include <cuda_bf16.h>
 
@@ -11,7 +11,7 @@
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/moe_dequant.h"
 
-namespace deepinfer::model::v4::gpu {
+namespace deepinfer::model::ds::cuda {
 namespace {
 using deepinfer::cuda::ceil_div;
 using deepinfer::cuda::from_f32;
@@ -351,4 +351,4 @@ void moe_decode_host(const MoeDecodeParams& p) {
   }
 }
 
-}  // namespace deepinfer::model::v4::gpu
+}  // namespace deepinfer::model::ds::cuda

@@ -26,7 +26,7 @@
 #include "core/dtype.h"
 #include "ops/cuda/grouped_gemm.h"
 
-namespace deepinfer::model::v4::gpu {
+namespace deepinfer::model::ds::cuda {
 
 constexpr int64_t kMoeDecodeMaxTokens = 64;
 
@@ -51,4 +51,4 @@ void moe_decode(const MoeDecodeParams& p, cudaStream_t stream);
 // accumulation in a plain order (the kernel sums in a different fixed order).
 void moe_decode_host(const MoeDecodeParams& p);
 
-}  // namespace deepinfer::model::v4::gpu
+}  // namespace deepinfer::model::ds::cuda
