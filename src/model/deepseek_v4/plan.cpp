@@ -17,6 +17,9 @@ LayerPlan sliding(int32_t index, const DeepseekV4Config& c, const V4PlanOptions&
 }  // namespace
 
 ModelPlan v4_plan(const DeepseekV4Config& c, const V4PlanOptions& o) {
+  if (c.n_shared_experts != 1)
+    DI_THROW(ConfigError, c.origin, ": n_shared_experts must be 1 (DeepSeek-V4 has one shared expert), got ",
+             c.n_shared_experts);
   ModelPlan plan;
   plan.hc = HcWiring::kPerSite;
   plan.max_rollback = o.max_rollback;

@@ -195,7 +195,6 @@ class Builder {
       linear(LinearRole::kExpert, {part(eo + "w2.weight", "", {D, I}, ce ? &ce->w2 : nullptr)},
              pe ? &pe->w2 : nullptr, int32_t(e), false);
     }
-    DI_CHECK(c_.n_shared_experts == 1, "n_shared_experts ", c_.n_shared_experts);
     const std::string so = o + "shared_experts.", sf = f + "shared_experts.";
     linear(LinearRole::kDense,
            {part(so + "w1.weight", sf + "gate_proj.weight", {I, D}, m ? &m->shared.w1 : nullptr),

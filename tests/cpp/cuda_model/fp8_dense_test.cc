@@ -42,6 +42,7 @@ DeepseekV4Config flash_like() {
   c.moe_intermediate_size = 2048;
   c.n_routed_experts = 256;
   c.num_experts_per_tok = 6;
+  c.n_shared_experts = 1;
   c.index_n_heads = 64;
   c.index_head_dim = 128;
   c.index_topk = 512;

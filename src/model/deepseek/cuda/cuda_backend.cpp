@@ -551,7 +551,7 @@ void CudaBackend::moe_dispatch(const MoeRef& M) {
 void CudaBackend::swiglu_rows(void* gu, void* act, const float* row_weight, int64_t rows) {
   if (rows == 0) return;
   const int64_t I = arch_.dims.moe_inter;
-  oc::swiglu({.gate = gu, .gate_stride = 2 * I, .up = static_cast<char*>(gu) + I * int64_t(dtype_size(act_)),
+  oc::swiglu({.gate = gu, .gate_stride = 2 * I, .up = static_cast<char*>(gu) + I * int64_t((dtype_bits(act_) / 8)),
               .up_stride = 2 * I, .in_dtype = act_, .row_weight = row_weight, .out = act, .out_stride = I,
               .out_dtype = act_, .rows = rows, .inter = I, .limit = arch_.dims.swiglu_limit},
              stream_.get());
@@ -560,7 +560,7 @@ void CudaBackend::swiglu_rows(void* gu, void* act, const float* row_weight, int6
 void CudaBackend::moe_experts(const MoeRef& M) {
   const Dims& g = arch_.dims;
   const int64_t T = plan_.T, D = g.hidden, E = g.experts, K = g.topk, I = g.moe_inter;
-  const int64_t ab = int64_t(dtype_size(act_));
+  const int64_t ab = int64_t((dtype_bits(act_) / 8));
   const cudaStream_t st = stream_.get();
   switch (moe_path(M)) {
     case MoePath::kFixed:  // routed experts from device-side ids (moe_decode.h, no host sync)

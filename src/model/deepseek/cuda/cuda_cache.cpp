@@ -49,7 +49,7 @@ void GpuCache::for_each_slot_range(int32_t slot, F&& f) const {
     const std::pair<const deepinfer::cuda::DeviceBuffer*, size_t> parts[] = {
         {&L.window, b.window_per_slot}, {&L.comp_state, b.state_per_slot}, {&L.index_state, b.index_state_per_slot}};
     for (const auto& [buf, bytes] : parts)
-      if (bytes) f(buf->as<char>() + size_t(slot) * bytes, bytes);
+      if (bytes) f(static_cast<char*>(buf->data()) + size_t(slot) * bytes, bytes);
   }
 }
 

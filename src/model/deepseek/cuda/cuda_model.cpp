@@ -71,11 +71,11 @@ size_t activation_bytes(const DeepseekV4Config& c, const ds::Dims& dims, const T
 CudaHostPlan CudaHostPlan::make(const DeepseekV4Config& cfg, const CudaModelOptions& o, int64_t num_mtp) {
   CudaHostPlan p;
   p.plan = v4_plan(cfg, plan_options(o, num_mtp));
-  p.cache_specs = cache_specs(p.plan, {.head_dim = cfg.head_dim, .index_head_dim = cfg.index_head_dim});
+  p.cache_specs = model::cache_specs(p.plan, {.head_dim = cfg.head_dim, .index_head_dim = cfg.index_head_dim});
   const TensorTable table = v4_tensor_table(cfg, p.plan, nullptr, nullptr);
   const size_t e = storage_bytes(o.storage_numerics());
   p.weight_bytes = v4_device_weight_bytes(cfg, table, o);
-  p.activation_bytes = activation_bytes(cfg, v4_dims(cfg), table, o);
+  p.activation_bytes = v4::activation_bytes(cfg, v4_dims(cfg), table, o);
   p.block_tokens = kv::default_block_tokens(p.cache_specs);
   p.bytes_per_slot = kv::cache_slot_bytes(p.cache_specs, e);
   p.bytes_per_block = kv::cache_block_bytes(p.cache_specs, p.block_tokens, e);

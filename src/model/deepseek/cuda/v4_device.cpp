@@ -294,7 +294,7 @@ class V4Upload {
     const WeightFormat f = native ? experts_ : WeightFormat::kBF16;
     size_t wbytes = 0, sbytes = 0;
     for (size_t k = i; k < j; ++k) {
-      const int64_t all = expert_matrix_bytes(f, E[k].rows(), E[k].cols(), int64_t(dtype_size(dt_)));
+      const int64_t all = expert_matrix_bytes(f, E[k].rows(), E[k].cols(), int64_t((dtype_bits(dt_) / 8)));
       const int64_t w = native ? (f == WeightFormat::kFP4 ? E[k].numel() / 2 : E[k].numel()) : all;
       wbytes += align256(size_t(w));
       sbytes += align256(size_t(all - w));
