@@ -57,7 +57,7 @@ void ToyModel::reset_slot(int32_t slot) {
   slots_[size_t(slot)] = Slot{initial_hash(cfg_), 0, true};
 }
 
-Tensor ToyModel::forward(const model::ForwardBatch& batch) {
+model::ForwardOutput ToyModel::run(const model::ForwardBatch& batch, const model::ForwardOptions& /*options*/) {
   ++num_forward_calls_;
   const int64_t bt = geometry_.block_tokens, V = cfg_.vocab_size;
   std::vector<int64_t> row_of(batch.token_ids.size(), -1);
@@ -96,7 +96,8 @@ Tensor ToyModel::forward(const model::ForwardBatch& batch) {
     }
   }
   DI_CHECK(t == batch.token_ids.size(), "batch has more tokens than its sequences claim");
-  return logits;
+  if (!batch.hidden_indices.empty()) DI_THROW(InvalidArgument, "ToyModel has no hidden states");
+  return {.logits = logits};
 }
 
 std::vector<float> ToyModel::reference_logits(const ToyModelConfig& c, const std::vector<int32_t>& tokens) {

@@ -31,7 +31,7 @@ class ToyModel final : public model::CausalLM {
   kv::CacheGeometry plan_cache(size_t budget_bytes, int64_t max_slots) const override;
   void allocate_cache(const kv::CacheGeometry& geometry) override;
   void reset_slot(int32_t slot) override;
-  Tensor forward(const model::ForwardBatch& batch) override;
+  model::ForwardOutput run(const model::ForwardBatch& batch, const model::ForwardOptions& options) override;
 
   // [tokens.size(), vocab] logits of every position, computed without a cache.
   static std::vector<float> reference_logits(const ToyModelConfig& config, const std::vector<int32_t>& tokens);

@@ -1,27 +1,86 @@
-// What the engine needs from a model, whatever the architecture or backend. The model owns
-// its weights and its cache storage; the engine's cache manager decides which blocks and
-// slots each sequence holds and passes them in every ForwardBatch.
+// What the engine needs from a model, whatever the family (DeepSeek-V4, V4.1) or backend (CPU,
+// CUDA). The model owns its weights and its cache storage; the engine's cache manager decides
+// which blocks and slots each sequence holds and passes them in every ForwardBatch.
+//
+// Contract for rollback (speculative decoding, prefix reuse): every per-slot ring of a model
+// (sliding windows, compressor partials, drafter rings) holds max_rollback() positions beyond what
+// the next step needs, and paged entries are only ever read up to the sequence's length, so a
+// sequence whose last n <= max_rollback() positions are dropped resumes exactly from the shorter
+// length: the next step simply starts at the smaller num_computed_tokens. rollback() checks that
+// contract and clears nothing.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "core/check.h"
+#include "core/env.h"
 #include "core/tensor.h"
 #include "kv/kv_cache.h"
 #include "model/forward_batch.h"
 
 namespace deepinfer::model {
 
-// Logits a backend left in accelerator memory by forward_device(): f32 [rows, vocab], row r at
-// data + r * row_stride, valid until the next forward()/forward_device() call. Work on them is
-// ordered on `stream` (a cudaStream_t for the CUDA backend) of device `device`; nothing has
-// synchronised the host with it yet.
+class Drafter;
+
+// Logits a backend left in accelerator memory: f32 [rows, vocab], row r at data + r * row_stride,
+// valid until the next forward of the same model. Work on them is ordered on `stream` (a
+// cudaStream_t for the CUDA backend) of device `device`; nothing has synchronised the host with it.
 struct DeviceLogits {
   const float* data = nullptr;
   int64_t rows = 0;
   int64_t row_stride = 0;
   void* stream = nullptr;
   int device = 0;
+};
+
+// Final residual streams [rows, hc_mult, hidden] f32 of the rows a batch asked for
+// (ForwardBatch::hidden_indices). Host backends fill `host`; device backends leave them in device
+// memory (`device`, valid like DeviceLogits) and fill `host` only when asked to copy.
+struct HiddenRows {
+  Tensor host;                   // f32 [rows, n, D] or undefined
+  const float* device = nullptr; // f32 [rows, n, D] contiguous, or null
+  int64_t rows = 0;
+  int64_t row_elems = 0;         // n * D
+  void* stream = nullptr;
+  int device_index = 0;
+};
+
+struct ForwardOptions {
+  bool logits_on_device = false;  // leave logits in device memory (supports_device_logits() only)
+  bool hidden_to_host = true;     // copy the asked-for hidden rows to the host (device backends)
+};
+
+// The typed result of one forward step.
+struct ForwardOutput {
+  Tensor logits;                  // f32 host [logits_indices.size(), vocab] unless logits_on_device
+  DeviceLogits device_logits;     // when logits_on_device
+  HiddenRows hidden;              // when batch.hidden_indices is non-empty
+};
+
+// What the engine will ask of a model; sizes memory plans and fixed-shape (graph) buffers.
+struct ModelLimits {
+  int64_t max_num_seqs = 64;              // sequences in one step
+  int64_t max_num_batched_tokens = 8192;  // new tokens in one step
+  int64_t max_model_len = 0;              // longest sequence; 0 = the model's own limit
+  int64_t max_rollback = 0;               // positions a step may be rolled back (drafts + 1)
+};
+
+// Everything a model factory needs (model/registry.h). The environment was read once by the
+// caller; nothing below reads it again.
+struct ModelLoadOptions {
+  EnvConfig env;
+  ModelLimits limits;
+  int device = 0;               // accelerator index for device backends
+  bool progress = true;         // load progress on stderr
+};
+
+// A slot's fixed state (window rings, compressor partials, drafter rings) at a sequence length,
+// in a backend-private byte format: what prefix reuse restores on a hit.
+struct SlotSnapshot {
+  int64_t num_tokens = 0;
+  std::vector<uint8_t> bytes;
 };
 
 class CausalLM {
@@ -40,17 +99,42 @@ class CausalLM {
   // Clears the fixed state of a slot before a new sequence uses it.
   virtual void reset_slot(int32_t slot) = 0;
 
-  // One batched forward over all sequences in `batch`. Writes their new cache entries and
-  // returns f32 host logits [batch.logits_indices.size(), vocab].
-  virtual Tensor forward(const ForwardBatch& batch) = 0;
+  // One batched forward over all sequences in `batch`: writes their new cache entries, returns
+  // logits of batch.logits_indices and the hidden rows of batch.hidden_indices. Throws
+  // InvalidArgument naming the field when the batch does not fit the cache.
+  virtual ForwardOutput run(const ForwardBatch& batch, const ForwardOptions& options) = 0;
 
-  // Optional, for backends that run on an accelerator: forward() without the copy of the
-  // logits to the host, so the engine can sample on the device and bring back only token ids
-  // and logprobs. The engine calls forward_device() only when supports_device_logits().
+  // Host logits [batch.logits_indices.size(), vocab] (convenience over run()).
+  Tensor forward(const ForwardBatch& batch) { return run(batch, {}).logits; }
+  // Backends that run on an accelerator can leave the logits there, so the engine samples on the
+  // device and brings back only ids and logprobs. Call only when supports_device_logits().
   virtual bool supports_device_logits() const { return false; }
-  virtual DeviceLogits forward_device(const ForwardBatch& batch) {
-    DI_THROW(InternalError, describe(), ": forward_device() called on a backend without device logits");
+  DeviceLogits forward_device(const ForwardBatch& batch) {
+    if (!supports_device_logits())
+      DI_THROW(InternalError, describe(), ": forward_device() called on a backend without device logits");
+    return run(batch, {.logits_on_device = true, .hidden_to_host = false}).device_logits;
   }
+
+  // Positions a slot can roll back (see the contract above); 0 = no rollback.
+  virtual int64_t max_rollback() const { return 0; }
+  // The sequence in `slot` goes back from `num_tokens` cached positions to `keep`. Throws
+  // InvalidArgument when more than max_rollback() positions would be dropped.
+  virtual void rollback(int32_t slot, int64_t num_tokens, int64_t keep) {
+    if (keep < 0 || keep > num_tokens || num_tokens - keep > max_rollback())
+      DI_THROW(InvalidArgument, describe(), ": rollback of slot ", slot, " from ", num_tokens, " to ", keep,
+               " positions, the model rolls back at most ", max_rollback());
+  }
+  // Fixed state of `slot` holding a sequence of `num_tokens` positions, and its restore into a
+  // (reset) slot. Models without snapshot support throw InternalError.
+  virtual SlotSnapshot save_slot(int32_t slot, int64_t num_tokens) {
+    DI_THROW(InternalError, describe(), ": slot snapshots are not supported");
+  }
+  virtual void restore_slot(int32_t slot, const SlotSnapshot& snapshot) {
+    DI_THROW(InternalError, describe(), ": slot snapshots are not supported");
+  }
+
+  // The model's own drafter for speculative decoding (V4: MTP, V4.1: DSpark), or null.
+  virtual Drafter* drafter() { return nullptr; }
 };
 
 }  // namespace deepinfer::model

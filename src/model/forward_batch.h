@@ -20,7 +20,7 @@ struct ForwardBatch {
   std::vector<int32_t> token_ids;       // [T] all sequences' new tokens, concatenated
   std::vector<SeqInBatch> seqs;         // [S] in the same order as token_ids
   std::vector<int32_t> logits_indices;  // indices into [0,T) whose logits are returned, in order
-  bool need_hidden = false;             // also return final streams (MTP drafting)
+  std::vector<int32_t> hidden_indices;  // indices into [0,T) whose final streams are returned (drafting)
 
   int64_t num_tokens() const { return int64_t(token_ids.size()); }
 };

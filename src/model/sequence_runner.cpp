@@ -15,7 +15,7 @@ std::vector<int32_t> slot_block_table(const kv::CacheGeometry& g, int32_t slot) 
 }
 
 Tensor run_sequence(CausalLM& model, const kv::CacheGeometry& geometry, const std::vector<int32_t>& ids,
-                    const std::vector<int64_t>& chunks, int32_t slot, bool need_hidden, const ChunkHook& after_chunk) {
+                    const std::vector<int64_t>& chunks, int32_t slot, Tensor* hidden, const ChunkHook& after_chunk) {
   const int64_t T = int64_t(ids.size()), V = model.vocab_size();
   int64_t sum = 0;
   for (int64_t c : chunks) {
@@ -36,9 +36,16 @@ Tensor run_sequence(CausalLM& model, const kv::CacheGeometry& geometry, const st
     seq.num_new_tokens = int32_t(c);
     b.seqs = {seq};
     for (int64_t i = 0; i < c; ++i) b.logits_indices.push_back(int32_t(i));
-    b.need_hidden = need_hidden;
-    Tensor l = model.forward(b);
+    if (hidden) b.hidden_indices = b.logits_indices;
+    ForwardOutput o = model.run(b, {});
+    const Tensor& l = o.logits;
     std::copy_n(l.data<float>(), c * V, out.data<float>() + done * V);
+    if (hidden) {
+      DI_CHECK(o.hidden.host.defined() && o.hidden.rows == c, "run_sequence: the model returned no hidden rows");
+      const int64_t e = o.hidden.row_elems;
+      if (!hidden->defined()) *hidden = Tensor::empty({T, e}, DType::kF32);
+      std::copy_n(o.hidden.host.data<float>(), c * e, hidden->data<float>() + done * e);
+    }
     if (after_chunk) after_chunk(done, c);
     done += c;
   }

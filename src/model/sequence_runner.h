@@ -21,9 +21,10 @@ using ChunkHook = std::function<void(int64_t first, int64_t length)>;
 
 // Runs `ids` through `model` in chunks of the given sizes (positive, summing to ids.size()) in
 // cache slot `slot` (reset first, blocks from slot_block_table), returning f32 logits of every
-// position [T, vocab]. One chunk = a full forward; all ones = token-by-token decode.
+// position [T, vocab]. One chunk = a full forward; all ones = token-by-token decode. With `hidden`
+// non-null it also receives every position's final streams [T, hc_mult, D] (f32, host).
 Tensor run_sequence(CausalLM& model, const kv::CacheGeometry& geometry, const std::vector<int32_t>& ids,
-                    const std::vector<int64_t>& chunks, int32_t slot = 0, bool need_hidden = false,
+                    const std::vector<int64_t>& chunks, int32_t slot = 0, Tensor* hidden = nullptr,
                     const ChunkHook& after_chunk = {});
 
 // Greedy continuation of `prompt` by `n` tokens (argmax, lowest id on ties): the prompt in one

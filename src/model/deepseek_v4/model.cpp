@@ -142,7 +142,7 @@ Tensor DeepseekV4Model::logits_for(const float* h, const std::vector<int32_t>& r
   return out;
 }
 
-Tensor DeepseekV4Model::forward(const ForwardBatch& batch) {
+ForwardOutput DeepseekV4Model::run(const ForwardBatch& batch, const ForwardOptions& /*options*/) {
   validate(batch);
   const BatchPlan plan = make_plan(batch);
   const int64_t T = plan.T, D = cfg_.hidden_size, n = cfg_.hc_mult, V = cfg_.vocab_size;
@@ -153,18 +153,30 @@ Tensor DeepseekV4Model::forward(const ForwardBatch& batch) {
     for (int64_t k = 0; k < n; ++k) std::memcpy(X + (t * n + k) * D, emb + int64_t(plan.token_ids[t]) * D, D * 4);
   for (int64_t l = 0; l < cfg_.num_layers; ++l) decoder_layer(w_.layers[l], cfg_, cache_.layer(l), plan, X, ws);
 
+  ForwardOutput out;
+  if (!batch.hidden_indices.empty()) {
+    const int64_t Rh = int64_t(batch.hidden_indices.size());
+    out.hidden.host = Tensor::empty({Rh, n, D}, DType::kF32);
+    out.hidden.rows = Rh;
+    out.hidden.row_elems = n * D;
+    for (int64_t i = 0; i < Rh; ++i)
+      std::memcpy(out.hidden.host.data<float>() + i * n * D, X + int64_t(batch.hidden_indices[i]) * n * D, n * D * 4);
+  }
   // Head only for the requested rows.
   const int64_t R = int64_t(batch.logits_indices.size());
   Tensor sel = Tensor::empty({R, n, D}, DType::kF32);
   for (int64_t i = 0; i < R; ++i)
     std::memcpy(sel.data<float>() + i * n * D, X + int64_t(batch.logits_indices[i]) * n * D, n * D * 4);
-  if (batch.need_hidden) last_hidden_ = sel;
-  if (R == 0) return Tensor::empty({0, V}, DType::kF32);
+  if (R == 0) {
+    out.logits = Tensor::empty({0, V}, DType::kF32);
+    return out;
+  }
   std::vector<float> h(size_t(R * D));
   hc_head(sel.data<float>(), R, hc_spec(cfg_), w_.hc_head.fn.data<float>(), w_.hc_head.base.data<float>(),
           w_.hc_head.scale.data<float>(), h.data());
   rmsnorm(h.data(), D, w_.norm.data<float>(), h.data(), D, R, D, float(cfg_.rms_norm_eps));
-  return logits_for(h.data(), batch.logits_indices);
+  out.logits = logits_for(h.data(), batch.logits_indices);
+  return out;
 }
 
 Tensor DeepseekV4Model::forward_mtp(const ForwardBatch& batch, const Tensor& main_hidden, int64_t k) {
@@ -212,14 +224,9 @@ Tensor run_sequence(DeepseekV4Model& model, const std::vector<int32_t>& ids, con
                     int32_t slot, bool need_hidden, Tensor* hidden) {
   const int64_t n = model.config().hc_mult, D = model.config().hidden_size;
   Tensor hid;
-  if (need_hidden) hid = Tensor::empty({int64_t(ids.size()), n, D}, DType::kF32);
-  Tensor out = deepinfer::model::run_sequence(model, model.cache().geometry(), ids, chunks, slot, need_hidden,
-                                   [&](int64_t first, int64_t c) {
-                                     if (need_hidden)
-                                       std::copy_n(model.last_hidden().data<float>(), c * n * D,
-                                                   hid.data<float>() + first * n * D);
-                                   });
-  if (hidden) *hidden = hid;
+  Tensor out = deepinfer::model::run_sequence(model, model.cache().geometry(), ids, chunks, slot,
+                                              need_hidden ? &hid : nullptr);
+  if (hidden && need_hidden) *hidden = hid.view({int64_t(ids.size()), n, D});
   return out;
 }
 

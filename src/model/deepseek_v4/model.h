@@ -52,10 +52,9 @@ class DeepseekV4Model final : public CausalLM {
   void reset_slot(int32_t slot) override;
   kv::KvCache& cache() { return cache_; }
 
-  // Returns f32 logits [batch.logits_indices.size(), vocab]. With batch.need_hidden the final
-  // residual streams of those positions are kept: last_hidden() [rows, hc_mult, D].
-  Tensor forward(const ForwardBatch& batch) override;
-  const Tensor& last_hidden() const { return last_hidden_; }
+  // f32 logits [batch.logits_indices.size(), vocab]; hidden rows [rows, hc_mult, D] (host) of
+  // batch.hidden_indices.
+  ForwardOutput run(const ForwardBatch& batch, const ForwardOptions& options) override;
 
   // MTP draft (§7) with block k. batch.token_ids[i] is the token that FOLLOWS main position i
   // (positions come from the batch's seqs as in forward()); main_hidden [T, hc_mult, D] are the
@@ -74,7 +73,6 @@ class DeepseekV4Model final : public CausalLM {
   CpuModelWeights w_;
   kv::KvCache cache_;
   std::unique_ptr<Workspace> ws_;
-  Tensor last_hidden_;
 };
 
 }  // namespace deepinfer::model::v4

@@ -304,19 +304,41 @@ StepCtx make_ctx(const DeepseekV4Config& cfg, const CudaModelOptions& o, const S
 }
 }  // namespace
 
-Tensor DeepseekV4CudaModel::forward(const ForwardBatch& batch) {
+ForwardOutput DeepseekV4CudaModel::run(const ForwardBatch& batch, const ForwardOptions& options) {
+  ForwardOutput out;
   const int64_t V = cfg_.vocab_size;
-  const DeviceLogits d = run_step(batch);
-  Tensor out = Tensor::empty({d.rows, V}, DType::kF32);
+  const DeviceLogits d = run_step(batch, batch.hidden_indices.empty() ? nullptr : &out.hidden);
   const cudaStream_t st = st_->stream.get();
-  if (d.rows > 0) cuda::copy_d2h(out.raw_data(), d.data, out.nbytes(), st, false);
+  if (out.hidden.rows > 0 && options.hidden_to_host) {
+    out.hidden.host = Tensor::empty({out.hidden.rows, cfg_.hc_mult, cfg_.hidden_size}, DType::kF32);
+    cuda::copy_d2h(out.hidden.host.raw_data(), out.hidden.device, out.hidden.host.nbytes(), st, false);
+  }
+  if (options.logits_on_device) {
+    out.device_logits = d;
+    if (out.hidden.host.defined()) DI_CUDA_CHECK(cudaStreamSynchronize(st));
+    return out;
+  }
+  out.logits = Tensor::empty({d.rows, V}, DType::kF32);
+  if (d.rows > 0) cuda::copy_d2h(out.logits.raw_data(), d.data, out.logits.nbytes(), st, false);
   DI_CUDA_CHECK(cudaStreamSynchronize(st));
   return out;
 }
 
-DeviceLogits DeepseekV4CudaModel::forward_device(const ForwardBatch& batch) { return run_step(batch); }
+namespace {
+// Interim (until the shared forward): the hidden rows are the head's gathered logits rows.
+void head_hidden(const ForwardBatch& batch, const float* sel, int64_t row_elems, cudaStream_t st, HiddenRows* hidden,
+                 int device) {
+  if (batch.hidden_indices != batch.logits_indices)
+    DI_THROW(InvalidArgument, "forward: the GPU model returns hidden rows only for the logits rows");
+  hidden->device = sel;
+  hidden->rows = int64_t(batch.hidden_indices.size());
+  hidden->row_elems = row_elems;
+  hidden->stream = st;
+  hidden->device_index = device;
+}
+}  // namespace
 
-DeviceLogits DeepseekV4CudaModel::run_step(const ForwardBatch& batch) {
+DeviceLogits DeepseekV4CudaModel::run_step(const ForwardBatch& batch, HiddenRows* hidden) {
   State& s = *st_;
   validate_batch(cfg_, s.cache.geometry(), s.cache.allocated(), batch);
   const int64_t T = batch.num_tokens(), R = int64_t(batch.logits_indices.size());
@@ -324,7 +346,8 @@ DeviceLogits DeepseekV4CudaModel::run_step(const ForwardBatch& batch) {
   const cudaStream_t st = s.stream.get();
   DeviceLogits none{.data = nullptr, .rows = 0, .row_stride = V, .stream = st, .device = opts_.device};
   if (T == 0) return none;
-  if (opts_.decode != DecodePath::kGeneral && decode_eligible(cfg_, batch, s.cand_caps)) return forward_fixed(batch);
+  if (opts_.decode != DecodePath::kGeneral && decode_eligible(cfg_, batch, s.cand_caps))
+    return forward_fixed(batch, hidden);
   const StepMeta meta = build_step_meta(cfg_, s.cache.geometry(), batch);
   const MetaOffsets mo = pack_meta(meta, s.meta_h);
   ensure(s.meta, s.meta_h.size());
@@ -338,10 +361,7 @@ DeviceLogits DeepseekV4CudaModel::run_step(const ForwardBatch& batch) {
   const StepCtx c = make_ctx(cfg_, opts_, meta, dm, s.arena.as<char>(), L, split, s.info.num_sms, st,
                              &s.blas, &s.moe);
   launch_step(c, s.w, s.cache, R);
-  if (batch.need_hidden) {
-    last_hidden_ = Tensor::empty({R, n, D}, DType::kF32);
-    if (R > 0) cuda::copy_d2h(last_hidden_.raw_data(), c.at<float>(L.sel), last_hidden_.nbytes(), st, true);
-  }
+  if (hidden) head_hidden(batch, c.at<float>(L.sel), n * D, st, hidden, opts_.device);
   if (R == 0) return none;
   return {.data = c.at<float>(L.logits), .rows = R, .row_stride = V, .stream = st, .device = opts_.device};
 }
@@ -367,7 +387,7 @@ void DeepseekV4CudaModel::ensure_fixed_buffers() {
   s.fixed_meta = cuda::DeviceBuffer(meta);
 }
 
-DeviceLogits DeepseekV4CudaModel::forward_fixed(const ForwardBatch& batch) {
+DeviceLogits DeepseekV4CudaModel::forward_fixed(const ForwardBatch& batch, HiddenRows* hidden) {
   State& s = *st_;
   const int64_t B = batch.num_tokens(), R = int64_t(batch.logits_indices.size());
   const int64_t D = cfg_.hidden_size, n = cfg_.hc_mult, V = cfg_.vocab_size;
@@ -413,10 +433,7 @@ DeviceLogits DeepseekV4CudaModel::forward_fixed(const ForwardBatch& batch) {
     g.end_capture();
     g.replay(st);
   }
-  if (batch.need_hidden) {
-    last_hidden_ = Tensor::empty({R, n, D}, DType::kF32);
-    if (R > 0) cuda::copy_d2h(last_hidden_.raw_data(), c.at<float>(L.sel), last_hidden_.nbytes(), st, true);
-  }
+  if (hidden) head_hidden(batch, c.at<float>(L.sel), n * D, st, hidden, opts_.device);
   // logits_rows lists logits_indices first: rows 0..R-1 of the padded head output.
   return {.data = R > 0 ? c.at<float>(L.logits) : nullptr, .rows = R, .row_stride = V, .stream = st,
           .device = opts_.device};

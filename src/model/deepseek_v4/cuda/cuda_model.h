@@ -106,15 +106,12 @@ class DeepseekV4CudaModel final : public CausalLM {
   void reset_slot(int32_t slot) override;
   const kv::CacheGeometry& cache_geometry() const;
 
-  // f32 host logits [logits_indices.size(), vocab]; with need_hidden, last_hidden() holds the
-  // final streams [rows, hc_mult, D] (f32, host).
-  Tensor forward(const ForwardBatch& batch) override;
-  // The same step with the logits left in device memory (the step's workspace, valid until the
-  // next forward): no host sync on the decode paths, so the engine's device sampler can follow
-  // on the same stream and copy back only the sampled ids.
+  // f32 logits [logits_indices.size(), vocab], on the host or (options.logits_on_device) left in
+  // device memory (the step's workspace, valid until the next forward): no host sync on the
+  // decode paths then, so the engine's device sampler follows on the same stream and copies back
+  // only the sampled ids. Hidden rows of batch.hidden_indices [rows, hc_mult, D] f32.
+  ForwardOutput run(const ForwardBatch& batch, const ForwardOptions& options) override;
   bool supports_device_logits() const override { return true; }
-  DeviceLogits forward_device(const ForwardBatch& batch) override;
-  const Tensor& last_hidden() const { return last_hidden_; }
   // Switches the decode path (drops captured graphs); tests and benchmarks.
   void set_decode_path(DecodePath p);
   DecodePath decode_path() const { return opts_.decode; }
@@ -123,13 +120,12 @@ class DeepseekV4CudaModel final : public CausalLM {
  private:
   struct State;
   DeepseekV4CudaModel();
-  DeviceLogits run_step(const ForwardBatch& batch);
-  DeviceLogits forward_fixed(const ForwardBatch& batch);
+  DeviceLogits run_step(const ForwardBatch& batch, HiddenRows* hidden);
+  DeviceLogits forward_fixed(const ForwardBatch& batch, HiddenRows* hidden);
   void ensure_fixed_buffers();
   DeepseekV4Config cfg_;
   CudaModelOptions opts_;
   std::unique_ptr<State> st_;
-  Tensor last_hidden_;
 };
 
 }  // namespace deepinfer::model::v4

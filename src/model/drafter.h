@@ -1,0 +1,53 @@
+// A model's own drafter for speculative decoding: DeepSeek-V4's MTP block (applied recursively)
+// and, later, DeepSeek-V4.1's DSpark block drafter. The engine drives it after each target step:
+// the drafter first consumes the positions the target just committed (their final hidden rows and
+// the token that follows each), which keeps its own per-slot state (the MTP window ring) in step
+// with the target, then proposes up to `num_drafts` tokens after the last of them.
+// The drafter's per-slot state follows the target's rollback contract (causal_lm.h): its rings hold
+// the target's max_rollback() extra positions, so rejected drafts need no undo.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "core/tensor.h"
+#include "model/causal_lm.h"
+
+namespace deepinfer::model {
+
+struct DraftSeq {
+  int32_t cache_slot = -1;
+  std::vector<int32_t> block_table;
+  // Positions [first_position, first_position + num_positions) were just computed by the target;
+  // next_tokens[i] is the token at position first_position + i + 1 (the last one is the token the
+  // target step sampled: the anchor the drafts continue).
+  int64_t first_position = 0;
+  int32_t num_positions = 0;
+  std::vector<int32_t> next_tokens;  // [num_positions]
+  int32_t num_drafts = 0;            // drafts to propose after the anchor (0: only feed the state)
+};
+
+struct DraftBatch {
+  std::vector<DraftSeq> seqs;
+  // Target final streams of every fed position, sequences in order: [sum num_positions, n, D]
+  // (host tensor for host backends; device pointer for device backends).
+  HiddenRows target_hidden;
+};
+
+struct DraftProposal {
+  std::vector<int32_t> tokens;        // [<= num_drafts] greedy drafts for positions anchor+1, ...
+  std::vector<float> logprobs;        // [tokens.size()] log q of each draft under the drafter
+};
+
+class Drafter {
+ public:
+  virtual ~Drafter() = default;
+  virtual std::string describe() const = 0;
+  // Most drafts one round can propose (V4 MTP: any, capped by the engine; DSpark: its block size).
+  virtual int64_t max_draft_tokens() const = 0;
+  // Feeds every sequence's committed positions and proposes its drafts. Host logits of every
+  // proposed position are returned through `draft_logits` when non-null ([sum tokens, vocab] f32,
+  // sequences in order) for rejection sampling.
+  virtual std::vector<DraftProposal> propose(const DraftBatch& batch, Tensor* draft_logits = nullptr) = 0;
+};
+
+}  // namespace deepinfer::model
