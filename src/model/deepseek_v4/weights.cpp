@@ -14,6 +14,7 @@
 #include "model/deepseek_v4/weights.h"
 #include "model/deepseek_v4/plan.h"
 #include "model/deepseek_v4/tensors.h"
+#include "model/weight_checks.h"
 
 namespace deepinfer::model::v4 {
 namespace {
@@ -222,6 +223,7 @@ void load_entry(Loader& ld, const TensorEntry& e, const DeepseekV4Config& cfg, s
 DeepseekV4Weights DeepseekV4Weights::load(const std::string& dir, const DeepseekV4Config& cfg,
                                           const LoadOptions& opts) {
   auto ck = std::make_shared<io::Checkpoint>(io::Checkpoint::open(dir, opts.progress));
+  check_finite_weights(*ck);  // NaN/Inf weights: an error naming the tensor, not NaN logits
   Loader ld(*ck, cfg);
   DeepseekV4Weights w;
   w.layout = ld.layout();
