@@ -71,7 +71,7 @@ LLM::LLM(const LLMConfig& config) : impl_(std::make_unique<Impl>()) {
   else if (!config.accelerator.empty())
     DI_THROW(InvalidArgument, "LLMConfig.accelerator='", config.accelerator, "' is not one of: cpu, nvidia");
   std::string path = engine::resolve_model_path(config, impl_->env);
-  auto model = engine::load_model(path, impl_->env);
+  auto model = engine::load_model(path, impl_->env, engine::model_limits(config));
   auto codec = engine::load_codec(config, path, model->vocab_size());
   auto grammar = engine::make_grammar_compiler(codec.get(), model->vocab_size(), model->eos_token_id());
   engine::EngineConfig ec;
