@@ -2,7 +2,9 @@
 // and multipleOf, as exact regular languages over JSON number text.
 //
 // Bounded numbers are written without an exponent (the compact serializations this lowering
-// targets print such values in plain decimal); unbounded ones accept every JSON spelling.
+// targets print such values in plain decimal), except bounds at zero (minimum: 0 and the like),
+// where every spelling is decided by its sign alone (5e-06 >= 0); unbounded ones accept every
+// JSON spelling.
 // A decimal bound is compared digit by digit: for x = I.F against b = Ib.Fb (I without
 // leading zeros, Fb without trailing zeros), x > b when I > Ib (longer, or equal length and
 // lexicographically larger) or I == Ib and F > Fb as zero-padded digit strings.
@@ -215,6 +217,28 @@ static ExprId decimal_multiple_expr(GrammarBuilder& b, int64_t p, int32_t d, boo
   return b.automaton(std::move(a));
 }
 
+// Every JSON spelling (exponents of any sign and size included) of a number whose sign is
+// bounded by zero: lo/hi are "x >= 0" (0 inclusive), "x > 0" (exclusive), and likewise above.
+// Only the sign and whether the value is zero decide, so the language is regular; other bounds
+// are compared digit by digit over plain decimal text (decimal_range_expr).
+static ExprId zero_bounded_expr(GrammarBuilder& b, bool has_lo, bool lo_excl, bool has_hi, bool hi_excl) {
+  auto digit = [&](char lo, char hi) { return b.byte_range(static_cast<uint8_t>(lo), static_cast<uint8_t>(hi)); };
+  ExprId digits = b.plus(digit('0', '9'));
+  ExprId exp = b.opt(b.seq({b.bytes({{'e', 'e'}, {'E', 'E'}}), b.opt(b.bytes({{'+', '+'}, {'-', '-'}})), digits}));
+  // Mantissas of value zero, and of value non-zero (a non-zero digit somewhere).
+  ExprId zero = b.seq({b.byte('0'), b.opt(b.seq({b.byte('.'), b.plus(b.byte('0'))}))});
+  ExprId nonzero = b.alt({b.seq({digit('1', '9'), b.star(digit('0', '9')), b.opt(b.seq({b.byte('.'), digits}))}),
+                          b.seq({b.byte('0'), b.byte('.'), b.star(b.byte('0')), digit('1', '9'), b.star(digit('0', '9'))})});
+  ExprId minus = b.byte('-');
+  std::vector<ExprId> alts;
+  const bool pos_ok = !has_hi, neg_ok = !has_lo;  // a positive value passes no upper bound of 0
+  const bool zero_ok = !(has_lo && lo_excl) && !(has_hi && hi_excl);
+  if (pos_ok) alts.push_back(b.seq({nonzero, exp}));
+  if (neg_ok) alts.push_back(b.seq({minus, nonzero, exp}));
+  if (zero_ok) alts.push_back(b.seq({b.opt(minus), zero, exp}));
+  return b.alt(std::move(alts));
+}
+
 ExprId SchemaLowerer::lower_number(const json& s, const std::string& ptr, bool integer) {
   const json *lo = nullptr, *hi = nullptr;
   bool lo_excl = false, hi_excl = false;
@@ -248,7 +272,10 @@ ExprId SchemaLowerer::lower_number(const json& s, const std::string& ptr, bool i
       std::optional<Decimal> dlo, dhi;
       if (lo) dlo = to_decimal(*lo);
       if (hi) dhi = to_decimal(*hi);
-      parts.push_back(decimal_range_expr(b, dlo, lo_excl, dhi, hi_excl));
+      if ((!dlo || dlo->is_zero()) && (!dhi || dhi->is_zero()) && !s.contains("multipleOf"))
+        parts.push_back(zero_bounded_expr(b, dlo.has_value(), lo_excl, dhi.has_value(), hi_excl));
+      else
+        parts.push_back(decimal_range_expr(b, dlo, lo_excl, dhi, hi_excl));
     }
   }
   if (s.contains("multipleOf")) {
