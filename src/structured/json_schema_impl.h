@@ -145,6 +145,8 @@ class SchemaLowerer {
   ExprId punct(char c);             // ws c ws around structural characters
   ExprId string_rule();             // any JSON string
   ExprId number_rule(bool integer);
+  ExprId integer_spellings();       // every spelling of an integral value (a shared rule)
+  ExprId integer_spellings_expr();  // the same as an expression
 
  private:
   // Sub-lowerers (compile a schema on its own to test values or languages) may nest, e.g. a
@@ -162,7 +164,7 @@ class SchemaLowerer {
   bool draft_named_ = false;  // $schema named one of those drafts
   bool draft4_ = false;  // root $schema is draft 3/4: integers have no fraction part
   JsonGrammarOptions opt_;
-  RuleId value_rule_ = -1, string_rule_ = -1, object_rule_ = -1;
+  RuleId value_rule_ = -1, string_rule_ = -1, object_rule_ = -1, integer_rule_ = -1;
   std::map<std::string, RuleId> ref_rules_;        // target pointer -> rule
   std::map<std::string, std::string> id_index_;    // $id / $anchor -> pointer
   std::set<std::string> anchor_in_root_;           // anchors defined in the root resource

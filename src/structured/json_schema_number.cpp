@@ -251,14 +251,23 @@ ExprId SchemaLowerer::lower_number(const json& s, const std::string& ptr, bool i
   };
   lo = num("minimum");
   hi = num("maximum");
-  if (auto x = num("exclusiveMinimum"); x && (!lo || x->get<double>() >= lo->get<double>())) lo = x, lo_excl = true;
-  if (auto x = num("exclusiveMaximum"); x && (!hi || x->get<double>() <= hi->get<double>())) hi = x, hi_excl = true;
-  if (s.contains("exclusiveMinimum") && s["exclusiveMinimum"] == true) lo_excl = true;  // draft 4
-  if (s.contains("exclusiveMaximum") && s["exclusiveMaximum"] == true) hi_excl = true;
+  // Draft 4: exclusiveMinimum/Maximum are booleans modifying minimum/maximum; a number there
+  // is no keyword. Later drafts: numbers, bounds of their own.
+  if (auto x = draft4_ ? nullptr : num("exclusiveMinimum"); x && (!lo || x->get<double>() >= lo->get<double>()))
+    lo = x, lo_excl = true;
+  if (auto x = draft4_ ? nullptr : num("exclusiveMaximum"); x && (!hi || x->get<double>() <= hi->get<double>()))
+    hi = x, hi_excl = true;
+  if (s.contains("exclusiveMinimum") && s["exclusiveMinimum"] == true && lo) lo_excl = true;  // draft 4
+  if (s.contains("exclusiveMaximum") && s["exclusiveMaximum"] == true && hi) hi_excl = true;
   const bool frac_ok = !(integer && draft4_);  // draft 4 counts 1.0 as a number, not an integer
   ExprId zero_frac = frac_ok ? b.opt(b.seq({b.byte('.'), b.plus(b.byte('0'))})) : b.empty();
   std::vector<ExprId> parts;
-  if (lo || hi) {
+  auto zero = [](const json* v) { return !v || v->get<double>() == 0; };
+  if ((lo || hi) && integer && frac_ok && zero(lo) && zero(hi) && !s.contains("multipleOf")) {
+    // Sign-bounded integers: every integral spelling of the right sign (1e+18 >= 0).
+    parts.push_back(integer_spellings_expr());
+    parts.push_back(zero_bounded_expr(b, lo != nullptr, lo_excl, hi != nullptr, hi_excl));
+  } else if (lo || hi) {
     if (integer) {
       // On integers a fractional bound rounds inward.
       std::optional<int64_t> ilo, ihi;
