@@ -7,6 +7,7 @@
 
 #include "core/check.h"
 #include "core/logging.h"
+#include "model/drafter.h"
 
 namespace deepinfer::engine {
 namespace {
@@ -58,14 +59,27 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<model::CausalLM> mode
     sc.max_model_len = cap;
   }
   sc.max_num_seqs = std::min(sc.max_num_seqs, g.num_slots);
+  sc.num_speculative_tokens = speculative_tokens(config_.num_speculative_tokens);
   model_->allocate_cache(g);
   cache_ = std::make_unique<KVCacheManager>(g);
   scheduler_ = std::make_unique<Scheduler>(sc, *cache_, model_->vocab_size());
-  runner_ = std::make_unique<ModelRunner>(*model_, RunnerOptions{.device_sampling = config_.device_sampling});
+  runner_ = std::make_unique<ModelRunner>(*model_, RunnerOptions{.device_sampling = config_.device_sampling,
+                                                                 .num_speculative_tokens = sc.num_speculative_tokens});
   outputs_ = std::make_unique<OutputProcessor>(codec_.get());
 }
 
 Engine::~Engine() = default;
+
+int32_t Engine::speculative_tokens(int32_t asked) const {
+  if (asked <= 0) return 0;
+  model::Drafter* d = model_->drafter();
+  if (!d) DI_THROW(InvalidArgument, "num_speculative_tokens=", asked, ": ", model_->describe(), " has no drafter");
+  int64_t n = std::min<int64_t>({asked, d->max_draft_tokens(), model_->max_rollback()});
+  if (n < asked)
+    DI_WARN("speculative decoding: ", asked, " drafts asked, ", n, " used (", d->describe(), " drafts at most ",
+            d->max_draft_tokens(), ", the model rolls back ", model_->max_rollback(), " positions)");
+  return int32_t(std::max<int64_t>(n, 0));
+}
 
 std::vector<int32_t> Engine::tokenize(const PromptInput& prompt) const {
   if (prompt.is_token_ids) return prompt.token_ids;
@@ -78,6 +92,13 @@ void Engine::add_request(const std::string& request_id, const PromptInput& promp
   const int64_t vocab = model_->vocab_size(), max_len = config_.scheduler.max_model_len;
   if (request_seqs_.count(request_id)) DI_THROW(InvalidArgument, "request id '", request_id, "' is already running");
   params.validate(vocab);
+  if (params.n > config_.max_n)
+    DI_THROW(InvalidArgument, "SamplingParams.n: ", params.n, " is above this LLM's max_n=", config_.max_n);
+  for (auto [name, v] : {std::pair<const char*, const std::optional<int>&>{"logprobs", params.logprobs},
+                         {"prompt_logprobs", params.prompt_logprobs}})
+    if (v && *v > config_.max_logprobs)
+      DI_THROW(InvalidArgument, "SamplingParams.", name, ": ", *v, " is above this LLM's max_logprobs=",
+               config_.max_logprobs);
   if (prompt.is_token_ids ? prompt.token_ids.empty() : prompt.text.empty())
     DI_THROW(InvalidArgument, "request '", request_id, "': prompt is empty");
   auto ids = std::make_shared<std::vector<int32_t>>(tokenize(prompt));
@@ -88,6 +109,11 @@ void Engine::add_request(const std::string& request_id, const PromptInput& promp
   if (int64_t(ids->size()) >= max_len)
     DI_THROW(InvalidArgument, "request '", request_id, "': prompt has ", ids->size(), " tokens but max_model_len is ",
              max_len, " (room is needed for at least one output token)");
+  // min_tokens that cannot fit would run the request to the end of the context, masking EOS.
+  if (params.min_tokens > max_len - int64_t(ids->size()))
+    DI_THROW(InvalidArgument, "request '", request_id, "': SamplingParams.min_tokens=", params.min_tokens,
+             " is more than the room left for output (max_model_len ", max_len, " - prompt ", ids->size(), " = ",
+             max_len - int64_t(ids->size()), ")");
   if (!config_.scheduler.enable_chunked_prefill && int64_t(ids->size()) > config_.scheduler.max_num_batched_tokens)
     DI_THROW(InvalidArgument, "request '", request_id, "': prompt has ", ids->size(), " tokens, more than max_num_batched_tokens=",
              config_.scheduler.max_num_batched_tokens, " with chunked prefill off");
@@ -126,29 +152,30 @@ std::vector<RequestOutput> Engine::step() {
   if (plan.empty() && scheduler_->has_unfinished() && scheduler_->num_running() == 0)
     DI_THROW(InternalError, "scheduler made no progress with ", scheduler_->num_waiting(), " waiting sequences");
   ModelRunnerOutput result = runner_->execute(plan);
-  std::vector<SeqUpdate> updates = scheduler_->update(plan, result);
+  std::vector<StopEvent> stops = outputs_->scan_stops(result);
+  std::vector<SeqUpdate> updates = scheduler_->update(plan, result, stops);
   OutputProcessor::Result out = outputs_->process(updates, now_seconds());
-  for (int64_t id : out.stopped_seq_ids) scheduler_->finish(id, FinishReason::kStop);
   for (const RequestOutput& o : out.outputs)
     if (o.finished) request_seqs_.erase(o.request_id);
   return std::move(out.outputs);
 }
 
-void Engine::abort(const std::string& request_id) {
+std::vector<RequestOutput> Engine::abort(const std::string& request_id) {
   auto it = request_seqs_.find(request_id);
-  if (it == request_seqs_.end()) return;
+  if (it == request_seqs_.end()) return {};
   std::vector<SeqUpdate> updates;
   for (int64_t id : it->second) {
     if (!scheduler_->get(id)) continue;
-    scheduler_->finish(id, FinishReason::kAbort);
+    scheduler_->abort(id);
     SeqUpdate u;
     u.seq_id = id;
     u.finished = true;
     u.finish_reason = int(FinishReason::kAbort);
     updates.push_back(u);
   }
-  outputs_->process(updates, now_seconds());
+  OutputProcessor::Result out = outputs_->process(updates, now_seconds());
   request_seqs_.erase(it);
+  return std::move(out.outputs);
 }
 
 }  // namespace deepinfer::engine
