@@ -48,7 +48,11 @@ const std::set<std::string> kUnsupported = {
 const std::vector<std::string> kAllTypes = {"null", "boolean", "object", "array", "string", "number"};
 
 bool keyword_is_noop(const std::string& k, const json& v, const json& s) {
-  if (k == "uniqueItems") return v == false;
+  // uniqueItems: nothing to check for arrays of at most one item; arrays of scalars from a finite
+  // set are lowered as tracked arrays (lower_array), so the keyword is handled there.
+  if (k == "uniqueItems")
+    return v == false || (s.contains("maxItems") && s["maxItems"].is_number() && s["maxItems"].get<double>() <= 1) ||
+           unique_scalar_values(s).has_value();
   if (k == "minProperties") return v.is_number() && v.get<double>() <= 0;
   if (k == "minContains" || k == "maxContains") return !s.contains("contains");
   return false;

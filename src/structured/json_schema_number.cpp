@@ -10,6 +10,7 @@
 // lexicographically larger) or I == Ib and F > Fb as zero-padded digit strings.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <optional>
 
@@ -270,11 +271,28 @@ ExprId SchemaLowerer::lower_number(const json& s, const std::string& ptr, bool i
   } else if (lo || hi) {
     if (integer) {
       // On integers a fractional bound rounds inward.
+      // Integer bounds are taken exactly when written as integers (the whole int64 range, e.g.
+      // 9223372036854775807); fractional ones round inward.
+      auto bound = [&](const json* v, bool is_lo, bool excl) -> int64_t {
+        constexpr int64_t kMax = std::numeric_limits<int64_t>::max(), kMin = std::numeric_limits<int64_t>::min();
+        if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(kMax))
+          schema_error(ptr, "integer bounds beyond 64 bits are not supported");
+        if (v->is_number_integer()) {
+          const int64_t x = v->get<int64_t>();
+          if (!excl) return x;
+          if ((is_lo && x == kMax) || (!is_lo && x == kMin)) schema_error(ptr, "integer bounds beyond 64 bits are not supported");
+          return is_lo ? x + 1 : x - 1;
+        }
+        const double d = v->get<double>();
+        if (std::fabs(d) > 9e18) schema_error(ptr, "integer bounds beyond 64 bits are not supported");
+        return static_cast<int64_t>(is_lo ? (excl ? std::floor(d) + 1 : std::ceil(d)) : (excl ? std::ceil(d) - 1 : std::floor(d)));
+      };
       std::optional<int64_t> ilo, ihi;
-      for (const json* v : {lo, hi})
-        if (v && std::fabs(v->get<double>()) > 9e18) schema_error(ptr, "integer bounds beyond 64 bits are not supported");
-      if (lo) ilo = static_cast<int64_t>(lo_excl ? std::floor(lo->get<double>()) + 1 : std::ceil(lo->get<double>()));
-      if (hi) ihi = static_cast<int64_t>(hi_excl ? std::ceil(hi->get<double>()) - 1 : std::floor(hi->get<double>()));
+      if (lo) ilo = bound(lo, true, lo_excl);
+      if (hi) ihi = bound(hi, false, hi_excl);
+      for (auto x : {ilo, ihi})  // magnitudes are negated in int_range_expr
+        if (x && *x == std::numeric_limits<int64_t>::min())
+          schema_error(ptr, "integer bounds beyond 64 bits are not supported");
       if (ilo && ihi && *ilo > *ihi) return b.nothing();
       parts.push_back(b.seq({int_range_expr(b, ilo, ihi, true), zero_frac}));
     } else {

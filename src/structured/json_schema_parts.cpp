@@ -21,6 +21,10 @@ ExprId digit(GrammarBuilder& b, char lo, char hi) {
 ExprId between(GrammarBuilder& b, const std::string& x, const std::string& y) {
   if (x.empty()) return b.empty();
   const size_t n = x.size();
+  // Every digit string of this length: one repeat (recursing here doubled per digit: 2^19
+  // expressions for a bound near 1e18).
+  if (x.find_first_not_of('0') == std::string::npos && y.find_first_not_of('9') == std::string::npos)
+    return b.repeat(digit(b, '0', '9'), static_cast<int32_t>(n), static_cast<int32_t>(n));
   if (x[0] == y[0]) return b.seq({b.byte(x[0]), between(b, x.substr(1), y.substr(1))});
   std::vector<ExprId> alts;
   alts.push_back(b.seq({b.byte(x[0]), between(b, x.substr(1), std::string(n - 1, '9'))}));
