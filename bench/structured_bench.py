@@ -35,12 +35,14 @@ def pct(xs, q):
     return xs[min(len(xs) - 1, int(q / 100.0 * len(xs)))]
 
 
-def load_cases(limit):
+def load_cases(limit, split=None):
     tmp = Path(tempfile.gettempdir()) / "deepinfer-maskbench"
     if not (tmp / "maskbench-dev").exists():
         with tarfile.open(SHARED / "data/structured/maskbench-dev.tar.gz") as t:
             t.extractall(tmp)
     files = sorted((tmp / "maskbench-dev").glob("*.json"))
+    if split:  # file names are SPLIT---ID.json, or BFCL_..., JME_... for those splits
+        files = [f for f in files if (f.name.split("---")[0] if "---" in f.name else f.name.split("_")[0]) == split]
     if limit and limit < len(files):
         step = len(files) / limit
         files = [files[int(i * step)] for i in range(limit)]
@@ -208,10 +210,11 @@ def main():
     ap.add_argument("--engines", default="deepinfer,xgrammar,llguidance")
     ap.add_argument("--tokenizer", default=str(SHARED / "data/tokenizers/deepseek-v3/tokenizer.json"))
     ap.add_argument("--cli", default=os.environ.get("DEEPINFER_CLI") or next(iter(sorted(glob.glob(str(ROOT / "build*/deepinfer")))), None))
+    ap.add_argument("--split", default=None, help="only this MaskBench split (Github_easy, JME, BFCL, ...)")
     ap.add_argument("--repeat", type=int, default=1,
                     help="runs per engine, interleaved; reports per-mask / per-compile best of N")
     args = ap.parse_args()
-    cases = load_cases(args.limit)
+    cases = load_cases(args.limit, args.split)
     tok_json = Path(args.tokenizer).read_text()
     from tokenizers import Tokenizer
     hf_tok = Tokenizer.from_str(tok_json)
