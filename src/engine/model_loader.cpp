@@ -26,20 +26,14 @@ std::string resolve_model_path(const LLMConfig& config, const EnvConfig& env) {
            def.empty() ? std::string("models/default") : def);
 }
 
-model::ModelLimits model_limits(const LLMConfig& c) {
-  return {.max_num_seqs = c.max_num_seqs, .max_num_batched_tokens = c.max_num_batched_tokens,
-          .max_model_len = c.max_model_len, .max_rollback = 0};
-}
-
-std::unique_ptr<model::CausalLM> load_model(const std::string& path, const EnvConfig& env,
-                                            const model::ModelLimits& limits) {
-  if (path == kToy) return std::make_unique<ToyModel>();
+std::unique_ptr<model::CausalLM> load_model(const std::string& path, const model::ModelLoadOptions& options) {
+  if (path == kToy) return std::make_unique<ToyModel>(ToyModelConfig{.max_rollback = options.limits.max_rollback});
   if (!fs::is_directory(path)) DI_THROW(CheckpointError, "model folder '", path, "' does not exist");
   if (!fs::exists(fs::path(path) / "config.json")) DI_THROW(CheckpointError, "model folder '", path, "' has no config.json");
 #if defined(DEEPINFER_HAVE_MODEL)
   // The family is chosen by config.json `architectures` (model/registry.h); the family picks the
   // backend from DEEPINFER_ACCELERATOR.
-  return model::load_model(path, model::ModelLoadOptions{.env = env, .limits = limits});
+  return model::load_model(path, options);
 #else
   DI_THROW(CheckpointError, "cannot load '", path, "': this build has no model module");
 #endif

@@ -266,9 +266,11 @@ class ModelBackend : public Backend {
   // The step's outputs: `rows` logits rows (Buf::kLogits) and `hidden_rows` hidden rows
   // (Buf::kHidden), on the host unless asked to stay on the device.
   virtual ForwardOutput end_step(const ForwardOptions& options, int64_t rows, int64_t hidden_rows) = 0;
-  // Copies hidden rows (host or device, as a previous step returned them) into backend memory the
-  // next step can read until it ends; returns the backend pointer [rows, n*D] f32.
-  virtual const float* stage_hidden(const HiddenRows& rows) = 0;
+  // Copies the row ranges (first row, count) of hidden rows (host or device, as a previous step
+  // returned them) back to back into backend memory the next step can read until it ends; returns
+  // the backend pointer [sum counts, n*D] f32.
+  using RowRanges = std::vector<std::pair<int64_t, int64_t>>;
+  virtual const float* stage_hidden(const HiddenRows& rows, const RowRanges& ranges) = 0;
 };
 
 }  // namespace deepinfer::model::ds

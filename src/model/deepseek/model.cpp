@@ -62,16 +62,21 @@ ForwardOutput DeepseekModel::run(const ForwardBatch& batch, const ForwardOptions
   return be_->end_step(options, R, Rh);
 }
 
-ForwardOutput DeepseekModel::run_mtp(const ForwardBatch& batch, const HiddenRows& target, int64_t k) {
+ForwardOutput DeepseekModel::run_mtp(const ForwardBatch& batch, const HiddenRows& target, int64_t k,
+                                     const ModelBackend::RowRanges& rows) {
   validate_forward_batch(batch, be_->cache_geometry(), be_->cache_allocated(), arch_.dims.vocab);
   if (k < 0 || k >= num_mtp_blocks())
     DI_THROW(InvalidArgument, "run_mtp: block ", k, " but the model has ", num_mtp_blocks(), " MTP blocks");
-  if (target.rows != batch.num_tokens() || target.row_elems != arch_.dims.streams * arch_.dims.hidden)
-    DI_THROW(InvalidArgument, "run_mtp: ", target.rows, " target hidden rows of ", target.row_elems,
-             " values for ", batch.num_tokens(), " tokens of ", arch_.dims.streams * arch_.dims.hidden);
+  const ModelBackend::RowRanges all{{0, target.rows}};
+  const ModelBackend::RowRanges& ranges = rows.empty() ? all : rows;
+  int64_t fed = 0;
+  for (const auto& r : ranges) fed += r.second;
+  if (fed != batch.num_tokens() || target.row_elems != arch_.dims.streams * arch_.dims.hidden)
+    DI_THROW(InvalidArgument, "run_mtp: ", fed, " target hidden rows of ", target.row_elems, " values for ",
+             batch.num_tokens(), " tokens of ", arch_.dims.streams * arch_.dims.hidden);
   const int64_t R = int64_t(batch.logits_indices.size()), Rh = int64_t(batch.hidden_indices.size());
   if (batch.num_tokens() == 0) return be_->end_step({}, 0, 0);
-  const float* main_hidden = be_->stage_hidden(target);
+  const float* main_hidden = be_->stage_hidden(target, ranges);
   be_->begin_step(plan_step(batch, /*allow_fixed=*/false));
   be_->launch([&] { mtp_step(*be_, arch_, be_->weights(), k, main_hidden, R, Rh); });
   return be_->end_step({}, R, Rh);

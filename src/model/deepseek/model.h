@@ -50,9 +50,11 @@ class DeepseekModel : public CausalLM {
   Drafter* drafter() override { return drafter_.get(); }
 
   // One MTP step of block k over `batch` (tokens = the tokens that follow each target position,
-  // whose hidden rows `target` holds, one row per batch token): logits of batch.logits_indices and
-  // the block's output streams of batch.hidden_indices. Used by the drafter and the MTP tests.
-  ForwardOutput run_mtp(const ForwardBatch& batch, const HiddenRows& target, int64_t k);
+  // whose hidden rows are the `rows` ranges (first row, count) of `target`, back to back, one row
+  // per batch token; empty = all of `target`): logits of batch.logits_indices and the block's
+  // output streams of batch.hidden_indices. Used by the drafter and the MTP tests.
+  ForwardOutput run_mtp(const ForwardBatch& batch, const HiddenRows& target, int64_t k,
+                        const ModelBackend::RowRanges& rows = {});
   int64_t num_mtp_blocks() const { return int64_t(arch_.plan.drafter.size()); }
 
   const Arch& arch() const { return arch_; }

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "deepinfer/error.h"
+#include "model/deepseek/backend.h"
 #include "model/deepseek/model.h"
 
 namespace deepinfer::model::ds {
@@ -29,7 +30,8 @@ std::vector<DraftProposal> MtpDrafter::propose(const DraftBatch& in, Tensor* dra
   std::vector<DraftProposal> out(in.seqs.size());
   // Round 0: every committed position (ring entries), logits and output streams at each anchor.
   ForwardBatch b;
-  std::vector<size_t> drafting;  // sequences whose anchor row asks for drafts, in row order
+  ModelBackend::RowRanges ranges;  // each sequence's rows of the target's hidden rows
+  std::vector<size_t> drafting;    // sequences whose anchor row asks for drafts, in row order
   int64_t total = 0;
   for (size_t i = 0; i < in.seqs.size(); ++i) {
     const DraftSeq& s = in.seqs[i];
@@ -40,6 +42,7 @@ std::vector<DraftProposal> MtpDrafter::propose(const DraftBatch& in, Tensor* dra
       DI_THROW(InvalidArgument, "mtp propose: ", s.num_drafts, " drafts asked, at most ", max_draft_tokens());
     b.token_ids.insert(b.token_ids.end(), s.next_tokens.begin(), s.next_tokens.end());
     b.seqs.push_back({s.cache_slot, s.block_table, s.first_position, s.num_positions});
+    ranges.push_back({s.first_hidden_row, s.num_positions});
     total += s.num_positions;
     if (s.num_drafts > 0) {
       b.logits_indices.push_back(int32_t(total - 1));
@@ -48,7 +51,7 @@ std::vector<DraftProposal> MtpDrafter::propose(const DraftBatch& in, Tensor* dra
   }
   b.hidden_indices = b.logits_indices;
   std::vector<std::vector<std::vector<float>>> rows(in.seqs.size());  // per sequence: drafted positions' logits
-  ForwardOutput o = model_.run_mtp(b, in.target_hidden, 0);
+  ForwardOutput o = model_.run_mtp(b, in.target_hidden, 0, ranges);
   for (int round = 0; !drafting.empty(); ++round) {
     std::vector<size_t> next;
     ForwardBatch r;
@@ -70,18 +73,12 @@ std::vector<DraftProposal> MtpDrafter::propose(const DraftBatch& in, Tensor* dra
       }
     }
     if (next.empty()) break;
-    // Hidden rows of the sequences that go on, in their new row order.
-    HiddenRows h;
-    h.rows = int64_t(next.size());
-    h.row_elems = o.hidden.row_elems;
-    h.host = Tensor::empty({h.rows, o.hidden.row_elems}, DType::kF32);
-    const Tensor prev = o.hidden.host.contiguous();
+    // The output streams of the sequences that go on (their rows of this round's output).
+    ModelBackend::RowRanges keep;
     for (size_t j = 0, q = 0; j < drafting.size(); ++j)
-      if (q < next.size() && drafting[j] == next[q])
-        std::memcpy(h.host.data<float>() + int64_t(q++) * h.row_elems, prev.data<float>() + int64_t(j) * h.row_elems,
-                    size_t(h.row_elems) * sizeof(float));
+      if (q < next.size() && drafting[j] == next[q]) keep.push_back({int64_t(j), 1}), ++q;
     r.hidden_indices = r.logits_indices;
-    o = model_.run_mtp(r, h, 0);
+    o = model_.run_mtp(r, o.hidden, 0, keep);
     drafting = std::move(next);
   }
   if (draft_logits) {

@@ -109,10 +109,16 @@ ForwardOutput CpuBackend::end_step(const ForwardOptions& options, int64_t rows, 
   return out;
 }
 
-const float* CpuBackend::stage_hidden(const HiddenRows& rows) {
+const float* CpuBackend::stage_hidden(const HiddenRows& rows, const RowRanges& ranges) {
   DI_CHECK(rows.host.defined() && rows.host.dtype() == DType::kF32, "stage_hidden: the CPU needs host hidden rows");
   const Tensor h = rows.host.contiguous();
-  staged_hidden_.assign(h.data<float>(), h.data<float>() + h.numel());
+  const int64_t e = rows.row_elems;
+  staged_hidden_.clear();
+  for (const auto& [first, count] : ranges) {
+    DI_CHECK(first >= 0 && count >= 0 && first + count <= rows.rows, "stage_hidden: rows [", first, ", ", first + count,
+             ") of ", rows.rows);
+    staged_hidden_.insert(staged_hidden_.end(), h.data<float>() + first * e, h.data<float>() + (first + count) * e);
+  }
   return staged_hidden_.data();
 }
 

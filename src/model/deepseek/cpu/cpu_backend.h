@@ -41,7 +41,7 @@ class CpuBackend final : public ModelBackend {
   void begin_step(StepPlan plan) override;
   void launch(const std::function<void()>& body) override { body(); }
   ForwardOutput end_step(const ForwardOptions& options, int64_t rows, int64_t hidden_rows) override;
-  const float* stage_hidden(const HiddenRows& rows) override;
+  const float* stage_hidden(const HiddenRows& rows, const RowRanges& ranges) override;
   kv::KvCache& cache() { return cache_; }
 
   // ---- Backend ----

@@ -277,16 +277,28 @@ ForwardOutput CudaBackend::end_step(const ForwardOptions& options, int64_t rows,
   return out;
 }
 
-const float* CudaBackend::stage_hidden(const HiddenRows& rows) {
-  const size_t bytes = size_t(rows.rows * rows.row_elems) * sizeof(float);
-  ensure(staged_hidden_, std::max<size_t>(bytes, 16), opts_.device);
-  if (rows.host.defined()) {
-    const Tensor h = rows.host.contiguous();
-    dc::copy_h2d(staged_hidden_.data(), h.raw_data(), bytes, stream_.get(), true);
-  } else {
-    DI_CHECK(rows.device != nullptr, "stage_hidden: rows in neither host nor device memory");
-    DI_CUDA_CHECK(cudaMemcpyAsync(staged_hidden_.data(), rows.device, bytes, cudaMemcpyDeviceToDevice, stream_.get()));
+const float* CudaBackend::stage_hidden(const HiddenRows& rows, const RowRanges& ranges) {
+  const int64_t e = rows.row_elems;
+  int64_t total = 0;
+  for (const auto& [first, count] : ranges) {
+    DI_CHECK(first >= 0 && count >= 0 && first + count <= rows.rows, "stage_hidden: rows [", first, ", ", first + count,
+             ") of ", rows.rows);
+    total += count;
   }
+  ensure(staged_hidden_, std::max<size_t>(size_t(total * e) * sizeof(float), 16), opts_.device);
+  const Tensor h = rows.device ? Tensor() : rows.host.contiguous();
+  DI_CHECK(rows.device || h.defined(), "stage_hidden: rows in neither host nor device memory");
+  int64_t at = 0;
+  for (const auto& [first, count] : ranges) {
+    const size_t bytes = size_t(count * e) * sizeof(float);
+    float* dst = staged_hidden_.as<float>() + at * e;
+    if (rows.device)
+      DI_CUDA_CHECK(cudaMemcpyAsync(dst, rows.device + first * e, bytes, cudaMemcpyDeviceToDevice, stream_.get()));
+    else
+      dc::copy_h2d(dst, h.data<float>() + first * e, bytes, stream_.get(), false);
+    at += count;
+  }
+  if (!rows.device) DI_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));  // the host tensor may go away
   return staged_hidden_.as<const float>();
 }
 

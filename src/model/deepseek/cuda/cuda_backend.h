@@ -51,7 +51,7 @@ class CudaBackend final : public ModelBackend {
   void begin_step(StepPlan plan) override;
   void launch(const std::function<void()>& body) override;
   ForwardOutput end_step(const ForwardOptions& options, int64_t rows, int64_t hidden_rows) override;
-  const float* stage_hidden(const HiddenRows& rows) override;
+  const float* stage_hidden(const HiddenRows& rows, const RowRanges& ranges) override;
 
   // Tests and benchmarks.
   void set_decode_path(DecodePath p);
