@@ -157,6 +157,44 @@ TEST_P(CausalLMConformance, RollbackEqualsRecompute) {
   EXPECT_THROW(model_->rollback(2, 100, 100 - kRollback - 1), InvalidArgument);
 }
 
+TEST_P(CausalLMConformance, SlotSnapshotRestores) {
+  // A slot's fixed state saved after a prefix, restored into another slot (with the prefix's paged
+  // blocks copied by the caller, as prefix reuse will), continues exactly like the original.
+  const int64_t V = model_->vocab_size(), T = int64_t(ids_.size()), cut = std::min<int64_t>(T - 1, 101);
+  const std::vector<int32_t> prefix(ids_.begin(), ids_.begin() + cut), rest(ids_.begin() + cut, ids_.end());
+  model::SeqInBatch a;
+  a.cache_slot = 1;
+  a.block_table = model::slot_block_table(model_->cache_geometry(), 1);
+  model_->reset_slot(1);
+  model::ForwardBatch b;
+  b.token_ids = prefix;
+  a.num_computed_tokens = 0;
+  a.num_new_tokens = int32_t(cut);
+  b.seqs = {a};
+  model_->forward(b);
+  const model::SlotSnapshot snap = model_->save_slot(1, cut);
+  EXPECT_EQ(snap.num_tokens, cut);
+  EXPECT_GT(snap.bytes.size(), 0u);
+  // Continue in the original slot.
+  auto tail = [&](int32_t slot, const std::vector<int32_t>& table) {
+    model::ForwardBatch c;
+    c.token_ids = rest;
+    model::SeqInBatch s{.cache_slot = slot, .block_table = table, .num_computed_tokens = cut,
+                        .num_new_tokens = int32_t(rest.size())};
+    c.seqs = {s};
+    for (size_t i = 0; i < rest.size(); ++i) c.logits_indices.push_back(int32_t(i));
+    const Tensor l = model_->forward(c);
+    return std::vector<float>(l.data<float>(), l.data<float>() + l.numel());
+  };
+  // Restore into slot 2 reading slot 1's paged blocks (shared, as a prefix hit shares them).
+  model_->reset_slot(2);
+  model_->restore_slot(2, snap);
+  const std::vector<float> restored = tail(2, a.block_table);
+  const std::vector<float> original = tail(1, a.block_table);
+  expect_same(original, restored, int64_t(rest.size()), "restored slot", true);
+  (void)V;
+}
+
 TEST_P(CausalLMConformance, DrafterMatchesReference) {
   model::Drafter* drafter = model_->drafter();
   if (!drafter) GTEST_SKIP() << GetParam().name << " has no drafter";
