@@ -9,6 +9,12 @@
 // (empty or too-long prompt, invalid sampling values, unknown structured-output spec) is
 // returned with `error` set and never stops the others. Errors about the engine itself
 // (missing checkpoint, bad config) throw deepinfer::Error subclasses from the constructor.
+//
+// Threads: every method may be called from several threads at once. Calls are concurrent,
+// engine steps are serialised: one lock guards the engine, each step runs the requests of all
+// callers in one batch, and its outputs go to the call that owns each request (generate(),
+// chat(), or the add_request/step stream). Request ids come from one counter and never repeat
+// within an LLM.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -34,6 +40,8 @@ struct LLMConfig {
   size_t kv_cache_memory_bytes = 0;      // cache budget; 0 = auto: max_num_seqs x max_model_len
                                          // worth, at most 1 GiB on the host, up to the GPU's plan
   uint64_t seed = 0;                     // seeds requests that carry no seed of their own
+  int max_n = 1024;                      // a request with SamplingParams.n above this is refused
+  int max_logprobs = 20;                 // ... with logprobs / prompt_logprobs above this (vLLM's name)
   std::string accelerator;               // "cpu" | "nvidia"; empty = DEEPINFER_ACCELERATOR / auto
 };
 
@@ -62,6 +70,10 @@ using OutputCallback = std::function<void(const RequestOutput&)>;
 struct GenerateOptions {
   OutputCallback on_output;
   bool progress_bar = false;  // a progress bar on stderr
+  // Polled before every engine step. When it returns true, this call's unfinished requests are
+  // aborted (they end finished, finish_reason "abort", freeing their cache) and generate()
+  // returns at once. The Python binding polls for Ctrl-C (KeyboardInterrupt) here.
+  std::function<bool()> should_cancel;
 };
 
 // Totals of the last generate()/chat() call.
@@ -87,7 +99,8 @@ class LLM {
 
   // `params` has one entry for all prompts or one per prompt. Outputs are in prompt order.
   // If options.on_output throws, this call's unfinished requests are aborted and the
-  // exception propagates (the engine stays usable).
+  // exception propagates (the engine stays usable). A request aborted from elsewhere
+  // (abort_request on its id) comes back finished with finish_reason "abort".
   std::vector<RequestOutput> generate(const std::vector<PromptInput>& prompts, const std::vector<SamplingParams>& params,
                                       const GenerateOptions& options = {});
   // Each conversation is formatted with the model's chat template (DeepSeek-V4 format).
@@ -100,13 +113,18 @@ class LLM {
   // deepinfer::Error for a bad request (nothing is queued then) and returns the request id.
   // step() runs one engine round and returns the requests that produced something, shaped by
   // each request's output_kind (kDelta: only the new text and tokens; a piece that could
-  // still become a stop string is held back until it is decided). abort_request ends a
-  // queued or running request without a further output; unknown ids are ignored.
-  // generate()/chat() use the same engine: do not interleave them with unfinished requests.
+  // still become a stop string is held back until it is decided). step() returns outputs of
+  // requests queued with add_request only; generate() calls running at the same time (other
+  // threads, or inside a step() loop) share the engine and keep their own outputs.
+  // abort_request ends a queued or running request (of any caller): its last output, finished
+  // with finish_reason "abort", goes to the caller that owns it. Unknown ids are ignored.
   std::string add_request(const PromptInput& prompt, const SamplingParams& params);
   std::vector<RequestOutput> step();
   void abort_request(const std::string& request_id);
-  bool has_unfinished() const;
+  bool has_unfinished() const;  // any request of any caller still in the engine
+  // A fresh id from the same counter, for requests refused before they reach the engine
+  // (the Python layer's argument errors), so ids never repeat.
+  std::string reserve_request_id();
 
   std::vector<int32_t> encode(const std::string& text) const;  // throws TokenizerError without a tokenizer
   std::string decode(const std::vector<int32_t>& ids, bool skip_special_tokens = true) const;
@@ -116,7 +134,7 @@ class LLM {
   int64_t vocab_size() const;
   int64_t max_model_len() const;
   std::string describe() const;       // model, backend, cache geometry
-  const GenerateSummary& last_summary() const;
+  GenerateSummary last_summary() const;  // of the generate()/chat() call that finished last
 
   struct Impl;
 

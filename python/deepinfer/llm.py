@@ -7,11 +7,14 @@
 """
 from __future__ import annotations
 
+import collections
+import numbers
 import os
-import sys
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
+import threading
+from typing import Any, Deque, Dict, Iterator, List, Optional, Sequence, Union
 
 from . import _C
+from ._checks import INT64, UINT64, as_bool, as_int, as_str, as_token_ids
 from .outputs import RequestOutput, from_cpp
 from .sampling_params import SamplingParams
 
@@ -36,51 +39,70 @@ def _default_model() -> str:
 
 
 def _to_prompt(p: PromptType):
-    """str | {"prompt": str} | {"prompt_token_ids": [...]} | list[int] -> _C PromptInput."""
+    """str | {"prompt": str} | {"prompt_token_ids": [...]} | list[int] -> _C PromptInput.
+    Token ids must be ints (a float id is an error naming its position, not truncated)."""
     if isinstance(p, str):
-        return _E.PromptInput.from_text(p)
+        return _E.PromptInput.from_text(as_str("prompt", p))
     if isinstance(p, dict):
         unknown = set(p) - {"prompt", "prompt_token_ids", "multi_modal_data"}
         if unknown:
             raise ValueError(f"prompt dict has unknown key(s) {sorted(unknown)}")
         if "prompt_token_ids" in p:
-            return _E.PromptInput.from_token_ids([int(t) for t in p["prompt_token_ids"]])
+            return _E.PromptInput.from_token_ids(as_token_ids("prompt_token_ids", p["prompt_token_ids"]))
         if "prompt" in p:
-            return _E.PromptInput.from_text(str(p["prompt"]))
+            return _E.PromptInput.from_text(as_str("prompt", p["prompt"]))
         raise ValueError("prompt dict needs 'prompt' or 'prompt_token_ids'")
-    if isinstance(p, (list, tuple)) and all(isinstance(t, int) for t in p):
-        return _E.PromptInput.from_token_ids([int(t) for t in p])
+    if _is_id_list(p):
+        return _E.PromptInput.from_token_ids(as_token_ids("prompt_token_ids", p))
     raise ValueError(f"unsupported prompt type {type(p).__name__}")
 
 
+def _is_id_list(p) -> bool:
+    # Numbers of any kind: a float among them is then reported as a bad id, not as a prompt.
+    return isinstance(p, (list, tuple)) and len(p) > 0 and all(
+        isinstance(t, numbers.Number) and not isinstance(t, bool) for t in p)
+
+
 def _is_single_prompt(prompts) -> bool:
-    return isinstance(prompts, (str, dict)) or (
-        isinstance(prompts, (list, tuple)) and len(prompts) > 0 and all(isinstance(t, int) for t in prompts))
+    return isinstance(prompts, (str, dict)) or _is_id_list(prompts)
 
 
 class LLM:
-    """An engine over one checkpoint. Keyword names follow vLLM's LLM where they exist."""
+    """An engine over one checkpoint. Keyword names follow vLLM's LLM where they exist.
+
+    Thread-safe: generate(), chat(), stream() and the helpers may be called from several
+    threads at once. The calls run concurrently and share the engine: its steps are serialised
+    by one lock, and each step batches the requests of every caller. Ctrl-C during generate()
+    aborts that call's requests before the next engine step and raises KeyboardInterrupt.
+    Request ids never repeat within an LLM."""
 
     def __init__(self, model: Optional[str] = None, *, tokenizer: Optional[str] = None,
                  skip_tokenizer_init: bool = False, max_model_len: Optional[int] = None,
                  max_num_seqs: int = 64, max_num_batched_tokens: int = 2048, enable_chunked_prefill: bool = True,
                  kv_cache_memory_bytes: Optional[int] = None, seed: int = 0, accelerator: Optional[str] = None,
-                 **kwargs: Any) -> None:
+                 max_n: int = 1024, max_logprobs: int = 20, **kwargs: Any) -> None:
         if kwargs:
             raise TypeError(f"LLM: unsupported argument(s) {sorted(kwargs)}")
         c = _E.LLMConfig()
-        c.model = model or _default_model()
-        c.tokenizer = tokenizer or ""
-        c.skip_tokenizer_init = skip_tokenizer_init
-        c.max_model_len = int(max_model_len or 0)
-        c.max_num_seqs = int(max_num_seqs)
-        c.max_num_batched_tokens = int(max_num_batched_tokens)
-        c.enable_chunked_prefill = bool(enable_chunked_prefill)
-        c.kv_cache_memory_bytes = int(kv_cache_memory_bytes or 0)
-        c.seed = int(seed) & 0xFFFFFFFFFFFFFFFF
-        c.accelerator = accelerator or ""
+        c.model = as_str("LLM.model", model or _default_model())
+        c.tokenizer = as_str("LLM.tokenizer", tokenizer or "")
+        c.skip_tokenizer_init = as_bool("LLM.skip_tokenizer_init", skip_tokenizer_init)
+        c.max_model_len = 0 if max_model_len is None else as_int("LLM.max_model_len", max_model_len, *INT64)
+        c.max_num_seqs = as_int("LLM.max_num_seqs", max_num_seqs, *INT64)
+        c.max_num_batched_tokens = as_int("LLM.max_num_batched_tokens", max_num_batched_tokens, *INT64)
+        c.enable_chunked_prefill = as_bool("LLM.enable_chunked_prefill", enable_chunked_prefill)
+        c.kv_cache_memory_bytes = 0 if kv_cache_memory_bytes is None else as_int(
+            "LLM.kv_cache_memory_bytes", kv_cache_memory_bytes, *UINT64)
+        c.seed = as_int("LLM.seed", seed, *UINT64)
+        c.max_n = as_int("LLM.max_n", max_n, 1)
+        c.max_logprobs = as_int("LLM.max_logprobs", max_logprobs, 0)
+        c.accelerator = as_str("LLM.accelerator", accelerator or "")
         self.model = c.model
         self._llm = _E.LLM(c)
+        # Streams share the engine's add_request/step queue: outputs are dealt out to the stream
+        # that owns each request (several streams may run at once, nested or in threads).
+        self._stream_lock = threading.Lock()
+        self._stream_queues: Dict[str, Deque] = {}
 
     # ---- generation ----
     def generate(self, prompts: Union[PromptType, Sequence[PromptType]],
@@ -105,14 +127,14 @@ class LLM:
         ok_idx, ok_prompts, ok_params = [], [], []
         for i, (p, sp) in enumerate(zip(prompts, params)):
             try:
-                ok_prompts.append(_to_prompt(p))
-                ok_params.append(sp.to_cpp())
-                ok_idx.append(i)
+                cp = _to_prompt(p)
+                cparams = _params_to_cpp(sp)
             except (ValueError, TypeError) as e:
-                if len(ok_prompts) > len(ok_params):
-                    ok_prompts.pop()
-                results[i] = RequestOutput(f"rejected-{i}", p if isinstance(p, str) else None, [], None, [], True,
-                                           None, f"{type(e).__name__}: {e}")
+                results[i] = self._rejected(p, e)
+                continue
+            ok_prompts.append(cp)
+            ok_params.append(cparams)
+            ok_idx.append(i)
         if ok_prompts:
             outs = self._llm.generate(ok_prompts, ok_params, bool(use_tqdm))
             for i, o in zip(ok_idx, outs):
@@ -125,6 +147,11 @@ class LLM:
         """Same as ``generate(prompts, sampling_params, stream=True)``."""
         return self.generate(prompts, sampling_params, stream=True)
 
+    def _rejected(self, p, e: Exception) -> RequestOutput:
+        """The output of a request refused before it reached the engine (fresh, unique id)."""
+        return RequestOutput(self._llm.reserve_request_id(), p if isinstance(p, str) else None, [], None, [], True,
+                             None, f"{type(e).__name__}: {e}")
+
     def _stream(self, prompts: list, params: list) -> Iterator[RequestOutput]:
         """Yields delta RequestOutputs as each engine step produces them (requests interleave).
 
@@ -132,34 +159,54 @@ class LLM:
         a request's ``outputs[i].text`` pieces gives exactly the text that ``generate`` returns,
         because text that could still turn into a stop string is held back until decided.
         The last output of a request has ``finished`` set. A rejected request yields one
-        output with ``error`` set first. Closing the iterator early aborts what is left."""
-        if self._llm.has_unfinished():
-            raise RuntimeError("LLM.stream: another stream on this LLM is still running")
+        output with ``error`` set first. Closing the iterator early (or Ctrl-C) aborts what is
+        left. Several streams, and generate() calls, may run at the same time."""
         live: Dict[str, SamplingParams] = {}
+        queue: Deque = collections.deque()
         rejected: List[RequestOutput] = []
         try:
-            for i, (p, sp) in enumerate(zip(prompts, params)):
+            for p, sp in zip(prompts, params):
                 try:
-                    cp = sp.to_cpp()
+                    cp = _params_to_cpp(sp)
                     if cp.output_kind != _E.OutputKind.FINAL_ONLY:
                         cp.output_kind = _E.OutputKind.DELTA
-                    live[self._llm.add_request(_to_prompt(p), cp)] = sp
+                    prompt = _to_prompt(p)
+                    with self._stream_lock:
+                        rid = self._llm.add_request(prompt, cp)
+                        self._stream_queues[rid] = queue
+                    live[rid] = sp
                 except (ValueError, TypeError, _C.Error) as e:
-                    name = type(e).__name__
-                    rejected.append(RequestOutput(f"rejected-{i}", p if isinstance(p, str) else None, [], None, [],
-                                                  True, None, f"{name}: {e}"))
+                    rejected.append(self._rejected(p, e))
             yield from rejected
-            while self._llm.has_unfinished():
-                for o in self._llm.step():
-                    sp = live.get(o.request_id)
-                    if sp is None:
-                        continue
-                    if o.finished:
-                        del live[o.request_id]
-                    yield from_cpp(o, sp.stop_token_ids or ())
+            while live:
+                while not queue:  # a step may serve only other callers (or FINAL_ONLY requests)
+                    self._pump()
+                o = queue.popleft()
+                sp = live[o.request_id]
+                if o.finished:
+                    del live[o.request_id]
+                yield from_cpp(o, sp.stop_token_ids or ())
         finally:
-            for rid in live:  # early close (or an error): leave nothing behind in the engine
-                self._llm.abort_request(rid)
+            with self._stream_lock:
+                for rid in live:  # early close (or an error): leave nothing behind in the engine
+                    self._stream_queues.pop(rid, None)
+                    self._llm.abort_request(rid)
+
+    def _pump(self) -> None:
+        """One engine step for the streams: each output goes to the queue of its stream."""
+        with self._stream_lock:
+            outs = self._llm.step()
+            for o in outs:
+                q = self._stream_queues.get(o.request_id)
+                if q is None:
+                    continue  # an aborted stream's last output
+                if o.finished:
+                    del self._stream_queues[o.request_id]
+                q.append(o)
+            if not outs and not self._llm.has_unfinished() and self._stream_queues:
+                lost = sorted(self._stream_queues)
+                self._stream_queues.clear()
+                raise RuntimeError(f"LLM.stream: request(s) {lost} left the engine without a final output")
 
     def chat(self, messages: Union[List[Dict[str, str]], List[List[Dict[str, str]]]],
              sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None, use_tqdm: bool = True,
@@ -180,10 +227,10 @@ class LLM:
 
     # ---- helpers ----
     def encode(self, text: str) -> List[int]:
-        return list(self._llm.encode(text))
+        return list(self._llm.encode(as_str("text", text)))
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
-        return self._llm.decode([int(t) for t in ids], skip_special_tokens)
+        return self._llm.decode(as_token_ids("ids", ids), as_bool("skip_special_tokens", skip_special_tokens))
 
     @property
     def vocab_size(self) -> int:
@@ -199,3 +246,9 @@ class LLM:
     def last_summary(self):
         """Totals of the last generate()/chat() call (requests, tokens, TTFT, TPOT, tokens/s)."""
         return self._llm.last_summary()
+
+
+def _params_to_cpp(sp):
+    if not isinstance(sp, SamplingParams):
+        raise TypeError(f"sampling_params entries must be SamplingParams, got {type(sp).__name__}")
+    return sp.to_cpp()

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Union
 
 from . import _C
+from ._checks import UINT64, as_bool, as_float, as_int, as_opt_int, as_str, as_token_ids, check_json_depth
 
 _E = _C.engine
 
@@ -50,17 +51,30 @@ class StructuredOutputsParams:
         raise ValueError(f"so_args must be a dict or StructuredOutputsParams, got {type(value).__name__}")
 
     def to_cpp(self):
+        """The C++ StructuredOutputsParams; raises ValueError naming the field for a value of the
+        wrong type, text that is not valid Unicode, or a schema nested past the JSON depth limit."""
         import json as _json
         s = _E.StructuredOutputsParams()
         if self.json is not None:
-            s.json = self.json if isinstance(self.json, str) else _json.dumps(self.json)
+            if isinstance(self.json, str):
+                s.json = as_str("so_args.json", self.json)
+            elif isinstance(self.json, (dict, list, bool)):
+                check_json_depth("so_args.json", self.json)
+                try:
+                    s.json = _json.dumps(self.json)
+                except (TypeError, ValueError) as e:
+                    raise ValueError(f"so_args.json is not JSON-serialisable: {e}") from None
+            else:
+                raise ValueError(f"so_args.json must be a schema dict or JSON text, got {type(self.json).__name__}")
         if self.regex is not None:
-            s.regex = self.regex
+            s.regex = as_str("so_args.regex", self.regex)
         if self.choice is not None:
-            s.choice = [str(c) for c in self.choice]
+            if isinstance(self.choice, (str, bytes)) or not hasattr(self.choice, "__iter__"):
+                raise ValueError(f"so_args.choice must be a list of str, got {type(self.choice).__name__}")
+            s.choice = [as_str(f"so_args.choice[{i}]", c) for i, c in enumerate(self.choice)]
         if self.grammar is not None:
-            s.grammar = self.grammar
-        s.json_object = bool(self.json_object)
+            s.grammar = as_str("so_args.grammar", self.grammar)
+        s.json_object = False if self.json_object is None else as_bool("so_args.json_object", self.json_object)
         return s
 
 
@@ -96,37 +110,51 @@ class SamplingParams:
         return self.so_args
 
     def to_cpp(self):
-        """The C++ SamplingParams; raises ValueError for values of the wrong type or shape."""
+        """The C++ SamplingParams. Types and C++ ranges are checked here, with no coercion (a
+        float id or max_tokens, a seed past 64 bits, an int past int32: ValueError naming the
+        field); value ranges that depend on the model (ids < vocab, min_tokens within the room
+        left, n / logprobs maxima) are checked when the request is admitted."""
+        f = "SamplingParams."
         p = _E.SamplingParams()
-        try:
-            p.n = int(self.n)
-            p.temperature = float(self.temperature)
-            p.top_p = float(self.top_p)
-            p.top_k = int(self.top_k) if self.top_k is not None else 0
-            p.min_p = float(self.min_p)
-            p.presence_penalty = float(self.presence_penalty)
-            p.frequency_penalty = float(self.frequency_penalty)
-            p.repetition_penalty = float(self.repetition_penalty)
-            seed = self.seed if self.seed is not None else self.seq_seed
-            if seed is not None:
-                if int(seed) < 0:
-                    raise ValueError(f"SamplingParams.seed must be >= 0, got {seed}")
-                p.seed = int(seed) & 0xFFFFFFFFFFFFFFFF
-            p.stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-            p.stop_token_ids = [int(t) for t in (self.stop_token_ids or [])]
-            p.ignore_eos = bool(self.ignore_eos)
-            p.max_tokens = None if self.max_tokens is None else int(self.max_tokens)
-            p.min_tokens = int(self.min_tokens)
-            p.logprobs = None if self.logprobs is None else int(self.logprobs)
-            p.prompt_logprobs = None if self.prompt_logprobs is None else int(self.prompt_logprobs)
-            p.include_stop_str_in_output = bool(self.include_stop_str_in_output)
-            p.skip_special_tokens = bool(self.skip_special_tokens)
-            p.detokenize = bool(self.detokenize)
-            p.logit_bias = [(int(k), float(v)) for k, v in (self.logit_bias or {}).items()]
-            p.output_kind = _E.OutputKind(self.output_kind.value) if isinstance(self.output_kind, RequestOutputKind) \
-                else _E.OutputKind(int(self.output_kind))
-        except (TypeError, OverflowError) as e:
-            raise ValueError(f"SamplingParams: {e}") from e
+        p.n = as_int(f + "n", self.n)
+        p.temperature = as_float(f + "temperature", self.temperature)
+        p.top_p = as_float(f + "top_p", self.top_p)
+        p.top_k = 0 if self.top_k is None else as_int(f + "top_k", self.top_k)
+        p.min_p = as_float(f + "min_p", self.min_p)
+        p.presence_penalty = as_float(f + "presence_penalty", self.presence_penalty)
+        p.frequency_penalty = as_float(f + "frequency_penalty", self.frequency_penalty)
+        p.repetition_penalty = as_float(f + "repetition_penalty", self.repetition_penalty)
+        if self.seed is not None and self.seq_seed is not None and self.seed != self.seq_seed:
+            raise ValueError(f"{f}seed={self.seed} and its alias seq_seed={self.seq_seed} disagree")
+        seed = self.seed if self.seed is not None else self.seq_seed
+        if seed is not None:
+            p.seed = as_int(f + "seed", seed, *UINT64)
+        if isinstance(self.stop, str):
+            p.stop = [as_str(f + "stop", self.stop)]
+        elif self.stop is None:
+            p.stop = []
+        elif isinstance(self.stop, (list, tuple)):
+            p.stop = [as_str(f"{f}stop[{i}]", s) for i, s in enumerate(self.stop)]
+        else:
+            raise ValueError(f"{f}stop must be a str or a list of str, got {type(self.stop).__name__}")
+        p.stop_token_ids = as_token_ids(f + "stop_token_ids", self.stop_token_ids or [])
+        p.ignore_eos = as_bool(f + "ignore_eos", self.ignore_eos)
+        p.max_tokens = as_opt_int(f + "max_tokens", self.max_tokens)
+        p.min_tokens = as_int(f + "min_tokens", self.min_tokens)
+        p.logprobs = as_opt_int(f + "logprobs", self.logprobs)
+        p.prompt_logprobs = as_opt_int(f + "prompt_logprobs", self.prompt_logprobs)
+        p.include_stop_str_in_output = as_bool(f + "include_stop_str_in_output", self.include_stop_str_in_output)
+        p.skip_special_tokens = as_bool(f + "skip_special_tokens", self.skip_special_tokens)
+        p.detokenize = as_bool(f + "detokenize", self.detokenize)
+        bias = self.logit_bias or {}
+        if not isinstance(bias, dict):
+            raise ValueError(f"{f}logit_bias must be a dict token id -> bias, got {type(bias).__name__}")
+        p.logit_bias = [(as_int(f"{f}logit_bias key", k), as_float(f"{f}logit_bias[{k!r}]", v)) for k, v in bias.items()]
+        kind = self.output_kind
+        if isinstance(kind, RequestOutputKind):
+            p.output_kind = _E.OutputKind(kind.value)
+        else:
+            p.output_kind = _E.OutputKind(as_int(f + "output_kind", kind, 0, 2))
         if self.so_args is not None:
             p.structured_outputs = StructuredOutputsParams.from_any(self.so_args).to_cpp()
         return p

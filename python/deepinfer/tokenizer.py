@@ -9,6 +9,7 @@ import os
 from typing import Any, Iterable, Optional, Sequence
 
 from . import _C
+from ._checks import as_int, as_token_ids
 
 __all__ = ["Tokenizer", "DecodeStream"]
 
@@ -23,7 +24,7 @@ class DecodeStream:
         self._native = _C.DecodeStream(tokenizer._native, skip_special_tokens)
 
     def step(self, token_id: int) -> str:
-        return self._native.step(token_id)
+        return self._native.step(as_int("token_id", token_id))
 
     def finish(self) -> str:
         return self._native.finish()
@@ -88,7 +89,7 @@ class Tokenizer:
         return self._native.encode_batch(list(texts), add_special_tokens, num_threads)
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
-        return self._native.decode(list(ids), skip_special_tokens)
+        return self._native.decode(as_token_ids("ids", ids), skip_special_tokens)
 
     def decode_stream(self, skip_special_tokens: bool = False) -> DecodeStream:
         return DecodeStream(self, skip_special_tokens)
@@ -98,13 +99,13 @@ class Tokenizer:
         return self._native.token_to_id(token)
 
     def id_to_token(self, token_id: int) -> str:
-        return self._native.id_to_token(token_id)
+        return self._native.id_to_token(as_int("token_id", token_id))
 
     def token_bytes(self, token_id: int) -> bytes:
-        return self._native.token_bytes(token_id)
+        return self._native.token_bytes(as_int("token_id", token_id))
 
     def is_special(self, token_id: int) -> bool:
-        return self._native.is_special(token_id)
+        return self._native.is_special(as_int("token_id", token_id))
 
     @property
     def vocab_size(self) -> int:

@@ -100,6 +100,29 @@ void bind_outputs(nb::module_& m) {
       .def("__str__", &GenerateSummary::str);
 }
 
+// LLM.generate without the GIL, polling for Ctrl-C between engine steps. The poll takes the
+// GIL briefly; a pending KeyboardInterrupt is fetched there (PyErr_CheckSignals raises it in
+// this thread), the C++ call aborts its requests and returns, and the interrupt is re-raised.
+std::vector<RequestOutput> generate(LLM& l, const std::vector<PromptInput>& prompts,
+                                    const std::vector<SamplingParams>& params, bool progress_bar) {
+  GenerateOptions o;
+  o.progress_bar = progress_bar;
+  std::optional<nb::python_error> interrupted;
+  o.should_cancel = [&interrupted] {
+    nb::gil_scoped_acquire g;
+    if (PyErr_CheckSignals() == 0) return false;
+    interrupted.emplace();  // takes the pending exception out of the thread state
+    return true;
+  };
+  std::vector<RequestOutput> out;
+  {
+    nb::gil_scoped_release g;
+    out = l.generate(prompts, params, o);
+  }
+  if (interrupted) throw *interrupted;
+  return out;
+}
+
 void bind_llm(nb::module_& m) {
   nb::class_<LLMConfig>(m, "LLMConfig")
       .def(nb::init<>())
@@ -112,6 +135,8 @@ void bind_llm(nb::module_& m) {
       .def_rw("enable_chunked_prefill", &LLMConfig::enable_chunked_prefill)
       .def_rw("kv_cache_memory_bytes", &LLMConfig::kv_cache_memory_bytes)
       .def_rw("seed", &LLMConfig::seed)
+      .def_rw("max_n", &LLMConfig::max_n)
+      .def_rw("max_logprobs", &LLMConfig::max_logprobs)
       .def_rw("accelerator", &LLMConfig::accelerator);
   nb::class_<PromptInput>(m, "PromptInput")
       .def_static("from_text", &PromptInput::from_text)
@@ -125,20 +150,26 @@ void bind_llm(nb::module_& m) {
              nb::gil_scoped_release g;
              new (l) LLM(c);
            }, "config"_a)
-      .def("generate", [](LLM& l, const std::vector<PromptInput>& prompts, const std::vector<SamplingParams>& params,
-                          bool progress_bar) {
-             nb::gil_scoped_release g;
-             GenerateOptions o;
-             o.progress_bar = progress_bar;
-             return l.generate(prompts, params, o);
-           }, "prompts"_a, "params"_a, "progress_bar"_a = false)
-      .def("add_request", &LLM::add_request, "prompt"_a, "params"_a)
+      .def("generate", &generate, "prompts"_a, "params"_a, "progress_bar"_a = false,
+           "Runs the requests without the GIL. Ctrl-C (KeyboardInterrupt) is checked before every engine step: it "
+           "aborts this call's requests and is raised here.")
+      .def("add_request", [](LLM& l, const PromptInput& prompt, const SamplingParams& params) {
+             nb::gil_scoped_release g;  // admission may compile a grammar
+             return l.add_request(prompt, params);
+           }, "prompt"_a, "params"_a)
       .def("step", [](LLM& l) {
              nb::gil_scoped_release g;
              return l.step();
            })
-      .def("abort_request", &LLM::abort_request, "request_id"_a)
-      .def("has_unfinished", &LLM::has_unfinished)
+      .def("abort_request", [](LLM& l, const std::string& id) {
+             nb::gil_scoped_release g;  // waits for a step another thread may be running
+             l.abort_request(id);
+           }, "request_id"_a)
+      .def("has_unfinished", [](const LLM& l) {
+             nb::gil_scoped_release g;
+             return l.has_unfinished();
+           })
+      .def("reserve_request_id", &LLM::reserve_request_id)
       .def("chat_prompt", [](const LLM& l, const std::vector<ChatMessage>& conv, bool add_generation_prompt, bool thinking) {
              ChatTemplateOptions o;
              o.add_generation_prompt = add_generation_prompt;

@@ -49,7 +49,7 @@ int run_chat(int argc, char** argv) {
     };
     llm.chat({history}, {sp}, co, opts);
     history.push_back({"assistant", reply});
-    auto& s = llm.last_summary();
+    auto s = llm.last_summary();
     std::fprintf(stderr, "\n[%lld tokens, TTFT %.0f ms, %.1f tok/s]", (long long)s.num_output_tokens, s.mean_ttft_s * 1e3,
                  s.output_tokens_per_s);
   }

@@ -6,6 +6,7 @@
 #include "cli/command.h"
 #include "cli/jsonl_io.h"
 #include "core/check.h"
+#include "core/json.h"
 #include "deepinfer/tokenizer.h"
 
 namespace {
@@ -21,11 +22,17 @@ int run_detokenize(int argc, char** argv) {
 
   deepinfer::Tokenizer tok = deepinfer::Tokenizer::from_file(tok_path);
   deepinfer::cli::filter_jsonl(in_path, out_path, [&](const nlohmann::json& j) {
+    // Each id must be an integer that fits int32: get<std::vector<int32_t>>() would truncate
+    // 2^40 to 0 and 3.7 to 3 without a word.
+    if (!j.is_array()) DI_THROW(deepinfer::InvalidArgument, "expected a JSON array of ids");
     std::vector<int32_t> ids;
-    try {
-      ids = j.get<std::vector<int32_t>>();
-    } catch (const nlohmann::json::exception& e) {
-      DI_THROW(deepinfer::InvalidArgument, "expected a JSON array of ids (", e.what(), ")");
+    for (size_t i = 0; i < j.size(); ++i) {
+      const nlohmann::json& v = j[i];
+      const bool fits = v.is_number_integer() && !(v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT32_MAX)) &&
+                        v.get<int64_t>() >= INT32_MIN && v.get<int64_t>() <= INT32_MAX;
+      if (!fits)
+        DI_THROW(deepinfer::InvalidArgument, "id ", i, " is ", deepinfer::json_snippet(v), ", not an integer token id");
+      ids.push_back(int32_t(v.get<int64_t>()));
     }
     return nlohmann::json(tok.decode(ids, skip_special));
   });

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "core/check.h"
+#include "core/json.h"
 
 namespace deepinfer::cli {
 
@@ -31,13 +32,11 @@ void filter_jsonl(const std::string& in_path, const std::string& out_path, Fn&& 
   for (size_t lineno = 1; std::getline(in, line); ++lineno) {
     if (line.empty()) continue;
     nlohmann::json j;
+    std::string why;
+    if (!parse_json_bounded(line, j, &why))  // depth-bounded: fn and dump() recurse per level
+      DI_THROW(InvalidArgument, in_path, ":", lineno, ": not valid JSON (", why, ")");
     try {
-      j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::exception& e) {
-      DI_THROW(InvalidArgument, in_path, ":", lineno, ": not valid JSON (", e.what(), ")");
-    }
-    try {
-      out << fn(j).dump() << '\n';
+      out << fn(j).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
     } catch (const Error& e) {
       DI_THROW(InvalidArgument, in_path, ":", lineno, ": ", e.what());
     }

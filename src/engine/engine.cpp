@@ -78,6 +78,13 @@ void Engine::add_request(const std::string& request_id, const PromptInput& promp
   const int64_t vocab = model_->vocab_size(), max_len = config_.scheduler.max_model_len;
   if (request_seqs_.count(request_id)) DI_THROW(InvalidArgument, "request id '", request_id, "' is already running");
   params.validate(vocab);
+  if (params.n > config_.max_n)
+    DI_THROW(InvalidArgument, "SamplingParams.n: ", params.n, " is above this LLM's max_n=", config_.max_n);
+  for (auto [name, v] : {std::pair<const char*, const std::optional<int>&>{"logprobs", params.logprobs},
+                         {"prompt_logprobs", params.prompt_logprobs}})
+    if (v && *v > config_.max_logprobs)
+      DI_THROW(InvalidArgument, "SamplingParams.", name, ": ", *v, " is above this LLM's max_logprobs=",
+               config_.max_logprobs);
   if (prompt.is_token_ids ? prompt.token_ids.empty() : prompt.text.empty())
     DI_THROW(InvalidArgument, "request '", request_id, "': prompt is empty");
   auto ids = std::make_shared<std::vector<int32_t>>(tokenize(prompt));
@@ -88,6 +95,11 @@ void Engine::add_request(const std::string& request_id, const PromptInput& promp
   if (int64_t(ids->size()) >= max_len)
     DI_THROW(InvalidArgument, "request '", request_id, "': prompt has ", ids->size(), " tokens but max_model_len is ",
              max_len, " (room is needed for at least one output token)");
+  // min_tokens that cannot fit would run the request to the end of the context, masking EOS.
+  if (params.min_tokens > max_len - int64_t(ids->size()))
+    DI_THROW(InvalidArgument, "request '", request_id, "': SamplingParams.min_tokens=", params.min_tokens,
+             " is more than the room left for output (max_model_len ", max_len, " - prompt ", ids->size(), " = ",
+             max_len - int64_t(ids->size()), ")");
   if (!config_.scheduler.enable_chunked_prefill && int64_t(ids->size()) > config_.scheduler.max_num_batched_tokens)
     DI_THROW(InvalidArgument, "request '", request_id, "': prompt has ", ids->size(), " tokens, more than max_num_batched_tokens=",
              config_.scheduler.max_num_batched_tokens, " with chunked prefill off");
@@ -134,9 +146,9 @@ std::vector<RequestOutput> Engine::step() {
   return std::move(out.outputs);
 }
 
-void Engine::abort(const std::string& request_id) {
+std::vector<RequestOutput> Engine::abort(const std::string& request_id) {
   auto it = request_seqs_.find(request_id);
-  if (it == request_seqs_.end()) return;
+  if (it == request_seqs_.end()) return {};
   std::vector<SeqUpdate> updates;
   for (int64_t id : it->second) {
     if (!scheduler_->get(id)) continue;
@@ -147,8 +159,9 @@ void Engine::abort(const std::string& request_id) {
     u.finish_reason = int(FinishReason::kAbort);
     updates.push_back(u);
   }
-  outputs_->process(updates, now_seconds());
+  OutputProcessor::Result out = outputs_->process(updates, now_seconds());
   request_seqs_.erase(it);
+  return std::move(out.outputs);
 }
 
 }  // namespace deepinfer::engine

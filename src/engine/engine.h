@@ -27,6 +27,10 @@ struct EngineConfig {
   // Sample on the model's device when it keeps logits there (GPU model); LLM reads it from
   // DEEPINFER_DEVICE_SAMPLING (device_sampling_from_env).
   bool device_sampling = true;
+  // Per-request maxima (LLMConfig.max_n / max_logprobs): a request asking for more is refused
+  // at admission, naming the field.
+  int max_n = 1024;
+  int max_logprobs = 20;
 };
 
 constexpr size_t kHostCacheCap = size_t(1) << 30;
@@ -52,7 +56,9 @@ class Engine {
   void add_request(const std::string& request_id, const PromptInput& prompt, const SamplingParams& params,
                    double arrival_time);
   std::vector<RequestOutput> step();
-  void abort(const std::string& request_id);
+  // Ends a queued or running request; returns its final output (finished, finish_reason
+  // "abort" for the samples still running), or nothing for an unknown id.
+  std::vector<RequestOutput> abort(const std::string& request_id);
   bool has_unfinished() const { return scheduler_->has_unfinished(); }
 
   model::CausalLM& model() { return *model_; }

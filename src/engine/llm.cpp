@@ -2,10 +2,15 @@
 // it to completion for generate()/chat(), turning bad requests into per-request errors.
 #include "deepinfer/llm.h"
 
-#include <cstdio>
 #include <unistd.h>
 
+#include <atomic>
+#include <cstdio>
+#include <mutex>
+#include <unordered_map>
+
 #include "core/check.h"
+#include "core/strings.h"
 #include "core/env.h"
 #include "core/logging.h"
 #include "engine/engine.h"
@@ -14,11 +19,49 @@
 namespace deepinfer {
 using engine::Engine;
 
+namespace {
+// Outputs of one caller's requests, filled by whichever thread steps the engine.
+struct Inbox {
+  std::vector<RequestOutput> outputs;
+};
+}  // namespace
+
 struct LLM::Impl {
   EnvConfig env;
   std::unique_ptr<Engine> engine;
+  std::atomic<int64_t> next_id{0};
+  // Guards the engine and everything below. Held for one engine step (or one admission) at a
+  // time, never while a caller's callback runs.
+  mutable std::mutex mu;
   GenerateSummary summary;
-  int64_t next_id = 0;
+  Inbox stream;                                   // requests queued with add_request
+  std::unordered_map<std::string, Inbox*> owner;  // unfinished request id -> its caller's inbox
+
+  std::string new_id() { return std::to_string(next_id.fetch_add(1)); }
+  // Hands each output to its request's caller; finished requests leave `owner`. Lock held.
+  void route(std::vector<RequestOutput>&& outs) {
+    for (RequestOutput& o : outs) {
+      auto it = owner.find(o.request_id);
+      if (it == owner.end()) continue;
+      Inbox* box = it->second;
+      if (o.finished) owner.erase(it);
+      o.error = escape_invalid_utf8(o.error);  // the bindings need valid UTF-8
+      box->outputs.push_back(std::move(o));
+    }
+  }
+  // One engine step, unless `box` already holds outputs that another caller's step produced.
+  void step_for(Inbox& box) {
+    if (box.outputs.empty() && engine->has_unfinished()) route(engine->step());
+  }
+  void abort_locked(const std::string& id) { route(engine->abort(id)); }
+  // Aborts every request still owned by `box` and forgets them (error and cancel paths).
+  void release(Inbox& box) {
+    std::vector<std::string> mine;
+    for (const auto& [id, b] : owner)
+      if (b == &box) mine.push_back(id);
+    for (const std::string& id : mine) abort_locked(id);
+    for (const std::string& id : mine) owner.erase(id);
+  }
 };
 
 LLM::LLM(const LLMConfig& config) : impl_(std::make_unique<Impl>()) {
@@ -41,6 +84,10 @@ LLM::LLM(const LLMConfig& config) : impl_(std::make_unique<Impl>()) {
   ec.kv_cache_memory_bytes = config.kv_cache_memory_bytes;  // 0 = auto_cache_budget
   ec.seed = config.seed;
   ec.device_sampling = engine::device_sampling_from_env();
+  if (config.max_n < 1) DI_THROW(InvalidArgument, "LLMConfig.max_n must be >= 1, got ", config.max_n);
+  if (config.max_logprobs < 0) DI_THROW(InvalidArgument, "LLMConfig.max_logprobs must be >= 0, got ", config.max_logprobs);
+  ec.max_n = config.max_n;
+  ec.max_logprobs = config.max_logprobs;
   impl_->engine = std::make_unique<Engine>(ec, std::move(model), std::move(codec), std::move(grammar));
 }
 
@@ -58,60 +105,8 @@ void draw_progress(int64_t done, int64_t total, int64_t out_tokens, double elaps
 }
 }  // namespace
 
-std::vector<RequestOutput> LLM::generate(const std::vector<PromptInput>& prompts, const std::vector<SamplingParams>& params,
-                                         const GenerateOptions& options) {
-  if (params.size() != 1 && params.size() != prompts.size())
-    DI_THROW(InvalidArgument, "generate: got ", params.size(), " SamplingParams for ", prompts.size(),
-             " prompts (pass one, or one per prompt)");
-  Engine& eng = *impl_->engine;
-  GenerateSummary s;
-  s.num_requests = int64_t(prompts.size());
-  int64_t steps0 = eng.scheduler().stats().num_steps, pre0 = eng.scheduler().stats().num_preemptions;
-  double t0 = engine::now_seconds();
-  std::vector<RequestOutput> results(prompts.size());
-  std::unordered_map<std::string, size_t> index;
-  int64_t done = 0;
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    std::string id = std::to_string(impl_->next_id++);
-    results[i].request_id = id;
-    try {
-      eng.add_request(id, prompts[i], params.size() == 1 ? params[0] : params[i], engine::now_seconds());
-      index[id] = i;
-    } catch (const Error& e) {
-      // A bad request fails alone; the rest of the batch still runs.
-      results[i].prompt = prompts[i].text;
-      results[i].prompt_token_ids = prompts[i].token_ids;
-      results[i].finished = true;
-      results[i].error = e.what();
-      s.num_failed++;
-      done++;
-      DI_WARN("request ", i, " rejected: ", e.what());
-      if (options.on_output) options.on_output(results[i]);
-    }
-  }
-  bool bar = options.progress_bar && isatty(2);
-  try {
-    while (eng.has_unfinished()) {
-      for (RequestOutput& o : eng.step()) {
-        if (options.on_output) options.on_output(o);
-        if (!o.finished) continue;
-        done++;
-        results[index.at(o.request_id)] = std::move(o);
-      }
-      if (bar) {
-        int64_t out_tok = 0;
-        for (auto& r : results) for (auto& c : r.outputs) out_tok += int64_t(c.token_ids.size());
-        draw_progress(done, s.num_requests, out_tok, engine::now_seconds() - t0);
-      }
-    }
-  } catch (...) {
-    // A throwing callback (e.g. a Python consumer that stopped) must not leave requests
-    // behind in the engine: the next generate() would run them.
-    for (const auto& [id, i] : index) eng.abort(id);
-    throw;
-  }
-  if (bar) std::fprintf(stderr, "\n");
-  s.elapsed_s = engine::now_seconds() - t0;
+namespace {
+GenerateSummary summarize(const std::vector<RequestOutput>& results, GenerateSummary s) {
   int64_t n_ttft = 0, n_tpot = 0;
   for (const RequestOutput& r : results) {
     if (!r.error.empty()) continue;
@@ -133,26 +128,128 @@ std::vector<RequestOutput> LLM::generate(const std::vector<PromptInput>& prompts
     s.output_tokens_per_s = double(s.num_output_tokens) / s.elapsed_s;
     s.total_tokens_per_s = double(s.num_output_tokens + s.num_prompt_tokens) / s.elapsed_s;
   }
+  return s;
+}
+}  // namespace
+
+std::vector<RequestOutput> LLM::generate(const std::vector<PromptInput>& prompts, const std::vector<SamplingParams>& params,
+                                         const GenerateOptions& options) {
+  if (params.size() != 1 && params.size() != prompts.size())
+    DI_THROW(InvalidArgument, "generate: got ", params.size(), " SamplingParams for ", prompts.size(),
+             " prompts (pass one, or one per prompt)");
+  Impl& m = *impl_;
+  Engine& eng = *m.engine;
+  GenerateSummary s;
+  s.num_requests = int64_t(prompts.size());
+  double t0 = engine::now_seconds();
+  std::vector<RequestOutput> results(prompts.size());
+  std::unordered_map<std::string, size_t> index;
+  std::vector<size_t> rejected;
+  Inbox box;
+  int64_t steps0 = 0, pre0 = 0;
+  {
+    std::lock_guard<std::mutex> lock(m.mu);
+    steps0 = eng.scheduler().stats().num_steps, pre0 = eng.scheduler().stats().num_preemptions;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      std::string id = m.new_id();
+      results[i].request_id = id;
+      try {
+        eng.add_request(id, prompts[i], params.size() == 1 ? params[0] : params[i], engine::now_seconds());
+        m.owner[id] = &box;
+        index[id] = i;
+      } catch (const Error& e) {
+        // A bad request fails alone; the rest of the batch still runs.
+        results[i].prompt = prompts[i].text;
+        results[i].prompt_token_ids = prompts[i].token_ids;
+        results[i].finished = true;
+        results[i].error = escape_invalid_utf8(e.what());
+        rejected.push_back(i);
+      }
+    }
+  }
+  // Whatever way this call ends (a throwing callback, a failed step), none of its requests stay
+  // behind in the engine, and `box` (on this stack) leaves the owner map.
+  struct Release {
+    Impl& m;
+    Inbox& box;
+    ~Release() {
+      std::lock_guard<std::mutex> lock(m.mu);
+      m.release(box);
+    }
+  } release{m, box};
+  s.num_failed = int64_t(rejected.size());
+  for (size_t i : rejected) {
+    DI_WARN("request ", i, " rejected: ", results[i].error);
+    if (options.on_output) options.on_output(results[i]);
+  }
+  int64_t done = int64_t(rejected.size()), unfinished = int64_t(index.size());
+  bool bar = options.progress_bar && isatty(2);
+  auto consume = [&](std::vector<RequestOutput>& got) {
+    for (RequestOutput& o : got) {
+      if (options.on_output) options.on_output(o);
+      if (!o.finished) continue;
+      done++, unfinished--;
+      results[index.at(o.request_id)] = std::move(o);
+    }
+  };
+  while (unfinished > 0) {
+    std::vector<RequestOutput> got;
+    const bool cancel = options.should_cancel && options.should_cancel();
+    {
+      std::lock_guard<std::mutex> lock(m.mu);
+      if (cancel) m.release(box);  // the aborts' final outputs land in `box`
+      else m.step_for(box);
+      got.swap(box.outputs);
+      if (got.empty() && !eng.has_unfinished())
+        DI_THROW(InternalError, "generate: ", unfinished, " request(s) left the engine without a final output");
+    }
+    consume(got);
+    if (cancel) break;
+    if (bar) {
+      int64_t out_tok = 0;
+      for (auto& r : results) for (auto& c : r.outputs) out_tok += int64_t(c.token_ids.size());
+      draw_progress(done, s.num_requests, out_tok, engine::now_seconds() - t0);
+    }
+  }
+  if (bar) std::fprintf(stderr, "\n");
+  s.elapsed_s = engine::now_seconds() - t0;
+  std::lock_guard<std::mutex> lock(m.mu);
+  // With concurrent callers these counters include their steps too (the steps were shared).
   s.num_steps = eng.scheduler().stats().num_steps - steps0;
   s.num_preemptions = eng.scheduler().stats().num_preemptions - pre0;
-  impl_->summary = s;
+  m.summary = summarize(results, s);
   return results;
 }
 
 std::string LLM::add_request(const PromptInput& prompt, const SamplingParams& params) {
-  std::string id = std::to_string(impl_->next_id++);
-  impl_->engine->add_request(id, prompt, params, engine::now_seconds());
+  Impl& m = *impl_;
+  std::lock_guard<std::mutex> lock(m.mu);
+  std::string id = m.new_id();
+  m.engine->add_request(id, prompt, params, engine::now_seconds());
+  m.owner[id] = &m.stream;
   return id;
 }
 
 std::vector<RequestOutput> LLM::step() {
-  Engine& eng = *impl_->engine;
-  if (!eng.has_unfinished()) return {};
-  return eng.step();
+  Impl& m = *impl_;
+  std::lock_guard<std::mutex> lock(m.mu);
+  m.step_for(m.stream);
+  std::vector<RequestOutput> out;
+  out.swap(m.stream.outputs);
+  return out;
 }
 
-void LLM::abort_request(const std::string& request_id) { impl_->engine->abort(request_id); }
-bool LLM::has_unfinished() const { return impl_->engine->has_unfinished(); }
+void LLM::abort_request(const std::string& request_id) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->abort_locked(request_id);
+}
+
+bool LLM::has_unfinished() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->engine->has_unfinished();
+}
+
+std::string LLM::reserve_request_id() { return impl_->new_id(); }
 
 std::vector<RequestOutput> LLM::chat(const std::vector<std::vector<ChatMessage>>& conversations,
                                      const std::vector<SamplingParams>& params, const ChatTemplateOptions& chat_options,
@@ -183,7 +280,10 @@ std::string LLM::decode(const std::vector<int32_t>& ids, bool skip_special_token
 bool LLM::has_tokenizer() const { return impl_->engine->codec() != nullptr; }
 int64_t LLM::vocab_size() const { return impl_->engine->model().vocab_size(); }
 int64_t LLM::max_model_len() const { return impl_->engine->max_model_len(); }
-const GenerateSummary& LLM::last_summary() const { return impl_->summary; }
+GenerateSummary LLM::last_summary() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->summary;
+}
 
 std::string LLM::describe() const {
   const kv::CacheGeometry& g = impl_->engine->cache().geometry();

@@ -9,9 +9,10 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "core/file.h"
+#include "core/json.h"
 #include "core/logging.h"
 
 namespace deepinfer::io {
@@ -30,13 +31,18 @@ struct Mapping {
 };
 
 Mapping map_file(const std::string& path, uint64_t* size_out) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a named pipe for reading would otherwise wait for a writer forever.
+  int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) DI_THROW(CheckpointError, path, ": cannot open: ", std::strerror(errno));
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
     int e = errno;
     ::close(fd);
     DI_THROW(CheckpointError, path, ": cannot stat: ", std::strerror(e));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    DI_THROW(CheckpointError, path, ": is ", file_kind_name(st.st_mode), ", not a regular file");
   }
   *size_out = uint64_t(st.st_size);
   Mapping m;
@@ -77,14 +83,30 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
   return f;
 }
 
+namespace {
+// dims -> element count and byte size, refusing products that overflow (a corrupt header can
+// name any 64-bit dims). Zero dims are skipped in the overflow check so that strides over the
+// other dims stay representable too.
+bool checked_size(const Shape& shape, DType dt, int64_t* numel, uint64_t* nbytes) {
+  int64_t n = 1, nonzero = 1;
+  for (int64_t s : shape) {
+    if (s != 0 && __builtin_mul_overflow(nonzero, s, &nonzero)) return false;
+    n = s == 0 ? 0 : n * s;  // |n| <= nonzero: cannot overflow
+  }
+  uint64_t bits = 0;
+  if (__builtin_mul_overflow(uint64_t(nonzero), uint64_t(dtype_bits(dt)), &bits)) return false;
+  *numel = n;
+  *nbytes = n == 0 ? 0 : (uint64_t(n) * dtype_bits(dt) + 7) / 8;
+  return true;
+}
+}  // namespace
+
 void SafetensorsFile::parse_header(const char* text, size_t len) {
   const std::string name = file_name();
   json h;
-  try {
-    h = json::parse(text, text + len);
-  } catch (const json::exception& e) {
-    DI_THROW(CheckpointError, name, ": corrupt header (not valid JSON): ", e.what());
-  }
+  std::string why;
+  if (!parse_json_bounded(std::string_view(text, len), h, &why))
+    DI_THROW(CheckpointError, name, ": corrupt header (not valid JSON): ", why);
   if (!h.is_object()) DI_THROW(CheckpointError, name, ": corrupt header: top level is not a JSON object");
   const uint64_t data_size = file_size_ - data_start_;
   for (auto it = h.begin(); it != h.end(); ++it) {
@@ -93,7 +115,8 @@ void SafetensorsFile::parse_header(const char* text, size_t len) {
     if (key == "__metadata__") {
       if (!v.is_object()) DI_THROW(CheckpointError, name, ": __metadata__ is not an object");
       for (auto m = v.begin(); m != v.end(); ++m)
-        metadata_[m.key()] = m.value().is_string() ? m.value().get<std::string>() : m.value().dump();
+        metadata_[m.key()] = m.value().is_string() ? m.value().get<std::string>()
+                                                   : m.value().dump(-1, ' ', false, json::error_handler_t::replace);
       continue;
     }
     auto bad = [&](const std::string& why) { DI_THROW(CheckpointError, name, ": tensor '", key, "': ", why); };
@@ -102,27 +125,31 @@ void SafetensorsFile::parse_header(const char* text, size_t len) {
     if (!v.contains("shape") || !v["shape"].is_array()) bad("missing or non-array 'shape'");
     if (!v.contains("data_offsets") || !v["data_offsets"].is_array() || v["data_offsets"].size() != 2)
       bad("'data_offsets' must be [begin, end]");
+    const json& shape = v["shape"];
+    const json& offsets = v["data_offsets"];
     TensorInfo ti;
     ti.name = key;
     ti.st_dtype = v["dtype"].get<std::string>();
     auto dt = dtype_from_safetensors(ti.st_dtype);
     if (!dt) bad("unknown dtype '" + ti.st_dtype + "'");
     ti.dtype = *dt;
-    for (const json& d : v["shape"]) {
-      if (!d.is_number_unsigned()) bad("shape entries must be non-negative integers, got " + v["shape"].dump());
+    for (const json& d : shape) {
+      if (!d.is_number_unsigned() || d.get<uint64_t>() > uint64_t(INT64_MAX))
+        bad("shape entries must be integers in [0, 2^63), got " + json_snippet(shape));
       ti.shape.push_back(d.get<int64_t>());
     }
     for (int i = 0; i < 2; ++i)
-      if (!v["data_offsets"][i].is_number_unsigned()) bad("data_offsets must be non-negative integers");
-    ti.begin = v["data_offsets"][0].get<uint64_t>();
-    ti.end = v["data_offsets"][1].get<uint64_t>();
-    if (ti.end < ti.begin) bad("data_offsets " + v["data_offsets"].dump() + " end before begin");
+      if (!offsets[i].is_number_unsigned()) bad("data_offsets must be non-negative integers, got " + json_snippet(offsets));
+    ti.begin = offsets[0].get<uint64_t>();
+    ti.end = offsets[1].get<uint64_t>();
+    if (ti.end < ti.begin) bad("data_offsets " + json_snippet(offsets) + " end before begin");
     if (ti.end > data_size)
-      bad(detail::str_cat("data_offsets ", v["data_offsets"].dump(), " run past the end of the data section (",
+      bad(detail::str_cat("data_offsets ", json_snippet(offsets), " run past the end of the data section (",
                           data_size, " bytes): file truncated?"));
-    int64_t numel = 1;
-    for (int64_t s : ti.shape) numel *= s;
-    uint64_t want = dtype_nbytes(ti.dtype, numel);
+    int64_t numel = 0;
+    uint64_t want = 0;
+    if (!checked_size(ti.shape, ti.dtype, &numel, &want))
+      bad("shape " + json_snippet(shape) + " has more elements than 64-bit sizes can hold");
     if (ti.end - ti.begin != want)
       bad(detail::str_cat("byte range ", ti.end - ti.begin, " != ", want, " for ", ti.st_dtype, shape_str(ti.shape)));
     index_[key] = tensors_.size();
@@ -198,13 +225,8 @@ Checkpoint Checkpoint::open(const std::string& path, bool progress) {
   std::vector<std::string> shards;
   std::map<std::string, std::string> weight_map;
   if (fs::exists(index)) {
-    std::ifstream in(index);
-    json j;
-    try {
-      j = json::parse(in);
-    } catch (const json::exception& e) {
-      DI_THROW(CheckpointError, index.string(), ": not valid JSON: ", e.what());
-    }
+    const json j = parse_json_or_throw<CheckpointError>(read_regular_file_or_throw<CheckpointError>(index.string()),
+                                                        index.string());
     if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
       DI_THROW(CheckpointError, index.string(), ": missing object field 'weight_map'");
     std::map<std::string, std::string> first_tensor;  // shard -> one tensor it should hold (for messages)
@@ -212,6 +234,10 @@ Checkpoint Checkpoint::open(const std::string& path, bool progress) {
       if (!it.value().is_string())
         DI_THROW(CheckpointError, index.string(), ": weight_map['", it.key(), "'] is not a string");
       std::string shard = it.value().get<std::string>();
+      // Shards live in the checkpoint folder: a path elsewhere is a corrupt or hostile index.
+      if (shard.empty() || shard.find('/') != std::string::npos || shard == "." || shard == "..")
+        DI_THROW(CheckpointError, index.string(), ": weight_map['", it.key(), "'] = '", shard,
+                 "' is not a file name in the checkpoint folder");
       weight_map[it.key()] = shard;
       if (first_tensor.emplace(shard, it.key()).second) shards.push_back(shard);
     }

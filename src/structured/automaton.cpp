@@ -11,6 +11,17 @@ namespace deepinfer::structured {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+// Expression levels (nested groups, chained rules inlined into one another) the NFA builder
+// recurses through; deeper is a named GrammarError rather than a stack overflow.
+constexpr int kMaxInlineDepth = 4000;
+// Rules a single step may enter before consuming a byte (Stepper::expand recurses per rule).
+constexpr int kMaxCallChain = 1000;
+
+void collect_refs(const Grammar& g, ExprId id, std::vector<RuleId>& out) {
+  const Expr& e = g.exprs[id];
+  if (e.kind == ExprKind::kRef) out.push_back(e.rule);
+  for (ExprId c : e.children) collect_refs(g, c, out);
+}
 
 // Rules that produce at least one finite string (fixpoint); refs to the others act as Nothing.
 std::vector<bool> productive_rules(const Grammar& g) {
@@ -33,46 +44,73 @@ std::vector<bool> productive_rules(const Grammar& g) {
     }
     return false;
   };
-  for (bool changed = true; changed;) {
-    changed = false;
-    for (size_t r = 0; r < g.rules.size(); ++r)
-      if (!prod[r] && ok(g.rules[r].body)) prod[r] = changed = true;
+  // Worklist: a rule is re-checked only when a rule it refers to became productive (a sweep
+  // per change was quadratic on a chain of 100,000 rules).
+  const size_t n = g.rules.size();
+  std::vector<std::vector<RuleId>> users(n);
+  for (size_t r = 0; r < n; ++r) {
+    std::vector<RuleId> refs;
+    collect_refs(g, g.rules[r].body, refs);
+    std::sort(refs.begin(), refs.end());
+    refs.erase(std::unique(refs.begin(), refs.end()), refs.end());
+    for (RuleId q : refs) users[q].push_back(static_cast<RuleId>(r));
+  }
+  std::vector<RuleId> work;
+  for (size_t r = 0; r < n; ++r) work.push_back(static_cast<RuleId>(r));
+  while (!work.empty()) {
+    const RuleId r = work.back();
+    work.pop_back();
+    if (prod[r] || !ok(g.rules[r].body)) continue;
+    prod[r] = true;
+    for (RuleId u : users[r])
+      if (!prod[u]) work.push_back(u);
   }
   return prod;
 }
 
-void collect_refs(const Grammar& g, ExprId id, std::vector<RuleId>& out) {
-  const Expr& e = g.exprs[id];
-  if (e.kind == ExprKind::kRef) out.push_back(e.rule);
-  for (ExprId c : e.children) collect_refs(g, c, out);
-}
 
 // Rules on a cycle of references (Tarjan SCC: a rule is recursive when its SCC has > 1 rule
-// or it refers to itself).
+// or it refers to itself). Iterative: a chain of 100,000 rules must not recurse that deep.
 std::vector<bool> recursive_rules(const Grammar& g) {
   size_t n = g.rules.size();
   std::vector<std::vector<RuleId>> adj(n);
   for (size_t r = 0; r < n; ++r) collect_refs(g, g.rules[r].body, adj[r]);
-  std::vector<int> index(n, -1), low(n, 0), comp(n, -1);
+  std::vector<int> index(n, -1), low(n, 0);
   std::vector<bool> on_stack(n, false), rec(n, false);
   std::vector<int> stack;
+  std::vector<std::pair<int, size_t>> call;  // (rule, next edge) of the DFS in progress
   int counter = 0;
-  std::function<void(int)> visit = [&](int v) {
-    index[v] = low[v] = counter++;
-    stack.push_back(v);
-    on_stack[v] = true;
-    for (int w : adj[v]) {
-      if (index[w] < 0) { visit(w); low[v] = std::min(low[v], low[w]); }
-      else if (on_stack[w]) low[v] = std::min(low[v], index[w]);
+  for (size_t root = 0; root < n; ++root) {
+    if (index[root] >= 0) continue;
+    call.push_back({static_cast<int>(root), 0});
+    index[root] = low[root] = counter++;
+    stack.push_back(static_cast<int>(root));
+    on_stack[root] = true;
+    while (!call.empty()) {
+      auto& [v, e] = call.back();
+      if (e < adj[v].size()) {
+        const int w = adj[v][e++];
+        if (index[w] < 0) {
+          index[w] = low[w] = counter++;
+          stack.push_back(w);
+          on_stack[w] = true;
+          call.push_back({w, 0});
+        } else if (on_stack[w]) {
+          low[v] = std::min(low[v], index[w]);
+        }
+        continue;
+      }
+      const int done = v;
+      call.pop_back();
+      if (!call.empty()) low[call.back().first] = std::min(low[call.back().first], low[done]);
+      if (low[done] == index[done]) {
+        std::vector<int> members;
+        int w;
+        do { w = stack.back(); stack.pop_back(); on_stack[w] = false; members.push_back(w); } while (w != done);
+        if (members.size() > 1) for (int m : members) rec[m] = true;
+      }
     }
-    if (low[v] == index[v]) {
-      std::vector<int> members;
-      int w;
-      do { w = stack.back(); stack.pop_back(); on_stack[w] = false; members.push_back(w); } while (w != v);
-      if (members.size() > 1) for (int m : members) rec[m] = true;
-    }
-  };
-  for (size_t r = 0; r < n; ++r) if (index[r] < 0) visit(static_cast<int>(r));
+  }
   for (size_t r = 0; r < n; ++r)
     if (std::find(adj[r].begin(), adj[r].end(), static_cast<RuleId>(r)) != adj[r].end()) rec[r] = true;
   return rec;
@@ -187,6 +225,7 @@ struct Nfa {
   std::vector<NfaEdge> bytes;
   std::vector<int32_t> call_begin;
   std::vector<Call> calls;
+  std::vector<int32_t> mark;  // [num_states] Grammar::marks index of the byte entering it, or -1
 
   bool has_bytes(int32_t s) const { return byte_begin[s] < byte_begin[s + 1]; }
   bool has_calls(int32_t s) const { return call_begin[s] < call_begin[s + 1]; }
@@ -214,6 +253,7 @@ class Builder {
   }
 
   Pda run();
+  Clock::time_point deadline() const { return deadline_; }
 
  private:
   int32_t compiled_index(RuleId r) {
@@ -267,6 +307,12 @@ class Builder {
   std::vector<std::pair<int32_t, int32_t>> raw_eps_;
   std::vector<std::pair<int32_t, NfaEdge>> raw_bytes_;
   std::vector<std::pair<int32_t, Nfa::Call>> raw_calls_;
+  std::vector<std::pair<int32_t, int32_t>> raw_marks_;  // (NFA state, mark)
+  // Tracked-object guards: content -> index into Pda::guards; the object each rule's marks
+  // belong to (-1: none yet).
+  std::map<std::pair<int64_t, std::vector<uint64_t>>, int32_t> guard_index_;
+  int32_t guard_of(const std::vector<int32_t>& set, int32_t rule, Pda& pda);
+  std::vector<int32_t> rule_object_;
   std::vector<Nfa> rule_nfas_;           // [compiled rule]
   const Nfa* cur_nfa_ = nullptr;         // the one being determinised
   // Shared suffix fragments of the rule being built: (shape of a repeat / inlined rule /
@@ -282,13 +328,14 @@ class Builder {
 
 int32_t Builder::build(ExprId id, int32_t start, int depth) {
   const Expr& e = g_.exprs[id];
-  if (depth > 10'000) DI_THROW(GrammarError, "grammar nesting too deep while inlining rules");
+  if (depth > kMaxInlineDepth) DI_THROW(GrammarError, "grammar nesting too deep while inlining rules (more than ", kMaxInlineDepth, " levels)");
   switch (e.kind) {
     case ExprKind::kNothing: return new_state();  // unreachable end
     case ExprKind::kEmpty: return start;
     case ExprKind::kBytes: {
       int32_t end = new_state();
       for (ByteRange r : e.ranges) raw_bytes_.push_back({start, {r.lo, r.hi, end}});
+      if (e.mark >= 0) raw_marks_.push_back({end, e.mark});
       return end;
     }
     case ExprKind::kSeq: {
@@ -358,7 +405,7 @@ uint32_t Builder::shape(ExprId id) {
   if (shape_of_[id]) return shape_of_[id] - 1;
   const Expr& e = g_.exprs[id];
   for (ExprId c : e.children) shape(c);  // children first: the recursion reuses shape_buf_
-  shape_buf_.assign({static_cast<int32_t>(e.kind), e.min, e.max, e.rule, e.automaton,
+  shape_buf_.assign({static_cast<int32_t>(e.kind), e.min, e.max, e.rule, e.automaton, e.mark,
                      static_cast<int32_t>(e.ranges.size())});
   for (ByteRange r : e.ranges) shape_buf_.push_back(r.lo * 256 + r.hi);
   for (ExprId c : e.children) shape_buf_.push_back(static_cast<int32_t>(shape_of_[c] - 1));
@@ -374,7 +421,7 @@ void Builder::number_calls(ExprId id, int depth) {
   if (numbered_.size() < g_.exprs.size()) numbered_.resize(g_.exprs.size(), false);
   if (numbered_[id]) return;
   numbered_[id] = true;
-  if (depth > 10'000) DI_THROW(GrammarError, "grammar nesting too deep while inlining rules");
+  if (depth > kMaxInlineDepth) DI_THROW(GrammarError, "grammar nesting too deep while inlining rules (more than ", kMaxInlineDepth, " levels)");
   const Expr& e = g_.exprs[id];
   switch (e.kind) {
     case ExprKind::kSeq:
@@ -408,7 +455,7 @@ void Builder::build_to(ExprId id, int32_t start, int32_t cont, int depth) {
 // one NFA fragment, and the DFA gets one copy of their states instead of one per node.
 int32_t Builder::entry_to(ExprId id, int32_t cont, int depth) {
   const Expr& e = g_.exprs[id];
-  if (depth > 10'000) DI_THROW(GrammarError, "grammar nesting too deep while inlining rules");
+  if (depth > kMaxInlineDepth) DI_THROW(GrammarError, "grammar nesting too deep while inlining rules (more than ", kMaxInlineDepth, " levels)");
   if (e.kind == ExprKind::kEmpty) return cont;
   if (e.kind == ExprKind::kNothing) return -1;
   uint64_t key = 0;
@@ -429,6 +476,14 @@ int32_t Builder::entry_to(ExprId id, int32_t cont, int depth) {
       break;
     case ExprKind::kBytes:
       entry = new_state();
+      if (e.mark >= 0) {
+        // The marked state must be entered by the byte alone (its guard runs on entry).
+        const int32_t m = new_state();
+        for (ByteRange r : e.ranges) raw_bytes_.push_back({entry, {r.lo, r.hi, m}});
+        raw_eps_.push_back({m, cont});
+        raw_marks_.push_back({m, e.mark});
+        break;
+      }
       for (ByteRange r : e.ranges) raw_bytes_.push_back({entry, {r.lo, r.hi, cont}});
       break;
     default:
@@ -445,6 +500,7 @@ void Builder::build_rule_nfa(int32_t idx) {
   raw_eps_.clear();
   raw_bytes_.clear();
   raw_calls_.clear();
+  raw_marks_.clear();
   int32_t start = new_state();
   DI_CHECK(start == 0);
   Nfa nfa;
@@ -455,6 +511,8 @@ void Builder::build_rule_nfa(int32_t idx) {
   group_edges(num_nfa_, raw_eps_, nfa.eps_begin, nfa.eps);
   group_edges(num_nfa_, raw_bytes_, nfa.byte_begin, nfa.bytes);
   group_edges(num_nfa_, raw_calls_, nfa.call_begin, nfa.calls);
+  nfa.mark.assign(num_nfa_, -1);
+  for (auto [st, m] : raw_marks_) nfa.mark[st] = m;
   rule_nfas_.push_back(std::move(nfa));
   check_time();
 }
@@ -487,7 +545,74 @@ void Builder::mark_live(const Nfa& nfa) {
       if (!keep_[preds_[k]]) { keep_[preds_[k]] = 1; work_.push_back(preds_[k]); }
   }
   for (int32_t s = 0; s < n; ++s)
-    if (keep_[s] && (nfa.has_bytes(s) || nfa.has_calls(s) || s == fin)) keep_[s] = 2;
+    if (keep_[s] && (nfa.has_bytes(s) || nfa.has_calls(s) || s == fin || nfa.mark[s] >= 0)) keep_[s] = 2;
+}
+
+// The guard of the DFA state whose (closed) NFA set is `set`. A state entered by marked bytes
+// runs the marks' checks; for that to be exact, the set must hold nothing but what the marked
+// states lead to by epsilons (else an unmarked run would be cut by another run's check). Key
+// prefixes are the exception: an unmarked run next to them keeps the state alive on its own,
+// so the state needs no guard. Anything else ambiguous is a GrammarError, never a guess.
+int32_t Builder::guard_of(const std::vector<int32_t>& set, int32_t rule, Pda& pda) {
+  const Nfa& nfa = *cur_nfa_;
+  std::vector<int32_t> marked;
+  for (int32_t s : set)
+    if (nfa.mark[s] >= 0) marked.push_back(s);
+  if (marked.empty()) return -1;
+  // Eps-reach of the marked states, through the states eps_closure passes.
+  std::vector<int32_t> reach(marked), stack(marked);
+  while (!stack.empty()) {
+    const int32_t s = stack.back();
+    stack.pop_back();
+    for (int32_t k = nfa.eps_begin[s]; k < nfa.eps_begin[s + 1]; ++k) {
+      const int32_t t = nfa.eps[k];
+      if (keep_[t] && std::find(reach.begin(), reach.end(), t) == reach.end()) {
+        reach.push_back(t);
+        stack.push_back(t);
+      }
+    }
+  }
+  bool other = false;
+  for (int32_t s : set)
+    if (std::find(reach.begin(), reach.end(), s) == reach.end()) other = true;
+  const GrammarMark& m0 = g_.marks[nfa.mark[marked[0]]];
+  if (rule_object_[rule] < 0) rule_object_[rule] = m0.object;
+  auto ambiguous = [&] {
+    DI_THROW(GrammarError, "grammar too complex for key tracking: object members are ambiguous in rule '",
+             pda.rule_names[rule], "'");
+  };
+  PdaGuard g;
+  bool prefix_only = true;
+  for (int32_t s : marked) {
+    const GrammarMark& m = g_.marks[nfa.mark[s]];
+    if (m.object != rule_object_[rule]) ambiguous();
+    if (m.kind != MarkKind::kKeyPrefix) prefix_only = false;
+  }
+  if (prefix_only) {
+    if (other) return -1;
+    g.kind = PdaGuard::kAlive;
+    for (int32_t s : marked) {
+      const int32_t k = g_.marks[nfa.mark[s]].key;
+      if (g.keys.size() <= static_cast<size_t>(k >> 6)) g.keys.resize((k >> 6) + 1, 0);
+      g.keys[k >> 6] |= 1ull << (k & 63);
+    }
+  } else {
+    if (other) ambiguous();
+    for (int32_t s : marked) {
+      const GrammarMark& m = g_.marks[nfa.mark[s]];
+      if (m.kind != m0.kind || m.key != m0.key || m.keys != m0.keys) ambiguous();
+    }
+    g.kind = m0.kind == MarkKind::kKeyAdd ? PdaGuard::kAdd : m0.kind == MarkKind::kMore ? PdaGuard::kAlive : PdaGuard::kAll;
+    g.key = m0.key;
+    for (int32_t k : m0.keys) {
+      if (g.keys.size() <= static_cast<size_t>(k >> 6)) g.keys.resize((k >> 6) + 1, 0);
+      g.keys[k >> 6] |= 1ull << (k & 63);
+    }
+  }
+  auto [it, added] = guard_index_.try_emplace({static_cast<int64_t>(g.kind) << 32 | static_cast<uint32_t>(g.key), g.keys},
+                                              static_cast<int32_t>(pda.guards.size()));
+  if (added) pda.guards.push_back(std::move(g));
+  return it->second;
 }
 
 // Closes `set` under eps moves (dead states dropped) and keeps only the deciding states: two
@@ -532,6 +657,7 @@ Pda Builder::run() {
   }
   pda.num_classes = cls + 1;
   pda.rule_start.assign(kept_.size(), -1);
+  rule_object_.assign(kept_.size(), -1);
   for (int32_t r : kept_) pda.rule_names.push_back(g_.rules[r].name);
   for (size_t i = 0; i < kept_.size(); ++i) {
     cur_nfa_ = &rule_nfas_[i];
@@ -559,7 +685,7 @@ void Builder::determinize(int32_t idx, Pda& pda) {
     if (added) {
       if (static_cast<int64_t>(id) >= lim_.max_dfa_states)
         DI_THROW(GrammarError, "grammar too large: more than ", lim_.max_dfa_states, " automaton states");
-      pda.states.push_back(PdaState{.rule = idx});
+      pda.states.push_back(PdaState{.rule = idx, .guard = guard_of(closed_, idx, pda)});
       pda.trans.resize(pda.trans.size() + nc, -1);
     }
     return id;
@@ -624,7 +750,11 @@ void Builder::determinize(int32_t idx, Pda& pda) {
 
 // Marks tail calls and rejects left recursion (a rule reaching a call to itself without
 // consuming a byte would loop forever).
-void finalize(Pda& pda) {
+void finalize(Pda& pda, const AutomatonLimits& lim, Clock::time_point deadline) {
+  auto check_time = [&] {
+    if (Clock::now() > deadline)
+      DI_THROW(GrammarError, "grammar compilation exceeded its time limit of ", lim.time_limit_ms, " ms");
+  };
   const int32_t nc = pda.num_classes;
   // No trimming: determinize creates only states that can reach their rule's end, and only
   // calls whose return state is live.
@@ -656,6 +786,7 @@ void finalize(Pda& pda) {
   };
   for (bool changed = true; changed;) {
     changed = false;
+    check_time();
     for (size_t r = 0; r < nr; ++r) {
       if (nullable[r]) continue;
       for (int32_t s : null_reach(r))
@@ -667,18 +798,36 @@ void finalize(Pda& pda) {
     for (int32_t s : null_reach(r))
       for (int32_t k = pda.states[s].calls_begin; k < pda.states[s].calls_end; ++k)
         left[r].push_back(pda.calls[k].rule);
-  std::vector<int> color(nr, 0);
-  std::function<void(int32_t)> dfs = [&](int32_t r) {
-    color[r] = 1;
-    for (int32_t q : left[r]) {
+  // Cycle search over `left`, iterative (rule chains can be long). Also the longest chain of
+  // rules entered before a byte is consumed: the matcher's step recurses that deep.
+  std::vector<int> color(nr, 0), chain(nr, 1);
+  std::vector<std::pair<int32_t, size_t>> call;
+  for (size_t root = 0; root < nr; ++root) {
+    if (color[root] != 0) continue;
+    color[root] = 1;
+    call.push_back({static_cast<int32_t>(root), 0});
+    while (!call.empty()) {
+      auto& [r, e] = call.back();
+      if (e == left[r].size()) {
+        for (int32_t q : left[r]) chain[r] = std::max(chain[r], chain[q] + 1);
+        pda.max_call_chain = std::max(pda.max_call_chain, chain[r] + 1);
+        if (chain[r] > kMaxCallChain)
+          DI_THROW(GrammarError, "grammar too deep: more than ", kMaxCallChain,
+                   " rules entered one inside another before any byte (at rule '", pda.rule_names[r], "')");
+        color[r] = 2;
+        call.pop_back();
+        continue;
+      }
+      const int32_t q = left[r][e++];
       if (color[q] == 1)
         DI_THROW(GrammarError, "left recursion through rule '", pda.rule_names[q],
                  "' is not supported (rewrite it with repetition)");
-      if (color[q] == 0) dfs(q);
+      if (color[q] == 0) {
+        color[q] = 1;
+        call.push_back({q, 0});
+      }
     }
-    color[r] = 2;
-  };
-  for (size_t r = 0; r < nr; ++r) if (color[r] == 0) dfs(static_cast<int32_t>(r));
+  }
 }
 
 }  // namespace
@@ -686,7 +835,7 @@ void finalize(Pda& pda) {
 Pda build_pda(const Grammar& g, const AutomatonLimits& limits) {
   Builder b(g, limits);
   Pda pda = b.run();
-  if (!pda.empty_language) finalize(pda);
+  if (!pda.empty_language) finalize(pda, limits, b.deadline());
   return pda;
 }
 

@@ -29,8 +29,21 @@ struct PdaCall {
   bool tail;         // `ret` is final with no way out: the caller's frame need not be kept
 };
 
+// Checked (and applied) by the matcher when a step enters a state that has one: the key set of
+// the frame the state runs in (stack.h, Frame::set). kAlive: some key of `keys` not yet in the
+// set; kAdd: `key` not in the set, then added; kAll: every key of `keys` in the set. Keys are
+// bit indices; `keys` is a bit set in 64-bit words.
+struct PdaGuard {
+  enum Kind : uint8_t { kAlive, kAdd, kAll };
+  Kind kind = kAlive;
+  int32_t key = -1;
+  std::vector<uint64_t> keys;
+  bool operator==(const PdaGuard&) const = default;
+};
+
 struct PdaState {
   int32_t rule = 0;         // compiled rule owning this state
+  int32_t guard = -1;       // into Pda::guards: checked on entering the state (-1: none)
   bool final = false;       // the rule may end here
   bool has_calls = false;   // calls_begin < calls_end
   bool dead_end = false;    // final with no byte edge and no call: only finishing is left
@@ -44,11 +57,13 @@ struct Pda {
   std::vector<int32_t> trans;       // [num_states * num_classes] -> state, or -1
   std::vector<PdaState> states;     // [num_states]
   std::vector<PdaCall> calls;
+  std::vector<PdaGuard> guards;     // distinct guards (PdaState::guard)
   std::vector<int32_t> rule_start;  // [num_compiled_rules] start state
   std::vector<bool> rule_called;    // [num_compiled_rules] some call edge enters the rule
   std::vector<std::string> rule_names;
   int32_t root = 0;                 // compiled rule index of the grammar's root
   bool empty_language = false;      // the root matches no string at all
+  int32_t max_call_chain = 1;       // most rules one byte step can enter before consuming
 
   int32_t next(int32_t state, uint8_t b) const { return trans[state * num_classes + byte_class[b]]; }
   size_t num_states() const { return states.size(); }

@@ -111,6 +111,7 @@ struct CompiledGrammarImpl {
 void precompute_common_masks(const std::shared_ptr<const TokenVocabulary>& vocab);
 
 // so_args -> internal grammar (throws GrammarError / InvalidArgument).
-Grammar lower_so_args(std::string_view so_args_json);
+// time_limit_ms bounds the lowering (JSON Schema); past it a GrammarError names the limit.
+Grammar lower_so_args(std::string_view so_args_json, double time_limit_ms = 5000);
 
 }  // namespace deepinfer::structured

@@ -14,7 +14,65 @@ namespace {
 
 using json = nlohmann::ordered_json;
 
+// JSON nesting allowed in so_args (and in a json_schema given as a string): every walk over
+// the parsed value (serialising it, indexing $id, lowering enum values) recurses per level, so
+// the text is measured first, without recursion.
+constexpr int kMaxJsonDepth = 512;
+
+// Throws `E` when `text` nests arrays/objects deeper than kMaxJsonDepth (strings skipped).
+template <class E>
+void check_json_depth(std::string_view text, const char* what) {
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') ++i;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > kMaxJsonDepth)
+        DI_THROW(E, what, " nests deeper than ", kMaxJsonDepth, " levels (at byte ", i, ")");
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+}
+
+// The message with every byte that is not part of valid UTF-8 written as \xNN (error text
+// quotes user input, sometimes one byte of a multi-byte character); a message over 2000 bytes
+// keeps its first and last 1000 (the reason is often at the end).
+std::string utf8_safe(std::string_view m) {
+  if (m.size() > 2000) return utf8_safe(m.substr(0, 1000)) + " ... " + utf8_safe(m.substr(m.size() - 1000));
+  std::string out;
+  const size_t n = m.size();
+  for (size_t i = 0; i < n;) {
+    const auto c = static_cast<unsigned char>(m[i]);
+    size_t len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+    bool ok = len > 0 && i + len <= m.size();
+    for (size_t k = 1; ok && k < len; ++k) ok = (static_cast<unsigned char>(m[i + k]) & 0xC0) == 0x80;
+    if (ok && len > 1) {  // no overlongs, surrogates or code points past U+10FFFF
+      uint32_t cp = c & (0x7F >> len);
+      for (size_t k = 1; k < len; ++k) cp = cp << 6 | (static_cast<unsigned char>(m[i + k]) & 0x3F);
+      ok = cp >= (len == 2 ? 0x80u : len == 3 ? 0x800u : 0x10000u) && cp <= 0x10FFFF && (cp < 0xD800 || cp > 0xDFFF);
+    }
+    if (ok) {
+      out.append(m.substr(i, len));
+      i += len;
+    } else {
+      static const char* kHex = "0123456789ABCDEF";
+      out += "\\x";
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+      ++i;
+    }
+  }
+  return out;
+}
+
 json parse_so_args(std::string_view text) {
+  check_json_depth<InvalidArgument>(text, "so_args");
   try {
     return json::parse(text);
   } catch (const json::parse_error& e) {
@@ -22,8 +80,9 @@ json parse_so_args(std::string_view text) {
   }
 }
 
-JsonGrammarOptions json_options(const json& a) {
+JsonGrammarOptions json_options(const json& a, std::chrono::steady_clock::time_point deadline) {
   JsonGrammarOptions o;
+  o.deadline = deadline;
   if (a.contains("whitespace")) {
     const json& w = a["whitespace"];
     if (w == "flexible") o.flexible_whitespace = true;
@@ -41,25 +100,27 @@ JsonGrammarOptions json_options(const json& a) {
   return o;
 }
 
-Grammar lower_json(const json& a) {
+Grammar lower_json(const json& a, std::chrono::steady_clock::time_point deadline) {
   if (a.contains("json_schema")) {
     json schema = a["json_schema"];
     if (schema.is_string()) {
+      check_json_depth<GrammarError>(schema.get<std::string>(), "json_schema");
       try {
         schema = json::parse(schema.get<std::string>());
       } catch (const json::parse_error& e) {
         DI_THROW(GrammarError, "json_schema is not valid JSON: ", e.what());
       }
     }
-    return json_schema_to_grammar(schema, json_options(a));
+    return json_schema_to_grammar(schema, json_options(a, deadline));
   }
   if (a["json_object"] != true) DI_THROW(InvalidArgument, "so_args.json_object must be true");
-  return json_object_grammar(json_options(a));
+  return json_object_grammar(json_options(a, deadline));
 }
 
 }  // namespace
 
-Grammar lower_so_args(std::string_view text) {
+namespace {
+Grammar lower_so_args_unsafe(std::string_view text, std::chrono::steady_clock::time_point deadline) {
   json a = parse_so_args(text);
   if (!a.is_object()) DI_THROW(InvalidArgument, "so_args must be a JSON object");
   int kinds = 0;
@@ -91,7 +152,21 @@ Grammar lower_so_args(std::string_view text) {
     b.define_rule(root, b.alt(std::move(alts)));
     return std::move(b).finish(root);
   }
-  return lower_json(a);
+  return lower_json(a, deadline);
+}
+}  // namespace
+
+// Errors re-thrown with UTF-8-safe text: they end up in JSON responses and logs.
+Grammar lower_so_args(std::string_view text, double time_limit_ms) {
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::microseconds(static_cast<int64_t>(std::min(time_limit_ms, 1e12) * 1000));
+  try {
+    return lower_so_args_unsafe(text, deadline);
+  } catch (const GrammarError& e) {
+    throw GrammarError(utf8_safe(e.what()));
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(utf8_safe(e.what()));
+  }
 }
 
 std::string so_args_to_grammar_text(std::string_view so_args_json) { return lower_so_args(so_args_json).to_string(); }
@@ -108,10 +183,16 @@ GrammarCompiler::GrammarCompiler(std::shared_ptr<const TokenVocabulary> vocab, C
 std::shared_ptr<const CompiledGrammar> GrammarCompiler::compile_uncached(std::string_view so_args_json) const {
   auto t0 = std::chrono::steady_clock::now();
   auto impl = std::make_shared<CompiledGrammarImpl>();
-  impl->grammar = lower_so_args(so_args_json);
+  impl->grammar = lower_so_args(so_args_json, options_.time_limit_ms);
   AutomatonLimits lim;
-  lim.time_limit_ms = options_.time_limit_ms;
-  impl->pda = build_pda(impl->grammar, lim);
+  // The automaton gets what the lowering left of the budget.
+  lim.time_limit_ms = std::max(1.0, options_.time_limit_ms -
+                                        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  try {
+    impl->pda = build_pda(impl->grammar, lim);
+  } catch (const GrammarError& e) {
+    throw GrammarError(utf8_safe(e.what()));
+  }
   impl->vocab = vocab_;
   impl->compile_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   return std::make_shared<const CompiledGrammar>(std::move(impl));
@@ -120,10 +201,11 @@ std::shared_ptr<const CompiledGrammar> GrammarCompiler::compile_uncached(std::st
 std::shared_ptr<const CompiledGrammar> GrammarCompiler::compile(std::string_view so_args_json) {
   // Canonical key: re-serialised JSON (whitespace and escapes normalised, key order kept).
   std::string key;
+  check_json_depth<InvalidArgument>(so_args_json, "so_args");
   try {
     key = nlohmann::ordered_json::parse(so_args_json).dump();
   } catch (const nlohmann::json::parse_error& e) {
-    DI_THROW(InvalidArgument, "so_args is not valid JSON: ", e.what());
+    DI_THROW(InvalidArgument, "so_args is not valid JSON: ", utf8_safe(e.what()));
   }
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -127,6 +127,13 @@ ExprId GrammarBuilder::automaton(ByteAutomaton a) {
   return add(Expr{.kind = ExprKind::kAutomaton, .automaton = static_cast<int32_t>(g_.automata.size() - 1)});
 }
 
+ExprId GrammarBuilder::marked_byte(uint8_t c, GrammarMark m) {
+  g_.marks.push_back(std::move(m));
+  return add(Expr{.kind = ExprKind::kBytes,
+                  .ranges = {{c, c}},
+                  .mark = static_cast<int32_t>(g_.marks.size() - 1)});
+}
+
 ExprId GrammarBuilder::codepoint_range(uint32_t lo, uint32_t hi) {
   return codepoints({{lo, hi}});
 }
@@ -208,7 +215,14 @@ std::string Grammar::expr_to_string(ExprId id) const {
     case ExprKind::kBytes:
       out = "[";
       for (ByteRange r : e.ranges) out += r.lo == r.hi ? byte_str(r.lo) : byte_str(r.lo) + "-" + byte_str(r.hi);
-      return out + "]";
+      out += "]";
+      if (e.mark >= 0) {
+        static const char* kNames[] = {"prefix", "add", "more", "close"};
+        const GrammarMark& m = marks[e.mark];
+        out += "@" + std::string(kNames[static_cast<int>(m.kind)]) + std::to_string(m.object);
+        if (m.key >= 0) out += "." + std::to_string(m.key);
+      }
+      return out;
     case ExprKind::kSeq:
     case ExprKind::kAlt:
       out = "(";

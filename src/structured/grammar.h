@@ -43,6 +43,25 @@ struct Expr {
   int32_t min = 0, max = 0;       // kRepeat
   RuleId rule = -1;               // kRef
   int32_t automaton = -1;         // kAutomaton
+  int32_t mark = -1;              // kBytes: index into Grammar::marks (-1: none)
+};
+
+// Object-key tracking (json_schema_obj.cpp, tracked objects): a byte that carries a mark makes
+// the matcher consult and update the set of keys already written in the enclosing object, so
+// declared keys are accepted in any order without enumerating orders in the grammar. The
+// automaton gives the state entered by a marked byte a guard (automaton.h, PdaGuard); every
+// mark of one object lies in one rule that is never inlined (one stack frame holds the set).
+enum class MarkKind : uint8_t {
+  kKeyPrefix,  // inside key `key`'s literal: alive while that key is not yet written
+  kKeyAdd,     // key `key`'s closing quote: the key must be new, and is now written
+  kMore,       // a member separator: some key of `keys` must still be unwritten
+  kClose,      // the closing brace: every key of `keys` (the required ones) must be written
+};
+struct GrammarMark {
+  MarkKind kind = MarkKind::kKeyPrefix;
+  int32_t object = 0;         // which tracked object (marks of different objects never mix)
+  int32_t key = -1;           // kKeyPrefix, kKeyAdd
+  std::vector<int32_t> keys;  // kMore, kClose
 };
 
 // A small explicit automaton (NFA without epsilons) for languages that are awkward as trees:
@@ -71,6 +90,8 @@ struct Grammar {
   std::vector<Expr> exprs;
   std::vector<Rule> rules;
   std::vector<ByteAutomaton> automata;
+  std::vector<GrammarMark> marks;
+  int32_t num_tracked_objects = 0;
   RuleId root = -1;
 
   std::string to_string() const;  // EBNF-like dump for debugging and error messages
@@ -96,6 +117,10 @@ class GrammarBuilder {
   ExprId plus(ExprId e) { return repeat(e, 1, kUnbounded); }
   ExprId opt(ExprId e) { return repeat(e, 0, 1); }
   ExprId automaton(ByteAutomaton a);
+  // One byte carrying mark `m` (never merged with other expressions).
+  ExprId marked_byte(uint8_t b, GrammarMark m);
+  int32_t new_tracked_object() { return g_.num_tracked_objects++; }
+  bool has_marks() const { return !g_.marks.empty(); }
   // Code points [lo, hi] (surrogates excluded) as UTF-8 byte sequences.
   ExprId codepoint_range(uint32_t lo, uint32_t hi);
   ExprId codepoints(const std::vector<std::pair<uint32_t, uint32_t>>& ranges);

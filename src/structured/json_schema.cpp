@@ -65,7 +65,10 @@ SchemaLowerer::SchemaLowerer(const json& root, const JsonGrammarOptions& opt) : 
   index_ids(root, "", true);
   if (root.is_object() && root.contains("$schema") && root["$schema"].is_string()) {
     const std::string m = root["$schema"].get<std::string>();
-    draft4_ = m.find("draft-04") != std::string::npos || m.find("draft-03") != std::string::npos;
+    for (auto [tag, d] : {std::pair{"draft-03", 3}, {"draft-04", 4}, {"draft-06", 6}, {"draft-07", 7},
+                          {"2019-09", 2019}, {"2020-12", 2020}})
+      if (m.find(tag) != std::string::npos) draft_ = d, draft_named_ = true;
+    draft4_ = draft_ <= 4;
   }
 }
 
@@ -146,6 +149,8 @@ ExprId SchemaLowerer::any_object() {
 
 ExprId SchemaLowerer::lower(const json& s, const std::string& ptr, int depth) {
   if (depth > 200) schema_error(ptr, "schema nesting too deep (recursive allOf/$ref?)");
+  if (std::chrono::steady_clock::now() > opt_.deadline)
+    schema_error(ptr, "compilation exceeded its time limit while lowering the schema");
   if (s.is_boolean()) return s.get<bool>() ? any_value() : b.nothing();
   if (!s.is_object()) schema_error(ptr, "a schema must be an object or a boolean");
   if (s.contains("$schema")) {
@@ -153,6 +158,22 @@ ExprId SchemaLowerer::lower(const json& s, const std::string& ptr, int depth) {
     std::string m = s["$schema"].is_string() ? s["$schema"].get<std::string>() : "";
     if (m.find("json-schema.org/") == std::string::npos)
       schema_error(ptr + "/$schema", "unknown metaschema '" + m + "'");
+  }
+  // Older drafts' meaning (the root's $schema): through draft 7 `$ref` makes its siblings
+  // ignored; drafts before 7 have no if/then/else; a schema naming 2019-09 or 2020-12 has no
+  // `dependencies` keyword (without $schema it keeps its draft-7 meaning: a stricter reading
+  // that hand-written schemas rely on).
+  if (draft_ <= 7 && s.contains("$ref") && s.size() > 1) {
+    if (!s["$ref"].is_string()) schema_error(ptr + "/$ref", "must be a string");
+    return lower_ref(s["$ref"].get<std::string>(), ptr + "/$ref");
+  }
+  if ((draft_ < 7 && (s.contains("if") || s.contains("then") || s.contains("else"))) ||
+      (draft_ >= 2019 && draft_named_ && s.contains("dependencies"))) {
+    json rest = s;
+    for (const char* k : {"if", "then", "else"})
+      if (draft_ < 7) rest.erase(k);
+    if (draft_ >= 2019 && draft_named_) rest.erase("dependencies");
+    return lower(rest, ptr, depth + 1);
   }
   if (s.contains("enum") || s.contains("const")) {
     for (auto it = s.begin(); it != s.end(); ++it) {

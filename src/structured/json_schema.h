@@ -20,11 +20,17 @@
 // enum/const next to any other keywords (each value validated against the rest).
 // Known limits (errors naming keyword and pointer, never a looser grammar): uniqueItems: true,
 // $dynamicRef, remote $ref, `not` of other object/array keywords, unevaluated* next to
-// dependentSchemas or contains, dependentRequired / minProperties with more than
+// dependentSchemas or contains, minProperties / maxProperties with more than
 // kAnyOrderMaxProperties named properties, oneOf with overlapping branches whose complement is
-// not expressible. Declared properties are accepted in any order when there are at most
-// kAnyOrderMaxProperties of them, otherwise in schema order.
+// not expressible. Declared properties are accepted in any order: up to kAnyOrderMaxProperties
+// by enumerating the sets written so far in the grammar; beyond, the matcher tracks the set of
+// keys written (a "tracked object", json_schema_obj.cpp), so size costs no exponential states.
+// Drafts: the root's $schema selects draft 4/6/7/2019-09/2020-12 meaning ($ref siblings ignored
+// through draft 7, no if/then/else before draft 7, draft-4 integers without fraction, no
+// `dependencies` when 2019-09/2020-12 is named); without $schema, 2020-12 plus `dependencies`.
 #pragma once
+#include <chrono>
+
 #include <nlohmann/json.hpp>
 
 #include "structured/grammar.h"
@@ -35,6 +41,8 @@ struct JsonGrammarOptions {
   bool flexible_whitespace = false;
   int32_t max_whitespace = 4;   // flexible: at most this many whitespace bytes at each place
   bool format_assertion = true; // `format` constrains strings (date, email, uuid, ...)
+  // Past this the lowering fails with a GrammarError naming the time limit.
+  std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
 };
 
 inline constexpr int kAnyOrderMaxProperties = 8;

@@ -127,6 +127,8 @@ class SchemaLowerer {
   ExprId pattern_members(const std::vector<std::string>& names, const std::vector<PatternProp>& pats,
                          const Dfa* names_dfa, ExprId add_value, const std::string& ptr, int depth);
   ExprId key_not_in(const std::vector<std::string>& keys);
+  ExprId tracked_object(const std::vector<std::string>& names, const std::vector<ExprId>& values,
+                        const std::vector<bool>& required, ExprId additional);
 
   // json_schema_parts.cpp
   ExprId lower_number(const json& s, const std::string& ptr, bool integer);
@@ -156,6 +158,8 @@ class SchemaLowerer {
     if (sub.nest_ > kMaxNesting) schema_error("", "schema checks nested too deeply (recursive oneOf/not/enum proofs)");
   }
   const json& root_;
+  int draft_ = 2020;     // the root's $schema: 3, 4, 6, 7, 2019 or 2020 (the default)
+  bool draft_named_ = false;  // $schema named one of those drafts
   bool draft4_ = false;  // root $schema is draft 3/4: integers have no fraction part
   JsonGrammarOptions opt_;
   RuleId value_rule_ = -1, string_rule_ = -1, object_rule_ = -1;

@@ -35,6 +35,8 @@ uint32_t decode_utf8(const std::string& u) {
   return cp;
 }
 
+std::string json_quoted_key(const std::string& name) { return json(name).dump(); }
+
 struct KeyTrie {
   bool terminal = false;
   std::map<std::string, KeyTrie> kids;
@@ -157,6 +159,43 @@ ExprId SchemaLowerer::members(const std::vector<ExprId>& props, const std::vecto
     start = b.alt(std::move(alts));
   }
   return start;
+}
+
+// An object whose declared keys come in any order, however many: the matcher keeps the set of
+// keys written so far (grammar.h, GrammarMark) instead of the grammar enumerating orders. Each
+// byte of a declared key's literal is marked (alive while that key is unwritten; the closing
+// quote writes it), the separator needs some declared key still unwritten when no other key may
+// follow, and the closing brace needs every required key written. Its own rule, never inlined:
+// the set lives in that rule's stack frame.
+ExprId SchemaLowerer::tracked_object(const std::vector<std::string>& names, const std::vector<ExprId>& values,
+                                     const std::vector<bool>& required, ExprId additional) {
+  const int32_t obj = b.new_tracked_object();
+  std::vector<ExprId> members;
+  std::vector<int32_t> avail, req;
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (b.expr(values[i]).kind == ExprKind::kNothing) continue;  // the key may not appear
+    const int32_t k = static_cast<int32_t>(i);
+    avail.push_back(k);
+    if (required[i]) req.push_back(k);
+    const std::string q = json_quoted_key(names[i]);
+    std::vector<ExprId> parts;
+    for (size_t j = 0; j + 1 < q.size(); ++j)
+      parts.push_back(b.marked_byte(static_cast<uint8_t>(q[j]), {MarkKind::kKeyPrefix, obj, k, {}}));
+    parts.push_back(b.marked_byte(static_cast<uint8_t>(q.back()), {MarkKind::kKeyAdd, obj, k, {}}));
+    parts.push_back(punct(':'));
+    parts.push_back(values[i]);
+    members.push_back(b.seq(std::move(parts)));
+  }
+  const bool others = b.expr(additional).kind != ExprKind::kNothing;
+  if (others) members.push_back(additional);
+  ExprId member = b.alt(std::move(members));
+  ExprId sep = others ? punct(',') : b.seq({ws(), b.marked_byte(',', {MarkKind::kMore, obj, -1, avail}), ws()});
+  ExprId close = b.marked_byte('}', {MarkKind::kClose, obj, -1, req});
+  ExprId body = b.seq({b.byte('{'), ws(), b.opt(b.seq({member, b.star(b.seq({sep, member}))})), ws(), close});
+  RuleId r = b.declare_rule("object");
+  b.set_inline(r, false);
+  b.define_rule(r, body);
+  return b.ref(r);
 }
 
 // Any order with a member count: rest(used, c) after c members of which `used` are declared.
@@ -324,7 +363,7 @@ ExprId SchemaLowerer::lower_object(const json& s, const std::string& ptr, int de
     if (all.size() > 1) merged[i] = json{{"allOf", all}}, schemas[i] = &merged[i];
     else if (i >= num_declared || all[0] != *schemas[i]) merged[i] = all[0], schemas[i] = &merged[i];
   }
-  std::vector<ExprId> props;
+  std::vector<ExprId> props, values;
   std::vector<bool> required;
   for (size_t i = 0; i < names.size(); ++i) {
     ExprId v = lower(*schemas[i], ptrs[i], depth + 1);
@@ -333,6 +372,7 @@ ExprId SchemaLowerer::lower_object(const json& s, const std::string& ptr, int de
       if (required.back()) return b.nothing();
       v = b.nothing();
     }
+    values.push_back(v);
     props.push_back(b.seq({string_literal(names[i]), punct(':'), v}));
   }
   ExprId add_value = lower(*add_schema, ptr + "/additionalProperties", depth + 1);
@@ -369,6 +409,9 @@ ExprId SchemaLowerer::lower_object(const json& s, const std::string& ptr, int de
     count.deps.push_back({index_of(t), m});
     if (count.ptr.empty()) count.ptr = ptr + "/dependentRequired";
   }
+  if (names.size() > static_cast<size_t>(kAnyOrderMaxProperties) && count.min == 0 && count.max < 0 &&
+      count.deps.empty() && !s.contains("x-di-witness"))
+    return tracked_object(names, values, required, additional);
   if (s.contains("x-di-witness")) {
     std::vector<const json*> sch(schemas.begin(), schemas.end());
     ObjectParts o{names, sch, props, required, additional, add_schema, names_dfa ? &*names_dfa : nullptr, !pats.empty()};

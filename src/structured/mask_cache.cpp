@@ -96,6 +96,14 @@ std::string CompiledGrammarImpl::shared_key(int32_t state) const {
     const int32_t s = order[k];
     const PdaState& st = pda.states[s];
     key.push_back(st.final ? 'F' : 'N');
+    if (st.guard >= 0) {  // a key-set check: its full content (the same set gives the same answer)
+      const PdaGuard& g = pda.guards[st.guard];
+      key.push_back('G');
+      key.push_back(static_cast<char>(g.kind));
+      put_i32(key, g.key);
+      put_i32(key, static_cast<int32_t>(g.keys.size()));
+      for (uint64_t w : g.keys) key.append(reinterpret_cast<const char*>(&w), sizeof w);
+    }
     for (int32_t c = st.calls_begin; c < st.calls_end; ++c) {
       key.push_back(pda.calls[c].tail ? 'T' : 'C');
       put_i32(key, canon[pda.rule_start[pda.calls[c].rule]]);

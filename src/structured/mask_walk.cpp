@@ -75,6 +75,17 @@ void class_ends(const Pda& pda, int class_end[256]) {
     class_end[b] = b < 255 && pda.byte_class[b + 1] == pda.byte_class[b] ? class_end[b + 1] : b;
 }
 
+// True if some frame is alive without having passed a key-set check in the walk's bottom frame
+// (whose set is unknown): its tokens are then accepted whatever the set.
+bool unguarded(const NodePool& pool, const std::vector<Frame>& frames) {
+  for (const Frame& f : frames) {
+    bool clean = f.set != kGuardedSet;
+    for (int32_t p = f.parent; clean && p >= 0; p = pool.node(p).parent) clean = pool.node(p).set != kGuardedSet;
+    if (clean) return true;
+  }
+  return false;
+}
+
 bool text_stays_alive(const Pda& pda, int32_t state, const std::array<uint64_t, 4>& loops) {
   using R = ByteSpan;
   const auto& kChars = utf8_chars();
@@ -88,6 +99,7 @@ bool text_stays_alive(const Pda& pda, int32_t state, const std::array<uint64_t, 
   for (size_t k = 0; k < closure.size(); ++k) {
     if (closure.size() > kMaxClosure) return false;
     const int32_t s = closure[k];
+    if (pda.states[s].guard >= 0) return false;  // key-set checks are for the general walk
     for (int b = 0; b < 128; b = class_end[b] + 1) {
       if (!(loops[b >> 6] >> (b & 63) & 1)) continue;  // loops hold whole classes
       const int32_t t = pda.next(s, static_cast<uint8_t>(b));
@@ -147,7 +159,7 @@ bool CompiledGrammarImpl::equivalent(int32_t a, int32_t b) const {
     if (x == y) continue;
     const PdaState& sx = pda.states[x];
     const PdaState& sy = pda.states[y];
-    if (sx.final != sy.final || pda.rule_called[sx.rule] != pda.rule_called[sy.rule] ||
+    if (sx.final != sy.final || sx.guard != sy.guard || pda.rule_called[sx.rule] != pda.rule_called[sy.rule] ||
         sx.calls_end - sx.calls_begin != sy.calls_end - sy.calls_begin)
       return false;
     auto pair = [&](int32_t u, int32_t w) {
@@ -180,7 +192,8 @@ int32_t CompiledGrammarImpl::canonical(int32_t state) const {
   // or something else (equal for equivalent states).
   const int32_t nc = pda.num_classes;
   const PdaState& st = pda.states[state];
-  uint64_t h = (st.final ? 3 : 5) * 0x9e3779b97f4a7c15ull ^ static_cast<uint64_t>(st.calls_end - st.calls_begin);
+  uint64_t h = (st.final ? 3 : 5) * 0x9e3779b97f4a7c15ull ^ static_cast<uint64_t>(st.calls_end - st.calls_begin) ^
+               static_cast<uint64_t>(st.guard + 1) << 40;
   for (int32_t c = 0; c < nc; ++c) {
     const int32_t t = pda.trans[static_cast<size_t>(state) * nc + c];
     h = (h ^ static_cast<uint64_t>(t < 0 ? 0 : t == state ? 1 : 2)) * 0x100000001b3ull;
@@ -243,6 +256,7 @@ CompiledGrammarImpl::ChainStep CompiledGrammarImpl::chain_step(int32_t state) co
   int32_t best = -1, best_n = 0;
   for (int j = 0; j < k; ++j)
     if (cnt[j] > best_n) best = tgt[j], best_n = cnt[j];
+  if (best >= 0 && pda.states[best].guard >= 0) best = -1;  // no chain through key-set checks
   int class_end[256];
   if (best >= 0) class_ends(pda, class_end);
   ChainStep r{{0, 0}, best, false};
@@ -442,13 +456,17 @@ std::shared_ptr<const StateMaskCache> CompiledGrammarImpl::compute_state_cache(i
       const int32_t t = trans[static_cast<size_t>(p) * nc + pda.byte_class[bytes[i]]];
       single[d] = t;
       alive = t >= 0;
+      if (alive && states[t].guard >= 0) {  // a key-set check: the general walk tracks it
+        frames[d].assign(1, Frame{t, bottom, kGuardedSet});
+        single[d] = -1;
+      }
     } else {
       std::vector<Frame>& prev = frames[d - 1];
-      if (p >= 0) prev.assign(1, Frame{p, bottom});
+      if (p >= 0) prev.assign(1, Frame{p, bottom, kUnknownSet});
       std::vector<Frame>& cur = frames[d];
       stepper.step(prev, bytes[i], cur, &e);
       alive = !cur.empty();
-      single[d] = cur.size() == 1 && cur[0].parent == bottom ? cur[0].state : -1;
+      single[d] = cur.size() == 1 && cur[0].parent == bottom && cur[0].set == kUnknownSet ? cur[0].state : -1;
     }
     esc[d] = esc[d - 1] | static_cast<uint8_t>(e);
     if (!alive) {
@@ -535,7 +553,12 @@ std::shared_ptr<const StateMaskCache> CompiledGrammarImpl::compute_state_cache(i
         rec_acc = num_accepted;
       }
     }
-    accept_range(tok_begin[i], tok_begin[i + 1]);
+    if (single[d] < 0 && tok_begin[i] < tok_begin[i + 1] && !unguarded(pool, frames[d])) {
+      // Alive only past a key-set check: the real set decides.
+      uncertain.insert(uncertain.end(), tok_ids + tok_begin[i], tok_ids + tok_begin[i + 1]);
+    } else {
+      accept_range(tok_begin[i], tok_begin[i + 1]);
+    }
     ++i;
   }
   if (rec_node >= 0) flush_record();
@@ -564,7 +587,7 @@ std::shared_ptr<const StateMaskCache> CompiledGrammarImpl::compute_state_cache_r
   // A rule nobody calls (the root) always has the real bottom of the stack under it: finishing
   // it is the end of the grammar, never an escape into unknown context.
   const bool called = pda.rule_called[pda.states[state].rule];
-  frames[0] = {{state, called ? kBottom : kRootParent}};
+  frames[0] = {{state, called ? kBottom : kRootParent, kUnknownSet}};
   std::vector<uint32_t> accepted((v.vocab_size() + 31) / 32, 0);
   size_t num_accepted = 0;
   std::vector<int32_t> uncertain;
@@ -580,8 +603,13 @@ std::shared_ptr<const StateMaskCache> CompiledGrammarImpl::compute_state_cache_r
       i = v.end_[i];
       continue;
     }
+    const bool sure = unguarded(pool, frames[d]);
     for (int32_t k = v.tok_begin_[i]; k < v.tok_begin_[i + 1]; ++k) {
       const int32_t t = v.tok_ids_[k];
+      if (!sure) {
+        uncertain.push_back(t);
+        continue;
+      }
       accepted[t >> 5] |= 1u << (t & 31);
       ++num_accepted;
     }

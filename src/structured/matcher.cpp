@@ -22,19 +22,26 @@ struct MatcherState {
   const std::vector<Frame>& cur() const { return history.back(); }
   void fill_mask(std::vector<uint32_t>& bits);
   void walk_uncertain(const StateMaskCache& c, Frame f, std::vector<uint32_t>& bits);
+  void walk_list(const int32_t* ids, const int32_t* lcps, size_t n, Frame f, std::vector<uint32_t>& bits);
   bool advance(std::string_view bytes, std::vector<Frame>& out);
 };
 
 void MatcherState::walk_uncertain(const StateMaskCache& c, Frame f, std::vector<uint32_t>& bits) {
+  walk_list(c.uncertain.data(), c.uncertain_lcp.data(), c.uncertain.size(), f, bits);
+}
+
+// Walks tokens ids[0..n) (byte-sorted; lcp[j]: common prefix of ids[j-1] and ids[j]) from the
+// real frame f, setting the bits of those that stay alive.
+void MatcherState::walk_list(const int32_t* ids, const int32_t* lcps, size_t n, Frame f, std::vector<uint32_t>& bits) {
   const TokenVocabulary& v = *g->vocab;
   Stepper stepper(g->pda, pool, true);
   std::vector<std::vector<Frame>> frames(1, std::vector<Frame>{f});  // [depth]
   int32_t dead = -1;  // the previous token died after this many bytes
-  for (size_t j = 0; j < c.uncertain.size(); ++j) {
-    const int32_t lcp = c.uncertain_lcp[j];
+  for (size_t j = 0; j < n; ++j) {
+    const int32_t lcp = j == 0 ? 0 : lcps[j];
     if (dead >= 0 && lcp >= dead) continue;  // shares the dead prefix
     dead = -1;
-    const std::string& s = v.bytes(c.uncertain[j]);
+    const std::string& s = v.bytes(ids[j]);
     if (frames.size() < s.size() + 1) frames.resize(s.size() + 1);
     size_t k = static_cast<size_t>(lcp);
     for (; k < s.size(); ++k) {
@@ -42,7 +49,7 @@ void MatcherState::walk_uncertain(const StateMaskCache& c, Frame f, std::vector<
       if (frames[k + 1].empty()) break;
     }
     if (k == s.size()) {
-      int32_t t = c.uncertain[j];
+      int32_t t = ids[j];
       bits[t >> 5] |= 1u << (t & 31);
     } else {
       dead = static_cast<int32_t>(k + 1);
@@ -59,7 +66,15 @@ void MatcherState::fill_mask(std::vector<uint32_t>& bits) {
     bits = it->second;
     return;
   }
+  // Within a few tokens of the stack limit (NodePool::kMaxDepth) the cached masks, computed
+  // without the stack below, could allow a token that needs more frames: walk every token with
+  // the real stack there (rare: only thousands of levels deep).
+  const int32_t slack = v.max_depth_ * (g->pda.max_call_chain + 1) + 1;
   for (const Frame& f : cur()) {
+    if (pool.depth(f.parent) + slack >= NodePool::kMaxDepth) {
+      walk_list(v.tok_ids_.data(), v.lcp_prev_.data(), v.tok_ids_.size(), f, bits);
+      continue;
+    }
     auto c = g->state_cache(f.state);
     if (!c->accepted_bits.empty()) {
       for (size_t w = 0; w < bits.size(); ++w) bits[w] |= c->accepted_bits[w];

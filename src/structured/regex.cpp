@@ -139,6 +139,11 @@ struct Flags {
   bool i = false, s = false, m = false, x = false;
 };
 
+// The pattern as error text quotes it: long ones cut (a 200 kB pattern is no message).
+std::string quoted(std::string_view p) {
+  return p.size() <= 200 ? std::string(p) : std::string(p.substr(0, 200)) + "...";
+}
+
 class Parser {
  public:
   Parser(std::string_view p, const RegexOptions& o) : p_(p) {
@@ -153,10 +158,12 @@ class Parser {
     return n;
   }
   std::vector<Node> nodes;
+  static constexpr int kMaxGroupDepth = 1000;
 
  private:
+  int group_depth_ = 0;
   [[noreturn]] void fail(const std::string& what) const {
-    DI_THROW(GrammarError, "regex /", std::string(p_), "/: ", what, " at offset ", pos_);
+    DI_THROW(GrammarError, "regex /", quoted(p_), "/: ", what, " at offset ", pos_);
   }
   int add(Node n) { nodes.push_back(std::move(n)); return static_cast<int>(nodes.size() - 1); }
   bool eof() const { return pos_ >= p_.size(); }
@@ -493,7 +500,10 @@ int Parser::parse_group() {
       flags_ = f;
     }
   }
+  // The parser, the analysis and the lowering all recurse per group level: bound it.
+  if (++group_depth_ > kMaxGroupDepth) fail("groups nested deeper than " + std::to_string(kMaxGroupDepth));
   int inner = parse_alt();
+  --group_depth_;
   if (eof() || p_[pos_] != ')') { pos_ = start; fail("unclosed group"); }
   ++pos_;
   flags_ = saved;
@@ -556,7 +566,7 @@ class Lowerer {
   void analyze();
   ExprId set_expr(const CpRanges& r);
   [[noreturn]] void fail(const char* what) const {
-    DI_THROW(GrammarError, "regex /", std::string(p_), "/: ", what);
+    DI_THROW(GrammarError, "regex /", quoted(p_), "/: ", what);
   }
   GrammarBuilder& b_;
   const std::vector<Node>& n_;

@@ -33,6 +33,7 @@ class NfaBuilder {
       case ExprKind::kNothing: *end = nfa.add(); return true;
       case ExprKind::kEmpty: *end = start; return true;
       case ExprKind::kBytes: {
+        if (e.mark >= 0) return false;  // a tracked object's key set is not a regular language
         int32_t t = nfa.add();
         for (ByteRange r : e.ranges) nfa.bytes[start].push_back({r.lo, r.hi, t});
         *end = t;

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/check.h"
+#include "core/json.h"
 #include "tokenizer/tokenizer_impl.h"
 
 namespace deepinfer {
@@ -105,12 +106,13 @@ std::string py_json(const ojson& v) {
   return s;
 }
 
+// Depth-bounded (core/json.h): py_dump below recurses once per level of these values.
 ojson parse_json_field(const std::string& text, const std::string& what, size_t msg_index) {
-  try {
-    return ojson::parse(text);
-  } catch (const ojson::exception& e) {
-    DI_THROW(InvalidArgument, "apply_chat_template: messages[", msg_index, "].", what, " is not valid JSON: ", e.what());
-  }
+  ojson j;
+  std::string why;
+  if (!parse_json_bounded(text, j, &why))
+    DI_THROW(InvalidArgument, "apply_chat_template: messages[", msg_index, "].", what, " is not valid JSON: ", why);
+  return j;
 }
 
 struct Block {
@@ -155,11 +157,11 @@ std::string render_tool_calls(const Message& m, size_t i) {
   for (size_t k = 0; k < m.tool_calls.size(); ++k) {
     const ToolCall& tc = m.tool_calls[k];
     ojson args;
-    try {
-      args = ojson::parse(tc.arguments);
-    } catch (const ojson::exception&) {
+    if (json_depth_exceeded_at(tc.arguments, kMaxJsonDepth) != std::string::npos)
+      DI_THROW(InvalidArgument, "apply_chat_template: messages[", i, "].tool_calls[", k, "].arguments: JSON nested deeper than ",
+               kMaxJsonDepth, " levels");
+    if (!parse_json_bounded(tc.arguments, args, nullptr))
       args = ojson::object({{"arguments", tc.arguments}});  // not JSON: passed through as one string
-    }
     if (!args.is_object())
       DI_THROW(InvalidArgument, "apply_chat_template: messages[", i, "].tool_calls[", k, "].arguments must be a JSON object");
     std::string params;

@@ -1,10 +1,11 @@
 // Reading tokenizer.json, tokenizer_config.json and the GPT-2 encoder.json + vocab.bpe pair.
 // Every error names the file and the JSON field it came from.
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "core/check.h"
+#include "core/file.h"
+#include "core/json.h"
 #include "tokenizer/tokenizer_impl.h"
 #include "tokenizer/utf8.h"
 
@@ -12,24 +13,12 @@ namespace deepinfer::tok {
 using json = nlohmann::json;
 
 namespace {
-std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) DI_THROW(TokenizerError, "cannot open tokenizer file ", path);
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+std::string read_file(const std::string& path) { return read_regular_file_or_throw<TokenizerError>(path); }
 
-json parse_json(const std::string& path) {
-  std::string text = read_file(path);
-  try {
-    return json::parse(text);
-  } catch (const json::exception& e) {
-    DI_THROW(TokenizerError, path, ": malformed JSON: ", e.what());
-  }
-}
+json parse_json(const std::string& path) { return parse_json_or_throw<TokenizerError>(read_file(path), path, "malformed JSON"); }
 
-// Typed field access with a message naming file and field.
+// Typed field access with a message naming file and field. Every value read from the file goes
+// through one of these, so a wrong type is a TokenizerError, never a json::type_error.
 struct Ctx {
   const std::string& path;
   [[noreturn]] void fail(const std::string& field, const std::string& what) const {
@@ -41,12 +30,29 @@ struct Ctx {
   }
   std::string str(const json& obj, const char* key, const std::string& field) const {
     const json& v = get(obj, key, field);
-    if (!v.is_string()) fail(field + "." + key, "expected a string");
+    if (!v.is_string()) fail(field + "." + key, "expected a string, got " + json_snippet(v));
     return v.get<std::string>();
   }
+  std::string as_str(const json& v, const std::string& field) const {
+    if (!v.is_string()) fail(field, "expected a string, got " + json_snippet(v));
+    return v.get<std::string>();
+  }
+  const json& list(const json& obj, const char* key, const std::string& field) const {
+    const json& v = get(obj, key, field);
+    if (!v.is_array()) fail(field + "." + key, "expected an array, got " + json_snippet(v));
+    return v;
+  }
   bool flag(const json& obj, const char* key, bool def) const {
-    if (!obj.contains(key) || obj[key].is_null()) return def;
+    if (!obj.is_object() || !obj.contains(key) || obj[key].is_null()) return def;
+    if (!obj[key].is_boolean()) fail(std::string(key), "expected a boolean, got " + json_snippet(obj[key]));
     return obj[key].get<bool>();
+  }
+  // A token id: an integer in [0, kMaxTokenId). A negative id used to be written to tokens[id].
+  int32_t id(const json& v, const std::string& field) const {
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= kMaxTokenId ||
+        (v.is_number_unsigned() && v.get<uint64_t>() >= uint64_t(kMaxTokenId)))
+      fail(field, detail::str_cat("expected a token id in [0, ", kMaxTokenId, "), got ", json_snippet(v)));
+    return int32_t(v.get<int64_t>());
   }
 };
 
@@ -60,9 +66,10 @@ SplitBehavior parse_behavior(const Ctx& c, const std::string& b, const std::stri
 }
 
 Regex parse_pattern(const Ctx& c, const json& pat, const std::string& field) {
-  if (pat.is_object() && pat.contains("Regex")) return Regex(pat["Regex"].get<std::string>(), c.path + ": " + field);
+  if (pat.is_object() && pat.contains("Regex"))
+    return Regex(c.as_str(pat["Regex"], field + ".Regex"), c.path + ": " + field);
   if (pat.is_object() && pat.contains("String"))
-    return Regex::literal(pat["String"].get<std::string>(), c.path + ": " + field);
+    return Regex::literal(c.as_str(pat["String"], field + ".String"), c.path + ": " + field);
   c.fail(field, "expected {\"Regex\": ...} or {\"String\": ...}");
 }
 
@@ -71,7 +78,7 @@ void parse_pretok(const Ctx& c, const json& j, const std::string& field, PreToke
   std::string type = c.str(j, "type", field);
   if (pt.byte_level) c.fail(field, "pre-tokenizer '" + type + "' after ByteLevel is not supported");
   if (type == "Sequence") {
-    const json& list = c.get(j, "pretokenizers", field);
+    const json& list = c.list(j, "pretokenizers", field);
     for (size_t i = 0; i < list.size(); ++i)
       parse_pretok(c, list[i], field + ".pretokenizers[" + std::to_string(i) + "]", pt);
   } else if (type == "Split") {
@@ -97,7 +104,7 @@ void parse_normalizer(const Ctx& c, const json& j, const std::string& field, Nor
   if (j.is_null()) return;
   std::string type = c.str(j, "type", field);
   if (type == "Sequence") {
-    const json& list = c.get(j, "normalizers", field);
+    const json& list = c.list(j, "normalizers", field);
     for (size_t i = 0; i < list.size(); ++i)
       parse_normalizer(c, list[i], field + ".normalizers[" + std::to_string(i) + "]", n);
   } else if (type == "Prepend") {
@@ -118,7 +125,7 @@ void parse_decoder(const Ctx& c, const json& j, const std::string& field) {
   std::string type = c.str(j, "type", field);
   if (type == "ByteLevel") return;
   if (type == "Sequence") {
-    const json& list = c.get(j, "decoders", field);
+    const json& list = c.list(j, "decoders", field);
     for (size_t i = 0; i < list.size(); ++i) parse_decoder(c, list[i], field + ".decoders[" + std::to_string(i) + "]");
     return;
   }
@@ -127,9 +134,9 @@ void parse_decoder(const Ctx& c, const json& j, const std::string& field) {
 
 int32_t special_id(const Ctx& c, const json& specials, const std::string& name, const std::string& field) {
   if (!specials.contains(name)) c.fail(field, "special token '" + name + "' not listed in special_tokens");
-  const json& ids = c.get(specials[name], "ids", field + ".special_tokens." + name);
+  const json& ids = c.list(specials[name], "ids", field + ".special_tokens." + name);
   if (ids.size() != 1) c.fail(field, "special token '" + name + "' must map to exactly one id");
-  return ids[0].get<int32_t>();
+  return c.id(ids[0], field + ".special_tokens." + name + ".ids[0]");
 }
 
 void parse_post(const Ctx& c, const json& j, const std::string& field, Tokenizer::Impl& impl) {
@@ -137,14 +144,14 @@ void parse_post(const Ctx& c, const json& j, const std::string& field, Tokenizer
   std::string type = c.str(j, "type", field);
   auto token_id = [&](const json& pair, const std::string& f) {
     if (!pair.is_array() || pair.size() != 2) c.fail(f, "expected [token, id]");
-    return pair[1].get<int32_t>();
+    return c.id(pair[1], f + "[1]");
   };
   if (type == "ByteLevel") return;  // only adjusts offsets
   if (type == "Sequence") {
-    const json& list = c.get(j, "processors", field);
+    const json& list = c.list(j, "processors", field);
     for (size_t i = 0; i < list.size(); ++i) parse_post(c, list[i], field + ".processors[" + std::to_string(i) + "]", impl);
   } else if (type == "TemplateProcessing") {
-    const json& single = c.get(j, "single", field);
+    const json& single = c.list(j, "single", field);
     const json& specials = c.get(j, "special_tokens", field);
     bool seen_seq = false;
     for (size_t i = 0; i < single.size(); ++i) {
@@ -172,11 +179,8 @@ void add_vocab(const Ctx& c, Tokenizer::Impl& impl, const json& vocab, const std
   if (!vocab.is_object()) c.fail(field, "expected an object token -> id");
   const ByteAlphabet& ab = ByteAlphabet::get();
   int32_t max_id = -1;
-  for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-    if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0)
-      c.fail(field + "[\"" + it.key() + "\"]", "expected a non-negative integer id");
-    max_id = std::max(max_id, it.value().get<int32_t>());
-  }
+  for (auto it = vocab.begin(); it != vocab.end(); ++it)
+    max_id = std::max(max_id, c.id(it.value(), field + "[\"" + it.key() + "\"]"));
   impl.tokens.resize(max_id + 1);
   impl.bytes.resize(max_id + 1);
   impl.flags.resize(max_id + 1, 0);
@@ -228,8 +232,9 @@ std::unique_ptr<Tokenizer::Impl> load_tokenizer_json(const std::string& path) {
   const json& model = c.get(j, "model", "<root>");
   std::string mtype = model.contains("type") ? c.str(model, "type", "model") : "BPE";
   if (mtype != "BPE") c.fail("model.type", "unsupported model type '" + mtype + "' (only byte-level BPE)");
-  if (model.contains("dropout") && !model["dropout"].is_null() && model["dropout"].get<double>() > 0)
-    c.fail("model.dropout", "BPE dropout is not supported");
+  if (model.contains("dropout") && !model["dropout"].is_null() &&
+      (!model["dropout"].is_number() || model["dropout"].get<double>() != 0))
+    c.fail("model.dropout", "BPE dropout is not supported (got " + json_snippet(model["dropout"]) + ")");
   for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"})
     if (model.contains(k) && model[k].is_string() && !model[k].get<std::string>().empty())
       c.fail(std::string("model.") + k, "not supported for byte-level BPE");
@@ -243,7 +248,7 @@ std::unique_ptr<Tokenizer::Impl> load_tokenizer_json(const std::string& path) {
   parse_post(c, j.value("post_processor", json()), "post_processor", *impl);
 
   add_vocab(c, *impl, c.get(model, "vocab", "model"), "model.vocab");
-  const json& mj = c.get(model, "merges", "model");
+  const json& mj = c.list(model, "merges", "model");
   std::vector<std::pair<std::string, std::string>> merges;
   merges.reserve(mj.size());
   for (size_t r = 0; r < mj.size(); ++r) {
@@ -253,7 +258,7 @@ std::unique_ptr<Tokenizer::Impl> load_tokenizer_json(const std::string& path) {
       size_t sp = s.find(' ', 1);
       if (sp == std::string::npos) c.fail("model.merges[" + std::to_string(r) + "]", "expected 'a b'");
       merges.emplace_back(s.substr(0, sp), s.substr(sp + 1));
-    } else if (m.is_array() && m.size() == 2) {
+    } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
       merges.emplace_back(m[0].get<std::string>(), m[1].get<std::string>());
     } else {
       c.fail("model.merges[" + std::to_string(r) + "]", "expected 'a b' or [a, b]");
@@ -263,11 +268,12 @@ std::unique_ptr<Tokenizer::Impl> load_tokenizer_json(const std::string& path) {
 
   if (j.contains("added_tokens") && !j["added_tokens"].is_null()) {
     const json& at = j["added_tokens"];
+    if (!at.is_array()) c.fail("added_tokens", "expected an array, got " + json_snippet(at));
     for (size_t i = 0; i < at.size(); ++i) {
       std::string f = "added_tokens[" + std::to_string(i) + "]";
       const json& t = at[i];
       AddedToken a;
-      a.id = c.get(t, "id", f).get<int32_t>();
+      a.id = c.id(c.get(t, "id", f), f + ".id");
       a.content = c.str(t, "content", f);
       a.special = c.flag(t, "special", false);
       a.lstrip = c.flag(t, "lstrip", false);

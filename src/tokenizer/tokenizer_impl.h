@@ -56,6 +56,10 @@ struct Tokenizer::Impl {
 };
 
 namespace tok {
+// Token ids in a file must be below this: arrays are sized by the largest id, so one hostile
+// id (2^31 - 1) would otherwise allocate tens of GB. Real vocabularies stay under 300k.
+constexpr int64_t kMaxTokenId = int64_t(1) << 22;
+
 std::unique_ptr<Tokenizer::Impl> load_tokenizer_json(const std::string& path);
 std::unique_ptr<Tokenizer::Impl> load_gpt2(const std::string& encoder_json, const std::string& vocab_bpe);
 void load_tokenizer_config(const std::string& path, Tokenizer::Impl& impl);

@@ -4,11 +4,12 @@
 // compress_rates / partial_rotary_factor / rope_parameters {main, compress}.
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "core/check.h"
+#include "core/file.h"
+#include "core/json.h"
 #include "model/deepseek_v4/config.h"
 
 namespace deepinfer::model::v4 {
@@ -16,6 +17,14 @@ using json = nlohmann::json;
 
 namespace {
 constexpr const char* kArchitecture = "DeepseekV4ForCausalLM";
+// Upper bounds that no real checkpoint comes near (V4-Pro: vocab 129,280, hidden 7,168, 61
+// layers, 20 Sinkhorn iterations); they keep products of two dims inside int64 and stop a
+// hostile config from spinning (hc_sinkhorn_iters: 1e12) or allocating without end.
+constexpr int64_t kMaxDim = int64_t(1) << 24;
+constexpr int64_t kMaxLayers = 4096;
+constexpr int64_t kMaxMtpLayers = 64;
+constexpr int64_t kMaxSinkhornIters = 10000;
+constexpr int64_t kMaxFp8Block = 4096;
 
 // Typed field access that names the file and field in every error.
 class Fields {
@@ -23,7 +32,10 @@ class Fields {
   Fields(const json& j, std::string origin) : j_(j), origin_(std::move(origin)) {}
   const std::string& origin() const { return origin_; }
   bool has(const char* k) const { return j_.contains(k) && !j_[k].is_null(); }
-  const json& at(const char* k) const { return j_[k]; }
+  const json& at(const char* k) const {
+    if (!j_.contains(k)) DI_THROW(ConfigError, origin_, ": missing required field '", k, "'");
+    return j_[k];
+  }
 
   [[noreturn]] void fail(const std::string& field, const std::string& why) const {
     DI_THROW(ConfigError, origin_, ": field '", field, "': ", why);
@@ -36,30 +48,39 @@ class Fields {
   double get_double(const char* k, double dflt) const { return has(k) ? as_double(j_[k], k) : dflt; }
   bool get_bool(const char* k, bool dflt) const {
     if (!has(k)) return dflt;
-    if (!j_[k].is_boolean()) fail(k, "expected a boolean, got " + j_[k].dump());
+    if (!j_[k].is_boolean()) fail(k, "expected a boolean, got " + json_snippet(j_[k]));
     return j_[k].get<bool>();
   }
   std::string get_string(const char* k, const std::string& dflt) const {
     if (!has(k)) return dflt;
-    if (!j_[k].is_string()) fail(k, "expected a string, got " + j_[k].dump());
+    if (!j_[k].is_string()) fail(k, "expected a string, got " + json_snippet(j_[k]));
     return j_[k].get<std::string>();
   }
+  // Integers in int64 range only: an unsigned past 2^63 would wrap, and a float past 2^63
+  // cannot be converted at all.
   int64_t as_int(const json& v, const std::string& name) const {
+    if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX))
+      fail(name, "integer " + json_snippet(v) + " is out of range");
     if (v.is_number_integer()) return v.get<int64_t>();
     // JSON writers sometimes emit 4.0 for integers; accept exact integral floats only.
-    if (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>()) return int64_t(v.get<double>());
-    fail(name, "expected an integer, got " + v.dump());
+    if (v.is_number_float()) {
+      const double d = v.get<double>();
+      if (std::isfinite(d) && std::floor(d) == d && std::fabs(d) < 9.2e18) return int64_t(d);
+    }
+    fail(name, "expected an integer, got " + json_snippet(v));
   }
   double as_double(const json& v, const std::string& name) const {
-    if (!v.is_number()) fail(name, "expected a number, got " + v.dump());
-    return v.get<double>();
+    if (!v.is_number()) fail(name, "expected a number, got " + json_snippet(v));
+    const double d = v.get<double>();
+    if (!std::isfinite(d)) fail(name, "expected a finite number, got " + json_snippet(v));
+    return d;
   }
   const json& get_object(const char* k) const {
-    if (!j_[k].is_object()) fail(k, "expected an object, got " + j_[k].dump());
+    if (!at(k).is_object()) fail(k, "expected an object, got " + json_snippet(j_[k]));
     return j_[k];
   }
   const json& get_array(const char* k) const {
-    if (!j_[k].is_array()) fail(k, "expected an array, got " + j_[k].dump());
+    if (!at(k).is_array()) fail(k, "expected an array, got " + json_snippet(j_[k]));
     return j_[k];
   }
 
@@ -156,9 +177,12 @@ void parse_official(const Fields& f, DeepseekV4Config& c) {
   if (int64_t(ratios.size()) < c.num_layers)
     f.fail("compress_ratios", detail::str_cat("has ", ratios.size(), " entries, fewer than num_hidden_layers=",
                                                c.num_layers));
+  std::vector<int64_t> values;
   for (size_t i = 0; i < ratios.size(); ++i) {
     int64_t r = f.as_int(ratios[i], detail::str_cat("compress_ratios[", i, "]"));
-    if (r < 0 || r == 1) f.fail(detail::str_cat("compress_ratios[", i, "]"), detail::str_cat("invalid ratio ", r));
+    if (r < 0 || r == 1 || r > kMaxDim)
+      f.fail(detail::str_cat("compress_ratios[", i, "]"), detail::str_cat("invalid ratio ", r));
+    values.push_back(r);
     if (int64_t(i) < c.num_layers) {
       c.compress_ratio.push_back(r);
       c.layer_types.push_back(kind_for_ratio(r));
@@ -167,7 +191,7 @@ void parse_official(const Fields& f, DeepseekV4Config& c) {
   // Entries past num_layers belong to the MTP blocks (V4-Flash-0731 even has padding zeros).
   for (int64_t k = 0; k < c.num_mtp_layers; ++k) {
     size_t i = size_t(c.num_layers + k);
-    c.mtp_compress_ratio.push_back(i < ratios.size() ? ratios[i].get<int64_t>() : 0);
+    c.mtp_compress_ratio.push_back(i < values.size() ? values[i] : 0);
   }
   const int64_t n_hash = f.get_int("num_hash_layers", 0);
   if (n_hash < 0 || n_hash > c.num_layers)
@@ -180,13 +204,18 @@ void parse_official(const Fields& f, DeepseekV4Config& c) {
 
   if (f.has("quantization_config")) {
     const json& q = f.get_object("quantization_config");
-    std::string method = q.value("quant_method", "");
+    std::string method = q.contains("quant_method") && q["quant_method"].is_string()
+                             ? q["quant_method"].get<std::string>() : json_snippet(q.value("quant_method", json()));
     if (method != "fp8") f.fail("quantization_config.quant_method", "unsupported '" + method + "' (supported: fp8)");
     if (q.contains("weight_block_size")) {
       const json& b = q["weight_block_size"];
       if (!b.is_array() || b.size() != 2 || !b[0].is_number_integer() || b[0] != b[1])
-        f.fail("quantization_config.weight_block_size", "expected [b, b], got " + b.dump());
-      c.fp8_block = b[0].get<int64_t>();
+        f.fail("quantization_config.weight_block_size", "expected [b, b], got " + json_snippet(b));
+      c.fp8_block = f.as_int(b[0], "quantization_config.weight_block_size[0]");
+      // The loader divides by the block edge (scale shapes are ceil(dim / b)).
+      if (c.fp8_block <= 0 || c.fp8_block > kMaxFp8Block)
+        f.fail("quantization_config.weight_block_size",
+               detail::str_cat("block edge must be in [1, ", kMaxFp8Block, "], got ", json_snippet(b)));
     }
     if (q.contains("scale_fmt") && q["scale_fmt"].is_string()) c.scale_fmt = q["scale_fmt"].get<std::string>();
     c.dense_format = WeightFormat::kFP8Block;
@@ -218,7 +247,7 @@ void parse_transformers(const Fields& f, DeepseekV4Config& c) {
   if (int64_t(lt.size()) != c.num_layers)
     f.fail("layer_types", detail::str_cat("has ", lt.size(), " entries but num_hidden_layers is ", c.num_layers));
   for (size_t i = 0; i < lt.size(); ++i) {
-    std::string s = lt[i].is_string() ? lt[i].get<std::string>() : lt[i].dump();
+    std::string s = lt[i].is_string() ? lt[i].get<std::string>() : json_snippet(lt[i]);
     if (s == "sliding_attention") c.layer_types.push_back(AttnKind::kSliding), c.compress_ratio.push_back(0);
     else if (s == "compressed_sparse_attention") c.layer_types.push_back(AttnKind::kCSA), c.compress_ratio.push_back(rate_csa);
     else if (s == "heavily_compressed_attention") c.layer_types.push_back(AttnKind::kHCA), c.compress_ratio.push_back(rate_hca);
@@ -230,7 +259,7 @@ void parse_transformers(const Fields& f, DeepseekV4Config& c) {
     if (int64_t(mt.size()) != c.num_layers)
       f.fail("mlp_layer_types", detail::str_cat("has ", mt.size(), " entries but num_hidden_layers is ", c.num_layers));
     for (size_t i = 0; i < mt.size(); ++i) {
-      std::string s = mt[i].is_string() ? mt[i].get<std::string>() : mt[i].dump();
+      std::string s = mt[i].is_string() ? mt[i].get<std::string>() : json_snippet(mt[i]);
       if (s == "hash_moe") c.mlp_types.push_back(MlpKind::kHashMoE);
       else if (s == "moe") c.mlp_types.push_back(MlpKind::kMoE);
       else f.fail(detail::str_cat("mlp_layer_types[", i, "]"), "unknown MLP type " + s + "; expected hash_moe or moe");
@@ -242,6 +271,7 @@ void parse_transformers(const Fields& f, DeepseekV4Config& c) {
   // HF saves both partial_rotary_factor and the derived qk_rope_head_dim; they must agree.
   if (f.has("partial_rotary_factor")) {
     double prf = f.get_double("partial_rotary_factor", 0.125);
+    if (!(prf > 0 && prf <= 1)) f.fail("partial_rotary_factor", detail::str_cat("must be in (0, 1], got ", prf));
     c.rope_head_dim = int64_t(double(c.head_dim) * prf);
     if (f.has("qk_rope_head_dim") && f.get_int("qk_rope_head_dim") != c.rope_head_dim)
       f.fail("qk_rope_head_dim", detail::str_cat(f.get_int("qk_rope_head_dim"), " disagrees with head_dim*partial_rotary_factor = ",
@@ -286,6 +316,33 @@ void validate(const Fields& f, const DeepseekV4Config& c) {
   positive("moe_intermediate_size", c.moe_intermediate_size);
   positive("hc_mult", c.hc_mult);
   positive("hc_sinkhorn_iters", c.hc_sinkhorn_iters);
+  auto at_most = [&](const char* name, int64_t v, int64_t hi) {
+    if (v > hi) f.fail(name, detail::str_cat("must be <= ", hi, ", got ", v));
+  };
+  for (auto [name, v] : {std::pair<const char*, int64_t>{"vocab_size", c.vocab_size}, {"hidden_size", c.hidden_size},
+                         {"num_attention_heads", c.num_heads}, {"head_dim", c.head_dim}, {"q_lora_rank", c.q_lora_rank},
+                         {"o_groups", c.o_groups}, {"o_lora_rank", c.o_lora_rank}, {"sliding_window", c.sliding_window},
+                         {"n_routed_experts", c.n_routed_experts}, {"moe_intermediate_size", c.moe_intermediate_size},
+                         {"hc_mult", c.hc_mult}, {"index_n_heads", c.index_n_heads},
+                         {"index_head_dim", c.index_head_dim}, {"index_topk", c.index_topk}})
+    at_most(name, v, kMaxDim);
+  at_most("num_hidden_layers", c.num_layers, kMaxLayers);
+  at_most("num_nextn_predict_layers", c.num_mtp_layers, kMaxMtpLayers);
+  at_most("hc_sinkhorn_iters", c.hc_sinkhorn_iters, kMaxSinkhornIters);
+  if (c.max_position_embeddings < 0) f.fail("max_position_embeddings", "must be >= 0");
+  // Epsilons and rope bases enter divisions, logs and powers: <= 0 made every logit NaN.
+  auto positive_real = [&](const char* name, double v) {
+    if (!(v > 0)) f.fail(name, detail::str_cat("must be > 0, got ", v));
+  };
+  positive_real("rms_norm_eps", c.rms_norm_eps);
+  positive_real("hc_eps", c.hc_eps);
+  positive_real("rope_theta", c.rope.theta);
+  positive_real("compress_rope_theta", c.compress_rope.theta);
+  positive_real("routed_scaling_factor", c.routed_scaling_factor);
+  if (c.swiglu_limit < 0) f.fail("swiglu_limit", detail::str_cat("must be >= 0 (0 = no clamp), got ", c.swiglu_limit));
+  for (auto [name, id] : {std::pair<const char*, int64_t>{"bos_token_id", c.bos_token_id}, {"eos_token_id", c.eos_token_id}})
+    if (id < 0 || id >= c.vocab_size)
+      f.fail(name, detail::str_cat(id, " is not a token id in [0, vocab_size=", c.vocab_size, ")"));
   if (c.num_kv_heads != 1)
     f.fail("num_key_value_heads", detail::str_cat("must be 1 (one shared K=V head), got ", c.num_kv_heads));
   if (c.num_heads % c.o_groups != 0)
@@ -309,18 +366,15 @@ void validate(const Fields& f, const DeepseekV4Config& c) {
     if (c.rope_head_dim > c.index_head_dim)
       f.fail("index_head_dim", detail::str_cat(c.index_head_dim, " is smaller than the rope dims ", c.rope_head_dim));
   }
-  if (c.compress_rope.yarn && (c.compress_rope.factor <= 0 || c.compress_rope.original_max_position <= 0))
-    f.fail("rope_scaling", "yarn needs factor > 0 and original_max_position_embeddings > 0");
+  for (const RopeParams* r : {&c.rope, &c.compress_rope})
+    if (r->yarn && (!(r->factor > 0) || r->original_max_position <= 0 || !(r->beta_fast > 0) || !(r->beta_slow > 0)))
+      f.fail(r == &c.rope ? "rope_parameters.main" : "rope_scaling",
+             "yarn needs factor > 0, beta_fast > 0, beta_slow > 0 and original_max_position_embeddings > 0");
 }
 }  // namespace
 
 DeepseekV4Config DeepseekV4Config::from_json_string(const std::string& text, const std::string& origin) {
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {
-    DI_THROW(ConfigError, origin, ": not valid JSON: ", e.what());
-  }
+  const json j = parse_json_or_throw<ConfigError>(text, origin);
   if (!j.is_object()) DI_THROW(ConfigError, origin, ": top level is not a JSON object");
   Fields f(j, origin);
   DeepseekV4Config c;
@@ -340,11 +394,7 @@ DeepseekV4Config DeepseekV4Config::from_json_string(const std::string& text, con
 DeepseekV4Config DeepseekV4Config::from_file(const std::string& path) {
   std::string p = path;
   if (std::filesystem::is_directory(p)) p = (std::filesystem::path(p) / "config.json").string();
-  std::ifstream in(p);
-  if (!in) DI_THROW(ConfigError, p, ": cannot open config file");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return from_json_string(ss.str(), p);
+  return from_json_string(read_regular_file_or_throw<ConfigError>(p), p);
 }
 
 int64_t DeepseekV4Config::num_hash_layers() const {

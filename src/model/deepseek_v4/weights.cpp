@@ -12,6 +12,7 @@
 #include "core/logging.h"
 #include "io/safetensors.h"
 #include "model/deepseek_v4/weights.h"
+#include "model/weight_checks.h"
 
 namespace deepinfer::model::v4 {
 namespace {
@@ -316,6 +317,7 @@ DeepseekV4Weights DeepseekV4Weights::load(const std::string& dir, const Deepseek
 DeepseekV4Weights DeepseekV4Weights::load(const std::string& dir, const DeepseekV4Config& cfg,
                                           const LoadOptions& opts) {
   auto ck = std::make_shared<io::Checkpoint>(io::Checkpoint::open(dir, opts.progress));
+  check_finite_weights(*ck);  // NaN/Inf weights: an error naming the tensor, not NaN logits
   Loader ld(*ck, cfg);
   DeepseekV4Weights w;
   w.layout = ld.layout();

@@ -4,6 +4,9 @@
 // bench/structured_bench.py.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <random>
+
 #include <fstream>
 #include <iostream>
 
@@ -29,6 +32,21 @@ std::filesystem::path unpack_maskbench() {
   return out / "maskbench-dev";
 }
 
+json shuffle_keys(const json& v, std::mt19937& rng) {
+  if (v.is_array()) {
+    json out = json::array();
+    for (const auto& x : v) out.push_back(shuffle_keys(x, rng));
+    return out;
+  }
+  if (!v.is_object()) return v;
+  std::vector<std::string> keys;
+  for (auto it = v.begin(); it != v.end(); ++it) keys.push_back(it.key());
+  std::shuffle(keys.begin(), keys.end(), rng);
+  json out = json::object();
+  for (const auto& k : keys) out[k] = shuffle_keys(v[k], rng);
+  return out;
+}
+
 TEST(MaskBenchSample, CompiledSchemasAreExact) {
   auto dir = unpack_maskbench();
   if (dir.empty()) GTEST_SKIP() << "maskbench-dev.tar.gz not found under " << shared_dir();
@@ -36,8 +54,12 @@ TEST(MaskBenchSample, CompiledSchemasAreExact) {
   for (const auto& e : std::filesystem::directory_iterator(dir)) files.push_back(e.path());
   std::sort(files.begin(), files.end());
   GrammarCompiler compiler(byte_vocab());
-  int sampled = 0, compiled = 0, passed = 0, fa = 0, fr = 0;
-  for (size_t i = 0; i < files.size(); i += 29) {
+  int sampled = 0, compiled = 0, passed = 0, fa = 0, fr = 0, shuffled_fr = 0, shuffled_fa = 0;
+  // DEEPINFER_MASKBENCH_STRIDE=1 checks every schema (minutes; not in CI).
+  const char* stride_env = std::getenv("DEEPINFER_MASKBENCH_STRIDE");
+  const size_t stride = stride_env ? std::max(1, std::atoi(stride_env)) : 29;
+  std::mt19937 rng(5);
+  for (size_t i = 0; i < files.size(); i += stride) {
     ++sampled;
     std::ifstream in(files[i]);
     json doc = json::parse(in);
@@ -50,19 +72,29 @@ TEST(MaskBenchSample, CompiledSchemasAreExact) {
     ++compiled;
     bool ok = true;
     for (const auto& t : doc["tests"]) {
-      bool got = matches(g, t["data"].dump()), want = t["valid"].get<bool>();
-      if (got == want) continue;
-      ok = false;
-      (got ? fa : fr)++;
-      ADD_FAILURE() << files[i].filename().string() << ": " << t["data"].dump().substr(0, 300) << " expected "
-                    << (want ? "accept" : "reject");
+      const bool want = t["valid"].get<bool>();
+      // The instance as written, and with every object's keys shuffled (same validity: JSON
+      // Schema does not look at key order, and a model writes keys in the order it likes).
+      const json shuffled = shuffle_keys(t["data"], rng);
+      for (const json* inst : {&t["data"], &shuffled}) {
+        const bool got = matches(g, inst->dump());
+        if (got == want) continue;
+        ok = false;
+        if (inst == &shuffled) (got ? shuffled_fa : shuffled_fr)++;
+        else (got ? fa : fr)++;
+        ADD_FAILURE() << files[i].filename().string() << ": " << inst->dump().substr(0, 300) << " expected "
+                      << (want ? "accept" : "reject");
+      }
     }
     passed += ok;
   }
   std::cout << "[maskbench-sample] sampled " << sampled << " compiled " << compiled << " passed " << passed
-            << " false_accepts " << fa << " false_rejects " << fr << "\n";
+            << " false_accepts " << fa << " false_rejects " << fr << " shuffled_keys false_accepts " << shuffled_fa
+            << " false_rejects " << shuffled_fr << "\n";
   EXPECT_EQ(fa, 0);
   EXPECT_EQ(fr, 0);
+  EXPECT_EQ(shuffled_fa, 0);
+  EXPECT_EQ(shuffled_fr, 0);
 }
 
 }  // namespace
