@@ -7,6 +7,7 @@
 
 #include "core/check.h"
 #include "core/logging.h"
+#include "model/drafter.h"
 
 namespace deepinfer::engine {
 namespace {
@@ -58,14 +59,27 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<model::CausalLM> mode
     sc.max_model_len = cap;
   }
   sc.max_num_seqs = std::min(sc.max_num_seqs, g.num_slots);
+  sc.num_speculative_tokens = speculative_tokens(config_.num_speculative_tokens);
   model_->allocate_cache(g);
   cache_ = std::make_unique<KVCacheManager>(g);
   scheduler_ = std::make_unique<Scheduler>(sc, *cache_, model_->vocab_size());
-  runner_ = std::make_unique<ModelRunner>(*model_, RunnerOptions{.device_sampling = config_.device_sampling});
+  runner_ = std::make_unique<ModelRunner>(*model_, RunnerOptions{.device_sampling = config_.device_sampling,
+                                                                 .num_speculative_tokens = sc.num_speculative_tokens});
   outputs_ = std::make_unique<OutputProcessor>(codec_.get());
 }
 
 Engine::~Engine() = default;
+
+int32_t Engine::speculative_tokens(int32_t asked) const {
+  if (asked <= 0) return 0;
+  model::Drafter* d = model_->drafter();
+  if (!d) DI_THROW(InvalidArgument, "num_speculative_tokens=", asked, ": ", model_->describe(), " has no drafter");
+  int64_t n = std::min<int64_t>({asked, d->max_draft_tokens(), model_->max_rollback()});
+  if (n < asked)
+    DI_WARN("speculative decoding: ", asked, " drafts asked, ", n, " used (", d->describe(), " drafts at most ",
+            d->max_draft_tokens(), ", the model rolls back ", model_->max_rollback(), " positions)");
+  return int32_t(std::max<int64_t>(n, 0));
+}
 
 std::vector<int32_t> Engine::tokenize(const PromptInput& prompt) const {
   if (prompt.is_token_ids) return prompt.token_ids;
@@ -138,9 +152,9 @@ std::vector<RequestOutput> Engine::step() {
   if (plan.empty() && scheduler_->has_unfinished() && scheduler_->num_running() == 0)
     DI_THROW(InternalError, "scheduler made no progress with ", scheduler_->num_waiting(), " waiting sequences");
   ModelRunnerOutput result = runner_->execute(plan);
-  std::vector<SeqUpdate> updates = scheduler_->update(plan, result);
+  std::vector<StopEvent> stops = outputs_->scan_stops(result);
+  std::vector<SeqUpdate> updates = scheduler_->update(plan, result, stops);
   OutputProcessor::Result out = outputs_->process(updates, now_seconds());
-  for (int64_t id : out.stopped_seq_ids) scheduler_->finish(id, FinishReason::kStop);
   for (const RequestOutput& o : out.outputs)
     if (o.finished) request_seqs_.erase(o.request_id);
   return std::move(out.outputs);
@@ -152,7 +166,7 @@ std::vector<RequestOutput> Engine::abort(const std::string& request_id) {
   std::vector<SeqUpdate> updates;
   for (int64_t id : it->second) {
     if (!scheduler_->get(id)) continue;
-    scheduler_->finish(id, FinishReason::kAbort);
+    scheduler_->abort(id);
     SeqUpdate u;
     u.seq_id = id;
     u.finished = true;

@@ -1,7 +1,9 @@
 // Engine: one scheduling round per step(): Scheduler -> SchedulerOutput -> ModelRunner
-// (batched forward + sampling) -> ModelRunnerOutput -> Scheduler::update -> OutputProcessor.
-// Synchronous today; the messages are built so that the scheduler could plan step N+1 while
-// the runner executes step N (the runner keeps its own sequence state).
+// (batched forward + sampling + draft verification + drafting) -> ModelRunnerOutput ->
+// OutputProcessor::scan_stops -> Scheduler::update (the one place request state changes) ->
+// OutputProcessor::process. Synchronous today; the messages are built so that the scheduler
+// could plan step N+1 while the runner executes step N (the runner keeps its own sequence
+// state, and caches are released only after the step that last used them).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -27,6 +29,9 @@ struct EngineConfig {
   // Sample on the model's device when it keeps logits there (GPU model); LLM reads it from
   // DEEPINFER_DEVICE_SAMPLING (device_sampling_from_env).
   bool device_sampling = true;
+  // Drafts verified per sequence per step (speculative decoding); needs a model drafter and
+  // is capped by the drafter's max_draft_tokens() and the model's max_rollback(). 0 = off.
+  int32_t num_speculative_tokens = 0;
   // Per-request maxima (LLMConfig.max_n / max_logprobs): a request asking for more is refused
   // at admission, naming the field.
   int max_n = 1024;
@@ -70,6 +75,7 @@ class Engine {
 
  private:
   std::vector<int32_t> tokenize(const PromptInput& prompt) const;
+  int32_t speculative_tokens(int32_t asked) const;  // what the model's drafter and rollback allow
 
   EngineConfig config_;
   std::unique_ptr<model::CausalLM> model_;

@@ -47,6 +47,8 @@ class StructuredMatcher final : public GrammarMatcher {
   }
   bool accept_token(int32_t token) override { return m_.accept_token(token); }
   bool is_terminated() const override { return m_.is_terminated(); }
+  bool supports_rollback() const override { return true; }
+  void rollback(int32_t n) override { m_.rollback(n); }
 
  private:
   structured::GrammarMatcher m_;
