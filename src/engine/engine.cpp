@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
 #include <string>
 
 #include "core/check.h"
@@ -19,12 +18,9 @@ uint64_t splitmix(uint64_t x) {
 }
 }  // namespace
 
-bool device_sampling_from_env() {
-  const char* v = std::getenv("DEEPINFER_DEVICE_SAMPLING");
-  if (!v || !*v) return true;
-  const std::string s(v);
-  if (s != "0" && s != "1") DI_THROW(InvalidArgument, "DEEPINFER_DEVICE_SAMPLING must be 0 or 1, got '", s, "'");
-  return s == "1";
+model::ModelLimits model_limits_for(const LLMConfig& c, const EnvConfig& env) {
+  return {.max_num_seqs = c.max_num_seqs, .max_num_batched_tokens = c.max_num_batched_tokens,
+          .max_model_len = c.max_model_len, .max_rollback = env.max_rollback()};
 }
 
 double now_seconds() {
@@ -44,6 +40,7 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<model::CausalLM> mode
                std::unique_ptr<GrammarCompiler> grammar)
     : config_(config), model_(std::move(model)), codec_(std::move(codec)), grammar_(std::move(grammar)) {
   DI_CHECK(model_, "Engine needs a model");
+  check_env_knobs(config_.env, {.model_has_drafter = model_->drafter() != nullptr, .model = model_->describe()});
   SchedulerConfig& sc = config_.scheduler;
   if (sc.max_model_len <= 0 || sc.max_model_len > model_->max_model_len()) sc.max_model_len = model_->max_model_len();
   if (config_.kv_cache_memory_bytes == 0)
@@ -61,7 +58,7 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<model::CausalLM> mode
   sc.max_num_seqs = std::min(sc.max_num_seqs, g.num_slots);
   sc.num_speculative_tokens = speculative_tokens(config_.num_speculative_tokens);
   model_->allocate_cache(g);
-  cache_ = std::make_unique<KVCacheManager>(g);
+  cache_ = std::make_unique<KVCacheManager>(g, block_hash_seed(cache_identity()));
   scheduler_ = std::make_unique<Scheduler>(sc, *cache_, model_->vocab_size());
   runner_ = std::make_unique<ModelRunner>(*model_, RunnerOptions{.device_sampling = config_.device_sampling,
                                                                  .num_speculative_tokens = sc.num_speculative_tokens});
@@ -70,9 +67,18 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<model::CausalLM> mode
 
 Engine::~Engine() = default;
 
+std::string Engine::cache_identity() const {
+  // Prefill mode: V4.1's bounded replay (its truncation mode and keep length) leaves different
+  // cache contents for the same tokens, so it is part of the identity.
+  const EnvConfig& e = config_.env;
+  return detail::str_cat(config_.model_identity, "\n", model_->describe(), "\nprefill ",
+                         e.yoco_truncation_mode.value_or("full"), "/", e.yoco_keep_tokens.value_or(-1));
+}
+
 int32_t Engine::speculative_tokens(int32_t asked) const {
-  if (asked <= 0) return 0;
   model::Drafter* d = model_->drafter();
+  if (asked < 0) asked = config_.env.use_nextn_decode.value_or(d ? kDefaultNextnDecode : 0);
+  if (asked == 0) return 0;
   if (!d) DI_THROW(InvalidArgument, "num_speculative_tokens=", asked, ": ", model_->describe(), " has no drafter");
   int64_t n = std::min<int64_t>({asked, d->max_draft_tokens(), model_->max_rollback()});
   if (n < asked)

@@ -30,7 +30,8 @@ void fill_logits(const ToyModelConfig& c, uint64_t hash, const int32_t* window, 
 }  // namespace
 
 std::string ToyModel::describe() const {
-  return detail::str_cat("ToyModel(vocab=", cfg_.vocab_size, ", max_model_len=", cfg_.max_model_len, ", cpu)");
+  return detail::str_cat("ToyModel(vocab=", cfg_.vocab_size, ", max_model_len=", cfg_.max_model_len,
+                         ", max_rollback ", cfg_.max_rollback, ", cpu)");
 }
 
 kv::CacheGeometry ToyModel::plan_cache(size_t budget_bytes, int64_t max_slots) const {
