@@ -182,10 +182,24 @@ DeepseekV4Weights DeepseekV4Weights::load(const std::string& dir, const Deepseek
 
 namespace {
 // Routed experts of layers stored the transformers way (fused gate_up_proj [E, 2I, D], down_proj
-// [E, D, I]): per-expert views sliced from them, keyed by layer.
+// [E, D, I]): per-expert views sliced from them, keyed by layer, fetched when the layer's first
+// expert entry is met (so tensors listed earlier report their own errors first).
 struct HfExperts {
+  bool checked = false;
   Tensor gate_up, down;
 };
+
+const HfExperts& hf_experts(Loader& ld, const DeepseekV4Config& cfg, int32_t layer, std::vector<HfExperts>& hf) {
+  HfExperts& x = hf[size_t(layer)];
+  if (x.checked) return x;
+  x.checked = true;
+  const int64_t E = cfg.n_routed_experts, I = cfg.moe_intermediate_size, D = cfg.hidden_size;
+  const std::string f = "layers." + std::to_string(layer) + ".mlp.";
+  if (!ld.has("", f + "experts.gate_up_proj")) return x;
+  x.gate_up = ld.get("", f + "experts.gate_up_proj", kFloat, {E, 2 * I, D});
+  x.down = ld.get("", f + "experts.down_proj", kFloat, {E, D, I});
+  return x;
+}
 
 void load_entry(Loader& ld, const TensorEntry& e, const DeepseekV4Config& cfg, std::vector<HfExperts>& hf,
                 DeepseekV4Weights& w) {
@@ -195,7 +209,8 @@ void load_entry(Loader& ld, const TensorEntry& e, const DeepseekV4Config& cfg, s
       *p.t = w.embed;
       continue;
     }
-    if (e.role == LinearRole::kExpert && e.layer >= 0 && size_t(e.layer) < hf.size() && hf[size_t(e.layer)].down.defined()) {
+    if (e.role == LinearRole::kExpert && e.layer >= 0 && size_t(e.layer) < hf.size() &&
+        hf_experts(ld, cfg, e.layer, hf).down.defined()) {
       const HfExperts& x = hf[size_t(e.layer)];
       const int64_t I = cfg.moe_intermediate_size;
       Tensor src = e.expert_w13 ? x.gate_up.select(0, e.expert) : x.down.select(0, e.expert);
@@ -240,13 +255,6 @@ DeepseekV4Weights DeepseekV4Weights::load(const std::string& dir, const Deepseek
   const ModelPlan plan = v4_plan(cfg, {.num_mtp = num_mtp});
   const TensorTable table = v4_tensor_table(cfg, plan, &w, nullptr);
   std::vector<HfExperts> hf(size_t(cfg.num_layers));
-  const int64_t E = cfg.n_routed_experts, I = cfg.moe_intermediate_size, D = cfg.hidden_size;
-  for (int64_t l = 0; l < cfg.num_layers; ++l) {
-    const std::string f = "layers." + std::to_string(l) + ".mlp.";
-    if (!ld.has("", f + "experts.gate_up_proj")) continue;
-    hf[size_t(l)].gate_up = ld.get("", f + "experts.gate_up_proj", kFloat, {E, 2 * I, D});
-    hf[size_t(l)].down = ld.get("", f + "experts.down_proj", kFloat, {E, D, I});
-  }
   for (const TensorEntry& e : table.entries) load_entry(ld, e, cfg, hf, w);
   // Config/checkpoint agreement on quantisation is advisory: kernels follow Linear::format.
   const Linear& probe = w.layers[0].attn.wq_a;

@@ -112,9 +112,9 @@ std::unique_ptr<DeepseekV4CudaModel> DeepseekV4CudaModel::load(const std::string
   };
   auto be = std::make_unique<CudaBackend>(arch, plan.cache_specs, std::move(store), o, mem, std::move(fp8),
                                           std::move(stream));
-  ds::ModelInfo info = v4_model_info(cfg);  // before cfg moves into the model
+  ds::ModelInfo model_info = v4_model_info(cfg);  // before cfg moves into the model
   return std::unique_ptr<DeepseekV4CudaModel>(new DeepseekV4CudaModel(
-      std::move(info), std::move(arch), plan.cache_specs, std::move(be), w.keepalive, std::move(cfg)));
+      std::move(model_info), std::move(arch), plan.cache_specs, std::move(be), w.keepalive, std::move(cfg)));
 }
 
 CudaModelOptions engine_cuda_options(const ModelLoadOptions& l) {
