@@ -58,7 +58,7 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<model::CausalLM> mode
   sc.max_num_seqs = std::min(sc.max_num_seqs, g.num_slots);
   sc.num_speculative_tokens = speculative_tokens(config_.num_speculative_tokens);
   model_->allocate_cache(g);
-  cache_ = std::make_unique<KVCacheManager>(g);
+  cache_ = std::make_unique<KVCacheManager>(g, block_hash_seed(cache_identity()));
   scheduler_ = std::make_unique<Scheduler>(sc, *cache_, model_->vocab_size());
   runner_ = std::make_unique<ModelRunner>(*model_, RunnerOptions{.device_sampling = config_.device_sampling,
                                                                  .num_speculative_tokens = sc.num_speculative_tokens});
@@ -66,6 +66,14 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<model::CausalLM> mode
 }
 
 Engine::~Engine() = default;
+
+std::string Engine::cache_identity() const {
+  // Prefill mode: V4.1's bounded replay (its truncation mode and keep length) leaves different
+  // cache contents for the same tokens, so it is part of the identity.
+  const EnvConfig& e = config_.env;
+  return detail::str_cat(config_.model_identity, "\n", model_->describe(), "\nprefill ",
+                         e.yoco_truncation_mode.value_or("full"), "/", e.yoco_keep_tokens.value_or(-1));
+}
 
 int32_t Engine::speculative_tokens(int32_t asked) const {
   model::Drafter* d = model_->drafter();

@@ -30,6 +30,10 @@ struct EngineConfig {
   // The environment knobs as read once (LLM: EnvConfig::from_environment()). The engine refuses,
   // naming them, the knobs whose feature is not built (check_env_knobs).
   EnvConfig env;
+  // What identifies the weights (LLM: the resolved checkpoint path). With the model's
+  // describe() (architecture, backend, numerics) and the prefill mode it seeds the cache's
+  // block-hash chains, so blocks of different models or numerics never share a hash.
+  std::string model_identity;
   // Sample on the model's device when it keeps logits there (GPU model); LLM sets it from
   // DEEPINFER_DEVICE_SAMPLING.
   bool device_sampling = true;
@@ -82,6 +86,7 @@ class Engine {
  private:
   std::vector<int32_t> tokenize(const PromptInput& prompt) const;
   int32_t speculative_tokens(int32_t asked) const;  // what the model's drafter and rollback allow
+  std::string cache_identity() const;               // seeds the cache's block hashes
 
   EngineConfig config_;
   std::unique_ptr<model::CausalLM> model_;

@@ -88,6 +88,7 @@ LLM::LLM(const LLMConfig& config) : impl_(std::make_unique<Impl>()) {
   ec.kv_cache_memory_bytes = config.kv_cache_memory_bytes;  // 0 = auto_cache_budget
   ec.seed = config.seed;
   ec.env = impl_->env;
+  ec.model_identity = path;
   ec.device_sampling = impl_->env.device_sampling;
   if (config.max_n < 1) DI_THROW(InvalidArgument, "LLMConfig.max_n must be >= 1, got ", config.max_n);
   if (config.max_logprobs < 0) DI_THROW(InvalidArgument, "LLMConfig.max_logprobs must be >= 0, got ", config.max_logprobs);

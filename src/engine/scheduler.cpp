@@ -282,6 +282,9 @@ std::vector<SeqUpdate> Scheduler::update(const SchedulerOutput& out, const Model
         if (auto d = drafts.find(r.seq_id); d != drafts.end()) r.draft_tokens = d->second->tokens;
       }
     }
+    // Blocks now full of computed tokens get their content hash (prefix reuse finds them by it).
+    if (r.status == RequestStatus::kRunning)
+      cache_.hash_full_blocks(r.seq_id, *r.prompt_ids, r.output_ids, r.num_computed_tokens);
     updates.push_back(std::move(u));
   }
   for (const SeqUpdate& u : updates)

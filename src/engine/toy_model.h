@@ -31,6 +31,7 @@ struct ToyModelConfig {
   int64_t block_tokens = 16;
   uint64_t weights_seed = 1;
   int64_t max_rollback = 0;  // positions a slot can roll back
+  int64_t eos_token_id = 1;  // tests may pick a frequent token to end sequences inside a run
 };
 
 // The toy's state after a position: what its hidden row carries.
@@ -46,7 +47,7 @@ class ToyModel final : public model::CausalLM {
   explicit ToyModel(const ToyModelConfig& config = {}) : cfg_(config) {}
   int64_t vocab_size() const override { return cfg_.vocab_size; }
   int64_t max_model_len() const override { return cfg_.max_model_len; }
-  int64_t eos_token_id() const override { return 1; }
+  int64_t eos_token_id() const override { return cfg_.eos_token_id; }
   int64_t bos_token_id() const override { return 0; }
   std::string describe() const override;
   kv::CacheGeometry plan_cache(size_t budget_bytes, int64_t max_slots) const override;

@@ -48,6 +48,7 @@ struct SpecSetup {
   size_t cache_bytes = 0;      // 0 = auto
   int32_t drafts = 0;          // 0 = plain decoding
   ToyAcceptPattern pattern = [](int64_t) { return kL; };
+  int64_t eos_token_id = 1;
 };
 
 struct SpecRun {
@@ -63,6 +64,7 @@ SpecRun run_all(const SpecSetup& s, const std::vector<std::vector<int32_t>>& pro
         bool with_grammar = false) {
   ToyModelConfig tc;
   tc.max_rollback = kL + 1;
+  tc.eos_token_id = s.eos_token_id;
   auto model = std::make_unique<ToyModel>(tc);
   ToyModel* toy = model.get();
   auto drafter = std::make_unique<ToyDrafter>(tc, kL, s.pattern);
@@ -271,14 +273,22 @@ TEST(SpecDecode, StopsInsideAcceptedRun) {
   SamplingParams short_len = greedy(11);
   SamplingParams min_tok = stop_id;
   min_tok.min_tokens = 20;  // the stop id is masked until then
-  for (const SamplingParams& p : {stop_id, stop_str, short_len, min_tok}) {
-    const SpecRun plain = run_all({}, prompts, {p});
+  SamplingParams eos = greedy(60);
+  eos.ignore_eos = false;
+  int k = 0;
+  for (const SamplingParams& p : {stop_id, stop_str, short_len, min_tok, eos}) {
+    SpecSetup plain_setup;
+    if (k++ == 4) plain_setup.eos_token_id = toks[17];  // a token the greedy drafts propose
+    const SpecRun plain = run_all(plain_setup, prompts, {p});
     for (int32_t a : {1, kL}) {
-      SpecSetup s;
+      SpecSetup s = plain_setup;
       s.drafts = kL;
       s.pattern = [a](int64_t) { return a; };
-      expect_same(plain, run_all(s, prompts, {p}), "accept " + std::to_string(a));
+      const SpecRun spec = run_all(s, prompts, {p});
+      expect_same(plain, spec, "case " + std::to_string(k - 1) + ", accept " + std::to_string(a));
+      if (a == kL) EXPECT_GT(spec.stats.num_accepted_drafts, 0);
     }
+    if (k == 5) EXPECT_EQ(plain.out.at("0").outputs[0].stop_token_id, toks[17]) << "EOS ended request 0";
   }
   const SpecRun with_stop = run_all({}, prompts, {stop_str});
   EXPECT_EQ(with_stop.out.at("0").outputs[0].finish_reason, "stop");
@@ -302,6 +312,7 @@ TEST(SpecDecode, GrammarIdenticalWithDrafts) {
     s.pattern = [a](int64_t) { return a; };
     const SpecRun spec = run_all(s, prompts, {p, s2}, true);
     expect_same(plain, spec, "grammar, accept " + std::to_string(a));
+    if (a > 0) EXPECT_GT(spec.stats.num_accepted_drafts, 0) << "drafts inside the grammar are verified";
   }
 }
 
