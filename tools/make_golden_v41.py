@@ -10,6 +10,7 @@ on CPU, fp32, eager attention, one thread, with fixed seeds. Per tiny config (go
                     logits_<seq>.npy, meta.json
   v41_<x>_release/  the same weights in the release layout (composite config.json, FP8 32x32 /
                     FP4 shards + index), the same inputs, logits and sidecar, meta.json
+  v41_qat/          the reference's QAT round trips on edge-case and random rows (golden_lib/v41qat.py)
 Logits are ONE cache-path call per sequence. Each sequence is drawn, then redrawn until the
 reference's chunked / prefill+decode / token-by-token paths agree with it to 1e-4 and no top-k
 boundary is near a tie (golden_lib/v41checks.py); meta.json records every rejected draw.
@@ -27,7 +28,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from golden_lib import v41checks, v41configs, v41engram, v41ref, v41release, v41weights  # noqa: E402
+from golden_lib import v41checks, v41configs, v41engram, v41qat, v41ref, v41release, v41weights  # noqa: E402
 
 REF_COMMIT = "0a2080b43eb64e6d448186a4f3f0bc9c618f4797"
 FIXTURES = {"a": ("v41_a", v41configs.TINY_A, 11), "b": ("v41_b", v41configs.TINY_B, 23)}
@@ -129,14 +130,17 @@ def summary(out: Path) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=Path("tests/data/golden"))
-    ap.add_argument("--only", default="a,b", help="comma list of fixtures (a, b)")
+    ap.add_argument("--only", default="a,b,qat", help="comma list of fixtures (a, b, qat)")
     ap.add_argument("--max-attempts", type=int, default=40)
     args = ap.parse_args()
     v41ref.load()
     torch.set_num_threads(1)   # also makes every path's summation order reproducible run to run
     t0 = time.time()
     for key in args.only.split(","):
-        build_fixture(args.out, key, args.max_attempts)
+        if key == "qat":
+            v41qat.build(args.out)
+        else:
+            build_fixture(args.out, key, args.max_attempts)
     summary(args.out)
     print(f"done in {time.time() - t0:.0f} s")
     return 0
