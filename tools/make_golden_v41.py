@@ -6,11 +6,12 @@
 Runs the V4.1 reference (transformers' deepseek_v41 at 0a2080b, set up as docs/MODEL-V41.md says)
 on CPU, fp32, eager attention, one thread, with fixed seeds. Per tiny config (golden_lib/v41configs):
   v41_<x>/          transformers layout as save_pretrained writes it (flat deepseek_v41_text
-                    config.json, model.safetensors), engram_classes.json, inputs.json,
+                    config.json, model.safetensors), engram_sidecar.json, inputs.json,
                     logits_<seq>.npy, meta.json
   v41_<x>_release/  the same weights in the release layout (composite config.json, FP8 32x32 /
                     FP4 shards + index), the same inputs, logits and sidecar, meta.json
   v41_qat/          the reference's QAT round trips on edge-case and random rows (golden_lib/v41qat.py)
+  v41_engram/       the reference's Engram row ids on random token streams (golden_lib/v41hash.py)
 Logits are ONE cache-path call per sequence. Each sequence is drawn, then redrawn until the
 reference's chunked / prefill+decode / token-by-token paths agree with it to 1e-4 and no top-k
 boundary is near a tie (golden_lib/v41checks.py); meta.json records every rejected draw.
@@ -28,11 +29,17 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from golden_lib import v41checks, v41configs, v41engram, v41qat, v41ref, v41release, v41weights  # noqa: E402
+from golden_lib import v41checks, v41configs, v41engram, v41hash, v41qat, v41ref, v41release, v41weights  # noqa: E402
 
 REF_COMMIT = "0a2080b43eb64e6d448186a4f3f0bc9c618f4797"
 FIXTURES = {"a": ("v41_a", v41configs.TINY_A, 11), "b": ("v41_b", v41configs.TINY_B, 23)}
 SEQ_LENS = {"t1": 1, "t9": 9, "t37": 37, "t161": 161}
+
+
+def write_sidecar(d: Path, spec: dict) -> None:
+    c = spec["engram_compressed_vocab_size"]
+    v41engram.write(d / v41engram.FILE_NAME, v41engram.synthetic(spec["vocab_size"], c),
+                    f"synthetic: class(t) = t mod {c}", None, spec["engram_layer_ids"], spec["engram_max_ngram_size"])
 
 
 def pick_sequence(model, spec: dict, seed: int, t: int, max_attempts: int) -> tuple[list[int], torch.Tensor, dict]:
@@ -65,8 +72,7 @@ def build_fixture(out: Path, key: str, max_attempts: int) -> None:
     cfg = loaded.config
     print(f"[{name}] seed={seed} roles: {v41configs.roles(spec)} "
           f"params={sum(p.numel() for p in loaded.parameters())} engram rows {cfg.engram_num_embeddings}")
-    v41engram.write(d / v41engram.FILE_NAME, v41engram.synthetic(spec["vocab_size"], spec["engram_compressed_vocab_size"]),
-                    f"synthetic: class(t) = t mod {spec['engram_compressed_vocab_size']}", None)
+    write_sidecar(d, spec)
     inputs, checks = {}, {}
     clamp = v41checks.ClampMonitor(loaded)
     for label, t in SEQ_LENS.items():
@@ -130,7 +136,7 @@ def summary(out: Path) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=Path("tests/data/golden"))
-    ap.add_argument("--only", default="a,b,qat", help="comma list of fixtures (a, b, qat)")
+    ap.add_argument("--only", default="a,b,qat,engram", help="comma list of fixtures (a, b, qat, engram, sidecars)")
     ap.add_argument("--max-attempts", type=int, default=40)
     args = ap.parse_args()
     v41ref.load()
@@ -139,6 +145,12 @@ def main() -> int:
     for key in args.only.split(","):
         if key == "qat":
             v41qat.build(args.out)
+        elif key == "engram":
+            v41hash.build(args.out)
+        elif key == "sidecars":   # rewrite only the sidecars of existing fixtures
+            for name, spec, _ in FIXTURES.values():
+                for d in (args.out / name, args.out / f"{name}_release"):
+                    write_sidecar(d, spec)
         else:
             build_fixture(args.out, key, args.max_attempts)
     summary(args.out)

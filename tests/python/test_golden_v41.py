@@ -97,7 +97,7 @@ def test_sizes_and_files(name):
     for d in (fixture(name), fixture(name + "_release")):
         total = sum(p.stat().st_size for p in d.iterdir() if p.is_file())
         assert total < MAX_FIXTURE_BYTES, (d.name, total)
-        for f in ["config.json", "inputs.json", "meta.json", "engram_classes.json"] + [f"logits_{s}.npy" for s in SEQS]:
+        for f in ["config.json", "inputs.json", "meta.json", "engram_sidecar.json"] + [f"logits_{s}.npy" for s in SEQS]:
             assert (d / f).is_file(), (d.name, f)
 
 
@@ -160,8 +160,10 @@ def test_inputs_logits_classes(name):
         assert logits.dtype == np.float32 and logits.shape == (len(ids), cfg["vocab_size"])
         assert np.isfinite(logits).all() and logits.std() > 0.1
         assert np.array_equal(logits, np.load(fixture(name + "_release") / f"logits_{seq}.npy"))
-    side = json.loads((d / "engram_classes.json").read_text())
-    assert side["format"] == "deepinfer.engram_classes" and side["version"] == 1
+    side = json.loads((d / "engram_sidecar.json").read_text())
+    assert side["format"] == "deepinfer.engram_sidecar" and side["version"] == 1
+    assert side["max_ngram_size"] == cfg["engram_max_ngram_size"]
+    assert [m["layer"] for m in side["multipliers"]] == cfg["engram_layer_ids"]
     assert side["num_ids"] == cfg["vocab_size"] and side["num_classes"] == cfg["engram_compressed_vocab_size"]
     assert side["classes"] == [t % side["num_classes"] for t in range(cfg["vocab_size"])]
 

@@ -6,6 +6,7 @@
 #include "core/check.h"
 #include "model/deepseek_v41/config.h"
 #include "model/deepseek_v41/config_fields.h"
+#include "model/deepseek_v41/engram.h"
 
 namespace deepinfer::model::v41 {
 namespace {
@@ -79,6 +80,17 @@ void check_engram(const config_detail::Fields& t, const DeepseekV41Config& c) {
                                                            e.compressed_vocab_size));
   if (e.pad_id < 0 || e.pad_id >= c.vocab_size)
     t.fail("engram_pad_token_id", detail::str_cat(e.pad_id, " is not a token id in [0, vocab_size=", c.vocab_size, ")"));
+  // A table's rows are its buckets: the sum of the layer's primes (engram.h).
+  const auto primes = engram_primes(e);
+  for (size_t i = 0; i < primes.size(); ++i) {
+    int64_t rows = 0;
+    for (int64_t p : primes[i]) rows += p;
+    if (rows != e.num_embeddings[i])
+      t.fail(detail::str_cat("engram_num_embeddings[", i, "]"),
+             detail::str_cat(e.num_embeddings[i], " != ", rows, ", the sum of layer ", e.layer_ids[i],
+                             "'s bucket primes (engram_vocab_size ", e.vocab_size, ", ", e.max_ngram_size, "-grams x ",
+                             e.n_heads, " heads)"));
+  }
 }
 
 void check_dspark(const config_detail::Fields& t, const DeepseekV41Config& c) {
