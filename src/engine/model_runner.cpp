@@ -232,7 +232,11 @@ ModelRunnerOutput ModelRunner::execute(const SchedulerOutput& out) {
   apply_state_changes(out);
   ModelRunnerOutput result;
   result.step_id = out.step_id;
-  if (out.empty()) return result;
+  if (out.empty()) {
+    // Expert-parallel peers wait for this rank's all-to-alls: an empty forward joins them.
+    if (model_.joins_collectives()) model_.run(model::ForwardBatch{}, {});
+    return result;
+  }
   std::vector<SeqSlice> slices;
   std::vector<int64_t> sample_logits_rows;  // [sampling rows] row of the forward's logits
   std::vector<PromptRows> prompt_rows;

@@ -115,6 +115,11 @@ class CausalLM {
     return run(batch, {.logits_on_device = true, .hidden_to_host = false}).device_logits;
   }
 
+  // True when run() takes part in collectives with other ranks (expert parallelism): the engine
+  // then calls run() every step, with an empty batch when it has nothing to schedule, so that the
+  // ranks' collectives pair up.
+  virtual bool joins_collectives() const { return false; }
+
   // Positions a slot can roll back (see the contract above); 0 = no rollback.
   virtual int64_t max_rollback() const { return 0; }
   // The sequence in `slot` goes back from `num_tokens` cached positions to `keep`. Throws

@@ -242,6 +242,9 @@ class ModelBackend : public Backend {
   virtual std::string describe() const = 0;           // "cpu fp32", "cuda bf16 (production) on H200", ...
   virtual const ModelRef& weights() const = 0;
   virtual bool logits_on_device() const { return false; }  // CausalLM::supports_device_logits
+  // The forward takes part in collectives (expert parallelism): every rank must run every step,
+  // also with an empty batch (CausalLM::joins_collectives).
+  virtual bool joins_collectives() const { return false; }
 
   // Cache storage for the model's layer specs (fixed at construction).
   virtual kv::CacheGeometry plan_cache(size_t budget_bytes, int64_t max_slots) const = 0;

@@ -9,6 +9,7 @@
 
 #include "kv/kv_cache.h"
 #include "model/deepseek/backend.h"
+#include "model/deepseek/expert_parallel.h"
 #include "model/deepseek/forward.h"
 #include "ops/cpu/gemm.h"
 
@@ -43,6 +44,13 @@ class CpuBackend final : public ModelBackend {
   ForwardOutput end_step(const ForwardOptions& options, int64_t rows, int64_t hidden_rows) override;
   const float* stage_hidden(const HiddenRows& rows, const RowRanges& ranges) override;
   kv::KvCache& cache() { return cache_; }
+  bool joins_collectives() const override { return ep_ != nullptr; }
+  // Main layers' routed experts run expert-parallel over `ep` from now on (between steps only).
+  // The store must hold every expert a rank's slots name (prepare_cpu's expert filter).
+  void set_expert_parallel(std::shared_ptr<ExpertParallel> ep);
+  ExpertParallel* expert_parallel() { return ep_.get(); }
+  // Replaces a main layer's routed-expert weights (EPLB rearrangement brings new local experts).
+  CpuWeightStore& weight_store() { return *store_; }
 
   // ---- Backend ----
   DType act() const override { return DType::kF32; }
@@ -87,6 +95,12 @@ class CpuBackend final : public ModelBackend {
   // MoE dispatch state: (token, k) pairs grouped by expert, their gathered rows and outputs.
   std::vector<int64_t> moe_start_, moe_pairs_;
   std::vector<float> moe_x_, moe_g_, moe_u_, moe_out_;
+  // Expert parallelism (null: every expert local).
+  std::shared_ptr<ExpertParallel> ep_;
+  bool ep_step_ = false;            // this layer's dispatch went through ep_
+  std::vector<float> ep_out_;       // outputs of the received rows, arrival order
+  void ep_experts(const MoeRef& M);
+  void ep_combine();
 };
 
 }  // namespace deepinfer::model::ds

@@ -1,0 +1,164 @@
+// Expert parallelism on CPU ranks (threads of this process, one gloo group, one model each): every
+// rank runs its own sequence in its own chunks (attention data parallelism), with steps where a
+// rank has no tokens at all, while the routed experts of the main layers are sharded across the
+// ranks. Each rank's logits must equal its sequence run alone on one rank: to the CPU's GEMM
+// tolerance (an expert now sees other ranks' rows too, so its GEMMs have another M) with the same
+// greedy tokens.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <thread>
+
+#include "golden.h"
+#include "model/deepseek/cpu/cpu_backend.h"
+#include "model/deepseek/expert_parallel.h"
+#include "model/deepseek_v4/model.h"
+#include "model/sequence_runner.h"
+#include "parallel/gloo_group.h"
+#include "parallel/launcher.h"
+
+namespace deepinfer::testing {
+namespace {
+using model::ds::ExpertParallel;
+
+struct RankWork {
+  std::vector<int32_t> ids;
+  std::vector<int64_t> chunks;     // per lockstep step; 0 = this rank has no tokens that step
+  std::vector<float> logits;       // [ids, V]
+};
+
+std::unique_ptr<model::v4::DeepseekV4Model> load(const std::string& dir) {
+  auto m = model::v4::DeepseekV4Model::load(dir, {.max_rollback = 5});
+  m->allocate_cache_for(2, 512);
+  return m;
+}
+
+// Runs every rank's chunks in lockstep: step s runs chunks[s] tokens of the rank's sequence (an
+// empty batch when 0).
+void run_rank(model::CausalLM& m, const kv::CacheGeometry& g, RankWork& w) {
+  const int64_t V = m.vocab_size();
+  m.reset_slot(0);
+  model::SeqInBatch seq{.cache_slot = 0, .block_table = model::slot_block_table(g, 0)};
+  w.logits.assign(w.ids.size() * size_t(V), 0.f);
+  int64_t done = 0;
+  for (int64_t c : w.chunks) {
+    model::ForwardBatch b;
+    if (c > 0) {
+      b.token_ids.assign(w.ids.begin() + done, w.ids.begin() + done + c);
+      seq.num_computed_tokens = done;
+      seq.num_new_tokens = int32_t(c);
+      b.seqs = {seq};
+      for (int64_t i = 0; i < c; ++i) b.logits_indices.push_back(int32_t(i));
+    }
+    model::ForwardOutput o = m.run(b, {});
+    if (c > 0) std::copy_n(o.logits.data<float>(), c * V, w.logits.data() + done * V);
+    done += c;
+  }
+  ASSERT_EQ(done, int64_t(w.ids.size()));
+}
+
+void expect_close(const std::vector<float>& a, const std::vector<float>& b, int64_t V, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  float scale = 0.f, diff = 0.f;
+  int64_t flips = 0;
+  const int64_t rows = int64_t(a.size()) / V;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* x = a.data() + r * V;
+    const float* y = b.data() + r * V;
+    for (int64_t v = 0; v < V; ++v) scale = std::max(scale, std::fabs(x[v])), diff = std::max(diff, std::fabs(x[v] - y[v]));
+    flips += (std::max_element(x, x + V) - x) != (std::max_element(y, y + V) - y);
+  }
+  std::printf("[expert-parallel] %s: max|d| %.3g (rel %.3g), argmax flips %lld/%lld\n", what.c_str(), diff,
+              diff / std::max(scale, 1e-30f), (long long)flips, (long long)rows);
+  EXPECT_LE(diff, 1e-5f * std::max(scale, 1.f)) << what;
+  EXPECT_EQ(flips, 0) << what;
+}
+
+class ExpertParallelCpu : public ::testing::TestWithParam<int> {};
+
+TEST_P(ExpertParallelCpu, RanksMatchSingleRank) {
+  const std::string dir = golden_dir("tiny");
+  if (!std::filesystem::exists(dir + "/config.json")) GTEST_SKIP() << "fixture " << dir << " absent";
+  const int n = GetParam();
+  const auto inputs = read_inputs(dir);
+  const std::vector<int32_t> ids = inputs.count("long") ? inputs.at("long") : inputs.begin()->second;
+  // Rank r: a different slice of the ids, different chunking; rank 1 idles for the first steps and
+  // the last rank finishes early (zero-token steps at both ends).
+  std::vector<RankWork> work(static_cast<size_t>(n));
+  const int64_t steps = 9;
+  for (int r = 0; r < n; ++r) {
+    RankWork& w = work[size_t(r)];
+    const int64_t len = std::min<int64_t>(int64_t(ids.size()) - 5 * r, 40 + 23 * r);
+    w.ids.assign(ids.begin() + 5 * r, ids.begin() + 5 * r + len);
+    std::vector<int64_t> cuts = random_chunks(len, uint32_t(17 + r));
+    w.chunks.assign(size_t(steps), 0);
+    // Squeeze the random cuts into `steps` lockstep steps: the first cuts as they are, the rest in the last used step.
+    const int64_t first = r == 1 ? 3 : 0, last = r == n - 1 ? steps - 3 : steps;
+    int64_t s = first;
+    for (int64_t c : cuts) {
+      w.chunks[size_t(s)] += c;
+      if (s + 1 < last) ++s;
+    }
+  }
+  // References: each rank's work alone on one rank, same cuts.
+  std::vector<std::vector<float>> alone(size_t(n));
+  {
+    auto m = load(dir);
+    for (int r = 0; r < n; ++r) {
+      RankWork w = work[size_t(r)];
+      run_rank(*m, m->cache_geometry(), w);
+      alone[size_t(r)] = w.logits;
+    }
+  }
+  parallel::RendezvousDir rdv;
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(n));
+  std::vector<std::thread> threads;
+  std::vector<std::vector<std::vector<int64_t>>> loads(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        auto pg = parallel::make_gloo_group({.rendezvous_dir = rdv.path(), .name = "ep", .rank = r, .size = n,
+                                             .timeout = std::chrono::milliseconds(60000)});
+        auto m = load(dir);
+        auto& be = static_cast<model::ds::CpuBackend&>(m->backend());
+        const auto& g = m->arch().dims;
+        std::vector<model::ds::EpLayerLayout> layouts(size_t(m->arch().plan.num_layers()),
+                                                      model::ds::contiguous_layout(int32_t(g.experts), n));
+        be.set_expert_parallel(std::make_shared<ExpertParallel>(*pg, layouts));
+        EXPECT_TRUE(m->joins_collectives());
+        run_rank(*m, m->cache_geometry(), work[size_t(r)]);
+        loads[size_t(r)] = be.expert_parallel()->take_load();
+      } catch (...) {
+        errors[size_t(r)] = std::current_exception();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  const int64_t V = 0 + int64_t(work[0].logits.size() / work[0].ids.size());
+  for (int r = 0; r < n; ++r) expect_close(alone[size_t(r)], work[size_t(r)].logits, V, "rank " + std::to_string(r));
+  // Every assignment was counted once, on the rank that routed it: tokens x top-k per layer.
+  for (int r = 0; r < n; ++r) {
+    int64_t total = 0;
+    for (int64_t c : loads[size_t(r)][0]) total += c;
+    EXPECT_GT(total, 0);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, ExpertParallelCpu, ::testing::Values(2, 3));
+
+TEST(ExpertParallelLayout, ContiguousAndErrors) {
+  model::ds::EpLayerLayout L = model::ds::contiguous_layout(10, 4);
+  EXPECT_EQ(L.slots_per_rank, 3);
+  EXPECT_EQ(L.local_logical(3), (std::vector<int32_t>{9, 0, 1}));
+  EXPECT_EQ(L.replicas[0], (std::vector<int32_t>{0, 10}));
+  model::ds::EpLayerLayout bad = L;
+  bad.physical_to_logical[9] = 0;  // expert 9 no longer placed
+  EXPECT_THROW(bad.finish(), InvalidArgument);
+  bad.physical_to_logical[9] = 10;  // out of range
+  EXPECT_THROW(bad.finish(), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace deepinfer::testing
