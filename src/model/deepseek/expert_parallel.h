@@ -15,33 +15,22 @@
 #include <span>
 #include <vector>
 
+#include "parallel/eplb.h"
 #include "parallel/process_group.h"
 
 namespace deepinfer::model::ds {
 
-// One MoE layer's placement (the same tables as parallel::ExpertPlacement).
-struct EpLayerLayout {
-  int32_t num_logical = 0, num_ranks = 1, slots_per_rank = 0;
-  std::vector<int32_t> physical_to_logical;  // [num_ranks * slots_per_rank]
-  // Derived: replicas per logical expert (ascending physical index).
-  std::vector<std::vector<int32_t>> replicas;
-  void finish();  // fills `replicas`, checks every logical expert has one (InvalidArgument)
-  std::vector<int32_t> local_logical(int32_t rank) const;  // logical ids of that rank's slots
-};
-// Logical experts dealt out in contiguous ranges (E/ranks per rank, the first E % ranks one more),
-// `redundant` extra slots per rank repeating experts round-robin.
-EpLayerLayout contiguous_layout(int32_t num_logical, int32_t num_ranks);
-
 class ExpertParallel {
  public:
-  // `layers[l]` for main layer l; layers without MoE... every V4 layer has one.
-  ExpertParallel(parallel::ProcessGroup& group, std::vector<EpLayerLayout> layers);
+  // `layers[l]`: main layer l's placement (parallel/eplb.h; contiguous_placement before any load
+  // is known). Every layer's num_ranks must be the group's size.
+  ExpertParallel(parallel::ProcessGroup& group, std::vector<parallel::ExpertPlacement> layers);
   int rank() const { return group_.rank(); }
   int size() const { return group_.size(); }
-  const EpLayerLayout& layout(int64_t layer) const { return layers_.at(size_t(layer)); }
+  const parallel::ExpertPlacement& layout(int64_t layer) const { return layers_.at(size_t(layer)); }
   bool holds(int64_t layer, int32_t logical) const;  // this rank has a replica
   // Replaces a layer's placement (EPLB rearrangement; every rank, the same step, between steps).
-  void set_layout(int64_t layer, EpLayerLayout layout);
+  void set_layout(int64_t layer, parallel::ExpertPlacement layout);
 
   // Sends each assignment's row (h[pair / K], D floats) to a rank holding expert ids[pair]; after
   // it, received() lists what this rank must compute. Counts this rank's routed tokens per expert.
@@ -59,7 +48,7 @@ class ExpertParallel {
 
  private:
   parallel::ProcessGroup& group_;
-  std::vector<EpLayerLayout> layers_;
+  std::vector<parallel::ExpertPlacement> layers_;
   std::vector<std::vector<int64_t>> load_;
   // The step in flight.
   int64_t D_ = 0, pairs_ = 0;

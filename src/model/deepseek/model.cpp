@@ -52,10 +52,16 @@ ForwardOutput DeepseekModel::run(const ForwardBatch& batch, const ForwardOptions
   const int64_t R = int64_t(batch.logits_indices.size()), Rh = int64_t(batch.hidden_indices.size());
   if (options.logits_on_device && !be_->logits_on_device())
     DI_THROW(InternalError, describe(), ": logits_on_device on a backend without device logits");
-  // An empty step still runs the forward when it takes part in collectives (expert parallelism:
-  // this rank's peers wait for its all-to-alls), with zero rows everywhere.
-  if (batch.num_tokens() == 0 && !be_->joins_collectives()) return be_->end_step(options, 0, 0);
-  StepPlan plan = plan_step(batch, /*allow_fixed=*/batch.num_tokens() > 0);
+  if (batch.num_tokens() == 0) {
+    // An empty step still joins the MoE exchanges when they are collective (expert parallelism:
+    // this rank's peers wait for its all-to-alls).
+    if (be_->joins_collectives()) {
+      be_->begin_step(plan_step(batch, /*allow_fixed=*/false));
+      be_->launch([&] { collectives_step(*be_, arch_, be_->weights()); });
+    }
+    return be_->end_step(options, 0, 0);
+  }
+  StepPlan plan = plan_step(batch, /*allow_fixed=*/true);
   // A fixed-shape step computes every padded row (its launches must not depend on the batch).
   const int64_t R_run = plan.fixed ? plan.T : R;
   const int64_t Rh_run = plan.fixed ? (Rh > 0 ? plan.T : 0) : Rh;

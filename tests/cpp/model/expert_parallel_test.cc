@@ -75,12 +75,24 @@ void expect_close(const std::vector<float>& a, const std::vector<float>& b, int6
   EXPECT_EQ(flips, 0) << what;
 }
 
-class ExpertParallelCpu : public ::testing::TestWithParam<int> {};
+// (ranks, replicated): replicated = a balanced EPLB placement of a skewed load with one redundant
+// slot per rank, so hot experts have replicas on several ranks.
+class ExpertParallelCpu : public ::testing::TestWithParam<std::tuple<int, bool>> {};
+
+parallel::ExpertPlacement placement_for(int32_t experts, int n, bool replicated, int64_t layer) {
+  const int32_t slots = (experts + n - 1) / n;
+  if (!replicated) return parallel::contiguous_placement(experts, n, slots);
+  std::vector<double> load(static_cast<size_t>(experts));
+  for (int32_t e = 0; e < experts; ++e) load[size_t(e)] = double((e * 7 + layer * 3) % experts + 1) * (e % 3 == 0 ? 5 : 1);
+  parallel::ExpertPlacement p = parallel::balanced_placement(load, n, slots + 1);
+  p.validate();
+  return p;
+}
 
 TEST_P(ExpertParallelCpu, RanksMatchSingleRank) {
   const std::string dir = golden_dir("tiny");
   if (!std::filesystem::exists(dir + "/config.json")) GTEST_SKIP() << "fixture " << dir << " absent";
-  const int n = GetParam();
+  const auto [n, replicated] = GetParam();
   const auto inputs = read_inputs(dir);
   const std::vector<int32_t> ids = inputs.count("long") ? inputs.at("long") : inputs.begin()->second;
   // Rank r: a different slice of the ids, different chunking; rank 1 idles for the first steps and
@@ -102,7 +114,7 @@ TEST_P(ExpertParallelCpu, RanksMatchSingleRank) {
     }
   }
   // References: each rank's work alone on one rank, same cuts.
-  std::vector<std::vector<float>> alone(size_t(n));
+  std::vector<std::vector<float>> alone(static_cast<size_t>(n));
   {
     auto m = load(dir);
     for (int r = 0; r < n; ++r) {
@@ -123,8 +135,9 @@ TEST_P(ExpertParallelCpu, RanksMatchSingleRank) {
         auto m = load(dir);
         auto& be = static_cast<model::ds::CpuBackend&>(m->backend());
         const auto& g = m->arch().dims;
-        std::vector<model::ds::EpLayerLayout> layouts(size_t(m->arch().plan.num_layers()),
-                                                      model::ds::contiguous_layout(int32_t(g.experts), n));
+        std::vector<parallel::ExpertPlacement> layouts;
+        for (int64_t l = 0; l < m->arch().plan.num_layers(); ++l)
+          layouts.push_back(placement_for(int32_t(g.experts), n, replicated, l));
         be.set_expert_parallel(std::make_shared<ExpertParallel>(*pg, layouts));
         EXPECT_TRUE(m->joins_collectives());
         run_rank(*m, m->cache_geometry(), work[size_t(r)]);
@@ -134,8 +147,18 @@ TEST_P(ExpertParallelCpu, RanksMatchSingleRank) {
       }
     });
   for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
+  // Report every rank's error: the first one to fail is the cause, the others see its group close.
+  bool failed = false;
+  for (int r = 0; r < n; ++r) {
+    if (!errors[size_t(r)]) continue;
+    failed = true;
+    try {
+      std::rethrow_exception(errors[size_t(r)]);
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "rank " << r << ": " << e.what();
+    }
+  }
+  if (failed) return;
   const int64_t V = 0 + int64_t(work[0].logits.size() / work[0].ids.size());
   for (int r = 0; r < n; ++r) expect_close(alone[size_t(r)], work[size_t(r)].logits, V, "rank " + std::to_string(r));
   // Every assignment was counted once, on the rank that routed it: tokens x top-k per layer.
@@ -146,18 +169,19 @@ TEST_P(ExpertParallelCpu, RanksMatchSingleRank) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Ranks, ExpertParallelCpu, ::testing::Values(2, 3));
+INSTANTIATE_TEST_SUITE_P(Ranks, ExpertParallelCpu,
+                         ::testing::Values(std::make_tuple(2, false), std::make_tuple(3, false), std::make_tuple(3, true)));
 
-TEST(ExpertParallelLayout, ContiguousAndErrors) {
-  model::ds::EpLayerLayout L = model::ds::contiguous_layout(10, 4);
-  EXPECT_EQ(L.slots_per_rank, 3);
-  EXPECT_EQ(L.local_logical(3), (std::vector<int32_t>{9, 0, 1}));
-  EXPECT_EQ(L.replicas[0], (std::vector<int32_t>{0, 10}));
-  model::ds::EpLayerLayout bad = L;
-  bad.physical_to_logical[9] = 0;  // expert 9 no longer placed
-  EXPECT_THROW(bad.finish(), InvalidArgument);
-  bad.physical_to_logical[9] = 10;  // out of range
-  EXPECT_THROW(bad.finish(), InvalidArgument);
+// A placement whose rank count is not the group's is refused, naming both.
+TEST(ExpertParallelCpu, PlacementForAnotherGroupSizeRefused) {
+  auto pg = parallel::make_single_rank_group();
+  std::vector<parallel::ExpertPlacement> layouts{parallel::contiguous_placement(8, 2, 4)};
+  try {
+    ExpertParallel ep(*pg, layouts);
+    FAIL() << "accepted a 2-rank placement in a 1-rank group";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("2 ranks"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -289,7 +289,7 @@ void CpuBackend::moe_shared(const MoeRef& M) {
   const Dims& g = arch_.dims;
   const int64_t T = plan_.T, D = g.hidden, I = g.moe_inter;
   const float* w = static_cast<const float*>(M.shared.w13.w);
-  std::vector<float> gs(size_t(T * I)), us(size_t(T * I));
+  std::vector<float> gs(static_cast<size_t>(T * I)), us(size_t(T * I));
   oc::expert_forward(at<float>(Buf::kH), T, D, I, {w, w + I * D, static_cast<const float*>(M.shared.w2.w)},
                      g.swiglu_limit, gs.data(), us.data(), at<float>(Buf::kShared));
 }
@@ -327,18 +327,18 @@ void CpuBackend::set_expert_parallel(std::shared_ptr<ExpertParallel> ep) {
 void CpuBackend::ep_experts(const MoeRef& M) {
   const Dims& g = arch_.dims;
   const int64_t D = g.hidden, I = g.moe_inter, K = g.topk, T = plan_.T;
-  const EpLayerLayout& L = ep_->layout(M.ep_layer);
+  const parallel::ExpertPlacement& L = ep_->layout(M.ep_layer);
   const ExpertParallel::Received got = ep_->received();
   const int64_t m = int64_t(got.slot.size()), S = L.slots_per_rank;
-  std::vector<int64_t> start(size_t(S + 1), 0);
+  std::vector<int64_t> start(static_cast<size_t>(S + 1), 0);
   for (int32_t s : got.slot) start[size_t(s + 1)]++;
   for (int64_t s = 0; s < S; ++s) start[size_t(s + 1)] += start[size_t(s)];
-  std::vector<int64_t> order(size_t(m));
+  std::vector<int64_t> order(static_cast<size_t>(m));
   std::vector<int64_t> fill(start.begin(), start.end() - 1);
   for (int64_t j = 0; j < m; ++j) order[size_t(fill[size_t(got.slot[size_t(j)])]++)] = j;
   int64_t max_n = 0;
   for (int64_t s = 0; s < S; ++s) max_n = std::max(max_n, start[size_t(s + 1)] - start[size_t(s)]);
-  std::vector<float> x(size_t(max_n * D)), y(size_t(max_n * D));
+  std::vector<float> x(static_cast<size_t>(max_n * D)), y(size_t(max_n * D));
   moe_g_.resize(size_t(max_n * I));
   moe_u_.resize(size_t(max_n * I));
   ep_out_.resize(size_t(m * D));
@@ -370,7 +370,7 @@ void CpuBackend::ep_combine() {
   const float* wts = at<float>(Buf::kWts);
   const int32_t* ids = at<int32_t>(Buf::kIds);
   std::fill(y, y + T * D, 0.f);
-  std::vector<int64_t> ks(size_t(K));
+  std::vector<int64_t> ks(static_cast<size_t>(K));
   for (int64_t t = 0; t < T; ++t) {
     for (int64_t k = 0; k < K; ++k) ks[size_t(k)] = k;
     std::stable_sort(ks.begin(), ks.end(), [&](int64_t a, int64_t b) { return ids[t * K + a] < ids[t * K + b]; });
