@@ -43,6 +43,17 @@ struct LLMConfig {
   int max_n = 1024;                      // a request with SamplingParams.n above this is refused
   int max_logprobs = 20;                 // ... with logprobs / prompt_logprobs above this (vLLM's name)
   std::string accelerator;               // "cpu" | "nvidia"; empty = DEEPINFER_ACCELERATOR / auto
+
+  // Parallelism (docs/PARALLEL.md): data_parallel_size ranks, one process each (one GPU each on
+  // the GPU backend). Attention is data-parallel (each rank owns its requests and their cache;
+  // new requests go to the least loaded rank); the routed experts are sharded across groups of
+  // expert_parallel_size consecutive ranks (0 = all of them; 1 = every rank holds every expert).
+  int data_parallel_size = 1;
+  int expert_parallel_size = 0;
+  // argv that starts worker ranks 1..data_parallel_size-1 on this node. Empty: the variable
+  // DEEPINFER_WORKER_COMMAND (split at spaces), else this program when it is the deepinfer CLI
+  // (`deepinfer rank-worker`). The Python LLM sets `python -m deepinfer._rank_worker`.
+  std::vector<std::string> worker_command;
 };
 
 // A prompt: text, or token ids (vLLM {"prompt_token_ids": [...]}).

@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import numbers
 import os
+import sys
 import threading
 from typing import Any, Deque, Dict, Iterator, List, Optional, Sequence, Union
 
@@ -80,7 +81,8 @@ class LLM:
                  skip_tokenizer_init: bool = False, max_model_len: Optional[int] = None,
                  max_num_seqs: int = 64, max_num_batched_tokens: int = 2048, enable_chunked_prefill: bool = True,
                  kv_cache_memory_bytes: Optional[int] = None, seed: int = 0, accelerator: Optional[str] = None,
-                 max_n: int = 1024, max_logprobs: int = 20, **kwargs: Any) -> None:
+                 max_n: int = 1024, max_logprobs: int = 20, data_parallel_size: int = 1,
+                 expert_parallel_size: int = 0, **kwargs: Any) -> None:
         if kwargs:
             raise TypeError(f"LLM: unsupported argument(s) {sorted(kwargs)}")
         c = _E.LLMConfig()
@@ -97,6 +99,15 @@ class LLM:
         c.max_n = as_int("LLM.max_n", max_n, 1)
         c.max_logprobs = as_int("LLM.max_logprobs", max_logprobs, 0)
         c.accelerator = as_str("LLM.accelerator", accelerator or "")
+        # Parallel ranks (docs/PARALLEL.md): this process is rank 0; the workers run this
+        # package's _rank_worker module with the same interpreter and import path.
+        c.data_parallel_size = as_int("LLM.data_parallel_size", data_parallel_size, 1, 1 << 20)
+        c.expert_parallel_size = as_int("LLM.expert_parallel_size", expert_parallel_size, 0, 1 << 20)
+        if c.data_parallel_size > 1 and not os.environ.get("DEEPINFER_WORKER_COMMAND"):
+            root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+            c.worker_command = [sys.executable, "-c",
+                                f"import sys; sys.path.insert(0, {root!r}); "
+                                "from deepinfer._rank_worker import main; sys.exit(main())"]
         self.model = c.model
         self._llm = _E.LLM(c)
         # Streams share the engine's add_request/step queue: outputs are dealt out to the stream

@@ -8,6 +8,7 @@
 
 #include "binder.h"
 #include "deepinfer/llm.h"
+#include "engine/dp/ranks.h"
 #include "engine/toy_model.h"
 
 namespace nb = nanobind;
@@ -139,7 +140,15 @@ void bind_llm(nb::module_& m) {
       .def_rw("seed", &LLMConfig::seed)
       .def_rw("max_n", &LLMConfig::max_n)
       .def_rw("max_logprobs", &LLMConfig::max_logprobs)
-      .def_rw("accelerator", &LLMConfig::accelerator);
+      .def_rw("accelerator", &LLMConfig::accelerator)
+      .def_rw("data_parallel_size", &LLMConfig::data_parallel_size)
+      .def_rw("expert_parallel_size", &LLMConfig::expert_parallel_size)
+      .def_rw("worker_command", &LLMConfig::worker_command);
+  // `python -m deepinfer._rank_worker`: a worker rank of a parallel LLM (engine/dp/ranks.h).
+  m.def("rank_worker_main", [] {
+    nb::gil_scoped_release unlocked;
+    return deepinfer::engine::dp::rank_worker_main();
+  });
   nb::class_<PromptInput>(m, "PromptInput")
       .def_static("from_text", &PromptInput::from_text)
       .def_static("from_token_ids", &PromptInput::from_token_ids);

@@ -25,6 +25,10 @@ struct EngineFlags {
     app.add_option("--max-num-batched-tokens", cfg.max_num_batched_tokens, "tokens per step");
     app.add_option("--kv-cache-gib", kv_cache_gib, "cache memory budget (GiB); 0 = enough for max-num-seqs x max-model-len (at most 1 GiB on the CPU, up to the GPU memory plan)");
     app.add_option("--accelerator", cfg.accelerator, "cpu | nvidia (default: $DEEPINFER_ACCELERATOR)");
+    app.add_option("--data-parallel-size,--dp", cfg.data_parallel_size,
+                   "ranks (processes) with attention data parallelism; requests go to the least loaded rank");
+    app.add_option("--expert-parallel-size,--ep", cfg.expert_parallel_size,
+                   "ranks per expert-parallel group, sharing the routed experts (0 = all ranks; 1 = off)");
     app.add_option("--temperature", sp.temperature, "0 = greedy");
     app.add_option("--top-p", sp.top_p);
     app.add_option("--top-k", sp.top_k);

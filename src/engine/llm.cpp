@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstdio>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 
 #include "core/check.h"
@@ -14,6 +15,8 @@
 #include "core/env.h"
 #include "core/logging.h"
 #include "engine/engine.h"
+#include "engine/dp/ranks.h"
+#include "engine/engine_factory.h"
 #include "engine/model_loader.h"
 
 namespace deepinfer {
@@ -28,7 +31,10 @@ struct Inbox {
 
 struct LLM::Impl {
   EnvConfig env;
-  std::unique_ptr<Engine> engine;
+  std::unique_ptr<Engine> own_engine;                 // single rank
+  std::unique_ptr<engine::dp::RankRuntime> ranks;     // data_parallel_size > 1: this is rank 0
+  Engine* engine = nullptr;       // this process's engine (rank 0's when parallel)
+  engine::dp::Driver* dp = nullptr;  // drives every rank's engine when parallel
   std::atomic<int64_t> next_id{0};
   // Guards the engine and everything below. Held for one engine step (or one admission) at a
   // time, never while a caller's callback runs.
@@ -49,11 +55,17 @@ struct LLM::Impl {
       box->outputs.push_back(std::move(o));
     }
   }
+  // The engine calls, through the data-parallel driver when there is one.
+  void add(const std::string& id, const PromptInput& prompt, const SamplingParams& params) {
+    if (dp) dp->add_request(id, prompt, params, engine::now_seconds());
+    else engine->add_request(id, prompt, params, engine::now_seconds());
+  }
+  bool unfinished() const { return dp ? dp->has_unfinished() : engine->has_unfinished(); }
   // One engine step, unless `box` already holds outputs that another caller's step produced.
   void step_for(Inbox& box) {
-    if (box.outputs.empty() && engine->has_unfinished()) route(engine->step());
+    if (box.outputs.empty() && unfinished()) route(dp ? dp->step() : engine->step());
   }
-  void abort_locked(const std::string& id) { route(engine->abort(id)); }
+  void abort_locked(const std::string& id) { route(dp ? dp->abort(id) : engine->abort(id)); }
   // Aborts every request still owned by `box` and forgets them (error and cancel paths).
   void release(Inbox& box) {
     std::vector<std::string> mine;
@@ -65,36 +77,24 @@ struct LLM::Impl {
 };
 
 LLM::LLM(const LLMConfig& config) : impl_(std::make_unique<Impl>()) {
-  impl_->env = EnvConfig::from_environment();
-  if (config.accelerator == "cpu") impl_->env.accelerator = Accelerator::kCPU;
-  else if (config.accelerator == "nvidia" || config.accelerator == "cuda") impl_->env.accelerator = Accelerator::kNvidia;
-  else if (!config.accelerator.empty())
-    DI_THROW(InvalidArgument, "LLMConfig.accelerator='", config.accelerator, "' is not one of: cpu, nvidia");
-  // Knobs that need nothing from the model are refused before a (possibly long) load; the
-  // engine checks them all again with the model known.
-  check_env_knobs(impl_->env, {});
-  std::string path = engine::resolve_model_path(config, impl_->env);
-  auto model = engine::load_model(
-      path, model::ModelLoadOptions{.env = impl_->env, .limits = engine::model_limits_for(config, impl_->env)});
-  auto codec = engine::load_codec(config, path, model->vocab_size());
-  auto grammar = engine::make_grammar_compiler(codec.get(), model->vocab_size(), model->eos_token_id());
-  engine::EngineConfig ec;
-  ec.scheduler.max_num_seqs = config.max_num_seqs;
-  ec.scheduler.max_num_batched_tokens = config.max_num_batched_tokens;
-  ec.scheduler.max_model_len = config.max_model_len;
-  ec.scheduler.enable_chunked_prefill = config.enable_chunked_prefill;
-  if (config.max_num_seqs <= 0) DI_THROW(InvalidArgument, "LLMConfig.max_num_seqs must be positive");
-  if (config.max_num_batched_tokens <= 0) DI_THROW(InvalidArgument, "LLMConfig.max_num_batched_tokens must be positive");
-  ec.kv_cache_memory_bytes = config.kv_cache_memory_bytes;  // 0 = auto_cache_budget
-  ec.seed = config.seed;
-  ec.env = impl_->env;
-  ec.model_identity = path;
-  ec.device_sampling = impl_->env.device_sampling;
-  if (config.max_n < 1) DI_THROW(InvalidArgument, "LLMConfig.max_n must be >= 1, got ", config.max_n);
-  if (config.max_logprobs < 0) DI_THROW(InvalidArgument, "LLMConfig.max_logprobs must be >= 0, got ", config.max_logprobs);
-  ec.max_n = config.max_n;
-  ec.max_logprobs = config.max_logprobs;
-  impl_->engine = std::make_unique<Engine>(ec, std::move(model), std::move(codec), std::move(grammar));
+  engine::validate_llm_config(config);
+  impl_->env = engine::resolve_env(config);
+  if (config.data_parallel_size > 1) {
+    const std::optional<parallel::RankEnv> launched = parallel::RankEnv::from_environment();
+    if (launched && launched->world_size > 1 && launched->rank > 0) {
+      // An external launcher started this process as a worker rank: it serves rank 0's rounds
+      // and ends with them (there is nothing for this process to return to its caller).
+      engine::dp::serve_worker(*launched, &config);
+      DI_INFO("data-parallel rank ", launched->rank, ": rank 0 shut down; exiting");
+      std::exit(0);
+    }
+    impl_->ranks = engine::dp::start_driver(config, impl_->env, launched && launched->world_size > 1 ? launched : std::nullopt);
+    impl_->engine = impl_->ranks->engine.get();
+    impl_->dp = impl_->ranks->driver.get();
+    return;
+  }
+  impl_->own_engine = engine::make_engine(config, impl_->env, engine::load_parts(config, impl_->env));
+  impl_->engine = impl_->own_engine.get();
 }
 
 LLM::~LLM() = default;
@@ -160,7 +160,7 @@ std::vector<RequestOutput> LLM::generate(const std::vector<PromptInput>& prompts
       std::string id = m.new_id();
       results[i].request_id = id;
       try {
-        eng.add_request(id, prompts[i], params.size() == 1 ? params[0] : params[i], engine::now_seconds());
+        m.add(id, prompts[i], params.size() == 1 ? params[0] : params[i]);
         m.owner[id] = &box;
         index[id] = i;
       } catch (const Error& e) {
@@ -206,7 +206,7 @@ std::vector<RequestOutput> LLM::generate(const std::vector<PromptInput>& prompts
       if (cancel) m.release(box);  // the aborts' final outputs land in `box`
       else m.step_for(box);
       got.swap(box.outputs);
-      if (got.empty() && !eng.has_unfinished())
+      if (got.empty() && !m.unfinished())
         DI_THROW(InternalError, "generate: ", unfinished, " request(s) left the engine without a final output");
     }
     consume(got);
@@ -231,7 +231,7 @@ std::string LLM::add_request(const PromptInput& prompt, const SamplingParams& pa
   Impl& m = *impl_;
   std::lock_guard<std::mutex> lock(m.mu);
   std::string id = m.new_id();
-  m.engine->add_request(id, prompt, params, engine::now_seconds());
+  m.add(id, prompt, params);
   m.owner[id] = &m.stream;
   return id;
 }
@@ -252,7 +252,7 @@ void LLM::abort_request(const std::string& request_id) {
 
 bool LLM::has_unfinished() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  return impl_->engine->has_unfinished();
+  return impl_->unfinished();
 }
 
 std::string LLM::reserve_request_id() { return impl_->new_id(); }
@@ -295,7 +295,10 @@ std::string LLM::describe() const {
   const kv::CacheGeometry& g = impl_->engine->cache().geometry();
   return detail::str_cat(impl_->engine->model().describe(), "; cache: ", g.num_blocks, " blocks x ", g.block_tokens,
                          " tokens, ", g.num_slots, " slots; max_model_len ", max_model_len(), "; accelerator ",
-                         accelerator_name(impl_->env.accelerator));
+                         accelerator_name(impl_->env.accelerator),
+                         impl_->ranks ? detail::str_cat("; data-parallel ", impl_->ranks->world_size, " ranks",
+                                                        impl_->engine->model().joins_collectives() ? ", experts sharded" : "")
+                                      : std::string());
 }
 
 std::string GenerateSummary::str() const {

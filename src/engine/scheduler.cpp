@@ -302,4 +302,11 @@ void Scheduler::abort(int64_t seq_id) {
   requests_.erase(it);
 }
 
+SchedulerLoad Scheduler::load() const {
+  SchedulerLoad l{.running_seqs = int64_t(running_.size()), .waiting_seqs = int64_t(waiting_.size())};
+  for (const Request* r : running_) l.running_tokens += r->num_tokens();
+  for (const Request* r : waiting_) l.waiting_tokens += r->num_tokens() - r->num_computed_tokens;
+  return l;
+}
+
 }  // namespace deepinfer::engine

@@ -50,6 +50,13 @@ struct SchedulerStats {
   int64_t num_accepted_drafts = 0;        // drafts the target accepted (committed or not)
 };
 
+// What a rank's scheduler holds now, for the data-parallel engine's request placement.
+struct SchedulerLoad {
+  int64_t running_seqs = 0, waiting_seqs = 0;
+  int64_t running_tokens = 0;  // tokens of the running sequences (their cache)
+  int64_t waiting_tokens = 0;  // tokens of waiting sequences not yet in the cache (prefill left)
+};
+
 class Scheduler {
  public:
   Scheduler(const SchedulerConfig& config, KVCacheManager& cache, int64_t vocab_size);
@@ -70,6 +77,7 @@ class Scheduler {
   size_t num_running() const { return running_.size(); }
   const Request* get(int64_t seq_id) const;
   const SchedulerStats& stats() const { return stats_; }
+  SchedulerLoad load() const;
   const SchedulerConfig& config() const { return config_; }
 
  private:

@@ -20,6 +20,10 @@
 #include "kv/kv_cache.h"
 #include "model/forward_batch.h"
 
+namespace deepinfer::parallel {
+class ProcessGroup;
+}
+
 namespace deepinfer::model {
 
 class Drafter;
@@ -119,6 +123,12 @@ class CausalLM {
   // then calls run() every step, with an empty batch when it has nothing to schedule, so that the
   // ranks' collectives pair up.
   virtual bool joins_collectives() const { return false; }
+  // Shards the routed experts of the main layers across `group` (each rank computes the experts
+  // of its slots for every rank's tokens; the group outlives the model). Called once, before
+  // the engine is built. InvalidArgument where the model or its backend has no expert parallelism.
+  virtual void enable_expert_parallel(parallel::ProcessGroup& group) {
+    DI_THROW(InvalidArgument, describe(), ": expert parallelism is not implemented for this model");
+  }
 
   // Positions a slot can roll back (see the contract above); 0 = no rollback.
   virtual int64_t max_rollback() const { return 0; }

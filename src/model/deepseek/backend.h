@@ -8,6 +8,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -20,6 +21,8 @@
 #include "model/plan/step_plan.h"
 
 namespace deepinfer::model::ds {
+class ExpertParallel;  // expert_parallel.h
+
 
 // Named activation buffers of one step (sizes: activations.h). "act" buffers are in the backend's
 // activation dtype (Backend::act(): f32 on the CPU and in exact GPU numerics, else bf16); the rest
@@ -245,6 +248,10 @@ class ModelBackend : public Backend {
   // The forward takes part in collectives (expert parallelism): every rank must run every step,
   // also with an empty batch (CausalLM::joins_collectives).
   virtual bool joins_collectives() const { return false; }
+  // Expert parallelism (expert_parallel.h); backends without it refuse, naming themselves.
+  virtual void set_expert_parallel(std::shared_ptr<ExpertParallel> ep) {
+    DI_THROW(InvalidArgument, describe(), ": expert parallelism is not implemented on this backend yet");
+  }
 
   // Cache storage for the model's layer specs (fixed at construction).
   virtual kv::CacheGeometry plan_cache(size_t budget_bytes, int64_t max_slots) const = 0;

@@ -5,6 +5,7 @@
 
 #include "core/check.h"
 #include "deepinfer/error.h"
+#include "model/deepseek/expert_parallel.h"
 #include "model/deepseek/mtp_drafter.h"
 
 namespace deepinfer::model::ds {
@@ -88,6 +89,14 @@ ForwardOutput DeepseekModel::run_mtp(const ForwardBatch& batch, const HiddenRows
   be_->begin_step(plan_step(batch, /*allow_fixed=*/false));
   be_->launch([&] { mtp_step(*be_, arch_, be_->weights(), k, main_hidden, R, Rh); });
   return be_->end_step({}, R, Rh);
+}
+
+void DeepseekModel::enable_expert_parallel(parallel::ProcessGroup& group) {
+  // Before any load is known: experts dealt out in contiguous ranges (EPLB rearranges later).
+  const int32_t E = int32_t(arch_.dims.experts), n = group.size();
+  std::vector<parallel::ExpertPlacement> layers(size_t(arch_.plan.num_layers()),
+                                                parallel::contiguous_placement(E, n, (E + n - 1) / n));
+  be_->set_expert_parallel(std::make_shared<ExpertParallel>(group, std::move(layers)));
 }
 
 }  // namespace deepinfer::model::ds

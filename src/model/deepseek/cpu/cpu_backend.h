@@ -47,7 +47,7 @@ class CpuBackend final : public ModelBackend {
   bool joins_collectives() const override { return ep_ != nullptr; }
   // Main layers' routed experts run expert-parallel over `ep` from now on (between steps only).
   // The store must hold every expert a rank's slots name (prepare_cpu's expert filter).
-  void set_expert_parallel(std::shared_ptr<ExpertParallel> ep);
+  void set_expert_parallel(std::shared_ptr<ExpertParallel> ep) override;
   ExpertParallel* expert_parallel() { return ep_.get(); }
   // Replaces a main layer's routed-expert weights (EPLB rearrangement brings new local experts).
   CpuWeightStore& weight_store() { return *store_; }

@@ -1,0 +1,57 @@
+// See engine_factory.h.
+#include "engine/engine_factory.h"
+
+#include "core/check.h"
+#include "engine/model_loader.h"
+
+namespace deepinfer::engine {
+
+void validate_llm_config(const LLMConfig& config) {
+  if (config.max_num_seqs <= 0) DI_THROW(InvalidArgument, "LLMConfig.max_num_seqs must be positive");
+  if (config.max_num_batched_tokens <= 0) DI_THROW(InvalidArgument, "LLMConfig.max_num_batched_tokens must be positive");
+  if (config.max_n < 1) DI_THROW(InvalidArgument, "LLMConfig.max_n must be >= 1, got ", config.max_n);
+  if (config.max_logprobs < 0) DI_THROW(InvalidArgument, "LLMConfig.max_logprobs must be >= 0, got ", config.max_logprobs);
+  if (config.data_parallel_size < 1)
+    DI_THROW(InvalidArgument, "LLMConfig.data_parallel_size must be >= 1, got ", config.data_parallel_size);
+  if (config.expert_parallel_size < 0)
+    DI_THROW(InvalidArgument, "LLMConfig.expert_parallel_size must be >= 0 (0 = data_parallel_size), got ",
+             config.expert_parallel_size);
+}
+
+EnvConfig resolve_env(const LLMConfig& config) {
+  EnvConfig env = EnvConfig::from_environment();
+  if (config.accelerator == "cpu") env.accelerator = Accelerator::kCPU;
+  else if (config.accelerator == "nvidia" || config.accelerator == "cuda") env.accelerator = Accelerator::kNvidia;
+  else if (!config.accelerator.empty())
+    DI_THROW(InvalidArgument, "LLMConfig.accelerator='", config.accelerator, "' is not one of: cpu, nvidia");
+  check_env_knobs(env, {});
+  return env;
+}
+
+LoadedParts load_parts(const LLMConfig& config, const EnvConfig& env) {
+  LoadedParts p;
+  p.path = resolve_model_path(config, env);
+  p.model = load_model(p.path, model::ModelLoadOptions{.env = env, .limits = model_limits_for(config, env)});
+  p.codec = load_codec(config, p.path, p.model->vocab_size());
+  p.grammar = make_grammar_compiler(p.codec.get(), p.model->vocab_size(), p.model->eos_token_id());
+  return p;
+}
+
+std::unique_ptr<Engine> make_engine(const LLMConfig& config, const EnvConfig& env, LoadedParts parts) {
+  validate_llm_config(config);
+  EngineConfig ec;
+  ec.scheduler.max_num_seqs = config.max_num_seqs;
+  ec.scheduler.max_num_batched_tokens = config.max_num_batched_tokens;
+  ec.scheduler.max_model_len = config.max_model_len;
+  ec.scheduler.enable_chunked_prefill = config.enable_chunked_prefill;
+  ec.kv_cache_memory_bytes = config.kv_cache_memory_bytes;  // 0 = auto_cache_budget
+  ec.seed = config.seed;
+  ec.env = env;
+  ec.model_identity = parts.path;
+  ec.device_sampling = env.device_sampling;
+  ec.max_n = config.max_n;
+  ec.max_logprobs = config.max_logprobs;
+  return std::make_unique<Engine>(ec, std::move(parts.model), std::move(parts.codec), std::move(parts.grammar));
+}
+
+}  // namespace deepinfer::engine
