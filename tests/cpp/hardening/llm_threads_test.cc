@@ -161,6 +161,9 @@ TEST(LlmThreads, ConcurrentStructuredRequestsShareGrammars) {
     auto o = llm.generate({prompt(i)}, {constrained(i)})[0];
     ASSERT_TRUE(o.error.empty()) << o.error;
     want[i] = o.outputs[0].text;
+    EXPECT_GE(want[i].size(), 3u) << "request " << i << ": " << want[i];
+    if (i % 2) EXPECT_TRUE(want[i].find('x') != std::string::npos) << want[i];
+    else EXPECT_EQ(want[i].rfind("{\"", 0), 0u) << want[i];
   }
   std::vector<std::string> failures(kThreads);
   std::vector<std::thread> threads;
