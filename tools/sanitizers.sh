@@ -19,10 +19,11 @@ COMMON=(-DDEEPINFER_ENABLE_CUDA=OFF -DDEEPINFER_BUILD_PYTHON=OFF -DCMAKE_BUILD_T
 
 run_asan() {
   local b=$BUILD_ROOT/build-asan
+  mkdir -p "$b"
   local san="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
   cmake -S "$ROOT" -B "$b" "${COMMON[@]}" -DCMAKE_CXX_COMPILER=g++ -DCMAKE_C_COMPILER=gcc \
-    -DCMAKE_CXX_FLAGS="$san" -DCMAKE_EXE_LINKER_FLAGS="$san" -DCMAKE_SHARED_LINKER_FLAGS="$san" >"$b.cmake.log" 2>&1 ||
-    { cat "$b.cmake.log"; return 1; }
+    -DCMAKE_CXX_FLAGS="$san" -DCMAKE_EXE_LINKER_FLAGS="$san" -DCMAKE_SHARED_LINKER_FLAGS="$san" >"$b/configure.log" 2>&1 ||
+    { cat "$b/configure.log"; return 1; }
   nice -n 10 cmake --build "$b" -j "$JOBS"
   # Leaks are checked; static singletons are reachable and not reported.
   ASAN_OPTIONS=detect_leaks=1:strict_string_checks=1:detect_stack_use_after_return=1 \
@@ -32,13 +33,14 @@ run_asan() {
 
 run_tsan() {
   local b=$BUILD_ROOT/build-tsan
+  mkdir -p "$b"
   local cxx cc llvm_lib
   cxx=$(command -v clang++-14 || command -v clang++)
   cc=$(command -v clang-14 || command -v clang)
   llvm_lib=$(dirname "$(readlink -f "$cxx")")/../lib
   cmake -S "$ROOT" -B "$b" "${COMMON[@]}" -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_C_COMPILER="$cc" \
     -DCMAKE_CXX_FLAGS="-fsanitize=thread -fno-omit-frame-pointer" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=thread" \
-    >"$b.cmake.log" 2>&1 || { cat "$b.cmake.log"; return 1; }
+    >"$b/configure.log" 2>&1 || { cat "$b/configure.log"; return 1; }
   nice -n 10 cmake --build "$b" -j "$JOBS" --target llm_hardening_test tokenizer_test ops_cpu_test
   # Archer (LLVM's OpenMP data-race tool) tells TSan about OpenMP's synchronisation.
   export OMP_TOOL_LIBRARIES=${OMP_TOOL_LIBRARIES:-$llvm_lib/libarcher.so}

@@ -26,8 +26,9 @@ if [ -z "$CXX" ] || ! echo 'extern "C" int LLVMFuzzerTestOneInput(const char*, u
   echo "fuzz: clang with libFuzzer not usable (apt-get install clang libclang-rt-14-dev)" >&2
   exit 1
 fi
-cmake -S tests/fuzz -B "$FUZZ_DIR" -DCMAKE_CXX_COMPILER="$CXX" -DCMAKE_C_COMPILER="$CC" >"$FUZZ_DIR.cmake.log" 2>&1 ||
-  { cat "$FUZZ_DIR.cmake.log"; exit 1; }
+mkdir -p "$FUZZ_DIR"
+cmake -S tests/fuzz -B "$FUZZ_DIR" -DCMAKE_CXX_COMPILER="$CXX" -DCMAKE_C_COMPILER="$CC" >"$FUZZ_DIR/configure.log" 2>&1 ||
+  { cat "$FUZZ_DIR/configure.log"; exit 1; }
 build_targets=""
 for t in $TARGETS; do build_targets="$build_targets fuzz_$t"; done
 nice -n 10 cmake --build "$FUZZ_DIR" -j "$JOBS" --target $build_targets
