@@ -13,7 +13,12 @@
 //                     {"json_object": true}         any JSON object
 //                     {"ebnf": "..."}               GBNF (llama.cpp) grammar, root rule `root`
 //                     {"choice": ["a", "b"]}        exactly one of the strings
-// optional keys:      "whitespace": "compact" (default) | "flexible" (JSON only; up to
+//                     {"schema_type": "json"|"regex"|"ebnf", "schema": ...}  DeepInfer's spelling
+// optional keys:      "trigger_token_ids": [ids]  free tokens until this run of ids appears,
+//                     then the grammar (DeepInfer's semantics; KMP matching over the output)
+//                     "bound_token_id": id  once generated before the trigger completes, the
+//                     rest of the trigger is forced token by token (needs trigger_token_ids)
+//                     "whitespace": "compact" (default) | "flexible" (JSON only; up to
 //                     "max_whitespace" (default 4) spaces/newlines/tabs between JSON tokens)
 //                     "format_assertion": true (default) | false (JSON Schema `format` as annotation)
 //
@@ -23,6 +28,7 @@
 // loosened. InvalidArgument for malformed so_args. Compilation is bounded in time and size.
 #pragma once
 #include <cstdint>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -119,10 +125,39 @@ class GrammarMatcher {
   // Tokens forced one at a time: while exactly one non-stop token is allowed, take it
   // (without accepting). At most max_tokens.
   std::vector<int32_t> forced_tokens(int32_t max_tokens = 16) const;
+  // Masks for speculative decoding: row k (row_words words each, layout as above) is the mask
+  // after accepting draft[0..k). Fills rows while the draft stays accepted, plus the row after
+  // the last accepted draft token; returns the rows filled (1 + accepted draft tokens). The
+  // matcher's state is unchanged on return (accepted draft tokens are rolled back).
+  int32_t fill_draft_bitmasks(std::span<const int32_t> draft, std::span<int32_t> words, size_t row_words);
   void reset();
 
  private:
   std::unique_ptr<MatcherState> s_;
+};
+
+// Structured-output work off the engine thread: a small pool of worker threads.
+//   compile_async: the grammar compiles on a worker; the request waits on the future while
+//     other requests keep stepping (errors arrive as the future's exception). The compiler
+//     must outlive the future.
+//   fill_next_token_bitmasks: one batch's masks in parallel (rows of row_words words, row i
+//     for matchers[i]; distinct matchers, each touched by one thread), the calling thread
+//     working too; returns when every row is filled. Rethrows the first matcher error.
+class StructuredWorkers {
+ public:
+  explicit StructuredWorkers(int threads);
+  ~StructuredWorkers();
+  StructuredWorkers(const StructuredWorkers&) = delete;
+  StructuredWorkers& operator=(const StructuredWorkers&) = delete;
+  int num_threads() const;
+  std::shared_future<std::shared_ptr<const CompiledGrammar>> compile_async(GrammarCompiler& compiler,
+                                                                         std::string so_args_json);
+  void fill_next_token_bitmasks(std::span<GrammarMatcher* const> matchers, std::span<int32_t> words,
+                                size_t row_words);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
 };
 
 // Parses so_args and lowers it to the internal grammar text (for tests/debugging).

@@ -25,22 +25,40 @@ class RequestOutputKind(enum.Enum):
 _SO_ALIASES = {"json_schema": "json", "ebnf": "grammar"}
 
 
+_SCHEMA_TYPES = {"json": "json", "regex": "regex", "ebnf": "grammar"}
+
+
 @dataclass
 class StructuredOutputsParams:
     """Exactly one of json (schema: dict or JSON text), regex, choice, grammar, json_object.
 
-    DeepInfer's own so_args names are accepted too: json_schema (= json) and ebnf (= grammar)."""
+    DeepInfer's own so_args forms are accepted too: {"schema_type": "json" | "regex" | "ebnf",
+    "schema": ...}, and the names json_schema (= json) and ebnf (= grammar). trigger_token_ids:
+    tokens are free until this sequence has appeared, then the constraint applies;
+    bound_token_id (needs trigger_token_ids): once generated, the rest of the trigger is forced."""
     json: Optional[Union[str, Dict[str, Any]]] = None
     regex: Optional[str] = None
     choice: Optional[List[str]] = None
     grammar: Optional[str] = None
     json_object: Optional[bool] = None
+    trigger_token_ids: Optional[List[int]] = None
+    bound_token_id: Optional[int] = None
 
     @classmethod
     def from_any(cls, value: Any) -> "StructuredOutputsParams":
         if isinstance(value, StructuredOutputsParams):
             return value
         if isinstance(value, dict):
+            value = dict(value)
+            if "bound_token_ids" in value:
+                raise ValueError("so_args: bound_token_ids is not supported; use bound_token_id (one integer)")
+            if "schema_type" in value or "schema" in value:
+                st = value.pop("schema_type", None)
+                if st not in _SCHEMA_TYPES:
+                    raise ValueError(f"so_args: schema_type must be one of {sorted(_SCHEMA_TYPES)}, got {st!r}")
+                if "schema" not in value:
+                    raise ValueError("so_args: schema_type needs schema")
+                value[_SCHEMA_TYPES[st]] = value.pop("schema")
             value = {_SO_ALIASES.get(k, k): v for k, v in value.items()}
             names = {f.name for f in dataclasses.fields(cls)}
             unknown = sorted(set(value) - names)
@@ -75,6 +93,16 @@ class StructuredOutputsParams:
         if self.grammar is not None:
             s.grammar = as_str("so_args.grammar", self.grammar)
         s.json_object = False if self.json_object is None else as_bool("so_args.json_object", self.json_object)
+        trig = self.trigger_token_ids or []
+        if not isinstance(trig, (list, tuple)) or any(type(t) is not int or t < 0 for t in trig):
+            raise ValueError("so_args: trigger_token_ids must be a list of non-negative integers")
+        s.trigger_token_ids = [int(t) for t in trig]
+        if self.bound_token_id is not None:
+            if type(self.bound_token_id) is not int or self.bound_token_id < 0:
+                raise ValueError("so_args: bound_token_id must be a non-negative integer")
+            if not trig:
+                raise ValueError("so_args: bound_token_id requires non-empty trigger_token_ids")
+            s.bound_token_id = int(self.bound_token_id)
         return s
 
 

@@ -22,7 +22,9 @@ void bind_params(nb::module_& m) {
       .def_rw("regex", &StructuredOutputsParams::regex)
       .def_rw("choice", &StructuredOutputsParams::choice)
       .def_rw("grammar", &StructuredOutputsParams::grammar)
-      .def_rw("json_object", &StructuredOutputsParams::json_object);
+      .def_rw("json_object", &StructuredOutputsParams::json_object)
+      .def_rw("trigger_token_ids", &StructuredOutputsParams::trigger_token_ids)
+      .def_rw("bound_token_id", &StructuredOutputsParams::bound_token_id);
   nb::enum_<OutputKind>(m, "OutputKind")
       .value("CUMULATIVE", OutputKind::kCumulative)
       .value("DELTA", OutputKind::kDelta)

@@ -23,6 +23,7 @@
 #include <sstream>
 
 #include "cli/command.h"
+#include "core/env.h"
 #include "core/logging.h"
 #include "deepinfer/llm.h"
 #include "model/deepseek_v4/config.h"
@@ -279,9 +280,9 @@ int run_bench_flash(int argc, char** argv) {
          << ", \"per_layer_ms\": " << r.per_layer << ", \"hf_eager_per_layer_ms\": " << r.hf << ", \"layers\": " << L
          << ", \"basis\": \"" << r.basis << "\", \"impure_steps\": " << r.impure << ", \"load_s\": " << load_s << "}\n";
   }
-  const char* graphs = std::getenv("DEEPINFER_CUDA_GRAPHS");
-  std::printf("\n%s\nloaded in %.1f s; DEEPINFER_CUDA_GRAPHS=%s; floors: 4.3 TB/s, 790 TFLOP/s; weights as uploaded (dense bf16, routed experts FP4)\n\n",
-              llm.describe().c_str(), load_s, graphs && *graphs ? graphs : "(unset)");
+  const bool graphs = EnvConfig::from_environment().cuda_graphs;  // what the LLM above read
+  std::printf("\n%s\nloaded in %.1f s; DEEPINFER_CUDA_GRAPHS=%d; floors: 4.3 TB/s, 790 TFLOP/s; weights as uploaded (dense bf16, routed experts FP4)\n\n",
+              llm.describe().c_str(), load_s, graphs ? 1 : 0);
   std::printf("%-8s %5s %6s %10s %10s %7s %10s %9s  %s\n", "measure", "batch", "ctx", "engine_ms", "floor_ms", "ratio",
               "layer_ms", "hf_layer", "floor basis");
   for (const Row& r : rows) {

@@ -7,10 +7,6 @@
 
 namespace deepinfer {
 namespace {
-const char* get(const char* name) {
-  const char* v = std::getenv(name);
-  return (v && *v) ? v : nullptr;
-}
 bool parse_bool(const char* name, const char* v) {
   std::string s(v);
   if (s == "1" || s == "true" || s == "on" || s == "yes") return true;
@@ -24,7 +20,79 @@ int parse_int(const char* name, const char* v, int lo, int hi) {
     DI_THROW(InvalidArgument, "environment variable ", name, "='", v, "' must be an integer in [", lo, ", ", hi, "]");
   return int(x);
 }
+
+void parse_accelerator(EnvConfig& e, const char* name, const char* v) {
+  const std::string s(v);
+  if (s == "cpu") e.accelerator = Accelerator::kCPU;
+  else if (s == "nvidia" || s == "cuda") e.accelerator = Accelerator::kNvidia;
+  else if (s == "ascend") e.accelerator = Accelerator::kAscend;
+  else if (s == "auto") e.accelerator = Accelerator::kAuto;
+  else DI_THROW(InvalidArgument, name, "='", s, "' is not one of: nvidia, cpu, ascend, auto");
+}
+void parse_log_level(EnvConfig& e, const char* name, const char* v) {
+  const std::string s(v);
+  if (s != "error" && s != "warn" && s != "info" && s != "debug")
+    DI_THROW(InvalidArgument, name, "='", s, "' is not one of: error, warn, info, debug");
+  e.log_level = s;
+}
+
+std::string none(const EnvConfig&, const KnobContext&) { return {}; }
+
+// The table. A knob is refused only for the values that ask for a feature not built yet;
+// when the feature lands, its refusal goes.
+const EnvKnob kKnobs[] = {
+    {"DEEPINFER_ACCELERATOR", "backend: nvidia (cuda) | cpu | auto (GPU when present); ascend is reserved",
+     parse_accelerator,
+     [](const EnvConfig& e, const KnobContext&) -> std::string {
+       return e.accelerator == Accelerator::kAscend ? "this build has no Ascend backend (use nvidia, cpu or auto)" : "";
+     }},
+    {"DEEPINFER_HF_MODEL_DIR", "checkpoint folder used when LLMConfig.model is empty",
+     [](EnvConfig& e, const char*, const char* v) { e.hf_model_dir = v; }, none},
+    {"DEEPINFER_USE_NEXTN_DECODE", "maximum draft length of speculative decoding (0 = off; default 5 with a drafter)",
+     [](EnvConfig& e, const char* n, const char* v) { e.use_nextn_decode = parse_int(n, v, 0, 16); },
+     [](const EnvConfig& e, const KnobContext& c) -> std::string {
+       if (e.use_nextn_decode.value_or(0) > 0 && c.model_has_drafter == false)
+         return c.model + " has no drafter the engine can run (DeepSeek-V4's MTP drafter is not wired into the "
+                          "engine yet, issue #11); set 0 or unset it";
+       return "";
+     }},
+    {"DEEPINFER_ENABLE_MTP_VARLEN", "draft length per request from the drafter's confidence",
+     [](EnvConfig& e, const char* n, const char* v) { e.enable_mtp_varlen = parse_bool(n, v); },
+     [](const EnvConfig& e, const KnobContext&) -> std::string {
+       return e.enable_mtp_varlen ? "variable-length verification is not implemented yet (issue #11); set 0" : "";
+     }},
+    {"DEEPINFER_BATCH_INVARIANT", "logits independent of the batch (fixed reduction orders)",
+     [](EnvConfig& e, const char* n, const char* v) { e.batch_invariant = parse_bool(n, v); },
+     [](const EnvConfig& e, const KnobContext&) -> std::string {
+       return e.batch_invariant ? "batch-invariant inference is not implemented yet (issue #12); set 0" : "";
+     }},
+    {"DEEPINFER_ASYNC_SCHEDULING", "plan step N+1 while the device runs step N (0 = synchronous)",
+     [](EnvConfig& e, const char* n, const char* v) { e.async_scheduling = parse_bool(n, v); },
+     [](const EnvConfig& e, const KnobContext&) -> std::string {
+       return e.async_scheduling.value_or(false)
+                  ? "asynchronous scheduling is not implemented yet (issue #12): the engine schedules synchronously; "
+                    "set 0 or unset it"
+                  : "";
+     }},
+    {"DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE", "DeepSeek-V4.1 bounded-replay prefill mode",
+     [](EnvConfig& e, const char*, const char* v) { e.yoco_truncation_mode = v; },
+     [](const EnvConfig& e, const KnobContext&) -> std::string {
+       return e.yoco_truncation_mode ? "applies to DeepSeek-V4.1 only, which deepinfer cannot load yet; unset it" : "";
+     }},
+    {"DEEPINFER_YOCO_PREFILL_KEEP_TOKENS", "DeepSeek-V4.1 bounded-replay keep length",
+     [](EnvConfig& e, const char* n, const char* v) { e.yoco_keep_tokens = parse_int(n, v, 0, 1 << 20); },
+     [](const EnvConfig& e, const KnobContext&) -> std::string {
+       return e.yoco_keep_tokens ? "applies to DeepSeek-V4.1 only, which deepinfer cannot load yet; unset it" : "";
+     }},
+    {"DEEPINFER_CUDA_GRAPHS", "GPU decode through captured CUDA graphs (0 = eager); no effect on the CPU backend",
+     [](EnvConfig& e, const char* n, const char* v) { e.cuda_graphs = parse_bool(n, v); }, none},
+    {"DEEPINFER_DEVICE_SAMPLING", "sample on the GPU when the model keeps logits there (0 = host sampler)",
+     [](EnvConfig& e, const char* n, const char* v) { e.device_sampling = parse_bool(n, v); }, none},
+    {"DEEPINFER_LOG_LEVEL", "log level: error | warn | info | debug", parse_log_level, none},
+};
 }  // namespace
+
+std::span<const EnvKnob> env_knobs() { return kKnobs; }
 
 const char* accelerator_name(Accelerator a) {
   switch (a) {
@@ -36,24 +104,22 @@ const char* accelerator_name(Accelerator a) {
   return "?";
 }
 
-EnvConfig EnvConfig::from_environment() {
+EnvConfig EnvConfig::parse(const std::function<const char*(const char* name)>& lookup) {
   EnvConfig c;
-  if (const char* v = get("DEEPINFER_ACCELERATOR")) {
-    std::string s(v);
-    if (s == "cpu") c.accelerator = Accelerator::kCPU;
-    else if (s == "nvidia" || s == "cuda") c.accelerator = Accelerator::kNvidia;
-    else if (s == "ascend") c.accelerator = Accelerator::kAscend;
-    else DI_THROW(InvalidArgument, "DEEPINFER_ACCELERATOR='", s, "' is not one of: nvidia, cpu, ascend");
-  }
-  if (const char* v = get("DEEPINFER_HF_MODEL_DIR")) c.hf_model_dir = v;
-  if (const char* v = get("DEEPINFER_USE_NEXTN_DECODE")) c.use_nextn_decode = parse_int("DEEPINFER_USE_NEXTN_DECODE", v, 0, 16);
-  if (const char* v = get("DEEPINFER_ENABLE_MTP_VARLEN")) c.enable_mtp_varlen = parse_bool("DEEPINFER_ENABLE_MTP_VARLEN", v);
-  if (const char* v = get("DEEPINFER_BATCH_INVARIANT")) c.batch_invariant = parse_bool("DEEPINFER_BATCH_INVARIANT", v);
-  if (const char* v = get("DEEPINFER_ASYNC_SCHEDULING")) c.async_scheduling = parse_bool("DEEPINFER_ASYNC_SCHEDULING", v);
-  if (const char* v = get("DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE")) c.yoco_truncation_mode = v;
-  if (const char* v = get("DEEPINFER_YOCO_PREFILL_KEEP_TOKENS"))
-    c.yoco_keep_tokens = parse_int("DEEPINFER_YOCO_PREFILL_KEEP_TOKENS", v, 0, 1 << 20);
+  for (const EnvKnob& k : kKnobs)
+    if (const char* v = lookup(k.name); v && *v) k.parse(c, k.name, v);
   return c;
+}
+
+EnvConfig EnvConfig::from_environment() {
+  return parse([](const char* name) { return std::getenv(name); });
+}
+
+void check_env_knobs(const EnvConfig& env, const KnobContext& ctx) {
+  std::string msg;
+  for (const EnvKnob& k : kKnobs)
+    if (std::string why = k.refusal(env, ctx); !why.empty()) msg += detail::str_cat(msg.empty() ? "" : "; ", k.name, ": ", why);
+  if (!msg.empty()) DI_THROW(InvalidArgument, "environment knobs this build cannot honour: ", msg);
 }
 
 }  // namespace deepinfer

@@ -1,25 +1,66 @@
 // Environment knobs, read once at startup into a plain struct that the engine owns and
-// passes down. Nothing below the engine reads the environment.
+// passes down (ModelLoadOptions.env for models). Nothing below the engine reads the environment.
+//
+// Every DEEPINFER_* knob is one row of the table in env.cpp: its name, what it does, how it is
+// parsed, and whether the value it holds can be honoured by this build. A knob whose feature
+// has not landed is refused when it asks for that feature (check_env_knobs, called when an
+// engine is built), never silently ignored; a feature that lands flips its row.
 #pragma once
+#include <functional>
+#include <optional>
+#include <span>
 #include <string>
+#include <vector>
 
 namespace deepinfer {
 
 enum class Accelerator { kAuto, kCPU, kNvidia, kAscend };
 
+// Default maximum draft length when DEEPINFER_USE_NEXTN_DECODE is unset (DeepInfer's default).
+constexpr int kDefaultNextnDecode = 5;
+
 struct EnvConfig {
   Accelerator accelerator = Accelerator::kAuto;  // DEEPINFER_ACCELERATOR: nvidia | cpu | ascend (reserved)
   std::string hf_model_dir;                      // DEEPINFER_HF_MODEL_DIR
-  int use_nextn_decode = 5;                      // DEEPINFER_USE_NEXTN_DECODE: max draft length
+  std::optional<int> use_nextn_decode;           // DEEPINFER_USE_NEXTN_DECODE: max draft length (0 = off)
   bool enable_mtp_varlen = false;                // DEEPINFER_ENABLE_MTP_VARLEN
   bool batch_invariant = false;                  // DEEPINFER_BATCH_INVARIANT
-  bool async_scheduling = true;                  // DEEPINFER_ASYNC_SCHEDULING (default on)
-  std::string yoco_truncation_mode;              // DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE (compact)
-  int yoco_keep_tokens = 140;                    // DEEPINFER_YOCO_PREFILL_KEEP_TOKENS
+  std::optional<bool> async_scheduling;          // DEEPINFER_ASYNC_SCHEDULING; unset = the engine's default
+  std::optional<std::string> yoco_truncation_mode;  // DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE (V4.1)
+  std::optional<int> yoco_keep_tokens;           // DEEPINFER_YOCO_PREFILL_KEEP_TOKENS (V4.1)
+  bool cuda_graphs = true;                       // DEEPINFER_CUDA_GRAPHS: GPU decode through CUDA graphs
+  bool device_sampling = true;                   // DEEPINFER_DEVICE_SAMPLING: sample on the GPU
+  // DEEPINFER_LOG_LEVEL: error | warn | info | debug. Validated here; core/logging applies it to
+  // the process-wide logger when it first logs (logging is process-wide by nature).
+  std::optional<std::string> log_level;
 
   // Reads the process environment; throws InvalidArgument naming the variable on a bad value.
   static EnvConfig from_environment();
+  // Same, from `lookup(name)` (null or "" = unset): tests parse without touching the process.
+  static EnvConfig parse(const std::function<const char*(const char* name)>& lookup);
+  // The largest rollback a model must support for these knobs: drafts + 1 (issue #10 item 4).
+  int max_rollback() const { return use_nextn_decode.value_or(kDefaultNextnDecode) + 1; }
 };
+
+// What decides whether a knob's value can be honoured, known once the model is loaded.
+struct KnobContext {
+  std::optional<bool> model_has_drafter;  // CausalLM::drafter() != null; unset = not loaded yet
+  std::string model;                      // CausalLM::describe(), for messages
+};
+
+struct EnvKnob {
+  const char* name;
+  const char* meaning;  // one line: what it does
+  void (*parse)(EnvConfig& env, const char* name, const char* value);
+  // "" when the value `env` holds does what the knob says; else why it cannot yet.
+  std::string (*refusal)(const EnvConfig& env, const KnobContext& ctx);
+};
+
+// Every DEEPINFER_* knob the engine knows, in one table.
+std::span<const EnvKnob> env_knobs();
+
+// Throws InvalidArgument naming every knob whose value cannot be honoured (and why).
+void check_env_knobs(const EnvConfig& env, const KnobContext& ctx);
 
 const char* accelerator_name(Accelerator a);
 

@@ -54,6 +54,10 @@ size_t complete_utf8_prefix(std::string_view s) {
   return s.size();
 }
 
+void GrammarMatcher::rollback(int32_t n) {
+  DI_THROW(InternalError, "this grammar matcher cannot roll back (asked for ", n, " tokens)");
+}
+
 std::string TextCodec::decode(const std::vector<int32_t>& ids, bool skip_special_tokens) const {
   std::string bytes;
   for (int32_t t : ids)

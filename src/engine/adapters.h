@@ -49,8 +49,13 @@ class GrammarMatcher {
   virtual ~GrammarMatcher() = default;
   // Bit t of mask[t/32] set = token t allowed next. `mask` is pre-sized to ceil(vocab/32).
   virtual void fill_bitmask(std::vector<uint32_t>& mask) = 0;
-  virtual bool accept_token(int32_t token) = 0;  // false = the token violates the grammar
+  virtual bool accept_token(int32_t token) = 0;  // false = the token violates the grammar (state unchanged)
   virtual bool is_terminated() const = 0;
+  // Undoes the last n accepted tokens (the scheduler accepts a step's drafts to build their
+  // masks, then rolls them back). Matchers that cannot roll back keep this default: a request
+  // using one is never given drafts (supports_rollback() false).
+  virtual bool supports_rollback() const { return false; }
+  virtual void rollback(int32_t n);
 };
 
 class GrammarCompiler {

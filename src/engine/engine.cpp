@@ -2,11 +2,11 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
 #include <string>
 
 #include "core/check.h"
 #include "core/logging.h"
+#include "model/drafter.h"
 
 namespace deepinfer::engine {
 namespace {
@@ -18,12 +18,9 @@ uint64_t splitmix(uint64_t x) {
 }
 }  // namespace
 
-bool device_sampling_from_env() {
-  const char* v = std::getenv("DEEPINFER_DEVICE_SAMPLING");
-  if (!v || !*v) return true;
-  const std::string s(v);
-  if (s != "0" && s != "1") DI_THROW(InvalidArgument, "DEEPINFER_DEVICE_SAMPLING must be 0 or 1, got '", s, "'");
-  return s == "1";
+model::ModelLimits model_limits_for(const LLMConfig& c, const EnvConfig& env) {
+  return {.max_num_seqs = c.max_num_seqs, .max_num_batched_tokens = c.max_num_batched_tokens,
+          .max_model_len = c.max_model_len, .max_rollback = env.max_rollback()};
 }
 
 double now_seconds() {
@@ -43,6 +40,7 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<model::CausalLM> mode
                std::unique_ptr<GrammarCompiler> grammar)
     : config_(config), model_(std::move(model)), codec_(std::move(codec)), grammar_(std::move(grammar)) {
   DI_CHECK(model_, "Engine needs a model");
+  check_env_knobs(config_.env, {.model_has_drafter = model_->drafter() != nullptr, .model = model_->describe()});
   SchedulerConfig& sc = config_.scheduler;
   if (sc.max_model_len <= 0 || sc.max_model_len > model_->max_model_len()) sc.max_model_len = model_->max_model_len();
   if (config_.kv_cache_memory_bytes == 0)
@@ -58,14 +56,36 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<model::CausalLM> mode
     sc.max_model_len = cap;
   }
   sc.max_num_seqs = std::min(sc.max_num_seqs, g.num_slots);
+  sc.num_speculative_tokens = speculative_tokens(config_.num_speculative_tokens);
   model_->allocate_cache(g);
-  cache_ = std::make_unique<KVCacheManager>(g);
+  cache_ = std::make_unique<KVCacheManager>(g, block_hash_seed(cache_identity()));
   scheduler_ = std::make_unique<Scheduler>(sc, *cache_, model_->vocab_size());
-  runner_ = std::make_unique<ModelRunner>(*model_, RunnerOptions{.device_sampling = config_.device_sampling});
+  runner_ = std::make_unique<ModelRunner>(*model_, RunnerOptions{.device_sampling = config_.device_sampling,
+                                                                 .num_speculative_tokens = sc.num_speculative_tokens});
   outputs_ = std::make_unique<OutputProcessor>(codec_.get());
 }
 
 Engine::~Engine() = default;
+
+std::string Engine::cache_identity() const {
+  // Prefill mode: V4.1's bounded replay (its truncation mode and keep length) leaves different
+  // cache contents for the same tokens, so it is part of the identity.
+  const EnvConfig& e = config_.env;
+  return detail::str_cat(config_.model_identity, "\n", model_->describe(), "\nprefill ",
+                         e.yoco_truncation_mode.value_or("full"), "/", e.yoco_keep_tokens.value_or(-1));
+}
+
+int32_t Engine::speculative_tokens(int32_t asked) const {
+  model::Drafter* d = model_->drafter();
+  if (asked < 0) asked = config_.env.use_nextn_decode.value_or(d ? kDefaultNextnDecode : 0);
+  if (asked == 0) return 0;
+  if (!d) DI_THROW(InvalidArgument, "num_speculative_tokens=", asked, ": ", model_->describe(), " has no drafter");
+  int64_t n = std::min<int64_t>({asked, d->max_draft_tokens(), model_->max_rollback()});
+  if (n < asked)
+    DI_WARN("speculative decoding: ", asked, " drafts asked, ", n, " used (", d->describe(), " drafts at most ",
+            d->max_draft_tokens(), ", the model rolls back ", model_->max_rollback(), " positions)");
+  return int32_t(std::max<int64_t>(n, 0));
+}
 
 std::vector<int32_t> Engine::tokenize(const PromptInput& prompt) const {
   if (prompt.is_token_ids) return prompt.token_ids;
@@ -138,9 +158,9 @@ std::vector<RequestOutput> Engine::step() {
   if (plan.empty() && scheduler_->has_unfinished() && scheduler_->num_running() == 0)
     DI_THROW(InternalError, "scheduler made no progress with ", scheduler_->num_waiting(), " waiting sequences");
   ModelRunnerOutput result = runner_->execute(plan);
-  std::vector<SeqUpdate> updates = scheduler_->update(plan, result);
+  std::vector<StopEvent> stops = outputs_->scan_stops(result);
+  std::vector<SeqUpdate> updates = scheduler_->update(plan, result, stops);
   OutputProcessor::Result out = outputs_->process(updates, now_seconds());
-  for (int64_t id : out.stopped_seq_ids) scheduler_->finish(id, FinishReason::kStop);
   for (const RequestOutput& o : out.outputs)
     if (o.finished) request_seqs_.erase(o.request_id);
   return std::move(out.outputs);
@@ -152,7 +172,7 @@ std::vector<RequestOutput> Engine::abort(const std::string& request_id) {
   std::vector<SeqUpdate> updates;
   for (int64_t id : it->second) {
     if (!scheduler_->get(id)) continue;
-    scheduler_->finish(id, FinishReason::kAbort);
+    scheduler_->abort(id);
     SeqUpdate u;
     u.seq_id = id;
     u.finished = true;

@@ -1,13 +1,16 @@
 // Engine: one scheduling round per step(): Scheduler -> SchedulerOutput -> ModelRunner
-// (batched forward + sampling) -> ModelRunnerOutput -> Scheduler::update -> OutputProcessor.
-// Synchronous today; the messages are built so that the scheduler could plan step N+1 while
-// the runner executes step N (the runner keeps its own sequence state).
+// (batched forward + sampling + draft verification + drafting) -> ModelRunnerOutput ->
+// OutputProcessor::scan_stops -> Scheduler::update (the one place request state changes) ->
+// OutputProcessor::process. Synchronous today; the messages are built so that the scheduler
+// could plan step N+1 while the runner executes step N (the runner keeps its own sequence
+// state, and caches are released only after the step that last used them).
 #pragma once
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "core/env.h"
 #include "deepinfer/llm.h"
 #include "engine/adapters.h"
 #include "engine/kv_cache_manager.h"
@@ -24,9 +27,20 @@ struct EngineConfig {
   // at most kHostCacheCap for a host model; a GPU model caps any budget at its memory plan's.
   size_t kv_cache_memory_bytes = 0;
   uint64_t seed = 0;
-  // Sample on the model's device when it keeps logits there (GPU model); LLM reads it from
-  // DEEPINFER_DEVICE_SAMPLING (device_sampling_from_env).
+  // The environment knobs as read once (LLM: EnvConfig::from_environment()). The engine refuses,
+  // naming them, the knobs whose feature is not built (check_env_knobs).
+  EnvConfig env;
+  // What identifies the weights (LLM: the resolved checkpoint path). With the model's
+  // describe() (architecture, backend, numerics) and the prefill mode it seeds the cache's
+  // block-hash chains, so blocks of different models or numerics never share a hash.
+  std::string model_identity;
+  // Sample on the model's device when it keeps logits there (GPU model); LLM sets it from
+  // DEEPINFER_DEVICE_SAMPLING.
   bool device_sampling = true;
+  // Drafts verified per sequence per step (speculative decoding); needs a model drafter and
+  // is capped by the drafter's max_draft_tokens() and the model's max_rollback(). 0 = off;
+  // -1 = from env.use_nextn_decode (unset: kDefaultNextnDecode when the model has a drafter).
+  int32_t num_speculative_tokens = -1;
   // Per-request maxima (LLMConfig.max_n / max_logprobs): a request asking for more is refused
   // at admission, naming the field.
   int max_n = 1024;
@@ -41,8 +55,9 @@ constexpr size_t kHostCacheCap = size_t(1) << 30;
 // memory plan left for the cache (the whole card's share, as vLLM's gpu_memory_utilization).
 size_t auto_cache_budget(const model::CausalLM& model, int64_t max_num_seqs, int64_t max_model_len);
 
-// DEEPINFER_DEVICE_SAMPLING: unset or "1" -> true, "0" -> false; anything else InvalidArgument.
-bool device_sampling_from_env();
+// What the engine will ask of the model, for the loader (ModelLoadOptions.limits): the LLM's
+// limits and the rollback the environment's draft length needs.
+model::ModelLimits model_limits_for(const LLMConfig& config, const EnvConfig& env);
 
 class Engine {
  public:
@@ -70,6 +85,8 @@ class Engine {
 
  private:
   std::vector<int32_t> tokenize(const PromptInput& prompt) const;
+  int32_t speculative_tokens(int32_t asked) const;  // what the model's drafter and rollback allow
+  std::string cache_identity() const;               // seeds the cache's block hashes
 
   EngineConfig config_;
   std::unique_ptr<model::CausalLM> model_;

@@ -4,6 +4,7 @@
 // SamplingParams.structured_outputs (vLLM names) -> the grammar's so_args JSON:
 //   json -> {"json_schema": <schema text>}   regex -> {"regex": ...}   choice -> {"choice": [...]}
 //   grammar -> {"ebnf": ...}                 json_object -> {"json_object": true}
+//   plus trigger_token_ids / bound_token_id when set (the matcher applies DeepInfer's trigger).
 // The vocabulary is the model's: token bytes from the tokenizer for every id below the
 // model's vocab size ("" past the tokenizer's), the model's EOS as the stop token, and every
 // other special token forbidden inside a grammar.
@@ -35,6 +36,8 @@ std::string so_args_json(const StructuredOutputsParams& spec) {
   else if (spec.choice) j["choice"] = *spec.choice;
   else if (spec.grammar) j["ebnf"] = *spec.grammar;
   else j["json_object"] = true;
+  if (!spec.trigger_token_ids.empty()) j["trigger_token_ids"] = spec.trigger_token_ids;
+  if (spec.bound_token_id) j["bound_token_id"] = *spec.bound_token_id;
   return j.dump();
 }
 
@@ -47,6 +50,8 @@ class StructuredMatcher final : public GrammarMatcher {
   }
   bool accept_token(int32_t token) override { return m_.accept_token(token); }
   bool is_terminated() const override { return m_.is_terminated(); }
+  bool supports_rollback() const override { return true; }
+  void rollback(int32_t n) override { m_.rollback(n); }
 
  private:
   structured::GrammarMatcher m_;

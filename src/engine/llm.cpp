@@ -70,8 +70,12 @@ LLM::LLM(const LLMConfig& config) : impl_(std::make_unique<Impl>()) {
   else if (config.accelerator == "nvidia" || config.accelerator == "cuda") impl_->env.accelerator = Accelerator::kNvidia;
   else if (!config.accelerator.empty())
     DI_THROW(InvalidArgument, "LLMConfig.accelerator='", config.accelerator, "' is not one of: cpu, nvidia");
+  // Knobs that need nothing from the model are refused before a (possibly long) load; the
+  // engine checks them all again with the model known.
+  check_env_knobs(impl_->env, {});
   std::string path = engine::resolve_model_path(config, impl_->env);
-  auto model = engine::load_model(path, impl_->env);
+  auto model = engine::load_model(
+      path, model::ModelLoadOptions{.env = impl_->env, .limits = engine::model_limits_for(config, impl_->env)});
   auto codec = engine::load_codec(config, path, model->vocab_size());
   auto grammar = engine::make_grammar_compiler(codec.get(), model->vocab_size(), model->eos_token_id());
   engine::EngineConfig ec;
@@ -83,7 +87,9 @@ LLM::LLM(const LLMConfig& config) : impl_(std::make_unique<Impl>()) {
   if (config.max_num_batched_tokens <= 0) DI_THROW(InvalidArgument, "LLMConfig.max_num_batched_tokens must be positive");
   ec.kv_cache_memory_bytes = config.kv_cache_memory_bytes;  // 0 = auto_cache_budget
   ec.seed = config.seed;
-  ec.device_sampling = engine::device_sampling_from_env();
+  ec.env = impl_->env;
+  ec.model_identity = path;
+  ec.device_sampling = impl_->env.device_sampling;
   if (config.max_n < 1) DI_THROW(InvalidArgument, "LLMConfig.max_n must be >= 1, got ", config.max_n);
   if (config.max_logprobs < 0) DI_THROW(InvalidArgument, "LLMConfig.max_logprobs must be >= 0, got ", config.max_logprobs);
   ec.max_n = config.max_n;

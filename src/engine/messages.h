@@ -1,9 +1,15 @@
 // The typed messages that cross engine boundaries, built fresh every step and read-only to
 // the receiver (STYLE.md "Data flows one way"):
-//   Scheduler --SchedulerOutput--> ModelRunner --ModelRunnerOutput--> Scheduler::update
-//   Scheduler::update --EngineCoreOutput--> OutputProcessor
+//   Scheduler --SchedulerOutput--> ModelRunner --ModelRunnerOutput--> OutputProcessor::scan_stops
+//     --StopEvent--> Scheduler::update --SeqUpdate--> OutputProcessor::process
 // New (or resumed) sequences travel in full, running ones as diffs, so the runner can keep
 // its own per-sequence state and, later, run step N while the scheduler plans step N+1.
+//
+// Multi-token steps: a scheduled sequence may carry L draft tokens after its committed tokens
+// (ScheduledSeq::draft_tokens). The runner scores all 1 + L positions in one forward, verifies,
+// and answers with the accepted tokens (>= 1: the accepted drafts, then the target's own token)
+// plus the drafter's proposals for the next step; update() commits the accepted tokens one by
+// one and rolls back the rest.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -30,33 +36,55 @@ struct NewSeqData {
 
 struct CachedSeqData {
   int64_t seq_id = 0;
-  std::vector<int32_t> new_block_ids;   // appended to its block table
+  // The block table is first cut to its first `num_kept_blocks` entries (blocks a rolled-back
+  // verify step no longer needs were released), then `new_block_ids` are appended.
+  int32_t num_kept_blocks = 0;
+  std::vector<int32_t> new_block_ids;
   int64_t num_computed_tokens = 0;
 };
 
 struct ScheduledSeq {
   int64_t seq_id = 0;
-  int32_t num_tokens = 0;               // tokens of this sequence in the step
-  bool samples = false;                 // the chunk reaches its last known token
+  int32_t num_tokens = 0;               // positions of this sequence in the step, drafts included
+  bool samples = false;                 // the chunk reaches its last committed token
+  // [L] drafts to verify, the last L of num_tokens (only when samples). Position i of the
+  // sequence's sampling rows scores drafts[i]; row L gives the bonus token.
+  std::vector<int32_t> draft_tokens;
+  int32_t num_sample_rows() const { return samples ? 1 + int32_t(draft_tokens.size()) : 0; }
+};
+
+// Grammar bitmasks of one sampling sequence, one per sampling row: row i is the matcher's
+// mask after accepting drafts[0, i) (row 0: after the committed tokens).
+struct SeqGrammarMasks {
+  int64_t seq_id = 0;
+  std::vector<std::vector<uint32_t>> rows;  // [num_sample_rows][ceil(vocab/32)], bit t = token t allowed
 };
 
 struct SchedulerOutput {
+  int64_t step_id = 0;                  // increasing; resources freed after step_id completes
   std::vector<NewSeqData> new_seqs;
   std::vector<CachedSeqData> cached_seqs;
   std::vector<ScheduledSeq> scheduled;  // batch order (= packing order of tokens)
   int64_t total_num_tokens = 0;
   std::vector<int64_t> finished_seq_ids;   // since the last step; the runner drops their state
   std::vector<int64_t> preempted_seq_ids;  // this step; the runner drops their state
-  // Grammar masks of sampling sequences, [ceil(vocab/32)] each, parallel to `grammar_seq_ids`.
-  std::vector<int64_t> grammar_seq_ids;
-  std::vector<std::vector<uint32_t>> grammar_masks;
+  std::vector<SeqGrammarMasks> grammar_masks;  // sampling sequences with a grammar
   bool empty() const { return scheduled.empty(); }
 };
 
-struct SampledToken {
+// What one sampling sequence produced in a step: the drafts it accepted followed by the
+// target's own token at the first rejected position (or the bonus token after all drafts).
+struct SampledSeq {
   int64_t seq_id = 0;
-  int32_t token = -1;
-  std::optional<TokenLogprobs> logprobs;
+  std::vector<int32_t> tokens;                 // [1 + accepted drafts]
+  std::vector<TokenLogprobs> logprobs;         // [tokens.size()] when the request asks for logprobs
+  int32_t num_drafts = 0;                      // drafts that were verified
+};
+
+// Drafts the model's drafter proposed after a sequence's last accepted token.
+struct SeqDrafts {
+  int64_t seq_id = 0;
+  std::vector<int32_t> tokens;
 };
 
 // Prompt logprobs of positions [first_position, first_position + entries.size()).
@@ -67,8 +95,19 @@ struct PromptLogprobsChunk {
 };
 
 struct ModelRunnerOutput {
-  std::vector<SampledToken> sampled;
+  int64_t step_id = 0;                          // SchedulerOutput::step_id it answers
+  std::vector<SampledSeq> sampled;
   std::vector<PromptLogprobsChunk> prompt_logprobs;
+  std::vector<SeqDrafts> drafts;                // proposals for the next step
+};
+
+// The output processor found that token `token_index` of a sequence's step tokens
+// (SampledSeq::tokens) ends it: a stop string completes there, or its text failed (error).
+// update() commits the tokens up to and including that one and finishes the sequence.
+struct StopEvent {
+  int64_t seq_id = 0;
+  int32_t token_index = 0;
+  bool error = false;
 };
 
 // What one step produced for one sequence, for the OutputProcessor.
@@ -82,6 +121,8 @@ struct SeqUpdate {
   int32_t stop_token_id = -1;
   int64_t num_preemptions = 0;
   bool first_scheduled = false;
+  int32_t num_draft_tokens = 0;             // drafts verified this step
+  int32_t num_accepted_drafts = 0;          // of which accepted
 };
 
 }  // namespace deepinfer::engine

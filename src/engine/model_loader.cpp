@@ -31,8 +31,10 @@ std::string resolve_model_path(const LLMConfig& config, const EnvConfig& env) {
            def.empty() ? std::string("models/default") : def);
 }
 
-std::unique_ptr<model::CausalLM> load_model(const std::string& path, const EnvConfig& env) {
-  if (path == kToy) return std::make_unique<ToyModel>();
+std::unique_ptr<model::CausalLM> load_model(const std::string& path, const model::ModelLoadOptions& options) {
+  // Until the model registry takes ModelLoadOptions, the V4 loaders get the environment only.
+  const EnvConfig& env = options.env;
+  if (path == kToy) return std::make_unique<ToyModel>(ToyModelConfig{.max_rollback = options.limits.max_rollback});
   if (!fs::is_directory(path)) DI_THROW(CheckpointError, "model folder '", path, "' does not exist");
   if (!fs::exists(fs::path(path) / "config.json")) DI_THROW(CheckpointError, "model folder '", path, "' has no config.json");
 #if defined(DI_ENGINE_HAS_V4_CUDA)

@@ -12,9 +12,10 @@ namespace deepinfer::engine {
 
 // config.model, else env.hf_model_dir, else the bundled <repo>/models/default.
 std::string resolve_model_path(const LLMConfig& config, const EnvConfig& env);
-// Loads the checkpoint at `path` on the backend `env` selects. "builtin:toy" gives ToyModel.
-// Throws CheckpointError naming the folder when it is missing or the model module is absent.
-std::unique_ptr<model::CausalLM> load_model(const std::string& path, const EnvConfig& env);
+// Loads the checkpoint at `path` on the backend `options.env` selects, sized for
+// `options.limits`. "builtin:toy" gives ToyModel. Throws CheckpointError naming the folder when
+// it is missing or the model module is absent.
+std::unique_ptr<model::CausalLM> load_model(const std::string& path, const model::ModelLoadOptions& options);
 // Tokenizer for the model at `path` (or config.tokenizer); null with skip_tokenizer_init.
 std::unique_ptr<TextCodec> load_codec(const LLMConfig& config, const std::string& model_path, int64_t vocab_size);
 

@@ -5,12 +5,19 @@
 #include "core/check.h"
 #include "core/parallel.h"
 #include "engine/sampler.h"
+#include "engine/spec_verify.h"
 
 namespace deepinfer::engine {
 
-ModelRunner::ModelRunner(model::CausalLM& model, const RunnerOptions& options) : model_(model) {
+ModelRunner::ModelRunner(model::CausalLM& model, const RunnerOptions& options) : model_(model), options_(options) {
   if (options.device_sampling && model_.supports_device_logits())
     device_sampler_ = DeviceSampler::create(model_.vocab_size());  // null without the CUDA backend
+  if (options.num_speculative_tokens > 0) {
+    drafter_ = model_.drafter();
+    DI_CHECK(drafter_, model_.describe(), ": ", options.num_speculative_tokens, " speculative tokens without a drafter");
+    DI_CHECK(model_.max_rollback() >= options.num_speculative_tokens, model_.describe(), " rolls back ",
+             model_.max_rollback(), " positions, fewer than ", options.num_speculative_tokens, " drafts");
+  }
 }
 
 ModelRunner::~ModelRunner() = default;
@@ -35,94 +42,119 @@ void ModelRunner::apply_state_changes(const SchedulerOutput& out) {
   }
   for (const CachedSeqData& c : out.cached_seqs) {
     SeqState& s = seqs_.at(c.seq_id);
+    DI_CHECK(c.num_kept_blocks >= 0 && size_t(c.num_kept_blocks) <= s.block_table.size(), "seq ", c.seq_id, " keeps ",
+             c.num_kept_blocks, " of its ", s.block_table.size(), " blocks");
+    s.block_table.resize(size_t(c.num_kept_blocks));
     s.block_table.insert(s.block_table.end(), c.new_block_ids.begin(), c.new_block_ids.end());
     DI_CHECK(s.num_computed == c.num_computed_tokens, "runner and scheduler disagree on seq ", c.seq_id,
              ": ", s.num_computed, " vs ", c.num_computed_tokens);
   }
 }
 
-model::ForwardBatch ModelRunner::build_batch(const SchedulerOutput& out, std::vector<int64_t>& sample_rows,
+model::ForwardBatch ModelRunner::build_batch(const SchedulerOutput& out, std::vector<SeqSlice>& slices,
+                                             std::vector<int64_t>& sample_logits_rows,
                                              std::vector<PromptRows>& prompt_rows) {
   model::ForwardBatch b;
   b.token_ids.reserve(size_t(out.total_num_tokens));
   for (const ScheduledSeq& sch : out.scheduled) {
     SeqState& s = seqs_.at(sch.seq_id);
-    int64_t start = int64_t(b.token_ids.size());
-    int64_t np = int64_t(s.prompt_ids->size());
-    DI_CHECK(s.num_computed + sch.num_tokens <= s.num_tokens(), "seq ", sch.seq_id, " scheduled past its tokens");
-    for (int64_t p = s.num_computed; p < s.num_computed + sch.num_tokens; ++p) b.token_ids.push_back(s.token_at(p));
+    const int64_t start = int64_t(b.token_ids.size()), np = int64_t(s.prompt_ids->size());
+    const int64_t num_drafts = int64_t(sch.draft_tokens.size()), committed = sch.num_tokens - num_drafts;
+    DI_CHECK(committed > 0 && s.num_computed + committed <= s.num_tokens(), "seq ", sch.seq_id, " scheduled past its tokens");
+    DI_CHECK(num_drafts == 0 || (sch.samples && s.num_computed + committed == s.num_tokens()), "seq ", sch.seq_id,
+             ": drafts scheduled on a chunk that does not sample");
+    for (int64_t p = s.num_computed; p < s.num_computed + committed; ++p) b.token_ids.push_back(s.token_at(p));
+    b.token_ids.insert(b.token_ids.end(), sch.draft_tokens.begin(), sch.draft_tokens.end());
     b.seqs.push_back({s.slot, s.block_table, s.num_computed, sch.num_tokens});
     // Logits at position p give the logprob of prompt token p+1.
     if (s.params->prompt_logprobs) {
-      int64_t lo = s.num_computed, hi = std::min(s.num_computed + sch.num_tokens, np - 1);
+      int64_t lo = s.num_computed, hi = std::min(s.num_computed + committed, np - 1);
       if (hi > lo) {
         prompt_rows.push_back({sch.seq_id, lo + 1, int64_t(b.logits_indices.size()), hi - lo});
         for (int64_t p = lo; p < hi; ++p) b.logits_indices.push_back(int32_t(start + p - s.num_computed));
       }
     }
+    SeqSlice slice{&sch, start, s.num_computed, -1};
     if (sch.samples) {
-      sample_rows.push_back(int64_t(b.logits_indices.size()));
-      b.logits_indices.push_back(int32_t(start + sch.num_tokens - 1));
-    } else {
-      sample_rows.push_back(-1);
+      slice.first_sample = int64_t(sample_logits_rows.size());
+      for (int64_t i = 0; i <= num_drafts; ++i) {
+        sample_logits_rows.push_back(int64_t(b.logits_indices.size()));
+        b.logits_indices.push_back(int32_t(start + committed - 1 + i));
+      }
     }
+    slices.push_back(slice);
+  }
+  if (drafter_) {  // the drafter reads the final streams of every position the step commits
+    b.hidden_indices.resize(b.token_ids.size());
+    for (size_t i = 0; i < b.token_ids.size(); ++i) b.hidden_indices[i] = int32_t(i);
   }
   return b;
 }
 
-std::vector<SamplingRow> ModelRunner::sampling_rows(const SchedulerOutput& out, const std::vector<int64_t>& sample_rows,
-                                                   std::vector<int64_t>& row_seq) const {
-  std::unordered_map<int64_t, const std::vector<uint32_t>*> masks;
-  for (size_t i = 0; i < out.grammar_seq_ids.size(); ++i) masks[out.grammar_seq_ids[i]] = &out.grammar_masks[i];
-  std::vector<SamplingRow> rows;
-  for (size_t i = 0; i < out.scheduled.size(); ++i) {
-    if (sample_rows[i] < 0) continue;
-    int64_t id = out.scheduled[i].seq_id;
-    const SeqState& s = seqs_.at(id);
-    SamplingRow r;
-    r.params = s.params.get();
-    r.seed = s.seed;
-    r.sample_index = s.sample_index;
-    r.position = s.num_tokens();  // absolute position of the token being drawn
-    r.prompt_ids = s.prompt_ids.get();
-    r.output_ids = &s.output_ids;
-    auto m = masks.find(id);
-    r.allowed_mask = m == masks.end() ? nullptr : m->second;
-    r.eos_token_id = s.eos_token_id;
-    rows.push_back(r);
-    row_seq.push_back(id);
+ModelRunner::SampleSet ModelRunner::sampling_rows(const SchedulerOutput& out, std::vector<SeqSlice>& slices,
+                                                  const std::vector<int64_t>& sample_logits_rows) const {
+  std::unordered_map<int64_t, const SeqGrammarMasks*> masks;
+  for (const SeqGrammarMasks& m : out.grammar_masks) masks[m.seq_id] = &m;
+  SampleSet set;
+  set.logits_rows = sample_logits_rows;
+  for (const SeqSlice& slice : slices) {
+    if (slice.first_sample < 0) continue;
+    const ScheduledSeq& sch = *slice.sched;
+    const SeqState& s = seqs_.at(sch.seq_id);
+    auto m = masks.find(sch.seq_id);
+    const SeqGrammarMasks* gm = m == masks.end() ? nullptr : m->second;
+    DI_CHECK(!gm || int32_t(gm->rows.size()) == sch.num_sample_rows(), "seq ", sch.seq_id, " has ",
+             gm ? gm->rows.size() : 0, " grammar masks for ", sch.num_sample_rows(), " sampling rows");
+    for (int32_t i = 0; i < sch.num_sample_rows(); ++i) {
+      SamplingRow r;
+      r.params = s.params.get();
+      r.seed = s.seed;
+      r.sample_index = s.sample_index;
+      r.position = s.num_tokens() + i;  // absolute position of the token being drawn
+      r.prompt_ids = s.prompt_ids.get();
+      r.output_ids = &s.output_ids;
+      if (i > 0) {  // as if drafts[0, i) were committed: penalties and min_tokens see them
+        std::vector<int32_t>& h = set.histories.emplace_back(s.output_ids);
+        h.insert(h.end(), sch.draft_tokens.begin(), sch.draft_tokens.begin() + i);
+        r.output_ids = &h;
+      }
+      r.allowed_mask = gm ? &gm->rows[size_t(i)] : nullptr;
+      r.eos_token_id = s.eos_token_id;
+      set.rows.push_back(r);
+    }
   }
-  return rows;
+  DI_CHECK(set.rows.size() == set.logits_rows.size(), "sampling rows and logits rows disagree");
+  return set;
 }
 
 // Logits stay on the device; the batch has sampling rows only, in row order (no prompt rows).
 std::vector<SampleResult> ModelRunner::sample_on_device(const model::ForwardBatch& batch,
-                                                        std::span<const SamplingRow> rows) {
+                                                        std::span<const SamplingRow> rows, model::HiddenRows& hidden) {
   DI_CHECK(batch.logits_indices.size() == rows.size(), "device sampling with ", batch.logits_indices.size(),
            " logits rows for ", rows.size(), " samples");
-  const model::DeviceLogits logits = model_.forward_device(batch);
+  model::ForwardOutput fo = model_.run(batch, {.logits_on_device = true, .hidden_to_host = false});
+  const model::DeviceLogits& logits = fo.device_logits;
   DI_CHECK(logits.rows == int64_t(rows.size()) && (rows.empty() || logits.data) &&
                logits.row_stride >= model_.vocab_size(),
            "model returned device logits of ", logits.rows, " rows (stride ", logits.row_stride, ") for ", rows.size(),
            " rows");
+  hidden = std::move(fo.hidden);
   stats_.device_steps++;
   return device_sampler_->sample(logits, rows);
 }
 
-std::vector<SampleResult> ModelRunner::sample_on_host(const model::ForwardBatch& batch, std::vector<SamplingRow>& rows,
-                                                      const std::vector<int64_t>& sample_rows,
+std::vector<SampleResult> ModelRunner::sample_on_host(const model::ForwardBatch& batch, SampleSet& set,
                                                       const std::vector<PromptRows>& prompt_rows,
-                                                      ModelRunnerOutput& result) {
-  Tensor logits = model_.forward(batch);  // [rows, vocab] f32 host
+                                                      ModelRunnerOutput& result, model::HiddenRows& hidden) {
+  model::ForwardOutput fo = model_.run(batch, {});
+  const Tensor& logits = fo.logits;  // [rows, vocab] f32 host
   const int64_t vocab = model_.vocab_size();
   DI_CHECK(logits.dim() == 2 && logits.size(0) == int64_t(batch.logits_indices.size()) && logits.size(1) == vocab &&
                logits.dtype() == DType::kF32 && logits.is_contiguous(),
            "model returned logits ", logits.str(), " for ", batch.logits_indices.size(), " rows");
   const float* L = logits.data<float>();
-  size_t k = 0;
-  for (int64_t row : sample_rows)
-    if (row >= 0) rows[k++].logits = L + row * vocab;
-  std::vector<SampleResult> drawn = engine::sample_rows(rows, vocab);
+  for (size_t k = 0; k < set.rows.size(); ++k) set.rows[k].logits = L + set.logits_rows[k] * vocab;
+  std::vector<SampleResult> drawn = engine::sample_rows(set.rows, vocab);
   for (const PromptRows& pr : prompt_rows) {
     const SeqState& s = seqs_.at(pr.seq_id);
     PromptLogprobsChunk c{pr.seq_id, pr.first_position, std::vector<TokenLogprobs>(size_t(pr.num_rows))};
@@ -132,32 +164,88 @@ std::vector<SampleResult> ModelRunner::sample_on_host(const model::ForwardBatch&
     });
     result.prompt_logprobs.push_back(std::move(c));
   }
+  hidden = std::move(fo.hidden);
   stats_.host_steps++;
   return drawn;
+}
+
+void ModelRunner::commit(const std::vector<SeqSlice>& slices, const SampleSet& set, std::vector<SampleResult>& drawn,
+                         ModelRunnerOutput& result) {
+  DI_CHECK(drawn.size() == set.rows.size(), "sampler returned ", drawn.size(), " results for ", set.rows.size(), " rows");
+  std::vector<int32_t> draws;
+  for (const SeqSlice& slice : slices) {
+    const ScheduledSeq& sch = *slice.sched;
+    SeqState& s = seqs_.at(sch.seq_id);
+    s.num_computed += sch.num_tokens;
+    if (slice.first_sample < 0) continue;
+    draws.clear();
+    for (int32_t i = 0; i < sch.num_sample_rows(); ++i) draws.push_back(drawn[size_t(slice.first_sample + i)].token);
+    VerifyResult v = verify_drafts(sch.draft_tokens, draws);
+    SampledSeq out{sch.seq_id, v.tokens, {}, int32_t(sch.draft_tokens.size())};
+    if (s.params->logprobs)
+      for (size_t j = 0; j < v.tokens.size(); ++j) out.logprobs.push_back(std::move(drawn[size_t(slice.first_sample) + j].logprobs));
+    // The rejected drafts' positions leave the cache: the next step starts after the accepted run.
+    const int64_t rejected = int64_t(sch.draft_tokens.size()) - v.num_accepted;
+    if (rejected > 0) {
+      model_.rollback(s.slot, s.num_computed, s.num_computed - rejected);
+      s.num_computed -= rejected;
+      stats_.rollbacks++;
+    }
+    s.output_ids.insert(s.output_ids.end(), v.tokens.begin(), v.tokens.end());
+    result.sampled.push_back(std::move(out));
+  }
+}
+
+void ModelRunner::propose_drafts(const std::vector<SeqSlice>& slices, const model::HiddenRows& hidden,
+                                 ModelRunnerOutput& result) {
+  model::DraftBatch db;
+  db.target_hidden = hidden;
+  for (const SeqSlice& slice : slices) {
+    const SeqState& s = seqs_.at(slice.sched->seq_id);
+    model::DraftSeq d;
+    d.cache_slot = s.slot;
+    d.block_table = s.block_table;
+    d.first_position = slice.first_position;
+    d.num_positions = int32_t(s.num_computed - slice.first_position);  // committed positions of this step
+    for (int64_t i = 0; i < d.num_positions; ++i) d.next_tokens.push_back(s.token_at(d.first_position + i + 1));
+    d.num_drafts = slice.first_sample >= 0 ? options_.num_speculative_tokens : 0;
+    d.first_hidden_row = slice.first_token;
+    db.seqs.push_back(std::move(d));
+  }
+  DI_CHECK(hidden.rows == last_batch_.num_tokens(), "model returned ", hidden.rows, " hidden rows for ",
+           last_batch_.num_tokens(), " asked");
+  std::vector<model::DraftProposal> proposals = drafter_->propose(db);
+  stats_.draft_calls++;
+  DI_CHECK(proposals.size() == db.seqs.size(), drafter_->describe(), " returned ", proposals.size(), " proposals for ",
+           db.seqs.size(), " sequences");
+  const int64_t vocab = model_.vocab_size();
+  for (size_t i = 0; i < slices.size(); ++i) {
+    const std::vector<int32_t>& t = proposals[i].tokens;
+    DI_CHECK(int32_t(t.size()) <= db.seqs[i].num_drafts, drafter_->describe(), " proposed ", t.size(), " drafts, ",
+             db.seqs[i].num_drafts, " asked");
+    for (int32_t tok : t) DI_CHECK(tok >= 0 && tok < vocab, drafter_->describe(), " proposed token ", tok);
+    if (!t.empty()) result.drafts.push_back({slices[i].sched->seq_id, t});
+  }
 }
 
 ModelRunnerOutput ModelRunner::execute(const SchedulerOutput& out) {
   apply_state_changes(out);
   ModelRunnerOutput result;
+  result.step_id = out.step_id;
   if (out.empty()) return result;
-  std::vector<int64_t> sample_rows;  // [scheduled] logits row, -1 = no sample
+  std::vector<SeqSlice> slices;
+  std::vector<int64_t> sample_logits_rows;  // [sampling rows] row of the forward's logits
   std::vector<PromptRows> prompt_rows;
-  model::ForwardBatch batch = build_batch(out, sample_rows, prompt_rows);
-  std::vector<int64_t> row_seq;
-  std::vector<SamplingRow> rows = sampling_rows(out, sample_rows, row_seq);
+  model::ForwardBatch batch = build_batch(out, slices, sample_logits_rows, prompt_rows);
+  SampleSet set = sampling_rows(out, slices, sample_logits_rows);
   bool on_device = device_sampler_ && prompt_rows.empty();
-  for (const SamplingRow& r : rows) on_device = on_device && device_sampler_->supports(r);
-  std::vector<SampleResult> drawn = on_device ? sample_on_device(batch, rows)
-                                              : sample_on_host(batch, rows, sample_rows, prompt_rows, result);
-  for (size_t i = 0; i < drawn.size(); ++i) {
-    SampledToken t{row_seq[i], drawn[i].token, std::nullopt};
-    if (rows[i].params->logprobs) t.logprobs = std::move(drawn[i].logprobs);
-    result.sampled.push_back(std::move(t));
-  }
-  // Commit: advance our own copy (the scheduler does the same in update()).
-  for (size_t i = 0; i < out.scheduled.size(); ++i) seqs_.at(out.scheduled[i].seq_id).num_computed += out.scheduled[i].num_tokens;
-  for (const SampledToken& t : result.sampled) seqs_.at(t.seq_id).output_ids.push_back(t.token);
+  for (const SamplingRow& r : set.rows) on_device = on_device && device_sampler_->supports(r);
+  model::HiddenRows hidden;
+  std::vector<SampleResult> drawn = on_device ? sample_on_device(batch, set.rows, hidden)
+                                              : sample_on_host(batch, set, prompt_rows, result, hidden);
   last_batch_ = std::move(batch);
+  commit(slices, set, drawn, result);
+  if (drafter_) propose_drafts(slices, hidden, result);
   return result;
 }
 

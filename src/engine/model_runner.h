@@ -3,6 +3,15 @@
 // samples. It keeps its own copy of each running sequence's tokens, updated from the
 // scheduler's diffs and from its own samples, so it never calls back into the scheduler.
 // The model (CPU or CUDA backend) is behind model::CausalLM; nothing here depends on which.
+//
+// Verify steps: a sequence scheduled with L drafts gets 1 + L sampling rows (its last committed
+// token and each draft). Row i is sampled as plain decoding would sample that position after
+// drafts[0, i) (history, grammar mask, Philox position), then spec_verify decides the accepted
+// run. The runner commits it to its own copy (the scheduler does the same in update()) and
+// calls CausalLM::rollback for the rejected positions. With drafting on (a model drafter and
+// num_speculative_tokens > 0) it then feeds the drafter every position the target committed
+// this step and returns its proposals, which the scheduler schedules next step.
+//
 // Sampling: when the model leaves its logits on a device (CausalLM::supports_device_logits)
 // and device sampling is on, the runner samples there (DeviceSampler) and only ids and the
 // asked-for logprobs come back. Grammar bitmasks are uploaded and applied on the device. A step
@@ -10,6 +19,7 @@
 // (they need whole logits rows) or some row is beyond the device sampler (supports()).
 #pragma once
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <span>
 #include <unordered_map>
@@ -18,20 +28,25 @@
 #include "engine/device_sampler.h"
 #include "engine/messages.h"
 #include "model/causal_lm.h"
+#include "model/drafter.h"
 #include "model/forward_batch.h"
 
 namespace deepinfer::engine {
 
 struct RunnerOptions {
-  bool device_sampling = true;  // sample on the model's device when it keeps logits there
+  bool device_sampling = true;       // sample on the model's device when it keeps logits there
+  int32_t num_speculative_tokens = 0;  // drafts to ask the model's drafter for (0: no drafting)
 };
 
 class ModelRunner {
  public:
   struct Stats {
     int64_t device_steps = 0, host_steps = 0;  // steps sampled on the device / on the host
+    int64_t rollbacks = 0;                     // CausalLM::rollback calls (rejected drafts)
+    int64_t draft_calls = 0;                   // Drafter::propose calls
   };
 
+  // num_speculative_tokens > 0 needs model.drafter() and model.max_rollback() >= it.
   explicit ModelRunner(model::CausalLM& model, const RunnerOptions& options = {});
   ~ModelRunner();
 
@@ -41,6 +56,7 @@ class ModelRunner {
   const Stats& stats() const { return stats_; }
   // Null when the step sampling runs on the host only.
   const DeviceSampler* device_sampler() const { return device_sampler_.get(); }
+  bool drafting() const { return drafter_ != nullptr; }
 
  private:
   struct SeqState {
@@ -59,24 +75,42 @@ class ModelRunner {
       return p < np ? (*prompt_ids)[size_t(p)] : output_ids[size_t(p - np)];
     }
   };
+  // Where one scheduled sequence sits in this step's batch.
+  struct SeqSlice {
+    const ScheduledSeq* sched = nullptr;
+    int64_t first_token = 0;       // index into ForwardBatch::token_ids
+    int64_t first_position = 0;    // num_computed before the step
+    int64_t first_sample = -1;     // index into the sampling rows, -1 = does not sample
+  };
   struct PromptRows {        // logits rows giving prompt logprobs for one sequence
     int64_t seq_id, first_position;
     int64_t first_row, num_rows;
   };
+  // The step's sampling rows and what keeps their pointers valid.
+  struct SampleSet {
+    std::vector<SamplingRow> rows;
+    std::vector<int64_t> logits_rows;            // [rows] row of the forward's logits
+    std::deque<std::vector<int32_t>> histories;  // output ids + drafts prefix, per draft row
+  };
 
   void apply_state_changes(const SchedulerOutput& out);
-  model::ForwardBatch build_batch(const SchedulerOutput& out, std::vector<int64_t>& sample_rows,
-                                  std::vector<PromptRows>& prompt_rows);
-
-  // Sampling rows of the scheduled sequences that sample (logits pointers not yet set).
-  std::vector<SamplingRow> sampling_rows(const SchedulerOutput& out, const std::vector<int64_t>& sample_rows,
-                                         std::vector<int64_t>& row_seq) const;
-  std::vector<SampleResult> sample_on_device(const model::ForwardBatch& batch, std::span<const SamplingRow> rows);
-  std::vector<SampleResult> sample_on_host(const model::ForwardBatch& batch, std::vector<SamplingRow>& rows,
-                                           const std::vector<int64_t>& sample_rows,
-                                           const std::vector<PromptRows>& prompt_rows, ModelRunnerOutput& result);
+  model::ForwardBatch build_batch(const SchedulerOutput& out, std::vector<SeqSlice>& slices,
+                                  std::vector<int64_t>& sample_logits_rows, std::vector<PromptRows>& prompt_rows);
+  SampleSet sampling_rows(const SchedulerOutput& out, std::vector<SeqSlice>& slices,
+                          const std::vector<int64_t>& sample_logits_rows) const;
+  std::vector<SampleResult> sample_on_device(const model::ForwardBatch& batch, std::span<const SamplingRow> rows,
+                                             model::HiddenRows& hidden);
+  std::vector<SampleResult> sample_on_host(const model::ForwardBatch& batch, SampleSet& set,
+                                           const std::vector<PromptRows>& prompt_rows, ModelRunnerOutput& result,
+                                           model::HiddenRows& hidden);
+  // Verifies and commits every sampling sequence's rows; rolls the model back where drafts failed.
+  void commit(const std::vector<SeqSlice>& slices, const SampleSet& set, std::vector<SampleResult>& drawn,
+              ModelRunnerOutput& result);
+  void propose_drafts(const std::vector<SeqSlice>& slices, const model::HiddenRows& hidden, ModelRunnerOutput& result);
 
   model::CausalLM& model_;
+  RunnerOptions options_;
+  model::Drafter* drafter_ = nullptr;  // the model's, when drafting is on
   std::unique_ptr<DeviceSampler> device_sampler_;
   std::unordered_map<int64_t, SeqState> seqs_;
   model::ForwardBatch last_batch_;

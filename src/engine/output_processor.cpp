@@ -35,7 +35,16 @@ void OutputProcessor::add(const std::string& request_id, std::string prompt_text
 }
 
 PositionLogprobs OutputProcessor::format_logprobs(const TokenLogprobs& lp) const {
-  auto text = [&](int32_t t) { return codec_ ? sanitize_utf8(codec_->token_bytes(t)) : std::string(); };
+  // A top-N id the codec cannot decode gets no text instead of failing the request (only the
+  // sampled tokens' text can end a request, and scan_stops sees those).
+  auto text = [&](int32_t t) {
+    if (!codec_) return std::string();
+    try {
+      return sanitize_utf8(codec_->token_bytes(t));
+    } catch (const Error&) {
+      return std::string();
+    }
+  };
   PositionLogprobs out;
   out.emplace_back(lp.token, Logprob{lp.logprob, lp.rank, text(lp.token)});
   for (size_t i = 0; i < lp.top.size(); ++i) {
@@ -45,30 +54,56 @@ PositionLogprobs OutputProcessor::format_logprobs(const TokenLogprobs& lp) const
   return out;
 }
 
-bool OutputProcessor::append_text(Parent& p, Child& c, int32_t token) {
-  const SamplingParams& sp = *p.params;
-  if (!codec_ || !sp.detokenize) return false;
-  if (sp.skip_special_tokens && codec_->is_special(token)) return false;
-  c.pending += codec_->token_bytes(token);
-  size_t k = complete_utf8_prefix(c.pending);
-  if (k == 0) return false;
-  size_t old_len = c.text.size();
-  c.text += sanitize_utf8(std::string_view(c.pending).substr(0, k));  // invalid bytes -> U+FFFD
-  c.pending.erase(0, k);
-  if (sp.stop.empty()) return false;
+const std::string* OutputProcessor::append_text(const SamplingParams& sp, std::string& text, std::string& pending,
+                                                int32_t token) const {
+  if (!codec_ || !sp.detokenize) return nullptr;
+  if (sp.skip_special_tokens && codec_->is_special(token)) return nullptr;
+  pending += codec_->token_bytes(token);
+  size_t k = complete_utf8_prefix(pending);
+  if (k == 0) return nullptr;
+  size_t old_len = text.size();
+  text += sanitize_utf8(std::string_view(pending).substr(0, k));  // invalid bytes -> U+FFFD
+  pending.erase(0, k);
+  if (sp.stop.empty()) return nullptr;
   // A stop string can start up to (its length - 1) bytes before the new text.
   size_t best = std::string::npos;
   const std::string* hit = nullptr;
   for (const std::string& s : sp.stop) {
     size_t from = old_len >= s.size() - 1 ? old_len - (s.size() - 1) : 0;
-    size_t pos = c.text.find(s, from);
+    size_t pos = text.find(s, from);
     if (pos != std::string::npos && pos < best) { best = pos; hit = &s; }
   }
-  if (!hit) return false;
-  c.text.resize(best + (sp.include_stop_str_in_output ? hit->size() : 0));
-  c.pending.clear();
-  c.stop_string = *hit;
-  return true;
+  if (!hit) return nullptr;
+  text.resize(best + (sp.include_stop_str_in_output ? hit->size() : 0));
+  pending.clear();
+  return hit;
+}
+
+std::vector<StopEvent> OutputProcessor::scan_stops(const ModelRunnerOutput& result) const {
+  std::vector<StopEvent> events;
+  for (const SampledSeq& s : result.sampled) {
+    auto own = seq_owner_.find(s.seq_id);
+    if (own == seq_owner_.end()) continue;
+    const Parent& p = parents_.at(own->second.first);
+    const Child& c = p.children[size_t(own->second.second)];
+    if (c.finished() || !codec_ || !p.params->detokenize) continue;
+    // A stop string completing in this step starts at most (longest - 1) bytes before it.
+    size_t tail = 0;
+    for (const std::string& st : p.params->stop) tail = std::max(tail, st.size());
+    std::string text = c.text.substr(c.text.size() - std::min(tail, c.text.size()));
+    std::string pending = c.pending;
+    size_t j = 0;
+    try {
+      for (; j < s.tokens.size(); ++j)
+        if (append_text(*p.params, text, pending, s.tokens[j])) {
+          events.push_back({s.seq_id, int32_t(j), false});
+          break;
+        }
+    } catch (const Error&) {
+      events.push_back({s.seq_id, int32_t(j), true});  // token j's text failed
+    }
+  }
+  return events;
 }
 
 void OutputProcessor::finish_child(Parent& p, Child& c, const std::string& reason) {
@@ -131,9 +166,9 @@ OutputProcessor::Result OutputProcessor::process(const std::vector<SeqUpdate>& u
         if (!slot) slot = format_logprobs(ch.entries[j]);  // recompute after preemption: keep the first
       }
     if (c.finished()) continue;
-    bool stopped = false;
+    const std::string* stop = nullptr;
     try {
-      for (size_t j = 0; j < u.new_token_ids.size(); ++j) {
+      for (size_t j = 0; j < u.new_token_ids.size() && !stop; ++j) {
         int32_t t = u.new_token_ids[j];
         c.token_ids.push_back(t);
         p.metrics.num_generation_tokens++;
@@ -143,19 +178,24 @@ OutputProcessor::Result OutputProcessor::process(const std::vector<SeqUpdate>& u
           c.logprobs.push_back(format_logprobs(u.new_logprobs[j]));
           c.cum_logprob += u.new_logprobs[j].logprob;
         }
-        stopped = append_text(p, c, t);
+        stop = append_text(*p.params, c.text, c.pending, t);
+        // scan_stops saw this stop: update() ended the run at this token.
+        DI_CHECK(!stop || (u.finished && j + 1 == u.new_token_ids.size()), "seq ", u.seq_id, ": stop string at token ",
+                 j, " of ", u.new_token_ids.size(), " was not reported by scan_stops");
       }
     } catch (const Error& e) {
+      if (dynamic_cast<const InternalError*>(&e)) throw;
       // Text-side failure of one request (e.g. a token its codec cannot decode): that request
-      // ends with the error; the others in the step carry on.
+      // ends with the error; the others in the step carry on. scan_stops reported it, so
+      // update() finished the sequence at this token.
+      DI_CHECK(u.finished, "seq ", u.seq_id, ": text failure not reported by scan_stops: ", e.what());
       if (p.error.empty()) p.error = e.what();
       finish_child(p, c, "error");
-      if (!u.finished) res.stopped_seq_ids.push_back(u.seq_id);
       continue;
     }
-    if (stopped) {
+    if (stop) {
+      c.stop_string = *stop;
       finish_child(p, c, "stop");
-      if (!u.finished) res.stopped_seq_ids.push_back(u.seq_id);
     } else if (u.finished) {
       auto reason = FinishReason(u.finish_reason);
       if (u.stop_token_id >= 0) c.stop_token_id = u.stop_token_id;

@@ -2,8 +2,11 @@
 // Owns everything text-side: incremental detokenization (complete UTF-8 only), stop strings
 // (found across token boundaries; the text is cut before the stop string unless
 // include_stop_str_in_output), streaming hold-back of a possible partial stop string,
-// logprob formatting, the n samples of one prompt, and metrics. It reports sequences that a
-// stop string finished so the engine can tell the scheduler.
+// logprob formatting, the n samples of one prompt, and metrics.
+// Stop strings change request state, which only Scheduler::update does: scan_stops() runs the
+// same text logic over a step's tokens on a copy of each sequence's text tail (nothing changes)
+// and reports where a stop string completes or the text fails; update() ends the accepted run
+// there; process() then appends exactly the committed tokens and finds the same stop.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -25,10 +28,15 @@ class OutputProcessor {
   void add(const std::string& request_id, std::string prompt_text, std::shared_ptr<const std::vector<int32_t>> prompt_ids,
            std::shared_ptr<const SamplingParams> params, const std::vector<int64_t>& seq_ids, double arrival_time);
 
+  // Where the tokens of `result` would end a sequence by a stop string or a text error
+  // (side-effect free; at most one event per sequence, its first).
+  std::vector<StopEvent> scan_stops(const ModelRunnerOutput& result) const;
+
   struct Result {
     std::vector<RequestOutput> outputs;       // requests with something to report this step
-    std::vector<int64_t> stopped_seq_ids;     // finished by a stop string or an error: the scheduler must finish them
   };
+  // Precondition: every stop string or text error the updates' tokens hit was reported by
+  // scan_stops and ended its update (finished); InternalError otherwise.
   Result process(const std::vector<SeqUpdate>& updates, double now);
   size_t num_unfinished() const { return parents_.size(); }
 
@@ -58,8 +66,10 @@ class OutputProcessor {
   };
 
   PositionLogprobs format_logprobs(const TokenLogprobs& lp) const;
-  // Appends a token's text; returns true when a stop string finished the child.
-  bool append_text(Parent& p, Child& c, int32_t token);
+  // Appends a token's bytes to (text, pending): complete UTF-8 goes to text. Returns the stop
+  // string that now ends `text` (text is cut before it, or after it with
+  // include_stop_str_in_output; pending cleared), or null. Throws when the codec fails.
+  const std::string* append_text(const SamplingParams& sp, std::string& text, std::string& pending, int32_t token) const;
   void finish_child(Parent& p, Child& c, const std::string& reason);
   RequestOutput make_output(Parent& p);
 

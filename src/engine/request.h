@@ -33,6 +33,10 @@ struct Request {
   FinishReason finish_reason = FinishReason::kNone;
   int32_t stop_token_id = -1;           // set when a stop/eos token finished it
   int64_t num_preemptions = 0;
+  // Drafts the drafter proposed after the last output token, verified when next scheduled
+  // (vLLM v1's spec_token_ids). Cleared when sent to the runner and on preemption.
+  std::vector<int32_t> draft_tokens;
+  int64_t last_step_id = -1;            // last step that ran it: its cache is released after that one
 
   int64_t prompt_len() const { return int64_t(prompt_ids->size()); }
   int64_t num_tokens() const { return prompt_len() + int64_t(output_ids.size()); }

@@ -44,6 +44,15 @@ void SamplingParams::validate(int64_t vocab_size) const {
     require(k == 1, "structured_outputs",
             str_cat("exactly one of json, regex, choice, grammar, json_object must be set, got ", k));
     if (structured_outputs->choice) require(!structured_outputs->choice->empty(), "structured_outputs.choice", "is empty");
+    for (int32_t t : structured_outputs->trigger_token_ids)
+      require(t >= 0 && t < vocab_size, "structured_outputs.trigger_token_ids",
+              str_cat("token id ", t, " is outside [0, ", vocab_size, ")"));
+    if (const auto& b = structured_outputs->bound_token_id) {
+      require(*b >= 0 && *b < vocab_size, "structured_outputs.bound_token_id",
+              str_cat("token id ", *b, " is outside [0, ", vocab_size, ")"));
+      require(!structured_outputs->trigger_token_ids.empty(), "structured_outputs.bound_token_id",
+              "requires a non-empty trigger_token_ids");
+    }
   }
 }
 

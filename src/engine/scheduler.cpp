@@ -24,7 +24,8 @@ const char* finish_reason_name(FinishReason r) {
 
 Scheduler::Scheduler(const SchedulerConfig& config, KVCacheManager& cache, int64_t vocab_size)
     : config_(config), cache_(cache), vocab_size_(vocab_size) {
-  DI_CHECK(config.max_num_seqs > 0 && config.max_num_batched_tokens > 0, "bad scheduler config");
+  DI_CHECK(config.max_num_seqs > 0 && config.max_num_batched_tokens > 0 && config.num_speculative_tokens >= 0,
+           "bad scheduler config");
 }
 
 void Scheduler::add(std::unique_ptr<Request> request) {
@@ -52,14 +53,33 @@ void Scheduler::insert_running(Request* r) {
 }
 
 void Scheduler::preempt(Request* r, SchedulerOutput& out) {
-  cache_.free(r->seq_id);
+  cache_.free(r->seq_id, r->last_step_id);  // reusable once its last step completed
   r->num_computed_tokens = 0;
+  r->draft_tokens.clear();
   r->num_preemptions++;
   stats_.num_preemptions++;
   out.preempted_seq_ids.push_back(r->seq_id);
   running_.erase(std::find(running_.begin(), running_.end(), r));
   insert_waiting(r);
   DI_DEBUG("preempted seq ", r->seq_id, " (", r->num_tokens(), " tokens)");
+}
+
+std::vector<int32_t> Scheduler::plan_drafts(Request& r, int64_t room) const {
+  const int64_t n_out = int64_t(r.output_ids.size());
+  // Accepting k drafts commits k + 1 tokens: never verify past max_tokens.
+  int64_t n = std::min({int64_t(r.draft_tokens.size()), int64_t(config_.num_speculative_tokens), room,
+                        r.max_output_tokens - n_out - 1});
+  if (n <= 0) return {};
+  if (r.grammar) {
+    // Only drafts the grammar accepts can be committed; cut at the first it rejects and after
+    // one that terminates it. The matcher is restored (masks are built in fill_grammar_masks).
+    if (!r.grammar->supports_rollback()) return {};
+    int32_t ok = 0;
+    while (ok < n && !r.grammar->is_terminated() && r.grammar->accept_token(r.draft_tokens[size_t(ok)])) ++ok;
+    r.grammar->rollback(ok);
+    n = ok;
+  }
+  return {r.draft_tokens.begin(), r.draft_tokens.begin() + n};
 }
 
 // Returns true when a sequence was preempted (then no waiting sequence is admitted).
@@ -71,18 +91,27 @@ bool Scheduler::schedule_running(SchedulerOutput& out, int64_t& budget) {
     DI_CHECK(remaining > 0, "running seq ", r->seq_id, " has nothing to compute");
     int64_t n = std::min(remaining, budget);
     if (!config_.enable_chunked_prefill && n < remaining) { ++i; continue; }
+    std::vector<int32_t> drafts = n == remaining ? plan_drafts(*r, budget - n) : std::vector<int32_t>{};
+    const int32_t kept_blocks = int32_t(cache_.get(r->seq_id)->block_ids.size());
     std::vector<int32_t> new_blocks;
     bool self_preempted = false;
-    while (!cache_.allocate(r->seq_id, r->num_computed_tokens + n, &new_blocks)) {
+    while (!cache_.allocate(r->seq_id, r->num_computed_tokens + n + int64_t(drafts.size()), &new_blocks)) {
+      if (!drafts.empty()) {  // verify nothing rather than preempt anyone
+        drafts.clear();
+        continue;
+      }
       Request* victim = running_.back();
       preempt(victim, out);
       preempted = true;
       if (victim == r) { self_preempted = true; break; }
     }
     if (self_preempted) break;  // everything after it was preempted first
-    out.cached_seqs.push_back({r->seq_id, std::move(new_blocks), r->num_computed_tokens});
-    out.scheduled.push_back({r->seq_id, int32_t(n), r->num_computed_tokens + n == r->num_tokens()});
-    budget -= n;
+    r->draft_tokens.clear();    // sent or dropped: the drafter proposes anew after this step
+    r->last_step_id = out.step_id;
+    const int64_t total = n + int64_t(drafts.size());
+    out.cached_seqs.push_back({r->seq_id, kept_blocks, std::move(new_blocks), r->num_computed_tokens});
+    out.scheduled.push_back({r->seq_id, int32_t(total), r->num_computed_tokens + n == r->num_tokens(), std::move(drafts)});
+    budget -= total;
     ++i;
   }
   return preempted;
@@ -97,6 +126,7 @@ void Scheduler::schedule_waiting(SchedulerOutput& out, int64_t& budget) {
     if (!cache_.allocate(r->seq_id, r->num_computed_tokens + n)) break;  // head waits: FCFS
     waiting_.pop_front();
     insert_running(r);
+    r->last_step_id = out.step_id;
     const SeqCache* c = cache_.get(r->seq_id);
     NewSeqData d;
     d.seq_id = r->seq_id;
@@ -110,24 +140,33 @@ void Scheduler::schedule_waiting(SchedulerOutput& out, int64_t& budget) {
     d.block_ids = c->block_ids;
     d.num_computed_tokens = r->num_computed_tokens;
     out.new_seqs.push_back(std::move(d));
-    out.scheduled.push_back({r->seq_id, int32_t(n), r->num_computed_tokens + n == r->num_tokens()});
+    out.scheduled.push_back({r->seq_id, int32_t(n), r->num_computed_tokens + n == r->num_tokens(), {}});
     budget -= n;
   }
 }
 
 void Scheduler::fill_grammar_masks(SchedulerOutput& out) {
+  const size_t words = size_t((vocab_size_ + 31) / 32);
   for (const ScheduledSeq& s : out.scheduled) {
     Request& r = *requests_.at(s.seq_id);
     if (!s.samples || !r.grammar) continue;
-    std::vector<uint32_t> mask(size_t((vocab_size_ + 31) / 32), 0);
-    r.grammar->fill_bitmask(mask);
-    out.grammar_seq_ids.push_back(s.seq_id);
-    out.grammar_masks.push_back(std::move(mask));
+    SeqGrammarMasks m{s.seq_id, std::vector<std::vector<uint32_t>>(size_t(s.num_sample_rows()))};
+    const int32_t n_drafts = int32_t(s.draft_tokens.size());
+    for (int32_t i = 0; i <= n_drafts; ++i) {
+      m.rows[size_t(i)].assign(words, 0);
+      r.grammar->fill_bitmask(m.rows[size_t(i)]);
+      if (i < n_drafts)
+        DI_CHECK(r.grammar->accept_token(s.draft_tokens[size_t(i)]), "seq ", s.seq_id, ": draft ", i,
+                 " was checked against the grammar but is rejected now");
+    }
+    if (n_drafts > 0) r.grammar->rollback(n_drafts);
+    out.grammar_masks.push_back(std::move(m));
   }
 }
 
 SchedulerOutput Scheduler::schedule() {
   SchedulerOutput out;
+  out.step_id = next_step_id_++;
   out.finished_seq_ids = std::move(finished_since_last_);
   finished_since_last_.clear();
   int64_t budget = config_.max_num_batched_tokens;
@@ -142,29 +181,30 @@ SchedulerOutput Scheduler::schedule() {
 }
 
 void Scheduler::release(Request& r) {
-  cache_.free(r.seq_id);
+  cache_.free(r.seq_id, r.last_step_id);
   if (r.status == RequestStatus::kRunning) running_.erase(std::find(running_.begin(), running_.end(), &r));
   else if (r.status == RequestStatus::kWaiting) waiting_.erase(std::find(waiting_.begin(), waiting_.end(), &r));
   r.status = RequestStatus::kFinished;
+  r.draft_tokens.clear();
   finished_since_last_.push_back(r.seq_id);
 }
 
-bool Scheduler::apply_token(Request& r, const SampledToken& s) {
-  r.output_ids.push_back(s.token);
+bool Scheduler::apply_token(Request& r, int32_t token) {
+  r.output_ids.push_back(token);
   const SamplingParams& p = *r.params;
   int64_t n_out = int64_t(r.output_ids.size());
-  if (r.grammar && !r.grammar->accept_token(s.token)) {
-    DI_WARN("seq ", r.seq_id, ": sampled token ", s.token, " rejected by its grammar; finishing it");
+  if (r.grammar && !r.grammar->accept_token(token)) {
+    DI_WARN("seq ", r.seq_id, ": sampled token ", token, " rejected by its grammar; finishing it");
     r.finish_reason = FinishReason::kAbort;
     return true;
   }
   bool may_stop = n_out > p.min_tokens;  // the sampler masks stop tokens before min_tokens
-  if (may_stop && !p.ignore_eos && s.token == r.eos_token_id) {
+  if (may_stop && !p.ignore_eos && token == r.eos_token_id) {
     r.finish_reason = FinishReason::kStop;
-    r.stop_token_id = s.token;
-  } else if (may_stop && std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), s.token) != p.stop_token_ids.end()) {
+    r.stop_token_id = token;
+  } else if (may_stop && std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), token) != p.stop_token_ids.end()) {
     r.finish_reason = FinishReason::kStop;
-    r.stop_token_id = s.token;
+    r.stop_token_id = token;
   } else if (n_out >= r.max_output_tokens) {
     r.finish_reason = FinishReason::kLength;
   } else if (r.grammar && r.grammar->is_terminated()) {
@@ -173,18 +213,39 @@ bool Scheduler::apply_token(Request& r, const SampledToken& s) {
   return r.finish_reason != FinishReason::kNone;
 }
 
-std::vector<SeqUpdate> Scheduler::update(const SchedulerOutput& out, const ModelRunnerOutput& result) {
-  std::unordered_map<int64_t, const SampledToken*> sampled;
-  for (const SampledToken& s : result.sampled) sampled[s.seq_id] = &s;
+bool Scheduler::commit_tokens(Request& r, const SampledSeq& s, int32_t n, const StopEvent* stop, SeqUpdate& u) {
+  for (int32_t j = 0; j < n; ++j) {
+    u.new_token_ids.push_back(s.tokens[size_t(j)]);
+    if (size_t(j) < s.logprobs.size()) u.new_logprobs.push_back(s.logprobs[size_t(j)]);
+    if (apply_token(r, s.tokens[size_t(j)])) return true;
+    if (stop && stop->token_index == j) {  // a stop string ends here, or the text failed
+      r.finish_reason = stop->error ? FinishReason::kAbort : FinishReason::kStop;
+      return true;
+    }
+  }
+  return false;
+}
+
+std::vector<SeqUpdate> Scheduler::update(const SchedulerOutput& out, const ModelRunnerOutput& result,
+                                         std::span<const StopEvent> stops) {
+  DI_CHECK(result.step_id == out.step_id, "runner output of step ", result.step_id, " applied to step ", out.step_id);
+  std::unordered_map<int64_t, const SampledSeq*> sampled;
+  for (const SampledSeq& s : result.sampled) sampled[s.seq_id] = &s;
   std::unordered_map<int64_t, std::vector<const PromptLogprobsChunk*>> prompt_lp;
   for (const PromptLogprobsChunk& c : result.prompt_logprobs) prompt_lp[c.seq_id].push_back(&c);
+  std::unordered_map<int64_t, const SeqDrafts*> drafts;
+  for (const SeqDrafts& d : result.drafts) drafts[d.seq_id] = &d;
+  std::unordered_map<int64_t, const StopEvent*> stop_at;  // the earliest event per sequence
+  for (const StopEvent& e : stops)
+    if (auto [it, fresh] = stop_at.try_emplace(e.seq_id, &e); !fresh && e.token_index < it->second->token_index) it->second = &e;
 
   std::vector<SeqUpdate> updates;
   for (const ScheduledSeq& s : out.scheduled) {
     auto it = requests_.find(s.seq_id);
     if (it == requests_.end() || it->second->status != RequestStatus::kRunning) continue;
     Request& r = *it->second;
-    r.num_computed_tokens += s.num_tokens;
+    const int32_t n_drafts = int32_t(s.draft_tokens.size());
+    r.num_computed_tokens += s.num_tokens - n_drafts;  // committed positions; accepted drafts below
     SeqUpdate u;
     u.seq_id = r.seq_id;
     u.num_preemptions = r.num_preemptions;
@@ -194,27 +255,48 @@ std::vector<SeqUpdate> Scheduler::update(const SchedulerOutput& out, const Model
     }
     for (auto* c : prompt_lp[r.seq_id]) u.prompt_logprobs.push_back(*c);
     if (auto sp = sampled.find(r.seq_id); sp != sampled.end()) {
+      const SampledSeq& ss = *sp->second;
       DI_CHECK(s.samples && r.num_computed_tokens == r.num_tokens(), "seq ", r.seq_id, " sampled mid-prefill");
-      u.new_token_ids.push_back(sp->second->token);
-      if (sp->second->logprobs) u.new_logprobs.push_back(*sp->second->logprobs);
-      if (apply_token(r, *sp->second)) {
+      DI_CHECK(!ss.tokens.empty() && int32_t(ss.tokens.size()) <= n_drafts + 1 &&
+                   std::equal(ss.tokens.begin(), ss.tokens.end() - 1, s.draft_tokens.begin()),
+               "seq ", r.seq_id, ": runner accepted ", ss.tokens.size(), " tokens that are not a draft prefix (",
+               n_drafts, " drafts)");
+      const int32_t accepted = int32_t(ss.tokens.size()) - 1;
+      u.num_draft_tokens = n_drafts;
+      u.num_accepted_drafts = accepted;
+      stats_.num_draft_tokens += n_drafts;
+      stats_.num_accepted_drafts += accepted;
+      auto st = stop_at.find(r.seq_id);
+      const StopEvent* stop = st == stop_at.end() ? nullptr : st->second;
+      DI_CHECK(!stop || (stop->token_index >= 0 && size_t(stop->token_index) < ss.tokens.size()), "seq ", r.seq_id,
+               ": stop event at token ", stop ? stop->token_index : 0, " of ", ss.tokens.size());
+      if (commit_tokens(r, ss, int32_t(ss.tokens.size()), stop, u)) {
         u.finished = true;
         u.finish_reason = int(r.finish_reason);
         u.stop_token_id = r.stop_token_id;
         release(r);
+      } else {
+        // The accepted drafts' cache entries are kept; blocks past the new end are released.
+        r.num_computed_tokens += accepted;
+        cache_.truncate(r.seq_id, r.num_tokens(), out.step_id);
+        if (auto d = drafts.find(r.seq_id); d != drafts.end()) r.draft_tokens = d->second->tokens;
       }
     }
+    // Blocks now full of computed tokens get their content hash (prefix reuse finds them by it).
+    if (r.status == RequestStatus::kRunning)
+      cache_.hash_full_blocks(r.seq_id, *r.prompt_ids, r.output_ids, r.num_computed_tokens);
     updates.push_back(std::move(u));
   }
   for (const SeqUpdate& u : updates)
     if (u.finished) requests_.erase(u.seq_id);
+  cache_.complete_step(out.step_id);
   return updates;
 }
 
-void Scheduler::finish(int64_t seq_id, FinishReason reason) {
+void Scheduler::abort(int64_t seq_id) {
   auto it = requests_.find(seq_id);
   if (it == requests_.end()) return;
-  it->second->finish_reason = reason;
+  it->second->finish_reason = FinishReason::kAbort;
   release(*it->second);
   first_scheduled_pending_.erase(seq_id);
   requests_.erase(it);

@@ -1,21 +1,29 @@
 // Scheduler: decides, each step, which sequences run and how many tokens each gets.
-// It schedules token counts, not phases: a decode is 1 token, a prefill chunk is up to the
-// remaining budget, and both share a step (vLLM v1's model).
+// It schedules token counts, not phases: a decode is 1 token, a verify step 1 + L (the last
+// committed token and L drafts), a prefill chunk up to the remaining budget, and all share a
+// step (vLLM v1's model).
 //
 // Policy (first-come first-served, starvation free):
-//  1. Running sequences in arrival order each get min(remaining tokens, budget). When the
-//     cache cannot grow one, the latest-arrived running sequence is preempted (cache freed,
+//  1. Running sequences in arrival order each get min(remaining tokens, budget), plus their
+//     drafts when the chunk reaches the last committed token (trimmed to the budget left,
+//     num_speculative_tokens, max_tokens and the grammar). When the cache cannot grow one,
+//     its drafts go first, then the latest-arrived running sequence is preempted (cache freed,
 //     recomputed from scratch later) until it fits, possibly itself.
 //  2. If nothing was preempted, waiting sequences are admitted in arrival order while the
 //     token budget, max_num_seqs and the cache allow; the head of the queue is never
 //     skipped, so an old request cannot starve behind younger ones.
 // Preempted sequences return to the waiting queue in arrival order, ahead of younger ones.
 // Plan-then-commit: schedule() only changes scheduling state; token results arrive in
-// update(), the single place where a sequence's tokens and status change.
+// update(), the single place where a sequence's tokens and status change: it commits a step's
+// accepted tokens one by one (EOS, stop ids, max_tokens, min_tokens, the grammar and stop
+// strings found by the output processor end the run there), rolls back what was not accepted
+// (num_computed_tokens, blocks past the new end) and stores the drafter's next proposals.
+// Caches of finished or preempted sequences are released after the last step that used them.
 #pragma once
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <span>
 #include <unordered_map>
 #include <vector>
 
@@ -27,9 +35,10 @@ namespace deepinfer::engine {
 
 struct SchedulerConfig {
   int64_t max_num_seqs = 64;              // sequences in one step
-  int64_t max_num_batched_tokens = 2048;  // tokens in one step
+  int64_t max_num_batched_tokens = 2048;  // tokens in one step, drafts included
   int64_t max_model_len = 0;              // prompt + output limit per sequence
   bool enable_chunked_prefill = true;     // off: a prefill runs whole or waits
+  int32_t num_speculative_tokens = 0;     // most drafts one sequence verifies per step
 };
 
 struct SchedulerStats {
@@ -37,6 +46,8 @@ struct SchedulerStats {
   int64_t num_preemptions = 0;
   int64_t max_tokens_in_step = 0;
   int64_t max_seqs_in_step = 0;
+  int64_t num_draft_tokens = 0;           // drafts verified
+  int64_t num_accepted_drafts = 0;        // drafts the target accepted (committed or not)
 };
 
 class Scheduler {
@@ -46,10 +57,13 @@ class Scheduler {
   // Takes ownership; the request must already be validated (Engine::add_request).
   void add(std::unique_ptr<Request> request);
   SchedulerOutput schedule();
-  // Applies a step's results; returns one update per scheduled or finished sequence.
-  std::vector<SeqUpdate> update(const SchedulerOutput& out, const ModelRunnerOutput& result);
-  // Finishes a sequence from outside the model loop (stop string, abort). No-op if unknown.
-  void finish(int64_t seq_id, FinishReason reason);
+  // Applies step `out`'s results (`result` answers it; `stops` are the output processor's
+  // stop-string / text-error events on result's tokens) and completes the step for the cache.
+  // Returns one update per scheduled sequence that was still running.
+  std::vector<SeqUpdate> update(const SchedulerOutput& out, const ModelRunnerOutput& result,
+                                std::span<const StopEvent> stops = {});
+  // Ends a sequence from outside the model loop (the user aborted it). No-op if unknown.
+  void abort(int64_t seq_id);
 
   bool has_unfinished() const { return !waiting_.empty() || !running_.empty(); }
   size_t num_waiting() const { return waiting_.size(); }
@@ -61,11 +75,15 @@ class Scheduler {
  private:
   bool schedule_running(SchedulerOutput& out, int64_t& budget);
   void schedule_waiting(SchedulerOutput& out, int64_t& budget);
+  // The drafts `r` verifies this step if it gets `room` more tokens (a prefix of its proposals).
+  std::vector<int32_t> plan_drafts(Request& r, int64_t room) const;
   void preempt(Request* r, SchedulerOutput& out);
   void insert_waiting(Request* r);
   void insert_running(Request* r);
   void fill_grammar_masks(SchedulerOutput& out);
-  bool apply_token(Request& r, const SampledToken& s);  // true when it finished the sequence
+  // Commits tokens[0, n) of a step one by one; true when one of them finished the sequence.
+  bool commit_tokens(Request& r, const SampledSeq& s, int32_t n, const StopEvent* stop, SeqUpdate& u);
+  bool apply_token(Request& r, int32_t token);  // true when it finished the sequence
   void release(Request& r);
 
   SchedulerConfig config_;
@@ -76,6 +94,7 @@ class Scheduler {
   std::vector<Request*> running_;  // arrival order
   std::vector<int64_t> finished_since_last_;
   std::unordered_map<int64_t, bool> first_scheduled_pending_;
+  int64_t next_step_id_ = 0;
   SchedulerStats stats_;
 };
 

@@ -30,14 +30,15 @@ void fill_logits(const ToyModelConfig& c, uint64_t hash, const int32_t* window, 
 }  // namespace
 
 std::string ToyModel::describe() const {
-  return detail::str_cat("ToyModel(vocab=", cfg_.vocab_size, ", max_model_len=", cfg_.max_model_len, ", cpu)");
+  return detail::str_cat("ToyModel(vocab=", cfg_.vocab_size, ", max_model_len=", cfg_.max_model_len,
+                         ", max_rollback ", cfg_.max_rollback, ", cpu)");
 }
 
 kv::CacheGeometry ToyModel::plan_cache(size_t budget_bytes, int64_t max_slots) const {
   kv::CacheGeometry g;
   g.block_tokens = cfg_.block_tokens;
   g.bytes_per_block = size_t(cfg_.block_tokens) * sizeof(int32_t);
-  g.bytes_per_slot = sizeof(Slot);
+  g.bytes_per_slot = 24;  // nominal (hash, length, flag): tests size caches with it
   g.num_slots = max_slots;
   size_t fixed = size_t(max_slots) * g.bytes_per_slot;
   g.num_blocks = budget_bytes > fixed ? int64_t((budget_bytes - fixed) / g.bytes_per_block) : 0;
@@ -54,20 +55,63 @@ void ToyModel::allocate_cache(const kv::CacheGeometry& g) {
 
 void ToyModel::reset_slot(int32_t slot) {
   DI_CHECK(slot >= 0 && slot < int32_t(slots_.size()), "slot ", slot, " out of range");
-  slots_[size_t(slot)] = Slot{initial_hash(cfg_), 0, true};
+  slots_[size_t(slot)] = Slot{{}, 0, true};
+}
+
+uint64_t ToyModel::slot_hash(const Slot& s) const { return s.hashes.empty() ? initial_hash(cfg_) : s.hashes.back(); }
+
+void ToyModel::rollback(int32_t slot, int64_t num_tokens, int64_t keep) {
+  CausalLM::rollback(slot, num_tokens, keep);  // the contract's bounds
+  DI_CHECK(slot >= 0 && slot < int32_t(slots_.size()), "slot ", slot, " out of range");
+  Slot& s = slots_[size_t(slot)];
+  DI_CHECK(s.len == num_tokens, "rollback of slot ", slot, " from ", num_tokens, " but it holds ", s.len);
+  const int64_t n = num_tokens - keep;
+  DI_CHECK(int64_t(s.hashes.size()) >= std::min(n + 1, num_tokens), "slot ", slot, " ring too short");
+  for (int64_t i = 0; i < n; ++i) s.hashes.pop_back();
+  s.len = keep;
+  ++num_rollbacks_;
+}
+
+void ToyModel::emit(const model::SeqInBatch& s, int64_t p, uint64_t hash, float* logits, float* hidden) const {
+  const int64_t bt = geometry_.block_tokens;
+  int32_t window[4];
+  int n = 0;
+  for (int64_t q = std::max<int64_t>(0, p - 3); q <= p; ++q) {
+    int32_t v = blocks_[size_t(s.block_table[size_t(q / bt)] * bt + q % bt)];
+    DI_CHECK(v >= 0, "position ", q, " read from an unwritten block");
+    window[n++] = v;
+  }
+  if (logits) fill_logits(cfg_, hash, window, n, logits);
+  if (hidden) {
+    ToyState st{hash, {-1, -1, -1}};
+    for (int k = 0; k < 3 && k < n; ++k) st.window[size_t(2 - k)] = window[n - 1 - k];
+    encode_hidden(st, hidden);
+  }
 }
 
 model::ForwardOutput ToyModel::run(const model::ForwardBatch& batch, const model::ForwardOptions& /*options*/) {
   ++num_forward_calls_;
-  const int64_t bt = geometry_.block_tokens, V = cfg_.vocab_size;
-  std::vector<int64_t> row_of(batch.token_ids.size(), -1);
-  for (size_t r = 0; r < batch.logits_indices.size(); ++r) {
-    int32_t i = batch.logits_indices[r];
-    DI_CHECK(i >= 0 && i < int32_t(batch.token_ids.size()), "logits index ", i, " outside the batch");
-    row_of[size_t(i)] = int64_t(r);
+  const int64_t bt = geometry_.block_tokens, V = cfg_.vocab_size, T = batch.num_tokens();
+  auto rows_of = [T](const std::vector<int32_t>& indices, const char* field) {
+    std::vector<int64_t> row(size_t(T), -1);
+    for (size_t r = 0; r < indices.size(); ++r) {
+      DI_CHECK(indices[r] >= 0 && indices[r] < T, field, " index ", indices[r], " outside the batch");
+      row[size_t(indices[r])] = int64_t(r);
+    }
+    return row;
+  };
+  const std::vector<int64_t> logits_row = rows_of(batch.logits_indices, "logits"),
+                             hidden_row = rows_of(batch.hidden_indices, "hidden");
+  model::ForwardOutput out;
+  out.logits = Tensor::empty({int64_t(batch.logits_indices.size()), V}, DType::kF32);
+  const int64_t H = int64_t(batch.hidden_indices.size());
+  if (H > 0) {
+    out.hidden.host = Tensor::empty({H, 1, kHiddenElems}, DType::kF32);
+    out.hidden.rows = H;
+    out.hidden.row_elems = kHiddenElems;
   }
-  Tensor logits = Tensor::empty({int64_t(batch.logits_indices.size()), V}, DType::kF32);
-  float* L = logits.data<float>();
+  float* L = out.logits.data<float>();
+  float* Hd = H > 0 ? out.hidden.host.data<float>() : nullptr;
   size_t t = 0;
   for (const model::SeqInBatch& s : batch.seqs) {
     DI_CHECK(s.cache_slot >= 0 && s.cache_slot < int32_t(slots_.size()), "bad slot ", s.cache_slot);
@@ -82,32 +126,49 @@ model::ForwardOutput ToyModel::run(const model::ForwardBatch& batch, const model
       int32_t blk = s.block_table[size_t(p / bt)];
       DI_CHECK(blk >= 0 && blk < geometry_.num_blocks, "block id ", blk, " out of range");
       blocks_[size_t(blk * bt + p % bt)] = batch.token_ids[t];
-      slot.hash = roll(slot.hash, batch.token_ids[t]);
+      slot.hashes.push_back(roll(slot_hash(slot), batch.token_ids[t]));
+      if (int64_t(slot.hashes.size()) > cfg_.max_rollback + 1) slot.hashes.pop_front();
       slot.len = p + 1;
-      if (row_of[t] < 0) continue;
-      int32_t window[4];
-      int n = 0;
-      for (int64_t q = std::max<int64_t>(0, p - 3); q <= p; ++q) {
-        int32_t v = blocks_[size_t(s.block_table[size_t(q / bt)] * bt + q % bt)];
-        DI_CHECK(v >= 0, "position ", q, " read from an unwritten block");
-        window[n++] = v;
-      }
-      fill_logits(cfg_, slot.hash, window, n, L + row_of[t] * V);
+      if (logits_row[t] < 0 && hidden_row[t] < 0) continue;
+      emit(s, p, slot.hashes.back(), logits_row[t] < 0 ? nullptr : L + logits_row[t] * V,
+           hidden_row[t] < 0 ? nullptr : Hd + hidden_row[t] * kHiddenElems);
     }
   }
   DI_CHECK(t == batch.token_ids.size(), "batch has more tokens than its sequences claim");
-  if (!batch.hidden_indices.empty()) DI_THROW(InvalidArgument, "ToyModel has no hidden states");
-  return {.logits = logits};
+  return out;
+}
+
+ToyState ToyModel::initial_state(const ToyModelConfig& c) { return ToyState{initial_hash(c), {-1, -1, -1}}; }
+
+void ToyModel::step(const ToyModelConfig& c, ToyState& s, int32_t token, float* logits) {
+  s.hash = roll(s.hash, token);
+  int32_t window[4];
+  int n = 0;
+  for (int32_t w : s.window)
+    if (w >= 0) window[n++] = w;
+  window[n++] = token;
+  fill_logits(c, s.hash, window, n, logits);
+  s.window = {s.window[1], s.window[2], token};
+}
+
+void ToyModel::encode_hidden(const ToyState& s, float* row) {
+  for (int k = 0; k < 4; ++k) row[k] = float((s.hash >> (16 * k)) & 0xFFFF);  // exact in f32
+  for (int k = 0; k < 3; ++k) row[4 + k] = float(s.window[size_t(k)]);
+  row[7] = 0.0f;
+}
+
+ToyState ToyModel::decode_hidden(const float* row) {
+  ToyState s;
+  s.hash = 0;
+  for (int k = 0; k < 4; ++k) s.hash |= uint64_t(row[k]) << (16 * k);
+  for (int k = 0; k < 3; ++k) s.window[size_t(k)] = int32_t(row[4 + k]);
+  return s;
 }
 
 std::vector<float> ToyModel::reference_logits(const ToyModelConfig& c, const std::vector<int32_t>& tokens) {
   std::vector<float> out(tokens.size() * size_t(c.vocab_size));
-  uint64_t h = initial_hash(c);
-  for (size_t p = 0; p < tokens.size(); ++p) {
-    h = roll(h, tokens[p]);
-    size_t lo = p >= 3 ? p - 3 : 0;
-    fill_logits(c, h, tokens.data() + lo, int(p - lo + 1), out.data() + p * size_t(c.vocab_size));
-  }
+  ToyState s = initial_state(c);
+  for (size_t p = 0; p < tokens.size(); ++p) step(c, s, tokens[p], out.data() + p * size_t(c.vocab_size));
   return out;
 }
 

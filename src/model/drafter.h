@@ -24,12 +24,16 @@ struct DraftSeq {
   int32_t num_positions = 0;
   std::vector<int32_t> next_tokens;  // [num_positions]
   int32_t num_drafts = 0;            // drafts to propose after the anchor (0: only feed the state)
+  // Row of DraftBatch::target_hidden holding position first_position; the sequence's positions
+  // are rows [first_hidden_row, first_hidden_row + num_positions). The rows are the target
+  // step's own hidden rows (no copy), so rows of rejected drafts may lie between sequences.
+  int64_t first_hidden_row = 0;
 };
 
 struct DraftBatch {
   std::vector<DraftSeq> seqs;
-  // Target final streams of every fed position, sequences in order: [sum num_positions, n, D]
-  // (host tensor for host backends; device pointer for device backends).
+  // Target final streams of the step, [rows, n, D], holding every fed position at its
+  // sequence's first_hidden_row (host tensor for host backends; device pointer for device ones).
   HiddenRows target_hidden;
 };
 

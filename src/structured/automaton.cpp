@@ -17,16 +17,43 @@ constexpr int kMaxInlineDepth = 4000;
 // Rules a single step may enter before consuming a byte (Stepper::expand recurses per rule).
 constexpr int kMaxCallChain = 1000;
 
-void collect_refs(const Grammar& g, ExprId id, std::vector<RuleId>& out) {
+// Rules referred to from `id`. Expressions form a DAG (shared subexpressions): each is visited
+// once per call (stamp[e] == gen), else a walk is exponential in the sharing depth.
+void collect_refs_from(const Grammar& g, ExprId id, std::vector<RuleId>& out, std::vector<uint32_t>& stamp,
+                       uint32_t gen) {
+  if (stamp[id] == gen) return;
+  stamp[id] = gen;
   const Expr& e = g.exprs[id];
   if (e.kind == ExprKind::kRef) out.push_back(e.rule);
-  for (ExprId c : e.children) collect_refs(g, c, out);
+  for (ExprId c : e.children) collect_refs_from(g, c, out, stamp, gen);
+}
+
+// [rules] the rules each rule's body refers to.
+std::vector<std::vector<RuleId>> rule_refs(const Grammar& g) {
+  std::vector<std::vector<RuleId>> refs(g.rules.size());
+  std::vector<uint32_t> stamp(g.exprs.size(), 0);
+  for (size_t r = 0; r < g.rules.size(); ++r)
+    collect_refs_from(g, g.rules[r].body, refs[r], stamp, static_cast<uint32_t>(r + 1));
+  return refs;
 }
 
 // Rules that produce at least one finite string (fixpoint); refs to the others act as Nothing.
 std::vector<bool> productive_rules(const Grammar& g) {
   std::vector<bool> prod(g.rules.size(), false);
-  std::function<bool(ExprId)> ok = [&](ExprId id) -> bool {
+  // memo[e]: 0 unknown, 1 false, 2 true for the current evaluation (`gen`); shared
+  // subexpressions are evaluated once.
+  std::vector<uint32_t> memo_gen(g.exprs.size(), 0);
+  std::vector<uint8_t> memo(g.exprs.size(), 0);
+  uint32_t gen = 0;
+  std::function<bool(ExprId)> ok_raw;
+  auto ok = [&](ExprId id) -> bool {
+    if (memo_gen[id] == gen) return memo[id] == 2;
+    const bool r = ok_raw(id);
+    memo_gen[id] = gen;
+    memo[id] = r ? 2 : 1;
+    return r;
+  };
+  ok_raw = [&](ExprId id) -> bool {
     const Expr& e = g.exprs[id];
     switch (e.kind) {
       case ExprKind::kNothing: return false;
@@ -47,10 +74,9 @@ std::vector<bool> productive_rules(const Grammar& g) {
   // Worklist: a rule is re-checked only when a rule it refers to became productive (a sweep
   // per change was quadratic on a chain of 100,000 rules).
   const size_t n = g.rules.size();
-  std::vector<std::vector<RuleId>> users(n);
+  std::vector<std::vector<RuleId>> users(n), all_refs = rule_refs(g);
   for (size_t r = 0; r < n; ++r) {
-    std::vector<RuleId> refs;
-    collect_refs(g, g.rules[r].body, refs);
+    std::vector<RuleId>& refs = all_refs[r];
     std::sort(refs.begin(), refs.end());
     refs.erase(std::unique(refs.begin(), refs.end()), refs.end());
     for (RuleId q : refs) users[q].push_back(static_cast<RuleId>(r));
@@ -60,6 +86,7 @@ std::vector<bool> productive_rules(const Grammar& g) {
   while (!work.empty()) {
     const RuleId r = work.back();
     work.pop_back();
+    ++gen;  // prod changed since the last evaluation: memo entries are stale
     if (prod[r] || !ok(g.rules[r].body)) continue;
     prod[r] = true;
     for (RuleId u : users[r])
@@ -73,8 +100,7 @@ std::vector<bool> productive_rules(const Grammar& g) {
 // or it refers to itself). Iterative: a chain of 100,000 rules must not recurse that deep.
 std::vector<bool> recursive_rules(const Grammar& g) {
   size_t n = g.rules.size();
-  std::vector<std::vector<RuleId>> adj(n);
-  for (size_t r = 0; r < n; ++r) collect_refs(g, g.rules[r].body, adj[r]);
+  std::vector<std::vector<RuleId>> adj = rule_refs(g);
   std::vector<int> index(n, -1), low(n, 0);
   std::vector<bool> on_stack(n, false), rec(n, false);
   std::vector<int> stack;

@@ -40,8 +40,21 @@ struct SubtreeResult {
   std::vector<int32_t> uncertain;
 };
 
+// so_args "trigger_token_ids" / "bound_token_id" (DeepInfer's semantics): tokens are free until
+// `tokens` has appeared as a contiguous run, then the grammar applies. Once `bound` (>= 0) is
+// generated while the trigger is still pending, the rest of the trigger is forced token by
+// token, then the grammar. Empty `tokens`: the grammar applies from the first token.
+struct TriggerSpec {
+  std::vector<int32_t> tokens;
+  int32_t bound = -1;
+  std::vector<int32_t> failure;  // KMP failure function of `tokens`
+};
+// Parsed from so_args; ids checked against the vocabulary (InvalidArgument).
+TriggerSpec trigger_spec(std::string_view so_args_json, int32_t vocab_size);
+
 struct CompiledGrammarImpl {
   Grammar grammar;
+  TriggerSpec trigger;
   Pda pda;
   std::shared_ptr<const TokenVocabulary> vocab;
   double compile_ms = 0;

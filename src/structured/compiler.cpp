@@ -120,13 +120,34 @@ Grammar lower_json(const json& a, std::chrono::steady_clock::time_point deadline
 }  // namespace
 
 namespace {
+// DeepInfer's form {"schema_type": "json" | "regex" | "ebnf", "schema": ...} as the key it
+// stands for (json -> json_schema: a schema object or its JSON text).
+void normalise_schema_type(json& a) {
+  if (a.contains("bound_token_ids"))
+    DI_THROW(InvalidArgument, "so_args.bound_token_ids is not supported; use bound_token_id (one non-negative integer)");
+  if (!a.contains("schema_type")) {
+    if (a.contains("schema")) DI_THROW(InvalidArgument, "so_args.schema needs so_args.schema_type");
+    return;
+  }
+  const json& t = a["schema_type"];
+  if (!a.contains("schema")) DI_THROW(InvalidArgument, "so_args.schema_type needs so_args.schema");
+  const char* key = t == "json" ? "json_schema" : t == "regex" ? "regex" : t == "ebnf" ? "ebnf" : nullptr;
+  if (!key) DI_THROW(InvalidArgument, "so_args.schema_type must be \"json\", \"regex\" or \"ebnf\", got ", t.dump());
+  if (a.contains(key)) DI_THROW(InvalidArgument, "so_args has both schema_type and ", key);
+  a[key] = a["schema"];
+  a.erase("schema");
+  a.erase("schema_type");
+}
+
 Grammar lower_so_args_unsafe(std::string_view text, std::chrono::steady_clock::time_point deadline) {
   json a = parse_so_args(text);
   if (!a.is_object()) DI_THROW(InvalidArgument, "so_args must be a JSON object");
+  normalise_schema_type(a);
   int kinds = 0;
   for (const char* k : {"regex", "json_schema", "json_object", "ebnf", "choice"}) kinds += a.contains(k) ? 1 : 0;
   if (kinds != 1)
-    DI_THROW(InvalidArgument, "so_args needs exactly one of regex, json_schema, json_object, ebnf, choice");
+    DI_THROW(InvalidArgument, "so_args needs exactly one of regex, json_schema, json_object, ebnf, choice "
+                              "(or schema_type with schema)");
   if (a.contains("regex")) {
     if (!a["regex"].is_string()) DI_THROW(InvalidArgument, "so_args.regex must be a string");
     GrammarBuilder b;
@@ -155,6 +176,34 @@ Grammar lower_so_args_unsafe(std::string_view text, std::chrono::steady_clock::t
   return lower_json(a, deadline);
 }
 }  // namespace
+
+TriggerSpec trigger_spec(std::string_view so_args_json, int32_t vocab_size) {
+  json a = parse_so_args(so_args_json);
+  TriggerSpec t;
+  if (!a.is_object()) return t;
+  auto token = [&](const json& v, const char* what) {
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= vocab_size)
+      DI_THROW(InvalidArgument, "so_args.", what, " must hold token ids in [0, ", vocab_size, "), got ", v.dump());
+    return static_cast<int32_t>(v.get<int64_t>());
+  };
+  if (a.contains("trigger_token_ids") && !a["trigger_token_ids"].is_null()) {
+    const json& tr = a["trigger_token_ids"];
+    if (!tr.is_array()) DI_THROW(InvalidArgument, "so_args.trigger_token_ids must be a list of token ids");
+    for (const auto& v : tr) t.tokens.push_back(token(v, "trigger_token_ids"));
+  }
+  if (a.contains("bound_token_id") && !a["bound_token_id"].is_null()) {
+    t.bound = token(a["bound_token_id"], "bound_token_id");
+    if (t.tokens.empty()) DI_THROW(InvalidArgument, "so_args.bound_token_id requires a non-empty trigger_token_ids");
+  }
+  // KMP failure function: failure[i] = longest proper border of tokens[0..i].
+  t.failure.assign(t.tokens.size(), 0);
+  for (size_t i = 1, k = 0; i < t.tokens.size(); ++i) {
+    while (k > 0 && t.tokens[i] != t.tokens[k]) k = t.failure[k - 1];
+    if (t.tokens[i] == t.tokens[k]) ++k;
+    t.failure[i] = static_cast<int32_t>(k);
+  }
+  return t;
+}
 
 // Errors re-thrown with UTF-8-safe text: they end up in JSON responses and logs.
 Grammar lower_so_args(std::string_view text, double time_limit_ms) {
@@ -194,6 +243,7 @@ std::shared_ptr<const CompiledGrammar> GrammarCompiler::compile_uncached(std::st
     throw GrammarError(utf8_safe(e.what()));
   }
   impl->vocab = vocab_;
+  impl->trigger = trigger_spec(so_args_json, vocab_->vocab_size());
   impl->compile_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   return std::make_shared<const CompiledGrammar>(std::move(impl));
 }

@@ -48,7 +48,11 @@ const std::set<std::string> kUnsupported = {
 const std::vector<std::string> kAllTypes = {"null", "boolean", "object", "array", "string", "number"};
 
 bool keyword_is_noop(const std::string& k, const json& v, const json& s) {
-  if (k == "uniqueItems") return v == false;
+  // uniqueItems: nothing to check for arrays of at most one item; arrays of scalars from a finite
+  // set are lowered as tracked arrays (lower_array), so the keyword is handled there.
+  if (k == "uniqueItems")
+    return v == false || (s.contains("maxItems") && s["maxItems"].is_number() && s["maxItems"].get<double>() <= 1) ||
+           unique_scalar_values(s).has_value();
   if (k == "minProperties") return v.is_number() && v.get<double>() <= 0;
   if (k == "minContains" || k == "maxContains") return !s.contains("contains");
   return false;
@@ -160,19 +164,18 @@ ExprId SchemaLowerer::lower(const json& s, const std::string& ptr, int depth) {
       schema_error(ptr + "/$schema", "unknown metaschema '" + m + "'");
   }
   // Older drafts' meaning (the root's $schema): through draft 7 `$ref` makes its siblings
-  // ignored; drafts before 7 have no if/then/else; a schema naming 2019-09 or 2020-12 has no
-  // `dependencies` keyword (without $schema it keeps its draft-7 meaning: a stricter reading
-  // that hand-written schemas rely on).
+  // ignored; drafts before 7 have no if/then/else; 2019-09 and 2020-12 (also the default, as
+  // python-jsonschema's validator_for) have no `dependencies` keyword.
   if (draft_ <= 7 && s.contains("$ref") && s.size() > 1) {
     if (!s["$ref"].is_string()) schema_error(ptr + "/$ref", "must be a string");
     return lower_ref(s["$ref"].get<std::string>(), ptr + "/$ref");
   }
   if ((draft_ < 7 && (s.contains("if") || s.contains("then") || s.contains("else"))) ||
-      (draft_ >= 2019 && draft_named_ && s.contains("dependencies"))) {
+      (draft_ >= 2019 && s.contains("dependencies"))) {
     json rest = s;
     for (const char* k : {"if", "then", "else"})
       if (draft_ < 7) rest.erase(k);
-    if (draft_ >= 2019 && draft_named_) rest.erase("dependencies");
+    if (draft_ >= 2019) rest.erase("dependencies");
     return lower(rest, ptr, depth + 1);
   }
   if (s.contains("enum") || s.contains("const")) {

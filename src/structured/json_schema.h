@@ -27,7 +27,7 @@
 // keys written (a "tracked object", json_schema_obj.cpp), so size costs no exponential states.
 // Drafts: the root's $schema selects draft 4/6/7/2019-09/2020-12 meaning ($ref siblings ignored
 // through draft 7, no if/then/else before draft 7, draft-4 integers without fraction, no
-// `dependencies` when 2019-09/2020-12 is named); without $schema, 2020-12 plus `dependencies`.
+// `dependencies` from 2019-09 on); without $schema, 2020-12.
 #pragma once
 #include <chrono>
 

@@ -18,6 +18,10 @@ using json = nlohmann::ordered_json;
 std::string ptr_escape(const std::string& key);  // JSON pointer token escaping
 // A keyword that may constrain instances (unknown keywords are annotations).
 bool constraining_keyword(const std::string& k);
+// uniqueItems that a tracked array decides exactly: `s` an array schema (no prefixItems,
+// contains, minItems > 1 or limiting maxItems) whose items are one of a few scalars written one
+// way (an enum/const of strings, booleans or null; type boolean or null). The distinct values.
+std::optional<std::vector<json>> unique_scalar_values(const json& s);
 
 // Integers in [lo, hi] (either side open) as decimal text without leading zeros.
 // neg_zero: also the spelling "-0" when 0 is in range (not when a fraction follows).
@@ -127,6 +131,7 @@ class SchemaLowerer {
   ExprId pattern_members(const std::vector<std::string>& names, const std::vector<PatternProp>& pats,
                          const Dfa* names_dfa, ExprId add_value, const std::string& ptr, int depth);
   ExprId key_not_in(const std::vector<std::string>& keys);
+  ExprId unique_array(const std::vector<json>& values, bool non_empty);
   ExprId tracked_object(const std::vector<std::string>& names, const std::vector<ExprId>& values,
                         const std::vector<bool>& required, ExprId additional);
 
@@ -145,6 +150,8 @@ class SchemaLowerer {
   ExprId punct(char c);             // ws c ws around structural characters
   ExprId string_rule();             // any JSON string
   ExprId number_rule(bool integer);
+  ExprId integer_spellings();       // every spelling of an integral value (a shared rule)
+  ExprId integer_spellings_expr();  // the same as an expression
 
  private:
   // Sub-lowerers (compile a schema on its own to test values or languages) may nest, e.g. a
@@ -162,7 +169,7 @@ class SchemaLowerer {
   bool draft_named_ = false;  // $schema named one of those drafts
   bool draft4_ = false;  // root $schema is draft 3/4: integers have no fraction part
   JsonGrammarOptions opt_;
-  RuleId value_rule_ = -1, string_rule_ = -1, object_rule_ = -1;
+  RuleId value_rule_ = -1, string_rule_ = -1, object_rule_ = -1, integer_rule_ = -1;
   std::map<std::string, RuleId> ref_rules_;        // target pointer -> rule
   std::map<std::string, std::string> id_index_;    // $id / $anchor -> pointer
   std::set<std::string> anchor_in_root_;           // anchors defined in the root resource

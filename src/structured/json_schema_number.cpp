@@ -2,12 +2,15 @@
 // and multipleOf, as exact regular languages over JSON number text.
 //
 // Bounded numbers are written without an exponent (the compact serializations this lowering
-// targets print such values in plain decimal); unbounded ones accept every JSON spelling.
+// targets print such values in plain decimal), except bounds at zero (minimum: 0 and the like),
+// where every spelling is decided by its sign alone (5e-06 >= 0); unbounded ones accept every
+// JSON spelling.
 // A decimal bound is compared digit by digit: for x = I.F against b = Ib.Fb (I without
 // leading zeros, Fb without trailing zeros), x > b when I > Ib (longer, or equal length and
 // lexicographically larger) or I == Ib and F > Fb as zero-padded digit strings.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <optional>
 
@@ -215,6 +218,28 @@ static ExprId decimal_multiple_expr(GrammarBuilder& b, int64_t p, int32_t d, boo
   return b.automaton(std::move(a));
 }
 
+// Every JSON spelling (exponents of any sign and size included) of a number whose sign is
+// bounded by zero: lo/hi are "x >= 0" (0 inclusive), "x > 0" (exclusive), and likewise above.
+// Only the sign and whether the value is zero decide, so the language is regular; other bounds
+// are compared digit by digit over plain decimal text (decimal_range_expr).
+static ExprId zero_bounded_expr(GrammarBuilder& b, bool has_lo, bool lo_excl, bool has_hi, bool hi_excl) {
+  auto digit = [&](char lo, char hi) { return b.byte_range(static_cast<uint8_t>(lo), static_cast<uint8_t>(hi)); };
+  ExprId digits = b.plus(digit('0', '9'));
+  ExprId exp = b.opt(b.seq({b.bytes({{'e', 'e'}, {'E', 'E'}}), b.opt(b.bytes({{'+', '+'}, {'-', '-'}})), digits}));
+  // Mantissas of value zero, and of value non-zero (a non-zero digit somewhere).
+  ExprId zero = b.seq({b.byte('0'), b.opt(b.seq({b.byte('.'), b.plus(b.byte('0'))}))});
+  ExprId nonzero = b.alt({b.seq({digit('1', '9'), b.star(digit('0', '9')), b.opt(b.seq({b.byte('.'), digits}))}),
+                          b.seq({b.byte('0'), b.byte('.'), b.star(b.byte('0')), digit('1', '9'), b.star(digit('0', '9'))})});
+  ExprId minus = b.byte('-');
+  std::vector<ExprId> alts;
+  const bool pos_ok = !has_hi, neg_ok = !has_lo;  // a positive value passes no upper bound of 0
+  const bool zero_ok = !(has_lo && lo_excl) && !(has_hi && hi_excl);
+  if (pos_ok) alts.push_back(b.seq({nonzero, exp}));
+  if (neg_ok) alts.push_back(b.seq({minus, nonzero, exp}));
+  if (zero_ok) alts.push_back(b.seq({b.opt(minus), zero, exp}));
+  return b.alt(std::move(alts));
+}
+
 ExprId SchemaLowerer::lower_number(const json& s, const std::string& ptr, bool integer) {
   const json *lo = nullptr, *hi = nullptr;
   bool lo_excl = false, hi_excl = false;
@@ -227,28 +252,57 @@ ExprId SchemaLowerer::lower_number(const json& s, const std::string& ptr, bool i
   };
   lo = num("minimum");
   hi = num("maximum");
-  if (auto x = num("exclusiveMinimum"); x && (!lo || x->get<double>() >= lo->get<double>())) lo = x, lo_excl = true;
-  if (auto x = num("exclusiveMaximum"); x && (!hi || x->get<double>() <= hi->get<double>())) hi = x, hi_excl = true;
-  if (s.contains("exclusiveMinimum") && s["exclusiveMinimum"] == true) lo_excl = true;  // draft 4
-  if (s.contains("exclusiveMaximum") && s["exclusiveMaximum"] == true) hi_excl = true;
+  // Draft 4: exclusiveMinimum/Maximum are booleans modifying minimum/maximum; a number there
+  // is no keyword. Later drafts: numbers, bounds of their own.
+  if (auto x = draft4_ ? nullptr : num("exclusiveMinimum"); x && (!lo || x->get<double>() >= lo->get<double>()))
+    lo = x, lo_excl = true;
+  if (auto x = draft4_ ? nullptr : num("exclusiveMaximum"); x && (!hi || x->get<double>() <= hi->get<double>()))
+    hi = x, hi_excl = true;
+  if (s.contains("exclusiveMinimum") && s["exclusiveMinimum"] == true && lo) lo_excl = true;  // draft 4
+  if (s.contains("exclusiveMaximum") && s["exclusiveMaximum"] == true && hi) hi_excl = true;
   const bool frac_ok = !(integer && draft4_);  // draft 4 counts 1.0 as a number, not an integer
   ExprId zero_frac = frac_ok ? b.opt(b.seq({b.byte('.'), b.plus(b.byte('0'))})) : b.empty();
   std::vector<ExprId> parts;
-  if (lo || hi) {
+  auto zero = [](const json* v) { return !v || v->get<double>() == 0; };
+  if ((lo || hi) && integer && frac_ok && zero(lo) && zero(hi) && !s.contains("multipleOf")) {
+    // Sign-bounded integers: every integral spelling of the right sign (1e+18 >= 0).
+    parts.push_back(integer_spellings_expr());
+    parts.push_back(zero_bounded_expr(b, lo != nullptr, lo_excl, hi != nullptr, hi_excl));
+  } else if (lo || hi) {
     if (integer) {
       // On integers a fractional bound rounds inward.
+      // Integer bounds are taken exactly when written as integers (the whole int64 range, e.g.
+      // 9223372036854775807); fractional ones round inward.
+      auto bound = [&](const json* v, bool is_lo, bool excl) -> int64_t {
+        constexpr int64_t kMax = std::numeric_limits<int64_t>::max(), kMin = std::numeric_limits<int64_t>::min();
+        if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(kMax))
+          schema_error(ptr, "integer bounds beyond 64 bits are not supported");
+        if (v->is_number_integer()) {
+          const int64_t x = v->get<int64_t>();
+          if (!excl) return x;
+          if ((is_lo && x == kMax) || (!is_lo && x == kMin)) schema_error(ptr, "integer bounds beyond 64 bits are not supported");
+          return is_lo ? x + 1 : x - 1;
+        }
+        const double d = v->get<double>();
+        if (std::fabs(d) > 9e18) schema_error(ptr, "integer bounds beyond 64 bits are not supported");
+        return static_cast<int64_t>(is_lo ? (excl ? std::floor(d) + 1 : std::ceil(d)) : (excl ? std::ceil(d) - 1 : std::floor(d)));
+      };
       std::optional<int64_t> ilo, ihi;
-      for (const json* v : {lo, hi})
-        if (v && std::fabs(v->get<double>()) > 9e18) schema_error(ptr, "integer bounds beyond 64 bits are not supported");
-      if (lo) ilo = static_cast<int64_t>(lo_excl ? std::floor(lo->get<double>()) + 1 : std::ceil(lo->get<double>()));
-      if (hi) ihi = static_cast<int64_t>(hi_excl ? std::ceil(hi->get<double>()) - 1 : std::floor(hi->get<double>()));
+      if (lo) ilo = bound(lo, true, lo_excl);
+      if (hi) ihi = bound(hi, false, hi_excl);
+      for (auto x : {ilo, ihi})  // magnitudes are negated in int_range_expr
+        if (x && *x == std::numeric_limits<int64_t>::min())
+          schema_error(ptr, "integer bounds beyond 64 bits are not supported");
       if (ilo && ihi && *ilo > *ihi) return b.nothing();
       parts.push_back(b.seq({int_range_expr(b, ilo, ihi, true), zero_frac}));
     } else {
       std::optional<Decimal> dlo, dhi;
       if (lo) dlo = to_decimal(*lo);
       if (hi) dhi = to_decimal(*hi);
-      parts.push_back(decimal_range_expr(b, dlo, lo_excl, dhi, hi_excl));
+      if ((!dlo || dlo->is_zero()) && (!dhi || dhi->is_zero()) && !s.contains("multipleOf"))
+        parts.push_back(zero_bounded_expr(b, dlo.has_value(), lo_excl, dhi.has_value(), hi_excl));
+      else
+        parts.push_back(decimal_range_expr(b, dlo, lo_excl, dhi, hi_excl));
     }
   }
   if (s.contains("multipleOf")) {

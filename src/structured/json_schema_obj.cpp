@@ -198,6 +198,72 @@ ExprId SchemaLowerer::tracked_object(const std::vector<std::string>& names, cons
   return b.ref(r);
 }
 
+std::optional<std::vector<json>> unique_scalar_values(const json& s) {
+  if (!s.is_object() || s.value("uniqueItems", false) != true) return std::nullopt;
+  for (const char* k : {"prefixItems", "contains", "additionalItems", "unevaluatedItems"})
+    if (s.contains(k)) return std::nullopt;
+  if (!s.contains("items") || !s["items"].is_object()) return std::nullopt;
+  const json& it = s["items"];
+  std::vector<json> vals;
+  for (auto e = it.begin(); e != it.end(); ++e) {
+    const std::string& k = e.key();
+    if (k != "enum" && k != "const" && k != "type" && constraining_keyword(k)) return std::nullopt;
+  }
+  if (it.contains("enum") && it["enum"].is_array()) {
+    for (const auto& v : it["enum"]) vals.push_back(v);
+  } else if (it.contains("const")) {
+    vals.push_back(it["const"]);
+  } else if (it.value("type", json()) == "boolean") {
+    vals = {json(false), json(true)};
+  } else if (it.value("type", json()) == "null") {
+    vals = {json(nullptr)};
+  } else {
+    return std::nullopt;
+  }
+  if (it.contains("const") && it.contains("enum")) return std::nullopt;
+  std::vector<json> out;
+  for (const auto& v : vals) {
+    if (!v.is_string() && !v.is_boolean() && !v.is_null()) return std::nullopt;  // numbers: many spellings
+    if (it.contains("type")) {
+      const json& t = it["type"];
+      const char* want = v.is_string() ? "string" : v.is_boolean() ? "boolean" : "null";
+      if (!(t == want || (t.is_array() && std::find(t.begin(), t.end(), want) != t.end()))) continue;
+    }
+    if (std::find(out.begin(), out.end(), v) == out.end()) out.push_back(v);
+  }
+  const double min_items = s.contains("minItems") && s["minItems"].is_number() ? s["minItems"].get<double>() : 0;
+  const double max_items = s.contains("maxItems") && s["maxItems"].is_number() ? s["maxItems"].get<double>() : 1e18;
+  if (min_items > 1 || max_items < static_cast<double>(out.size())) return std::nullopt;
+  return out;
+}
+
+// An array of distinct values from a small set of scalars (uniqueItems): each value's bytes
+// are marked like a tracked object's keys (a value is "written" at its last byte), so every
+// order is accepted and no value twice, without enumerating subsets.
+ExprId SchemaLowerer::unique_array(const std::vector<json>& values, bool non_empty) {
+  const int32_t obj = b.new_tracked_object();
+  std::vector<ExprId> alts;
+  std::vector<int32_t> all;
+  for (size_t i = 0; i < values.size(); ++i) {
+    const int32_t k = static_cast<int32_t>(i);
+    all.push_back(k);
+    const std::string t = values[i].dump();
+    std::vector<ExprId> parts;
+    for (size_t j = 0; j + 1 < t.size(); ++j)
+      parts.push_back(b.marked_byte(static_cast<uint8_t>(t[j]), {MarkKind::kKeyPrefix, obj, k, {}}));
+    parts.push_back(b.marked_byte(static_cast<uint8_t>(t.back()), {MarkKind::kKeyAdd, obj, k, {}}));
+    alts.push_back(b.seq(std::move(parts)));
+  }
+  ExprId item = b.alt(std::move(alts));
+  ExprId sep = b.seq({ws(), b.marked_byte(',', {MarkKind::kMore, obj, -1, all}), ws()});
+  ExprId items = b.seq({item, b.star(b.seq({sep, item}))});
+  ExprId body = b.seq({b.byte('['), ws(), non_empty ? items : b.opt(items), ws(), b.byte(']')});
+  RuleId r = b.declare_rule("unique_array");
+  b.set_inline(r, false);
+  b.define_rule(r, body);
+  return b.ref(r);
+}
+
 // Any order with a member count: rest(used, c) after c members of which `used` are declared.
 // Without an upper bound the count saturates at the lower bound.
 ExprId SchemaLowerer::counted_members(const std::vector<ExprId>& props, const std::vector<bool>& required,
@@ -421,6 +487,11 @@ ExprId SchemaLowerer::lower_object(const json& s, const std::string& ptr, int de
 }
 
 ExprId SchemaLowerer::lower_array(const json& s, const std::string& ptr, int depth) {
+  if (auto vals = unique_scalar_values(s)) {
+    const bool non_empty = s.contains("minItems") && s["minItems"].is_number() && s["minItems"].get<double>() > 0;
+    if (vals->empty()) return non_empty ? b.nothing() : b.seq({b.byte('['), ws(), b.byte(']')});
+    return unique_array(*vals, non_empty);
+  }
   std::vector<ExprId> prefix;
   static const json kTrue = true;
   const json* items = &kTrue;

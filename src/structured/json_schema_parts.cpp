@@ -21,6 +21,10 @@ ExprId digit(GrammarBuilder& b, char lo, char hi) {
 ExprId between(GrammarBuilder& b, const std::string& x, const std::string& y) {
   if (x.empty()) return b.empty();
   const size_t n = x.size();
+  // Every digit string of this length: one repeat (recursing here doubled per digit: 2^19
+  // expressions for a bound near 1e18).
+  if (x.find_first_not_of('0') == std::string::npos && y.find_first_not_of('9') == std::string::npos)
+    return b.repeat(digit(b, '0', '9'), static_cast<int32_t>(n), static_cast<int32_t>(n));
   if (x[0] == y[0]) return b.seq({b.byte(x[0]), between(b, x.substr(1), y.substr(1))});
   std::vector<ExprId> alts;
   alts.push_back(b.seq({b.byte(x[0]), between(b, x.substr(1), std::string(n - 1, '9'))}));
@@ -113,11 +117,44 @@ ExprId multiple_of_expr(GrammarBuilder& b, int64_t k) {
   return b.automaton(std::move(a));
 }
 
+// Every JSON spelling of an integral value (draft 6 on: 1.0, 1e+18, 0e5, 1.25e2), shared as one
+// rule: plain integers with an optional all-zero fraction; zero mantissas with any exponent;
+// mantissas whose significant fraction digits (at most 17) the non-negative exponent covers.
+// Negative exponents over trailing integer zeros (1500e-2) and longer fractions are not
+// spelled (no model writes them for integers; a regular language cannot compare the counts).
+ExprId SchemaLowerer::integer_spellings() {
+  if (integer_rule_ >= 0) return b.ref(integer_rule_);
+  integer_rule_ = b.declare_rule("json_integer");
+  b.set_inline(integer_rule_, false);
+  b.define_rule(integer_rule_, integer_spellings_expr());
+  return b.ref(integer_rule_);
+}
+
+ExprId SchemaLowerer::integer_spellings_expr() {
+  ExprId d09 = digit(b, '0', '9'), d19 = digit(b, '1', '9');
+  ExprId nat = b.alt({b.byte('0'), b.seq({d19, b.star(d09)})});
+  ExprId minus = b.opt(b.byte('-'));
+  ExprId zeros_frac = b.opt(b.seq({b.byte('.'), b.plus(b.byte('0'))}));
+  ExprId e = b.bytes({{'e', 'e'}, {'E', 'E'}});
+  ExprId any_exp = b.seq({e, b.opt(b.bytes({{'+', '+'}, {'-', '-'}})), b.plus(d09)});
+  ExprId pos_exp = b.seq({e, b.opt(b.byte('+')), b.plus(d09)});
+  std::vector<ExprId> alts{b.seq({minus, nat, zeros_frac}),
+                           b.seq({minus, b.byte('0'), zeros_frac, any_exp}),
+                           b.seq({minus, d19, b.star(d09), zeros_frac, pos_exp})};
+  for (int64_t k = 1; k <= 17; ++k) {  // k significant fraction digits, exponent >= k
+    ExprId frac = b.seq({b.byte('.'), b.repeat(d09, static_cast<int32_t>(k - 1), static_cast<int32_t>(k - 1)), d19,
+                         b.star(b.byte('0'))});
+    ExprId exp_ge = b.seq({e, b.opt(b.byte('+')), b.star(b.byte('0')), int_range_expr(b, k, std::nullopt, false)});
+    alts.push_back(b.seq({minus, nat, frac, exp_ge}));
+  }
+  return b.alt(std::move(alts));
+}
+
 ExprId SchemaLowerer::number_rule(bool integer) {
   ExprId digits = b.plus(digit(b, '0', '9'));
   ExprId int_part = b.seq({b.opt(b.byte('-')), b.alt({b.byte('0'), b.seq({digit(b, '1', '9'), b.star(digit(b, '0', '9'))})})});
   // Draft 4 counts 1.0 as a number, not an integer; later drafts accept it as an integer.
-  if (integer) return draft4_ ? int_part : b.seq({int_part, b.opt(b.seq({b.byte('.'), b.plus(b.byte('0'))}))});
+  if (integer) return draft4_ ? int_part : integer_spellings();
   ExprId frac = b.opt(b.seq({b.byte('.'), digits}));
   ExprId exp = b.opt(b.seq({b.bytes({{'e', 'e'}, {'E', 'E'}}), b.opt(b.bytes({{'+', '+'}, {'-', '-'}})), digits}));
   return b.seq({int_part, frac, exp});

@@ -15,6 +15,17 @@ struct MatcherState {
   NodePool pool;
   std::vector<std::vector<Frame>> history;  // [num_accepted + 1] configuration after each step
   std::vector<uint8_t> terminated;          // [num_accepted + 1]
+  // Trigger (compiled.h, TriggerSpec), per step like `history`: trigger tokens matched so far,
+  // and tokens since the bound token (-1: not generated).
+  std::vector<int32_t> progress, after_bound;
+  enum class Phase { kFree, kForced, kGrammar };
+  Phase phase() const {
+    const TriggerSpec& t = g->trigger;
+    if (progress.back() >= static_cast<int32_t>(t.tokens.size())) return Phase::kGrammar;
+    return after_bound.back() >= 0 ? Phase::kForced : Phase::kFree;
+  }
+  // Appends the step after `token` outside the grammar (free or forced phase).
+  void push_trigger_step(int32_t token, bool stop);
   // Masks of recently seen configurations (a configuration repeats often, e.g. inside a string).
   std::map<std::vector<Frame>, std::vector<uint32_t>> mask_memo;
   static constexpr size_t kMaxMemo = 64;
@@ -116,6 +127,23 @@ bool MatcherState::advance(std::string_view bytes, std::vector<Frame>& out) {
   return true;
 }
 
+void MatcherState::push_trigger_step(int32_t token, bool stop) {
+  const TriggerSpec& t = g->trigger;
+  int32_t p = progress.back(), ab = after_bound.back();
+  if (ab >= 0) {
+    ++p;  // forced: the caller checked token == t.tokens[p]
+    ++ab;
+  } else {
+    while (p > 0 && token != t.tokens[p]) p = t.failure[p - 1];
+    if (token == t.tokens[p]) ++p;
+    if (t.bound >= 0 && token == t.bound && p < static_cast<int32_t>(t.tokens.size())) ab = 0;
+  }
+  history.push_back(cur());
+  terminated.push_back(stop ? 1 : 0);
+  progress.push_back(p);
+  after_bound.push_back(ab);
+}
+
 GrammarMatcher::GrammarMatcher(std::shared_ptr<const CompiledGrammar> grammar) : s_(std::make_unique<MatcherState>()) {
   DI_CHECK(grammar != nullptr, "null grammar");
   s_->grammar = std::move(grammar);
@@ -136,19 +164,35 @@ void GrammarMatcher::reset() {
   s_->history.clear();
   s_->terminated.clear();
   s_->mask_memo.clear();
+  s_->progress.clear();
+  s_->after_bound.clear();
   std::vector<Frame> init;
   if (!s_->g->pda.empty_language) init.push_back({s_->g->pda.rule_start[s_->g->pda.root], kRootParent});
   s_->history.push_back(std::move(init));
   s_->terminated.push_back(0);
+  s_->progress.assign(1, 0);
+  s_->after_bound.assign(1, -1);
 }
 
 bool GrammarMatcher::accept_token(int32_t id) {
   const TokenVocabulary& v = *s_->g->vocab;
   if (id < 0 || id >= v.vocab_size() || s_->terminated.back()) return false;
+  switch (s_->phase()) {
+    case MatcherState::Phase::kFree:  // anything, a stop token ending the text
+      s_->push_trigger_step(id, v.is_stop(id));
+      return true;
+    case MatcherState::Phase::kForced:
+      if (id != s_->g->trigger.tokens[s_->progress.back()]) return false;
+      s_->push_trigger_step(id, false);
+      return true;
+    case MatcherState::Phase::kGrammar: break;
+  }
   if (v.is_stop(id)) {
     if (!can_terminate()) return false;
     s_->history.push_back(s_->cur());
     s_->terminated.push_back(1);
+    s_->progress.push_back(s_->progress.back());
+    s_->after_bound.push_back(s_->after_bound.back());
     return true;
   }
   if (!v.is_grammar_token(id)) return false;
@@ -156,11 +200,14 @@ bool GrammarMatcher::accept_token(int32_t id) {
 }
 
 bool GrammarMatcher::accept_bytes(std::string_view bytes) {
-  if (s_->terminated.back()) return false;
+  // Bytes are grammar input: before the trigger they are not tokens to match it with.
+  if (s_->terminated.back() || s_->phase() != MatcherState::Phase::kGrammar) return false;
   std::vector<Frame> out;
   if (!s_->advance(bytes, out)) return false;
   s_->history.push_back(std::move(out));
   s_->terminated.push_back(0);
+  s_->progress.push_back(s_->progress.back());
+  s_->after_bound.push_back(s_->after_bound.back());
   return true;
 }
 
@@ -169,7 +216,18 @@ void GrammarMatcher::fill_next_token_bitmask(std::span<int32_t> words) {
   const size_t n = static_cast<size_t>(vs + 31) / 32;
   if (words.size() < n) DI_THROW(InvalidArgument, "bitmask has ", words.size(), " words, need ", n);
   std::vector<uint32_t> bits(n);
-  s_->fill_mask(bits);
+  switch (s_->terminated.back() ? MatcherState::Phase::kGrammar : s_->phase()) {
+    case MatcherState::Phase::kFree:  // every token
+      std::fill(bits.begin(), bits.end(), ~0u);
+      if (vs & 31) bits.back() = (1u << (vs & 31)) - 1;
+      break;
+    case MatcherState::Phase::kForced: {
+      const int32_t t = s_->g->trigger.tokens[s_->progress.back()];
+      bits[t >> 5] = 1u << (t & 31);
+      break;
+    }
+    case MatcherState::Phase::kGrammar: s_->fill_mask(bits);
+  }
   std::memcpy(words.data(), bits.data(), n * sizeof(uint32_t));
   std::fill(words.begin() + n, words.end(), 0);
 }
@@ -178,6 +236,8 @@ void GrammarMatcher::rollback(int32_t n) {
   if (n < 0 || n > num_accepted()) DI_THROW(InvalidArgument, "rollback(", n, ") with ", num_accepted(), " accepted");
   s_->history.resize(s_->history.size() - n);
   s_->terminated.resize(s_->terminated.size() - n);
+  s_->progress.resize(s_->progress.size() - n);
+  s_->after_bound.resize(s_->after_bound.size() - n);
 }
 
 int32_t GrammarMatcher::num_accepted() const { return static_cast<int32_t>(s_->history.size()) - 1; }
@@ -185,6 +245,8 @@ bool GrammarMatcher::is_terminated() const { return s_->terminated.back() != 0; 
 
 bool GrammarMatcher::can_terminate() const {
   if (s_->terminated.back()) return false;
+  if (s_->phase() == MatcherState::Phase::kFree) return true;
+  if (s_->phase() == MatcherState::Phase::kForced) return false;
   Stepper stepper(s_->g->pda, s_->pool, true);
   bool r = stepper.can_finish(s_->cur());
   s_->pool.clear_scratch();
@@ -193,7 +255,7 @@ bool GrammarMatcher::can_terminate() const {
 
 std::string GrammarMatcher::forced_bytes() const {
   std::string out;
-  if (s_->terminated.back()) return out;
+  if (s_->terminated.back() || s_->phase() != MatcherState::Phase::kGrammar) return out;
   Stepper stepper(s_->g->pda, s_->pool, true);
   std::vector<Frame> a = s_->cur(), b;
   while (out.size() < 4096 && !stepper.can_finish(a)) {
@@ -228,6 +290,23 @@ std::vector<int32_t> GrammarMatcher::forced_tokens(int32_t max_tokens) const {
     m.accept_token(tok);
   }
   return out;
+}
+
+int32_t GrammarMatcher::fill_draft_bitmasks(std::span<const int32_t> draft, std::span<int32_t> words,
+                                            size_t row_words) {
+  const size_t need = static_cast<size_t>(s_->g->vocab->vocab_size() + 31) / 32;
+  if (row_words < need) DI_THROW(InvalidArgument, "draft bitmask rows have ", row_words, " words, need ", need);
+  if (words.size() < (draft.size() + 1) * row_words)
+    DI_THROW(InvalidArgument, "draft bitmasks need ", (draft.size() + 1) * row_words, " words, got ", words.size());
+  int32_t rows = 0, accepted = 0;
+  for (size_t k = 0;; ++k) {
+    fill_next_token_bitmask(words.subspan(k * row_words, row_words));
+    ++rows;
+    if (k == draft.size() || !accept_token(draft[k])) break;
+    ++accepted;
+  }
+  rollback(accepted);
+  return rows;
 }
 
 }  // namespace deepinfer::structured

@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 
+#include "core/env.h"
 #include "deepinfer/llm.h"
 #include "engine/engine.h"
 #include "engine/toy_model.h"
@@ -31,19 +32,19 @@ struct EnvGuard {
 TEST(DeviceSampling, EnvSwitchParses) {
   {
     EnvGuard g(nullptr);
-    EXPECT_TRUE(device_sampling_from_env());
+    EXPECT_TRUE(EnvConfig::from_environment().device_sampling);
   }
   {
     EnvGuard g("1");
-    EXPECT_TRUE(device_sampling_from_env());
+    EXPECT_TRUE(EnvConfig::from_environment().device_sampling);
   }
   {
     EnvGuard g("0");
-    EXPECT_FALSE(device_sampling_from_env());
+    EXPECT_FALSE(EnvConfig::from_environment().device_sampling);
   }
   {
-    EnvGuard g("yes");
-    EXPECT_THROW(device_sampling_from_env(), InvalidArgument);
+    EnvGuard g("maybe");
+    EXPECT_THROW(EnvConfig::from_environment(), InvalidArgument);
     LLMConfig c;
     c.model = "builtin:toy";
     EXPECT_THROW({ LLM llm(c); }, InvalidArgument);

@@ -97,3 +97,34 @@ TEST(GrammarAdapter, ConstrainedGreedyOnToyModel) {
   const std::string& t = outs[2].outputs[0].text;
   EXPECT_TRUE(t == "yes" || t == "no" || t == "maybe") << t;
 }
+
+// DeepInfer's trigger through LLM.generate: logit_bias forces the free-phase tokens (the toy
+// model's own choices are arbitrary), the grammar takes over once the trigger has appeared;
+// with a bound token the rest of the trigger is forced first.
+TEST(GrammarAdapter, TriggerAndBoundEndToEnd) {
+  LLMConfig c;
+  c.model = "builtin:toy";
+  LLM llm(c);
+  auto tok = [](char ch) { return int32_t(2 + static_cast<unsigned char>(ch)); };
+  SamplingParams p;
+  p.temperature = 0;
+  p.max_tokens = 16;
+  p.structured_outputs = regex("[0-9]{3}");
+  p.structured_outputs->trigger_token_ids = {tok('#')};
+  p.logit_bias = {{tok('#'), 100.0f}};
+  SamplingParams bound = p;
+  bound.structured_outputs->trigger_token_ids = {tok('#'), tok('!')};
+  bound.structured_outputs->bound_token_id = tok('@');
+  bound.logit_bias = {{tok('@'), 100.0f}};
+  SamplingParams bad = p;
+  bad.structured_outputs->trigger_token_ids.clear();
+  bad.structured_outputs->bound_token_id = tok('@');
+  auto outs = llm.generate({PromptInput::from_text("abc"), PromptInput::from_text("abc"), PromptInput::from_text("abc")},
+                           {p, bound, bad});
+  if (outs[0].error.find("grammar module") != std::string::npos) GTEST_SKIP() << outs[0].error;
+  ASSERT_EQ(outs[0].error, "");
+  EXPECT_TRUE(std::regex_match(outs[0].outputs[0].text, std::regex("#[0-9]{3}"))) << outs[0].outputs[0].text;
+  ASSERT_EQ(outs[1].error, "");
+  EXPECT_TRUE(std::regex_match(outs[1].outputs[0].text, std::regex("@#![0-9]{3}"))) << outs[1].outputs[0].text;
+  EXPECT_NE(outs[2].error.find("bound_token_id"), std::string::npos) << outs[2].error;
+}

@@ -62,7 +62,11 @@ std::pair<size_t, size_t> expect_same(const Grammar& g, const std::string& what)
   Pda plain, shared;
   try { plain = build_pda(g, plain_lim); } catch (const GrammarError& e) { e_plain = e.what(); }
   try { shared = build_pda(g, shared_lim); } catch (const GrammarError& e) { e_shared = e.what(); }
-  EXPECT_EQ(e_plain.empty(), e_shared.empty()) << what << ": " << e_plain << " | " << e_shared;
+  // The unshared build may run out of its state budget where the shared one fits (that is what
+  // sharing is for: integer spellings, tracked objects); never the other way round.
+  const bool plain_too_large = e_plain.find("grammar too large") != std::string::npos;
+  if (!(plain_too_large && e_shared.empty()))
+    EXPECT_EQ(e_plain.empty(), e_shared.empty()) << what << ": " << e_plain << " | " << e_shared;
   if (!e_plain.empty() || !e_shared.empty()) return {0, 0};
   EXPECT_EQ(bisim(plain, shared), "") << what;
   EXPECT_LE(shared.num_states(), plain.num_states()) << what;

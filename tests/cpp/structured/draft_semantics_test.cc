@@ -33,6 +33,16 @@ TEST(DraftSemantics, SchemaSelectsTheDraft) {
       // Draft 4 integers have no fraction part.
       {R"({"$schema":"http://json-schema.org/draft-04/schema#","type":"integer"})", "1.0", false},
       {R"({"$schema":"http://json-schema.org/draft-06/schema#","type":"integer"})", "1.0", true},
+      {R"({"dependencies":{"a":["b"]}})", R"({"a":1})", true},  // no $schema: 2020-12
+      // Draft 4: a numeric exclusiveMinimum is no keyword; boolean ones modify minimum.
+      {R"({"$schema":"http://json-schema.org/draft-04/schema#","type":"number","exclusiveMinimum":0})", "-1", true},
+      {R"({"$schema":"http://json-schema.org/draft-04/schema#","minimum":0,"exclusiveMinimum":true})", "0", false},
+      // Integers in every integral spelling (draft 6 on).
+      {R"({"type":"integer"})", "1e+18", true},   {R"({"type":"integer"})", "0e5", true},
+      {R"({"type":"integer"})", "1.25e2", true},  {R"({"type":"integer"})", "1.25e1", false},
+      {R"({"type":"integer"})", "-1.0E+3", true}, {R"({"type":"integer"})", "1e-1", false},
+      {R"({"type":"integer","minimum":0})", "1E+16", true}, {R"({"type":"integer","minimum":0})", "-1E+16", false},
+      {R"({"$schema":"http://json-schema.org/draft-04/schema#","type":"integer"})", "1e2", false},
   };
   GrammarCompiler c(byte_vocab());
   for (const Case& k : cases) {

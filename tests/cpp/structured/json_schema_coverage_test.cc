@@ -170,7 +170,7 @@ TEST(JsonSchemaCoverage, DependentRequiredAndSchemas) {
   auto many = schema(R"({"type": "object", "properties": {"p1": {}, "p2": {}, "p3": {}, "p4": {}, "p5": {}, "p6": {},
                          "p7": {}, "p8": {}, "p9": {}}, "dependentRequired": {"p1": ["p9"]}})");
   expect_lang(many, {"{}", R"({"p2":1})", R"({"p1":1,"p9":2})"}, {R"({"p1":1})", R"({"p1":1,"p2":2})"});
-  auto d7 = schema(R"({"dependencies": {"bar": ["foo"], "q": {"properties": {"n": {"type": "integer"}}, "required": ["n"]}}})");
+  auto d7 = schema(R"({"$schema": "http://json-schema.org/draft-07/schema#", "dependencies": {"bar": ["foo"], "q": {"properties": {"n": {"type": "integer"}}, "required": ["n"]}}})");
   expect_lang(d7, {"{}", R"({"foo":1,"bar":2})", R"({"q":1,"n":2})", "[1]", "7"},
               {R"({"bar":2})", R"({"q":1})", R"({"q":1,"n":"x"})"});
   auto ds = schema(R"({"type": "object", "additionalProperties": false, "properties": {"card": {"type": "string"}, "addr": {"type": "string"}},

@@ -202,3 +202,37 @@ TEST(TrackedObject, ThreeHundredKeysCompileSmall) {
 
 }  // namespace
 }  // namespace deepinfer::structured::test
+
+namespace deepinfer::structured::test {
+namespace {
+
+// uniqueItems over a finite set of scalars: every order, no value twice, exact; masks never
+// allow a repeated value (its last byte) or a separator when every value is written.
+TEST(TrackedObject, UniqueItemsOfScalars) {
+  GrammarCompiler c(byte_vocab());
+  auto g = c.compile_uncached(
+      R"({"json_schema": {"type": "array", "uniqueItems": true, "items": {"enum": ["a", "ab", "b", true, null]}}})");
+  for (const char* ok : {"[]", R"(["ab","a"])", R"([null,true,"b","ab","a"])", R"(["b"])"}) EXPECT_TRUE(matches(g, ok)) << ok;
+  for (const char* bad : {R"(["a","a"])", R"([true,null,true])", R"(["c"])", R"([false])", R"(["a","b","a"])"})
+    EXPECT_FALSE(matches(g, bad)) << bad;
+  GrammarMatcher m(g);
+  ASSERT_TRUE(m.accept_bytes(R"(["a",)"));
+  std::vector<int32_t> w(9);
+  m.fill_next_token_bitmask(w);
+  EXPECT_TRUE(w['"' >> 5] >> ('"' & 31) & 1);  // "ab" or "b" may follow
+  ASSERT_TRUE(m.accept_bytes("\"a"));
+  m.fill_next_token_bitmask(w);
+  EXPECT_FALSE(w['"' >> 5] >> ('"' & 31) & 1);  // "a" again: not allowed
+  EXPECT_TRUE(w['b' >> 5] >> ('b' & 31) & 1);
+  // Booleans; minItems 1; a limiting maxItems is still an error (needs a count).
+  auto bools = c.compile_uncached(R"({"json_schema": {"type": "array", "uniqueItems": true, "minItems": 1, "items": {"type": "boolean"}}})");
+  EXPECT_TRUE(matches(bools, "[false,true]"));
+  EXPECT_FALSE(matches(bools, "[]"));
+  EXPECT_FALSE(matches(bools, "[true,true]"));
+  EXPECT_THROW(c.compile_uncached(R"({"json_schema": {"uniqueItems": true, "maxItems": 2, "items": {"enum": ["a", "b", "c"]}}})"),
+               GrammarError);
+  EXPECT_TRUE(matches(c.compile_uncached(R"({"json_schema": {"uniqueItems": true, "maxItems": 1}})"), "[[1,2]]"));
+}
+
+}  // namespace
+}  // namespace deepinfer::structured::test

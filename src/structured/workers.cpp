@@ -1,0 +1,121 @@
+// Worker threads for structured outputs (include/deepinfer/structured.h, StructuredWorkers):
+// grammar compilation off the caller's thread, and one batch's token masks filled in parallel.
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include "core/check.h"
+#include "deepinfer/structured.h"
+
+namespace deepinfer::structured {
+
+struct StructuredWorkers::Impl {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::function<void()>> queue;
+  bool stop = false;
+  std::vector<std::thread> threads;
+
+  void loop() {
+    for (;;) {
+      std::function<void()> task;
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        cv.wait(lock, [&] { return stop || !queue.empty(); });
+        if (queue.empty()) return;  // stopping, nothing left
+        task = std::move(queue.front());
+        queue.pop_front();
+      }
+      task();
+    }
+  }
+  void post(std::function<void()> f) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      queue.push_back(std::move(f));
+    }
+    cv.notify_one();
+  }
+};
+
+StructuredWorkers::StructuredWorkers(int threads) : impl_(std::make_unique<Impl>()) {
+  DI_CHECK(threads >= 1 && threads <= 256, "StructuredWorkers needs 1..256 threads, got ", threads);
+  for (int i = 0; i < threads; ++i) impl_->threads.emplace_back([this] { impl_->loop(); });
+}
+
+StructuredWorkers::~StructuredWorkers() {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->stop = true;
+  }
+  impl_->cv.notify_all();
+  for (auto& t : impl_->threads) t.join();
+}
+
+int StructuredWorkers::num_threads() const { return static_cast<int>(impl_->threads.size()); }
+
+std::shared_future<std::shared_ptr<const CompiledGrammar>> StructuredWorkers::compile_async(GrammarCompiler& compiler,
+                                                                                          std::string so_args_json) {
+  auto task = std::make_shared<std::packaged_task<std::shared_ptr<const CompiledGrammar>()>>(
+      [&compiler, args = std::move(so_args_json)] { return compiler.compile(args); });
+  std::shared_future<std::shared_ptr<const CompiledGrammar>> f = task->get_future().share();
+  impl_->post([task] { (*task)(); });
+  return f;
+}
+
+void StructuredWorkers::fill_next_token_bitmasks(std::span<GrammarMatcher* const> matchers, std::span<int32_t> words,
+                                                 size_t row_words) {
+  if (words.size() < matchers.size() * row_words)
+    DI_THROW(InvalidArgument, "bitmask batch has ", words.size(), " words, need ", matchers.size() * row_words);
+  // Rows are handed out one at a time (masks differ a lot in cost). The caller works too and
+  // waits only for helpers that did start: one queued behind a long compilation finds the
+  // batch closed when it runs and returns at once, so a compile never delays a step.
+  struct Batch {
+    std::atomic<size_t> next{0};
+    std::mutex mu;
+    std::condition_variable cv;
+    int active = 0;
+    bool closed = false;
+    std::exception_ptr error;
+    std::span<GrammarMatcher* const> matchers;
+    std::span<int32_t> words;
+    size_t row_words = 0;
+    void work() {
+      for (size_t i; (i = next.fetch_add(1)) < matchers.size();) {
+        try {
+          matchers[i]->fill_next_token_bitmask(words.subspan(i * row_words, row_words));
+        } catch (...) {
+          std::lock_guard<std::mutex> lock(mu);
+          if (!error) error = std::current_exception();
+        }
+      }
+    }
+  };
+  auto b = std::make_shared<Batch>();
+  b->matchers = matchers;
+  b->words = words;
+  b->row_words = row_words;
+  const size_t helpers = std::min<size_t>(impl_->threads.size(), matchers.empty() ? 0 : matchers.size() - 1);
+  for (size_t h = 0; h < helpers; ++h)
+    impl_->post([b] {
+      {
+        std::lock_guard<std::mutex> lock(b->mu);
+        if (b->closed) return;
+        ++b->active;
+      }
+      b->work();
+      std::lock_guard<std::mutex> lock(b->mu);
+      if (--b->active == 0) b->cv.notify_all();
+    });
+  b->work();
+  std::unique_lock<std::mutex> lock(b->mu);
+  b->closed = true;
+  b->cv.wait(lock, [&] { return b->active == 0; });
+  if (b->error) std::rethrow_exception(b->error);
+}
+
+}  // namespace deepinfer::structured

@@ -1,0 +1,45 @@
+"""DeepInfer's so_args spellings through SamplingParams: {"schema_type", "schema"} and
+trigger_token_ids / bound_token_id (free text until the trigger, then the grammar), on the
+built-in toy model with logit_bias forcing the free-phase tokens."""
+import re
+
+import pytest
+
+from deepinfer import LLM, SamplingParams
+from deepinfer.sampling_params import StructuredOutputsParams
+
+
+def tok(ch):  # the toy codec: 2 + byte
+    return 2 + ord(ch)
+
+
+def test_schema_type_forms_map_to_fields():
+    p = StructuredOutputsParams.from_any({"schema_type": "json", "schema": {"type": "integer"}})
+    assert p.json == {"type": "integer"}
+    assert StructuredOutputsParams.from_any({"schema_type": "regex", "schema": "a+"}).regex == "a+"
+    assert StructuredOutputsParams.from_any({"schema_type": "ebnf", "schema": "root ::= \"a\""}).grammar
+    t = StructuredOutputsParams.from_any({"regex": "a", "trigger_token_ids": [5, 6], "bound_token_id": 0})
+    c = t.to_cpp()
+    assert list(c.trigger_token_ids) == [5, 6] and c.bound_token_id == 0
+    for bad in ({"schema_type": "xml", "schema": "a"}, {"schema_type": "regex"},
+                {"regex": "a", "bound_token_ids": [1]}):
+        with pytest.raises(ValueError):
+            StructuredOutputsParams.from_any(bad)
+    for bad in ({"regex": "a", "bound_token_id": 3}, {"regex": "a", "trigger_token_ids": [-1]},
+                {"regex": "a", "trigger_token_ids": [1], "bound_token_id": [2]}):
+        with pytest.raises(ValueError):
+            StructuredOutputsParams.from_any(bad).to_cpp()
+
+
+def test_trigger_and_bound_generate():
+    llm = LLM("builtin:toy")
+    free = SamplingParams(temperature=0, max_tokens=16, logit_bias={tok("#"): 100.0},
+                          so_args={"schema_type": "regex", "schema": "[0-9]{3}", "trigger_token_ids": [tok("#")]})
+    bound = SamplingParams(temperature=0, max_tokens=16, logit_bias={tok("@"): 100.0},
+                           so_args={"schema_type": "regex", "schema": "[0-9]{3}",
+                                    "trigger_token_ids": [tok("#"), tok("!")], "bound_token_id": tok("@")})
+    outs = llm.generate(["abc", "abc"], [free, bound], use_tqdm=False)
+    if outs[0].error and "grammar module" in outs[0].error:
+        pytest.skip(outs[0].error)
+    assert re.fullmatch(r"#[0-9]{3}", outs[0].outputs[0].text), outs[0].outputs[0].text
+    assert re.fullmatch(r"@#![0-9]{3}", outs[1].outputs[0].text), outs[1].outputs[0].text
