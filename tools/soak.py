@@ -104,7 +104,9 @@ class Soak:
     def __init__(self, args):
         self.args = args
         self.rng = random.Random(args.seed)
-        self.llm = LLM(args.model, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=512, seed=1)
+        kv = args.kv_cache_mb << 20 if args.kv_cache_mb else None
+        self.llm = LLM(args.model, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=512, seed=1,
+                       kv_cache_memory_bytes=kv)
         vocab = min(self.llm.vocab_size, 120000)  # the default model's ids past its tokenizer decode to nothing
         self.specs = [make_spec(self.rng, i, args.max_tokens, vocab) for i in range(args.distinct)]
         self.ref = {}
@@ -258,7 +260,9 @@ class Soak:
                    requests_per_s=round(self.sent / wall, 1), output_tokens_per_s=round(res["output_tokens"] / wall, 1),
                    rss_mb_after_warmup_min=min(r[1] for r in warm), rss_mb_after_warmup_max=max(r[1] for r in warm),
                    rss_mb_first=self.rss[0][1] if self.rss else None, rss_mb_last=self.rss[-1][1] if self.rss else None,
-                   rss_samples=len(self.rss), unique_ids=len(self.ids), problems=self.problems)
+                   rss_samples=len(self.rss), unique_ids=len(self.ids), cache=self.llm.describe(),
+                   # (seconds, MiB, requests sent so far), every 10th sample
+                   rss_series=self.rss[::10], problems=self.problems)
         return res
 
 
@@ -271,6 +275,7 @@ def parser():
     ap.add_argument("--max-tokens", type=int, default=12)
     ap.add_argument("--max-num-seqs", type=int, default=32)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--kv-cache-mb", type=int, default=0, help="cache budget (0 = the engine's auto budget)")
     ap.add_argument("--json", help="write the result here")
     return ap
 
@@ -287,7 +292,7 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             f.write(text)
-    summary = {k: v for k, v in res.items() if k != "problems"}
+    summary = {k: v for k, v in res.items() if k not in ("problems", "rss_series")}
     print(json.dumps(summary))
     for p in res["problems"][:20]:
         print("PROBLEM:", p)
