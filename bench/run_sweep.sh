@@ -9,7 +9,7 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BIN=$ROOT/build/deepinfer
-MODEL=${DEEPINFER_HF_MODEL_DIR:-$ROOT/models/default}
+MODEL=${DEEPINFER_HF_MODEL_DIR:-$ROOT/assets/default-model}
 ACCEL=${DEEPINFER_ACCELERATOR:-}
 BATCHES="1 4 16"
 WORDS="16 128"

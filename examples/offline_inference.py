@@ -2,8 +2,9 @@
 
     ./build.sh && python3 examples/offline_inference.py [--model DIR] [--max-tokens N]
 
-Without --model it uses DEEPINFER_HF_MODEL_DIR, else the bundled tiny random model
-(models/default), whose text is gibberish but exercises the whole engine.
+Without --model it uses DEEPINFER_HF_MODEL_DIR, else the bundled default model
+(assets/default-model): a small DeepSeek-V4 trained on public-domain English (Bible, fortunes,
+dictionaries, software manuals), so expect English of that flavour, not facts.
 """
 import argparse
 
@@ -11,9 +12,9 @@ from deepinfer import LLM, SamplingParams
 
 PROMPTS = [
     "Hello, my name is",
-    "The president of the United States is",
     "The capital of France is",
-    "The future of AI is",
+    "In the beginning",
+    "A computer program is",
 ]
 
 

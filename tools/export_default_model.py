@@ -100,7 +100,7 @@ def main() -> None:
     t0 = time.time()
     run, out, corpus = Path(args.ckpt), Path(args.out), Path(args.corpus)
     cfg, model, head, meta = load(run)
-    sd = model.state_dict()
+    sd = {k: v.clone() for k, v in model.state_dict().items()}   # load_state_dict below writes in place
     main_t, deq = official.encode_main(sd, cfg.num_hidden_layers)
     mtp_t, mdeq = official.encode_mtp(head.state_dict())
     out.mkdir(parents=True, exist_ok=True)

@@ -28,7 +28,7 @@
 namespace deepinfer {
 
 struct LLMConfig {
-  // Checkpoint folder. Empty: DEEPINFER_HF_MODEL_DIR, else the bundled models/default.
+  // Checkpoint folder. Empty: DEEPINFER_HF_MODEL_DIR, else the bundled default model (assets/default-model).
   // "builtin:toy" is a small deterministic model for tests (byte-level text).
   std::string model;
   std::string tokenizer;                 // tokenizer.json or folder; empty = the model folder

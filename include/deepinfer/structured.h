@@ -160,6 +160,11 @@ class StructuredWorkers {
   std::unique_ptr<Impl> impl_;
 };
 
+// JSON nesting allowed in so_args (deeper is InvalidArgument: walks over parsed JSON recurse
+// per level). json_nesting_depth measures text without parsing (strings skipped).
+inline constexpr int kMaxSoArgsDepth = 512;
+int json_nesting_depth(std::string_view text);
+
 // Parses so_args and lowers it to the internal grammar text (for tests/debugging).
 std::string so_args_to_grammar_text(std::string_view so_args_json);
 

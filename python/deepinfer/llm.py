@@ -1,7 +1,7 @@
 """deepinfer.LLM: offline inference with a vLLM-shaped API over the C++ engine.
 
     from deepinfer import LLM, SamplingParams
-    llm = LLM(model="/path/to/DeepSeek-V4-Flash")       # or DEEPINFER_HF_MODEL_DIR, or models/default
+    llm = LLM(model="/path/to/DeepSeek-V4-Flash")       # or DEEPINFER_HF_MODEL_DIR, or the bundled default
     outs = llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=32))
     print(outs[0].outputs[0].text)
 """
@@ -21,14 +21,21 @@ from .sampling_params import SamplingParams
 _E = _C.engine
 
 PromptType = Union[str, List[int], Dict[str, Any]]
-_DEFAULT_MODEL = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", "models", "default"))
+_HERE = os.path.dirname(os.path.abspath(__file__))
+# The bundled default model (a small trained DeepSeek-V4, assets/default-model): inside the package
+# when it is installed with the model, else in the source tree the package is imported from.
+_DEFAULT_MODEL_CANDIDATES = [os.path.join(_HERE, "default-model"),
+                             os.path.normpath(os.path.join(_HERE, "..", "..", "assets", "default-model"))]
 
 
 def _default_model() -> str:
     env = os.environ.get("DEEPINFER_HF_MODEL_DIR")
     if env:
         return env
-    return _DEFAULT_MODEL
+    for c in _DEFAULT_MODEL_CANDIDATES:
+        if os.path.exists(os.path.join(c, "config.json")):
+            return c
+    return _DEFAULT_MODEL_CANDIDATES[-1]  # the engine's error then names this folder
 
 
 def _to_prompt(p: PromptType):

@@ -1,4 +1,6 @@
-// `deepinfer make-default-model --out DIR`: the bundled tiny DeepSeek-V4 checkpoint.
+// `deepinfer make-random-model --out DIR`: a tiny RANDOM DeepSeek-V4 checkpoint with the real
+// 129,280-token DeepSeek vocabulary, for tests and benchmarks (the bundled default model is the
+// trained one in assets/default-model; `make-default-model` is kept as an alias of this command).
 // Official release layout by default (FP8 e4m3 dense linears with e8m0 128x128 block scales, FP4
 // e2m1 routed experts, an mtp.0 block, two shards + index), so everything run against the default
 // model exercises the same loading and dequantisation paths as the real release.
@@ -7,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 #include "cli/command.h"
 #include "core/logging.h"
@@ -29,6 +32,23 @@ std::string stamp_text(uint64_t seed, const std::string& layout, int shards) {
   return os.str();
 }
 
+// The folder holding tokenizers/deepseek-v3/: next to the executable first (installed or inside
+// the source tree), then the source tree this binary was built from, so the command works from
+// any working directory and with the binary moved.
+std::string find_assets_dir() {
+  std::vector<fs::path> cands;
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec && !exe.empty()) {
+    cands.push_back(exe.parent_path() / ".." / "share" / "deepinfer");
+    cands.push_back(exe.parent_path() / ".." / "assets");
+  }
+  cands.push_back(io::bundled_assets_dir());
+  for (const fs::path& c : cands)
+    if (fs::exists(c / "tokenizers" / "deepseek-v3" / "tokenizer.json.gz")) return c.lexically_normal().string();
+  return io::bundled_assets_dir();
+}
+
 std::string read_file(const fs::path& p) {
   std::ifstream in(p);
   std::stringstream ss;
@@ -37,8 +57,8 @@ std::string read_file(const fs::path& p) {
 }
 
 int run_make_default_model(int argc, char** argv) {
-  CLI::App app{"Write the bundled tiny random DeepSeek-V4 checkpoint (vocab 129280, DeepSeek tokenizer)"};
-  std::string out, layout = "official", assets = io::bundled_assets_dir();
+  CLI::App app{"Write a tiny random DeepSeek-V4 checkpoint (vocab 129280, DeepSeek tokenizer) for tests"};
+  std::string out, layout = "official", assets = find_assets_dir();
   uint64_t seed = 0;
   int shards = 2;
   bool quiet = false, force = false;
@@ -76,6 +96,10 @@ int run_make_default_model(int argc, char** argv) {
   write_random_checkpoint(out, default_model_config(lay), {.seed = seed, .layout = lay, .num_shards = shards});
 
   const fs::path tok = fs::path(assets) / "tokenizers" / "deepseek-v3";
+  if (!fs::exists(tok / "tokenizer.json.gz")) {
+    std::fprintf(stderr, "make-random-model: %s has no tokenizer.json.gz (pass --assets)\n", tok.string().c_str());
+    return 1;
+  }
   io::gunzip_file((tok / "tokenizer.json.gz").string(), (dir / "tokenizer.json").string());
   fs::copy_file(tok / "tokenizer_config.json", dir / "tokenizer_config.json", fs::copy_options::overwrite_existing);
   if (fs::exists(tok / "LICENSE.packaging"))
@@ -92,5 +116,9 @@ int run_make_default_model(int argc, char** argv) {
   }
   return 0;
 }
+int run_make_default_model_alias(int argc, char** argv) { return run_make_default_model(argc, argv); }
 }  // namespace
-DI_REGISTER_COMMAND("make-default-model", "write the bundled tiny random DeepSeek-V4 model", run_make_default_model);
+DI_REGISTER_COMMAND("make-random-model", "write a tiny random DeepSeek-V4 model (real vocab; tests, benchmarks)",
+                    run_make_default_model);
+DI_REGISTER_COMMAND("make-default-model", "alias of make-random-model (the bundled default is now trained)",
+                    run_make_default_model_alias);

@@ -96,6 +96,10 @@ int run_so_check(int argc, char** argv) {
       if (line.empty()) continue;
       nlohmann::json out;
       try {
+        // so_args nested past the grammar's limit would overflow the stack in parse/dump below.
+        if (json_nesting_depth(line) > kMaxSoArgsDepth + 2)
+          throw deepinfer::InvalidArgument("line " + std::to_string(lineno) + ": nests deeper than " +
+                                           std::to_string(kMaxSoArgsDepth) + " levels");
         auto j = nlohmann::ordered_json::parse(line);
         std::string text = j.is_string() ? j.get<std::string>() : j.at("input").get<std::string>();
         std::string args = j.is_object() && j.contains("so_args") ? j["so_args"].dump() : so_args;

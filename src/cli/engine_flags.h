@@ -18,7 +18,7 @@ struct EngineFlags {
   std::vector<std::string> stop;
 
   void add_to(CLI::App& app) {
-    app.add_option("-m,--model", cfg.model, "checkpoint folder (default: $DEEPINFER_HF_MODEL_DIR, then models/default)");
+    app.add_option("-m,--model", cfg.model, "checkpoint folder (default: $DEEPINFER_HF_MODEL_DIR, then the bundled default model)");
     app.add_option("--tokenizer", cfg.tokenizer, "tokenizer.json or folder (default: the model folder)");
     app.add_option("--max-model-len", cfg.max_model_len, "max prompt + output tokens");
     app.add_option("--max-num-seqs", cfg.max_num_seqs, "sequences per step");

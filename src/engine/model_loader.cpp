@@ -22,13 +22,38 @@ namespace deepinfer::engine {
 namespace fs = std::filesystem;
 constexpr const char* kToy = "builtin:toy";
 
+std::vector<std::string> default_model_candidates() {
+  std::vector<std::string> out;
+  std::error_code ec;
+  // /proc/self/exe: the CLI binary itself (for the Python module it is the interpreter, whose
+  // neighbours never hold a model; Python passes the package's own default path instead).
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec && !exe.empty()) {
+    const fs::path dir = exe.parent_path();
+    for (const fs::path& p : {dir / ".." / "share" / "deepinfer" / "default-model", dir / ".." / "assets" / "default-model",
+                              dir / "default-model"})
+      out.push_back(p.lexically_normal().string());
+  }
+  const std::string built_from = DEEPINFER_DEFAULT_MODEL_DIR;
+  if (!built_from.empty()) out.push_back(built_from);
+  return out;
+}
+
+std::string default_model_dir() {
+  for (const std::string& c : default_model_candidates())
+    if (fs::exists(fs::path(c) / "config.json")) return c;
+  return "";
+}
+
 std::string resolve_model_path(const LLMConfig& config, const EnvConfig& env) {
   if (!config.model.empty()) return config.model;
   if (!env.hf_model_dir.empty()) return env.hf_model_dir;
-  std::string def = DEEPINFER_DEFAULT_MODEL_DIR;
-  if (!def.empty() && fs::exists(def)) return def;
-  DI_THROW(CheckpointError, "no model given: pass model=, set DEEPINFER_HF_MODEL_DIR, or run ./build.sh to make ",
-           def.empty() ? std::string("models/default") : def);
+  std::string def = default_model_dir();
+  if (!def.empty()) return def;
+  std::string looked;
+  for (const std::string& c : default_model_candidates()) looked += (looked.empty() ? "" : ", ") + c;
+  DI_THROW(CheckpointError, "no model given and no bundled default model found (looked in ", looked,
+           "): pass model=, set DEEPINFER_HF_MODEL_DIR, or keep the source tree's assets/default-model");
 }
 
 std::unique_ptr<model::CausalLM> load_model(const std::string& path, const model::ModelLoadOptions& options) {

@@ -2,6 +2,7 @@
 #pragma once
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/env.h"
 #include "deepinfer/llm.h"
@@ -10,8 +11,15 @@
 
 namespace deepinfer::engine {
 
-// config.model, else env.hf_model_dir, else the bundled <repo>/models/default.
+// config.model, else env.hf_model_dir, else the bundled default model (default_model_dir()).
 std::string resolve_model_path(const LLMConfig& config, const EnvConfig& env);
+// Folders searched for the bundled default model, in order: next to the running executable
+// (<exe>/../share/deepinfer/default-model for an installed binary, <exe>/../assets/default-model for
+// a build folder inside the source tree, <exe>/default-model), then the source tree this binary was
+// built from (<source>/assets/default-model). Works from any working directory.
+std::vector<std::string> default_model_candidates();
+// The first candidate holding a config.json, or "" when none does.
+std::string default_model_dir();
 // Loads the checkpoint at `path` on the backend `options.env` selects, sized for
 // `options.limits`. "builtin:toy" gives ToyModel. Throws CheckpointError naming the folder when
 // it is missing or the model module is absent.

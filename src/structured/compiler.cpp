@@ -1,4 +1,5 @@
 // so_args -> CompiledGrammar, and the compile cache.
+#include <algorithm>
 #include <chrono>
 
 #include <nlohmann/json.hpp>
@@ -17,11 +18,10 @@ using json = nlohmann::ordered_json;
 // JSON nesting allowed in so_args (and in a json_schema given as a string): every walk over
 // the parsed value (serialising it, indexing $id, lowering enum values) recurses per level, so
 // the text is measured first, without recursion.
-constexpr int kMaxJsonDepth = 512;
+constexpr int kMaxJsonDepth = kMaxSoArgsDepth;
 
-// Throws `E` when `text` nests arrays/objects deeper than kMaxJsonDepth (strings skipped).
-template <class E>
-void check_json_depth(std::string_view text, const char* what) {
+// Byte offset where `text` first nests arrays/objects deeper than `limit`, or -1.
+int64_t too_deep_at(std::string_view text, int limit) {
   int depth = 0;
   bool in_string = false;
   for (size_t i = 0; i < text.size(); ++i) {
@@ -32,12 +32,19 @@ void check_json_depth(std::string_view text, const char* what) {
     } else if (c == '"') {
       in_string = true;
     } else if (c == '[' || c == '{') {
-      if (++depth > kMaxJsonDepth)
-        DI_THROW(E, what, " nests deeper than ", kMaxJsonDepth, " levels (at byte ", i, ")");
+      if (++depth > limit) return static_cast<int64_t>(i);
     } else if (c == ']' || c == '}') {
       --depth;
     }
   }
+  return -1;
+}
+
+// Throws `E` when `text` nests arrays/objects deeper than kMaxJsonDepth (strings skipped).
+template <class E>
+void check_json_depth(std::string_view text, const char* what) {
+  if (const int64_t at = too_deep_at(text, kMaxJsonDepth); at >= 0)
+    DI_THROW(E, what, " nests deeper than ", kMaxJsonDepth, " levels (at byte ", at, ")");
 }
 
 // The message with every byte that is not part of valid UTF-8 written as \xNN (error text
@@ -203,6 +210,25 @@ TriggerSpec trigger_spec(std::string_view so_args_json, int32_t vocab_size) {
     t.failure[i] = static_cast<int32_t>(k);
   }
   return t;
+}
+
+int json_nesting_depth(std::string_view text) {
+  int depth = 0, most = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') ++i;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      most = std::max(most, ++depth);
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return most;
 }
 
 // Errors re-thrown with UTF-8-safe text: they end up in JSON responses and logs.

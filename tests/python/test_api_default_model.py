@@ -1,18 +1,18 @@
-"""The bundled default model end to end: its embedding has more rows (129,280) than the
-tokenizer has tokens (128,815), as real DeepSeek checkpoints do."""
+"""The random test model (models/random, `deepinfer make-random-model`) end to end: its embedding
+has more rows (129,280) than the tokenizer has tokens (128,815), as real DeepSeek checkpoints do."""
 import os
 
 import pytest
 
 from deepinfer import LLM, SamplingParams
 
-DEFAULT = os.path.join(os.path.dirname(__file__), "..", "..", "models", "default")
+DEFAULT = os.path.join(os.path.dirname(__file__), "..", "..", "models", "random")
 
 
 @pytest.fixture(scope="module")
 def llm():
     if not os.path.exists(os.path.join(DEFAULT, "config.json")):
-        pytest.skip("models/default absent (./build.sh or `deepinfer make-default-model`)")
+        pytest.skip("models/random absent (./build.sh or `deepinfer make-random-model`)")
     return LLM(DEFAULT)
 
 

@@ -1,4 +1,4 @@
-"""Structured outputs through the Python API on the bundled default model (models/default:
+"""Structured outputs through the Python API on the random test model (models/random:
 tiny random DeepSeek-V4 weights with the real DeepSeek tokenizer), greedy."""
 import json
 import os
@@ -8,7 +8,7 @@ import pytest
 
 from deepinfer import LLM, SamplingParams
 
-DEFAULT = os.path.join(os.path.dirname(__file__), "..", "..", "models", "default")
+DEFAULT = os.path.join(os.path.dirname(__file__), "..", "..", "models", "random")
 SCHEMA = {"type": "object", "properties": {"id": {"type": "integer", "minimum": 0, "maximum": 999},
                                            "ok": {"type": "boolean"},
                                            "tag": {"enum": ["red", "green", "blue"]}},
@@ -18,7 +18,7 @@ SCHEMA = {"type": "object", "properties": {"id": {"type": "integer", "minimum": 
 @pytest.fixture(scope="module")
 def llm():
     if not os.path.exists(os.path.join(DEFAULT, "config.json")):
-        pytest.skip("models/default absent (./build.sh or `deepinfer make-default-model`)")
+        pytest.skip("models/random absent (./build.sh or `deepinfer make-random-model`)")
     return LLM(DEFAULT)
 
 

@@ -14,12 +14,12 @@ from deepinfer import LLM, SamplingParams, Tokenizer
 from deepinfer import _C
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-DEFAULT = os.path.join(ROOT, "models", "default")
+DEFAULT = os.path.join(ROOT, "models", "random")  # the random test model (build.sh)
 
 
 def _need_default():
     if not os.path.exists(os.path.join(DEFAULT, "config.json")):
-        pytest.skip("models/default absent (./build.sh or `deepinfer make-default-model`)")
+        pytest.skip("models/random absent (./build.sh or `deepinfer make-random-model`)")
 
 
 def _copy_model(tmp_path, edit_config=None, copy_shards=False):

@@ -43,3 +43,23 @@ def test_trigger_and_bound_generate():
         pytest.skip(outs[0].error)
     assert re.fullmatch(r"#[0-9]{3}", outs[0].outputs[0].text), outs[0].outputs[0].text
     assert re.fullmatch(r"@#![0-9]{3}", outs[1].outputs[0].text), outs[1].outputs[0].text
+
+
+def test_so_check_deep_so_args_is_an_error_not_a_crash(tmp_path):
+    import json
+    import subprocess
+
+    from test_structured_regex import cli
+    exe = cli()
+    if not exe:
+        pytest.skip("deepinfer CLI not built (set DEEPINFER_CLI)")
+    deep = "[" * 100000 + "]" * 100000
+    line = json.dumps({"input": "1", "so_args": {"json_schema": {"enum": [1]}, "x": None}}).replace("null", deep)
+    p = tmp_path / "deep.jsonl"
+    p.write_text(line + "\n" + json.dumps({"input": "1", "so_args": {"regex": "1"}}) + "\n")
+    out = subprocess.run([exe, "so-check", "--tokenizer", "bytes", "--inputs", str(p)], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr[-500:]
+    rows = [json.loads(x) for x in out.stdout.splitlines()]
+    assert "nests deeper than 512 levels" in rows[0]["error"]
+    assert rows[1]["accepted"] is True

@@ -12,9 +12,12 @@ from golden_lib import mtp as mtp_ref
 
 
 def windows(held: np.ndarray, seq: int, n: int) -> list[np.ndarray]:
-    """n consecutive, non-overlapping windows of seq+1 ids from the start of the held-out ids."""
-    n = min(n, (len(held) - 1) // (seq + 1))
-    return [held[i * (seq + 1): (i + 1) * (seq + 1)].astype(np.int64) for i in range(n)]
+    """n non-overlapping windows of seq+1 ids spread evenly over the held-out ids (which are in
+    corpus-source order, so consecutive windows would all come from the first sources)."""
+    slots = (len(held) - 1) // (seq + 1)
+    n = min(n, slots)
+    picks = np.linspace(0, slots - 1, n).round().astype(int)
+    return [held[i * (seq + 1): (i + 1) * (seq + 1)].astype(np.int64) for i in picks]
 
 
 @torch.no_grad()
