@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Soak test (issue #20): many mixed requests through one LLM from several client threads.
 
-    python3 tools/soak.py [--requests 10000] [--distinct 400] [--threads 2] [--model models/default]
+    python3 tools/soak.py [--requests 10000] [--distinct 400] [--threads 2] [--model assets/default-model]
                           [--json out.json]
 
 Requests are drawn from `--distinct` request specs: random prompt lengths (text or token ids),
@@ -268,7 +268,7 @@ class Soak:
 
 def parser():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=os.path.join(ROOT, "models", "default"))
+    ap.add_argument("--model", default=os.path.join(ROOT, "assets", "default-model"))
     ap.add_argument("--requests", type=int, default=10000)
     ap.add_argument("--distinct", type=int, default=400)
     ap.add_argument("--threads", type=int, default=2)

@@ -73,7 +73,7 @@ def safetensors_seeds(c):
     c.add(t, "traversal", json.dumps({"weight_map": {"a": "../../etc/passwd"}}))
     c.add(t, "deep", '{"weight_map": ' + deep_list(DEEP) + "}")
     c.add(t, "not_string", json.dumps({"weight_map": {"a": 7}}))
-    default_index = os.path.join(ROOT, "models", "default", "model.safetensors.index.json")
+    default_index = os.path.join(ROOT, "assets", "default-model", "model.safetensors.index.json")
     if os.path.exists(default_index):
         with open(default_index, "rb") as f:
             c.add(t, "default_model_index", f.read())
@@ -87,12 +87,14 @@ def config_seeds(c):
     for path in sorted(glob.glob(os.path.join(ROOT, "tests", "data", "golden", "*", "config.json"))):
         with open(path) as f:
             configs[os.path.basename(os.path.dirname(path))] = json.load(f)
-    default_cfg = os.path.join(ROOT, "models", "default", "config.json")
+    default_cfg = os.path.join(ROOT, "assets", "default-model", "config.json")
     if os.path.exists(default_cfg):
         with open(default_cfg) as f:
             configs["default_model"] = json.load(f)
     for name, cfg in configs.items():
         c.add(t, name, json.dumps(cfg, indent=1))
+        if name.startswith("v41"):
+            v41(c, name, cfg)
     base = configs.get("tiny_official") or next(iter(configs.values()))
     hf = configs.get("tiny") or base
 
@@ -111,6 +113,20 @@ def config_seeds(c):
         v = dict(base)
         v[field] = "@@"
         c.add(t, "deep_" + field, json.dumps(v).replace('"@@"', deep_list(DEEP)))
+
+
+def v41(c, name, cfg):
+    """V4.1 configs seed their own target, plus the issue's kinds of bad values."""
+    t = "config_v41"
+    c.add(t, name, json.dumps(cfg, indent=1))
+    for field, value in (("hc_sinkhorn_iters", 1e12), ("rms_norm_eps", -1), ("rope_theta", 0),
+                         ("vocab_size", 2 ** 64 - 1), ("eos_token_id", -3)):
+        v = dict(cfg)
+        v[field] = value
+        c.add(t, f"{name}_{field}", json.dumps(v))
+    v = dict(cfg)
+    v["vocab_size"] = "@@"
+    c.add(t, f"{name}_deep", json.dumps(v).replace('"@@"', deep_list(DEEP)))
 
 
 # ---- tokenizer -----------------------------------------------------------------------------
