@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from golden_lib import v41checks, v41configs, v41engram, v41hash, v41qat, v41ref, v41release, v41weights  # noqa: E402
+from golden_lib import v41checks, v41configs, v41dspark, v41engram, v41hash, v41qat, v41ref, v41release, v41weights  # noqa: E402
 
 REF_COMMIT = "0a2080b43eb64e6d448186a4f3f0bc9c618f4797"
 FIXTURES = {"a": ("v41_a", v41configs.TINY_A, 11), "b": ("v41_b", v41configs.TINY_B, 23)}
@@ -96,16 +96,32 @@ def build_fixture(out: Path, key: str, max_attempts: int) -> None:
             "roles": v41configs.roles(spec), "spec": spec, "engram_num_embeddings": list(cfg.engram_num_embeddings),
             "clamp": clamp_stats, "no_cache_path_vs_cache_max_abs": no_cache, "checks": checks}
     (d / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
-    build_release(out, name, spec, loaded, inputs, longest)
+    build_release(out, key, loaded, inputs, longest)
 
 
-def build_release(out: Path, name: str, spec: dict, loaded, inputs: dict, longest: str) -> None:
-    """Same weights, release layout; proves the decoded shards reproduce the logits exactly."""
+def rebuild_release(out: Path, key: str) -> None:
+    """The release fixture again from an existing transformers fixture (no sequence search)."""
+    name, spec, _ = FIXTURES[key]
+    loaded = v41weights.load_hf(out / name, spec)
+    inputs = json.loads((out / name / "inputs.json").read_text())
+    build_release(out, key, loaded, inputs, max(SEQ_LENS, key=SEQ_LENS.get))
+
+
+def build_release(out: Path, key: str, loaded, inputs: dict, longest: str) -> None:
+    """Same weights, release layout (v41_a: plus DSpark stages and their goldens); proves the decoded
+    shards reproduce the logits exactly."""
+    name, spec, _ = FIXTURES[key]
     d, src = out / f"{name}_release", out / name
     if d.exists():
         shutil.rmtree(d)
+    d.mkdir(parents=True)
     tensors = v41release.encode(loaded.state_dict())
-    v41release.write(d, tensors, v41release.release_config(loaded.config, spec), loaded.config.num_hidden_layers)
+    dspark_meta = None
+    if key == "a":
+        mtp, dspark_meta = v41dspark.build(d, loaded, spec, inputs[v41dspark.SEQ])
+        tensors.update(v41dspark.as_release(mtp))
+    v41release.write(d, tensors, v41release.release_config(loaded.config, spec, 3 if dspark_meta else 0),
+                     loaded.config.num_hidden_layers)
     decoded = v41release.decode(v41release.read(d))
     ref_sd = loaded.state_dict()
     assert decoded.keys() == ref_sd.keys(), sorted(set(decoded) ^ set(ref_sd))
@@ -123,6 +139,8 @@ def build_release(out: Path, name: str, spec: dict, loaded, inputs: dict, longes
     meta = {"weights_of": name, "release_decode_equals_transformers_weights": True,
             f"logits_{longest}_rerun_from_release_max_abs": diff,
             "tensors": len(tensors), "dtypes": sorted({v[0] for v in tensors.values()})}
+    if dspark_meta:
+        meta["dspark"] = dspark_meta
     (d / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
     print(f"  [{name}_release] {len(tensors)} tensors; decoded == transformers weights; rerun diff {diff}")
 
@@ -147,6 +165,8 @@ def main() -> int:
             v41qat.build(args.out)
         elif key == "engram":
             v41hash.build(args.out)
+        elif key.startswith("release_"):   # release_a / release_b: rebuild from the transformers fixture
+            rebuild_release(args.out, key[len("release_"):])
         elif key == "sidecars":   # rewrite only the sidecars of existing fixtures
             for name, spec, _ in FIXTURES.values():
                 for d in (args.out / name, args.out / f"{name}_release"):

@@ -49,6 +49,16 @@ struct ChatOptions {
   bool add_bos = true;                // start with BOS
 };
 
+// ---- DeepSeek-V4.1 chat format (MODEL-DEEPSEEK-V41.md §8; mirrors its encoding/encoding.py) ----
+// Same messages as V4 (no image blocks: a literal <｜deepseek_image｜> in text is refused).
+struct ChatOptionsV41 {
+  bool add_generation_prompt = true;  // end with "<｜Assistant｜>" + think tag after a final user/system turn
+  bool thinking = false;              // thinking mode ("<think>") vs chat mode ("</think>")
+  std::string reasoning_effort;       // "" (= "high"), "low" (50), "high" (75), "max" (100) or "1".."100"
+  bool drop_thinking = true;          // drop reasoning of turns before the last user turn (off when tools exist)
+  bool add_bos = true;                // start with BOS
+};
+
 class Tokenizer {
  public:
   // `path` may be: a tokenizer.json (tokenizer_config.json beside it is read when present),
@@ -87,6 +97,9 @@ class Tokenizer {
   // DeepSeek-V4 prompt text for `messages` (encode it with add_special_tokens=false).
   // Throws InvalidArgument for an unknown role, bad reasoning_effort or malformed tool JSON.
   std::string apply_chat_template(std::span<const Message> messages, const ChatOptions& options = {}) const;
+  // DeepSeek-V4.1 prompt text (src/tokenizer/chat_dsv41.cpp). Throws InvalidArgument for an unknown
+  // role, a bad reasoning_effort, tool-call arguments that are not a JSON object, malformed tool JSON.
+  std::string apply_chat_template_v41(std::span<const Message> messages, const ChatOptionsV41& options = {}) const;
 
   struct Impl;  // src/tokenizer/tokenizer_impl.h
   const Impl& impl() const { return *impl_; }

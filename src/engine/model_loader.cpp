@@ -5,13 +5,8 @@
 #include "core/check.h"
 #include "engine/toy_model.h"
 
-#if defined(DEEPINFER_HAVE_MODEL) && __has_include("model/deepseek_v4/model.h")
-#include "model/deepseek_v4/model.h"
-#define DI_ENGINE_HAS_V4 1
-#endif
-#if defined(DEEPINFER_HAVE_MODEL_CUDA) && __has_include("model/deepseek_v4/cuda/cuda_model.h")
-#include "model/deepseek_v4/cuda/cuda_model.h"
-#define DI_ENGINE_HAS_V4_CUDA 1
+#if defined(DEEPINFER_HAVE_MODEL)
+#include "model/registry.h"
 #endif
 
 #ifndef DEEPINFER_DEFAULT_MODEL_DIR
@@ -57,19 +52,15 @@ std::string resolve_model_path(const LLMConfig& config, const EnvConfig& env) {
 }
 
 std::unique_ptr<model::CausalLM> load_model(const std::string& path, const model::ModelLoadOptions& options) {
-  // Until the model registry takes ModelLoadOptions, the V4 loaders get the environment only.
-  const EnvConfig& env = options.env;
   if (path == kToy) return std::make_unique<ToyModel>(ToyModelConfig{.max_rollback = options.limits.max_rollback});
   if (!fs::is_directory(path)) DI_THROW(CheckpointError, "model folder '", path, "' does not exist");
   if (!fs::exists(fs::path(path) / "config.json")) DI_THROW(CheckpointError, "model folder '", path, "' has no config.json");
-#if defined(DI_ENGINE_HAS_V4_CUDA)
-  // DEEPINFER_ACCELERATOR=nvidia, or auto with a GPU present: the GPU forward.
-  if (model::v4::use_cuda_model(env)) return model::v4::DeepseekV4CudaModel::load(path, env);
-#endif
-#if defined(DI_ENGINE_HAS_V4)
-  return model::v4::DeepseekV4Model::load(path, env);
+#if defined(DEEPINFER_HAVE_MODEL)
+  // The family is chosen by config.json `architectures` (model/registry.h); the family picks the
+  // backend from DEEPINFER_ACCELERATOR.
+  return model::load_model(path, options);
 #else
-  DI_THROW(CheckpointError, "cannot load '", path, "': this build has no DeepSeek-V4 model module");
+  DI_THROW(CheckpointError, "cannot load '", path, "': this build has no model module");
 #endif
 }
 

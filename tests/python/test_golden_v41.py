@@ -114,7 +114,7 @@ def test_both_layouts_hold_the_same_weights(name):
     assert set(index["weight_map"]) == set(rel)
     dec = decode_release(rel)
     hf_names = {n for n in hf if not n.endswith("engram.embed.scale")}
-    assert {release_name(n) for n in hf_names} == set(dec)
+    assert {release_name(n) for n in hf_names} == {n for n in dec if not n.startswith("mtp.")}
     for n in hf_names:
         want = f32(*hf[n])
         got = dec[release_name(n)]
@@ -139,9 +139,12 @@ def test_configs(name):
     assert "engram_pad_id" in flat and "engram_pad_token_id" in text and "engram_pad_id" not in text
     assert comp["quantization_config"]["weight_block_size"] == [32, 32]
     assert comp["quantization_config"]["expert_dtype"] == "fp4"
-    for k in ("compress_ratios", "kv_source_layer_ids", "index_source_layer_ids", "candidate_source_layer_id",
+    for k in ("kv_source_layer_ids", "index_source_layer_ids", "candidate_source_layer_id",
               "engram_layer_ids", "engram_num_embeddings", "sliding_window", "swiglu_limit", "gate_temp"):
         assert flat[k] == text[k], k
+    n = flat["num_hidden_layers"]
+    assert flat["compress_ratios"] == text["compress_ratios"][:n]
+    assert text["compress_ratios"][n:] == [0] * text["num_nextn_predict_layers"]  # DSpark stages: ratio 0
     kv = flat["kv_source_layer_ids"]
     assert flat["layer_types"] == ["shared_compressed_attention" if i in kv else "sliding_attention"
                                    for i in range(flat["num_hidden_layers"])]
@@ -182,6 +185,32 @@ def test_meta_self_consistency(name):
     assert meta["no_cache_path_vs_cache_max_abs"] > 0.1                # the documented no-cache bug shows
     if name == "v41_b":
         assert meta["clamp"]["gate_clamped_share"] > 0.05 and meta["clamp"]["up_clamped_share"] > 0.05
+
+
+def test_dspark_goldens():
+    d = fixture("v41_a_release")
+    meta = json.loads((d / "meta.json").read_text())["dspark"]
+    text = json.loads((d / "config.json").read_text())["text_config"]
+    S, B, V, D = meta["steps"], meta["block_size"], text["vocab_size"], text["hidden_size"]
+    assert text["num_nextn_predict_layers"] == 3 and B == text["dspark_block_size"]
+    taps = np.fromfile(d / "dspark_t37_taps.f32", "<f4").reshape(37, 3 * D)
+    anchor = np.fromfile(d / "dspark_t37_anchor.i32", "<i4")
+    drafts = np.fromfile(d / "dspark_t37_drafts.i32", "<i4").reshape(S, B)
+    logits = np.fromfile(d / "dspark_t37_logits.f32", "<f4").reshape(S, B, V)
+    conf = np.fromfile(d / "dspark_t37_confidence.f32", "<f4").reshape(S, B)
+    assert S == 37 - meta["prefill"] and anchor.shape == (S,)
+    assert np.isfinite(taps).all() and np.isfinite(logits).all() and np.isfinite(conf).all()
+    # Greedy drafting: draft j+1 is the argmax of block position j's logits (Markov bias included).
+    assert np.array_equal(drafts, logits.argmax(-1))
+    # The anchor is the target's greedy token: the argmax of the golden logits row at that position.
+    target = np.load(d / "logits_t37.npy")
+    assert np.array_equal(anchor, target[meta["prefill"]:].argmax(-1))
+    assert meta["min_top1_top2_gap"] >= 1e-3 and meta["prefill_vs_decode_ring_max_abs"] <= 1e-5
+    index = json.loads((d / "model.safetensors.index.json").read_text())["weight_map"]
+    for s in range(3):
+        assert f"mtp.{s}.attn.wq_a.weight" in index and f"mtp.{s}.ffn.experts.0.w1.scale" in index
+    assert "mtp.0.main_proj.weight" in index and "mtp.2.markov_head.head.weight" in index
+    assert "mtp.2.confidence_head.proj.weight" in index and "mtp.1.main_proj.weight" not in index
 
 
 def _reference_available() -> bool:

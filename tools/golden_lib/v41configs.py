@@ -35,6 +35,9 @@ TINY_A = dict(
     n_routed_experts=8, swiglu_limit=10.0, gate_temp=1.0, hc_sinkhorn_iters=20,
     engram_layer_ids=[1, 4], engram_num_embeddings=None, engram_max_ngram_size=3,
     engram_n_heads=2, engram_head_dim=32, engram_vocab_size=250, engram_compressed_vocab_size=300,
+    # DSpark (release fixture only; transformers ignores these): block 4, taps of layers 7, 8, 9.
+    dspark_block_size=4, dspark_noise_token_id=318, dspark_target_layer_ids=[7, 8, 9], dspark_markov_rank=16,
+    dspark_n_routed_experts=4, dspark_num_experts_per_tok=2,
 )
 
 TINY_B = dict(
@@ -45,6 +48,8 @@ TINY_B = dict(
     n_routed_experts=6, swiglu_limit=1.0, gate_temp=1.3, hc_sinkhorn_iters=7,
     engram_layer_ids=[0, 5], engram_num_embeddings=None, engram_max_ngram_size=4,
     engram_n_heads=2, engram_head_dim=32, engram_vocab_size=160, engram_compressed_vocab_size=200,
+    dspark_block_size=3, dspark_noise_token_id=250, dspark_target_layer_ids=[6, 7, 8], dspark_markov_rank=16,
+    dspark_n_routed_experts=4, dspark_num_experts_per_tok=2,
 )
 
 # Role letters per layer, for the README and meta.json (derived from the ids above).

@@ -19,7 +19,9 @@ import torch
 
 from . import official, quant, v41quant, v41weights
 
-SHARDS = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")  # layers < L/2, rest
+
+def shard_names(n: int) -> list[str]:
+    return [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
 GLOBAL_NAMES = {"model.embed.weight": "embed.weight", "model.norm.weight": "norm.weight",
                 "lm_head.weight": "head.weight"}
 
@@ -69,6 +71,8 @@ def decode(tensors: dict) -> dict:
     for name in tensors:
         if name.endswith(".scale") and tensors[name][0] == "F8_E8M0":
             continue
+        if name.startswith("mtp."):
+            continue                                  # the drafter: not a transformers weight
         hf = next((k for k, v in GLOBAL_NAMES.items() if v == name), None) or "model." + name
         by_hf[hf] = name
     for hf, name in by_hf.items():
@@ -89,8 +93,8 @@ def decode(tensors: dict) -> dict:
     return sd
 
 
-def release_config(cfg, spec: dict) -> dict:
-    """The composite config.json of the release, with the tiny model's values."""
+def release_config(cfg, spec: dict, dspark_stages: int = 0) -> dict:
+    """The composite config.json of the release, with the tiny model's values (plus DSpark stages)."""
     text = {
         "model_type": "deepseek_v41_text", "architectures": ["DeepseekV41ForCausalLM"],
         **{k: getattr(cfg, k) for k in (
@@ -104,10 +108,14 @@ def release_config(cfg, spec: dict) -> dict:
             "hc_sinkhorn_iters", "hc_eps", "rms_norm_eps", "engram_layer_ids", "engram_num_embeddings",
             "engram_max_ngram_size", "engram_n_heads", "engram_head_dim", "engram_vocab_size",
             "engram_compressed_vocab_size", "num_nextn_predict_layers", "hidden_act", "tie_word_embeddings")},
-        "compress_ratios": list(cfg.compress_ratios),
+        "compress_ratios": list(cfg.compress_ratios)[: cfg.num_hidden_layers] + [0] * dspark_stages,
         "rope_scaling": dict(spec["rope_scaling"]),
         "engram_pad_token_id": cfg.engram_pad_id,
     }
+    text["num_nextn_predict_layers"] = dspark_stages
+    for k in ("dspark_block_size", "dspark_noise_token_id", "dspark_target_layer_ids", "dspark_markov_rank",
+              "dspark_n_routed_experts", "dspark_num_experts_per_tok"):
+        text[k] = getattr(cfg, k)
     return {
         "architectures": ["DeepseekV41ForCausalLM"], "model_type": "deepseek_v41",
         "text_config": text,
@@ -122,17 +130,21 @@ def release_config(cfg, spec: dict) -> dict:
     }
 
 
-def _shard_of(name: str, n_layers: int) -> str:
+def _shard_of(name: str, n_layers: int, shards: list[str]) -> str:
+    """Layers below L/2 (and embed) in the first shard, the rest in the second, DSpark in a third."""
+    if name.startswith("mtp."):
+        return shards[2]
     if name.startswith("layers."):
-        return SHARDS[int(name.split(".")[1]) >= n_layers // 2]
-    return SHARDS[0] if name == "embed.weight" else SHARDS[1]
+        return shards[int(name.split(".")[1]) >= n_layers // 2]
+    return shards[0] if name == "embed.weight" else shards[1]
 
 
 def write(d: Path, tensors: dict, cfg_json: dict, n_layers: int) -> None:
     d.mkdir(parents=True, exist_ok=True)
-    per = {s: {} for s in SHARDS}
+    shards = shard_names(3 if any(n.startswith("mtp.") for n in tensors) else 2)
+    per = {s: {} for s in shards}
     for n, v in tensors.items():
-        per[_shard_of(n, n_layers)][n] = v
+        per[_shard_of(n, n_layers, shards)][n] = v
     weight_map, total = {}, 0
     for shard, ts in per.items():
         total += official.write_safetensors(d / shard, ts)
@@ -143,7 +155,8 @@ def write(d: Path, tensors: dict, cfg_json: dict, n_layers: int) -> None:
 
 
 def read(d: Path) -> dict:
+    index = json.loads((d / "model.safetensors.index.json").read_text())
     out = {}
-    for shard in SHARDS:
+    for shard in sorted(set(index["weight_map"].values())):
         out.update(official.read_safetensors(d / shard))
     return out

@@ -12,6 +12,8 @@
 #include "core/logging.h"
 #include "io/safetensors.h"
 #include "model/deepseek_v4/weights.h"
+#include "model/deepseek_v4/plan.h"
+#include "model/deepseek_v4/tensors.h"
 #include "model/weight_checks.h"
 
 namespace deepinfer::model::v4 {
@@ -163,142 +165,6 @@ class Loader {
   std::unordered_set<std::string> used_;
 };
 
-// Name prefixes of one block: `layers.L.` / `mtp.K.` (release) and their HF spelling.
-struct Prefix {
-  std::string off, hf;
-};
-
-HcParams load_hc(Loader& ld, const Prefix& p, const char* site_off, const char* site_hf) {
-  const DeepseekV4Config& c = ld.cfg();
-  HcParams h;
-  const std::string o = p.off + "hc_" + site_off + "_", f = p.hf + site_hf + "_hc.";
-  h.fn = ld.get(o + "fn", f + "fn", kFloat, {c.hc_mix_dim(), c.hc_dim()});
-  h.base = ld.get(o + "base", f + "base", kFloat, {c.hc_mix_dim()});
-  h.scale = ld.get(o + "scale", f + "scale", kFloat, {3});
-  return h;
-}
-
-// attn.compressor.* or attn.indexer.compressor.* (HF: self_attn.compressor[.indexer].*).
-CompressorWeights load_compressor(Loader& ld, const std::string& off, const std::string& hf, int64_t ratio,
-                                  int64_t d, bool overlap) {
-  const DeepseekV4Config& c = ld.cfg();
-  const int64_t width = overlap ? 2 * d : d;  // CSA keeps two halves per token
-  CompressorWeights w;
-  w.ratio = ratio;
-  w.wkv = ld.linear(off + "wkv.weight", hf + "kv_proj.weight", width, c.hidden_size);
-  w.wgate = ld.linear(off + "wgate.weight", hf + "gate_proj.weight", width, c.hidden_size);
-  w.ape = ld.get(off + "ape", hf + "position_bias", kFloat, {ratio, width});
-  w.norm = ld.get(off + "norm.weight", hf + "kv_norm.weight", kFloat, {d});
-  return w;
-}
-
-AttentionWeights load_attention(Loader& ld, const Prefix& p, AttnKind kind, int64_t ratio) {
-  const DeepseekV4Config& c = ld.cfg();
-  const int64_t D = c.hidden_size, H = c.num_heads, d = c.head_dim, r = c.q_lora_rank;
-  const std::string o = p.off + "attn.", f = p.hf + "self_attn.";
-  AttentionWeights a;
-  a.wq_a = ld.linear(o + "wq_a.weight", f + "q_a_proj.weight", r, D);
-  a.q_norm = ld.get(o + "q_norm.weight", f + "q_a_norm.weight", kFloat, {r});
-  a.wq_b = ld.linear(o + "wq_b.weight", f + "q_b_proj.weight", H * d, r);
-  a.wkv = ld.linear(o + "wkv.weight", f + "kv_proj.weight", d, D);
-  a.kv_norm = ld.get(o + "kv_norm.weight", f + "kv_norm.weight", kFloat, {d}, o + "norm.weight");
-  a.wo_a = ld.linear(o + "wo_a.weight", f + "o_a_proj.weight", c.o_groups * c.o_lora_rank, H * d / c.o_groups);
-  a.wo_b = ld.linear(o + "wo_b.weight", f + "o_b_proj.weight", D, c.o_groups * c.o_lora_rank);
-  a.sink = ld.get(o + "attn_sink", f + "sinks", kFloat, {H});
-  if (kind == AttnKind::kSliding) return a;
-  a.compressor = load_compressor(ld, o + "compressor.", f + "compressor.", ratio, d, kind == AttnKind::kCSA);
-  if (kind == AttnKind::kCSA) {
-    const std::string io = o + "indexer.", ih = f + "compressor.indexer.";
-    IndexerWeights ix;
-    ix.wq_b = ld.linear(io + "wq_b.weight", ih + "q_b_proj.weight", c.index_n_heads * c.index_head_dim, r);
-    ix.weights_proj = ld.linear(io + "weights_proj.weight", ih + "scorer.weights_proj.weight", c.index_n_heads, D);
-    ix.compressor = load_compressor(ld, io + "compressor.", ih, ratio, c.index_head_dim, true);
-    a.indexer = std::move(ix);
-  }
-  return a;
-}
-
-MoEWeights load_moe(Loader& ld, const Prefix& p, MlpKind kind) {
-  const DeepseekV4Config& c = ld.cfg();
-  const int64_t D = c.hidden_size, E = c.n_routed_experts, I = c.moe_intermediate_size;
-  const std::string o = p.off + "ffn.", f = p.hf + "mlp.";
-  MoEWeights m;
-  m.gate = ld.get(o + "gate.weight", f + "gate.weight", kFloat, {E, D});
-  if (kind == MlpKind::kHashMoE)
-  {
-    m.tid2eid = ld.get(o + "gate.tid2eid", f + "gate.tid2eid", {DType::kI64, DType::kI32},
-                       {c.vocab_size, c.num_experts_per_tok});
-    ld.check_expert_ids(o + "gate.tid2eid", f + "gate.tid2eid", m.tid2eid, E);
-  } else
-    m.bias = ld.get(o + "gate.bias", f + "gate.e_score_correction_bias", kFloat, {E});
-  if (c.n_shared_experts > 0) {
-    const std::string so = o + "shared_experts.", sf = f + "shared_experts.";
-    m.shared.w1 = ld.linear(so + "w1.weight", sf + "gate_proj.weight", I, D);
-    m.shared.w3 = ld.linear(so + "w3.weight", sf + "up_proj.weight", I, D);
-    m.shared.w2 = ld.linear(so + "w2.weight", sf + "down_proj.weight", D, I);
-  }
-  m.experts.resize(size_t(E));
-  if (ld.has("", f + "experts.gate_up_proj")) {  // HF fused: [E, 2I, D] = [W1; W3], [E, D, I]
-    Tensor gu = ld.get("", f + "experts.gate_up_proj", kFloat, {E, 2 * I, D});
-    Tensor dn = ld.get("", f + "experts.down_proj", kFloat, {E, D, I});
-    const WeightFormat fmt = gu.dtype() == DType::kBF16 ? WeightFormat::kBF16 : WeightFormat::kF32;
-    const WeightFormat fmt_dn = dn.dtype() == DType::kBF16 ? WeightFormat::kBF16 : WeightFormat::kF32;
-    for (int64_t e = 0; e < E; ++e) {
-      Tensor g = gu.select(0, e);
-      m.experts[e].w1 = {g.slice(0, 0, I), Tensor(), fmt};
-      m.experts[e].w3 = {g.slice(0, I, 2 * I), Tensor(), fmt};
-      m.experts[e].w2 = {dn.select(0, e), Tensor(), fmt_dn};
-    }
-    return m;
-  }
-  for (int64_t e = 0; e < E; ++e) {
-    const std::string eo = o + "experts." + std::to_string(e) + ".";
-    m.experts[e].w1 = ld.linear(eo + "w1.weight", "", I, D);
-    m.experts[e].w3 = ld.linear(eo + "w3.weight", "", I, D);
-    m.experts[e].w2 = ld.linear(eo + "w2.weight", "", D, I);
-  }
-  return m;
-}
-
-LayerWeights load_layer(Loader& ld, const Prefix& p, AttnKind kind, int64_t ratio, MlpKind mlp) {
-  const int64_t D = ld.cfg().hidden_size;
-  LayerWeights w;
-  w.attn_norm = ld.get(p.off + "attn_norm.weight", p.hf + "input_layernorm.weight", kFloat, {D});
-  w.ffn_norm = ld.get(p.off + "ffn_norm.weight", p.hf + "post_attention_layernorm.weight", kFloat, {D});
-  w.hc_attn = load_hc(ld, p, "attn", "attn");
-  w.hc_ffn = load_hc(ld, p, "ffn", "ffn");
-  w.attn = load_attention(ld, p, kind, ratio);
-  w.ffn = load_moe(ld, p, mlp);
-  return w;
-}
-
-HcHeadParams load_hc_head(Loader& ld, const std::string& off, const std::string& hf) {
-  const DeepseekV4Config& c = ld.cfg();
-  HcHeadParams h;
-  h.fn = ld.get(off + "hc_head_fn", hf + "hc_head.hc_fn", kFloat, {c.hc_mult, c.hc_dim()});
-  h.base = ld.get(off + "hc_head_base", hf + "hc_head.hc_base", kFloat, {c.hc_mult});
-  h.scale = ld.get(off + "hc_head_scale", hf + "hc_head.hc_scale", kFloat, {1});
-  return h;
-}
-
-MtpWeights load_mtp(Loader& ld, int64_t k) {
-  const DeepseekV4Config& c = ld.cfg();
-  const int64_t D = c.hidden_size;
-  const std::string o = "mtp." + std::to_string(k) + ".";
-  const Prefix p{o, o};  // transformers does not model MTP; only release names exist
-  MtpWeights m;
-  m.e_proj = ld.linear(o + "e_proj.weight", "", D, D);
-  m.h_proj = ld.linear(o + "h_proj.weight", "", D, D);
-  m.enorm = ld.get(o + "enorm.weight", "", kFloat, {D});
-  m.hnorm = ld.get(o + "hnorm.weight", "", kFloat, {D});
-  m.norm = ld.get(o + "norm.weight", "", kFloat, {D});
-  m.hc_head = load_hc_head(ld, o, o);
-  const int64_t ratio = k < int64_t(c.mtp_compress_ratio.size()) ? c.mtp_compress_ratio[k] : 0;
-  const AttnKind kind = ratio == 0 ? AttnKind::kSliding : ratio == 4 ? AttnKind::kCSA : AttnKind::kHCA;
-  m.block = load_layer(ld, p, kind, ratio, MlpKind::kMoE);
-  return m;
-}
-
 const char* format_name(WeightFormat f) {
   switch (f) {
     case WeightFormat::kBF16: return "bf16";
@@ -314,6 +180,61 @@ DeepseekV4Weights DeepseekV4Weights::load(const std::string& dir, const Deepseek
   return load(dir, cfg, LoadOptions{});
 }
 
+namespace {
+// Routed experts of layers stored the transformers way (fused gate_up_proj [E, 2I, D], down_proj
+// [E, D, I]): per-expert views sliced from them, keyed by layer, fetched when the layer's first
+// expert entry is met (so tensors listed earlier report their own errors first).
+struct HfExperts {
+  bool checked = false;
+  Tensor gate_up, down;
+};
+
+const HfExperts& hf_experts(Loader& ld, const DeepseekV4Config& cfg, int32_t layer, std::vector<HfExperts>& hf) {
+  HfExperts& x = hf[size_t(layer)];
+  if (x.checked) return x;
+  x.checked = true;
+  const int64_t E = cfg.n_routed_experts, I = cfg.moe_intermediate_size, D = cfg.hidden_size;
+  const std::string f = "layers." + std::to_string(layer) + ".mlp.";
+  if (!ld.has("", f + "experts.gate_up_proj")) return x;
+  x.gate_up = ld.get("", f + "experts.gate_up_proj", kFloat, {E, 2 * I, D});
+  x.down = ld.get("", f + "experts.down_proj", kFloat, {E, D, I});
+  return x;
+}
+
+void load_entry(Loader& ld, const TensorEntry& e, const DeepseekV4Config& cfg, std::vector<HfExperts>& hf,
+                DeepseekV4Weights& w) {
+  for (size_t i = 0; i < e.parts.size(); ++i) {
+    const TensorPart& p = e.parts[i];
+    if (e.role == LinearRole::kHead && cfg.tie_word_embeddings && !ld.has(p.name, p.hf)) {
+      *p.t = w.embed;
+      continue;
+    }
+    if (e.role == LinearRole::kExpert && e.layer >= 0 && size_t(e.layer) < hf.size() &&
+        hf_experts(ld, cfg, e.layer, hf).down.defined()) {
+      const HfExperts& x = hf[size_t(e.layer)];
+      const int64_t I = cfg.moe_intermediate_size;
+      Tensor src = e.expert_w13 ? x.gate_up.select(0, e.expert) : x.down.select(0, e.expert);
+      if (e.expert_w13) src = i == 0 ? src.slice(0, 0, I) : src.slice(0, I, 2 * I);
+      *p.lin = {src, Tensor(), src.dtype() == DType::kBF16 ? WeightFormat::kBF16 : WeightFormat::kF32};
+      continue;
+    }
+    switch (e.kind) {
+      case EntryKind::kLinear:
+        if (p.lin)
+          *p.lin = ld.linear(p.name, p.hf, p.shape[0], p.shape[1]);
+        else
+          *p.t = ld.get(p.name, p.hf, kFloat, p.shape, p.alias);
+        break;
+      case EntryKind::kFloat: *p.t = ld.get(p.name, p.hf, kFloat, p.shape, p.alias); break;
+      case EntryKind::kTable:
+        *p.t = ld.get(p.name, p.hf, {DType::kI64, DType::kI32}, p.shape);
+        ld.check_expert_ids(p.name, p.hf, *p.t, cfg.n_routed_experts);
+        break;
+    }
+  }
+}
+}  // namespace
+
 DeepseekV4Weights DeepseekV4Weights::load(const std::string& dir, const DeepseekV4Config& cfg,
                                           const LoadOptions& opts) {
   auto ck = std::make_shared<io::Checkpoint>(io::Checkpoint::open(dir, opts.progress));
@@ -322,25 +243,19 @@ DeepseekV4Weights DeepseekV4Weights::load(const std::string& dir, const Deepseek
   DeepseekV4Weights w;
   w.layout = ld.layout();
   w.keepalive = ck;
-  const int64_t V = cfg.vocab_size, D = cfg.hidden_size;
-  w.embed = ld.get("embed.weight", "embed_tokens.weight", kFloat, {V, D});
-  w.head = cfg.tie_word_embeddings && !ld.has("head.weight", "lm_head.weight")
-               ? w.embed
-               : ld.get("head.weight", "lm_head.weight", kFloat, {V, D});
-  w.norm = ld.get("norm.weight", "norm.weight", kFloat, {D});
-  w.hc_head = load_hc_head(ld, "", "");
-  for (int64_t l = 0; l < cfg.num_layers; ++l) {
-    const std::string ls = "layers." + std::to_string(l) + ".";
-    w.layers.push_back(load_layer(ld, {ls, ls}, cfg.layer_types[l], cfg.compress_ratio[l], cfg.mlp_types[l]));
-  }
+  int64_t num_mtp = 0;
   if (cfg.num_mtp_layers > 0) {
     if (ld.any_with_prefix("mtp.")) {
-      for (int64_t k = 0; k < cfg.num_mtp_layers; ++k) w.mtp.push_back(load_mtp(ld, k));
+      num_mtp = cfg.num_mtp_layers;
     } else if (w.layout == CheckpointLayout::kOfficial && opts.warn_unused) {
       DI_WARN(dir, ": config says num_nextn_predict_layers=", cfg.num_mtp_layers,
               " but the checkpoint has no mtp.* tensors; MTP drafting is unavailable");
     }
   }
+  const ModelPlan plan = v4_plan(cfg, {.num_mtp = num_mtp});
+  const TensorTable table = v4_tensor_table(cfg, plan, &w, nullptr);
+  std::vector<HfExperts> hf(size_t(cfg.num_layers));
+  for (const TensorEntry& e : table.entries) load_entry(ld, e, cfg, hf, w);
   // Config/checkpoint agreement on quantisation is advisory: kernels follow Linear::format.
   const Linear& probe = w.layers[0].attn.wq_a;
   if (opts.warn_unused && probe.format != cfg.dense_format && cfg.layout == CheckpointLayout::kOfficial)

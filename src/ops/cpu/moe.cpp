@@ -23,25 +23,25 @@ void clamped_swiglu(float* g, const float* u, int64_t count, float L) {
   }
 }
 
-// out [n, D] = E(x [n, D]); scratch sized by the caller.
-void run_expert(const float* x, int64_t n, int64_t D, int64_t I, const ExpertF32& e, float L, float* g, float* u,
-                float* out) {
+}  // namespace
+
+void expert_forward(const float* x, int64_t n, int64_t D, int64_t I, const ExpertF32& e, float L, float* g, float* u,
+                    float* out) {
   linear(x, n, D, e.w1, I, g);
   linear(x, n, D, e.w3, I, u);
   clamped_swiglu(g, u, n * I, L);
   linear(g, n, I, e.w2, D, out);
 }
-}  // namespace
 
 void swiglu_mlp(const float* x, int64_t T, int64_t D, int64_t I, const ExpertF32& e, float L, float* y,
                 bool accumulate) {
   std::vector<float> g(static_cast<size_t>(T * I)), u(size_t(T * I));
   if (!accumulate) {
-    run_expert(x, T, D, I, e, L, g.data(), u.data(), y);
+    expert_forward(x, T, D, I, e, L, g.data(), u.data(), y);
     return;
   }
   std::vector<float> out(static_cast<size_t>(T * D));
-  run_expert(x, T, D, I, e, L, g.data(), u.data(), out.data());
+  expert_forward(x, T, D, I, e, L, g.data(), u.data(), out.data());
   for (int64_t i = 0; i < T * D; ++i) y[i] += out[i];
 }
 
@@ -66,7 +66,7 @@ void moe_experts(const float* x, int64_t T, int64_t D, int64_t I, const ExpertF3
     if (n == 0) continue;
     const int64_t* pe = pairs.data() + start[e];
     for (int64_t r = 0; r < n; ++r) std::copy_n(x + (pe[r] / k) * D, D, xs.data() + r * D);
-    run_expert(xs.data(), n, D, I, experts[e], L, g.data(), u.data(), out.data());
+    expert_forward(xs.data(), n, D, I, experts[e], L, g.data(), u.data(), out.data());
     // Scatter serially per expert: pairs of one expert hit distinct tokens unless a token lists
     // the expert twice, which then adds twice (as intended).
     for (int64_t r = 0; r < n; ++r) {

@@ -12,6 +12,9 @@ struct ExpertF32 {
   const float* w2 = nullptr;  // down [D, I]
 };
 
+// out [n, D] = E(x [n, D]); g, u are [n, I] scratch.
+void expert_forward(const float* x, int64_t n, int64_t D, int64_t I, const ExpertF32& e, float swiglu_limit, float* g,
+                    float* u, float* out);
 // y[t] (+)= E(x[t]) for all T tokens (the shared expert). x [T, D], y [T, D].
 void swiglu_mlp(const float* x, int64_t T, int64_t D, int64_t I, const ExpertF32& e, float swiglu_limit, float* y,
                 bool accumulate);

@@ -24,7 +24,7 @@
 #include "core/env.h"
 #include "engine/engine.h"
 #include "golden.h"
-#include "model/deepseek_v4/cuda/cuda_model.h"
+#include "model/deepseek/cuda/cuda_model.h"
 #include "ops/cuda/runtime.h"
 
 namespace deepinfer::engine {
@@ -73,7 +73,7 @@ std::string fixture() { return deepinfer::testing::golden_dir("tiny"); }
 // the decode path, and runs `prompts` x `params` to completion through the Engine.
 EngineRun run_engine(bool device_sampling, DecodePath path, const std::vector<std::vector<int32_t>>& prompts,
                const std::vector<SamplingParams>& params, bool grammar = false) {
-  std::unique_ptr<DeepseekV4CudaModel> m = DeepseekV4CudaModel::load(fixture(), EnvConfig{});
+  std::unique_ptr<DeepseekV4CudaModel> m = DeepseekV4CudaModel::load(fixture(), model::v4::engine_cuda_options({}));
   if (m->decode_path() != path) m->set_decode_path(path);
   DeepseekV4CudaModel* raw = m.get();
   EngineConfig ec;
@@ -212,7 +212,7 @@ class GpuEngine : public ::testing::Test {
 
 TEST_F(GpuEngine, LoadsWithGraphDecodeByDefault) {
   const char* env = std::getenv("DEEPINFER_CUDA_GRAPHS");
-  auto m = DeepseekV4CudaModel::load(fixture(), EnvConfig{});
+  auto m = DeepseekV4CudaModel::load(fixture(), model::v4::engine_cuda_options({}));
   EXPECT_TRUE(m->supports_device_logits());
   if (!env || !*env) {
     EXPECT_EQ(m->decode_path(), DecodePath::kGraph);

@@ -19,10 +19,11 @@
 
 #include "golden.h"
 #include "model/deepseek_v4/config.h"
-#include "model/deepseek_v4/cuda/arena.h"
-#include "model/deepseek_v4/cuda/cuda_model.h"
-#include "model/deepseek_v4/cuda/cuda_plan.h"
-#include "model/deepseek_v4/cuda/cuda_weights.h"
+#include "model/deepseek/cuda/arena.h"
+#include "model/deepseek/cuda/cuda_model.h"
+#include "model/deepseek/cuda/v4_device.h"
+#include "model/deepseek_v4/plan.h"
+#include "model/deepseek_v4/tensors.h"
 #include "model/sequence_runner.h"
 #include "ops/cuda/runtime.h"
 
@@ -41,6 +42,7 @@ DeepseekV4Config flash_like() {
   c.moe_intermediate_size = 2048;
   c.n_routed_experts = 256;
   c.num_experts_per_tok = 6;
+  c.n_shared_experts = 1;
   c.index_n_heads = 64;
   c.index_head_dim = 128;
   c.index_topk = 512;
@@ -57,42 +59,41 @@ DeepseekV4Config flash_like() {
 
 TEST(DenseFp8Plan, CountsFp8BytesAndScratch) {
   const DeepseekV4Config c = flash_like();
-  EXPECT_TRUE(gpu::device_dense_fp8(c, gpu::Numerics::kBf16));
-  EXPECT_TRUE(gpu::device_dense_fp8(c, gpu::Numerics::kProduction));
-  EXPECT_FALSE(gpu::device_dense_fp8(c, gpu::Numerics::kExact));
-  const size_t native = gpu::gpu_weight_bytes(c, false, 2);
-  gpu::set_dense_path(gpu::DensePath::kDequantised);
-  EXPECT_FALSE(gpu::device_dense_fp8(c, gpu::Numerics::kBf16));
-  const size_t deq = gpu::gpu_weight_bytes(c, false, 2);
-  gpu::set_dense_path(gpu::DensePath::kNative);
+  const gpu::DensePath native_path = gpu::DensePath::kNative, deq_path = gpu::DensePath::kDequantised;
+  EXPECT_TRUE(gpu::v4_dense_fp8(c, gpu::Numerics::kBf16, native_path));
+  EXPECT_TRUE(gpu::v4_dense_fp8(c, gpu::Numerics::kProduction, native_path));
+  EXPECT_FALSE(gpu::v4_dense_fp8(c, gpu::Numerics::kExact, native_path));
+  EXPECT_FALSE(gpu::v4_dense_fp8(c, gpu::Numerics::kBf16, deq_path));
+  const CudaModelOptions bf16{.numerics = gpu::Numerics::kBf16}, bf16_deq{.numerics = gpu::Numerics::kBf16,
+                                                                           .dense = deq_path};
+  const size_t native = CudaHostPlan::make(c, bf16).weight_bytes;
+  const size_t deq = CudaHostPlan::make(c, bf16_deq).weight_bytes;
   // per layer: the dense FP8 linears' elements once in bf16 (2 B) vs FP8 (1 B + e8m0 per 128x128)
+  const ModelPlan plan = v4_plan(c, {});
+  const TensorTable table = v4_tensor_table(c, plan, nullptr, nullptr);
   int64_t elems = 0, scales = 0;
-  for (AttnKind k : c.layer_types)
-    for (const auto& s : gpu::dense_fp8_shapes(c, k)) {
-      elems += s.batch * s.n * s.k;
-      scales += (s.batch * s.n + s.scale_rows - 1) / s.scale_rows * ((s.k + 127) / 128);
-    }
+  for (const TensorEntry& e : table.entries) {
+    if (e.kind != EntryKind::kLinear || e.role != LinearRole::kDense) continue;
+    const int64_t sr = e.parts.size() > 1 && e.parts[0].shape[0] % 128 ? 16 : 128;
+    elems += e.numel();
+    scales += (e.rows() + sr - 1) / sr * ((e.cols() + 127) / 128);
+  }
   EXPECT_EQ(int64_t(deq - native), elems - scales);
   std::printf("[gpu-fp8] plan: V4-Flash dense FP8 linears of a CSA+HCA pair: %.1f MB FP8 (bf16 %.1f MB)\n",
               double(elems + scales) / 1e6, 2.0 * double(elems) / 1e6);
-  EXPECT_EQ(gpu::gpu_weight_bytes(c, false, 4), [&] {  // exact numerics: unchanged (f32 everywhere)
-    gpu::set_dense_path(gpu::DensePath::kDequantised);
-    const size_t v = gpu::gpu_weight_bytes(c, false, 4);
-    gpu::set_dense_path(gpu::DensePath::kNative);
-    return v;
-  }());
+  // exact numerics: unchanged by the dense path (f32 everywhere)
+  EXPECT_EQ(CudaHostPlan::make(c, {.numerics = gpu::Numerics::kExact}).weight_bytes,
+            CudaHostPlan::make(c, {.numerics = gpu::Numerics::kExact, .dense = deq_path}).weight_bytes);
   // arena: the K-split workspace at decode sizes, the bf16 scratch (largest linear: wq_b) above
-  gpu::ArenaSizes s{.T = 8, .win_rows = 8, .R = 8, .act_bytes = 2};
-  gpu::ArenaLayout L = gpu::layout_arena(c, s);
-  EXPECT_GT(L.fp8_ws_bytes, 0u);
-  EXPECT_EQ(L.wdq_bytes, 0u);
-  s.T = gpu::kDenseFp8PrefillM + 1;
-  L = gpu::layout_arena(c, s);
-  EXPECT_EQ(L.fp8_ws_bytes, 0u);
-  EXPECT_EQ(L.wdq_bytes, size_t(64 * 512) * 1024 * 2);
-  s.act_bytes = 4;  // exact numerics: neither
-  L = gpu::layout_arena(c, s);
-  EXPECT_EQ(L.fp8_ws_bytes + L.wdq_bytes, 0u);
+  size_t ws = 0, wdq = 0;
+  gpu::v4_fp8_workspace(c, table, bf16, 8, &ws, &wdq);
+  EXPECT_GT(ws, 0u);
+  EXPECT_EQ(wdq, 0u);
+  gpu::v4_fp8_workspace(c, table, bf16, gpu::kDenseFp8PrefillM + 1, &ws, &wdq);
+  EXPECT_EQ(ws, 0u);
+  EXPECT_EQ(wdq, size_t(64 * 512) * 1024 * 2);
+  gpu::v4_fp8_workspace(c, table, {.numerics = gpu::Numerics::kExact}, 8, &ws, &wdq);  // exact: neither
+  EXPECT_EQ(ws + wdq, 0u);
 }
 
 // ---- model level ----
@@ -104,8 +105,8 @@ Tensor run(DeepseekV4CudaModel& m, const std::vector<int32_t>& ids, const std::v
 
 std::unique_ptr<DeepseekV4CudaModel> load(const std::string& dir, gpu::DensePath path, DecodePath decode,
                                           int64_t* fp8_linears) {
-  gpu::set_dense_path(path);
   CudaModelOptions o;
+  o.dense = path;
   o.numerics = gpu::Numerics::kBf16;
   o.progress = false;
   o.max_batch_tokens = 1024;
@@ -113,8 +114,7 @@ std::unique_ptr<DeepseekV4CudaModel> load(const std::string& dir, gpu::DensePath
   o.max_context = 2048;
   o.decode = decode;
   auto m = DeepseekV4CudaModel::load(dir, o);
-  gpu::set_dense_path(gpu::DensePath::kNative);
-  const auto counts = gpu::last_upload_dense_fp8();
+  const auto counts = m->dense_fp8_counts();
   *fp8_linears = counts.first;
   EXPECT_EQ(counts.second, 0) << "dense FP8 linears dequantised against the mode";
   m->allocate_cache_for(1, 1024);

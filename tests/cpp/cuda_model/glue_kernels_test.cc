@@ -8,10 +8,12 @@
 
 #include "core/numeric.h"
 #include "deepinfer/error.h"
-#include "model/deepseek_v4/cuda/glue_kernels.h"
+#include "model/deepseek/cuda/glue_kernels.h"
 #include "ops/cuda/runtime.h"
 
-namespace deepinfer::model::v4::gpu {
+namespace deepinfer::model::ds::cuda {
+namespace cuda = deepinfer::cuda;
+using ops::cpu::GatherRowsArgs;
 namespace {
 
 #define REQUIRE_GPU()                                                                      \
@@ -57,30 +59,30 @@ TEST(GlueKernels, GatherRowsMatchesHostAllDtypes) {
         si[i] = i % 3 == 0 ? -(i % rb) - 1 : (i * 5) % ra;
         di[i] = (i * 3 + 1) % dst_rows;  // distinct targets
       }
-      GatherRowsParams p{.a_stride = sa, .b_stride = sb, .src_dtype = s32 ? DType::kF32 : DType::kBF16,
+      GatherRowsArgs p{.a_stride = sa, .b_stride = sb, .src_dtype = s32 ? DType::kF32 : DType::kBF16,
                          .dst_stride = ds, .dst_dtype = d32 ? DType::kF32 : DType::kBF16, .rows = rows, .width = width};
       // host
       std::vector<uint16_t> a16 = bf16(a), b16 = bf16(b);
       const size_t dn = size_t(dst_rows * ds);
       std::vector<float> ref32(dn, 0.f);
       std::vector<uint16_t> ref16(dn, 0);
-      GatherRowsParams h = p;
+      GatherRowsArgs h = p;
       h.src_a = s32 ? (const void*)a.data() : (const void*)a16.data();
       h.src_b = s32 ? (const void*)b.data() : (const void*)b16.data();
       h.src_index = si.data();
       h.dst_index = di.data();
       h.dst = d32 ? (void*)ref32.data() : (void*)ref16.data();
-      gather_rows_host(h);
+      ops::cpu::gather_rows(h);
       // device (dst pre-filled with the same zeros outside the written rows)
       cuda::DeviceBuffer da = s32 ? up(a) : up(a16), db = s32 ? up(b) : up(b16), dsi = up(si), ddi = up(di);
       cuda::DeviceBuffer dd = d32 ? up(std::vector<float>(dn, 0.f)) : up(std::vector<uint16_t>(dn, 0));
-      GatherRowsParams g = p;
+      GatherRowsArgs g = p;
       g.src_a = da.data();
       g.src_b = db.data();
       g.src_index = dsi.as<int64_t>();
       g.dst_index = ddi.as<int64_t>();
       g.dst = dd.data();
-      gather_rows(g, nullptr);
+      ds::cuda::gather_rows(g, nullptr);
       DI_CUDA_CHECK(cudaDeviceSynchronize());
       if (d32)
         EXPECT_EQ(down<float>(dd, dn), ref32) << "width " << width << " mode " << mode;
@@ -97,10 +99,10 @@ TEST(GlueKernels, PositionBiasAndCombineMatchHost) {
   std::vector<int64_t> pos(rows);
   for (int64_t i = 0; i < rows; ++i) pos[i] = 1000 + i * 7;
   std::vector<float> zr = z;
-  add_position_bias_host({.z = zr.data(), .z_stride = stride, .bias = bias.data(), .pos = pos.data(), .m = m,
+  ops::cpu::add_position_bias({.z = zr.data(), .z_stride = stride, .bias = bias.data(), .pos = pos.data(), .m = m,
                           .rows = rows, .width = width});
   cuda::DeviceBuffer dz = up(z), dbias = up(bias), dpos = up(pos);
-  add_position_bias({.z = dz.as<float>(), .z_stride = stride, .bias = dbias.as<float>(), .pos = dpos.as<int64_t>(),
+  ds::cuda::add_position_bias({.z = dz.as<float>(), .z_stride = stride, .bias = dbias.as<float>(), .pos = dpos.as<int64_t>(),
                      .m = m, .rows = rows, .width = width},
                     nullptr);
   EXPECT_EQ(down<float>(dz, z.size()), zr);
@@ -110,26 +112,26 @@ TEST(GlueKernels, PositionBiasAndCombineMatchHost) {
   std::vector<int64_t> r(T * K);
   for (int64_t i = 0; i < T * K; ++i) r[i] = i % 4 == 3 ? -1 : (i * 7) % (T * K);
   std::vector<float> out(size_t(T * D), 0.f);
-  moe_combine_host({.ye = ye.data(), .rows = r.data(), .shared = sh.data(), .out = out.data(), .tokens = T, .topk = K,
+  ops::cpu::moe_combine({.ye = ye.data(), .rows = r.data(), .shared = sh.data(), .out = out.data(), .tokens = T, .topk = K,
                     .dim = D});
   cuda::DeviceBuffer dye = up(ye), dsh = up(sh), dr = up(r), dout = up(std::vector<float>(out.size(), NAN));
-  moe_combine({.ye = dye.as<float>(), .rows = dr.as<int64_t>(), .shared = dsh.as<float>(), .out = dout.as<float>(),
+  ds::cuda::moe_combine({.ye = dye.as<float>(), .rows = dr.as<int64_t>(), .shared = dsh.as<float>(), .out = dout.as<float>(),
                .tokens = T, .topk = K, .dim = D},
               nullptr);
   EXPECT_EQ(down<float>(dout, out.size()), out);  // same order of additions: bit exact
 }
 
 TEST(GlueKernels, BadArgumentsAreTyped) {  // no GPU needed: validation runs before any CUDA call
-  GatherRowsParams p{.src_dtype = DType::kI32, .rows = 1, .width = 4};
-  EXPECT_THROW(gather_rows(p, nullptr), InvalidArgument);
-  GatherRowsParams q{.a_stride = 2, .dst_stride = 4, .rows = 1, .width = 4};
+  GatherRowsArgs p{.src_dtype = DType::kI32, .rows = 1, .width = 4};
+  EXPECT_THROW(ds::cuda::gather_rows(p, nullptr), InvalidArgument);
+  GatherRowsArgs q{.a_stride = 2, .dst_stride = 4, .rows = 1, .width = 4};
   int dummy[8];
   q.src_a = dummy;
   q.dst = dummy;
-  EXPECT_THROW(gather_rows(q, nullptr), InvalidArgument);
-  EXPECT_THROW(add_position_bias({.m = 0, .rows = 1, .width = 1}, nullptr), InvalidArgument);
-  EXPECT_THROW(moe_combine({.tokens = 1, .topk = 1, .dim = 4}, nullptr), InvalidArgument);
+  EXPECT_THROW(ds::cuda::gather_rows(q, nullptr), InvalidArgument);
+  EXPECT_THROW(ds::cuda::add_position_bias({.m = 0, .rows = 1, .width = 1}, nullptr), InvalidArgument);
+  EXPECT_THROW(ds::cuda::moe_combine({.tokens = 1, .topk = 1, .dim = 4}, nullptr), InvalidArgument);
 }
 
 }  // namespace
-}  // namespace deepinfer::model::v4::gpu
+}  // namespace deepinfer::model::ds::cuda

@@ -20,7 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "golden.h"
-#include "model/deepseek_v4/cuda/cuda_model.h"
+#include "model/deepseek/cuda/cuda_model.h"
 #include "model/sequence_runner.h"
 #include "ops/cuda/runtime.h"
 

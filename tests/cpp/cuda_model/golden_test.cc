@@ -16,7 +16,7 @@
 #include <tuple>
 
 #include "golden.h"
-#include "model/deepseek_v4/cuda/cuda_model.h"
+#include "model/deepseek/cuda/cuda_model.h"
 #include "model/deepseek_v4/model.h"
 #include "model/sequence_runner.h"
 #include "ops/cuda/runtime.h"

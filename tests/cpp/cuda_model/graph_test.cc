@@ -17,8 +17,8 @@
 
 #include "core/numeric.h"
 #include "golden.h"
-#include "model/deepseek_v4/cuda/cuda_model.h"
-#include "model/deepseek_v4/cuda/moe_decode.h"
+#include "model/deepseek/cuda/cuda_model.h"
+#include "model/deepseek/cuda/moe_decode.h"
 #include "ops/cuda/runtime.h"
 
 namespace deepinfer::model::v4 {
@@ -26,11 +26,11 @@ namespace {
 using gpu::Numerics;
 
 TEST(DecodeMeta, BucketsAndEligibility) {
-  EXPECT_EQ(gpu::decode_bucket(1), 1);
-  EXPECT_EQ(gpu::decode_bucket(3), 4);
-  EXPECT_EQ(gpu::decode_bucket(17), 32);
-  EXPECT_EQ(gpu::decode_bucket(64), 64);
-  EXPECT_EQ(gpu::decode_bucket(65), 0);
+  EXPECT_EQ(model::decode_bucket(1), 1);
+  EXPECT_EQ(model::decode_bucket(3), 4);
+  EXPECT_EQ(model::decode_bucket(17), 32);
+  EXPECT_EQ(model::decode_bucket(64), 64);
+  EXPECT_EQ(model::decode_bucket(65), 0);
 }
 
 // ---- moe_decode vs host twin ----

@@ -19,9 +19,8 @@
 #include "core/numeric.h"
 #include "golden.h"
 #include "model/deepseek_v4/config.h"
-#include "model/deepseek_v4/cuda/cuda_model.h"
-#include "model/deepseek_v4/cuda/cuda_plan.h"
-#include "model/deepseek_v4/cuda/moe_decode.h"
+#include "model/deepseek/cuda/cuda_model.h"
+#include "model/deepseek/cuda/moe_decode.h"
 #include "model/sequence_runner.h"
 #include "ops/cuda/runtime.h"
 
@@ -199,19 +198,18 @@ TEST(MoeNativePlan, CountsReleaseBytes) {
   c.moe_intermediate_size = 2048;
   c.n_routed_experts = 256;
   c.expert_format = WeightFormat::kFP4;
-  EXPECT_EQ(gpu::device_expert_format(c, gpu::Numerics::kBf16), WeightFormat::kFP4);
-  EXPECT_EQ(gpu::device_expert_format(c, gpu::Numerics::kProduction), WeightFormat::kFP4);
-  EXPECT_EQ(gpu::device_expert_format(c, gpu::Numerics::kExact), WeightFormat::kBF16);
+  const gpu::ExpertPath native = gpu::ExpertPath::kNative;
+  EXPECT_EQ(gpu::v4_expert_format(c, gpu::Numerics::kBf16, native), WeightFormat::kFP4);
+  EXPECT_EQ(gpu::v4_expert_format(c, gpu::Numerics::kProduction, native), WeightFormat::kFP4);
+  EXPECT_EQ(gpu::v4_expert_format(c, gpu::Numerics::kExact, native), WeightFormat::kBF16);
   // one expert: W1|W3 [4096, 4096] + W2 [4096, 2048] at 4.25 bits = 12.75 MiB (bf16: 48 MiB)
-  const int64_t fp4 = gpu::device_expert_matrix_bytes(WeightFormat::kFP4, 4096, 4096, 2) +
-                      gpu::device_expert_matrix_bytes(WeightFormat::kFP4, 4096, 2048, 2);
+  const int64_t fp4 = gpu::expert_matrix_bytes(WeightFormat::kFP4, 4096, 4096, 2) +
+                      gpu::expert_matrix_bytes(WeightFormat::kFP4, 4096, 2048, 2);
   EXPECT_EQ(fp4, 4096 * 2048 + 4096 * 128 + 4096 * 1024 + 4096 * 64);
-  EXPECT_EQ(gpu::device_expert_matrix_bytes(WeightFormat::kFP8Block, 300, 256, 2), 300 * 256 + 300 * 2);
-  gpu::set_expert_path(gpu::ExpertPath::kDequantised);
-  EXPECT_EQ(gpu::device_expert_format(c, gpu::Numerics::kBf16), WeightFormat::kBF16);
-  gpu::set_expert_path(gpu::ExpertPath::kNative);
+  EXPECT_EQ(gpu::expert_matrix_bytes(WeightFormat::kFP8Block, 300, 256, 2), 300 * 256 + 300 * 2);
+  EXPECT_EQ(gpu::v4_expert_format(c, gpu::Numerics::kBf16, gpu::ExpertPath::kDequantised), WeightFormat::kBF16);
   c.moe_intermediate_size = 2056;  // not a multiple of 32: dequantised
-  EXPECT_EQ(gpu::device_expert_format(c, gpu::Numerics::kBf16), WeightFormat::kBF16);
+  EXPECT_EQ(gpu::v4_expert_format(c, gpu::Numerics::kBf16, native), WeightFormat::kBF16);
 }
 
 // ---- model level: tiny_official (FP4 experts) in bf16 numerics ----
@@ -224,8 +222,8 @@ Tensor run(DeepseekV4CudaModel& m, const std::vector<int32_t>& ids, bool token_b
 }
 
 std::unique_ptr<DeepseekV4CudaModel> load(const std::string& dir, gpu::ExpertPath path, DecodePath decode) {
-  gpu::set_expert_path(path);
   CudaModelOptions o;
+  o.experts = path;
   o.numerics = gpu::Numerics::kBf16;
   o.progress = false;
   o.max_batch_tokens = 1024;
@@ -233,7 +231,6 @@ std::unique_ptr<DeepseekV4CudaModel> load(const std::string& dir, gpu::ExpertPat
   o.max_context = 2048;
   o.decode = decode;
   auto m = DeepseekV4CudaModel::load(dir, o);
-  gpu::set_expert_path(gpu::ExpertPath::kNative);
   m->allocate_cache_for(1, 1024);
   return m;
 }

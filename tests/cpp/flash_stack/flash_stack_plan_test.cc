@@ -3,7 +3,7 @@
 // for 76 GB of activations, 69 GB of them split-KV partials sized max_tokens x 64 splits).
 #include <gtest/gtest.h>
 
-#include "model/deepseek_v4/cuda/cuda_model.h"
+#include "model/deepseek/cuda/cuda_model.h"
 #include "model/deepseek_v4/random_checkpoint.h"
 #include "ops/cuda/runtime.h"
 

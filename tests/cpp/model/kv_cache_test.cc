@@ -7,9 +7,10 @@ namespace deepinfer::kv {
 namespace {
 
 std::vector<LayerCacheSpec> specs() {
-  return {{.window = 16, .head_dim = 8},
-          {.window = 16, .head_dim = 8, .ratio = 4, .overlap = true, .comp_width = 16, .index_dim = 4, .index_width = 8},
-          {.window = 16, .head_dim = 8, .ratio = 24, .comp_width = 8}};
+  return {{.window = 16, .ring_rows = 16, .head_dim = 8},
+          {.window = 16, .ring_rows = 16, .head_dim = 8, .ratio = 4, .overlap = true, .comp_width = 16, .state_rows = 8,
+           .index_dim = 4, .index_width = 8, .index_state_rows = 8},
+          {.window = 16, .ring_rows = 16, .head_dim = 8, .ratio = 24, .comp_width = 8, .state_rows = 24}};
 }
 
 TEST(KvCache, GeometryAndSizes) {

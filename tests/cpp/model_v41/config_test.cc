@@ -88,6 +88,12 @@ TEST(V41Config, GoldenLayoutsAgree) {
   }
   const DeepseekV41Config a = DeepseekV41Config::from_file(golden("v41_a").string());
   EXPECT_EQ(a.schedule_str(), "S S F X F R F* R Xc R");
+  // The release fixture of a carries three DSpark stages (transformers' layout has none).
+  const DeepseekV41Config ar = DeepseekV41Config::from_file(golden("v41_a_release").string());
+  EXPECT_EQ(a.dspark.num_stages, 0);
+  EXPECT_EQ(ar.dspark.num_stages, 3);
+  EXPECT_EQ(ar.dspark.block_size, 4);
+  EXPECT_TRUE(ar.roles[7].dspark_target && ar.roles[9].dspark_target && !ar.roles[6].dspark_target);
   EXPECT_EQ(a.candidate_topk_blocks, 2);
   const DeepseekV41Config b = DeepseekV41Config::from_file(golden("v41_b").string());
   EXPECT_EQ(b.schedule_str(), "S F R F R F X* R Xc S");

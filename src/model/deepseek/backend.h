@@ -1,0 +1,276 @@
+// The ops the shared DeepSeek forward (forward.h) runs, behind one interface per backend: the CPU
+// backend (fp32, ops::cpu, the reference that runs in CI) and the CUDA backend (ops::cuda and the
+// model's glue kernels; general and fixed-shape steps). The forward owns the wiring (which op on
+// which buffer, in which order); a backend owns storage (weights, cache pools, the step's
+// buffers), dtypes and kernels. Every op is enqueued on the backend's step stream; none
+// synchronises the host (the CUDA backend's exact-numerics MoE dispatch is the one documented
+// exception). Shapes and index conventions follow the ops::cpu references they wrap.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "kv/kv_cache.h"
+#include "model/causal_lm.h"
+#include "model/deepseek/prepared.h"
+#include "model/plan/layer_plan.h"
+#include "model/plan/step_plan.h"
+
+namespace deepinfer::model::ds {
+
+// Named activation buffers of one step (sizes: activations.h). "act" buffers are in the backend's
+// activation dtype (Backend::act(): f32 on the CPU and in exact GPU numerics, else bf16); the rest
+// are f32 or int32 as noted.
+enum class Buf : uint8_t {
+  kX, kX2,            // f32 [T, n, D] residual streams (ping-pong)
+  kU,                 // f32 [T, D] collapsed block input
+  kMix,               // f32 [T, (2+n)n] mHC site mixes
+  kH,                 // act [T, D] normed block input
+  kY,                 // f32 [T, D] block output
+  kQa,                // f32 [T, r]
+  kQaN,               // act [T, r] q_norm(qa)
+  kQf,                // f32 [T, H*d]
+  kQ,                 // act [T, H*d]
+  kKvf,               // f32 [T, d]
+  kKv,                // act [T, d]
+  kO,                 // act [T, H*d] attention output
+  kZo,                // act [T, G*R] grouped output projection
+  kWin,               // act [win rows, d] staged window keys
+  kAz, kStage, kEnt,  // f32 compressor: [T, 2c], [stage rows, 2c], [entries, d]
+  kIaz, kIstage, kIent,  // f32 key compressor
+  kQi,                // act [T, Hi*di] indexer queries
+  kIw,                // f32 [T, Hi] indexer head weights
+  kSelRows, kSelCount,// i32 [T, topk], [T] selected entries
+  kRouterLogits,      // f32 [T, E]
+  kIds, kWts,         // i32 / f32 [T, K] routing
+  kShared,            // f32 [T, D] shared expert output
+  kSel, kHu, kHh,     // head: f32 [R, n, D], f32 [R, D], act [R, D]
+  kLogits,            // f32 [R, V]
+  kHidden,            // f32 [Rh, n, D] hidden rows returned
+  kHs,                // act [T, n, D] MTP: normed target streams
+  kCount
+};
+
+// The step plan's index lists as the backend's kernels read them (device copies on the GPU,
+// the plan's own vectors on the CPU). Pointers follow StepPlan's fields.
+struct KindIndex {
+  const CompressPlan* host = nullptr;
+  const int64_t *stage_src = nullptr, *entry_pos = nullptr, *entry_dst = nullptr;
+  const int64_t *state_src = nullptr, *state_dst = nullptr, *cand_offset = nullptr;
+  const int32_t *cand_rows = nullptr, *cand_count = nullptr;
+  const int64_t *stage_dst = nullptr, *block = nullptr;  // fixed shape only
+};
+struct StepIndex {
+  const int32_t* token_ids = nullptr;
+  const int64_t *pos = nullptr, *embed_src = nullptr, *win_src = nullptr, *win_store_src = nullptr,
+                *win_store_dst = nullptr, *sel_offset = nullptr, *logits_rows = nullptr, *hidden_rows = nullptr;
+  const int32_t *win_begin = nullptr, *win_count = nullptr;
+  const int64_t *win_dst = nullptr, *comb_rows = nullptr;  // fixed shape only
+  std::vector<KindIndex> kinds;                             // parallel to StepPlan::kinds
+};
+
+// dst[dst_index[i]] = cast(src row i'), i' = src_index[i] (>= 0: row of src_a; < 0: row -i'-1 of
+// src_b); null index = identity; dst_index[i] < 0 skips row i (fixed-shape pads).
+struct GatherArgs {
+  const void* src_a = nullptr;
+  int64_t a_stride = 0;
+  const void* src_b = nullptr;
+  int64_t b_stride = 0;
+  DType src_dtype = DType::kF32;
+  const int64_t* src_index = nullptr;
+  void* dst = nullptr;
+  int64_t dst_stride = 0;
+  DType dst_dtype = DType::kF32;
+  const int64_t* dst_index = nullptr;
+  int64_t rows = 0, width = 0;
+};
+
+struct NormArgs {       // y = w ⊙ x / sqrt(mean(x²) + eps) per row (w null: unweighted)
+  const void* x = nullptr;
+  DType x_dtype = DType::kF32;
+  int64_t x_stride = 0;
+  const float* w = nullptr;
+  void* y = nullptr;
+  DType y_dtype = DType::kF32;
+  int64_t y_stride = 0;
+  int64_t rows = 0, dim = 0;
+  float eps = 1e-6f;
+};
+
+struct RopeArgs {       // rotates the trailing rope_dim of each head at its position (inverse: back)
+  void* x = nullptr;
+  DType dtype = DType::kF32;
+  int64_t row_stride = 0, rows = 0, heads = 0, head_dim = 0, rope_dim = 0;
+  const int64_t* pos = nullptr;
+  const float* inv_freq = nullptr;
+  bool inverse = false;
+};
+
+struct PoolArgs {       // one sequence's compressor blocks (ops::cpu::CompressorPoolArgs)
+  const float* a = nullptr;
+  const float* z = nullptr;
+  int64_t row0 = 0, n_rows = 0, width = 0, row_stride = 0, ratio = 0;
+  bool overlap = false;
+  int64_t first_block = 0, n_blocks = 0;
+  float* out = nullptr;
+};
+
+struct DecodePoolArgs { // fixed shape: one block per token at most, block index from `block`
+  const float* stage = nullptr;
+  int64_t ld = 0;
+  const int64_t* block = nullptr;
+  int64_t tokens = 0, rows_per_token = 0, width = 0, ratio = 0;
+  bool overlap = false;
+  float* out = nullptr;
+};
+
+struct IndexerArgs {    // ops::cpu::IndexerArgs over the backend's buffers
+  const void* q = nullptr;
+  const float* w = nullptr;
+  const void* k_pool = nullptr;
+  const int32_t* cand_rows = nullptr;
+  const int64_t* cand_offset = nullptr;
+  const int32_t* cand_count = nullptr;
+  int64_t num_tokens = 0, num_heads = 0, head_dim = 0;
+  float qk_scale = 1.f, w_scale = 1.f;
+  int64_t topk = 0, max_candidates = 0;
+  int32_t* out_rows = nullptr;
+  int32_t* out_count = nullptr;
+};
+
+struct AttentionArgs {  // ops::cpu::SparseAttnArgs over the backend's buffers
+  const void* q = nullptr;
+  int64_t q_stride = 0;
+  const void* win_kv = nullptr;
+  int64_t kv_stride = 0;
+  const int32_t* win_begin = nullptr;
+  const int32_t* win_count = nullptr;
+  const void* cmp_kv = nullptr;
+  const int32_t* cmp_rows = nullptr;
+  const int64_t* cmp_offset = nullptr;
+  const int32_t* cmp_count = nullptr;
+  const float* sink = nullptr;
+  float scale = 1.f;
+  void* out = nullptr;
+  int64_t out_stride = 0;
+  int64_t num_tokens = 0, num_heads = 0, head_dim = 0;
+  int64_t max_keys = 0;  // upper bound of window + compressed keys of a token (split-KV sizing)
+};
+
+struct HcSiteArgs {     // one mHC site: collapse X into u and the site's mixes
+  const float* x = nullptr;  // [T, n, D]
+  const HcRef* w = nullptr;
+  float* u = nullptr;        // [T, D]
+  float* mix = nullptr;      // [T, (2+n)n] (layer) or null (head)
+  int64_t tokens = 0;
+  bool head = false;         // the final collapse (hc_head: pre weights only)
+};
+struct HcPostArgs {     // X'_k = post_k y + Σ_j C[j,k] X_j
+  const float* x = nullptr;
+  const float* y = nullptr;
+  const float* mix = nullptr;
+  float* out = nullptr;
+  int64_t tokens = 0;
+};
+
+// A layer's cache storage in backend memory (kv/kv_cache.h layouts; null where the layer owns none).
+struct LayerCacheRef {
+  void* window = nullptr;        // act [slots*ring_rows, d]
+  void* entries = nullptr;       // act [blocks*epb, d]
+  void* keys = nullptr;          // act [blocks*epb, index_dim]
+  float* state = nullptr;        // f32 [slots*state_rows, 2c]
+  float* index_state = nullptr;  // f32 [slots*index_state_rows, 2*index_width]
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual DType act() const = 0;                       // activation storage dtype
+  virtual void* buf(Buf b) const = 0;                  // this step's buffer
+  template <typename T>
+  T* at(Buf b) const { return static_cast<T*>(buf(b)); }
+  virtual const StepPlan& plan() const = 0;
+  virtual const StepIndex& index() const = 0;
+  virtual LayerCacheRef cache(int64_t layer) = 0;  // main layers, then drafter blocks
+
+  virtual void gather(const GatherArgs& a) = 0;
+  // y[M, out] = x[M, in] W^T (x in act(), fp32 accumulation, y in y_dtype).
+  virtual void linear(const LinearRef& W, const void* x, int64_t ldx, int64_t M, void* y, DType y_dtype,
+                      int64_t ldy) = 0;
+  // Block-diagonal grouped projection (V4 wo_a): group g of x (columns [g*in, (g+1)*in)) through
+  // rows [g*out_g, (g+1)*out_g) of W into columns [g*out_g, ...) of y (act()).
+  virtual void linear_grouped(const LinearRef& W, int64_t groups, const void* x, int64_t ldx, int64_t M, void* y,
+                              int64_t ldy) = 0;
+  virtual void rmsnorm(const NormArgs& a) = 0;
+  virtual void rope(const RopeArgs& a) = 0;
+  // Rounds rows through a cache format in place (RowFormat::kPlain: nothing).
+  virtual void round_trip(void* x, DType dtype, int64_t row_stride, int64_t rows, int64_t dim, RowFormat f) = 0;
+  // z[t, e] += bias[pos[t] mod m, e] (compressor ape, f32).
+  virtual void add_position_bias(float* z, int64_t z_stride, const float* bias, const int64_t* pos, int64_t m,
+                                 int64_t rows, int64_t width) = 0;
+  virtual void compressor_pool(const PoolArgs& a) = 0;
+  virtual void decode_pool(const DecodePoolArgs& a) = 0;
+  virtual void indexer_topk(const IndexerArgs& a) = 0;
+  virtual void sparse_attention(const AttentionArgs& a) = 0;
+  virtual void hc_site(const HcSiteArgs& a) = 0;
+  virtual void hc_post(const HcPostArgs& a) = 0;
+  // x[t, j, :] += v[t, :] for every stream j (the MTP block's embedding term).
+  virtual void add_streams(float* x, const float* v, int64_t tokens, int64_t streams, int64_t dim) = 0;
+
+  // ---- MoE seam: route -> dispatch -> experts -> combine (expert parallelism plugs into
+  // dispatch/combine; a rank with no local tokens still calls every step) ----
+  // ids/wts [T, K] from the router logits (the forward computed them with `linear`).
+  virtual void moe_route(const MoeRef& M, const float* logits, int32_t* ids, float* wts) = 0;
+  // Groups the step's (token, k) assignments by expert (local permutation; EP: all-to-all).
+  virtual void moe_dispatch(const MoeRef& M) = 0;
+  // Routed expert outputs of every dispatched assignment (backend scratch).
+  virtual void moe_experts(const MoeRef& M) = 0;
+  // The shared expert of h into shared [T, D] f32.
+  virtual void moe_shared(const MoeRef& M) = 0;
+  // y [T, D] f32 = Σ routed (fixed per-token order) + shared.
+  virtual void moe_combine(const MoeRef& M) = 0;
+};
+
+// A backend as a model drives it: its prepared weights, its cache storage and the step lifecycle
+// (plan -> launches -> outputs). DeepseekModel (model.h) is written against this only.
+class ModelBackend : public Backend {
+ public:
+  virtual std::string describe() const = 0;           // "cpu fp32", "cuda bf16 (production) on H200", ...
+  virtual const ModelRef& weights() const = 0;
+  virtual bool logits_on_device() const { return false; }  // CausalLM::supports_device_logits
+
+  // Cache storage for the model's layer specs (fixed at construction).
+  virtual kv::CacheGeometry plan_cache(size_t budget_bytes, int64_t max_slots) const = 0;
+  virtual void allocate_cache(const kv::CacheGeometry& geometry) = 0;
+  virtual bool cache_allocated() const = 0;
+  virtual const kv::CacheGeometry& cache_geometry() const = 0;
+  virtual void reset_slot(int32_t slot) = 0;
+  virtual SlotSnapshot save_slot(int32_t slot, int64_t num_tokens) = 0;
+  virtual void restore_slot(int32_t slot, const SlotSnapshot& snapshot) = 0;
+
+  // The fixed-shape path for this batch, if the backend takes one (padded size, candidate caps).
+  struct FixedShape {
+    int64_t padded = 0;
+    const std::vector<int64_t>* caps = nullptr;
+  };
+  virtual std::optional<FixedShape> fixed_shape(const ForwardBatch& batch) const { return std::nullopt; }
+  // Takes the step's plan: sizes the buffers, makes the index lists readable by the kernels.
+  virtual void begin_step(StepPlan plan) = 0;
+  // Runs `body` (the forward's launches for the current plan); a device backend may capture it
+  // into a graph keyed by the plan's fixed shape and replay it.
+  virtual void launch(const std::function<void()>& body) = 0;
+  // The step's outputs: `rows` logits rows (Buf::kLogits) and `hidden_rows` hidden rows
+  // (Buf::kHidden), on the host unless asked to stay on the device.
+  virtual ForwardOutput end_step(const ForwardOptions& options, int64_t rows, int64_t hidden_rows) = 0;
+  // Copies the row ranges (first row, count) of hidden rows (host or device, as a previous step
+  // returned them) back to back into backend memory the next step can read until it ends; returns
+  // the backend pointer [sum counts, n*D] f32.
+  using RowRanges = std::vector<std::pair<int64_t, int64_t>>;
+  virtual const float* stage_hidden(const HiddenRows& rows, const RowRanges& ranges) = 0;
+};
+
+}  // namespace deepinfer::model::ds

@@ -1,0 +1,310 @@
+#include "model/deepseek/cpu/cpu_backend.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/check.h"
+#include "deepinfer/error.h"
+#include "model/deepseek/activations.h"
+#include "ops/cpu/attention.h"
+#include "ops/cpu/compressor.h"
+#include "ops/cpu/hc.h"
+#include "ops/cpu/indexer.h"
+#include "ops/cpu/moe.h"
+#include "ops/cpu/rmsnorm.h"
+#include "ops/cpu/rope.h"
+#include "ops/cpu/router.h"
+#include "ops/cpu/rows.h"
+
+namespace deepinfer::model::ds {
+namespace oc = ops::cpu;
+
+CpuBackend::CpuBackend(const Arch& arch, std::vector<kv::LayerCacheSpec> specs, std::unique_ptr<CpuWeightStore> w)
+    : arch_(arch), specs_(std::move(specs)), store_(std::move(w)) {
+  DI_CHECK(store_ != nullptr, "CpuBackend without weights");
+}
+
+CpuBackend::~CpuBackend() = default;
+
+kv::CacheGeometry CpuBackend::plan_cache(size_t budget_bytes, int64_t max_slots) const {
+  return kv::KvCache::plan(specs_, budget_bytes, max_slots);
+}
+
+void CpuBackend::allocate_cache(const kv::CacheGeometry& g) { cache_ = kv::KvCache(specs_, g); }
+
+SlotSnapshot CpuBackend::save_slot(int32_t slot, int64_t num_tokens) {
+  return {.num_tokens = num_tokens, .bytes = cache_.save_slot(slot)};
+}
+
+void CpuBackend::restore_slot(int32_t slot, const SlotSnapshot& s) { cache_.restore_slot(slot, s.bytes); }
+
+LayerCacheRef CpuBackend::cache(int64_t layer) {
+  kv::LayerCache& c = cache_.layer(layer);
+  auto ptr = [](Tensor& t) -> void* { return t.defined() ? t.raw_data() : nullptr; };
+  return {.window = ptr(c.window), .entries = ptr(c.comp), .keys = ptr(c.index_keys),
+          .state = static_cast<float*>(ptr(c.comp_state)), .index_state = static_cast<float*>(ptr(c.index_state))};
+}
+
+void CpuBackend::size_buffers() {
+  const StepSizes s = step_sizes(plan_);
+  size_t words = 0;
+  for (size_t b = 0; b < size_t(Buf::kCount); ++b) {
+    off_[b] = words;
+    words += (std::max<size_t>(buffer_size(Buf(b), arch_.dims, s, 4).bytes(), 8) + 7) / 8;
+  }
+  if (arena_.size() < words) arena_.resize(words);  // grows only: steady-state steps do not allocate
+}
+
+void* CpuBackend::buf(Buf b) const {
+  return const_cast<uint64_t*>(arena_.data() + off_[size_t(b)]);
+}
+
+void CpuBackend::begin_step(StepPlan plan) {
+  plan_ = std::move(plan);
+  const StepPlan& p = plan_;
+  StepIndex& ix = index_;
+  ix = StepIndex{};
+  ix.token_ids = p.token_ids.data();
+  ix.pos = p.pos.data();
+  ix.embed_src = p.embed_src.data();
+  ix.win_src = p.win_src.data();
+  ix.win_store_src = p.win_store_src.data();
+  ix.win_store_dst = p.win_store_dst.data();
+  ix.sel_offset = p.sel_offset.data();
+  ix.logits_rows = p.logits_rows.data();
+  ix.hidden_rows = p.hidden_rows.data();
+  ix.win_begin = p.win_begin.data();
+  ix.win_count = p.win_count.data();
+  if (p.fixed) {
+    ix.win_dst = p.win_dst.data();
+    ix.comb_rows = p.comb_rows.data();
+  }
+  for (const CompressPlan& k : p.kinds) {
+    KindIndex d{.host = &k, .stage_src = k.stage_src.data(), .entry_pos = k.entry_pos.data(),
+                .entry_dst = k.entry_dst.data(), .state_src = k.state_src.data(), .state_dst = k.state_dst.data(),
+                .cand_offset = k.cand_offset.data(), .cand_rows = k.cand_rows.data(), .cand_count = k.cand_count.data()};
+    if (p.fixed) {
+      d.cand_rows = p.cand_pool.data();
+      d.stage_dst = k.stage_dst.data();
+      d.block = k.block.data();
+    }
+    ix.kinds.push_back(d);
+  }
+  size_buffers();
+}
+
+ForwardOutput CpuBackend::end_step(const ForwardOptions& options, int64_t rows, int64_t hidden_rows) {
+  if (options.logits_on_device) DI_THROW(InternalError, "the CPU backend has no device logits");
+  const Dims& g = arch_.dims;
+  ForwardOutput out;
+  out.logits = Tensor::empty({rows, g.vocab}, DType::kF32);
+  if (rows > 0) std::memcpy(out.logits.raw_data(), buf(Buf::kLogits), size_t(rows * g.vocab) * sizeof(float));
+  if (hidden_rows > 0) {
+    const int64_t e = g.streams * g.hidden;
+    out.hidden.host = Tensor::empty({hidden_rows, g.streams, g.hidden}, DType::kF32);
+    std::memcpy(out.hidden.host.raw_data(), buf(Buf::kHidden), size_t(hidden_rows * e) * sizeof(float));
+    out.hidden.rows = hidden_rows;
+    out.hidden.row_elems = e;
+  }
+  return out;
+}
+
+const float* CpuBackend::stage_hidden(const HiddenRows& rows, const RowRanges& ranges) {
+  DI_CHECK(rows.host.defined() && rows.host.dtype() == DType::kF32, "stage_hidden: the CPU needs host hidden rows");
+  const Tensor h = rows.host.contiguous();
+  const int64_t e = rows.row_elems;
+  staged_hidden_.clear();
+  for (const auto& [first, count] : ranges) {
+    DI_CHECK(first >= 0 && count >= 0 && first + count <= rows.rows, "stage_hidden: rows [", first, ", ", first + count,
+             ") of ", rows.rows);
+    staged_hidden_.insert(staged_hidden_.end(), h.data<float>() + first * e, h.data<float>() + (first + count) * e);
+  }
+  return staged_hidden_.data();
+}
+
+// ---- ops ----
+
+void CpuBackend::gather(const GatherArgs& a) {
+  oc::gather_rows({.src_a = a.src_a, .a_stride = a.a_stride, .src_b = a.src_b, .b_stride = a.b_stride,
+                   .src_dtype = a.src_dtype, .src_index = a.src_index, .dst = a.dst, .dst_stride = a.dst_stride,
+                   .dst_dtype = a.dst_dtype, .dst_index = a.dst_index, .rows = a.rows, .width = a.width});
+}
+
+void CpuBackend::linear(const LinearRef& W, const void* x, int64_t ldx, int64_t M, void* y, DType y_dtype,
+                        int64_t ldy) {
+  if (M == 0) return;
+  DI_CHECK(y_dtype == DType::kF32, "cpu linear: f32 outputs only");
+  if (W.panels) {
+    oc::linear_packed(static_cast<const float*>(x), M, ldx, *static_cast<const oc::PackedWeight*>(W.packed),
+                      static_cast<float*>(y), ldy);
+    return;
+  }
+  DI_CHECK(W.dtype == DType::kF32 && W.w, "cpu linear: weight not prepared as f32");
+  oc::gemm(M, W.out, W.in, static_cast<const float*>(x), ldx, static_cast<const float*>(W.w), W.in, /*trans_b=*/true,
+           static_cast<float*>(y), ldy);
+}
+
+void CpuBackend::linear_grouped(const LinearRef& W, int64_t groups, const void* x, int64_t ldx, int64_t M, void* y,
+                                int64_t ldy) {
+  const int64_t R = W.out / groups, gin = W.in;
+  const float* xf = static_cast<const float*>(x);
+  const float* wf = static_cast<const float*>(W.w);
+  float* yf = static_cast<float*>(y);
+  for (int64_t g = 0; g < groups; ++g)
+    oc::gemm(M, R, gin, xf + g * gin, ldx, wf + g * R * gin, gin, true, yf + g * R, ldy);
+}
+
+void CpuBackend::rmsnorm(const NormArgs& a) {
+  DI_CHECK(a.x_dtype == DType::kF32 && a.y_dtype == DType::kF32, "cpu rmsnorm: f32 only");
+  oc::rmsnorm(static_cast<const float*>(a.x), a.x_stride, a.w, static_cast<float*>(a.y), a.y_stride, a.rows, a.dim,
+              a.eps);
+}
+
+void CpuBackend::rope(const RopeArgs& a) {
+  DI_CHECK(a.row_stride == a.heads * a.head_dim, "cpu rope: rows must be contiguous heads");
+  oc::rope_apply(static_cast<float*>(a.x), a.rows, a.heads, a.head_dim, a.rope_dim, a.pos, a.inv_freq, a.inverse);
+}
+
+void CpuBackend::round_trip(void* x, DType dtype, int64_t row_stride, int64_t rows, int64_t dim, RowFormat f) {
+  if (f == RowFormat::kPlain || rows == 0) return;
+  DI_THROW(InternalError, "cpu backend: cache format ", row_format_name(f), " is not implemented");
+}
+
+void CpuBackend::add_position_bias(float* z, int64_t z_stride, const float* bias, const int64_t* pos, int64_t m,
+                                   int64_t rows, int64_t width) {
+  oc::add_position_bias({.z = z, .z_stride = z_stride, .bias = bias, .pos = pos, .m = m, .rows = rows, .width = width});
+}
+
+void CpuBackend::compressor_pool(const PoolArgs& a) {
+  oc::compressor_pool({.a = a.a, .z = a.z, .row0 = a.row0, .n_rows = a.n_rows, .width = a.width,
+                       .row_stride = a.row_stride, .ratio = a.ratio, .overlap = a.overlap,
+                       .first_block = a.first_block, .n_blocks = a.n_blocks, .out = a.out});
+}
+
+void CpuBackend::decode_pool(const DecodePoolArgs& a) {
+  oc::decode_pool({.stage = a.stage, .ld = a.ld, .block = a.block, .tokens = a.tokens,
+                   .rows_per_token = a.rows_per_token, .width = a.width, .ratio = a.ratio, .overlap = a.overlap,
+                   .out = a.out});
+}
+
+void CpuBackend::indexer_topk(const IndexerArgs& a) {
+  oc::indexer_topk({.q = static_cast<const float*>(a.q), .w = a.w, .num_tokens = a.num_tokens,
+                    .num_heads = a.num_heads, .head_dim = a.head_dim, .k_pool = static_cast<const float*>(a.k_pool),
+                    .cand_rows = a.cand_rows, .cand_offset = a.cand_offset, .cand_count = a.cand_count,
+                    .qk_scale = a.qk_scale, .w_scale = a.w_scale, .topk = a.topk, .out_rows = a.out_rows,
+                    .out_count = a.out_count});
+}
+
+void CpuBackend::sparse_attention(const AttentionArgs& a) {
+  DI_CHECK(a.q_stride == a.num_heads * a.head_dim && a.out_stride == a.q_stride && a.kv_stride == a.head_dim,
+           "cpu attention: contiguous rows only");
+  oc::sparse_attention({.q = static_cast<const float*>(a.q), .num_tokens = a.num_tokens, .num_heads = a.num_heads,
+                        .head_dim = a.head_dim, .win_kv = static_cast<const float*>(a.win_kv),
+                        .win_begin = a.win_begin, .win_count = a.win_count,
+                        .cmp_kv = static_cast<const float*>(a.cmp_kv), .cmp_rows = a.cmp_rows,
+                        .cmp_offset = a.cmp_offset, .cmp_count = a.cmp_count, .sink = a.sink, .scale = a.scale,
+                        .out = static_cast<float*>(a.out)});
+}
+
+void CpuBackend::hc_site(const HcSiteArgs& a) {
+  const Dims& g = arch_.dims;
+  const oc::HcSpec spec{.n = g.streams, .dim = g.hidden, .sinkhorn_iters = g.sinkhorn_iters, .rms_eps = g.eps,
+                        .hc_eps = g.hc_eps};
+  if (a.head) {
+    oc::hc_head(a.x, a.tokens, spec, a.w->fn.p, a.w->base.p, a.w->scale.p, a.u);
+    return;
+  }
+  // mix [T, (2+n)n] holds post [T, n] then comb [T, n, n] (the CPU op's two outputs).
+  oc::hc_pre(a.x, a.tokens, spec, a.w->fn.p, a.w->base.p, a.w->scale.p, a.u, a.mix, a.mix + a.tokens * g.streams);
+}
+
+void CpuBackend::hc_post(const HcPostArgs& a) {
+  const Dims& g = arch_.dims;
+  const oc::HcSpec spec{.n = g.streams, .dim = g.hidden, .sinkhorn_iters = g.sinkhorn_iters, .rms_eps = g.eps,
+                        .hc_eps = g.hc_eps};
+  oc::hc_post(a.x, a.y, a.mix, a.mix + a.tokens * g.streams, a.tokens, spec, a.out);
+}
+
+void CpuBackend::add_streams(float* x, const float* v, int64_t tokens, int64_t streams, int64_t dim) {
+  oc::add_streams(x, v, tokens, streams, dim);
+}
+
+// ---- MoE: the local implementation of the seam ----
+
+void CpuBackend::moe_route(const MoeRef& M, const float* logits, int32_t* ids, float* wts) {
+  const Dims& g = arch_.dims;
+  const bool hash = M.tid2eid != nullptr;
+  oc::route({.logits = logits, .num_tokens = plan_.T, .num_experts = g.experts, .topk = g.topk,
+             .bias = M.bias.p, .tid2eid = M.tid2eid, .token_ids = plan_.token_ids.data(),
+             .vocab_size = hash ? M.tid2eid_rows : 0, .normalize = g.norm_topk, .routed_scale = g.routed_scale,
+             .out_ids = ids, .out_weights = wts});
+}
+
+// Counting sort of the step's (token, k) pairs by expert (stable: tokens ascending within an
+// expert), and the pairs' input rows gathered per expert.
+void CpuBackend::moe_dispatch(const MoeRef& M) {
+  const Dims& g = arch_.dims;
+  const int64_t T = plan_.T, K = g.topk, E = g.experts, D = g.hidden;
+  const int32_t* ids = at<int32_t>(Buf::kIds);
+  moe_start_.assign(size_t(E + 1), 0);
+  for (int64_t i = 0; i < T * K; ++i) {
+    DI_CHECK(ids[i] >= 0 && ids[i] < E, "moe: expert id ", ids[i], " at ", i);
+    moe_start_[size_t(ids[i] + 1)]++;
+  }
+  for (int64_t e = 0; e < E; ++e) moe_start_[size_t(e + 1)] += moe_start_[size_t(e)];
+  moe_pairs_.resize(size_t(T * K));
+  std::vector<int64_t> fill(moe_start_.begin(), moe_start_.end() - 1);
+  for (int64_t i = 0; i < T * K; ++i) moe_pairs_[size_t(fill[size_t(ids[i])]++)] = i;
+  moe_x_.resize(size_t(T * K * D));
+  const float* h = at<float>(Buf::kH);
+  for (int64_t a = 0; a < T * K; ++a) std::copy_n(h + (moe_pairs_[size_t(a)] / K) * D, D, moe_x_.data() + a * D);
+}
+
+void CpuBackend::moe_experts(const MoeRef& M) {
+  const Dims& g = arch_.dims;
+  const int64_t E = g.experts, D = g.hidden, I = g.moe_inter, K = g.topk, T = plan_.T;
+  int64_t max_n = 0;
+  for (int64_t e = 0; e < E; ++e) max_n = std::max(max_n, moe_start_[size_t(e + 1)] - moe_start_[size_t(e)]);
+  moe_g_.resize(size_t(max_n * I));
+  moe_u_.resize(size_t(max_n * I));
+  moe_out_.resize(size_t(T * K * D));
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t a0 = moe_start_[size_t(e)], n = moe_start_[size_t(e + 1)] - a0;
+    if (n == 0) continue;
+    const LinearRef& w13 = M.experts[size_t(e)].w13;
+    const float* w = static_cast<const float*>(w13.w);
+    const oc::ExpertF32 ex{w, w + I * D, static_cast<const float*>(M.experts[size_t(e)].w2.w)};
+    oc::expert_forward(moe_x_.data() + a0 * D, n, D, I, ex, g.swiglu_limit, moe_g_.data(), moe_u_.data(),
+                       moe_out_.data() + a0 * D);
+  }
+}
+
+void CpuBackend::moe_shared(const MoeRef& M) {
+  const Dims& g = arch_.dims;
+  const int64_t T = plan_.T, D = g.hidden, I = g.moe_inter;
+  const float* w = static_cast<const float*>(M.shared.w13.w);
+  std::vector<float> gs(size_t(T * I)), us(size_t(T * I));
+  oc::expert_forward(at<float>(Buf::kH), T, D, I, {w, w + I * D, static_cast<const float*>(M.shared.w2.w)},
+                     g.swiglu_limit, gs.data(), us.data(), at<float>(Buf::kShared));
+}
+
+// y = Σ routed in expert order (pairs of one expert in token order), weighted, then + shared.
+void CpuBackend::moe_combine(const MoeRef& M) {
+  const Dims& g = arch_.dims;
+  const int64_t T = plan_.T, D = g.hidden, K = g.topk, E = g.experts;
+  float* y = at<float>(Buf::kY);
+  const float* wts = at<float>(Buf::kWts);
+  std::fill(y, y + T * D, 0.f);
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t a = moe_start_[size_t(e)]; a < moe_start_[size_t(e + 1)]; ++a) {
+      const int64_t pair = moe_pairs_[size_t(a)];
+      const float w = wts[pair];
+      float* yt = y + (pair / K) * D;
+      const float* o = moe_out_.data() + a * D;
+      for (int64_t d = 0; d < D; ++d) yt[d] += w * o[d];
+    }
+  const float* sh = at<float>(Buf::kShared);
+  for (int64_t i = 0; i < T * D; ++i) y[i] += sh[i];
+}
+
+}  // namespace deepinfer::model::ds

@@ -1,0 +1,92 @@
+// The CPU backend of the shared DeepSeek forward: fp32 everywhere (the reference that runs in
+// CI and the spec the CUDA backend is checked against), ops from src/ops/cpu, the cache in host
+// memory (kv::KvCache), step buffers in one growable host arena. Weights come from a family's
+// tensor table, dequantised exactly to f32 once at load (cpu_prepare.h).
+#pragma once
+#include <array>
+#include <memory>
+#include <vector>
+
+#include "kv/kv_cache.h"
+#include "model/deepseek/backend.h"
+#include "model/deepseek/forward.h"
+#include "ops/cpu/gemm.h"
+
+namespace deepinfer::model::ds {
+
+// Host storage behind a ModelRef: every prepared tensor the refs point into.
+struct CpuWeightStore {
+  std::vector<Tensor> tensors;                                  // f32 copies
+  std::vector<std::unique_ptr<ops::cpu::PackedWeight>> packed;  // lm head panels
+  std::vector<std::unique_ptr<std::vector<int32_t>>> tables;    // hash-routing tables
+  std::vector<std::unique_ptr<std::vector<float>>> rope;        // inv_freq tables
+  ModelRef refs;
+};
+
+class CpuBackend final : public ModelBackend {
+ public:
+  CpuBackend(const Arch& arch, std::vector<kv::LayerCacheSpec> specs, std::unique_ptr<CpuWeightStore> weights);
+  ~CpuBackend() override;
+
+  // ---- ModelBackend ----
+  std::string describe() const override { return "cpu fp32"; }
+  const ModelRef& weights() const override { return store_->refs; }
+  kv::CacheGeometry plan_cache(size_t budget_bytes, int64_t max_slots) const override;
+  void allocate_cache(const kv::CacheGeometry& geometry) override;
+  bool cache_allocated() const override { return cache_.allocated(); }
+  const kv::CacheGeometry& cache_geometry() const override { return cache_.geometry(); }
+  void reset_slot(int32_t slot) override { cache_.reset_slot(slot); }
+  SlotSnapshot save_slot(int32_t slot, int64_t num_tokens) override;
+  void restore_slot(int32_t slot, const SlotSnapshot& snapshot) override;
+  void begin_step(StepPlan plan) override;
+  void launch(const std::function<void()>& body) override { body(); }
+  ForwardOutput end_step(const ForwardOptions& options, int64_t rows, int64_t hidden_rows) override;
+  const float* stage_hidden(const HiddenRows& rows, const RowRanges& ranges) override;
+  kv::KvCache& cache() { return cache_; }
+
+  // ---- Backend ----
+  DType act() const override { return DType::kF32; }
+  void* buf(Buf b) const override;
+  const StepPlan& plan() const override { return plan_; }
+  const StepIndex& index() const override { return index_; }
+  LayerCacheRef cache(int64_t layer) override;
+  void gather(const GatherArgs& a) override;
+  void linear(const LinearRef& W, const void* x, int64_t ldx, int64_t M, void* y, DType y_dtype, int64_t ldy) override;
+  void linear_grouped(const LinearRef& W, int64_t groups, const void* x, int64_t ldx, int64_t M, void* y,
+                      int64_t ldy) override;
+  void rmsnorm(const NormArgs& a) override;
+  void rope(const RopeArgs& a) override;
+  void round_trip(void* x, DType dtype, int64_t row_stride, int64_t rows, int64_t dim, RowFormat f) override;
+  void add_position_bias(float* z, int64_t z_stride, const float* bias, const int64_t* pos, int64_t m, int64_t rows,
+                         int64_t width) override;
+  void compressor_pool(const PoolArgs& a) override;
+  void decode_pool(const DecodePoolArgs& a) override;
+  void indexer_topk(const IndexerArgs& a) override;
+  void sparse_attention(const AttentionArgs& a) override;
+  void hc_site(const HcSiteArgs& a) override;
+  void hc_post(const HcPostArgs& a) override;
+  void add_streams(float* x, const float* v, int64_t tokens, int64_t streams, int64_t dim) override;
+  void moe_route(const MoeRef& M, const float* logits, int32_t* ids, float* wts) override;
+  void moe_dispatch(const MoeRef& M) override;
+  void moe_experts(const MoeRef& M) override;
+  void moe_shared(const MoeRef& M) override;
+  void moe_combine(const MoeRef& M) override;
+
+ private:
+  void size_buffers();
+
+  Arch arch_;
+  std::vector<kv::LayerCacheSpec> specs_;
+  std::unique_ptr<CpuWeightStore> store_;
+  kv::KvCache cache_;
+  StepPlan plan_;
+  StepIndex index_;
+  std::vector<uint64_t> arena_;                    // the step's named buffers (8-byte aligned)
+  std::array<size_t, size_t(Buf::kCount)> off_{};  // element offsets (in uint64 words) into arena_
+  std::vector<float> staged_hidden_;
+  // MoE dispatch state: (token, k) pairs grouped by expert, their gathered rows and outputs.
+  std::vector<int64_t> moe_start_, moe_pairs_;
+  std::vector<float> moe_x_, moe_g_, moe_u_, moe_out_;
+};
+
+}  // namespace deepinfer::model::ds

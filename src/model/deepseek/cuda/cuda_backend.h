@@ -1,0 +1,135 @@
+// The CUDA backend of the shared DeepSeek forward (backend.h): kernels from src/ops/cuda and the
+// glue kernels beside this file, weights as the family's upload left them (v4_device.h), the cache
+// in device memory (cuda_cache.h), one stream, one cuBLASLt handle. A step's index lists are packed
+// into one host buffer and uploaded once; its buffers are carved from one arena (arena.h).
+// Decode steps (one token per sequence, <= 64 sequences) may take the fixed-shape path (padded to
+// 1, 2, 4, ..., 64 tokens, metadata and arena in fixed buffers, device-side MoE, no host sync),
+// launched eagerly (DecodePath::kFixed) or replayed from one CUDA graph per padded size and
+// hidden-row request (kGraph). In exact numerics the general path's MoE reads the routing back
+// (one sync per layer: per-expert fp32 GEMMs need host shapes); every other path syncs only when
+// its outputs are copied to the host.
+#pragma once
+#include <array>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "model/deepseek/backend.h"
+#include "model/deepseek/cuda/arena.h"
+#include "model/deepseek/cuda/cuda_cache.h"
+#include "model/deepseek/cuda/options.h"
+#include "model/deepseek/cuda/v4_device.h"
+#include "model/deepseek/forward.h"
+#include "ops/cuda/attention.h"
+#include "ops/cuda/gemm.h"
+#include "ops/cuda/runtime.h"
+
+namespace deepinfer::model::ds::cuda {
+
+// Sizes the backend's workspace for a step (the family's dense-FP8 needs).
+using Fp8Workspace = std::function<void(int64_t tokens, size_t* fp8_ws_bytes, size_t* wdq_bytes)>;
+
+class CudaBackend final : public ModelBackend {
+ public:
+  CudaBackend(const Arch& arch, std::vector<kv::LayerCacheSpec> specs, std::unique_ptr<GpuWeightStore> weights,
+              const CudaModelOptions& options, deepinfer::cuda::MemoryPlan memory, Fp8Workspace fp8_workspace,
+              deepinfer::cuda::Stream stream);
+  ~CudaBackend() override;
+
+  // ---- ModelBackend ----
+  std::string describe() const override;
+  const ModelRef& weights() const override { return weights_->refs; }
+  bool logits_on_device() const override { return true; }
+  kv::CacheGeometry plan_cache(size_t budget_bytes, int64_t max_slots) const override;
+  void allocate_cache(const kv::CacheGeometry& geometry) override;
+  bool cache_allocated() const override { return cache_.allocated(); }
+  const kv::CacheGeometry& cache_geometry() const override { return cache_.geometry(); }
+  void reset_slot(int32_t slot) override { cache_.reset_slot(slot, stream_.get()); }
+  SlotSnapshot save_slot(int32_t slot, int64_t num_tokens) override;
+  void restore_slot(int32_t slot, const SlotSnapshot& snapshot) override;
+  std::optional<FixedShape> fixed_shape(const ForwardBatch& batch) const override;
+  void begin_step(StepPlan plan) override;
+  void launch(const std::function<void()>& body) override;
+  ForwardOutput end_step(const ForwardOptions& options, int64_t rows, int64_t hidden_rows) override;
+  const float* stage_hidden(const HiddenRows& rows, const RowRanges& ranges) override;
+
+  // Tests and benchmarks.
+  void set_decode_path(DecodePath p);
+  DecodePath decode_path() const { return opts_.decode; }
+  int64_t graphs_captured() const;
+  const GpuWeightStore& weight_store() const { return *weights_; }
+  const CudaModelOptions& options() const { return opts_; }
+  const deepinfer::cuda::MemoryPlan& memory_plan() const { return mem_; }
+  cudaStream_t stream() const { return stream_.get(); }
+
+  // ---- Backend ----
+  DType act() const override { return act_; }
+  void* buf(Buf b) const override { return arena_base_ + L_.buf[size_t(b)]; }
+  const StepPlan& plan() const override { return plan_; }
+  const StepIndex& index() const override { return index_; }
+  LayerCacheRef cache(int64_t layer) override;
+  void gather(const GatherArgs& a) override;
+  void linear(const LinearRef& W, const void* x, int64_t ldx, int64_t M, void* y, DType y_dtype, int64_t ldy) override;
+  void linear_grouped(const LinearRef& W, int64_t groups, const void* x, int64_t ldx, int64_t M, void* y,
+                      int64_t ldy) override;
+  void rmsnorm(const NormArgs& a) override;
+  void rope(const RopeArgs& a) override;
+  void round_trip(void* x, DType dtype, int64_t row_stride, int64_t rows, int64_t dim, RowFormat f) override;
+  void add_position_bias(float* z, int64_t z_stride, const float* bias, const int64_t* pos, int64_t m, int64_t rows,
+                         int64_t width) override;
+  void compressor_pool(const PoolArgs& a) override;
+  void decode_pool(const DecodePoolArgs& a) override;
+  void indexer_topk(const IndexerArgs& a) override;
+  void sparse_attention(const AttentionArgs& a) override;
+  void hc_site(const HcSiteArgs& a) override;
+  void hc_post(const HcPostArgs& a) override;
+  void add_streams(float* x, const float* v, int64_t tokens, int64_t streams, int64_t dim) override;
+  void moe_route(const MoeRef& M, const float* logits, int32_t* ids, float* wts) override;
+  void moe_dispatch(const MoeRef& M) override;
+  void moe_experts(const MoeRef& M) override;
+  void moe_shared(const MoeRef& M) override;
+  void moe_combine(const MoeRef& M) override;
+
+ private:
+  enum class MoePath { kFixed, kGrouped, kHostRouted };
+  MoePath moe_path(const MoeRef& M) const;
+  void linear_fp8(const LinearRef& W, const void* x, int64_t ldx, int64_t bsx, int64_t M, void* y, DType y_dtype,
+                  int64_t ldy, int64_t bsy, int64_t n, int64_t k, int64_t batch);
+  void swiglu_rows(void* gu, void* act, const float* row_weight, int64_t rows);
+  ArenaSizes arena_sizes(const StepPlan& p, ops::cuda::AttnSplit* split) const;
+  void ensure_fixed_buffers();
+  template <typename T>
+  T* at(size_t off) const { return reinterpret_cast<T*>(arena_base_ + off); }
+
+  Arch arch_;
+  std::vector<kv::LayerCacheSpec> specs_;
+  std::unique_ptr<GpuWeightStore> weights_;
+  CudaModelOptions opts_;
+  deepinfer::cuda::MemoryPlan mem_;
+  Fp8Workspace fp8_workspace_;
+  deepinfer::cuda::Stream stream_;
+  ops::cuda::CublasLt blas_;
+  deepinfer::cuda::DeviceInfo info_;
+  DType act_ = DType::kBF16;
+  GpuCache cache_;
+  std::vector<int64_t> cand_caps_;  // fixed-shape candidate capacity per compressor kind
+  // The current step.
+  StepPlan plan_;
+  StepIndex index_;
+  ArenaLayout L_{};
+  char* arena_base_ = nullptr;
+  ops::cuda::AttnSplit split_;
+  // General steps: growable buffers. Fixed-shape steps: buffers sized once for the largest bucket
+  // (graphs capture their addresses, so they are never reallocated).
+  deepinfer::cuda::DeviceBuffer arena_, meta_, fixed_arena_, fixed_meta_;
+  std::vector<char> meta_h_;
+  std::map<std::pair<int64_t, bool>, deepinfer::cuda::CudaGraph> graphs_;  // (padded size, hidden rows)
+  std::map<std::pair<int64_t, bool>, bool> warmed_;
+  deepinfer::cuda::DeviceBuffer staged_hidden_;
+  // Exact-numerics MoE: the routing read back and the host permutation.
+  std::vector<int32_t> moe_ids_;
+  std::vector<float> moe_wts_, moe_perm_w_;
+  std::vector<int64_t> moe_perm_src_, moe_comb_, moe_offset_;
+};
+
+}  // namespace deepinfer::model::ds::cuda

@@ -1,0 +1,82 @@
+#include "model/deepseek/cuda/cuda_cache.h"
+
+#include <cstring>
+
+#include "deepinfer/error.h"
+
+namespace deepinfer::model::ds::cuda {
+namespace {
+deepinfer::cuda::DeviceBuffer zeroed(size_t bytes, int device, cudaStream_t stream) {
+  if (bytes == 0) return {};
+  deepinfer::cuda::DeviceBuffer b(bytes, device);
+  DI_CUDA_CHECK(cudaMemsetAsync(b.data(), 0, bytes, stream));
+  return b;
+}
+}  // namespace
+
+GpuCache::GpuCache(const std::vector<kv::LayerCacheSpec>& layers, const kv::CacheGeometry& g, DType kv_dtype,
+                   int device, cudaStream_t stream)
+    : geometry_(g) {
+  if (kv_dtype != DType::kBF16 && kv_dtype != DType::kF32)
+    DI_THROW(InvalidArgument, "GPU cache: kv dtype ", dtype_name(kv_dtype), " not supported (bf16, f32)");
+  kv::check_geometry(layers, g, "GPU cache");
+  kv_bytes_ = kv_dtype == DType::kF32 ? 4 : 2;
+  const size_t slots = size_t(g.num_slots), blocks = size_t(g.num_blocks);
+  for (const auto& s : layers) {
+    const kv::LayerCacheBytes b = kv::layer_cache_bytes(s, g.block_tokens, kv_bytes_);
+    GpuLayerCache L;
+    L.spec = s;
+    L.window = zeroed(slots * b.window_per_slot, device, stream);
+    if (s.owns_entries()) {
+      L.entries_per_block = g.block_tokens / s.ratio;
+      L.comp = zeroed(blocks * b.entries_per_block, device, stream);
+      L.comp_state = zeroed(slots * b.state_per_slot, device, stream);
+      L.index_keys = zeroed(blocks * b.keys_per_block, device, stream);
+      L.index_state = zeroed(slots * b.index_state_per_slot, device, stream);
+    }
+    layers_.push_back(std::move(L));
+  }
+  DI_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
+// f(device pointer of the slot's range, bytes) over every per-slot tensor, in a fixed order.
+template <class F>
+void GpuCache::for_each_slot_range(int32_t slot, F&& f) const {
+  if (slot < 0 || slot >= geometry_.num_slots)
+    DI_THROW(InvalidArgument, "cache slot ", slot, " outside [0,", geometry_.num_slots, ")");
+  for (const auto& L : layers_) {
+    const kv::LayerCacheBytes b = kv::layer_cache_bytes(L.spec, geometry_.block_tokens, kv_bytes_);
+    const std::pair<const deepinfer::cuda::DeviceBuffer*, size_t> parts[] = {
+        {&L.window, b.window_per_slot}, {&L.comp_state, b.state_per_slot}, {&L.index_state, b.index_state_per_slot}};
+    for (const auto& [buf, bytes] : parts)
+      if (bytes) f(static_cast<char*>(buf->data()) + size_t(slot) * bytes, bytes);
+  }
+}
+
+void GpuCache::reset_slot(int32_t slot, cudaStream_t stream) {
+  for_each_slot_range(slot, [&](char* p, size_t n) { DI_CUDA_CHECK(cudaMemsetAsync(p, 0, n, stream)); });
+}
+
+std::vector<uint8_t> GpuCache::save_slot(int32_t slot, cudaStream_t stream) const {
+  std::vector<uint8_t> out;
+  for_each_slot_range(slot, [&](char* p, size_t n) {
+    const size_t off = out.size();
+    out.resize(off + n);
+    deepinfer::cuda::copy_d2h(out.data() + off, p, n, stream, /*sync=*/false);
+  });
+  DI_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return out;
+}
+
+void GpuCache::restore_slot(int32_t slot, const std::vector<uint8_t>& bytes, cudaStream_t stream) {
+  size_t off = 0;
+  for_each_slot_range(slot, [&](char* p, size_t n) {
+    if (off + n > bytes.size()) DI_THROW(InvalidArgument, "restore_slot: snapshot of ", bytes.size(), " bytes is too short");
+    deepinfer::cuda::copy_h2d(p, bytes.data() + off, n, stream, /*sync=*/false);
+    off += n;
+  });
+  if (off != bytes.size()) DI_THROW(InvalidArgument, "restore_slot: snapshot of ", bytes.size(), " bytes, the slot holds ", off);
+  DI_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
+}  // namespace deepinfer::model::ds::cuda

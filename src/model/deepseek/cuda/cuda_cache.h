@@ -1,0 +1,49 @@
+// The device-resident cache of the CUDA backend (the GPU twin of kv::KvCache): per layer a window
+// ring per slot, paged compressed entries and index keys addressed through the block table (in
+// the numerics mode's storage dtype: bf16, f32 in exact mode), f32 compressor partial rows per
+// slot. Layouts and sizes: kv/kv_cache.h (layer_cache_bytes), the same formulas as the host cache.
+// Allocated zeroed on the backend's device.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "kv/kv_cache.h"
+#include "ops/cuda/runtime.h"
+
+namespace deepinfer::model::ds::cuda {
+
+struct GpuLayerCache {
+  kv::LayerCacheSpec spec;
+  int64_t entries_per_block = 0;
+  deepinfer::cuda::DeviceBuffer window;       // dtype [slots*ring_rows, d]
+  deepinfer::cuda::DeviceBuffer comp;         // dtype [blocks*epb, d]
+  deepinfer::cuda::DeviceBuffer index_keys;   // dtype [blocks*epb, index_dim]
+  deepinfer::cuda::DeviceBuffer comp_state;   // f32 [slots*state_rows, 2c]
+  deepinfer::cuda::DeviceBuffer index_state;  // f32 [slots*index_state_rows, 2*index_width]
+};
+
+class GpuCache {
+ public:
+  GpuCache() = default;
+  // kv_dtype: bf16 or f32 (window rings, entries, index keys).
+  GpuCache(const std::vector<kv::LayerCacheSpec>& layers, const kv::CacheGeometry& g, DType kv_dtype, int device,
+           cudaStream_t stream);
+  bool allocated() const { return !layers_.empty(); }
+  const kv::CacheGeometry& geometry() const { return geometry_; }
+  GpuLayerCache& layer(int64_t i) { return layers_.at(size_t(i)); }
+  // Zeroes the slot's window rows and pending compressor rows (async on `stream`).
+  void reset_slot(int32_t slot, cudaStream_t stream);
+  // The slot's fixed state as host bytes (every layer's window ring and partials; synchronous),
+  // and its restore.
+  std::vector<uint8_t> save_slot(int32_t slot, cudaStream_t stream) const;
+  void restore_slot(int32_t slot, const std::vector<uint8_t>& bytes, cudaStream_t stream);
+
+ private:
+  template <class F>
+  void for_each_slot_range(int32_t slot, F&& f) const;
+  kv::CacheGeometry geometry_;
+  size_t kv_bytes_ = 2;
+  std::vector<GpuLayerCache> layers_;
+};
+
+}  // namespace deepinfer::model::ds::cuda

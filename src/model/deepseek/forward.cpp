@@ -1,0 +1,270 @@
+#include "model/deepseek/forward.h"
+
+#include <cmath>
+
+#include "core/check.h"
+#include "deepinfer/error.h"
+
+namespace deepinfer::model::ds {
+namespace {
+
+// Normed rows: y = w ⊙ x / rms(x) (w null: unweighted).
+void norm(Backend& be, const Dims& g, const void* x, DType xd, int64_t xs, const float* w, void* y, DType yd,
+          int64_t ys, int64_t rows, int64_t dim) {
+  if (rows == 0) return;
+  be.rmsnorm({.x = x, .x_dtype = xd, .x_stride = xs, .w = w, .y = y, .y_dtype = yd, .y_stride = ys, .rows = rows,
+              .dim = dim, .eps = g.eps});
+}
+
+void rope(Backend& be, const Dims& g, void* x, DType dt, int64_t row_stride, int64_t rows, int64_t heads,
+          int64_t head_dim, const int64_t* pos, const float* inv_freq, bool inverse = false) {
+  if (rows == 0) return;
+  be.rope({.x = x, .dtype = dt, .row_stride = row_stride, .rows = rows, .heads = heads, .head_dim = head_dim,
+           .rope_dim = g.rope_dim, .pos = pos, .inv_freq = inv_freq, .inverse = inverse});
+}
+
+struct CompressorIo {
+  Buf az, stage, ent;       // step buffers
+  float* state = nullptr;   // f32 partial ring of the owner [slots*S, 2c]
+  void* pool = nullptr;     // act paged pool [blocks*epb, dd]
+  RowFormat format = RowFormat::kPlain;
+};
+
+// az = h·[Wkv;Wgate]ᵀ (+ape on the gate half); pooled blocks -> norm -> rope -> cache format ->
+// paged pool rows; the newest rows go to the slot's partial ring.
+void run_compressor(Backend& be, const Dims& g, const CompressorRef& C, bool overlap, const KindIndex& K,
+                    const CompressorIo& io, const int64_t* pos, const float* inv_freq) {
+  const StepPlan& P = be.plan();
+  const int64_t T = P.T, D = g.hidden, cw = C.width, w2 = 2 * cw, m = C.ratio;
+  const int64_t dd = overlap ? cw / 2 : cw;
+  const CompressPlan& H = *K.host;
+  float* az = be.at<float>(io.az);
+  be.linear(C.wkv_gate, be.buf(Buf::kH), D, T, az, DType::kF32, w2);
+  if (C.ape.defined() && T > 0) be.add_position_bias(az + cw, w2, C.ape.p, pos, m, T, cw);
+  const int64_t E = int64_t(H.entry_pos.size());
+  if (E > 0) {
+    float* stage = be.at<float>(io.stage);
+    float* ent = be.at<float>(io.ent);
+    be.gather({.src_a = io.state, .a_stride = w2, .src_b = az, .b_stride = w2, .src_dtype = DType::kF32,
+               .src_index = K.stage_src, .dst = stage, .dst_stride = w2, .dst_dtype = DType::kF32,
+               .dst_index = K.stage_dst, .rows = int64_t(H.stage_src.size()), .width = w2});
+    if (P.fixed)  // one block per token at most; which block is read from the index lists
+      be.decode_pool({.stage = stage, .ld = w2, .block = K.block, .tokens = T, .rows_per_token = H.rows_per_token,
+                      .width = cw, .ratio = m, .overlap = overlap, .out = ent});
+    for (const auto& l : H.launches) {
+      const float* a = stage + l.stage_row0 * w2;
+      be.compressor_pool({.a = a, .z = a + cw, .row0 = l.lo, .n_rows = l.n_rows, .width = cw, .row_stride = w2,
+                          .ratio = m, .overlap = overlap, .first_block = l.first_block, .n_blocks = l.n_blocks,
+                          .out = ent + l.entry0 * dd});
+    }
+    norm(be, g, ent, DType::kF32, dd, C.norm.p, ent, DType::kF32, dd, E, dd);
+    rope(be, g, ent, DType::kF32, dd, E, 1, dd, K.entry_pos, inv_freq);
+    be.round_trip(ent, DType::kF32, dd, E, dd, io.format);
+    be.gather({.src_a = ent, .a_stride = dd, .src_dtype = DType::kF32, .dst = io.pool, .dst_stride = dd,
+               .dst_dtype = be.act(), .dst_index = K.entry_dst, .rows = E, .width = dd});
+  }
+  be.gather({.src_a = az, .a_stride = w2, .src_dtype = DType::kF32, .src_index = K.state_src, .dst = io.state,
+             .dst_stride = w2, .dst_dtype = DType::kF32, .dst_index = K.state_dst,
+             .rows = int64_t(H.state_src.size()), .width = w2});
+}
+
+const KindIndex& kind_index(const Backend& be, int64_t ratio, bool overlap) {
+  const int64_t k = be.plan().kind_index(ratio, overlap);
+  if (k < 0) DI_THROW(InternalError, "forward: no step lists for compress ratio ", ratio, overlap ? " (overlapping)" : "");
+  return be.index().kinds[size_t(k)];
+}
+
+// The compressed entries a layer attends, filled into the attention arguments (none when no
+// token of the step has a finished entry yet).
+void compressed_keys(Backend& be, const Dims& g, const ModelPlan& plan, const LayerPlan& p, const AttentionRef& A,
+                     AttentionArgs& sp) {
+  const int64_t T = be.plan().T, D = g.hidden, r = g.q_lora;
+  const LayerPlan& kv_src = plan.layer(p.kv_source);  // entries live in the owner's cache
+  const KindIndex& K = kind_index(be, p.ratio, kv_src.compressor == CompressorKind::kOverlap);
+  if (K.host->max_count <= 0) return;
+  sp.cmp_kv = be.cache(p.kv_source).entries;
+  switch (p.select) {
+    case SelectKind::kAll:  // every finished entry
+      sp.cmp_rows = K.cand_rows;
+      sp.cmp_offset = K.cand_offset;
+      sp.cmp_count = K.cand_count;
+      return;
+    case SelectKind::kScore: {
+      const int64_t Hi = g.index_heads, di = g.index_dim;
+      const StepIndex& ix = be.index();
+      void* qi = be.buf(Buf::kQi);
+      be.linear(A.index_wq_b, be.buf(Buf::kQaN), r, T, qi, be.act(), Hi * di);
+      rope(be, g, qi, be.act(), Hi * di, T, Hi, di, ix.pos, A.inv_freq);
+      be.round_trip(qi, be.act(), di, T * Hi, di, p.key_format);
+      be.linear(A.index_weights, be.buf(Buf::kH), D, T, be.buf(Buf::kIw), DType::kF32, Hi);
+      be.indexer_topk({.q = qi, .w = be.at<float>(Buf::kIw), .k_pool = be.cache(p.key_source).keys,
+                       .cand_rows = K.cand_rows, .cand_offset = K.cand_offset, .cand_count = K.cand_count,
+                       .num_tokens = T, .num_heads = Hi, .head_dim = di,
+                       .qk_scale = 1.0f / std::sqrt(float(di)), .w_scale = 1.0f / std::sqrt(float(Hi)),
+                       .topk = g.index_topk, .max_candidates = K.host->max_count,
+                       .out_rows = be.at<int32_t>(Buf::kSelRows), .out_count = be.at<int32_t>(Buf::kSelCount)});
+      [[fallthrough]];
+    }
+    case SelectKind::kReuse:  // the selection of the most recent scoring layer is still in kSel*
+      sp.cmp_rows = be.at<int32_t>(Buf::kSelRows);
+      sp.cmp_offset = be.index().sel_offset;
+      sp.cmp_count = be.at<int32_t>(Buf::kSelCount);
+      return;
+    case SelectKind::kNone: return;
+  }
+}
+
+// h [T, D] act (Buf::kH) -> y [T, D] f32 (Buf::kY).
+void attention_block(Backend& be, const Dims& g, const ModelPlan& plan, const LayerPlan& p, const AttentionRef& A) {
+  const StepPlan& M = be.plan();
+  const StepIndex& ix = be.index();
+  const int64_t T = M.T, D = g.hidden, H = g.heads, d = g.head_dim, r = g.q_lora;
+  const DType act = be.act();
+  void* h = be.buf(Buf::kH);
+
+  be.linear(A.wq_a, h, D, T, be.buf(Buf::kQa), DType::kF32, r);
+  norm(be, g, be.buf(Buf::kQa), DType::kF32, r, A.q_norm.p, be.buf(Buf::kQaN), act, r, T, r);
+  be.linear(A.wq_b, be.buf(Buf::kQaN), r, T, be.buf(Buf::kQf), DType::kF32, H * d);
+  if (p.q_head_norm)
+    norm(be, g, be.buf(Buf::kQf), DType::kF32, d, nullptr, be.buf(Buf::kQ), act, d, T * H, d);  // per head
+  else
+    be.gather({.src_a = be.buf(Buf::kQf), .a_stride = H * d, .src_dtype = DType::kF32, .dst = be.buf(Buf::kQ),
+               .dst_stride = H * d, .dst_dtype = act, .rows = T, .width = H * d});
+  rope(be, g, be.buf(Buf::kQ), act, H * d, T, H, d, ix.pos, A.inv_freq);
+  be.linear(A.wkv, h, D, T, be.buf(Buf::kKvf), DType::kF32, d);
+  norm(be, g, be.buf(Buf::kKvf), DType::kF32, d, A.kv_norm.p, be.buf(Buf::kKv), act, d, T, d);
+  rope(be, g, be.buf(Buf::kKv), act, d, T, 1, d, ix.pos, A.inv_freq);
+  be.round_trip(be.buf(Buf::kKv), act, d, T, d, p.window_format);
+
+  AttentionArgs sp{.q = be.buf(Buf::kQ), .q_stride = H * d, .win_kv = be.buf(Buf::kWin), .kv_stride = d,
+                   .win_begin = ix.win_begin, .win_count = ix.win_count, .sink = A.sink.p,
+                   .scale = 1.0f / std::sqrt(float(d)), .out = be.buf(Buf::kO), .out_stride = H * d,
+                   .num_tokens = T, .num_heads = H, .head_dim = d};
+  const LayerCacheRef own = be.cache(p.index);
+  if (p.owns_entries()) {
+    DI_CHECK(A.comp.has_value(), "layer ", p.index, " compresses without compressor weights");
+    const bool overlap = p.compressor == CompressorKind::kOverlap;
+    run_compressor(be, g, *A.comp, overlap, kind_index(be, p.ratio, overlap),
+                   {.az = Buf::kAz, .stage = Buf::kStage, .ent = Buf::kEnt, .state = own.state, .pool = own.entries,
+                    .format = p.entry_format},
+                   ix.pos, A.inv_freq);
+  }
+  if (p.index_keys == IndexKeyKind::kOwnCompressor) {
+    DI_CHECK(A.icomp.has_value(), "layer ", p.index, " owns index keys without a key compressor");
+    run_compressor(be, g, *A.icomp, true, kind_index(be, p.ratio, true),
+                   {.az = Buf::kIaz, .stage = Buf::kIstage, .ent = Buf::kIent, .state = own.index_state,
+                    .pool = own.keys, .format = p.key_format},
+                   ix.pos, A.inv_freq);
+  } else if (p.index_keys == IndexKeyKind::kFromLatent) {
+    DI_THROW(InternalError, "layer ", p.index, ": index keys from the latent (V4.1) are not implemented");
+  }
+  if (p.attends_compressed()) compressed_keys(be, g, plan, p, A, sp);
+  // Window keys: ring rows of earlier positions + this step's kv, one contiguous run per token.
+  be.gather({.src_a = own.window, .a_stride = d, .src_b = be.buf(Buf::kKv), .b_stride = d, .src_dtype = act,
+             .src_index = ix.win_src, .dst = be.buf(Buf::kWin), .dst_stride = d, .dst_dtype = act,
+             .dst_index = ix.win_dst, .rows = int64_t(M.win_src.size()), .width = d});
+  be.sparse_attention(sp);
+  be.gather({.src_a = be.buf(Buf::kKv), .a_stride = d, .src_dtype = act, .src_index = ix.win_store_src,
+             .dst = own.window, .dst_stride = d, .dst_dtype = act, .dst_index = ix.win_store_dst,
+             .rows = int64_t(M.win_store_src.size()), .width = d});
+  rope(be, g, be.buf(Buf::kO), act, H * d, T, H, d, ix.pos, A.inv_freq, /*inverse=*/true);
+  // Grouped output projection: group gi of every token through wo_a[gi], then wo_b.
+  const int64_t G = g.o_groups, R = g.o_lora;
+  be.linear_grouped(A.wo_a, G, be.buf(Buf::kO), H * d, T, be.buf(Buf::kZo), G * R);
+  be.linear(A.wo_b, be.buf(Buf::kZo), G * R, T, be.buf(Buf::kY), DType::kF32, D);
+}
+
+// h [T, D] act -> y [T, D] f32 = Σ_k w_k E_k(h) + shared(h).
+void moe_block(Backend& be, const Dims& g, const MoeRef& M) {
+  const int64_t T = be.plan().T;
+  float* logits = be.at<float>(Buf::kRouterLogits);
+  be.linear(M.gate, be.buf(Buf::kH), g.hidden, T, logits, DType::kF32, g.experts);  // router logits in fp32
+  be.moe_route(M, logits, be.at<int32_t>(Buf::kIds), be.at<float>(Buf::kWts));
+  be.moe_dispatch(M);
+  be.moe_experts(M);
+  be.moe_shared(M);
+  be.moe_combine(M);
+}
+
+// mHC site: collapse the streams into the block input and its normed copy h (Buf::kH).
+void hc_site(Backend& be, const Dims& g, const HcRef& hc, const float* X, const VecRef& norm_w) {
+  const int64_t T = be.plan().T, D = g.hidden;
+  be.hc_site({.x = X, .w = &hc, .u = be.at<float>(Buf::kU), .mix = be.at<float>(Buf::kMix), .tokens = T});
+  norm(be, g, be.buf(Buf::kU), DType::kF32, D, norm_w.p, be.buf(Buf::kH), be.act(), D, T, D);
+}
+
+void hc_merge(Backend& be, const float* X, float* out) {
+  be.hc_post({.x = X, .y = be.at<float>(Buf::kY), .mix = be.at<float>(Buf::kMix), .out = out, .tokens = be.plan().T});
+}
+
+// One decoder layer on the f32 streams X in place (X2 as scratch).
+void decoder_layer(Backend& be, const Dims& g, const ModelPlan& plan, const LayerPlan& p, const LayerRef& L, float* X,
+                   float* X2) {
+  hc_site(be, g, L.hc_attn, X, L.attn_norm);
+  attention_block(be, g, plan, p, L.attn);
+  hc_merge(be, X, X2);
+  hc_site(be, g, L.hc_ffn, X2, L.ffn_norm);
+  moe_block(be, g, L.ffn);
+  hc_merge(be, X2, X);
+}
+
+// Final collapse of `rows` rows of X (gathered by `row_index`) -> norm -> head logits.
+void head(Backend& be, const Dims& g, const HcRef& hc, const VecRef& norm_w, const LinearRef& head_w, const float* X,
+          const int64_t* row_index, int64_t rows) {
+  if (rows == 0) return;
+  const int64_t D = g.hidden, n = g.streams;
+  float* sel = be.at<float>(Buf::kSel);
+  be.gather({.src_a = X, .a_stride = n * D, .src_dtype = DType::kF32, .src_index = row_index, .dst = sel,
+             .dst_stride = n * D, .dst_dtype = DType::kF32, .rows = rows, .width = n * D});
+  be.hc_site({.x = sel, .w = &hc, .u = be.at<float>(Buf::kHu), .mix = nullptr, .tokens = rows, .head = true});
+  norm(be, g, be.buf(Buf::kHu), DType::kF32, D, norm_w.p, be.buf(Buf::kHh), be.act(), D, rows, D);
+  be.linear(head_w, be.buf(Buf::kHh), D, rows, be.buf(Buf::kLogits), DType::kF32, g.vocab);
+}
+
+void gather_hidden(Backend& be, const Dims& g, int64_t rows) {
+  if (rows == 0) return;
+  const int64_t e = g.streams * g.hidden;
+  be.gather({.src_a = be.buf(Buf::kX), .a_stride = e, .src_dtype = DType::kF32, .src_index = be.index().hidden_rows,
+             .dst = be.buf(Buf::kHidden), .dst_stride = e, .dst_dtype = DType::kF32, .rows = rows, .width = e});
+}
+}  // namespace
+
+void forward_step(Backend& be, const Arch& arch, const ModelRef& w, int64_t rows, int64_t hidden_rows) {
+  const Dims& g = arch.dims;
+  const int64_t T = be.plan().T, D = g.hidden, n = g.streams;
+  float* X = be.at<float>(Buf::kX);
+  be.gather({.src_a = w.embed.w, .a_stride = D, .src_dtype = w.embed.dtype, .src_index = be.index().embed_src, .dst = X,
+             .dst_stride = D, .dst_dtype = DType::kF32, .rows = T * n, .width = D});
+  DI_CHECK(int64_t(w.layers.size()) == arch.plan.num_layers(), "weights of ", w.layers.size(), " layers for ",
+           arch.plan.num_layers(), " layer plans");
+  for (int64_t l = 0; l < arch.plan.num_layers(); ++l)
+    decoder_layer(be, g, arch.plan, arch.plan.layers[size_t(l)], w.layers[size_t(l)], X, be.at<float>(Buf::kX2));
+  gather_hidden(be, g, hidden_rows);
+  head(be, g, w.hc_head, w.norm, w.head, X, be.index().logits_rows, rows);
+}
+
+void mtp_step(Backend& be, const Arch& arch, const ModelRef& w, int64_t k, const float* main_hidden, int64_t rows,
+              int64_t hidden_rows) {
+  const Dims& g = arch.dims;
+  if (k < 0 || k >= int64_t(w.mtp.size()) || k >= int64_t(arch.plan.drafter.size()))
+    DI_THROW(InvalidArgument, "mtp_step: block ", k, " but the model has ", w.mtp.size(), " MTP blocks");
+  const MtpRef& M = w.mtp[size_t(k)];
+  const int64_t T = be.plan().T, D = g.hidden, n = g.streams;
+  const DType act = be.act();
+  // e = e_proj(enorm(embed[tok])); hs_j = h_proj(hnorm(stream j)); X_j = hs_j + e. The embedding
+  // goes to every stream of X2 (the plan's embedding rows); the norm reads stream 0 of each token.
+  float* e = be.at<float>(Buf::kX2);
+  be.gather({.src_a = w.embed.w, .a_stride = D, .src_dtype = w.embed.dtype, .src_index = be.index().embed_src,
+             .dst = e, .dst_stride = D, .dst_dtype = DType::kF32, .rows = T * n, .width = D});
+  norm(be, g, e, DType::kF32, n * D, M.enorm.p, be.buf(Buf::kH), act, D, T, D);
+  be.linear(M.e_proj, be.buf(Buf::kH), D, T, be.buf(Buf::kY), DType::kF32, D);
+  norm(be, g, main_hidden, DType::kF32, D, M.hnorm.p, be.buf(Buf::kHs), act, D, T * n, D);
+  float* X = be.at<float>(Buf::kX);
+  be.linear(M.h_proj, be.buf(Buf::kHs), D, T * n, X, DType::kF32, D);
+  be.add_streams(X, be.at<float>(Buf::kY), T, n, D);
+  decoder_layer(be, g, arch.plan, arch.plan.drafter[size_t(k)], M.block, X, be.at<float>(Buf::kX2));
+  gather_hidden(be, g, hidden_rows);
+  head(be, g, M.hc_head, M.norm, w.head, X, be.index().logits_rows, rows);
+}
+
+}  // namespace deepinfer::model::ds

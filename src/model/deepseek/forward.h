@@ -1,0 +1,59 @@
+// The DeepSeek-V4-family forward, written once for every backend (backend.h): embedding, the
+// decoder layers as their plans describe them (mHC sites, attention with sliding window,
+// compressors, indexers and sparse attention; the MoE seam), the head, and the V4 MTP block
+// (MODEL-DEEPSEEK-V4.md §2-§7). It only enqueues backend ops: no allocation, no host sync, so the
+// fixed-shape decode step a CUDA backend captures into a graph is exactly this code.
+#pragma once
+#include <cstdint>
+
+#include "model/deepseek/backend.h"
+#include "model/deepseek/prepared.h"
+#include "model/plan/layer_plan.h"
+
+namespace deepinfer::model::ds {
+
+// The forward's view of a family's config.
+struct Dims {
+  int64_t vocab = 0;
+  int64_t hidden = 0;            // D
+  int64_t streams = 1;           // n (hc_mult)
+  int64_t heads = 0;             // H
+  int64_t head_dim = 0;          // d
+  int64_t rope_dim = 0;          // trailing dims of each head that rotate
+  int64_t q_lora = 0;            // r
+  int64_t o_groups = 1;          // G
+  int64_t o_lora = 0;            // R
+  int64_t experts = 0;           // E
+  int64_t topk = 1;              // K
+  int64_t moe_inter = 0;         // I
+  int64_t index_heads = 0;       // Hi
+  int64_t index_dim = 0;         // di
+  int64_t index_topk = 0;
+  int64_t sinkhorn_iters = 20;
+  float eps = 1e-6f;             // rms_norm_eps
+  float hc_eps = 1e-6f;
+  float swiglu_limit = 0.f;
+  float routed_scale = 1.f;
+  bool norm_topk = true;
+  int64_t mix_dim() const { return (2 + streams) * streams; }
+};
+
+// A model as the forward sees it: dimensions and the layer plans.
+struct Arch {
+  Dims dims;
+  ModelPlan plan;
+};
+
+// One target step over the backend's current StepPlan: embedding -> layers -> (hidden rows) ->
+// head logits of the plan's `rows` logits rows into Buf::kLogits. rows = 0 skips the head.
+void forward_step(Backend& be, const Arch& arch, const ModelRef& w, int64_t rows, int64_t hidden_rows);
+
+// One V4 MTP step with block k over the backend's current StepPlan (MODEL-DEEPSEEK-V4.md §7):
+// token ids are the tokens that follow each main position, `main_hidden` [T, n, D] f32 (backend
+// memory) the target's final streams there. Writes the block's window ring, its output streams
+// into Buf::kX, the logits of `rows` rows into Buf::kLogits and the output streams of `hidden_rows`
+// rows into Buf::kHidden (what a recursive draft feeds back).
+void mtp_step(Backend& be, const Arch& arch, const ModelRef& w, int64_t k, const float* main_hidden, int64_t rows,
+              int64_t hidden_rows);
+
+}  // namespace deepinfer::model::ds

@@ -1,0 +1,85 @@
+#include "model/deepseek/model.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "core/check.h"
+#include "deepinfer/error.h"
+#include "model/deepseek/mtp_drafter.h"
+
+namespace deepinfer::model::ds {
+
+DeepseekModel::DeepseekModel(ModelInfo info, Arch arch, std::vector<kv::LayerCacheSpec> specs,
+                             std::unique_ptr<ModelBackend> be, std::shared_ptr<void> keepalive)
+    : info_(std::move(info)), arch_(std::move(arch)), specs_(std::move(specs)), be_(std::move(be)),
+      keepalive_(std::move(keepalive)) {
+  DI_CHECK(be_ != nullptr, "DeepseekModel without a backend");
+  if (!arch_.plan.drafter.empty()) drafter_ = std::make_unique<MtpDrafter>(*this);
+}
+
+DeepseekModel::~DeepseekModel() = default;
+
+std::string DeepseekModel::describe() const {
+  std::ostringstream os;
+  os << info_.architecture << ": " << info_.summary << ", mtp " << arch_.plan.drafter.size() << ", backend "
+     << be_->describe();
+  return os.str();
+}
+
+kv::CacheGeometry DeepseekModel::plan_cache(size_t budget_bytes, int64_t max_slots) const {
+  return be_->plan_cache(budget_bytes, max_slots);
+}
+
+void DeepseekModel::allocate_cache_for(int64_t slots, int64_t max_tokens_per_slot) {
+  kv::CacheGeometry g;
+  g.block_tokens = kv::default_block_tokens(specs_);
+  g.num_slots = slots;
+  g.num_blocks = slots * std::max<int64_t>(1, (max_tokens_per_slot + g.block_tokens - 1) / g.block_tokens);
+  allocate_cache(g);
+}
+
+StepPlan DeepseekModel::plan_step(const ForwardBatch& batch, bool allow_fixed) const {
+  const StepPlanDims dims{.n_streams = arch_.dims.streams, .index_topk = arch_.dims.index_topk,
+                          .topk_experts = arch_.dims.topk};
+  if (allow_fixed)
+    if (const auto f = be_->fixed_shape(batch))
+      return build_fixed_step_plan(specs_, dims, be_->cache_geometry(), batch, f->padded, *f->caps);
+  return build_step_plan(specs_, dims, be_->cache_geometry(), batch);
+}
+
+ForwardOutput DeepseekModel::run(const ForwardBatch& batch, const ForwardOptions& options) {
+  validate_forward_batch(batch, be_->cache_geometry(), be_->cache_allocated(), arch_.dims.vocab);
+  const int64_t R = int64_t(batch.logits_indices.size()), Rh = int64_t(batch.hidden_indices.size());
+  if (options.logits_on_device && !be_->logits_on_device())
+    DI_THROW(InternalError, describe(), ": logits_on_device on a backend without device logits");
+  if (batch.num_tokens() == 0) return be_->end_step(options, 0, 0);
+  StepPlan plan = plan_step(batch, /*allow_fixed=*/true);
+  // A fixed-shape step computes every padded row (its launches must not depend on the batch).
+  const int64_t R_run = plan.fixed ? plan.T : R;
+  const int64_t Rh_run = plan.fixed ? (Rh > 0 ? plan.T : 0) : Rh;
+  be_->begin_step(std::move(plan));
+  be_->launch([&] { forward_step(*be_, arch_, be_->weights(), R_run, Rh_run); });
+  return be_->end_step(options, R, Rh);
+}
+
+ForwardOutput DeepseekModel::run_mtp(const ForwardBatch& batch, const HiddenRows& target, int64_t k,
+                                     const ModelBackend::RowRanges& rows) {
+  validate_forward_batch(batch, be_->cache_geometry(), be_->cache_allocated(), arch_.dims.vocab);
+  if (k < 0 || k >= num_mtp_blocks())
+    DI_THROW(InvalidArgument, "run_mtp: block ", k, " but the model has ", num_mtp_blocks(), " MTP blocks");
+  const ModelBackend::RowRanges all{{0, target.rows}};
+  const ModelBackend::RowRanges& ranges = rows.empty() ? all : rows;
+  int64_t fed = 0;
+  for (const auto& r : ranges) fed += r.second;
+  if (fed != batch.num_tokens() || target.row_elems != arch_.dims.streams * arch_.dims.hidden)
+    DI_THROW(InvalidArgument, "run_mtp: ", fed, " target hidden rows of ", target.row_elems, " values for ",
+             batch.num_tokens(), " tokens of ", arch_.dims.streams * arch_.dims.hidden);
+  const int64_t R = int64_t(batch.logits_indices.size()), Rh = int64_t(batch.hidden_indices.size());
+  if (batch.num_tokens() == 0) return be_->end_step({}, 0, 0);
+  const float* main_hidden = be_->stage_hidden(target, ranges);
+  be_->begin_step(plan_step(batch, /*allow_fixed=*/false));
+  be_->launch([&] { mtp_step(*be_, arch_, be_->weights(), k, main_hidden, R, Rh); });
+  return be_->end_step({}, R, Rh);
+}
+
+}  // namespace deepinfer::model::ds

@@ -1,0 +1,75 @@
+// A DeepSeek-V4-family model (V4 today, V4.1 next) as the engine sees it (CausalLM): the family's
+// architecture (dimensions + layer plans), one backend (CPU or CUDA) holding weights and cache, and
+// the shared forward in between. Each step: validate the batch, plan it (general or the backend's
+// fixed shape), let the backend run forward_step, return its outputs. The V4 MTP block is its
+// drafter (mtp_drafter.h).
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/causal_lm.h"
+#include "model/deepseek/backend.h"
+#include "model/deepseek/forward.h"
+#include "model/drafter.h"
+
+namespace deepinfer::model::ds {
+
+struct ModelInfo {
+  std::string architecture;     // "DeepseekV4ForCausalLM"
+  std::string summary;          // layer schedule, widths (describe())
+  int64_t max_model_len = 0;
+  int64_t eos_token_id = 1, bos_token_id = 0;
+};
+
+class DeepseekModel : public CausalLM {
+ public:
+  DeepseekModel(ModelInfo info, Arch arch, std::vector<kv::LayerCacheSpec> specs, std::unique_ptr<ModelBackend> be,
+                std::shared_ptr<void> keepalive = nullptr);
+  ~DeepseekModel() override;
+
+  int64_t vocab_size() const override { return arch_.dims.vocab; }
+  int64_t max_model_len() const override { return info_.max_model_len; }
+  int64_t eos_token_id() const override { return info_.eos_token_id; }
+  int64_t bos_token_id() const override { return info_.bos_token_id; }
+  std::string describe() const override;
+
+  kv::CacheGeometry plan_cache(size_t budget_bytes, int64_t max_slots) const override;
+  void allocate_cache(const kv::CacheGeometry& geometry) override { be_->allocate_cache(geometry); }
+  // Tools/tests: `slots` slots and room for `max_tokens` tokens per slot.
+  void allocate_cache_for(int64_t slots, int64_t max_tokens_per_slot);
+  void reset_slot(int32_t slot) override { be_->reset_slot(slot); }
+  const kv::CacheGeometry& cache_geometry() const { return be_->cache_geometry(); }
+
+  ForwardOutput run(const ForwardBatch& batch, const ForwardOptions& options) override;
+  bool supports_device_logits() const override { return be_->logits_on_device(); }
+
+  int64_t max_rollback() const override { return arch_.plan.max_rollback; }
+  SlotSnapshot save_slot(int32_t slot, int64_t num_tokens) override { return be_->save_slot(slot, num_tokens); }
+  void restore_slot(int32_t slot, const SlotSnapshot& s) override { be_->restore_slot(slot, s); }
+  Drafter* drafter() override { return drafter_.get(); }
+
+  // One MTP step of block k over `batch` (tokens = the tokens that follow each target position,
+  // whose hidden rows are the `rows` ranges (first row, count) of `target`, back to back, one row
+  // per batch token; empty = all of `target`): logits of batch.logits_indices and the block's
+  // output streams of batch.hidden_indices. Used by the drafter and the MTP tests.
+  ForwardOutput run_mtp(const ForwardBatch& batch, const HiddenRows& target, int64_t k,
+                        const ModelBackend::RowRanges& rows = {});
+  int64_t num_mtp_blocks() const { return int64_t(arch_.plan.drafter.size()); }
+
+  const Arch& arch() const { return arch_; }
+  ModelBackend& backend() { return *be_; }
+  const std::vector<kv::LayerCacheSpec>& cache_specs() const { return specs_; }
+
+ private:
+  StepPlan plan_step(const ForwardBatch& batch, bool allow_fixed) const;
+
+  ModelInfo info_;
+  Arch arch_;
+  std::vector<kv::LayerCacheSpec> specs_;
+  std::unique_ptr<ModelBackend> be_;
+  std::unique_ptr<Drafter> drafter_;
+  std::shared_ptr<void> keepalive_;  // the mapped checkpoint, when a backend reads it in place
+};
+
+}  // namespace deepinfer::model::ds

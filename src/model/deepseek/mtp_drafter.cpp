@@ -1,0 +1,95 @@
+#include "model/deepseek/mtp_drafter.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "deepinfer/error.h"
+#include "model/deepseek/backend.h"
+#include "model/deepseek/model.h"
+
+namespace deepinfer::model::ds {
+namespace {
+// Greedy token (lowest id on ties) and its log-probability under the row's softmax.
+std::pair<int32_t, float> greedy(const float* row, int64_t V) {
+  const int64_t best = std::max_element(row, row + V) - row;
+  double sum = 0;
+  for (int64_t v = 0; v < V; ++v) sum += std::exp(double(row[v]) - double(row[best]));
+  return {int32_t(best), float(-std::log(sum))};
+}
+}  // namespace
+
+std::string MtpDrafter::describe() const {
+  return "DeepSeek-V4 MTP (" + std::to_string(model_.num_mtp_blocks()) + " block, recursive)";
+}
+
+int64_t MtpDrafter::max_draft_tokens() const { return std::max<int64_t>(model_.max_rollback(), 1); }
+
+std::vector<DraftProposal> MtpDrafter::propose(const DraftBatch& in, Tensor* draft_logits) {
+  const int64_t V = model_.vocab_size();
+  std::vector<DraftProposal> out(in.seqs.size());
+  // Round 0: every committed position (ring entries), logits and output streams at each anchor.
+  ForwardBatch b;
+  ModelBackend::RowRanges ranges;  // each sequence's rows of the target's hidden rows
+  std::vector<size_t> drafting;    // sequences whose anchor row asks for drafts, in row order
+  int64_t total = 0;
+  for (size_t i = 0; i < in.seqs.size(); ++i) {
+    const DraftSeq& s = in.seqs[i];
+    if (s.num_positions <= 0 || int64_t(s.next_tokens.size()) != s.num_positions)
+      DI_THROW(InvalidArgument, "mtp propose: sequence ", i, " has ", s.num_positions, " positions and ",
+               s.next_tokens.size(), " next tokens");
+    if (s.num_drafts > max_draft_tokens())
+      DI_THROW(InvalidArgument, "mtp propose: ", s.num_drafts, " drafts asked, at most ", max_draft_tokens());
+    b.token_ids.insert(b.token_ids.end(), s.next_tokens.begin(), s.next_tokens.end());
+    b.seqs.push_back({s.cache_slot, s.block_table, s.first_position, s.num_positions});
+    ranges.push_back({s.first_hidden_row, s.num_positions});
+    total += s.num_positions;
+    if (s.num_drafts > 0) {
+      b.logits_indices.push_back(int32_t(total - 1));
+      drafting.push_back(i);
+    }
+  }
+  b.hidden_indices = b.logits_indices;
+  std::vector<std::vector<std::vector<float>>> rows(in.seqs.size());  // per sequence: drafted positions' logits
+  ForwardOutput o = model_.run_mtp(b, in.target_hidden, 0, ranges);
+  for (int round = 0; !drafting.empty(); ++round) {
+    std::vector<size_t> next;
+    ForwardBatch r;
+    for (size_t j = 0; j < drafting.size(); ++j) {
+      const size_t i = drafting[j];
+      const DraftSeq& s = in.seqs[i];
+      const float* row = o.logits.data<float>() + int64_t(j) * V;
+      const auto [tok, lp] = greedy(row, V);
+      out[i].tokens.push_back(tok);
+      out[i].logprobs.push_back(lp);
+      if (draft_logits) rows[i].emplace_back(row, row + V);
+      if (int32_t(out[i].tokens.size()) < s.num_drafts) {
+        // The draft becomes the input of the next position; its hidden row is this round's output.
+        const int64_t pos = s.first_position + s.num_positions + round;
+        r.token_ids.push_back(tok);
+        r.seqs.push_back({s.cache_slot, s.block_table, pos, 1});
+        r.logits_indices.push_back(int32_t(r.token_ids.size() - 1));
+        next.push_back(i);
+      }
+    }
+    if (next.empty()) break;
+    // The output streams of the sequences that go on (their rows of this round's output).
+    ModelBackend::RowRanges keep;
+    for (size_t j = 0, q = 0; j < drafting.size(); ++j)
+      if (q < next.size() && drafting[j] == next[q]) keep.push_back({int64_t(j), 1}), ++q;
+    r.hidden_indices = r.logits_indices;
+    o = model_.run_mtp(r, o.hidden, 0, keep);
+    drafting = std::move(next);
+  }
+  if (draft_logits) {
+    int64_t n = 0;
+    for (const auto& r : rows) n += int64_t(r.size());
+    *draft_logits = Tensor::empty({n, V}, DType::kF32);
+    int64_t k = 0;
+    for (const auto& seq_rows : rows)
+      for (const auto& row : seq_rows) std::copy_n(row.data(), V, draft_logits->data<float>() + (k++) * V);
+  }
+  return out;
+}
+
+}  // namespace deepinfer::model::ds

@@ -1,0 +1,29 @@
+#include "model/deepseek_v4/family.h"
+
+#include "deepinfer/error.h"
+#include "model/deepseek_v4/model.h"
+
+namespace deepinfer::model::v4 {
+namespace {
+std::unique_ptr<CausalLM> load(const std::string& dir, const ModelLoadOptions& o) {
+  if (use_accelerator(o)) return load_cuda(dir, o);
+  if (o.env.accelerator == Accelerator::kAscend)
+    DI_THROW(InvalidArgument, "DEEPINFER_ACCELERATOR=ascend is reserved; this build runs on nvidia or cpu");
+  return DeepseekV4Model::load(dir, {.load_mtp = true, .progress = o.progress, .max_rollback = o.limits.max_rollback});
+}
+}  // namespace
+
+ModelFamily family() { return {"DeepSeek-V4", {"DeepseekV4ForCausalLM"}, load}; }
+
+#if !defined(DEEPINFER_HAVE_CUDA_BACKEND)
+std::unique_ptr<CausalLM> load_cuda(const std::string& dir, const ModelLoadOptions&) {
+  DI_THROW(InvalidArgument, "cannot load '", dir, "' on a GPU: this build has no CUDA backend; set DEEPINFER_ACCELERATOR=cpu");
+}
+}  // namespace deepinfer::model::v4
+namespace deepinfer::model {
+int accelerator_count() { return 0; }
+}  // namespace deepinfer::model
+namespace deepinfer::model::v4 {
+#endif
+
+}  // namespace deepinfer::model::v4

@@ -1,0 +1,237 @@
+// The CausalLM conformance suite: one TEST_P over every model x backend x numerics case, checking
+// the properties the engine relies on (issue #10):
+//  - full == chunked (random cuts) == token-by-token, bit for bit where the backend promises it;
+//  - a sequence in a batch of others == the sequence alone;
+//  - rollback: dropping the last n <= max_rollback positions (after random chunks and random
+//    "draft" tokens) and continuing with other tokens == recomputing the final sequence fresh;
+//  - the drafter (when the model has one): its greedy draft after a prompt == the argmax of the
+//    reference draft logits (fixture goldens), and proposing twice after a rollback gives the same.
+// Instantiated by tests/cpp/model/conformance_cpu_test.cc (CPU, in CI) and
+// tests/cpp/cuda_model/conformance_gpu_test.cc (CUDA backend, exact/bf16/production).
+#pragma once
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "golden.h"
+#include "model/deepseek/model.h"
+#include "model/drafter.h"
+#include "model/sequence_runner.h"
+
+namespace deepinfer::testing {
+
+struct ConformanceCase {
+  std::string name;     // "<fixture>/<backend>/<numerics>"
+  std::string fixture;  // tests/data/golden/<fixture>
+  // Loads the fixture with `max_rollback` ring slack; null when the backend is unavailable (skip).
+  std::function<std::unique_ptr<model::ds::DeepseekModel>(const std::string& dir, int64_t max_rollback)> load;
+  bool bit_exact_paths = false;  // full / chunked / token-by-token agree bit for bit
+  bool bit_exact_rollback = true;  // rollback == the same cuts without the rejected tokens, bit for bit
+  double tol = 1e-5;             // otherwise: max |Δlogit| relative to the largest |logit| of the row set
+  bool argmax_exact = true;      // greedy tokens must agree
+};
+inline std::ostream& operator<<(std::ostream& os, const ConformanceCase& c) { return os << c.name; }
+
+class CausalLMConformance : public ::testing::TestWithParam<ConformanceCase> {
+ protected:
+  void SetUp() override {
+    dir_ = golden_dir(GetParam().fixture);
+    if (!std::filesystem::exists(dir_ + "/config.json")) GTEST_SKIP() << "fixture " << dir_ << " absent";
+    model_ = GetParam().load(dir_, kRollback);
+    if (!model_) GTEST_SKIP() << GetParam().name << ": backend unavailable";
+    model_->allocate_cache_for(4, 1024);
+    const auto in = read_inputs(dir_);
+    ids_ = in.count("long") ? in.at("long") : in.begin()->second;
+  }
+  static constexpr int64_t kRollback = 5;
+
+  // Logits of every position of `ids` in one slot, cut into `chunks`.
+  std::vector<float> run(const std::vector<int32_t>& ids, const std::vector<int64_t>& chunks, int32_t slot = 0) {
+    const Tensor t = model::run_sequence(*model_, model_->cache_geometry(), ids, chunks, slot);
+    return std::vector<float>(t.data<float>(), t.data<float>() + t.numel());
+  }
+  // Checks two logits sets of `rows` rows: bit for bit when `bit_exact`, else the case's tolerance.
+  void expect_same(const std::vector<float>& a, const std::vector<float>& b, int64_t rows, const std::string& what,
+                   bool bit_exact) {
+    const int64_t V = model_->vocab_size();
+    ASSERT_EQ(a.size(), b.size()) << what;
+    if (bit_exact) {
+      EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << what << ": not bit-identical";
+      return;
+    }
+    float scale = 0.f, diff = 0.f;
+    int64_t flips = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* x = a.data() + r * V;
+      const float* y = b.data() + r * V;
+      for (int64_t v = 0; v < V; ++v) {
+        scale = std::max(scale, std::fabs(x[v]));
+        diff = std::max(diff, std::fabs(x[v] - y[v]));
+      }
+      flips += (std::max_element(x, x + V) - x) != (std::max_element(y, y + V) - y);
+    }
+    std::printf("[conformance] %s %s: max|d| %.3g (rel %.3g), argmax flips %lld/%lld\n", GetParam().name.c_str(),
+                what.c_str(), diff, diff / std::max(scale, 1e-30f), (long long)flips, (long long)rows);
+    EXPECT_LE(diff, GetParam().tol * std::max(scale, 1.f)) << what;
+    if (GetParam().argmax_exact) EXPECT_EQ(flips, 0) << what;
+  }
+
+  std::string dir_;
+  std::unique_ptr<model::ds::DeepseekModel> model_;
+  std::vector<int32_t> ids_;
+};
+
+TEST_P(CausalLMConformance, FullChunkedTokenByToken) {
+  const int64_t T = int64_t(ids_.size());
+  const std::vector<float> full = run(ids_, {T});
+  const bool exact = GetParam().bit_exact_paths;
+  expect_same(full, run(ids_, random_chunks(T, 11)), T, "chunked", exact);
+  expect_same(full, run(ids_, std::vector<int64_t>(size_t(T), 1)), T, "token-by-token", exact);
+}
+
+TEST_P(CausalLMConformance, BatchEqualsAlone) {
+  const int64_t V = model_->vocab_size();
+  std::vector<model::InterleavedSequence> seqs(3);
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    seqs[i].ids.assign(ids_.begin() + int64_t(i) * 7, ids_.end() - int64_t(i) * 13);
+    seqs[i].seq.cache_slot = int32_t(i + 1);
+    seqs[i].seq.block_table = model::slot_block_table(model_->cache_geometry(), int32_t(i + 1));
+  }
+  model::run_interleaved(*model_, seqs, 7, 17);
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const int64_t T = int64_t(seqs[i].ids.size());
+    const std::vector<float> alone = run(seqs[i].ids, {T}, 0);
+    ASSERT_EQ(seqs[i].logits.size(), size_t(T * V));
+    // Batched rows may round differently from the same rows alone (GEMM blocking by M): tolerance.
+    expect_same(alone, seqs[i].logits, T, "batched seq " + std::to_string(i), false);
+  }
+}
+
+TEST_P(CausalLMConformance, RollbackEqualsRecompute) {
+  ASSERT_EQ(model_->max_rollback(), kRollback);
+  const int64_t V = model_->vocab_size(), T = int64_t(ids_.size());
+  std::mt19937 gen(123);
+  for (int trial = 0; trial < 4; ++trial) {
+    // The sequence that is finally kept, and a run that reaches it through rejected drafts.
+    std::vector<int32_t> kept(ids_.begin(), ids_.begin() + std::min<int64_t>(T, 40 + 37 * trial));
+    const int32_t slot = 2;
+    model_->reset_slot(slot);
+    model::SeqInBatch s;
+    s.cache_slot = slot;
+    s.block_table = model::slot_block_table(model_->cache_geometry(), slot);
+    std::vector<float> got(kept.size() * size_t(V), 0.f);
+    int64_t done = 0;  // positions in the cache that belong to `kept`
+    std::vector<int64_t> cuts;
+    std::uniform_int_distribution<int64_t> chunk(1, 23), drafts(1, kRollback), tok(0, V - 1);
+    while (done < int64_t(kept.size())) {
+      const int64_t n = std::min<int64_t>(chunk(gen), int64_t(kept.size()) - done);
+      cuts.push_back(n);
+      // The next n kept tokens, then d speculative tokens that are rejected.
+      const int64_t d = drafts(gen);
+      model::ForwardBatch b;
+      b.token_ids.assign(kept.begin() + done, kept.begin() + done + n);
+      for (int64_t j = 0; j < d; ++j) b.token_ids.push_back(int32_t(tok(gen)));
+      s.num_computed_tokens = done;
+      s.num_new_tokens = int32_t(n + d);
+      b.seqs = {s};
+      for (int64_t i = 0; i < n; ++i) b.logits_indices.push_back(int32_t(i));
+      const Tensor l = model_->forward(b);
+      std::copy_n(l.data<float>(), n * V, got.data() + done * V);
+      model_->rollback(slot, done + n + d, done + n);
+      done += n;
+    }
+    // The same chunks without the rejected tokens: bit for bit where chunking is; one full pass: tolerance.
+    const std::vector<float> same_cuts = run(kept, cuts, 3);
+    expect_same(same_cuts, got, int64_t(kept.size()), "rollback trial " + std::to_string(trial),
+                GetParam().bit_exact_rollback);
+    expect_same(run(kept, {int64_t(kept.size())}, 3), got, int64_t(kept.size()),
+                "rollback vs full, trial " + std::to_string(trial), GetParam().bit_exact_paths);
+  }
+  EXPECT_THROW(model_->rollback(2, 100, 100 - kRollback - 1), InvalidArgument);
+}
+
+TEST_P(CausalLMConformance, SlotSnapshotRestores) {
+  // A slot's fixed state saved after a prefix, restored into another slot (with the prefix's paged
+  // blocks copied by the caller, as prefix reuse will), continues exactly like the original.
+  const int64_t V = model_->vocab_size(), T = int64_t(ids_.size()), cut = std::min<int64_t>(T - 1, 101);
+  const std::vector<int32_t> prefix(ids_.begin(), ids_.begin() + cut), rest(ids_.begin() + cut, ids_.end());
+  model::SeqInBatch a;
+  a.cache_slot = 1;
+  a.block_table = model::slot_block_table(model_->cache_geometry(), 1);
+  model_->reset_slot(1);
+  model::ForwardBatch b;
+  b.token_ids = prefix;
+  a.num_computed_tokens = 0;
+  a.num_new_tokens = int32_t(cut);
+  b.seqs = {a};
+  model_->forward(b);
+  const model::SlotSnapshot snap = model_->save_slot(1, cut);
+  EXPECT_EQ(snap.num_tokens, cut);
+  EXPECT_GT(snap.bytes.size(), 0u);
+  // Continue in the original slot.
+  auto tail = [&](int32_t slot, const std::vector<int32_t>& table) {
+    model::ForwardBatch c;
+    c.token_ids = rest;
+    model::SeqInBatch s{.cache_slot = slot, .block_table = table, .num_computed_tokens = cut,
+                        .num_new_tokens = int32_t(rest.size())};
+    c.seqs = {s};
+    for (size_t i = 0; i < rest.size(); ++i) c.logits_indices.push_back(int32_t(i));
+    const Tensor l = model_->forward(c);
+    return std::vector<float>(l.data<float>(), l.data<float>() + l.numel());
+  };
+  // Restore into slot 2 reading slot 1's paged blocks (shared, as a prefix hit shares them).
+  model_->reset_slot(2);
+  model_->restore_slot(2, snap);
+  const std::vector<float> restored = tail(2, a.block_table);
+  const std::vector<float> original = tail(1, a.block_table);
+  expect_same(original, restored, int64_t(rest.size()), "restored slot", true);
+  (void)V;
+}
+
+TEST_P(CausalLMConformance, DrafterMatchesReference) {
+  model::Drafter* drafter = model_->drafter();
+  if (!drafter) GTEST_SKIP() << GetParam().name << " has no drafter";
+  const int64_t V = model_->vocab_size();
+  for (const auto& [name, ids] : read_inputs(dir_)) {
+    const std::string path = dir_ + "/mtp_logits_" + name + ".npy";
+    if (!std::filesystem::exists(path)) continue;
+    const Npy ref = read_npy(path);  // [T-1, V]: draft logits after position t given token t+1
+    const int64_t T = int64_t(ids.size());
+    // Target pass over all but the last token, with every position's hidden rows.
+    Tensor hidden;
+    model::run_sequence(*model_, model_->cache_geometry(), std::vector<int32_t>(ids.begin(), ids.end() - 1),
+                        {T - 1}, 0, &hidden);
+    model::DraftBatch db;
+    model::DraftSeq s;
+    s.cache_slot = 0;
+    s.block_table = model::slot_block_table(model_->cache_geometry(), 0);
+    s.first_position = 0;
+    s.num_positions = int32_t(T - 1);
+    s.next_tokens.assign(ids.begin() + 1, ids.end());
+    s.num_drafts = 3;
+    db.seqs = {s};
+    db.target_hidden.host = hidden;
+    db.target_hidden.rows = T - 1;
+    db.target_hidden.row_elems = hidden.numel() / (T - 1);
+    Tensor logits;
+    const auto out = drafter->propose(db, &logits);
+    ASSERT_EQ(out.size(), 1u);
+    ASSERT_EQ(out[0].tokens.size(), 3u) << name;
+    const float* last = ref.data.data() + (T - 2) * V;
+    EXPECT_EQ(out[0].tokens[0], int32_t(std::max_element(last, last + V) - last)) << name;
+    ASSERT_EQ(logits.size(0), 3);
+    // Rolled back and proposed again from the same state: the same drafts.
+    model_->rollback(0, T - 1 + 2, T - 1);
+    const auto again = drafter->propose(db, nullptr);
+    EXPECT_EQ(again[0].tokens, out[0].tokens) << name;
+  }
+}
+
+}  // namespace deepinfer::testing
