@@ -1,4 +1,5 @@
-// Fuzzed conversations -> Tokenizer::apply_chat_template (the DeepSeek-V4 chat format): roles,
+// Fuzzed conversations -> Tokenizer::apply_chat_template (the DeepSeek-V4 chat format) or
+// apply_chat_template_v41 (V4.1's), picked by the input: roles,
 // contents, reasoning, tool calls with JSON (or not) arguments, tools / response_format JSON and
 // options all come from the input. Bad roles or JSON are InvalidArgument; an accepted prompt is
 // valid UTF-8 whenever every input string was, and encodes without error.
@@ -49,15 +50,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (in.ConsumeBool()) m.tools_json = text(512);
     if (in.ConsumeBool()) m.response_format_json = text(256);
   }
-  ChatOptions o;
-  o.add_generation_prompt = in.ConsumeBool();
-  o.thinking = in.ConsumeBool();
-  o.reasoning_effort = in.PickValueInArray({"", "high", "max", "low"});
-  o.drop_thinking = in.ConsumeBool();
-  o.add_bos = in.ConsumeBool();
+  const bool v41 = in.ConsumeBool();  // the V4.1 format (chat_dsv41.cpp) or V4's
+  const bool gen = in.ConsumeBool(), think = in.ConsumeBool(), drop = in.ConsumeBool(), bos = in.ConsumeBool();
+  const std::string effort = in.PickValueInArray({"", "high", "max", "low", "1", "100", "101", "x"});
   const Tokenizer& t = *tokenizer();
   std::string prompt;
-  if (!di_fuzz::expect_named_error([&] { prompt = t.apply_chat_template(msgs, o); })) return 0;
+  const bool ok = di_fuzz::expect_named_error([&] {
+    if (v41) prompt = t.apply_chat_template_v41(msgs, ChatOptionsV41{gen, think, effort, drop, bos});
+    else prompt = t.apply_chat_template(msgs, ChatOptions{gen, think, effort, drop, bos});
+  });
+  if (!ok) return 0;
   if (all_valid) {
     FUZZ_ASSERT(first_invalid_utf8(prompt) == std::string::npos, "prompt is not valid UTF-8");
     (void)t.encode(prompt);
