@@ -50,6 +50,13 @@ struct LLMConfig {
   // expert_parallel_size consecutive ranks (0 = all of them; 1 = every rank holds every expert).
   int data_parallel_size = 1;
   int expert_parallel_size = 0;
+  // Expert placement (vLLM's names): extra expert slots for replicas of hot experts, and the
+  // expert-parallel load balancer re-placing experts every eplb_step_interval steps by the loads
+  // of the last eplb_window_size steps.
+  int num_redundant_experts = 0;
+  bool enable_eplb = false;
+  int eplb_window_size = 1000;
+  int eplb_step_interval = 3000;
   // argv that starts worker ranks 1..data_parallel_size-1 on this node. Empty: the variable
   // DEEPINFER_WORKER_COMMAND (split at spaces), else this program when it is the deepinfer CLI
   // (`deepinfer rank-worker`). The Python LLM sets `python -m deepinfer._rank_worker`.

@@ -82,7 +82,8 @@ class LLM:
                  max_num_seqs: int = 64, max_num_batched_tokens: int = 2048, enable_chunked_prefill: bool = True,
                  kv_cache_memory_bytes: Optional[int] = None, seed: int = 0, accelerator: Optional[str] = None,
                  max_n: int = 1024, max_logprobs: int = 20, data_parallel_size: int = 1,
-                 expert_parallel_size: int = 0, **kwargs: Any) -> None:
+                 expert_parallel_size: int = 0, enable_eplb: bool = False, num_redundant_experts: int = 0,
+                 eplb_window_size: int = 1000, eplb_step_interval: int = 3000, **kwargs: Any) -> None:
         if kwargs:
             raise TypeError(f"LLM: unsupported argument(s) {sorted(kwargs)}")
         c = _E.LLMConfig()
@@ -103,6 +104,10 @@ class LLM:
         # package's _rank_worker module with the same interpreter and import path.
         c.data_parallel_size = as_int("LLM.data_parallel_size", data_parallel_size, 1, 1 << 20)
         c.expert_parallel_size = as_int("LLM.expert_parallel_size", expert_parallel_size, 0, 1 << 20)
+        c.enable_eplb = as_bool("LLM.enable_eplb", enable_eplb)
+        c.num_redundant_experts = as_int("LLM.num_redundant_experts", num_redundant_experts, 0)
+        c.eplb_window_size = as_int("LLM.eplb_window_size", eplb_window_size, 1)
+        c.eplb_step_interval = as_int("LLM.eplb_step_interval", eplb_step_interval, 1)
         if c.data_parallel_size > 1 and not os.environ.get("DEEPINFER_WORKER_COMMAND"):
             root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
             c.worker_command = [sys.executable, "-c",

@@ -143,7 +143,11 @@ void bind_llm(nb::module_& m) {
       .def_rw("accelerator", &LLMConfig::accelerator)
       .def_rw("data_parallel_size", &LLMConfig::data_parallel_size)
       .def_rw("expert_parallel_size", &LLMConfig::expert_parallel_size)
-      .def_rw("worker_command", &LLMConfig::worker_command);
+      .def_rw("worker_command", &LLMConfig::worker_command)
+      .def_rw("num_redundant_experts", &LLMConfig::num_redundant_experts)
+      .def_rw("enable_eplb", &LLMConfig::enable_eplb)
+      .def_rw("eplb_window_size", &LLMConfig::eplb_window_size)
+      .def_rw("eplb_step_interval", &LLMConfig::eplb_step_interval);
   // `python -m deepinfer._rank_worker`: a worker rank of a parallel LLM (engine/dp/ranks.h).
   m.def("rank_worker_main", [] {
     nb::gil_scoped_release unlocked;

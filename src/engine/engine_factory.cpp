@@ -1,6 +1,8 @@
 // See engine_factory.h.
 #include "engine/engine_factory.h"
 
+#include <utility>
+
 #include "core/check.h"
 #include "engine/model_loader.h"
 
@@ -16,6 +18,17 @@ void validate_llm_config(const LLMConfig& config) {
   if (config.expert_parallel_size < 0)
     DI_THROW(InvalidArgument, "LLMConfig.expert_parallel_size must be >= 0 (0 = data_parallel_size), got ",
              config.expert_parallel_size);
+  const bool sharded = config.data_parallel_size > 1 && config.expert_parallel_size != 1;
+  for (auto [name, set] : {std::pair<const char*, bool>{"enable_eplb", config.enable_eplb},
+                           {"num_redundant_experts", config.num_redundant_experts != 0}})
+    if (set && !sharded)
+      DI_THROW(InvalidArgument, "LLMConfig.", name, " needs expert parallelism (data_parallel_size > 1 and "
+                                "expert_parallel_size != 1)");
+  if (config.num_redundant_experts < 0)
+    DI_THROW(InvalidArgument, "LLMConfig.num_redundant_experts must be >= 0, got ", config.num_redundant_experts);
+  if (config.enable_eplb && (config.eplb_window_size < 1 || config.eplb_step_interval < 1))
+    DI_THROW(InvalidArgument, "LLMConfig.eplb_window_size (", config.eplb_window_size, ") and eplb_step_interval (",
+             config.eplb_step_interval, ") must be >= 1");
 }
 
 EnvConfig resolve_env(const LLMConfig& config) {

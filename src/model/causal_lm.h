@@ -26,6 +26,16 @@ class ProcessGroup;
 
 namespace deepinfer::model {
 
+// Expert parallelism (LLMConfig's fields, vLLM's names): physical expert slots beyond the
+// logical experts (replicas of hot experts), and runtime EPLB (every `eplb_step_interval` steps,
+// re-place experts by the loads of the last `eplb_window_size` steps).
+struct ExpertParallelOptions {
+  int32_t num_redundant_experts = 0;
+  bool enable_eplb = false;
+  int32_t eplb_window_size = 1000;
+  int32_t eplb_step_interval = 3000;
+};
+
 class Drafter;
 
 // Logits a backend left in accelerator memory: f32 [rows, vocab], row r at data + r * row_stride,
@@ -126,7 +136,7 @@ class CausalLM {
   // Shards the routed experts of the main layers across `group` (each rank computes the experts
   // of its slots for every rank's tokens; the group outlives the model). Called once, before
   // the engine is built. InvalidArgument where the model or its backend has no expert parallelism.
-  virtual void enable_expert_parallel(parallel::ProcessGroup& group) {
+  virtual void enable_expert_parallel(parallel::ProcessGroup& group, const ExpertParallelOptions& options) {
     DI_THROW(InvalidArgument, describe(), ": expert parallelism is not implemented for this model");
   }
 

@@ -15,7 +15,7 @@ static_assert(sizeof(StructuredOutputsParams) == 192, "StructuredOutputsParams c
 static_assert(sizeof(SamplingParams) == 368, "SamplingParams changed: update engine/dp/codec.cpp");
 static_assert(sizeof(CompletionOutput) == 192, "CompletionOutput changed: update engine/dp/codec.cpp");
 static_assert(sizeof(RequestOutput) == 240, "RequestOutput changed: update engine/dp/codec.cpp");
-static_assert(sizeof(LLMConfig) == 192, "LLMConfig changed: update engine/dp/codec.cpp");
+static_assert(sizeof(LLMConfig) == 208, "LLMConfig changed: update engine/dp/codec.cpp");
 static_assert(sizeof(PromptInput) == 64, "PromptInput changed: update engine/dp/codec.cpp");
 
 void put_logprobs(WireWriter& w, const PositionLogprobs& pl) {
@@ -115,6 +115,10 @@ void put(WireWriter& w, const LLMConfig& c) {
   w.put_str(c.accelerator);
   w.put<int32_t>(c.data_parallel_size);
   w.put<int32_t>(c.expert_parallel_size);
+  w.put<int32_t>(c.num_redundant_experts);
+  w.put_bool(c.enable_eplb);
+  w.put<int32_t>(c.eplb_window_size);
+  w.put<int32_t>(c.eplb_step_interval);
   w.put_strs(c.worker_command);
 }
 
@@ -134,6 +138,10 @@ LLMConfig get_llm_config(WireReader& r) {
   c.accelerator = r.get_str("accelerator");
   c.data_parallel_size = r.get<int32_t>("data_parallel_size");
   c.expert_parallel_size = r.get<int32_t>("expert_parallel_size");
+  c.num_redundant_experts = r.get<int32_t>("num_redundant_experts");
+  c.enable_eplb = r.get_bool("enable_eplb");
+  c.eplb_window_size = r.get<int32_t>("eplb_window_size");
+  c.eplb_step_interval = r.get<int32_t>("eplb_step_interval");
   c.worker_command = r.get_strs("worker_command");
   return c;
 }

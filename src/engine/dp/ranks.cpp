@@ -94,7 +94,9 @@ void connect(RankRuntime& rt, const LLMConfig& config, const EnvConfig& env, Loa
                                                .hostname = host, .timeout = kGroupTimeout});
       ep = rt.ep_group.get();
     }
-    parts.model->enable_expert_parallel(*ep);
+    parts.model->enable_expert_parallel(
+        *ep, {.num_redundant_experts = config.num_redundant_experts, .enable_eplb = config.enable_eplb,
+              .eplb_window_size = config.eplb_window_size, .eplb_step_interval = config.eplb_step_interval});
   }
   rt.engine = make_engine(config, env, std::move(parts));
 }

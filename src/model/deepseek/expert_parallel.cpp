@@ -7,8 +7,9 @@
 
 namespace deepinfer::model::ds {
 
-ExpertParallel::ExpertParallel(parallel::ProcessGroup& group, std::vector<parallel::ExpertPlacement> layers)
-    : group_(group), layers_(std::move(layers)) {
+ExpertParallel::ExpertParallel(parallel::ProcessGroup& group, std::vector<parallel::ExpertPlacement> layers,
+                               EplbOptions eplb)
+    : group_(group), layers_(std::move(layers)), eplb_(eplb) {
   DI_CHECK(group_.memory() == parallel::Memory::kHost, "CPU expert parallelism needs a host group, not ",
            group_.describe());
   for (parallel::ExpertPlacement& L : layers_) {
@@ -16,7 +17,55 @@ ExpertParallel::ExpertParallel(parallel::ProcessGroup& group, std::vector<parall
       DI_THROW(InvalidArgument, "expert placement for ", L.num_ranks, " ranks in a group of ", group_.size());
     L.validate();
     load_.emplace_back(size_t(L.num_logical), 0);
+    since_window_.emplace_back(size_t(L.num_logical), 0);
   }
+}
+
+
+void ExpertParallel::begin_step() {
+  if (!eplb_.enabled || layers_.empty()) return;
+  if (!window_) {
+    if (eplb_.window_steps < 1 || eplb_.step_interval < 1)
+      DI_THROW(InvalidArgument, "EPLB: window_steps (", eplb_.window_steps, ") and step_interval (",
+               eplb_.step_interval, ") must be >= 1");
+    window_ = std::make_unique<parallel::ExpertLoadWindow>(int32_t(layers_.size()), layers_[0].num_logical,
+                                                           eplb_.window_steps);
+  }
+  if (steps_ > 0) {  // the previous step's counts join this rank's window
+    const int32_t L = int32_t(layers_.size()), E = layers_[0].num_logical;
+    std::vector<int64_t> counts(static_cast<size_t>(int64_t(L) * E));
+    for (int32_t l = 0; l < L; ++l) {
+      if (layers_[size_t(l)].num_logical != E)
+        DI_THROW(InternalError, "EPLB: layer ", l, " has ", layers_[size_t(l)].num_logical, " experts, layer 0 ", E);
+      std::vector<int64_t>& c = since_window_[size_t(l)];
+      std::copy(c.begin(), c.end(), counts.begin() + int64_t(l) * E);
+      std::fill(c.begin(), c.end(), 0);
+    }
+    window_->add_step(counts);
+  }
+  if (++steps_ % eplb_.step_interval == 0) rebalance();
+}
+
+// Every rank sums its window (its own tokens of the last window_steps steps) with the others'
+// by one all-reduce, in rank order, so every rank plans from identical loads and gets the same
+// placement.
+void ExpertParallel::rebalance() {
+  const int32_t L = int32_t(layers_.size()), E = layers_[0].num_logical;
+  std::vector<int64_t> counts(static_cast<size_t>(int64_t(L) * E));
+  for (int32_t l = 0; l < L; ++l) {
+    const std::vector<double> w = window_->layer_load(l);  // exact integers
+    for (int32_t e = 0; e < E; ++e) counts[size_t(int64_t(l) * E + e)] = int64_t(w[size_t(e)]);
+  }
+  group_.all_reduce(counts.data(), int64_t(counts.size()), parallel::ReduceType::kI64, parallel::ReduceOp::kSum);
+  int32_t moved = 0;
+  for (int32_t l = 0; l < L; ++l) {
+    const std::vector<double> load(counts.begin() + int64_t(l) * E, counts.begin() + int64_t(l + 1) * E);
+    parallel::Rebalance r = parallel::plan_rebalance(layers_[size_t(l)], load, eplb_.min_gain);
+    if (!r.worth_it) continue;
+    moved += r.slots_changed;
+    layers_[size_t(l)] = std::move(r.placement);
+  }
+  if (moved > 0) ++rebalances_, slots_moved_ += moved;
 }
 
 bool ExpertParallel::holds(int64_t layer, int32_t logical) const {
@@ -46,6 +95,7 @@ void ExpertParallel::dispatch(int64_t layer, const float* h, int64_t T, int64_t 
     const int32_t e = ids[i];
     if (e < 0 || e >= L.num_logical) DI_THROW(InternalError, "moe dispatch: expert id ", e, " at pair ", i);
     load[size_t(e)]++;
+    since_window_[size_t(layer)][size_t(e)]++;
     const std::vector<int32_t>& reps = L.logical_to_physical[size_t(e)];
     int32_t p = reps[size_t((i / K) % int64_t(reps.size()))];
     for (int32_t q : reps)

@@ -12,6 +12,7 @@
 // experts, so drafting needs no collectives.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -20,11 +21,23 @@
 
 namespace deepinfer::model::ds {
 
+// Runtime EPLB (vLLM's enable_eplb, eplb window_size and step_interval): each rank keeps its
+// per-expert token counts of the last `window_steps` forward steps; every `step_interval` steps
+// the ranks sum them (one all-reduce) and re-place each layer whose balance ratio improves by more
+// than `min_gain` (parallel::plan_rebalance). Identical inputs give every rank the same placement.
+// On the CPU backend every rank holds every expert's weights, so a re-placement only re-routes.
+struct EplbOptions {
+  bool enabled = false;
+  int32_t window_steps = 1000;
+  int32_t step_interval = 3000;
+  double min_gain = 0.05;
+};
+
 class ExpertParallel {
  public:
   // `layers[l]`: main layer l's placement (parallel/eplb.h; contiguous_placement before any load
   // is known). Every layer's num_ranks must be the group's size.
-  ExpertParallel(parallel::ProcessGroup& group, std::vector<parallel::ExpertPlacement> layers);
+  ExpertParallel(parallel::ProcessGroup& group, std::vector<parallel::ExpertPlacement> layers, EplbOptions eplb = {});
   int rank() const { return group_.rank(); }
   int size() const { return group_.size(); }
   const parallel::ExpertPlacement& layout(int64_t layer) const { return layers_.at(size_t(layer)); }
@@ -46,10 +59,22 @@ class ExpertParallel {
   // Tokens this rank routed to each logical expert since the last take_load() ([layers][E]).
   std::vector<std::vector<int64_t>> take_load();
 
+  // Called by every rank once per forward step (also an empty one), before the step's first
+  // dispatch: counts the step and, every step_interval steps, rebalances (a collective).
+  void begin_step();
+  int64_t num_rebalances() const { return rebalances_; }        // rounds that moved something
+  int64_t num_slots_moved() const { return slots_moved_; }      // physical slots re-assigned, all layers
+
  private:
+  void rebalance();
+
   parallel::ProcessGroup& group_;
   std::vector<parallel::ExpertPlacement> layers_;
   std::vector<std::vector<int64_t>> load_;
+  EplbOptions eplb_;
+  std::unique_ptr<parallel::ExpertLoadWindow> window_;
+  std::vector<std::vector<int64_t>> since_window_;  // this rank's counts since the last window step
+  int64_t steps_ = 0, rebalances_ = 0, slots_moved_ = 0;
   // The step in flight.
   int64_t D_ = 0, pairs_ = 0;
   std::vector<int64_t> send_order_;   // [pairs] pair index of each sent row, in send order

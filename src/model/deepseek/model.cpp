@@ -91,12 +91,17 @@ ForwardOutput DeepseekModel::run_mtp(const ForwardBatch& batch, const HiddenRows
   return be_->end_step({}, R, Rh);
 }
 
-void DeepseekModel::enable_expert_parallel(parallel::ProcessGroup& group) {
-  // Before any load is known: experts dealt out in contiguous ranges (EPLB rearranges later).
+void DeepseekModel::enable_expert_parallel(parallel::ProcessGroup& group, const ExpertParallelOptions& options) {
   const int32_t E = int32_t(arch_.dims.experts), n = group.size();
-  std::vector<parallel::ExpertPlacement> layers(size_t(arch_.plan.num_layers()),
-                                                parallel::contiguous_placement(E, n, (E + n - 1) / n));
-  be_->set_expert_parallel(std::make_shared<ExpertParallel>(group, std::move(layers)));
+  if (options.num_redundant_experts < 0)
+    DI_THROW(InvalidArgument, "LLMConfig.num_redundant_experts must be >= 0, got ", options.num_redundant_experts);
+  // Before any load is known: experts dealt out in contiguous ranges, the spare slots repeating
+  // experts from the start; EPLB re-places them by load.
+  const int32_t slots = (E + options.num_redundant_experts + n - 1) / n;
+  std::vector<parallel::ExpertPlacement> layers(size_t(arch_.plan.num_layers()), parallel::contiguous_placement(E, n, slots));
+  const EplbOptions eplb{.enabled = options.enable_eplb, .window_steps = options.eplb_window_size,
+                         .step_interval = options.eplb_step_interval};
+  be_->set_expert_parallel(std::make_shared<ExpertParallel>(group, std::move(layers), eplb));
 }
 
 }  // namespace deepinfer::model::ds

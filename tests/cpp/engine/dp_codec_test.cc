@@ -142,6 +142,7 @@ TEST(DpCodec, LLMConfigAndCommandsRoundTrip) {
   c.max_num_batched_tokens = 99, c.enable_chunked_prefill = false, c.kv_cache_memory_bytes = size_t(3) << 33;
   c.seed = 42, c.max_n = 3, c.max_logprobs = 2, c.accelerator = "cpu", c.data_parallel_size = 4;
   c.expert_parallel_size = 2, c.worker_command = {"a b", "c"};
+  c.num_redundant_experts = 3, c.enable_eplb = true, c.eplb_window_size = 17, c.eplb_step_interval = 19;
   WireWriter w;
   put(w, c);
   Commands cmd;
@@ -167,6 +168,10 @@ TEST(DpCodec, LLMConfigAndCommandsRoundTrip) {
   EXPECT_EQ(d.data_parallel_size, 4);
   EXPECT_EQ(d.expert_parallel_size, 2);
   EXPECT_EQ(d.worker_command, c.worker_command);
+  EXPECT_EQ(d.num_redundant_experts, 3);
+  EXPECT_TRUE(d.enable_eplb);
+  EXPECT_EQ(d.eplb_window_size, 17);
+  EXPECT_EQ(d.eplb_step_interval, 19);
   ASSERT_EQ(e.add.size(), 1u);
   EXPECT_EQ(e.add[0].rank, 2);
   EXPECT_EQ(e.add[0].id, "x");

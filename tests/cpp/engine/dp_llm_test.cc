@@ -73,12 +73,13 @@ void expect_same_tokens(const std::vector<RequestOutput>& a, const std::vector<R
 
 struct Layout {
   int dp, ep;
+  bool eplb = false;  // runtime EPLB every 2 steps, one redundant slot per rank
 };
 class DataParallelLLM : public ::testing::TestWithParam<Layout> {};
 
 TEST_P(DataParallelLLM, MatchesOneRank) {
   if (!std::filesystem::exists(tiny_model() + "/config.json")) GTEST_SKIP() << "fixture " << tiny_model() << " absent";
-  const auto [dp, ep] = GetParam();
+  const auto [dp, ep, eplb] = GetParam();
   std::vector<RequestOutput> ref;
   int64_t vocab = 0;
   const int count = 9;
@@ -87,7 +88,9 @@ TEST_P(DataParallelLLM, MatchesOneRank) {
     vocab = one.vocab_size();
     ref = one.generate(token_prompts(vocab, count), params_for(count));
   }
-  LLM par(config(tiny_model(), dp, ep));
+  LLMConfig pc = config(tiny_model(), dp, ep);
+  if (eplb) pc.enable_eplb = true, pc.eplb_window_size = 4, pc.eplb_step_interval = 2, pc.num_redundant_experts = dp;
+  LLM par(pc);
   EXPECT_NE(par.describe().find("data-parallel " + std::to_string(dp) + " ranks"), std::string::npos) << par.describe();
   if (ep != 1) {
     EXPECT_NE(par.describe().find("experts sharded"), std::string::npos) << par.describe();
@@ -105,9 +108,10 @@ TEST_P(DataParallelLLM, MatchesOneRank) {
   EXPECT_EQ(streamed, ref[0].outputs[0].token_ids);
 }
 
-INSTANTIATE_TEST_SUITE_P(Layouts, DataParallelLLM, ::testing::Values(Layout{2, 0}, Layout{3, 3}, Layout{2, 1}),
+INSTANTIATE_TEST_SUITE_P(Layouts, DataParallelLLM, ::testing::Values(Layout{2, 0}, Layout{3, 3}, Layout{2, 1}, Layout{3, 0, true}),
                          [](const auto& info) {
-                           return "dp" + std::to_string(info.param.dp) + "_ep" + std::to_string(info.param.ep);
+                           return "dp" + std::to_string(info.param.dp) + "_ep" + std::to_string(info.param.ep) +
+                                  (info.param.eplb ? "_eplb" : "");
                          });
 
 TEST(DataParallelLLM, BadRequestFailsAlone) {
@@ -167,6 +171,14 @@ TEST(DataParallelLLM, BadLayoutRefused) {
   c.expert_parallel_size = 0;
   c.data_parallel_size = 0;
   EXPECT_THROW(LLM{c}, InvalidArgument);
+  LLMConfig single = config(tiny_model(), 1, 0);
+  single.enable_eplb = true;  // nothing to balance on one rank: refused, not ignored
+  try {
+    LLM one(single);
+    FAIL() << "accepted enable_eplb on one rank";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("enable_eplb"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -75,9 +75,14 @@ void expect_close(const std::vector<float>& a, const std::vector<float>& b, int6
   EXPECT_EQ(flips, 0) << what;
 }
 
-// (ranks, replicated): replicated = a balanced EPLB placement of a skewed load with one redundant
-// slot per rank, so hot experts have replicas on several ranks.
-class ExpertParallelCpu : public ::testing::TestWithParam<std::tuple<int, bool>> {};
+// replicated: a balanced EPLB placement of a skewed load with one redundant slot per rank, so hot
+// experts have replicas on several ranks. eplb: runtime rebalancing every 2 steps over a 3-step
+// window (any gain taken), so the placement changes while sequences are mid-flight.
+struct EpCase {
+  int n;
+  bool replicated, eplb;
+};
+class ExpertParallelCpu : public ::testing::TestWithParam<EpCase> {};
 
 parallel::ExpertPlacement placement_for(int32_t experts, int n, bool replicated, int64_t layer) {
   const int32_t slots = (experts + n - 1) / n;
@@ -92,7 +97,7 @@ parallel::ExpertPlacement placement_for(int32_t experts, int n, bool replicated,
 TEST_P(ExpertParallelCpu, RanksMatchSingleRank) {
   const std::string dir = golden_dir("tiny");
   if (!std::filesystem::exists(dir + "/config.json")) GTEST_SKIP() << "fixture " << dir << " absent";
-  const auto [n, replicated] = GetParam();
+  const auto [n, replicated, eplb] = GetParam();
   const auto inputs = read_inputs(dir);
   const std::vector<int32_t> ids = inputs.count("long") ? inputs.at("long") : inputs.begin()->second;
   // Rank r: a different slice of the ids, different chunking; rank 1 idles for the first steps and
@@ -138,10 +143,15 @@ TEST_P(ExpertParallelCpu, RanksMatchSingleRank) {
         std::vector<parallel::ExpertPlacement> layouts;
         for (int64_t l = 0; l < m->arch().plan.num_layers(); ++l)
           layouts.push_back(placement_for(int32_t(g.experts), n, replicated, l));
-        be.set_expert_parallel(std::make_shared<ExpertParallel>(*pg, layouts));
+        be.set_expert_parallel(std::make_shared<ExpertParallel>(
+            *pg, layouts, model::ds::EplbOptions{.enabled = eplb, .window_steps = 3, .step_interval = 2, .min_gain = 0.0}));
         EXPECT_TRUE(m->joins_collectives());
         run_rank(*m, m->cache_geometry(), work[size_t(r)]);
         loads[size_t(r)] = be.expert_parallel()->take_load();
+        if (eplb) {
+          EXPECT_GT(be.expert_parallel()->num_rebalances(), 0) << "rank " << r;
+          EXPECT_GT(be.expert_parallel()->num_slots_moved(), 0) << "rank " << r;
+        }
       } catch (...) {
         errors[size_t(r)] = std::current_exception();
       }
@@ -170,7 +180,8 @@ TEST_P(ExpertParallelCpu, RanksMatchSingleRank) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, ExpertParallelCpu,
-                         ::testing::Values(std::make_tuple(2, false), std::make_tuple(3, false), std::make_tuple(3, true)));
+                         ::testing::Values(EpCase{2, false, false}, EpCase{3, false, false}, EpCase{3, true, false},
+                                           EpCase{3, true, true}));
 
 // A placement whose rank count is not the group's is refused, naming both.
 TEST(ExpertParallelCpu, PlacementForAnotherGroupSizeRefused) {

@@ -248,6 +248,7 @@ void CpuBackend::moe_dispatch(const MoeRef& M) {
   const int32_t* ids = at<int32_t>(Buf::kIds);
   ep_step_ = ep_ && M.ep_layer >= 0;
   if (ep_step_) {
+    if (M.ep_layer == 0) ep_->begin_step();  // once per main forward, on every rank alike
     ep_->dispatch(M.ep_layer, at<float>(Buf::kH), T, D, ids, K);
     return;
   }
