@@ -21,7 +21,8 @@ std::string env_or(const char* name, const std::string& fallback) {
 }
 std::string tiny_model() { return env_or("DEEPINFER_SOURCE_DIR", ".") + "/tests/data/golden/tiny"; }
 std::string default_model() { return env_or("DEEPINFER_SOURCE_DIR", ".") + "/assets/default-model"; }
-std::vector<std::string> worker() { return {env_or("DEEPINFER_BINARY_DIR", "./build") + "/deepinfer", "rank-worker"}; }
+// The CLI built with this test (CMake passes its path); DEEPINFER_CLI overrides it.
+std::vector<std::string> worker() { return {env_or("DEEPINFER_CLI", DEEPINFER_CLI_PATH), "rank-worker"}; }
 
 LLMConfig config(const std::string& model, int dp, int ep) {
   LLMConfig c;
