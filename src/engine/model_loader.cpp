@@ -85,7 +85,7 @@ std::unique_ptr<Engine> build_engine(const LLMConfig& config, EnvConfig& env) {
   if (config.max_n < 1) DI_THROW(InvalidArgument, "LLMConfig.max_n must be >= 1, got ", config.max_n);
   if (config.max_logprobs < 0) DI_THROW(InvalidArgument, "LLMConfig.max_logprobs must be >= 0, got ", config.max_logprobs);
   std::string path = resolve_model_path(config, env);
-  auto model = load_model(path, model::ModelLoadOptions{.env = env, .limits = model_limits_for(config, env)});
+  auto model = engine::load_model(path, model::ModelLoadOptions{.env = env, .limits = model_limits_for(config, env)});
   auto codec = load_codec(config, path, model->vocab_size());
   auto grammar = make_grammar_compiler(codec.get(), model->vocab_size(), model->eos_token_id());
   EngineConfig ec;

@@ -157,7 +157,7 @@ bool ChatOutputParser::step_content(ChatDelta& d) {
   // The earliest DSML marker or think tag: the start of a calls block, or markup to remove.
   size_t best = std::string::npos;
   const std::string* which = nullptr;
-  for (const std::string* p : {&marker, &o_.think_end, &o_.think_start}) {
+  for (const std::string* p : std::initializer_list<const std::string*>{&marker, &o_.think_end, &o_.think_start}) {
     const size_t q = buf_.find(*p);
     if (q < best) best = q, which = p;
   }
@@ -197,7 +197,7 @@ bool ChatOutputParser::step_content(ChatDelta& d) {
   const size_t n = buf_.size();
   size_t hold = 0;
   if (!final_) {
-    for (const std::string* p : {&marker, &o_.think_end, &o_.think_start, &o_.eos_text})
+    for (const std::string* p : std::initializer_list<const std::string*>{&marker, &o_.think_end, &o_.think_start, &o_.eos_text})
       hold = std::max(hold, partial(buf_, *p));
     if (o_.parse_tools) {  // a possible opening tag, and the whitespace before it
       size_t i = n - partial(buf_, tag_open_);
@@ -231,7 +231,9 @@ bool ChatOutputParser::step_calls(ChatDelta& d) {
   }
   if (starts(r, invoke_open_)) {
     const size_t e = r.find("\">", invoke_open_.size());
-    const std::string_view name = r.substr(invoke_open_.size(), e == std::string::npos ? r.npos : e - invoke_open_.size());
+    std::string_view name = r.substr(invoke_open_.size(), e == std::string::npos ? r.npos : e - invoke_open_.size());
+    // Cut before its `">`: a name so far may end with the quote that starts it.
+    if (e == std::string::npos && !name.empty() && name.back() == '"') name.remove_suffix(1);
     if (name.find_first_of("\"<\n") != std::string_view::npos || name.size() > kMaxTagBytes) return fail(), true;
     if (e == std::string::npos) {
       if (final_) buf_.clear();  // cut off inside the tag

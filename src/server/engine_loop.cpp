@@ -75,6 +75,7 @@ void EngineLoop::admit(Submission& s) {
     s.sink->on_rejected(e.what(), dynamic_cast<const InternalError*>(&e) != nullptr);
     return;
   }
+  s.sink->on_admitted();
   tracked_[s.request_id] = Tracked{std::move(s.sink), s.received_time, 0, 0};
 }
 

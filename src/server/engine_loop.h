@@ -39,6 +39,8 @@ class OutputSink {
   virtual void on_output(RequestOutput&& out) = 0;
   // add_request refused it (bad prompt or parameters: `message` says which); no output follows.
   virtual void on_rejected(const std::string& message, bool internal) = 0;
+  // add_request accepted it (outputs follow): a streaming response starts its headers here.
+  virtual void on_admitted() {}
 };
 
 struct Submission {

@@ -79,8 +79,9 @@ class HttpServer {
   void stop();
   HttpCounters counters() const;
 
+  struct Impl;  // http.cpp (its sessions reach it)
+
  private:
-  struct Impl;
   std::shared_ptr<Impl> impl_;
 };
 

@@ -246,7 +246,11 @@ ExprId LarkParser::json_schema(size_t at) {
     schema.erase("x-guidance");
   }
   try {
-    return b_.embed(json_schema_to_grammar(schema, opt));
+    Grammar g = json_schema_to_grammar(schema, opt);
+    const RuleId first = b_.num_rules();
+    const ExprId e = b_.embed(g);
+    for (RuleId r = first; r < b_.num_rules(); ++r) defined_.insert(r);  // complete: not the Lark text's to define
+    return e;
   } catch (const GrammarError& e) {
     fail(at, std::string("%json: ") + e.what());
   }
