@@ -23,13 +23,42 @@ void check_name(const std::string& n, const std::string& what) {
     DI_THROW(InvalidArgument, what, " '", n, "' cannot be written in DSML (empty, or holds a quote, '<', '>' or a newline)");
 }
 
-bool is_string_schema(const nlohmann::json& s) {
-  return s.is_object() && s.contains("type") && s["type"].is_string() && s["type"] == "string" && !s.contains("enum") &&
-         !s.contains("const");
-}
-bool is_untyped(const nlohmann::json& s) {
-  return s.is_boolean() || (s.is_object() && !s.contains("type") && !s.contains("enum") && !s.contains("const") &&
-                            !s.contains("anyOf") && !s.contains("oneOf") && !s.contains("$ref"));
+// The Lark expression for a parameter's value, from `string="` on. The template writes a string
+// value raw (string="true") and any other as JSON (string="false"), so a schema whose values may
+// be strings offers the raw form: any text for type "string", the literals of a string enum or
+// const; the JSON form (%json under the schema) for every other value.
+std::string value_expr(const nlohmann::json& s) {
+  const std::string raw = "\"true\\\">\" ", js = "\"false\\\">\" %json ";
+  if (s.is_boolean()) return "(" + raw + "strval | " + js + "{})";
+  if (!s.is_object()) return js + s.dump();
+  std::vector<std::string> strings;
+  nlohmann::json others = nlohmann::json::array();
+  auto literal_set = [&](const nlohmann::json& values) {
+    for (const auto& v : values) {
+      if (v.is_string()) strings.push_back(lit(v.get<std::string>()));
+      else others.push_back(v);
+    }
+  };
+  if (s.contains("enum") && s["enum"].is_array()) literal_set(s["enum"]);
+  else if (s.contains("const")) literal_set(nlohmann::json::array({s["const"]}));
+  else {
+    const nlohmann::json* t = s.contains("type") ? &s["type"] : nullptr;
+    bool str = false, other = false;
+    if (!t) str = other = !s.contains("anyOf") && !s.contains("oneOf") && !s.contains("$ref") && !s.contains("allOf");
+    else if (t->is_string()) (*t == "string" ? str : other) = true;
+    else if (t->is_array())
+      for (const auto& x : *t) (x == "string" ? str : other) = true;
+    if (!str) return js + s.dump();
+    return other ? "(" + raw + "strval | " + js + s.dump() + ")" : raw + "strval";
+  }
+  std::string alts;
+  if (!strings.empty()) {
+    alts = raw + "(";
+    for (size_t i = 0; i < strings.size(); ++i) alts += (i ? " | " : "") + strings[i];
+    alts += ")";
+  }
+  if (!others.empty()) alts += (alts.empty() ? "" : " | ") + js + nlohmann::json{{"enum", others}}.dump();
+  return "(" + alts + ")";
 }
 }  // namespace
 
@@ -66,12 +95,7 @@ std::string dsml_tool_grammar(const std::vector<ToolSpec>& tools, bool parallel,
       for (auto it = ps["properties"].begin(); it != ps["properties"].end(); ++it, ++k) {
         check_name(it.key(), "parameter name");
         const std::string rule = "p" + id + "_" + std::to_string(k);
-        std::string value;
-        const std::string schema = it.value().dump();
-        if (is_string_schema(it.value())) value = "\"true\\\">\" strval";
-        else if (is_untyped(it.value())) value = "(\"true\\\">\" strval | \"false\\\">\" %json " + schema + ")";
-        else value = "\"false\\\">\" %json " + schema;
-        g += rule + ": " + param(lit(it.key()), value) + "\n";
+        g += rule + ": " + param(lit(it.key()), value_expr(it.value())) + "\n";
         const bool req = std::find(required.begin(), required.end(), it.key()) != required.end();
         body += " " + rule + (req ? "" : "?");
       }
