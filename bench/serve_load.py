@@ -32,7 +32,7 @@ def pct(xs, p):
 
 def one_client(host, port, i, max_tokens, prompt, out, timeout):
     body = json.dumps({"prompt": f"{prompt} {i}", "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
-                       "logprobs": 0, "temperature": 0.8, "seed": i,
+                       "logprobs": 0, "temperature": 0.8, "seed": i, "skip_special_tokens": False,
                        "stream_options": {"include_usage": True}})
     r = {"ok": False, "error": None}
     t0 = time.perf_counter()

@@ -123,7 +123,9 @@ class CompletionJob final : public Job {
       if (logprobs_) ch.lp.add(c, *logprobs_, ch.offset);
       return;
     }
-    if (text.empty() && !c.finished()) return;
+    // A piece without text (a skipped special token, an incomplete character) is still sent when
+    // it carries logprobs, so that every token is listed.
+    if (text.empty() && !c.finished() && !(logprobs_ && !c.token_ids.empty())) return;
     json choice = {{"index", i}, {"text", text}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
     if (logprobs_) {
       CompletionLogprobs piece;

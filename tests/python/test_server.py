@@ -37,8 +37,12 @@ def srv():
         serve.find_executable()
     except FileNotFoundError as e:
         pytest.skip(str(e))
+    # MTP drafting off: with it, a request whose prompt + max_tokens ends one token past a 256-token
+    # block fails its step ("needs 3 blocks for 513 tokens, block_table has 2"; an engine bug that
+    # `deepinfer generate` shows too, reported to the lead), and the tool prompts here are ~500 tokens.
+    env = dict(os.environ, DEEPINFER_USE_NEXTN_DECODE="0")
     s = serve.launch(["--model", str(MODEL), "--served-model-name", "tiny", "--max-num-seqs", "64",
-                      "--max-model-len", "1024", "--max-body-mib", "1", "--max-waiting", "1024"])
+                      "--max-model-len", "1024", "--max-body-mib", "1", "--max-waiting", "1024"], env=env)
     yield s
     assert s.stop() == 0, "".join(s.log)
 
@@ -143,12 +147,12 @@ def test_chat_stream_equals_whole(client):
     assert parts[-1].choices[0].finish_reason == whole.choices[0].finish_reason
 
 
-# No free-text parameter: the tiny model was never trained on DSML, and a string value ends only
-# when it writes the closing tag (string values are covered by tests/cpp/server/tool_grammar_test).
+# An enum and a boolean: the tiny model was never trained on DSML; a string value ends only when it writes the
+# closing tag, and a number may run on as 8.000... (still a JSON Schema integer). Free-text and typed
+# values are covered by tests/cpp/server/tool_grammar_test.
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city", "parameters": {
-    "type": "object", "properties": {"city": {"enum": ["Paris", "Oslo"]}, "days": {"type": "integer", "minimum": 1,
-                                                                                     "maximum": 9}},
-    "required": ["city", "days"]}}}
+    "type": "object", "properties": {"city": {"enum": ["Paris", "Oslo"]}, "hourly": {"type": "boolean"}},
+    "required": ["city", "hourly"]}}}
 CLOCK = {"type": "function", "function": {"name": "now", "parameters": {"type": "object", "properties": {}}}}
 
 
@@ -162,7 +166,7 @@ def test_forced_tool_call_streams_arguments(client):
     (call,) = ch.message.tool_calls
     assert call.type == "function" and call.function.name == "get_weather" and call.id.startswith("call_")
     args = json.loads(call.function.arguments)
-    assert args["city"] in ("Paris", "Oslo") and 1 <= args["days"] <= 9
+    assert args["city"] in ("Paris", "Oslo") and isinstance(args["hourly"], bool)
     parts = list(client.chat.completions.create(stream=True, **kw))
     deltas = [tc for p in parts if p.choices for tc in (p.choices[0].delta.tool_calls or [])]
     content = "".join(p.choices[0].delta.content or "" for p in parts if p.choices)
