@@ -76,7 +76,9 @@ def one_client(host, port, i, max_tokens, prompt, out, timeout):
             problems.append("no [DONE]")
         if len(tokens) != max_tokens:
             problems.append(f"{len(tokens)} tokens listed, {max_tokens} expected")
-        if "".join(tokens) != text:
+        # A token that ends inside a UTF-8 character is listed as U+FFFD while the text holds its
+        # bytes back: compare the text only when no token is such a piece.
+        if "\ufffd" not in "".join(tokens) and "".join(tokens) != text:
             problems.append("tokens joined differ from the text")
         if not usage or usage["completion_tokens"] != max_tokens:
             problems.append(f"usage {usage}")

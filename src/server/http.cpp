@@ -259,10 +259,14 @@ class Session : public std::enable_shared_from_this<Session> {
     watching_ = true;
     stream_.socket().async_wait(tcp::socket::wait_read, [self = shared_from_this()](beast::error_code ec) {
       self->watching_ = false;
+      // Cancelled when a response ended; a keep-alive request that started since needs a watch.
+      if (ec == net::error::operation_aborted && !self->closed_ && self->ex_ && !self->done_) return self->watch();
       if (ec || self->closed_ || !self->ex_ || self->done_) return;
       char c;
       beast::error_code e2;
+      self->stream_.socket().non_blocking(true, e2);  // the peek must never wait on an I/O thread
       const size_t n = self->stream_.socket().receive(net::buffer(&c, 1), tcp::socket::message_peek, e2);
+      if (e2 == net::error::would_block || e2 == net::error::try_again) return self->watch();  // woken early
       if (e2 || n == 0) self->disconnect();
       // Otherwise the client sent its next request early: it is read after this response.
     });

@@ -236,6 +236,31 @@ TEST(Server, DisconnectMidStreamAbortsAndFreesTheCache) {
   EXPECT_EQ(call(port, "POST", "/v1/completions", R"({"prompt": "after", "max_tokens": 2})").status, 200);
 }
 
+TEST(Server, DisconnectOnAKeepAliveConnectionsSecondRequest) {
+  Server s(toy_options());
+  s.start();
+  const int port = s.port();
+  const int fd = connect_to(port);
+  auto keep_alive = [](const std::string& body) {
+    return "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
+           std::to_string(body.size()) + "\r\n\r\n" + body;
+  };
+  const std::string first = R"({"prompt": "a", "max_tokens": 2})";
+  send_all(fd, keep_alive(first));
+  char buf[4096];
+  std::string got;
+  while (got.find("\"usage\"") == std::string::npos) {
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    ASSERT_GT(n, 0);
+    got.append(buf, size_t(n));
+  }
+  // The same connection's next request waits for its answer (not streamed); the client leaves.
+  send_all(fd, keep_alive(R"({"prompt": "b", "max_tokens": 2040, "ignore_eos": true})"));
+  ::close(fd);
+  EXPECT_TRUE(wait_idle(s, port, 2));
+  EXPECT_EQ(metric(port, "deepinfer_request_finish_total{model_name=\"toy\",finished_reason=\"abort\"}"), 1);
+}
+
 TEST(Server, FullQueueAnswers503) {
   ServeOptions o = toy_options();
   o.max_waiting = 2;

@@ -76,7 +76,6 @@ TEST(ToolGrammar, AcceptsTheTemplatesBlockAndFollowsTheSchema) {
   EXPECT_FALSE(f.accepts(g, f.rendered_block({{"", "get_weather", R"({"city": "R", "days": 2, "units": "k"})"}})));
   EXPECT_FALSE(f.accepts(g, f.rendered_block({{"", "other", "{}"}})));
   // The marker spelled as text (no special token) is not the block.
-  std::string as_text = block;
   EXPECT_FALSE(f.accepts(g, "\n\n<|DSML|tool_calls>"));
 }
 
@@ -98,6 +97,34 @@ TEST(ToolGrammar, ParserReadsTheArgumentsBack) {
   EXPECT_TRUE(d.content.empty()) << d.content;
   EXPECT_EQ(d.tool_calls[0].name, "get_weather");
   EXPECT_EQ(json::parse(d.tool_calls[0].arguments), json::parse(R"({"city": "Paris", "days": 3, "units": "f"})"));
+}
+
+TEST(ToolGrammar, V41Block) {
+  Fixture f;
+  Message u, a;
+  u.role = "user";
+  u.content = "hi";
+  a.role = "assistant";
+  a.tool_calls = {{"", "get_weather", R"({"city": "Lima", "days": 2})"}};
+  std::vector<Message> m = {u, a};
+  ChatOptionsV41 o;
+  o.add_generation_prompt = false;
+  const std::string p = f.tok.apply_chat_template_v41(m, o);
+  const size_t s = p.find("\n\n<｜DSML｜ calls>"), e = p.find("</｜DSML｜ calls>");
+  ASSERT_NE(s, std::string::npos) << p;
+  const std::string block = p.substr(s, e + std::string("</｜DSML｜ calls>").size() - s);
+  const std::string g41 = dsml_tool_grammar({{"get_weather", kWeather}}, true, DsmlSyntax::v41(), f.marker);
+  EXPECT_TRUE(f.accepts(g41, block)) << block;
+  // The formats reject each other.
+  const std::string g4 = dsml_tool_grammar({{"get_weather", kWeather}}, true, DsmlSyntax::v4(), f.marker);
+  EXPECT_FALSE(f.accepts(g4, block));
+  ChatParserOptions po;
+  po.syntax = DsmlSyntax::v41();
+  ChatOutputParser parser(po);
+  ChatDelta d = parser.feed(block);
+  d.append(parser.finish());
+  ASSERT_EQ(d.tool_calls.size(), 1u);
+  EXPECT_EQ(json::parse(d.tool_calls[0].arguments), json::parse(R"({"city": "Lima", "days": 2})"));
 }
 
 TEST(ToolGrammar, RefusesNamesDsmlCannotCarry) {
