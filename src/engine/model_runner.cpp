@@ -36,8 +36,16 @@ void ModelRunner::apply_state_changes(const SchedulerOutput& out) {
     s.slot = d.cache_slot;
     s.block_table = d.block_ids;
     s.num_computed = d.num_computed_tokens;
-    // A fresh slot may hold another sequence's window and partials: clear them.
-    model_.reset_slot(d.cache_slot);
+    // A fresh slot may hold another sequence's window and partials: clear them, or load the
+    // state a prefix hit starts from.
+    if (d.restore) {
+      DI_CHECK(d.restore->num_tokens == d.num_computed_tokens, "seq ", d.seq_id, " restores a checkpoint at ",
+               d.restore->num_tokens, " positions but starts at ", d.num_computed_tokens);
+      model_.restore_slot(d.cache_slot, *d.restore);
+      stats_.restores++;
+    } else {
+      model_.reset_slot(d.cache_slot);
+    }
     seqs_[d.seq_id] = std::move(s);
   }
   for (const CachedSeqData& c : out.cached_seqs) {
@@ -246,7 +254,23 @@ ModelRunnerOutput ModelRunner::execute(const SchedulerOutput& out) {
   last_batch_ = std::move(batch);
   commit(slices, set, drawn, result);
   if (drafter_) propose_drafts(slices, hidden, result);
+  save_checkpoints(out, result);
   return result;
+}
+
+// After the step (and its drafting, whose ring writes count against the rollback slack).
+void ModelRunner::save_checkpoints(const SchedulerOutput& out, ModelRunnerOutput& result) {
+  for (const CheckpointRequest& c : out.checkpoints) {
+    const SeqState& s = seqs_.at(c.seq_id);
+    if (c.num_tokens > s.num_computed) continue;  // a boundary inside rejected drafts
+    if (!model_.can_save_slot(s.slot, c.num_tokens)) {
+      result.num_unsaveable_checkpoints++;
+      continue;
+    }
+    result.checkpoints.push_back(
+        {c.key, std::make_shared<const model::SlotSnapshot>(model_.save_slot(s.slot, c.num_tokens))});
+    stats_.checkpoints_saved++;
+  }
 }
 
 }  // namespace deepinfer::engine

@@ -12,6 +12,11 @@
 // num_speculative_tokens > 0) it then feeds the drafter every position the target committed
 // this step and returns its proposals, which the scheduler schedules next step.
 //
+// Prefix caching: a new sequence with NewSeqData::restore starts from that slot checkpoint
+// (its first blocks are shared cached ones); after the step the runner saves the checkpoints
+// SchedulerOutput::checkpoints asks for, where the step committed the boundary and
+// CausalLM::can_save_slot allows, and returns them.
+//
 // Sampling: when the model leaves its logits on a device (CausalLM::supports_device_logits)
 // and device sampling is on, the runner samples there (DeviceSampler) and only ids and the
 // asked-for logprobs come back. Grammar bitmasks are uploaded and applied on the device. A step
@@ -44,6 +49,8 @@ class ModelRunner {
     int64_t device_steps = 0, host_steps = 0;  // steps sampled on the device / on the host
     int64_t rollbacks = 0;                     // CausalLM::rollback calls (rejected drafts)
     int64_t draft_calls = 0;                   // Drafter::propose calls
+    int64_t restores = 0;                      // slots started from a prefix checkpoint
+    int64_t checkpoints_saved = 0;             // CausalLM::save_slot calls for prefix caching
   };
 
   // num_speculative_tokens > 0 needs model.drafter() and model.max_rollback() >= it.
@@ -107,6 +114,8 @@ class ModelRunner {
   void commit(const std::vector<SeqSlice>& slices, const SampleSet& set, std::vector<SampleResult>& drawn,
               ModelRunnerOutput& result);
   void propose_drafts(const std::vector<SeqSlice>& slices, const model::HiddenRows& hidden, ModelRunnerOutput& result);
+  // Saves the slot checkpoints `out` asks for that the step committed and the model can save.
+  void save_checkpoints(const SchedulerOutput& out, ModelRunnerOutput& result);
 
   model::CausalLM& model_;
   RunnerOptions options_;
