@@ -7,12 +7,16 @@
 // Token-id prompts (random ids, fixed seed), greedy, so the two runs are comparable; prints the
 // hit rate, TTFT, throughput and whether the outputs agree.
 #include <CLI/CLI.hpp>
+#include <chrono>
 #include <cstdio>
 #include <random>
 
 #include "cli/command.h"
 #include "cli/engine_flags.h"
 #include "core/check.h"
+#include "core/env.h"
+#include "engine/engine.h"
+#include "engine/model_loader.h"
 
 namespace {
 using deepinfer::GenerateSummary;
@@ -45,7 +49,7 @@ struct Shape {
 };
 
 Ids random_ids(std::mt19937& g, int n, int64_t vocab) {
-  Ids t(size_t(n));
+  Ids t(static_cast<size_t>(n));
   for (auto& x : t) x = int32_t(2 + g() % uint32_t(vocab - 2));
   return t;
 }
@@ -111,6 +115,70 @@ void report(const char* name, const char* mode, const Totals& t, const Totals* b
                 t.checkpoints ? double(t.checkpoint_bytes) / double(t.checkpoints) / 1024.0 : 0.0);
 }
 
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// What a host-tier hit costs against recomputing: `blocks` blocks of a prompt prefilled in one
+// chunk (the recompute), then copied out to host memory and back (a spill and a load), and a
+// slot checkpoint saved and restored; best of 5.
+void measure_copy(const deepinfer::LLMConfig& cfg, int64_t blocks) {
+  using namespace deepinfer;
+  const EnvConfig env = EnvConfig::from_environment();
+  const std::string path = engine::resolve_model_path(cfg, env);
+  const int64_t bt_guess = 256;
+  model::ModelLoadOptions opt{.env = env, .limits = engine::model_limits_for(cfg, env)};
+  std::unique_ptr<model::CausalLM> m = engine::load_model(path, opt);
+  const kv::CacheGeometry unit = m->plan_cache(size_t(1) << 30, 1);
+  const int64_t bt = unit.block_tokens > 0 ? unit.block_tokens : bt_guess;
+  kv::CacheGeometry g = unit;
+  g.num_slots = 1;
+  g.num_blocks = blocks * 2;
+  m->allocate_cache(g);
+  std::mt19937 rng(5);
+  model::ForwardBatch b;
+  b.token_ids = random_ids(rng, int(blocks * bt), m->vocab_size());
+  std::vector<int32_t> table(static_cast<size_t>(blocks));
+  for (int64_t i = 0; i < blocks; ++i) table[size_t(i)] = int32_t(i);
+  b.seqs = {{.cache_slot = 0, .block_table = table, .num_computed_tokens = 0, .num_new_tokens = int32_t(blocks * bt)}};
+  b.logits_indices = {int32_t(blocks * bt - 1)};
+  const size_t bb = m->paged_block_bytes();
+  std::shared_ptr<uint8_t> host = m->allocate_host_memory(bb * size_t(blocks));
+  std::vector<model::HostBlockCopy> out, in;
+  for (int64_t i = 0; i < blocks; ++i) {
+    out.push_back({int32_t(i), host.get() + size_t(i) * bb});
+    in.push_back({int32_t(blocks + i), host.get() + size_t(i) * bb});
+  }
+  double fwd = 1e30, to_host = 1e30, from_host = 1e30, save = 1e30, restore = 1e30;
+  size_t snap_bytes = 0;
+  for (int rep = 0; rep < 5; ++rep) {
+    m->reset_slot(0);
+    auto t0 = std::chrono::steady_clock::now();
+    m->run(b, {});
+    fwd = std::min(fwd, seconds_since(t0));
+    t0 = std::chrono::steady_clock::now();
+    m->copy_blocks_to_host(out);
+    to_host = std::min(to_host, seconds_since(t0));
+    t0 = std::chrono::steady_clock::now();
+    m->copy_blocks_from_host(in);
+    from_host = std::min(from_host, seconds_since(t0));
+    t0 = std::chrono::steady_clock::now();
+    const model::SlotSnapshot snap = m->save_slot(0, blocks * bt);
+    save = std::min(save, seconds_since(t0));
+    snap_bytes = snap.bytes.size();
+    t0 = std::chrono::steady_clock::now();
+    m->restore_slot(0, snap);
+    restore = std::min(restore, seconds_since(t0));
+  }
+  std::printf("%s\n%lld blocks x %lld tokens (%zu B per block, checkpoint %zu B):\n"
+              "  recompute (prefill) %.3f ms = %.3f ms per block\n"
+              "  copy to host %.3f ms, from host %.3f ms = %.4f ms per block (%.2f GB/s)\n"
+              "  checkpoint save %.4f ms, restore %.4f ms\n",
+              m->describe().c_str(), (long long)blocks, (long long)bt, bb, snap_bytes, fwd * 1e3,
+              fwd * 1e3 / double(blocks), to_host * 1e3, from_host * 1e3, from_host * 1e3 / double(blocks),
+              double(bb) * double(blocks) / std::max(from_host, 1e-12) / 1e9, save * 1e3, restore * 1e3);
+}
+
 int run_bench_prefix(int argc, char** argv) {
   CLI::App app{"Shared-prefix workloads with prefix caching off and on", argv[0]};
   deepinfer::cli::EngineFlags flags;
@@ -124,7 +192,13 @@ int run_bench_prefix(int argc, char** argv) {
   app.add_option("--shared", s.shared, "shared prefix tokens (chat: first prompt = shared / 4)")->check(CLI::PositiveNumber);
   app.add_option("--unique", s.unique, "unique tokens per request / per user turn")->check(CLI::PositiveNumber);
   app.add_option("--turns", s.turns, "chat turns")->check(CLI::PositiveNumber);
+  int64_t copy_blocks = 0;
+  app.add_option("--copy-blocks", copy_blocks, "instead: time a host-tier round trip of this many blocks vs recomputing them");
   CLI11_PARSE(app, argc, argv);
+  if (copy_blocks > 0) {
+    measure_copy(flags.llm_config(), copy_blocks);
+    return 0;
+  }
   SamplingParams sp = flags.sampling();
   sp.temperature = 0;
   sp.ignore_eos = true;
