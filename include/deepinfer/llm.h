@@ -48,6 +48,9 @@ struct LLMConfig {
   // Prefill chunks end every k-th cache block so the slot state there is checkpointed (a later
   // prompt can hit at any of them); 0 = only at the prompt's last block boundary.
   int64_t prefix_checkpoint_blocks = 1;
+  // Host memory (pinned on a GPU) that evicted cache blocks spill to and prefix hits load back
+  // from; 0 = no host tier (a CPU model's cache is host memory already).
+  size_t prefix_host_cache_bytes = 0;
 };
 
 // A prompt: text, or token ids (vLLM {"prompt_token_ids": [...]}).
@@ -98,6 +101,7 @@ struct GenerateSummary {
   double prefix_hit_rate = 0;
   int64_t num_checkpoints = 0;
   int64_t checkpoint_bytes = 0;
+  int64_t host_blocks_spilled = 0, host_blocks_loaded = 0;  // host tier, during this call
   std::string str() const;  // one-paragraph human summary
 };
 

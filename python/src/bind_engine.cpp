@@ -104,6 +104,8 @@ void bind_outputs(nb::module_& m) {
       .def_ro("prefix_hit_rate", &GenerateSummary::prefix_hit_rate)
       .def_ro("num_checkpoints", &GenerateSummary::num_checkpoints)
       .def_ro("checkpoint_bytes", &GenerateSummary::checkpoint_bytes)
+      .def_ro("host_blocks_spilled", &GenerateSummary::host_blocks_spilled)
+      .def_ro("host_blocks_loaded", &GenerateSummary::host_blocks_loaded)
       .def("__str__", &GenerateSummary::str);
 }
 
@@ -146,7 +148,8 @@ void bind_llm(nb::module_& m) {
       .def_rw("max_logprobs", &LLMConfig::max_logprobs)
       .def_rw("accelerator", &LLMConfig::accelerator)
       .def_rw("enable_prefix_caching", &LLMConfig::enable_prefix_caching)
-      .def_rw("prefix_checkpoint_blocks", &LLMConfig::prefix_checkpoint_blocks);
+      .def_rw("prefix_checkpoint_blocks", &LLMConfig::prefix_checkpoint_blocks)
+      .def_rw("prefix_host_cache_bytes", &LLMConfig::prefix_host_cache_bytes);
   nb::class_<PromptInput>(m, "PromptInput")
       .def_static("from_text", &PromptInput::from_text)
       .def_static("from_token_ids", &PromptInput::from_token_ids);

@@ -59,7 +59,7 @@ int32_t KVCacheManager::take_free_block() {
     std::vector<int32_t>& same = cached_.at(*blk.hash);
     same.erase(std::find(same.begin(), same.end(), b));
     if (same.empty()) cached_.erase(*blk.hash);
-    if (!cached_.count(*blk.hash)) evicted_.push_back(*blk.hash);
+    if (!cached_.count(*blk.hash)) evicted_.push_back({b, *blk.hash, blk.parent, std::move(blk.tokens)});
     blk.hash.reset();
     blk.tokens.clear();
     --num_hashed_blocks_;
@@ -242,8 +242,8 @@ int32_t KVCacheManager::find_cached(uint64_t hash, uint64_t parent, std::span<co
   return -1;
 }
 
-std::vector<uint64_t> KVCacheManager::take_evicted() {
-  std::vector<uint64_t> out;
+std::vector<KVCacheManager::Evicted> KVCacheManager::take_evicted() {
+  std::vector<Evicted> out;
   out.swap(evicted_);
   return out;
 }

@@ -85,8 +85,15 @@ class KVCacheManager {
   // The block whose hash is `hash` and whose recorded parent hash and token ids are `parent` and
   // `tokens` (a hit is checked, not trusted to the hash), or -1.
   int32_t find_cached(uint64_t hash, uint64_t parent, std::span<const int32_t> tokens) const;
-  // Hashes that left the cache (their last block was reused) since the last call.
-  std::vector<uint64_t> take_evicted();
+  // Blocks whose hash left the cache (no other block holds it) since the last call, with what a
+  // host-tier spill needs: the block id (its rows are intact until the next step runs), the
+  // hash, the parent hash and the token ids.
+  struct Evicted {
+    int32_t block = -1;
+    uint64_t hash = 0, parent = 0;
+    std::vector<int32_t> tokens;
+  };
+  std::vector<Evicted> take_evicted();
   int32_t ref_count(int32_t block) const { return blocks_[size_t(block)].ref; }
   std::optional<uint64_t> content_hash(int32_t block) const;
   uint64_t hash_seed() const { return hash_seed_; }
@@ -137,7 +144,7 @@ class KVCacheManager {
   std::deque<Pending> pending_;                    // in after_step order
   int64_t completed_step_ = -1;
   int64_t num_evictions_ = 0;
-  std::vector<uint64_t> evicted_;                  // hashes gone since take_evicted()
+  std::vector<Evicted> evicted_;                   // hashes gone since take_evicted()
   static constexpr int64_t kFree = -1, kPending = -2;
 };
 

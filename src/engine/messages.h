@@ -75,6 +75,9 @@ struct SchedulerOutput {
   std::vector<SeqGrammarMasks> grammar_masks;  // sampling sequences with a grammar
   // Slot checkpoints to save after the step (prefix caching), for boundaries the step reaches.
   std::vector<CheckpointRequest> checkpoints;
+  // Host tier (copied before the forward, spills first): device blocks whose hash left the
+  // device cache go to host slots; host slots a prefix hit uses come back into fresh blocks.
+  std::vector<BlockCopy> block_spills, block_loads;
   bool empty() const { return scheduled.empty(); }
 };
 

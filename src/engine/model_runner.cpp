@@ -236,7 +236,28 @@ void ModelRunner::propose_drafts(const std::vector<SeqSlice>& slices, const mode
   }
 }
 
+void ModelRunner::copy_host_tier(const SchedulerOutput& out) {
+  if (out.block_spills.empty() && out.block_loads.empty()) return;
+  const size_t bb = model_.paged_block_bytes();
+  DI_CHECK(bb > 0 && options_.host_blocks > 0, model_.describe(), ": host-tier copies without a host tier");
+  if (!host_pool_) host_pool_ = model_.allocate_host_memory(bb * size_t(options_.host_blocks));
+  auto copies = [&](const std::vector<BlockCopy>& v) {
+    std::vector<model::HostBlockCopy> c;
+    for (const BlockCopy& b : v) {
+      DI_CHECK(b.host_slot >= 0 && b.host_slot < options_.host_blocks, "host slot ", b.host_slot, " of ",
+               options_.host_blocks);
+      c.push_back({b.block, host_pool_.get() + size_t(b.host_slot) * bb});
+    }
+    return c;
+  };
+  if (!out.block_spills.empty()) model_.copy_blocks_to_host(copies(out.block_spills));
+  if (!out.block_loads.empty()) model_.copy_blocks_from_host(copies(out.block_loads));
+  stats_.blocks_to_host += int64_t(out.block_spills.size());
+  stats_.blocks_from_host += int64_t(out.block_loads.size());
+}
+
 ModelRunnerOutput ModelRunner::execute(const SchedulerOutput& out) {
+  copy_host_tier(out);  // before anything of this step writes the blocks
   apply_state_changes(out);
   ModelRunnerOutput result;
   result.step_id = out.step_id;

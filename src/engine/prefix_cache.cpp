@@ -13,14 +13,14 @@ PrefixCache::PrefixCache(const PrefixCacheConfig& config, int64_t block_tokens)
 }
 
 PrefixMatch PrefixCache::match(const KVCacheManager& kv, std::span<const int32_t> prompt,
-                               std::span<const int32_t> output, bool count) {
+                               std::span<const int32_t> output, bool count, const HostBlockTier* host) {
   PrefixMatch m;
   if (!config_.enabled) return m;
   const int64_t np = int64_t(prompt.size()), total = np + int64_t(output.size()), bt = block_tokens_;
   // Blocks [0, i) may hit only while a token is left after them.
   const int64_t max_blocks = (total - 1) / bt;
   std::vector<int32_t> tokens(static_cast<size_t>(bt));
-  std::vector<int32_t> chain;
+  std::vector<int32_t> chain, host_chain;
   uint64_t parent = kv.hash_seed();
   for (int64_t i = 0; i < max_blocks; ++i) {
     for (int64_t j = 0; j < bt; ++j) {
@@ -28,13 +28,15 @@ PrefixMatch PrefixCache::match(const KVCacheManager& kv, std::span<const int32_t
       tokens[size_t(j)] = p < np ? prompt[size_t(p)] : output[size_t(p - np)];
     }
     const uint64_t h = block_hash(parent, tokens);
-    const int32_t b = kv.find_cached(h, parent, tokens);
-    if (b < 0) break;
-    chain.push_back(b);
+    const int32_t b = host_chain.empty() ? kv.find_cached(h, parent, tokens) : -1;
+    const int32_t s = b < 0 && host ? host->find(h, parent, tokens) : -1;
+    if (b < 0 && s < 0) break;
+    (b >= 0 ? chain : host_chain).push_back(b >= 0 ? b : s);
     if (auto it = index_.find(h); it != index_.end()) {
       m.num_tokens = (i + 1) * bt;
       m.checkpoint = it->second->snapshot;
-      m.blocks.assign(chain.begin(), chain.end());
+      m.blocks = chain;
+      m.host_slots = host_chain;
       lru_.splice(lru_.end(), lru_, it->second);  // most recently used
     }
     parent = h;

@@ -32,6 +32,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "engine/host_tier.h"
 #include "engine/kv_cache_manager.h"
 #include "model/causal_lm.h"
 
@@ -43,6 +44,7 @@ struct PrefixCacheConfig {
   // 0 = only at the prompt's last boundary (decode boundaries are always saved).
   int64_t checkpoint_interval_blocks = 1;
   size_t checkpoint_budget_bytes = size_t(256) << 20;  // host memory for slot checkpoints
+  int64_t host_blocks = 0;  // host-tier slots for evicted blocks (0 = no host tier)
 };
 
 struct PrefixCacheStats {
@@ -57,7 +59,8 @@ struct PrefixCacheStats {
 };
 
 struct PrefixMatch {
-  std::vector<int32_t> blocks;                               // the cached blocks of [0, num_tokens)
+  std::vector<int32_t> blocks;                               // device blocks of the first blocks
+  std::vector<int32_t> host_slots;                           // host-tier slots of the blocks after them
   std::shared_ptr<const model::SlotSnapshot> checkpoint;     // state at num_tokens; null = no hit
   int64_t num_tokens = 0;
 };
@@ -68,6 +71,12 @@ struct CheckpointRequest {
   int64_t seq_id = 0;
   int64_t num_tokens = 0;
   uint64_t key = 0;
+};
+
+// A paged block copied between the device cache and a host-tier slot (HostBlockTier).
+struct BlockCopy {
+  int32_t block = -1;
+  int32_t host_slot = -1;
 };
 
 struct SavedCheckpoint {
@@ -83,8 +92,9 @@ class PrefixCache {
   // The longest cached prefix of tokens = prompt ++ output (it leaves at least one token to
   // compute). Counts a lookup in the stats when `count` (else count_lookup does, once the
   // sequence is admitted).
+  // Blocks missing on the device may come from `host` (then every later one does too).
   PrefixMatch match(const KVCacheManager& kv, std::span<const int32_t> prompt, std::span<const int32_t> output,
-                    bool count = true);
+                    bool count = true, const HostBlockTier* host = nullptr);
   // How many of `n` tokens after `num_computed` a prefill chunk of a `num_tokens`-token
   // sequence schedules: cut at the first checkpoint boundary it would cross.
   int64_t cut_chunk(int64_t num_computed, int64_t n, int64_t num_tokens) const;

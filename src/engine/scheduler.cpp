@@ -24,6 +24,7 @@ const char* finish_reason_name(FinishReason r) {
 
 Scheduler::Scheduler(const SchedulerConfig& config, KVCacheManager& cache, int64_t vocab_size)
     : config_(config), cache_(cache), prefix_(config.prefix_cache, cache.geometry().block_tokens),
+      host_(config.prefix_cache.enabled ? config.prefix_cache.host_blocks : 0),
       vocab_size_(vocab_size) {
   DI_CHECK(config.max_num_seqs > 0 && config.max_num_batched_tokens > 0 && config.num_speculative_tokens >= 0,
            "bad scheduler config");
@@ -124,7 +125,9 @@ void Scheduler::schedule_waiting(SchedulerOutput& out, int64_t& budget) {
     Request* r = waiting_.front();
     // Prompt logprobs need the logits of every prompt position: such requests recompute all.
     const bool lookup = prefix_.enabled() && !r->params->prompt_logprobs;
-    PrefixMatch hit = lookup ? prefix_.match(cache_, *r->prompt_ids, r->output_ids, /*count=*/false) : PrefixMatch{};
+    PrefixMatch hit = lookup ? prefix_.match(cache_, *r->prompt_ids, r->output_ids, /*count=*/false,
+                                             host_.capacity() ? &host_ : nullptr)
+                             : PrefixMatch{};
     const int64_t start = hit.num_tokens, remaining = r->num_tokens() - start;
     int64_t n = chunk_tokens(*r, std::min(remaining, budget), start);
     if (!config_.enable_chunked_prefill && n < remaining) break;
@@ -132,6 +135,14 @@ void Scheduler::schedule_waiting(SchedulerOutput& out, int64_t& budget) {
     if (lookup) prefix_.count_lookup(r->num_tokens(), start);
     if (r->num_cached_tokens < 0) r->num_cached_tokens = start;
     r->num_computed_tokens = start;
+    if (!hit.host_slots.empty()) {  // the blocks after the device ones come back from the host tier
+      const SeqCache* held = cache_.get(r->seq_id);
+      for (size_t j = 0; j < hit.host_slots.size(); ++j) {
+        out.block_loads.push_back({held->block_ids[hit.blocks.size() + j], hit.host_slots[j]});
+        host_.take(hit.host_slots[j]);
+      }
+      cache_.hash_full_blocks(r->seq_id, *r->prompt_ids, r->output_ids, start);
+    }
     waiting_.pop_front();
     insert_running(r);
     r->last_step_id = out.step_id;
@@ -183,9 +194,18 @@ void Scheduler::plan_checkpoints(const Request& r, int64_t n, std::span<const in
 void Scheduler::store_checkpoints(const ModelRunnerOutput& result) {
   for (const SavedCheckpoint& c : result.checkpoints) prefix_.put(c);
   prefix_.note_unsaveable(result.num_unsaveable_checkpoints);
-  // A checkpoint is only of use with its blocks: drop those whose last block was reused.
-  for (uint64_t h : cache_.take_evicted())
+}
+
+void Scheduler::drain_evictions(SchedulerOutput& out) {
+  for (KVCacheManager::Evicted& e : cache_.take_evicted()) {
+    if (cache_.find_cached(e.hash) >= 0) continue;  // computed again meanwhile
+    const int32_t slot = host_.capacity() ? host_.store(e.hash, e.parent, std::move(e.tokens)) : -1;
+    if (slot >= 0) out.block_spills.push_back({e.block, slot});
+    else if (!host_.has(e.hash)) prefix_.drop(e.hash);
+  }
+  for (uint64_t h : host_.take_evicted())
     if (cache_.find_cached(h) < 0) prefix_.drop(h);
+  host_.end_step();  // slots loaded this step may take spills from the next one on
 }
 
 void Scheduler::fill_grammar_masks(SchedulerOutput& out) {
@@ -215,6 +235,7 @@ SchedulerOutput Scheduler::schedule() {
   int64_t budget = config_.max_num_batched_tokens;
   bool preempted = schedule_running(out, budget);
   if (!preempted) schedule_waiting(out, budget);
+  drain_evictions(out);
   out.total_num_tokens = config_.max_num_batched_tokens - budget;
   fill_grammar_masks(out);
   stats_.num_steps++;

@@ -75,6 +75,7 @@ class Scheduler {
   const SchedulerStats& stats() const { return stats_; }
   const SchedulerConfig& config() const { return config_; }
   const PrefixCache& prefix_cache() const { return prefix_; }
+  const HostBlockTier& host_tier() const { return host_; }
 
  private:
   bool schedule_running(SchedulerOutput& out, int64_t& budget);
@@ -89,8 +90,11 @@ class Scheduler {
   int64_t chunk_tokens(const Request& r, int64_t n, int64_t from = -1) const;
   // Asks for slot checkpoints at the block boundaries `r`'s step of n committed tokens + drafts reaches.
   void plan_checkpoints(const Request& r, int64_t n, std::span<const int32_t> drafts, SchedulerOutput& out) const;
-  // Stores the checkpoints a step saved; drops those whose blocks left the cache.
+  // Stores the checkpoints a step saved.
   void store_checkpoints(const ModelRunnerOutput& result);
+  // Blocks whose hash left the device cache this step: spilled to the host tier, or their
+  // checkpoints dropped (a checkpoint is of no use without its blocks).
+  void drain_evictions(SchedulerOutput& out);
   // Commits tokens[0, n) of a step one by one; true when one of them finished the sequence.
   bool commit_tokens(Request& r, const SampledSeq& s, int32_t n, const StopEvent* stop, SeqUpdate& u);
   bool apply_token(Request& r, int32_t token);  // true when it finished the sequence
@@ -99,6 +103,7 @@ class Scheduler {
   SchedulerConfig config_;
   KVCacheManager& cache_;
   PrefixCache prefix_;
+  HostBlockTier host_;
   int64_t vocab_size_;
   std::unordered_map<int64_t, std::unique_ptr<Request>> requests_;
   std::deque<Request*> waiting_;   // arrival order

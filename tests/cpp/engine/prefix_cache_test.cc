@@ -27,12 +27,14 @@ struct PrefixSetup {
   int64_t num_blocks = 0;      // 0 = auto budget
   int32_t drafts = 0;
   bool grammar = false;
+  int64_t host_blocks = 0;     // host tier
 };
 
 struct PrefixRun {
   std::map<std::string, RequestOutput> out;
   PrefixCacheStats prefix;
   int64_t restores = 0, evictions = 0, forward_tokens = 0;
+  int64_t to_host = 0, from_host = 0;  // host-tier block copies
 };
 
 // Runs the requests; `waves` splits them: each wave is added when the previous one finished
@@ -51,6 +53,7 @@ PrefixRun run_waves(const PrefixSetup& s, const std::vector<std::vector<int32_t>
   ec.scheduler.prefix_cache.checkpoint_interval_blocks = s.interval;
   ec.kv_cache_memory_bytes = s.num_blocks ? size_t(s.max_seqs) * 24 + size_t(s.num_blocks) * kBT * 4 : 0;
   ec.num_speculative_tokens = s.drafts;
+  ec.prefix_host_bytes = size_t(s.host_blocks) * kBT * 4;
   auto codec = make_toy_codec(tc.vocab_size);
   auto grammar = s.grammar ? make_grammar_compiler(codec.get(), tc.vocab_size, 1) : nullptr;
   Engine eng(ec, std::move(model), std::move(codec), std::move(grammar));
@@ -71,6 +74,8 @@ PrefixRun run_waves(const PrefixSetup& s, const std::vector<std::vector<int32_t>
   r.prefix = eng.scheduler().prefix_cache().stats();
   r.restores = toy->num_restores();
   r.evictions = eng.cache().num_evictions();
+  r.to_host = eng.runner().stats().blocks_to_host;
+  r.from_host = eng.runner().stats().blocks_from_host;
   return r;
 }
 
@@ -274,8 +279,8 @@ TEST(PrefixCache, PromptLogprobsGrammarsAndDrafts) {
 }
 
 // No crosstalk: random requests (shared and unshared prefixes of random lengths, n > 1,
-// speculative decoding on half of the runs, a small cache that evicts and preempts) give the
-// outputs each gives alone with the cache off.
+// speculative decoding on half of the runs, a host tier on half, a small cache that evicts and
+// preempts) give the outputs each gives alone with the cache off.
 TEST(PrefixCache, RandomizedNoCrosstalk) {
   std::mt19937 g(2026);
   std::vector<std::vector<int32_t>> roots = {tokens(100, 90), tokens(101, 70), tokens(102, 33)};
@@ -291,10 +296,11 @@ TEST(PrefixCache, RandomizedNoCrosstalk) {
       params.push_back(p);
     }
     const PrefixSetup s{.max_batched = int64_t(32 + g() % 96), .max_seqs = 4, .num_blocks = 28,
-                  .drafts = trial % 2 ? kL : 0};
+                        .drafts = trial % 2 ? kL : 0, .host_blocks = trial >= 2 ? 12 : 0};
     std::vector<size_t> waves = {4, 8, 11};
     const PrefixRun on = run_waves(s, prompts, params, waves);  // params.size() == prompts.size(): one each
     EXPECT_GT(on.prefix.num_hits, 0) << "trial " << trial;
+    if (s.host_blocks) EXPECT_GT(on.to_host, 0) << "trial " << trial;
     for (size_t i = 0; i < prompts.size(); ++i) {
       const PrefixRun alone = run_waves({.prefix = false}, {prompts[i]}, {params[i]}, {});
       PrefixRun one;
@@ -302,4 +308,52 @@ TEST(PrefixCache, RandomizedNoCrosstalk) {
       expect_same(alone, one, "trial " + std::to_string(trial) + " request " + std::to_string(i));
     }
   }
+}
+
+// The host tier: a prefix's blocks are evicted from a small device cache by unrelated requests,
+// spill to host slots and come back on a hit; outputs equal the cache off.
+TEST(PrefixCache, HostTierRoundTripIsExact) {
+  const std::vector<int32_t> sys = tokens(5, 4 * kBT + 2);
+  std::vector<std::vector<int32_t>> prompts = {cat(sys, tokens(70, 6))};
+  for (int i = 0; i < 4; ++i) prompts.push_back(tokens(uint32_t(80 + i), 3 * kBT + 5));  // evict sys
+  for (int i = 0; i < 3; ++i) prompts.push_back(cat(sys, tokens(uint32_t(90 + i), 4 + i)));
+  const std::vector<size_t> waves = {1, 5, 6, 7};
+  const std::vector<SamplingParams> params = {sampled(10, 13)};
+  const PrefixSetup small{.max_seqs = 2, .num_blocks = 12};
+  PrefixSetup off = small, device = small, host = small;
+  off.prefix = false;
+  host.host_blocks = 64;
+  const PrefixRun a = run_waves(off, prompts, params, waves);
+  const PrefixRun b = run_waves(device, prompts, params, waves);
+  const PrefixRun c = run_waves(host, prompts, params, waves);
+  expect_same(a, b, "device only");
+  expect_same(a, c, "host tier");
+  EXPECT_EQ(b.out.at("5").num_cached_tokens, 0) << "the device cache lost the prefix";
+  EXPECT_EQ(c.out.at("5").num_cached_tokens, 4 * kBT) << "the host tier kept it";
+  EXPECT_EQ(c.out.at("7").num_cached_tokens, 4 * kBT);
+  EXPECT_GT(c.to_host, 0);
+  EXPECT_GE(c.from_host, 4);
+  EXPECT_EQ(b.to_host + b.from_host, 0);
+  // A host tier too small for the prefix: some blocks are lost, outputs still exact.
+  host.host_blocks = 2;
+  expect_same(a, run_waves(host, prompts, params, waves), "tiny host tier");
+}
+
+TEST(PrefixCacheUnit, HostTierSlotsBusyWhileLoading) {
+  HostBlockTier t(2);
+  const std::vector<int32_t> x = {1, 2}, y = {3, 4};
+  const int32_t a = t.store(10, 0, x), b = t.store(11, 10, y);
+  ASSERT_GE(a, 0);
+  ASSERT_GE(b, 0);
+  EXPECT_EQ(t.find(10, 0, x), a);
+  EXPECT_EQ(t.find(10, 0, y), -1) << "token ids are compared";
+  EXPECT_EQ(t.find(11, 99, y), -1) << "the parent hash is compared";
+  t.take(a);                          // being loaded this step
+  const int32_t c = t.store(12, 0, x);  // may not reuse slot a: takes b (the least recently stored)
+  EXPECT_EQ(c, b);
+  EXPECT_EQ(t.take_evicted(), std::vector<uint64_t>{11});
+  EXPECT_EQ(t.store(13, 0, x), b) << "slot a stays busy: b is reused again";
+  t.end_step();
+  EXPECT_EQ(t.store(14, 0, y), a) << "free again after the step";
+  EXPECT_EQ(t.stats().num_loads, 1);
 }
