@@ -6,9 +6,13 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <random>
 
 #include "core/numeric.h"
+#include "deepinfer/error.h"
 #include "model/deepseek_v41/plan.h"
+#include "model/plan/cache_specs.h"
+#include "ops/cpu/qat.h"
 #include "test_util.h"
 
 namespace deepinfer::model::v41 {
@@ -108,6 +112,37 @@ TEST(V41PrepareCpu, ValuesAreTheExactDequantisation) {
     for (int64_t j = 0; j < g.dim; ++j) row[size_t(j)] = fp8e4m3_to_f32(codes[j]) * e8m0_to_f32(sc[j / 32]);
     EXPECT_EQ(row, via_weights);
   }
+}
+
+
+// The CPU backend over a V4.1 model applies the QAT formats of its plans (window FP8/32, entries
+// FP4/16 e4m3, keys and queries FP4/32) exactly as the ops do, at row strides; V4's GPU-only
+// production formats and non-f32 rows are refused.
+TEST(V41CpuBackend, RoundTripsTheQatFormats) {
+  Prepared p = prepare("v41_a");
+  const ds::Arch arch = v41_arch(p.cfg, {});
+  ds::CpuBackend be(arch, cache_specs(arch.plan, {.head_dim = p.cfg.head_dim, .index_head_dim = p.cfg.index_head_dim}),
+                    std::move(p.store));
+  const int64_t rows = 7, dim = 64, ld = 70;
+  std::vector<float> x(size_t(rows * ld));
+  std::mt19937 g(7);
+  std::normal_distribution<float> nd(0.f, 3.f);
+  for (float& v : x) v = nd(g);
+  for (auto [rf, qf] : {std::pair{RowFormat::kFp8Block32, ops::cpu::QatFormat::kFp8Ue8m0Block32},
+                        std::pair{RowFormat::kFp4E4m3Block16, ops::cpu::QatFormat::kFp4E4m3Block16},
+                        std::pair{RowFormat::kFp4Ue8m0Block32, ops::cpu::QatFormat::kFp4Ue8m0Block32}}) {
+    std::vector<float> a = x, b = x;
+    be.round_trip(a.data(), DType::kF32, ld, rows, dim, rf);
+    ops::cpu::qat_round_trip(qf, b.data(), rows, dim, ld);
+    EXPECT_EQ(a, b) << row_format_name(rf);
+    EXPECT_NE(a, x) << row_format_name(rf);  // it did round
+    EXPECT_EQ(std::vector<float>(a.begin() + dim, a.begin() + ld), std::vector<float>(x.begin() + dim, x.begin() + ld));
+  }
+  std::vector<float> a = x;
+  be.round_trip(a.data(), DType::kF32, ld, rows, dim, RowFormat::kPlain);
+  EXPECT_EQ(a, x);
+  EXPECT_THROW(be.round_trip(a.data(), DType::kF32, ld, rows, dim, RowFormat::kFp8Nope64), InternalError);
+  EXPECT_THROW(be.round_trip(a.data(), DType::kBF16, ld, rows, dim, RowFormat::kFp8Block32), InternalError);
 }
 
 }  // namespace
