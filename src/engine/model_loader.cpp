@@ -93,6 +93,11 @@ std::unique_ptr<Engine> build_engine(const LLMConfig& config, EnvConfig& env) {
   ec.scheduler.max_num_batched_tokens = config.max_num_batched_tokens;
   ec.scheduler.max_model_len = config.max_model_len;
   ec.scheduler.enable_chunked_prefill = config.enable_chunked_prefill;
+  ec.scheduler.prefix_cache.enabled = config.enable_prefix_caching;
+  if (config.prefix_checkpoint_blocks < 0)
+    DI_THROW(InvalidArgument, "LLMConfig.prefix_checkpoint_blocks must be >= 0, got ", config.prefix_checkpoint_blocks);
+  ec.scheduler.prefix_cache.checkpoint_interval_blocks = config.prefix_checkpoint_blocks;
+  ec.prefix_host_bytes = config.prefix_host_cache_bytes;
   ec.kv_cache_memory_bytes = config.kv_cache_memory_bytes;  // 0 = auto_cache_budget
   ec.seed = config.seed;
   ec.env = env;
