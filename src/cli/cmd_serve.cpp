@@ -23,6 +23,8 @@ int run_serve(int argc, char** argv) {
   app.add_option("--accelerator", o.llm.accelerator, "cpu | nvidia (default: $DEEPINFER_ACCELERATOR)");
   app.add_option("--seed", o.llm.seed, "seeds requests that carry no seed");
   app.add_option("--max-logprobs", o.llm.max_logprobs, "largest logprobs / top_logprobs a request may ask");
+  app.add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", o.llm.enable_prefix_caching,
+               "reuse cached prompt prefixes (default on)");
   app.add_option("--host", o.http.host, "address to listen on")->default_str("127.0.0.1");
   app.add_option("--port", o.http.port, "port (0 = any free port, printed at start)")->default_str("8000");
   app.add_option("--served-model-name", o.served_model_name, "the model's name in the API (default: the folder's name)");

@@ -122,6 +122,15 @@ def test_completions_stream_equals_whole(client):
     assert ids.usage.prompt_tokens == 3
 
 
+def test_usage_reports_cached_prompt_tokens(srv, client):
+    prompt = " ".join(f"w{i}" for i in range(200))  # > one 256-token block
+    first = client.completions.create(model="tiny", prompt=prompt, max_tokens=2)
+    again = client.completions.create(model="tiny", prompt=prompt, max_tokens=2)
+    assert first.usage.prompt_tokens > 256
+    assert again.usage.prompt_tokens_details.cached_tokens >= 256, again.usage
+    assert metrics(srv)['deepinfer_prefix_cache_hits_total{model_name="tiny"}'] >= 256
+
+
 def test_chat_prompt_matches_hand_written(client):
     tok = pytest.importorskip("tokenizers").Tokenizer.from_file(str(MODEL / "tokenizer.json"))
     count = lambda s: len(tok.encode(s, add_special_tokens=False).ids)  # noqa: E731
