@@ -43,6 +43,8 @@ struct EngineConfig {
   int32_t num_speculative_tokens = -1;
   // Per-request maxima (LLMConfig.max_n / max_logprobs): a request asking for more is refused
   // at admission, naming the field.
+  // Prefix caching's host tier for evicted blocks (pinned host memory on a device), 0 = none.
+  size_t prefix_host_bytes = 0;
   int max_n = 1024;
   int max_logprobs = 20;
 };
@@ -78,6 +80,10 @@ class Engine {
 
   model::CausalLM& model() { return *model_; }
   const TextCodec* codec() const { return codec_.get(); }
+  // The structured-output compiler (null without the grammar module or a tokenizer). Its
+  // compile() is thread-safe and caches by so_args: a server compiles a request's grammar on
+  // a worker first, so add_request on the engine thread finds it compiled.
+  GrammarCompiler* grammar() const { return grammar_.get(); }
   const Scheduler& scheduler() const { return *scheduler_; }
   const KVCacheManager& cache() const { return *cache_; }
   const ModelRunner& runner() const { return *runner_; }

@@ -13,6 +13,8 @@ void validate_llm_config(const LLMConfig& config) {
   if (config.max_num_batched_tokens <= 0) DI_THROW(InvalidArgument, "LLMConfig.max_num_batched_tokens must be positive");
   if (config.max_n < 1) DI_THROW(InvalidArgument, "LLMConfig.max_n must be >= 1, got ", config.max_n);
   if (config.max_logprobs < 0) DI_THROW(InvalidArgument, "LLMConfig.max_logprobs must be >= 0, got ", config.max_logprobs);
+  if (config.prefix_checkpoint_blocks < 0)
+    DI_THROW(InvalidArgument, "LLMConfig.prefix_checkpoint_blocks must be >= 0, got ", config.prefix_checkpoint_blocks);
   if (config.data_parallel_size < 1)
     DI_THROW(InvalidArgument, "LLMConfig.data_parallel_size must be >= 1, got ", config.data_parallel_size);
   if (config.expert_parallel_size < 0)
@@ -33,12 +35,18 @@ void validate_llm_config(const LLMConfig& config) {
 
 EnvConfig resolve_env(const LLMConfig& config) {
   EnvConfig env = EnvConfig::from_environment();
+  apply_accelerator(config, env);
+  return env;
+}
+
+void apply_accelerator(const LLMConfig& config, EnvConfig& env) {
   if (config.accelerator == "cpu") env.accelerator = Accelerator::kCPU;
   else if (config.accelerator == "nvidia" || config.accelerator == "cuda") env.accelerator = Accelerator::kNvidia;
   else if (!config.accelerator.empty())
     DI_THROW(InvalidArgument, "LLMConfig.accelerator='", config.accelerator, "' is not one of: cpu, nvidia");
+  // Knobs that need nothing from the model are refused before a (possibly long) load; the
+  // engine checks them all again with the model known.
   check_env_knobs(env, {});
-  return env;
 }
 
 LoadedParts load_parts(const LLMConfig& config, const EnvConfig& env) {
@@ -57,6 +65,9 @@ std::unique_ptr<Engine> make_engine(const LLMConfig& config, const EnvConfig& en
   ec.scheduler.max_num_batched_tokens = config.max_num_batched_tokens;
   ec.scheduler.max_model_len = config.max_model_len;
   ec.scheduler.enable_chunked_prefill = config.enable_chunked_prefill;
+  ec.scheduler.prefix_cache.enabled = config.enable_prefix_caching;
+  ec.scheduler.prefix_cache.checkpoint_interval_blocks = config.prefix_checkpoint_blocks;
+  ec.prefix_host_bytes = config.prefix_host_cache_bytes;
   ec.kv_cache_memory_bytes = config.kv_cache_memory_bytes;  // 0 = auto_cache_budget
   ec.seed = config.seed;
   ec.env = env;

@@ -19,6 +19,8 @@ void validate_llm_config(const LLMConfig& config);
 // The environment as read once, with LLMConfig.accelerator applied; refuses knobs that need
 // nothing from the model before a (possibly long) load.
 EnvConfig resolve_env(const LLMConfig& config);
+// The same on an environment already read: LLMConfig.accelerator applied, knobs checked.
+void apply_accelerator(const LLMConfig& config, EnvConfig& env);
 
 struct LoadedParts {
   std::string path;  // the resolved checkpoint

@@ -3,6 +3,8 @@
 #include <filesystem>
 
 #include "core/check.h"
+#include "engine/engine.h"
+#include "engine/engine_factory.h"
 #include "engine/toy_model.h"
 
 #if defined(DEEPINFER_HAVE_MODEL)
@@ -69,6 +71,12 @@ std::unique_ptr<TextCodec> load_codec(const LLMConfig& config, const std::string
   if (model_path == kToy && config.tokenizer.empty()) return make_toy_codec(vocab_size);
   std::string tok = config.tokenizer.empty() ? model_path : config.tokenizer;
   return load_tokenizer_codec(tok);
+}
+
+std::unique_ptr<Engine> build_engine(const LLMConfig& config, EnvConfig& env) {
+  validate_llm_config(config);
+  apply_accelerator(config, env);
+  return make_engine(config, env, load_parts(config, env));
 }
 
 }  // namespace deepinfer::engine

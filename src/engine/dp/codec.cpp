@@ -14,8 +14,8 @@ static_assert(sizeof(Logprob) == 40, "Logprob changed: update engine/dp/codec.cp
 static_assert(sizeof(StructuredOutputsParams) == 192, "StructuredOutputsParams changed: update engine/dp/codec.cpp");
 static_assert(sizeof(SamplingParams) == 368, "SamplingParams changed: update engine/dp/codec.cpp");
 static_assert(sizeof(CompletionOutput) == 192, "CompletionOutput changed: update engine/dp/codec.cpp");
-static_assert(sizeof(RequestOutput) == 240, "RequestOutput changed: update engine/dp/codec.cpp");
-static_assert(sizeof(LLMConfig) == 208, "LLMConfig changed: update engine/dp/codec.cpp");
+static_assert(sizeof(RequestOutput) == 248, "RequestOutput changed: update engine/dp/codec.cpp");
+static_assert(sizeof(LLMConfig) == 232, "LLMConfig changed: update engine/dp/codec.cpp");
 static_assert(sizeof(PromptInput) == 64, "PromptInput changed: update engine/dp/codec.cpp");
 
 void put_logprobs(WireWriter& w, const PositionLogprobs& pl) {
@@ -113,6 +113,9 @@ void put(WireWriter& w, const LLMConfig& c) {
   w.put<int32_t>(c.max_n);
   w.put<int32_t>(c.max_logprobs);
   w.put_str(c.accelerator);
+  w.put_bool(c.enable_prefix_caching);
+  w.put<int64_t>(c.prefix_checkpoint_blocks);
+  w.put<uint64_t>(c.prefix_host_cache_bytes);
   w.put<int32_t>(c.data_parallel_size);
   w.put<int32_t>(c.expert_parallel_size);
   w.put<int32_t>(c.num_redundant_experts);
@@ -136,6 +139,9 @@ LLMConfig get_llm_config(WireReader& r) {
   c.max_n = r.get<int32_t>("max_n");
   c.max_logprobs = r.get<int32_t>("max_logprobs");
   c.accelerator = r.get_str("accelerator");
+  c.enable_prefix_caching = r.get_bool("enable_prefix_caching");
+  c.prefix_checkpoint_blocks = r.get<int64_t>("prefix_checkpoint_blocks");
+  c.prefix_host_cache_bytes = size_t(r.get<uint64_t>("prefix_host_cache_bytes"));
   c.data_parallel_size = r.get<int32_t>("data_parallel_size");
   c.expert_parallel_size = r.get<int32_t>("expert_parallel_size");
   c.num_redundant_experts = r.get<int32_t>("num_redundant_experts");
@@ -230,6 +236,7 @@ void put(WireWriter& w, const RequestOutput& o) {
   w.put<uint64_t>(o.outputs.size());
   for (const CompletionOutput& c : o.outputs) put_completion(w, c);
   w.put_bool(o.finished);
+  w.put<int64_t>(o.num_cached_tokens);
   const RequestMetrics& m = o.metrics;
   for (double t : {m.arrival_time, m.first_scheduled_time, m.first_token_time, m.last_token_time, m.finished_time})
     w.put<double>(t);
@@ -253,6 +260,7 @@ RequestOutput get_request_output(WireReader& r) {
   const uint64_t nc = r.count(1, "outputs");
   for (uint64_t i = 0; i < nc; ++i) o.outputs.push_back(get_completion(r));
   o.finished = r.get_bool("finished");
+  o.num_cached_tokens = r.get<int64_t>("num_cached_tokens");
   RequestMetrics& m = o.metrics;
   for (double* t : {&m.arrival_time, &m.first_scheduled_time, &m.first_token_time, &m.last_token_time, &m.finished_time})
     *t = r.get<double>("metrics time");

@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <span>
 #include <vector>
 
 #include "core/dtype.h"
@@ -142,6 +143,11 @@ struct IndexerArgs {    // ops::cpu::IndexerArgs over the backend's buffers
   int64_t topk = 0, max_candidates = 0;
   int32_t* out_rows = nullptr;
   int32_t* out_count = nullptr;
+  // Two-level top-k (V4.1; ops/cpu/indexer.h): entries per candidate block and blocks kept; the
+  // candidate source publishes into out_blocks, a later index source consumes in_blocks.
+  int64_t block_size = 0, topk_blocks = 0;
+  int32_t* out_blocks = nullptr;
+  const int32_t* in_blocks = nullptr;
 };
 
 struct AttentionArgs {  // ops::cpu::SparseAttnArgs over the backend's buffers
@@ -166,8 +172,9 @@ struct AttentionArgs {  // ops::cpu::SparseAttnArgs over the backend's buffers
 struct HcSiteArgs {     // one mHC site: collapse X into u and the site's mixes
   const float* x = nullptr;  // [T, n, D]
   const HcRef* w = nullptr;
-  float* u = nullptr;        // [T, D]
-  float* mix = nullptr;      // [T, (2+n)n] (layer) or null (head)
+  float* u = nullptr;        // [T, D]; null (layer): the mixes only (single-pass wiring), the site's
+                             // pre weights kept in `mix` for a later hc_collapse
+  float* mix = nullptr;      // [T, (2+n)n] (layer; backend layout) or null (head)
   int64_t tokens = 0;
   bool head = false;         // the final collapse (hc_head: pre weights only)
 };
@@ -221,6 +228,9 @@ class Backend {
   virtual void sparse_attention(const AttentionArgs& a) = 0;
   virtual void hc_site(const HcSiteArgs& a) = 0;
   virtual void hc_post(const HcPostArgs& a) = 0;
+  // Single-pass mHC (V4.1): u [T, D] = Σ_k pre_k X_k with the pre weights of the site whose mixes
+  // are in `prev_mix` (an hc_site with u null), or u = X stream 0 when prev_mix is null.
+  virtual void hc_collapse(const float* x, const float* prev_mix, float* u, int64_t tokens) = 0;
   // x[t, j, :] += v[t, :] for every stream j (the MTP block's embedding term).
   virtual void add_streams(float* x, const float* v, int64_t tokens, int64_t streams, int64_t dim) = 0;
 
@@ -261,6 +271,13 @@ class ModelBackend : public Backend {
   virtual void reset_slot(int32_t slot) = 0;
   virtual SlotSnapshot save_slot(int32_t slot, int64_t num_tokens) = 0;
   virtual void restore_slot(int32_t slot, const SlotSnapshot& snapshot) = 0;
+  // Prefix caching's host tier (CausalLM::copy_blocks_*): every layer's rows of a paged block as
+  // paged_block_bytes() bytes; copies are complete on return.
+  virtual size_t paged_block_bytes() const = 0;
+  virtual void copy_blocks_to_host(std::span<const HostBlockCopy> copies) = 0;
+  virtual void copy_blocks_from_host(std::span<const HostBlockCopy> copies) = 0;
+  // Host memory the copies are fastest from (pinned on a device); null = plain memory.
+  virtual std::shared_ptr<uint8_t> allocate_host_memory(size_t bytes) { return nullptr; }
 
   // The fixed-shape path for this batch, if the backend takes one (padded size, candidate caps).
   struct FixedShape {

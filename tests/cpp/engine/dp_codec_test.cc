@@ -51,6 +51,7 @@ RequestOutput full_output() {
   c.finish_reason = "stop", c.stop_token_id = 2, c.stop_string = "END";
   o.outputs = {CompletionOutput{}, c};
   o.finished = true;
+  o.num_cached_tokens = 256;
   o.metrics = {.arrival_time = 1.5, .first_scheduled_time = 2, .first_token_time = 3, .last_token_time = 4,
                .finished_time = 5, .num_generation_tokens = 6, .num_preemptions = 1};
   o.error = "";
@@ -130,6 +131,7 @@ TEST(DpCodec, RequestOutputRoundTrip) {
   EXPECT_EQ(a.stop_string, b.stop_string);
   EXPECT_FALSE(q.outputs[0].cumulative_logprob);
   EXPECT_TRUE(q.finished);
+  EXPECT_EQ(q.num_cached_tokens, 256);
   EXPECT_EQ(q.metrics.arrival_time, 1.5);
   EXPECT_EQ(q.metrics.finished_time, 5);
   EXPECT_EQ(q.metrics.num_generation_tokens, 6);
@@ -142,6 +144,7 @@ TEST(DpCodec, LLMConfigAndCommandsRoundTrip) {
   c.max_num_batched_tokens = 99, c.enable_chunked_prefill = false, c.kv_cache_memory_bytes = size_t(3) << 33;
   c.seed = 42, c.max_n = 3, c.max_logprobs = 2, c.accelerator = "cpu", c.data_parallel_size = 4;
   c.expert_parallel_size = 2, c.worker_command = {"a b", "c"};
+  c.enable_prefix_caching = false, c.prefix_checkpoint_blocks = 5, c.prefix_host_cache_bytes = 12345;
   c.num_redundant_experts = 3, c.enable_eplb = true, c.eplb_window_size = 17, c.eplb_step_interval = 19;
   WireWriter w;
   put(w, c);
@@ -168,6 +171,9 @@ TEST(DpCodec, LLMConfigAndCommandsRoundTrip) {
   EXPECT_EQ(d.data_parallel_size, 4);
   EXPECT_EQ(d.expert_parallel_size, 2);
   EXPECT_EQ(d.worker_command, c.worker_command);
+  EXPECT_FALSE(d.enable_prefix_caching);
+  EXPECT_EQ(d.prefix_checkpoint_blocks, 5);
+  EXPECT_EQ(d.prefix_host_cache_bytes, 12345u);
   EXPECT_EQ(d.num_redundant_experts, 3);
   EXPECT_TRUE(d.enable_eplb);
   EXPECT_EQ(d.eplb_window_size, 17);

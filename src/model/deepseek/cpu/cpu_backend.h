@@ -21,6 +21,7 @@ struct CpuWeightStore {
   std::vector<std::unique_ptr<ops::cpu::PackedWeight>> packed;  // lm head panels
   std::vector<std::unique_ptr<std::vector<int32_t>>> tables;    // hash-routing tables
   std::vector<std::unique_ptr<std::vector<float>>> rope;        // inv_freq tables
+  std::shared_ptr<void> keepalive;  // mapped checkpoint memory refs point into (V4.1 Engram tables)
   ModelRef refs;
 };
 
@@ -39,6 +40,9 @@ class CpuBackend final : public ModelBackend {
   void reset_slot(int32_t slot) override { cache_.reset_slot(slot); }
   SlotSnapshot save_slot(int32_t slot, int64_t num_tokens) override;
   void restore_slot(int32_t slot, const SlotSnapshot& snapshot) override;
+  size_t paged_block_bytes() const override { return cache_.geometry().bytes_per_block; }
+  void copy_blocks_to_host(std::span<const HostBlockCopy> copies) override;
+  void copy_blocks_from_host(std::span<const HostBlockCopy> copies) override;
   void begin_step(StepPlan plan) override;
   void launch(const std::function<void()>& body) override { body(); }
   ForwardOutput end_step(const ForwardOptions& options, int64_t rows, int64_t hidden_rows) override;
@@ -73,6 +77,7 @@ class CpuBackend final : public ModelBackend {
   void sparse_attention(const AttentionArgs& a) override;
   void hc_site(const HcSiteArgs& a) override;
   void hc_post(const HcPostArgs& a) override;
+  void hc_collapse(const float* x, const float* prev_mix, float* u, int64_t tokens) override;
   void add_streams(float* x, const float* v, int64_t tokens, int64_t streams, int64_t dim) override;
   void moe_route(const MoeRef& M, const float* logits, int32_t* ids, float* wts) override;
   void moe_dispatch(const MoeRef& M) override;
