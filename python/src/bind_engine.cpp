@@ -77,7 +77,12 @@ void bind_outputs(nb::module_& m) {
       .def_ro("last_token_time", &RequestMetrics::last_token_time)
       .def_ro("finished_time", &RequestMetrics::finished_time)
       .def_ro("num_generation_tokens", &RequestMetrics::num_generation_tokens)
-      .def_ro("num_preemptions", &RequestMetrics::num_preemptions);
+      .def_ro("num_preemptions", &RequestMetrics::num_preemptions)
+      .def_ro("num_verify_steps", &RequestMetrics::num_verify_steps)
+      .def_ro("num_draft_tokens", &RequestMetrics::num_draft_tokens)
+      .def_ro("num_accepted_draft_tokens", &RequestMetrics::num_accepted_draft_tokens)
+      .def_ro("draft_verified_per_position", &RequestMetrics::draft_verified_per_position)
+      .def_ro("draft_accepted_per_position", &RequestMetrics::draft_accepted_per_position);
   nb::class_<RequestOutput>(m, "RequestOutput")
       .def_ro("request_id", &RequestOutput::request_id)
       .def_ro("prompt", &RequestOutput::prompt)
@@ -99,6 +104,13 @@ void bind_outputs(nb::module_& m) {
       .def_ro("total_tokens_per_s", &GenerateSummary::total_tokens_per_s)
       .def_ro("num_preemptions", &GenerateSummary::num_preemptions)
       .def_ro("num_steps", &GenerateSummary::num_steps)
+      .def_ro("num_draft_tokens", &GenerateSummary::num_draft_tokens)
+      .def_ro("num_accepted_draft_tokens", &GenerateSummary::num_accepted_draft_tokens)
+      .def_ro("num_verify_steps", &GenerateSummary::num_verify_steps)
+      .def_ro("acceptance_length", &GenerateSummary::acceptance_length)
+      .def_ro("acceptance_rate_per_position", &GenerateSummary::acceptance_rate_per_position)
+      .def_ro("draft_time_s", &GenerateSummary::draft_time_s)
+      .def_ro("verify_time_s", &GenerateSummary::verify_time_s)
       .def("__str__", &GenerateSummary::str);
 }
 

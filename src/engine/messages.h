@@ -85,6 +85,7 @@ struct SampledSeq {
 struct SeqDrafts {
   int64_t seq_id = 0;
   std::vector<int32_t> tokens;
+  std::vector<float> logprobs;  // [tokens.size()] the drafter's raw log-probability of each (confidence)
 };
 
 // Prompt logprobs of positions [first_position, first_position + entries.size()).

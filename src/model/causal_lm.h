@@ -115,6 +115,10 @@ class CausalLM {
     return run(batch, {.logits_on_device = true, .hidden_to_host = false}).device_logits;
   }
 
+  // Waits until the work this model enqueued on its device is done (timing; the engine's cost
+  // curve). Host backends are done when run() returns.
+  virtual void synchronize() {}
+
   // Positions a slot can roll back (see the contract above); 0 = no rollback.
   virtual int64_t max_rollback() const { return 0; }
   // The sequence in `slot` goes back from `num_tokens` cached positions to `keep`. Throws

@@ -242,6 +242,7 @@ class ModelBackend : public Backend {
   virtual std::string describe() const = 0;           // "cpu fp32", "cuda bf16 (production) on H200", ...
   virtual const ModelRef& weights() const = 0;
   virtual bool logits_on_device() const { return false; }  // CausalLM::supports_device_logits
+  virtual void synchronize() {}                              // waits for the step stream (timing)
 
   // Cache storage for the model's layer specs (fixed at construction).
   virtual kv::CacheGeometry plan_cache(size_t budget_bytes, int64_t max_slots) const = 0;

@@ -43,6 +43,7 @@ class DeepseekModel : public CausalLM {
 
   ForwardOutput run(const ForwardBatch& batch, const ForwardOptions& options) override;
   bool supports_device_logits() const override { return be_->logits_on_device(); }
+  void synchronize() override { be_->synchronize(); }
 
   int64_t max_rollback() const override { return arch_.plan.max_rollback; }
   SlotSnapshot save_slot(int32_t slot, int64_t num_tokens) override { return be_->save_slot(slot, num_tokens); }

@@ -43,6 +43,10 @@ class CpuBackend final : public ModelBackend {
   ForwardOutput end_step(const ForwardOptions& options, int64_t rows, int64_t hidden_rows) override;
   const float* stage_hidden(const HiddenRows& rows, const RowRanges& ranges) override;
   kv::KvCache& cache() { return cache_; }
+  // Tests: take the fixed-shape path (the CUDA backend's plans, padded to token buckets) for every
+  // batch it accepts, with candidate caps for contexts up to `max_context` tokens.
+  void use_fixed_shapes(int64_t max_context, const FixedLimits& limits);
+  std::optional<FixedShape> fixed_shape(const ForwardBatch& batch) const override;
 
   // ---- Backend ----
   DType act() const override { return DType::kF32; }
@@ -78,6 +82,9 @@ class CpuBackend final : public ModelBackend {
   Arch arch_;
   std::vector<kv::LayerCacheSpec> specs_;
   std::unique_ptr<CpuWeightStore> store_;
+  bool fixed_ = false;           // use_fixed_shapes
+  FixedLimits fixed_limits_;
+  std::vector<int64_t> fixed_caps_;
   kv::KvCache cache_;
   StepPlan plan_;
   StepIndex index_;
