@@ -70,7 +70,8 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<model::CausalLM> mode
   scheduler_ = std::make_unique<Scheduler>(sc, *cache_, model_->vocab_size());
   runner_ = std::make_unique<ModelRunner>(*model_, RunnerOptions{.device_sampling = config_.device_sampling,
                                                                  .num_speculative_tokens = sc.num_speculative_tokens,
-                                                                 .sampled_drafts = config_.sampled_drafts});
+                                                                 .sampled_drafts = config_.sampled_drafts,
+                                                                 .block_tokens = g.block_tokens});
   outputs_ = std::make_unique<OutputProcessor>(codec_.get());
 }
 

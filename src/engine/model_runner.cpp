@@ -199,7 +199,8 @@ std::vector<SampleResult> ModelRunner::sample_on_host(const model::ForwardBatch&
                                                       const std::vector<PromptRows>& prompt_rows,
                                                       ModelRunnerOutput& result, model::HiddenRows& hidden) {
   model::ForwardOutput fo = model_.run(batch, {});
-  const Tensor& logits = fo.logits;  // [rows, vocab] f32 host
+  set.host_logits = fo.logits;  // commit() reads the rows again (rejection sampling, resampled logprobs)
+  const Tensor& logits = set.host_logits;  // [rows, vocab] f32 host
   const int64_t vocab = model_.vocab_size();
   DI_CHECK(logits.dim() == 2 && logits.size(0) == int64_t(batch.logits_indices.size()) && logits.size(1) == vocab &&
                logits.dtype() == DType::kF32 && logits.is_contiguous(),
@@ -294,6 +295,13 @@ void ModelRunner::propose_drafts(const std::vector<SeqSlice>& slices, const mode
     d.num_positions = int32_t(s.num_computed - slice.first_position);  // committed positions of this step
     for (int64_t i = 0; i < d.num_positions; ++i) d.next_tokens.push_back(s.token_at(d.first_position + i + 1));
     d.num_drafts = slice.first_sample >= 0 ? options_.num_speculative_tokens : 0;
+    // The drafter writes its own rows at the positions of drafts 1.. (anchor + 1 + round); they
+    // must lie inside the blocks this step holds (the next verify allocates for the drafts it
+    // schedules), so at a block boundary a sequence drafts fewer.
+    if (options_.block_tokens > 0) {
+      const int64_t room = int64_t(s.block_table.size()) * options_.block_tokens - s.num_computed + 1;
+      d.num_drafts = int32_t(std::clamp<int64_t>(room, 0, d.num_drafts));
+    }
     d.first_hidden_row = slice.first_token;
     db.seqs.push_back(std::move(d));
     s.pending_drafts.clear();

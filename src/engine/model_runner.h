@@ -44,6 +44,9 @@ struct RunnerOptions {
   // drafter's logits and is verified by rejection sampling (spec_verify.h); off: every request
   // drafts greedily and its output is token-identical to plain decoding (lower acceptance).
   bool sampled_drafts = true;
+  // Tokens per paged block (the cache geometry's): drafts are capped to the positions the
+  // sequence's blocks cover (0: no cap).
+  int64_t block_tokens = 0;
 };
 
 class ModelRunner {
@@ -106,6 +109,7 @@ class ModelRunner {
     std::vector<SamplingRow> rows;
     std::vector<int64_t> logits_rows;            // [rows] row of the forward's logits
     std::deque<std::vector<int32_t>> histories;  // output ids + drafts prefix, per draft row
+    Tensor host_logits;  // what rows[].logits point into (host path): kept for rejection sampling in commit
   };
 
   void apply_state_changes(const SchedulerOutput& out);

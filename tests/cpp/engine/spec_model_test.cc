@@ -99,23 +99,23 @@ class OracleDrafter final : public model::Drafter {
   std::map<int32_t, std::vector<int32_t>> fed_;
 };
 
-struct Setup {
+struct SpecSetup {
   int32_t drafts = kL;            // 0: plain decoding
   int64_t max_batched = 2048, max_seqs = 16;
-  size_t cache_bytes = 0;
+  int64_t cache_blocks = 0;       // > 0: a cache of max_seqs slots and this many paged blocks
   bool varlen = false;
   const std::vector<std::vector<int32_t>>* oracle = nullptr;  // oracle drafter over these sequences
   std::function<int32_t(int64_t)> pattern;
   bool grammar = false;
 };
 
-struct Run {
+struct SpecRun {
   std::vector<std::vector<int32_t>> tokens;
   SchedulerStats stats;
   ModelRunner::Stats runner;
 };
 
-Run run(const Setup& s, const std::vector<std::vector<int32_t>>& prompts, const SamplingParams& params) {
+SpecRun run(const SpecSetup& s, const std::vector<std::vector<int32_t>>& prompts, const SamplingParams& params) {
   model::ModelLoadOptions lo;
   lo.env.accelerator = Accelerator::kCPU;
   lo.limits.max_rollback = kL + 1;
@@ -130,14 +130,17 @@ Run run(const Setup& s, const std::vector<std::vector<int32_t>>& prompts, const 
   EngineConfig ec;
   ec.scheduler.max_num_batched_tokens = s.max_batched;
   ec.scheduler.max_num_seqs = s.max_seqs;
-  ec.kv_cache_memory_bytes = s.cache_bytes;
+  if (s.cache_blocks > 0) {
+    const kv::CacheGeometry g = m->plan_cache(size_t(1) << 32, s.max_seqs);
+    ec.kv_cache_memory_bytes = g.bytes_per_slot * size_t(s.max_seqs) + g.bytes_per_block * size_t(s.cache_blocks);
+  }
   ec.num_speculative_tokens = s.drafts;
   ec.varlen_drafts = s.varlen;
   if (s.varlen) ec.step_cost = StepCostModel({{1, 1.0}, {16, 1.2}, {64, 2.0}, {256, 6.0}});
   Engine eng(ec, std::move(m), std::move(codec), std::move(grammar));
   for (size_t i = 0; i < prompts.size(); ++i)
     eng.add_request(std::to_string(i), PromptInput::from_token_ids(prompts[i]), params, 0);
-  Run r;
+  SpecRun r;
   r.tokens.resize(prompts.size());
   while (eng.has_unfinished())
     for (RequestOutput& o : eng.step()) {
@@ -149,8 +152,9 @@ Run run(const Setup& s, const std::vector<std::vector<int32_t>>& prompts, const 
   return r;
 }
 
-// Prompts of mixed lengths cut from the held-out sample's token ids.
-std::vector<std::vector<int32_t>> heldout_prompts(int n) {
+// Prompts of mixed lengths (first + (i * 37) % spread tokens after the bos) cut from the held-out
+// sample's token ids.
+std::vector<std::vector<int32_t>> heldout_prompts(int n, size_t first = 9, size_t spread = 120) {
   const std::filesystem::path f =
       source_dir() / "tests" / "data" / "default_model" / "heldout_sample.jsonl";
   std::ifstream in(f);
@@ -161,7 +165,7 @@ std::vector<std::vector<int32_t>> heldout_prompts(int n) {
   for (int i = 0; (int)out.size() < n && std::getline(in, line); ++i) {
     const std::string text = nlohmann::json::parse(line).get<std::string>();
     std::vector<int32_t> ids = codec->encode(text);
-    const size_t len = size_t(9 + (i * 37) % 120);
+    const size_t len = first + size_t(i * 37) % spread;
     if (ids.size() < len + 1) continue;
     ids.resize(len);
     ids.insert(ids.begin(), 0);  // bos
@@ -190,49 +194,64 @@ TEST_F(SpecDefaultModel, GreedyMtpIdenticalAloneBatchedChunkedPreempted) {
   const auto prompts = heldout_prompts(6);
   ASSERT_EQ(prompts.size(), 6u);
   const SamplingParams p = greedy(40);
-  Setup plain_setup;
+  SpecSetup plain_setup;
   plain_setup.drafts = 0;
-  const Run plain = run(plain_setup, prompts, p);
+  const SpecRun plain = run(plain_setup, prompts, p);
   // Alone: one request per engine.
   for (size_t i = 0; i < 2; ++i) {
-    const Run alone = run({}, {prompts[i]}, p);
+    const SpecRun alone = run({}, {prompts[i]}, p);
     EXPECT_EQ(alone.tokens[0], plain.tokens[i]) << "request " << i << " alone";
     EXPECT_GT(alone.stats.num_accepted_drafts, 0);
   }
   struct Case {
     const char* name;
     int64_t budget;
-    size_t cache;
+    int64_t blocks;
   };
-  for (const Case& c : {Case{"batched", 2048, 0}, Case{"chunked", 13, 0}, Case{"preempted", 2048, 120000}}) {
-    Setup s;
+  for (const Case& c : {Case{"batched", 2048, 0}, Case{"chunked", 13, 0}}) {
+    SpecSetup s;
     s.max_batched = c.budget;
-    s.cache_bytes = c.cache;
-    const Run spec = run(s, prompts, p);
+    s.max_seqs = 6;
+    s.cache_blocks = c.blocks;
+    const SpecRun spec = run(s, prompts, p);
     EXPECT_EQ(spec.tokens, plain.tokens) << c.name;
     EXPECT_GT(spec.stats.num_accepted_drafts, 0) << c.name;
-    if (c.cache) EXPECT_GT(spec.stats.num_preemptions, 0) << c.name;
     const double len = 1.0 + double(spec.stats.num_accepted_drafts) / double(std::max<int64_t>(1, spec.stats.num_verify_steps));
     RecordProperty(std::string("acceptance_length_") + c.name, std::to_string(len));
   }
+  // Forced preemption: three prompts just under a 256-token block each and three blocks, so the
+  // sequences crossing into a second block preempt one another (recomputed from scratch).
+  const auto longp = heldout_prompts(3, 226, 12);
+  ASSERT_EQ(longp.size(), 3u);
+  SpecSetup pp;
+  pp.drafts = 0;
+  pp.max_seqs = 3;
+  const SpecRun plain_long = run(pp, longp, p);
+  SpecSetup sp;
+  sp.max_seqs = 3;
+  sp.cache_blocks = 3;
+  const SpecRun pre = run(sp, longp, p);
+  EXPECT_EQ(pre.tokens, plain_long.tokens) << "preempted";
+  EXPECT_GT(pre.stats.num_preemptions, 0);
+  EXPECT_GT(pre.stats.num_accepted_drafts, 0);
 }
 
 TEST_F(SpecDefaultModel, EveryForcedAcceptLengthIdentical) {
   const auto prompts = heldout_prompts(4);
   const SamplingParams p = greedy(24);
-  Setup plain_setup;
+  SpecSetup plain_setup;
   plain_setup.drafts = 0;
-  const Run plain = run(plain_setup, prompts, p);
+  const SpecRun plain = run(plain_setup, prompts, p);
   std::vector<std::vector<int32_t>> full;
   for (size_t i = 0; i < prompts.size(); ++i) {
     full.push_back(prompts[i]);
     full.back().insert(full.back().end(), plain.tokens[i].begin(), plain.tokens[i].end());
   }
   for (int32_t a = 0; a <= kL; ++a) {
-    Setup s;
+    SpecSetup s;
     s.oracle = &full;
     s.pattern = [a](int64_t) { return a; };
-    const Run spec = run(s, prompts, p);
+    const SpecRun spec = run(s, prompts, p);
     EXPECT_EQ(spec.tokens, plain.tokens) << "accept " << a;
     EXPECT_GT(spec.stats.num_draft_tokens, 0);
     if (a == 0) EXPECT_EQ(spec.stats.num_accepted_drafts, 0);
@@ -241,7 +260,7 @@ TEST_F(SpecDefaultModel, EveryForcedAcceptLengthIdentical) {
     EXPECT_GE(spec.stats.num_accepted_drafts * kL, spec.stats.num_draft_tokens * a) << "accept " << a;
     if (a < kL) EXPECT_GT(spec.runner.rollbacks, 0) << "accept " << a;
   }
-  Setup mixed;
+  SpecSetup mixed;
   mixed.oracle = &full;
   mixed.pattern = [](int64_t pos) { return int32_t((pos * 7 + pos / 3) % (kL + 1)); };
   EXPECT_EQ(run(mixed, prompts, p).tokens, plain.tokens) << "mixed pattern";
@@ -253,23 +272,23 @@ TEST_F(SpecDefaultModel, GrammarAndVarlenIdentical) {
   g.structured_outputs.emplace();
   g.structured_outputs->regex = "( ?[a-z]{1,8}){3,12}\\.";
   g.ignore_eos = false;
-  Setup plain_setup;
+  SpecSetup plain_setup;
   plain_setup.drafts = 0;
   plain_setup.grammar = true;
-  const Run plain = run(plain_setup, prompts, g);
-  Setup s;
+  const SpecRun plain = run(plain_setup, prompts, g);
+  SpecSetup s;
   s.grammar = true;
-  const Run spec = run(s, prompts, g);
+  const SpecRun spec = run(s, prompts, g);
   EXPECT_EQ(spec.tokens, plain.tokens) << "grammar";
   EXPECT_GT(spec.stats.num_draft_tokens, 0);
   // Varlen (a given cost curve): each request's draft length varies, the output does not.
   const SamplingParams p = greedy(40);
-  Setup pl;
+  SpecSetup pl;
   pl.drafts = 0;
-  const Run plain2 = run(pl, prompts, p);
-  Setup v;
+  const SpecRun plain2 = run(pl, prompts, p);
+  SpecSetup v;
   v.varlen = true;
-  const Run var = run(v, prompts, p);
+  const SpecRun var = run(v, prompts, p);
   EXPECT_EQ(var.tokens, plain2.tokens) << "varlen";
   EXPECT_GT(var.stats.num_accepted_drafts, 0);
 }
