@@ -179,12 +179,15 @@ std::vector<RequestOutput> LLM::generate(const std::vector<PromptInput>& prompts
         eng.add_request(id, prompts[i], params.size() == 1 ? params[0] : params[i], engine::now_seconds());
         m.owner[id] = &box;
         index[id] = i;
-      } catch (const Error& e) {
-        // A bad request fails alone; the rest of the batch still runs.
+      } catch (const std::exception& e) {
+        // A bad request fails alone; the rest of the batch still runs. Admission should only
+        // throw deepinfer::Error; anything else (a library exception a parser let through) is a
+        // bug, reported on this request as an internal error rather than failing the whole call.
+        const bool typed = dynamic_cast<const Error*>(&e) != nullptr;
         results[i].prompt = prompts[i].text;
         results[i].prompt_token_ids = prompts[i].token_ids;
         results[i].finished = true;
-        results[i].error = escape_invalid_utf8(e.what());
+        results[i].error = escape_invalid_utf8(typed ? std::string(e.what()) : std::string("internal error: ") + e.what());
         rejected.push_back(i);
       }
     }

@@ -114,6 +114,9 @@ def test_so_args_nested_too_deep_is_refused_in_python(llm):
     assert "so_args.choice[1] must be a str, got int" in bad.error
     bad = _batch_with(llm, SamplingParams(max_tokens=4, so_args={"regex": "a\ud800"}))
     assert "so_args.regex is not valid text" in bad.error
+    # fuzz_so_args: a number overflow used to escape the compiler untyped and fail the whole call.
+    bad = _batch_with(llm, SamplingParams(max_tokens=4, so_args={"json": "1e999"}))
+    assert bad.error
 
 
 # ---- error messages are valid UTF-8 -------------------------------------------------------

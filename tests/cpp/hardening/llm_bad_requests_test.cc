@@ -95,6 +95,19 @@ TEST(LlmBadRequests, NAndLogprobsPastConfiguredMaxima) {
   EXPECT_THROW({ LLM bad(c); }, InvalidArgument);
 }
 
+TEST(LlmBadRequests, UntypedLibraryExceptionFailsOnlyItsRequest) {
+  // Found by fuzz_so_args: a number overflow in so_args JSON escaped the grammar compiler as a
+  // nlohmann exception and failed the whole generate() call. Whatever src/structured answers
+  // (a typed error once fixed there), the request fails alone.
+  LLM llm(toy());
+  StructuredOutputsParams so;
+  so.json = "1e999";
+  std::string why;
+  std::string e = bad_error(llm, with_so(so), &why);
+  EXPECT_TRUE(why.empty()) << why;
+  EXPECT_FALSE(e.empty());
+}
+
 // ---- structured outputs (src/structured): crash and hang probes ----
 
 class StructuredProbe : public testing::Test {
