@@ -295,6 +295,7 @@ void ModelRunner::propose_drafts(const std::vector<SeqSlice>& slices, const mode
     d.num_positions = int32_t(s.num_computed - slice.first_position);  // committed positions of this step
     for (int64_t i = 0; i < d.num_positions; ++i) d.next_tokens.push_back(s.token_at(d.first_position + i + 1));
     d.num_drafts = slice.first_sample >= 0 ? options_.num_speculative_tokens : 0;
+    if (slice.sched->num_drafts_next >= 0) d.num_drafts = std::min(d.num_drafts, slice.sched->num_drafts_next);
     // The drafter writes its own rows at the positions of drafts 1.. (anchor + 1 + round); they
     // must lie inside the blocks this step holds (the next verify allocates for the drafts it
     // schedules), so at a block boundary a sequence drafts fewer.

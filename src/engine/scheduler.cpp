@@ -145,7 +145,11 @@ bool Scheduler::schedule_running(SchedulerOutput& out, int64_t& budget) {
     r->last_step_id = out.step_id;
     const int64_t total = n + int64_t(drafts.size());
     out.cached_seqs.push_back({r->seq_id, kept_blocks, std::move(new_blocks), r->num_computed_tokens});
-    out.scheduled.push_back({r->seq_id, int32_t(total), r->num_computed_tokens + n == r->num_tokens(), std::move(drafts)});
+    // Varlen: draft one more than verified now (its estimate decides next step whether it pays).
+    const int32_t next =
+        cap == caps.end() ? -1 : std::min(config_.num_speculative_tokens, int32_t(drafts.size()) + 1);
+    out.scheduled.push_back({r->seq_id, int32_t(total), r->num_computed_tokens + n == r->num_tokens(),
+                             std::move(drafts), next});
     budget -= total;
     ++i;
   }
