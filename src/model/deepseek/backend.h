@@ -139,6 +139,11 @@ struct IndexerArgs {    // ops::cpu::IndexerArgs over the backend's buffers
   int64_t topk = 0, max_candidates = 0;
   int32_t* out_rows = nullptr;
   int32_t* out_count = nullptr;
+  // Two-level top-k (V4.1; ops/cpu/indexer.h): entries per candidate block and blocks kept; the
+  // candidate source publishes into out_blocks, a later index source consumes in_blocks.
+  int64_t block_size = 0, topk_blocks = 0;
+  int32_t* out_blocks = nullptr;
+  const int32_t* in_blocks = nullptr;
 };
 
 struct AttentionArgs {  // ops::cpu::SparseAttnArgs over the backend's buffers

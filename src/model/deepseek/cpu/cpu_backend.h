@@ -20,6 +20,7 @@ struct CpuWeightStore {
   std::vector<std::unique_ptr<ops::cpu::PackedWeight>> packed;  // lm head panels
   std::vector<std::unique_ptr<std::vector<int32_t>>> tables;    // hash-routing tables
   std::vector<std::unique_ptr<std::vector<float>>> rope;        // inv_freq tables
+  std::shared_ptr<void> keepalive;  // mapped checkpoint memory refs point into (V4.1 Engram tables)
   ModelRef refs;
 };
 
