@@ -67,11 +67,14 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<model::CausalLM> mode
                                                          config_.device_sampling && model_->supports_device_logits());
   }
   cache_ = std::make_unique<KVCacheManager>(g, block_hash_seed(cache_identity()));
+  const size_t block_bytes = model_->paged_block_bytes();
+  sc.prefix_cache.host_blocks = block_bytes ? int64_t(config_.prefix_host_bytes / block_bytes) : 0;
   scheduler_ = std::make_unique<Scheduler>(sc, *cache_, model_->vocab_size());
   runner_ = std::make_unique<ModelRunner>(*model_, RunnerOptions{.device_sampling = config_.device_sampling,
                                                                  .num_speculative_tokens = sc.num_speculative_tokens,
                                                                  .sampled_drafts = config_.sampled_drafts,
-                                                                 .block_tokens = g.block_tokens});
+                                                                 .block_tokens = g.block_tokens,
+                                                                 .host_blocks = sc.prefix_cache.host_blocks});
   outputs_ = std::make_unique<OutputProcessor>(codec_.get());
 }
 

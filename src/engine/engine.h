@@ -51,6 +51,8 @@ struct EngineConfig {
   bool sampled_drafts = true;
   // Per-request maxima (LLMConfig.max_n / max_logprobs): a request asking for more is refused
   // at admission, naming the field.
+  // Prefix caching's host tier for evicted blocks (pinned host memory on a device), 0 = none.
+  size_t prefix_host_bytes = 0;
   int max_n = 1024;
   int max_logprobs = 20;
 };

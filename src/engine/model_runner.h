@@ -16,6 +16,11 @@
 // processed distribution q and are verified by rejection sampling (spec_verify.h), which needs
 // the target's probabilities on the host: such steps take the host sampling path.
 //
+// Prefix caching: a new sequence with NewSeqData::restore starts from that slot checkpoint
+// (its first blocks are shared cached ones); after the step the runner saves the checkpoints
+// SchedulerOutput::checkpoints asks for, where the step committed the boundary and
+// CausalLM::can_save_slot allows, and returns them.
+//
 // Sampling: when the model leaves its logits on a device (CausalLM::supports_device_logits)
 // and device sampling is on, the runner samples there (DeviceSampler) and only ids and the
 // asked-for logprobs come back. Grammar bitmasks are uploaded and applied on the device. A step
@@ -47,6 +52,7 @@ struct RunnerOptions {
   // Tokens per paged block (the cache geometry's): drafts are capped to the positions the
   // sequence's blocks cover (0: no cap).
   int64_t block_tokens = 0;
+  int64_t host_blocks = 0;             // host-tier slots (prefix caching), paged_block_bytes() each
 };
 
 class ModelRunner {
@@ -58,6 +64,9 @@ class ModelRunner {
     int64_t verify_steps = 0;                  // steps with at least one draft to verify
     double draft_time_s = 0;                   // in Drafter::propose
     double verify_time_s = 0;                  // forward + sampling + verification of verify steps
+    int64_t restores = 0;                      // slots started from a prefix checkpoint
+    int64_t checkpoints_saved = 0;             // CausalLM::save_slot calls for prefix caching
+    int64_t blocks_to_host = 0, blocks_from_host = 0;  // host-tier block copies
   };
 
   // num_speculative_tokens > 0 needs model.drafter() and model.max_rollback() >= it.
@@ -128,12 +137,17 @@ class ModelRunner {
   void propose_drafts(const std::vector<SeqSlice>& slices, const model::HiddenRows& hidden, ModelRunnerOutput& result);
   // Whether the sequence's scheduled drafts were sampled (verified from host probabilities).
   bool has_sampled_drafts(const ScheduledSeq& sch) const;
+  // Saves the slot checkpoints `out` asks for that the step committed and the model can save.
+  void save_checkpoints(const SchedulerOutput& out, ModelRunnerOutput& result);
+  // The host tier's copies of a step: spills (device -> host) first, then loads.
+  void copy_host_tier(const SchedulerOutput& out);
 
   model::CausalLM& model_;
   RunnerOptions options_;
   model::Drafter* drafter_ = nullptr;  // the model's, when drafting is on
   std::unique_ptr<DeviceSampler> device_sampler_;
   std::unordered_map<int64_t, SeqState> seqs_;
+  std::shared_ptr<uint8_t> host_pool_;  // [host_blocks, paged_block_bytes()], allocated at first use
   model::ForwardBatch last_batch_;
   Stats stats_;
 };

@@ -10,6 +10,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <span>
 #include <vector>
 
 #include "core/dtype.h"
@@ -257,6 +258,13 @@ class ModelBackend : public Backend {
   virtual void reset_slot(int32_t slot) = 0;
   virtual SlotSnapshot save_slot(int32_t slot, int64_t num_tokens) = 0;
   virtual void restore_slot(int32_t slot, const SlotSnapshot& snapshot) = 0;
+  // Prefix caching's host tier (CausalLM::copy_blocks_*): every layer's rows of a paged block as
+  // paged_block_bytes() bytes; copies are complete on return.
+  virtual size_t paged_block_bytes() const = 0;
+  virtual void copy_blocks_to_host(std::span<const HostBlockCopy> copies) = 0;
+  virtual void copy_blocks_from_host(std::span<const HostBlockCopy> copies) = 0;
+  // Host memory the copies are fastest from (pinned on a device); null = plain memory.
+  virtual std::shared_ptr<uint8_t> allocate_host_memory(size_t bytes) { return nullptr; }
 
   // The fixed-shape path for this batch, if the backend takes one (padded size, candidate caps).
   struct FixedShape {

@@ -39,6 +39,14 @@ SlotSnapshot CpuBackend::save_slot(int32_t slot, int64_t num_tokens) {
 
 void CpuBackend::restore_slot(int32_t slot, const SlotSnapshot& s) { cache_.restore_slot(slot, s.bytes); }
 
+void CpuBackend::copy_blocks_to_host(std::span<const HostBlockCopy> copies) {
+  for (const HostBlockCopy& c : copies) cache_.copy_block_out(c.block, c.host);
+}
+
+void CpuBackend::copy_blocks_from_host(std::span<const HostBlockCopy> copies) {
+  for (const HostBlockCopy& c : copies) cache_.copy_block_in(c.block, c.host);
+}
+
 LayerCacheRef CpuBackend::cache(int64_t layer) {
   kv::LayerCache& c = cache_.layer(layer);
   auto ptr = [](Tensor& t) -> void* { return t.defined() ? t.raw_data() : nullptr; };

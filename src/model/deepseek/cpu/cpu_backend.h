@@ -39,6 +39,9 @@ class CpuBackend final : public ModelBackend {
   void reset_slot(int32_t slot) override { cache_.reset_slot(slot); }
   SlotSnapshot save_slot(int32_t slot, int64_t num_tokens) override;
   void restore_slot(int32_t slot, const SlotSnapshot& snapshot) override;
+  size_t paged_block_bytes() const override { return cache_.geometry().bytes_per_block; }
+  void copy_blocks_to_host(std::span<const HostBlockCopy> copies) override;
+  void copy_blocks_from_host(std::span<const HostBlockCopy> copies) override;
   void begin_step(StepPlan plan) override;
   void launch(const std::function<void()>& body) override { body(); }
   ForwardOutput end_step(const ForwardOptions& options, int64_t rows, int64_t hidden_rows) override;

@@ -67,6 +67,19 @@ SlotSnapshot CudaBackend::save_slot(int32_t slot, int64_t num_tokens) {
 
 void CudaBackend::restore_slot(int32_t slot, const SlotSnapshot& s) { cache_.restore_slot(slot, s.bytes, stream_.get()); }
 
+void CudaBackend::copy_blocks_to_host(std::span<const HostBlockCopy> copies) {
+  cache_.copy_blocks(copies, /*to_host=*/true, stream_.get());
+}
+
+void CudaBackend::copy_blocks_from_host(std::span<const HostBlockCopy> copies) {
+  cache_.copy_blocks(copies, /*to_host=*/false, stream_.get());
+}
+
+std::shared_ptr<uint8_t> CudaBackend::allocate_host_memory(size_t bytes) {
+  auto pinned = std::make_shared<deepinfer::cuda::PinnedBuffer>(bytes ? bytes : 1);
+  return std::shared_ptr<uint8_t>(pinned, pinned->as<uint8_t>());  // aliasing: frees with the buffer
+}
+
 LayerCacheRef CudaBackend::cache(int64_t layer) {
   GpuLayerCache& c = cache_.layer(layer);
   return {.window = c.window.data(), .entries = c.comp.data(), .keys = c.index_keys.data(),
