@@ -113,6 +113,14 @@ struct GenerateSummary {
   double total_tokens_per_s = 0;
   int64_t num_preemptions = 0;
   int64_t num_steps = 0;
+  // Speculative decoding (zeros when no draft was verified): drafts verified / accepted, the
+  // (sequence, step) pairs that verified drafts, the acceptance length (mean tokens committed
+  // per verify step: 1 + accepted / verify steps), per draft position the share of its
+  // verifications that accepted it, and the time spent in the drafter and in verify steps.
+  int64_t num_draft_tokens = 0, num_accepted_draft_tokens = 0, num_verify_steps = 0;
+  double acceptance_length = 0;
+  std::vector<double> acceptance_rate_per_position;
+  double draft_time_s = 0, verify_time_s = 0;
   // Prefix caching: prompt tokens served from the cache (RequestOutput::num_cached_tokens summed),
   // their share of the prompt tokens, and the slot checkpoints held at the end (count, bytes).
   int64_t num_cached_tokens = 0;

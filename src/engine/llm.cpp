@@ -114,6 +114,7 @@ void draw_progress(int64_t done, int64_t total, int64_t out_tokens, double elaps
 namespace {
 GenerateSummary summarize(const std::vector<RequestOutput>& results, GenerateSummary s) {
   int64_t n_ttft = 0, n_tpot = 0;
+  std::vector<int64_t> verified, accepted;  // per draft position
   for (const RequestOutput& r : results) {
     if (!r.error.empty()) continue;
     s.num_prompt_tokens += int64_t(r.prompt_token_ids.size());
@@ -123,12 +124,25 @@ GenerateSummary summarize(const std::vector<RequestOutput>& results, GenerateSum
       s.mean_ttft_s += r.metrics.first_token_time - r.metrics.arrival_time;
       n_ttft++;
     }
+    s.num_verify_steps += r.metrics.num_verify_steps;
+    s.num_draft_tokens += r.metrics.num_draft_tokens;
+    s.num_accepted_draft_tokens += r.metrics.num_accepted_draft_tokens;
+    const auto& ver = r.metrics.draft_verified_per_position;
+    if (verified.size() < ver.size()) verified.resize(ver.size(), 0), accepted.resize(ver.size(), 0);
+    for (size_t i = 0; i < ver.size(); ++i) {
+      verified[i] += ver[i];
+      accepted[i] += r.metrics.draft_accepted_per_position[i];
+    }
     int64_t n = r.outputs.empty() ? 0 : int64_t(r.outputs[0].token_ids.size());
     if (n > 1) {
       s.mean_tpot_s += (r.metrics.last_token_time - r.metrics.first_token_time) / double(n - 1);
       n_tpot++;
     }
   }
+  if (s.num_verify_steps > 0)
+    s.acceptance_length = 1.0 + double(s.num_accepted_draft_tokens) / double(s.num_verify_steps);
+  for (size_t i = 0; i < verified.size(); ++i)
+    s.acceptance_rate_per_position.push_back(verified[i] > 0 ? double(accepted[i]) / double(verified[i]) : 0.0);
   if (n_ttft) s.mean_ttft_s /= double(n_ttft);
   if (n_tpot) s.mean_tpot_s /= double(n_tpot);
   if (s.num_prompt_tokens) s.prefix_hit_rate = double(s.num_cached_tokens) / double(s.num_prompt_tokens);
@@ -155,10 +169,12 @@ std::vector<RequestOutput> LLM::generate(const std::vector<PromptInput>& prompts
   std::vector<size_t> rejected;
   Inbox box;
   int64_t steps0 = 0, pre0 = 0, spill0 = 0, load0 = 0;
+  double draft0 = 0, verify0 = 0;
   {
     std::lock_guard<std::mutex> lock(m.mu);
     steps0 = eng.scheduler().stats().num_steps, pre0 = eng.scheduler().stats().num_preemptions;
     spill0 = eng.runner().stats().blocks_to_host, load0 = eng.runner().stats().blocks_from_host;
+    draft0 = eng.runner().stats().draft_time_s, verify0 = eng.runner().stats().verify_time_s;
     for (size_t i = 0; i < prompts.size(); ++i) {
       std::string id = m.new_id();
       results[i].request_id = id;
@@ -229,6 +245,8 @@ std::vector<RequestOutput> LLM::generate(const std::vector<PromptInput>& prompts
   // With concurrent callers these counters include their steps too (the steps were shared).
   s.num_steps = eng.scheduler().stats().num_steps - steps0;
   s.num_preemptions = eng.scheduler().stats().num_preemptions - pre0;
+  s.draft_time_s = eng.runner().stats().draft_time_s - draft0;
+  s.verify_time_s = eng.runner().stats().verify_time_s - verify0;
   s.num_checkpoints = eng.scheduler().prefix_cache().stats().num_checkpoints;
   s.checkpoint_bytes = int64_t(eng.scheduler().prefix_cache().stats().checkpoint_bytes);
   s.host_blocks_spilled = eng.runner().stats().blocks_to_host - spill0;
@@ -323,7 +341,20 @@ std::string GenerateSummary::str() const {
                 (long long)num_steps, (long long)num_preemptions, (long long)num_cached_tokens, prefix_hit_rate * 100.0,
                 (long long)num_checkpoints, double(checkpoint_bytes) / double(1 << 20), (long long)host_blocks_spilled,
                 (long long)host_blocks_loaded);
-  return buf;
+  std::string out = buf;
+  if (num_draft_tokens > 0) {
+    std::snprintf(buf, sizeof buf,
+                  "\nspeculative: acceptance length %.3f tokens/step over %lld verify steps, %lld of %lld drafts "
+                  "accepted; draft time %.2f s, verify time %.2f s; per position:",
+                  acceptance_length, (long long)num_verify_steps, (long long)num_accepted_draft_tokens,
+                  (long long)num_draft_tokens, draft_time_s, verify_time_s);
+    out += buf;
+    for (double r : acceptance_rate_per_position) {
+      std::snprintf(buf, sizeof buf, " %.3f", r);
+      out += buf;
+    }
+  }
+  return out;
 }
 
 }  // namespace deepinfer

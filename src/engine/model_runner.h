@@ -10,7 +10,11 @@
 // run. The runner commits it to its own copy (the scheduler does the same in update()) and
 // calls CausalLM::rollback for the rejected positions. With drafting on (a model drafter and
 // num_speculative_tokens > 0) it then feeds the drafter every position the target committed
-// this step and returns its proposals, which the scheduler schedules next step.
+// this step and returns its proposals, which the scheduler schedules next step. A draft is
+// chosen as the request samples (a DraftPicker over the drafter's logits): greedy requests and
+// requests with a grammar draft greedily, other sampling requests draw their draft from their
+// processed distribution q and are verified by rejection sampling (spec_verify.h), which needs
+// the target's probabilities on the host: such steps take the host sampling path.
 //
 // Prefix caching: a new sequence with NewSeqData::restore starts from that slot checkpoint
 // (its first blocks are shared cached ones); after the step the runner saves the checkpoints
@@ -41,6 +45,13 @@ namespace deepinfer::engine {
 struct RunnerOptions {
   bool device_sampling = true;       // sample on the model's device when it keeps logits there
   int32_t num_speculative_tokens = 0;  // drafts to ask the model's drafter for (0: no drafting)
+  // A sampling request without a grammar drafts from its own processed distribution over the
+  // drafter's logits and is verified by rejection sampling (spec_verify.h); off: every request
+  // drafts greedily and its output is token-identical to plain decoding (lower acceptance).
+  bool sampled_drafts = true;
+  // Tokens per paged block (the cache geometry's): drafts are capped to the positions the
+  // sequence's blocks cover (0: no cap).
+  int64_t block_tokens = 0;
   int64_t host_blocks = 0;             // host-tier slots (prefix caching), paged_block_bytes() each
 };
 
@@ -50,6 +61,9 @@ class ModelRunner {
     int64_t device_steps = 0, host_steps = 0;  // steps sampled on the device / on the host
     int64_t rollbacks = 0;                     // CausalLM::rollback calls (rejected drafts)
     int64_t draft_calls = 0;                   // Drafter::propose calls
+    int64_t verify_steps = 0;                  // steps with at least one draft to verify
+    double draft_time_s = 0;                   // in Drafter::propose
+    double verify_time_s = 0;                  // forward + sampling + verification of verify steps
     int64_t restores = 0;                      // slots started from a prefix checkpoint
     int64_t checkpoints_saved = 0;             // CausalLM::save_slot calls for prefix caching
     int64_t blocks_to_host = 0, blocks_from_host = 0;  // host-tier block copies
@@ -78,6 +92,10 @@ class ModelRunner {
     int32_t slot = -1;
     std::vector<int32_t> block_table;
     int64_t num_computed = 0;
+    // The drafter's last proposal (what the scheduler may schedule next step, a prefix of it) and
+    // the distribution each draft was drawn from ([vocab] weights; empty: greedy draft).
+    std::vector<int32_t> pending_drafts;
+    std::vector<std::vector<float>> pending_q;
     int64_t num_tokens() const { return int64_t(prompt_ids->size() + output_ids.size()); }
     int32_t token_at(int64_t p) const {
       int64_t np = int64_t(prompt_ids->size());
@@ -100,6 +118,7 @@ class ModelRunner {
     std::vector<SamplingRow> rows;
     std::vector<int64_t> logits_rows;            // [rows] row of the forward's logits
     std::deque<std::vector<int32_t>> histories;  // output ids + drafts prefix, per draft row
+    Tensor host_logits;  // what rows[].logits point into (host path): kept for rejection sampling in commit
   };
 
   void apply_state_changes(const SchedulerOutput& out);
@@ -116,6 +135,8 @@ class ModelRunner {
   void commit(const std::vector<SeqSlice>& slices, const SampleSet& set, std::vector<SampleResult>& drawn,
               ModelRunnerOutput& result);
   void propose_drafts(const std::vector<SeqSlice>& slices, const model::HiddenRows& hidden, ModelRunnerOutput& result);
+  // Whether the sequence's scheduled drafts were sampled (verified from host probabilities).
+  bool has_sampled_drafts(const ScheduledSeq& sch) const;
   // Saves the slot checkpoints `out` asks for that the step committed and the model can save.
   void save_checkpoints(const SchedulerOutput& out, ModelRunnerOutput& result);
   // The host tier's copies of a step: spills (device -> host) first, then loads.

@@ -148,6 +148,9 @@ class CausalLM {
   virtual void enable_expert_parallel(parallel::ProcessGroup& group, const ExpertParallelOptions& options) {
     DI_THROW(InvalidArgument, describe(), ": expert parallelism is not implemented for this model");
   }
+  // Waits until the work this model enqueued on its device is done (timing; the engine's cost
+  // curve). Host backends are done when run() returns.
+  virtual void synchronize() {}
 
   // Positions a slot can roll back (see the contract above); 0 = no rollback.
   virtual int64_t max_rollback() const { return 0; }

@@ -262,6 +262,7 @@ class ModelBackend : public Backend {
   virtual void set_expert_parallel(std::shared_ptr<ExpertParallel> ep) {
     DI_THROW(InvalidArgument, describe(), ": expert parallelism is not implemented on this backend yet");
   }
+  virtual void synchronize() {}                              // waits for the step stream (timing)
 
   // Cache storage for the model's layer specs (fixed at construction).
   virtual kv::CacheGeometry plan_cache(size_t budget_bytes, int64_t max_slots) const = 0;

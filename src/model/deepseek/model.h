@@ -48,6 +48,7 @@ class DeepseekModel : public CausalLM {
   bool supports_device_logits() const override { return be_->logits_on_device(); }
   bool joins_collectives() const override { return be_->joins_collectives(); }
   void enable_expert_parallel(parallel::ProcessGroup& group, const ExpertParallelOptions& options) override;
+  void synchronize() override { be_->synchronize(); }
 
   int64_t max_rollback() const override { return arch_.plan.max_rollback; }
   void rollback(int32_t slot, int64_t num_tokens, int64_t keep) override;

@@ -100,7 +100,7 @@ TEST(EnvKnobs, BadValuesNameTheVariable) {
 // message naming it; the values that ask for nothing new pass.
 TEST(EnvKnobs, UnbuiltFeaturesAreRefusedNamingTheKnob) {
   const std::vector<std::pair<std::string, std::string>> refused = {
-      {"DEEPINFER_ENABLE_MTP_VARLEN", "1"},         {"DEEPINFER_BATCH_INVARIANT", "1"},
+      {"DEEPINFER_BATCH_INVARIANT", "1"},
       {"DEEPINFER_ASYNC_SCHEDULING", "1"},          {"DEEPINFER_USE_NEXTN_DECODE", "2"},
       {"DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE", "compact"}, {"DEEPINFER_YOCO_PREFILL_KEEP_TOKENS", "140"},
       {"DEEPINFER_ACCELERATOR", "ascend"}};
@@ -109,7 +109,8 @@ TEST(EnvKnobs, UnbuiltFeaturesAreRefusedNamingTheKnob) {
     EXPECT_NE(msg.find(name), std::string::npos) << name << "=" << value << ": " << msg;
   }
   for (const auto& [name, value] : std::vector<std::pair<std::string, std::string>>{
-           {"DEEPINFER_ENABLE_MTP_VARLEN", "0"}, {"DEEPINFER_BATCH_INVARIANT", "0"}, {"DEEPINFER_ASYNC_SCHEDULING", "0"},
+           {"DEEPINFER_ENABLE_MTP_VARLEN", "0"}, {"DEEPINFER_ENABLE_MTP_VARLEN", "1"},
+           {"DEEPINFER_BATCH_INVARIANT", "0"}, {"DEEPINFER_ASYNC_SCHEDULING", "0"},
            {"DEEPINFER_USE_NEXTN_DECODE", "0"}, {"DEEPINFER_CUDA_GRAPHS", "0"}, {"DEEPINFER_DEVICE_SAMPLING", "0"}})
     EXPECT_EQ(refusal({{name, value}}), "") << name << "=" << value;
   // Drafting is honoured for a model with a drafter; two refusals are both named.
@@ -138,7 +139,7 @@ TEST(EnvKnobs, EngineAndLLMRefuseAtConstruction) {
   LLMConfig c;
   c.model = "builtin:toy";
   for (auto [name, value] : std::vector<std::pair<const char*, const char*>>{
-           {"DEEPINFER_ENABLE_MTP_VARLEN", "1"}, {"DEEPINFER_ASYNC_SCHEDULING", "1"}, {"DEEPINFER_USE_NEXTN_DECODE", "4"},
+           {"DEEPINFER_ASYNC_SCHEDULING", "1"}, {"DEEPINFER_USE_NEXTN_DECODE", "4"},
            {"DEEPINFER_YOCO_PREFILL_KEEP_TOKENS", "10"}, {"DEEPINFER_DEVICE_SAMPLING", "maybe"}}) {
     EnvVar v(name, value);
     try {

@@ -68,6 +68,17 @@ void* CpuBackend::buf(Buf b) const {
   return const_cast<uint64_t*>(arena_.data() + off_[size_t(b)]);
 }
 
+void CpuBackend::use_fixed_shapes(int64_t max_context, const FixedLimits& limits) {
+  fixed_ = true;
+  fixed_limits_ = limits;
+  fixed_caps_ = fixed_candidate_caps(specs_, max_context);
+}
+
+std::optional<ModelBackend::FixedShape> CpuBackend::fixed_shape(const ForwardBatch& b) const {
+  if (!fixed_ || !fixed_eligible(specs_, b, fixed_caps_, fixed_limits_)) return std::nullopt;
+  return FixedShape{.padded = fixed_token_bucket(b.num_tokens()), .caps = &fixed_caps_};
+}
+
 void CpuBackend::begin_step(StepPlan plan) {
   plan_ = std::move(plan);
   const StepPlan& p = plan_;

@@ -50,11 +50,13 @@ class CpuBackend final : public ModelBackend {
   kv::KvCache& cache() { return cache_; }
   bool joins_collectives() const override { return ep_ != nullptr; }
   // Main layers' routed experts run expert-parallel over `ep` from now on (between steps only).
-  // The store must hold every expert a rank's slots name (prepare_cpu's expert filter).
+  // Every rank's store holds every expert, so any placement (EPLB's too) can be served.
   void set_expert_parallel(std::shared_ptr<ExpertParallel> ep) override;
   ExpertParallel* expert_parallel() { return ep_.get(); }
-  // Replaces a main layer's routed-expert weights (EPLB rearrangement brings new local experts).
-  CpuWeightStore& weight_store() { return *store_; }
+  // Tests: take the fixed-shape path (the CUDA backend's plans, padded to token buckets) for every
+  // batch it accepts, with candidate caps for contexts up to `max_context` tokens.
+  void use_fixed_shapes(int64_t max_context, const FixedLimits& limits);
+  std::optional<FixedShape> fixed_shape(const ForwardBatch& batch) const override;
 
   // ---- Backend ----
   DType act() const override { return DType::kF32; }
@@ -91,6 +93,9 @@ class CpuBackend final : public ModelBackend {
   Arch arch_;
   std::vector<kv::LayerCacheSpec> specs_;
   std::unique_ptr<CpuWeightStore> store_;
+  bool fixed_ = false;           // use_fixed_shapes
+  FixedLimits fixed_limits_;
+  std::vector<int64_t> fixed_caps_;
   kv::KvCache cache_;
   StepPlan plan_;
   StepIndex index_;
