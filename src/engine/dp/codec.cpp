@@ -9,12 +9,12 @@ using parallel::WireReader;
 using parallel::WireWriter;
 
 // A struct that grows a field must grow its codec too (these sizes are libstdc++ x86-64's).
-static_assert(sizeof(RequestMetrics) == 56, "RequestMetrics changed: update engine/dp/codec.cpp");
+static_assert(sizeof(RequestMetrics) == 128, "RequestMetrics changed: update engine/dp/codec.cpp");
 static_assert(sizeof(Logprob) == 40, "Logprob changed: update engine/dp/codec.cpp");
 static_assert(sizeof(StructuredOutputsParams) == 192, "StructuredOutputsParams changed: update engine/dp/codec.cpp");
 static_assert(sizeof(SamplingParams) == 368, "SamplingParams changed: update engine/dp/codec.cpp");
 static_assert(sizeof(CompletionOutput) == 192, "CompletionOutput changed: update engine/dp/codec.cpp");
-static_assert(sizeof(RequestOutput) == 248, "RequestOutput changed: update engine/dp/codec.cpp");
+static_assert(sizeof(RequestOutput) == 320, "RequestOutput changed: update engine/dp/codec.cpp");
 static_assert(sizeof(LLMConfig) == 232, "LLMConfig changed: update engine/dp/codec.cpp");
 static_assert(sizeof(PromptInput) == 64, "PromptInput changed: update engine/dp/codec.cpp");
 
@@ -242,6 +242,11 @@ void put(WireWriter& w, const RequestOutput& o) {
     w.put<double>(t);
   w.put<int64_t>(m.num_generation_tokens);
   w.put<int64_t>(m.num_preemptions);
+  w.put<int64_t>(m.num_verify_steps);
+  w.put<int64_t>(m.num_draft_tokens);
+  w.put<int64_t>(m.num_accepted_draft_tokens);
+  w.put_vec(m.draft_verified_per_position);
+  w.put_vec(m.draft_accepted_per_position);
   w.put_str(o.error);
 }
 
@@ -266,6 +271,11 @@ RequestOutput get_request_output(WireReader& r) {
     *t = r.get<double>("metrics time");
   m.num_generation_tokens = r.get<int64_t>("num_generation_tokens");
   m.num_preemptions = r.get<int64_t>("num_preemptions");
+  m.num_verify_steps = r.get<int64_t>("num_verify_steps");
+  m.num_draft_tokens = r.get<int64_t>("num_draft_tokens");
+  m.num_accepted_draft_tokens = r.get<int64_t>("num_accepted_draft_tokens");
+  m.draft_verified_per_position = r.get_vec<int64_t>("draft_verified_per_position");
+  m.draft_accepted_per_position = r.get_vec<int64_t>("draft_accepted_per_position");
   o.error = r.get_str("error");
   return o;
 }

@@ -53,7 +53,9 @@ RequestOutput full_output() {
   o.finished = true;
   o.num_cached_tokens = 256;
   o.metrics = {.arrival_time = 1.5, .first_scheduled_time = 2, .first_token_time = 3, .last_token_time = 4,
-               .finished_time = 5, .num_generation_tokens = 6, .num_preemptions = 1};
+               .finished_time = 5, .num_generation_tokens = 6, .num_preemptions = 1, .num_verify_steps = 7,
+               .num_draft_tokens = 8, .num_accepted_draft_tokens = 9, .draft_verified_per_position = {4, 3},
+               .draft_accepted_per_position = {2, 1}};
   o.error = "";
   return o;
 }
@@ -136,6 +138,11 @@ TEST(DpCodec, RequestOutputRoundTrip) {
   EXPECT_EQ(q.metrics.finished_time, 5);
   EXPECT_EQ(q.metrics.num_generation_tokens, 6);
   EXPECT_EQ(q.metrics.num_preemptions, 1);
+  EXPECT_EQ(q.metrics.num_verify_steps, 7);
+  EXPECT_EQ(q.metrics.num_draft_tokens, 8);
+  EXPECT_EQ(q.metrics.num_accepted_draft_tokens, 9);
+  EXPECT_EQ(q.metrics.draft_verified_per_position, (std::vector<int64_t>{4, 3}));
+  EXPECT_EQ(q.metrics.draft_accepted_per_position, (std::vector<int64_t>{2, 1}));
 }
 
 TEST(DpCodec, LLMConfigAndCommandsRoundTrip) {
