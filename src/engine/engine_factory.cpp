@@ -20,6 +20,11 @@ void validate_llm_config(const LLMConfig& config) {
   if (config.expert_parallel_size < 0)
     DI_THROW(InvalidArgument, "LLMConfig.expert_parallel_size must be >= 0 (0 = data_parallel_size), got ",
              config.expert_parallel_size);
+  // The layout itself (ep divides dp) is checked here too, so a single-rank LLM does not
+  // silently ignore an expert_parallel_size it cannot honour.
+  if (config.expert_parallel_size > 1 && config.data_parallel_size % config.expert_parallel_size != 0)
+    DI_THROW(InvalidArgument, "LLMConfig.expert_parallel_size=", config.expert_parallel_size,
+             " must divide data_parallel_size=", config.data_parallel_size);
   const bool sharded = config.data_parallel_size > 1 && config.expert_parallel_size != 1;
   for (auto [name, set] : {std::pair<const char*, bool>{"enable_eplb", config.enable_eplb},
                            {"num_redundant_experts", config.num_redundant_experts != 0}})

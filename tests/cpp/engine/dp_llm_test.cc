@@ -172,6 +172,8 @@ TEST(DataParallelLLM, BadLayoutRefused) {
   c.expert_parallel_size = 0;
   c.data_parallel_size = 0;
   EXPECT_THROW(LLM{c}, InvalidArgument);
+  LLMConfig one_rank = config(tiny_model(), 1, 2);  // experts sharded over ranks that do not exist
+  EXPECT_THROW(LLM{one_rank}, InvalidArgument);
   LLMConfig single = config(tiny_model(), 1, 0);
   single.enable_eplb = true;  // nothing to balance on one rank: refused, not ignored
   try {
