@@ -68,20 +68,6 @@ void ExpertParallel::rebalance() {
   if (moved > 0) ++rebalances_, slots_moved_ += moved;
 }
 
-bool ExpertParallel::holds(int64_t layer, int32_t logical) const {
-  const parallel::ExpertPlacement& L = layout(layer);
-  for (int32_t p : L.logical_to_physical.at(size_t(logical)))
-    if (L.physical_to_logical.size() > 0 && p / L.slots_per_rank == rank()) return true;
-  return false;
-}
-
-void ExpertParallel::set_layout(int64_t layer, parallel::ExpertPlacement L) {
-  if (L.num_ranks != group_.size())
-    DI_THROW(InvalidArgument, "expert placement for ", L.num_ranks, " ranks in a group of ", group_.size());
-  L.validate();
-  layers_.at(size_t(layer)) = std::move(L);
-}
-
 void ExpertParallel::dispatch(int64_t layer, const float* h, int64_t T, int64_t D, const int32_t* ids, int64_t K) {
   const parallel::ExpertPlacement& L = layout(layer);
   const int n = size(), me = rank();

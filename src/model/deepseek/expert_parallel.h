@@ -41,9 +41,6 @@ class ExpertParallel {
   int rank() const { return group_.rank(); }
   int size() const { return group_.size(); }
   const parallel::ExpertPlacement& layout(int64_t layer) const { return layers_.at(size_t(layer)); }
-  bool holds(int64_t layer, int32_t logical) const;  // this rank has a replica
-  // Replaces a layer's placement (EPLB rearrangement; every rank, the same step, between steps).
-  void set_layout(int64_t layer, parallel::ExpertPlacement layout);
 
   // Sends each assignment's row (h[pair / K], D floats) to a rank holding expert ids[pair]; after
   // it, received() lists what this rank must compute. Counts this rank's routed tokens per expert.
