@@ -249,21 +249,21 @@ void Scheduler::drain_evictions(SchedulerOutput& out) {
 
 void Scheduler::fill_grammar_masks(SchedulerOutput& out) {
   const size_t words = size_t((vocab_size_ + 31) / 32);
+  // One job per sampling sequence (rows after drafts[0, i)), filled together: in parallel on
+  // the grammar compiler's workers when it has them.
+  std::vector<GrammarMaskJob> jobs;
+  const size_t base = out.grammar_masks.size();
   for (const ScheduledSeq& s : out.scheduled) {
     Request& r = *requests_.at(s.seq_id);
     if (!s.samples || !r.grammar) continue;
-    SeqGrammarMasks m{s.seq_id, std::vector<std::vector<uint32_t>>(size_t(s.num_sample_rows()))};
-    const int32_t n_drafts = int32_t(s.draft_tokens.size());
-    for (int32_t i = 0; i <= n_drafts; ++i) {
-      m.rows[size_t(i)].assign(words, 0);
-      r.grammar->fill_bitmask(m.rows[size_t(i)]);
-      if (i < n_drafts)
-        DI_CHECK(r.grammar->accept_token(s.draft_tokens[size_t(i)]), "seq ", s.seq_id, ": draft ", i,
-                 " was checked against the grammar but is rejected now");
-    }
-    if (n_drafts > 0) r.grammar->rollback(n_drafts);
-    out.grammar_masks.push_back(std::move(m));
+    out.grammar_masks.push_back({s.seq_id, std::vector<std::vector<uint32_t>>(size_t(s.num_sample_rows()),
+                                                                              std::vector<uint32_t>(words, 0))});
+    jobs.push_back({r.grammar.get(), s.draft_tokens, nullptr});
   }
+  for (size_t i = 0; i < jobs.size(); ++i) jobs[i].rows = &out.grammar_masks[base + i].rows;
+  if (grammar_compiler_) grammar_compiler_->fill_bitmasks(jobs);
+  else
+    for (const GrammarMaskJob& j : jobs) j.matcher->fill_bitmasks(j.drafts, *j.rows);
 }
 
 SchedulerOutput Scheduler::schedule() {
