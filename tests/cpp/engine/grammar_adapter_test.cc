@@ -153,13 +153,14 @@ TEST(GrammarAdapter, DsmlToolCallsEndToEnd) {
     p.skip_special_tokens = false;
     p.structured_outputs.emplace();
     p.structured_outputs->tool_calls = R"({"format": ")" + format + R"(", "mode": ")" + mode + R"(", "tools": )" + tools +
-                                       (mode == "required" ? R"(, "function": "get_weather"})" : "}");
+                                       (mode == "required" ? R"(, "function": "get_weather"})" : R"(, "parallel": false})");
     return p;
   };
   SamplingParams autop = params("v4", "auto");
-  const std::vector<int32_t> dsml = llm.encode("｜DSML｜");
-  ASSERT_EQ(dsml.size(), 1u) << "the DSML marker is one special token";
-  autop.logit_bias = {{dsml[0], 100.0f}};
+  // The marker is one special token (encode may put BOS first).
+  const std::vector<int32_t> dsml = llm.encode("｜DSML｜"), bos = llm.encode("");
+  ASSERT_EQ(dsml.size(), bos.size() + 1) << "the DSML marker is one special token";
+  autop.logit_bias = {{dsml.back(), 100.0f}};
   SamplingParams bad = params("v4", "required");
   bad.structured_outputs->tool_calls = R"({"format": "v9", "tools": [{"name": "f"}]})";
   const PromptInput prompt = PromptInput::from_text("<｜User｜>Weather in Paris?<｜Assistant｜></think>");

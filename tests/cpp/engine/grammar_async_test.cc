@@ -66,7 +66,7 @@ class GatedCompiler final : public GrammarCompiler {
   std::shared_future<void> gate_;
 };
 
-struct Setup {
+struct AsyncSetup {
   double wait_s = 0.05;
   int32_t drafts = 0;
   bool gated = false;
@@ -75,7 +75,7 @@ struct Setup {
 struct Harness {
   std::unique_ptr<Engine> eng;
   GatedCompiler* gate = nullptr;
-  explicit Harness(const Setup& s) {
+  explicit Harness(const AsyncSetup& s) {
     ToyModelConfig tc;
     tc.max_rollback = 5;
     auto model = std::make_unique<ToyModel>(tc);
@@ -115,7 +115,7 @@ PromptInput prompt(const std::string& text) {
 
 TEST(GrammarAsync, SlowCompileDoesNotDelayOtherRequests) {
   // B alone: how many steps it takes, and its tokens.
-  Harness solo(Setup{.gated = true});
+  Harness solo(AsyncSetup{.gated = true});
   if (!solo.available()) GTEST_SKIP() << "structured module not in this build";
   std::map<std::string, RequestOutput> alone;
   solo.eng->add_request("b", prompt("hello"), greedy(12, regex("(ab)+c?")), 0);
@@ -123,7 +123,7 @@ TEST(GrammarAsync, SlowCompileDoesNotDelayOtherRequests) {
   ASSERT_TRUE(alone.count("b") && alone["b"].error.empty());
 
   // A's grammar is held compiling; B runs beside it in exactly as many steps.
-  Harness h(Setup{.gated = true});
+  Harness h(AsyncSetup{.gated = true});
   std::map<std::string, RequestOutput> out;
   h.eng->add_request("a", prompt("abc"), greedy(12, regex("(slow)[0-9]{3}-[a-z]{2}")), 0);
   EXPECT_EQ(h.eng->num_compiling(), 1);
@@ -140,7 +140,7 @@ TEST(GrammarAsync, SlowCompileDoesNotDelayOtherRequests) {
   h.gate->open();
   h.run(out);
   EXPECT_EQ(h.eng->num_compiling(), 0);
-  Harness sync(Setup{.wait_s = 60});
+  Harness sync(AsyncSetup{.wait_s = 60});
   std::map<std::string, RequestOutput> ref;
   sync.eng->add_request("a", prompt("abc"), greedy(12, regex("(slow)[0-9]{3}-[a-z]{2}")), 0);
   sync.run(ref);
@@ -152,7 +152,7 @@ TEST(GrammarAsync, SlowCompileDoesNotDelayOtherRequests) {
 }
 
 TEST(GrammarAsync, LateCompileErrorEndsOnlyThatRequest) {
-  Harness h(Setup{.gated = true});
+  Harness h(AsyncSetup{.gated = true});
   if (!h.available()) GTEST_SKIP() << "structured module not in this build";
   h.eng->add_request("bad", prompt("x"), greedy(8, regex("(slow)[0-9")), 0);  // no throw: still compiling
   h.eng->add_request("good", prompt("x"), greedy(8), 0);
@@ -171,7 +171,7 @@ TEST(GrammarAsync, LateCompileErrorEndsOnlyThatRequest) {
 }
 
 TEST(GrammarAsync, AbortWhileCompiling) {
-  Harness h(Setup{.gated = true});
+  Harness h(AsyncSetup{.gated = true});
   if (!h.available()) GTEST_SKIP() << "structured module not in this build";
   h.eng->add_request("a", prompt("x"), greedy(8, regex("(slow)a+")), 0);
   std::vector<RequestOutput> o = h.eng->abort("a");
@@ -199,7 +199,7 @@ TEST(GrammarAsync, AsyncCompileGivesSynchronousOutputs) {
   for (int32_t drafts : {0, 3}) {
     std::map<std::string, RequestOutput> got[2];
     for (int mode = 0; mode < 2; ++mode) {
-      Harness h(Setup{.wait_s = mode ? 60.0 : 0.0, .drafts = drafts});
+      Harness h(AsyncSetup{.wait_s = mode ? 60.0 : 0.0, .drafts = drafts});
       if (!h.available()) GTEST_SKIP() << "structured module not in this build";
       for (size_t i = 0; i < 8; ++i)
         h.eng->add_request(std::to_string(i), prompt("p" + std::to_string(i)), ps[i % ps.size()], 0);
