@@ -56,7 +56,16 @@ class Scheduler {
 
   // Takes ownership; the request must already be validated (Engine::add_request).
   void add(std::unique_ptr<Request> request);
+  // Plans the next step. With a step in flight (asynchronous scheduling: schedule() before the
+  // previous step's update()), it plans as if that step completed: every sequence it samples
+  // gains one token, whose id the runner takes from the device; one whose last token (max_tokens)
+  // is in flight is not scheduled; one that stops there (EOS, stop ids/strings, grammar) is, and
+  // update() drops that row. Grammar masks are not part of the plan: grammar_masks() builds them
+  // once the previous step was applied.
   SchedulerOutput schedule();
+  // Bitmasks of `out`'s sampling sequences with a grammar (rows after drafts[0, i)). Call after
+  // update() applied every step before `out`, so each matcher has accepted its tokens.
+  std::vector<SeqGrammarMasks> grammar_masks(const SchedulerOutput& out);
   // Applies step `out`'s results (`result` answers it; `stops` are the output processor's
   // stop-string / text-error events on result's tokens) and completes the step for the cache.
   // Returns one update per scheduled sequence that was still running.
@@ -80,7 +89,6 @@ class Scheduler {
   void preempt(Request* r, SchedulerOutput& out);
   void insert_waiting(Request* r);
   void insert_running(Request* r);
-  void fill_grammar_masks(SchedulerOutput& out);
   // Commits tokens[0, n) of a step one by one; true when one of them finished the sequence.
   bool commit_tokens(Request& r, const SampledSeq& s, int32_t n, const StopEvent* stop, SeqUpdate& u);
   bool apply_token(Request& r, int32_t token);  // true when it finished the sequence

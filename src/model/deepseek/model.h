@@ -43,6 +43,10 @@ class DeepseekModel : public CausalLM {
 
   ForwardOutput run(const ForwardBatch& batch, const ForwardOptions& options) override;
   bool supports_device_logits() const override { return be_->logits_on_device(); }
+  bool supports_device_inputs() const override { return be_->logits_on_device(); }
+  void set_profiling(bool on) override { be_->set_profiling(on); }
+  void mark_step_end() override { be_->mark_step_end(); }
+  StepProfile take_profile() override { return be_->take_profile(); }
 
   int64_t max_rollback() const override { return arch_.plan.max_rollback; }
   SlotSnapshot save_slot(int32_t slot, int64_t num_tokens) override { return be_->save_slot(slot, num_tokens); }

@@ -48,10 +48,14 @@ class CudaBackend final : public ModelBackend {
   SlotSnapshot save_slot(int32_t slot, int64_t num_tokens) override;
   void restore_slot(int32_t slot, const SlotSnapshot& snapshot) override;
   std::optional<FixedShape> fixed_shape(const ForwardBatch& batch) const override;
+  void set_device_inputs(std::span<const DeviceInput> inputs, const int32_t* sampled_ids) override;
   void begin_step(StepPlan plan) override;
   void launch(const std::function<void()>& body) override;
   ForwardOutput end_step(const ForwardOptions& options, int64_t rows, int64_t hidden_rows) override;
   const float* stage_hidden(const HiddenRows& rows, const RowRanges& ranges) override;
+  void set_profiling(bool on) override;
+  void mark_step_end() override;
+  CausalLM::StepProfile take_profile() override;
 
   // Tests and benchmarks.
   void set_decode_path(DecodePath p);
@@ -95,6 +99,8 @@ class CudaBackend final : public ModelBackend {
   MoePath moe_path(const MoeRef& M) const;
   void linear_fp8(const LinearRef& W, const void* x, int64_t ldx, int64_t bsx, int64_t M, void* y, DType y_dtype,
                   int64_t ldy, int64_t bsy, int64_t n, int64_t k, int64_t batch);
+  void linear_bf16_fixed(const void* w, const void* x, int64_t ldx, int64_t bsx, int64_t M, void* y, DType y_dtype,
+                         int64_t ldy, int64_t bsy, int64_t n, int64_t k, int64_t batch);
   void swiglu_rows(void* gu, void* act, const float* row_weight, int64_t rows);
   ArenaSizes arena_sizes(const StepPlan& p, ops::cuda::AttnSplit* split) const;
   void ensure_fixed_buffers();
@@ -122,7 +128,21 @@ class CudaBackend final : public ModelBackend {
   // General steps: growable buffers. Fixed-shape steps: buffers sized once for the largest bucket
   // (graphs capture their addresses, so they are never reallocated).
   deepinfer::cuda::DeviceBuffer arena_, meta_, fixed_arena_, fixed_meta_;
-  std::vector<char> meta_h_;
+  // The step's packed index lists in pinned memory (an async H2D copy from pageable memory may
+  // wait for the stream, which would stall asynchronous scheduling): two buffers used in turn,
+  // each reused only after the copy out of it two steps ago has run (meta_copied_).
+  std::vector<char> meta_pack_;
+  deepinfer::cuda::PinnedBuffer meta_h_[2];
+  deepinfer::cuda::Event meta_copied_[2];
+  int meta_turn_ = 0;
+  // Profiling (set_profiling): timing events at each step's first upload and at mark_step_end;
+  // a begin without an end (a drafter step) is replaced by the next begin.
+  bool profiling_ = false;
+  std::vector<std::pair<deepinfer::cuda::Event, deepinfer::cuda::Event>> profile_;
+  bool profile_open_ = false;  // profile_.back() has a begin and no end yet
+  // Tokens of the next step read from device memory (set_device_inputs): [2k] (token, row).
+  std::vector<int32_t> input_patch_;
+  const int32_t* sampled_ids_ = nullptr;
   std::map<std::pair<int64_t, bool>, deepinfer::cuda::CudaGraph> graphs_;  // (padded size, hidden rows)
   std::map<std::pair<int64_t, bool>, bool> warmed_;
   deepinfer::cuda::DeviceBuffer staged_hidden_;
