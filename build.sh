@@ -20,7 +20,7 @@ for a in "$@"; do
 done
 
 # ---- system packages (skipped when present; needs root or sudo otherwise) ----
-APT_PKGS=(cmake g++ pkg-config libopenblas-dev libpcre2-dev nlohmann-json3-dev libcli11-dev libgtest-dev zlib1g-dev)
+APT_PKGS=(cmake g++ pkg-config libopenblas-dev libpcre2-dev nlohmann-json3-dev libcli11-dev libgtest-dev zlib1g-dev libgloo-dev)
 missing=()
 for p in "${APT_PKGS[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 DEP_ARGS=()

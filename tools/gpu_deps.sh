@@ -17,7 +17,8 @@ di_use_gpu_deps() {
   local libdir=$prefix/usr/lib/x86_64-linux-gnu
   # update-alternatives never ran: make the plain libopenblas.so name the postinst would have made.
   [ -e "$libdir/libopenblas.so" ] || ln -sf openblas-pthread/libopenblas.so "$libdir/libopenblas.so"
-  export LD_LIBRARY_PATH=$libdir:$libdir/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  # gloo installs into usr/lib (not the multiarch folder).
+  export LD_LIBRARY_PATH=$libdir:$libdir/openblas-pthread:$prefix/usr/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   export PKG_CONFIG_PATH=$libdir/pkgconfig PKG_CONFIG_SYSROOT_DIR=$prefix
   CMAKE_DEP_ARGS=(-DDEEPINFER_EXTRA_PREFIX="$prefix" -DCMAKE_PREFIX_PATH="$prefix/usr")
 }
