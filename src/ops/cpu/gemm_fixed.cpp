@@ -113,7 +113,7 @@ void gemm_fixed(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, co
   if (M == 0 || N == 0) return;
   if (!trans_b) {
     parallel_for(0, M, [&](int64_t i) {
-      std::vector<float> acc(size_t(N));
+      std::vector<float> acc(static_cast<size_t>(N));
       row_nn(A + i * lda, N, K, B, ldb, C + i * ldc, alpha, beta, acc.data());
     }, grain_for(2 * N * K));
     return;

@@ -51,13 +51,13 @@ std::unique_ptr<Engine> make_engine(const Setup& s) {
   return std::make_unique<Engine>(ec, std::move(model), nullptr);
 }
 
-struct Request {
+struct Req {
   std::vector<int32_t> prompt;
   SamplingParams params;
 };
 
-Request random_request(std::mt19937_64& rng, int64_t vocab, int max_prompt, int max_out) {
-  Request r;
+Req random_request(std::mt19937_64& rng, int64_t vocab, int max_prompt, int max_out) {
+  Req r;
   const int len = 1 + int(rng() % uint64_t(max_prompt));
   for (int i = 0; i < len; ++i) r.prompt.push_back(int32_t(2 + rng() % uint64_t(vocab - 2)));
   SamplingParams& p = r.params;
@@ -106,7 +106,7 @@ Trace trace_of(const RequestOutput& o) {
 
 // Runs `target` with `neighbours`, each arriving at its step (target at `target_step`), and
 // returns the target's trace. Checks the cache's books every step.
-Trace run(const Setup& s, const Request& target, int target_step, const std::vector<Request>& neighbours,
+Trace run(const Setup& s, const Req& target, int target_step, const std::vector<Req>& neighbours,
           const std::vector<int>& arrival) {
   auto eng = make_engine(s);
   Trace got;
@@ -137,8 +137,8 @@ Trace run(const Setup& s, const Request& target, int target_step, const std::vec
   return got;
 }
 
-Request target_request(int64_t vocab, bool seeded, int prompt_len, int out) {
-  Request t;
+Req target_request(int64_t vocab, bool seeded, int prompt_len, int out) {
+  Req t;
   for (int i = 0; i < prompt_len; ++i) t.prompt.push_back(int32_t(3 + (i * 37 + 11) % (vocab - 3)));
   t.params.max_tokens = out;
   t.params.ignore_eos = true;
@@ -162,13 +162,13 @@ struct Case {
 void check_invariance(const std::string& model, int64_t vocab, const std::vector<Case>& cases, int max_prompt,
                       int max_out, uint64_t seed) {
   for (bool seeded : {false, true}) {
-    const Request target = target_request(vocab, seeded, 29, 12);
+    const Req target = target_request(vocab, seeded, 29, 12);
     const Trace alone = run({.model = model, .budget = 2048, .async = false}, target, 0, {}, {});
     ASSERT_EQ(alone.ids.size(), 12u);
     ASSERT_FALSE(alone.bits.empty());
     std::mt19937_64 rng(seed + seeded);
     for (const Case& c : cases) {
-      std::vector<Request> nb;
+      std::vector<Req> nb;
       std::vector<int> arrival;
       for (int i = 0; i < c.neighbours; ++i) {
         nb.push_back(random_request(rng, vocab, max_prompt, max_out));
@@ -204,10 +204,10 @@ TEST(BatchInvariance, DefaultModelAloneEqualsRandomBatches) {
 TEST(BatchInvariance, SpeculativeDecodingGivesThePlainTrace) {
   const std::string model = default_model_dir();
   if (model.empty()) GTEST_SKIP() << "the bundled default model is not found";
-  const Request target = target_request(8192, false, 17, 10);
+  const Req target = target_request(8192, false, 17, 10);
   const Trace plain = run({.model = model, .async = false}, target, 0, {}, {});
   std::mt19937_64 rng(5);
-  std::vector<Request> nb;
+  std::vector<Req> nb;
   std::vector<int> arrival;
   for (int i = 0; i < 6; ++i) {
     nb.push_back(random_request(rng, 8192, 12, 6));
