@@ -205,6 +205,13 @@ std::vector<RequestOutput> Engine::abort(const std::string& request_id) {
   }
   OutputProcessor::Result out = outputs_->process(updates, now_seconds());
   request_seqs_.erase(it);
+  // The last request gone: the step in flight has nothing left to report; collect it now so that
+  // its caches come back and has_unfinished() turns false.
+  if (inflight_ && !scheduler_->has_unfinished()) {
+    std::vector<RequestOutput> rest = finish(*inflight_);
+    inflight_.reset();
+    DI_CHECK(rest.empty(), "a step in flight reported ", rest.size(), " outputs with no request left");
+  }
   return std::move(out.outputs);
 }
 

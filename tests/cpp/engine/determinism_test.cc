@@ -230,3 +230,20 @@ TEST(BatchInvariance, DescribeNamesTheMode) {
   EXPECT_EQ(load_model(model, {.env = env, .limits = {}, .progress = false})->describe().find("batch-invariant"),
             std::string::npos);
 }
+
+// The control: without the knob the same batches move the target's logprob bits (OpenBLAS blocks
+// by M), so the cases above do test something.
+TEST(BatchInvariance, WithoutTheKnobBatchesMoveLogprobs) {
+  const std::string model = source_dir() + "/tests/data/golden/tiny";
+  const Req target = target_request(512, false, 29, 12);
+  const Trace alone = run({.model = model, .async = false, .invariant = false}, target, 0, {}, {});
+  std::mt19937_64 rng(3);
+  std::vector<Req> nb;
+  std::vector<int> arrival;
+  for (int i = 0; i < 17; ++i) {
+    nb.push_back(random_request(rng, 512, 24, 6));
+    arrival.push_back(int(rng() % 3));
+  }
+  const Trace got = run({.model = model, .budget = 5, .async = true, .invariant = false}, target, 0, nb, arrival);
+  EXPECT_FALSE(got == alone) << "batched logprobs equal the lone run's bit for bit without batch invariance";
+}
