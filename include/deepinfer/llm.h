@@ -43,6 +43,14 @@ struct LLMConfig {
   int max_n = 1024;                      // a request with SamplingParams.n above this is refused
   int max_logprobs = 20;                 // ... with logprobs / prompt_logprobs above this (vLLM's name)
   std::string accelerator;               // "cpu" | "nvidia"; empty = DEEPINFER_ACCELERATOR / auto
+  // Prefix caching (exact reuse of a cached prompt prefix: shared blocks + slot checkpoints).
+  bool enable_prefix_caching = true;
+  // Prefill chunks end every k-th cache block so the slot state there is checkpointed (a later
+  // prompt can hit at any of them); 0 = only at the prompt's last block boundary.
+  int64_t prefix_checkpoint_blocks = 1;
+  // Host memory (pinned on a GPU) that evicted cache blocks spill to and prefix hits load back
+  // from; 0 = no host tier (a CPU model's cache is host memory already).
+  size_t prefix_host_cache_bytes = 0;
 };
 
 // A prompt: text, or token ids (vLLM {"prompt_token_ids": [...]}).
@@ -87,6 +95,13 @@ struct GenerateSummary {
   double total_tokens_per_s = 0;
   int64_t num_preemptions = 0;
   int64_t num_steps = 0;
+  // Prefix caching: prompt tokens served from the cache (RequestOutput::num_cached_tokens summed),
+  // their share of the prompt tokens, and the slot checkpoints held at the end (count, bytes).
+  int64_t num_cached_tokens = 0;
+  double prefix_hit_rate = 0;
+  int64_t num_checkpoints = 0;
+  int64_t checkpoint_bytes = 0;
+  int64_t host_blocks_spilled = 0, host_blocks_loaded = 0;  // host tier, during this call
   std::string str() const;  // one-paragraph human summary
 };
 

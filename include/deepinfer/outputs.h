@@ -47,6 +47,9 @@ struct RequestOutput {
   std::vector<CompletionOutput> outputs;
   bool finished = false;
   RequestMetrics metrics;
+  // Prompt tokens served from the prefix cache instead of computed (vLLM's num_cached_tokens;
+  // the most of its samples, at their first scheduling).
+  int64_t num_cached_tokens = 0;
   // Non-empty when the request was rejected (bad prompt or parameters); outputs is then empty.
   std::string error;
 };

@@ -80,7 +80,8 @@ class LLM:
                  skip_tokenizer_init: bool = False, max_model_len: Optional[int] = None,
                  max_num_seqs: int = 64, max_num_batched_tokens: int = 2048, enable_chunked_prefill: bool = True,
                  kv_cache_memory_bytes: Optional[int] = None, seed: int = 0, accelerator: Optional[str] = None,
-                 max_n: int = 1024, max_logprobs: int = 20, **kwargs: Any) -> None:
+                 max_n: int = 1024, max_logprobs: int = 20, enable_prefix_caching: bool = True,
+                 prefix_checkpoint_blocks: int = 1, prefix_host_cache_bytes: int = 0, **kwargs: Any) -> None:
         if kwargs:
             raise TypeError(f"LLM: unsupported argument(s) {sorted(kwargs)}")
         c = _E.LLMConfig()
@@ -97,6 +98,9 @@ class LLM:
         c.max_n = as_int("LLM.max_n", max_n, 1)
         c.max_logprobs = as_int("LLM.max_logprobs", max_logprobs, 0)
         c.accelerator = as_str("LLM.accelerator", accelerator or "")
+        c.enable_prefix_caching = as_bool("LLM.enable_prefix_caching", enable_prefix_caching)
+        c.prefix_checkpoint_blocks = as_int("LLM.prefix_checkpoint_blocks", prefix_checkpoint_blocks, 0)
+        c.prefix_host_cache_bytes = as_int("LLM.prefix_host_cache_bytes", prefix_host_cache_bytes, *UINT64)
         self.model = c.model
         self._llm = _E.LLM(c)
         # Streams share the engine's add_request/step queue: outputs are dealt out to the stream

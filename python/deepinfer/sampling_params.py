@@ -96,10 +96,11 @@ class StructuredOutputsParams:
         trig = self.trigger_token_ids or []
         if not isinstance(trig, (list, tuple)) or any(type(t) is not int or t < 0 for t in trig):
             raise ValueError("so_args: trigger_token_ids must be a list of non-negative integers")
-        s.trigger_token_ids = [int(t) for t in trig]
+        s.trigger_token_ids = as_token_ids("so_args.trigger_token_ids", trig)  # int32 range, named position
         if self.bound_token_id is not None:
             if type(self.bound_token_id) is not int or self.bound_token_id < 0:
                 raise ValueError("so_args: bound_token_id must be a non-negative integer")
+            as_int("so_args.bound_token_id", self.bound_token_id)
             if not trig:
                 raise ValueError("so_args: bound_token_id requires non-empty trigger_token_ids")
             s.bound_token_id = int(self.bound_token_id)

@@ -86,6 +86,7 @@ void bind_outputs(nb::module_& m) {
       .def_ro("outputs", &RequestOutput::outputs)
       .def_ro("finished", &RequestOutput::finished)
       .def_ro("metrics", &RequestOutput::metrics)
+      .def_ro("num_cached_tokens", &RequestOutput::num_cached_tokens)
       .def_ro("error", &RequestOutput::error);
   nb::class_<GenerateSummary>(m, "GenerateSummary")
       .def_ro("num_requests", &GenerateSummary::num_requests)
@@ -99,6 +100,12 @@ void bind_outputs(nb::module_& m) {
       .def_ro("total_tokens_per_s", &GenerateSummary::total_tokens_per_s)
       .def_ro("num_preemptions", &GenerateSummary::num_preemptions)
       .def_ro("num_steps", &GenerateSummary::num_steps)
+      .def_ro("num_cached_tokens", &GenerateSummary::num_cached_tokens)
+      .def_ro("prefix_hit_rate", &GenerateSummary::prefix_hit_rate)
+      .def_ro("num_checkpoints", &GenerateSummary::num_checkpoints)
+      .def_ro("checkpoint_bytes", &GenerateSummary::checkpoint_bytes)
+      .def_ro("host_blocks_spilled", &GenerateSummary::host_blocks_spilled)
+      .def_ro("host_blocks_loaded", &GenerateSummary::host_blocks_loaded)
       .def("__str__", &GenerateSummary::str);
 }
 
@@ -139,7 +146,10 @@ void bind_llm(nb::module_& m) {
       .def_rw("seed", &LLMConfig::seed)
       .def_rw("max_n", &LLMConfig::max_n)
       .def_rw("max_logprobs", &LLMConfig::max_logprobs)
-      .def_rw("accelerator", &LLMConfig::accelerator);
+      .def_rw("accelerator", &LLMConfig::accelerator)
+      .def_rw("enable_prefix_caching", &LLMConfig::enable_prefix_caching)
+      .def_rw("prefix_checkpoint_blocks", &LLMConfig::prefix_checkpoint_blocks)
+      .def_rw("prefix_host_cache_bytes", &LLMConfig::prefix_host_cache_bytes);
   nb::class_<PromptInput>(m, "PromptInput")
       .def_static("from_text", &PromptInput::from_text)
       .def_static("from_token_ids", &PromptInput::from_token_ids);

@@ -65,6 +65,7 @@ Result run_one(const Config& c, int64_t B, bool async, bool invariant) {
   ec.scheduler.max_num_seqs = B;
   ec.scheduler.max_num_batched_tokens = budget;
   ec.scheduler.max_model_len = max_len;
+  ec.scheduler.prefix_cache.enabled = false;  // its steps are synchronous; distinct prompts anyway
   ec.num_speculative_tokens = 0;
   auto model = load_model(c.model, {.env = env,
                                     .limits = {.max_num_seqs = B, .max_num_batched_tokens = budget, .max_model_len = max_len},
@@ -133,6 +134,7 @@ Trace trace_in_batch(const Config& c, bool seeded, int64_t n, int64_t budget, ui
   ec.scheduler.max_num_seqs = 256;
   ec.scheduler.max_num_batched_tokens = budget;
   ec.scheduler.max_model_len = 256;
+  ec.scheduler.prefix_cache.enabled = false;  // asynchronous steps
   ec.num_speculative_tokens = 0;
   auto model = load_model(c.model, {.env = env,
                                     .limits = {.max_num_seqs = 256, .max_num_batched_tokens = budget, .max_model_len = 256},

@@ -12,6 +12,7 @@ namespace deepinfer::cli {
 struct EngineFlags {
   LLMConfig cfg;
   double kv_cache_gib = 0.0;
+  double prefix_host_cache_gib = 0.0;
   SamplingParams sp;
   int max_tokens = 128;
   std::optional<uint64_t> seed;
@@ -25,6 +26,12 @@ struct EngineFlags {
     app.add_option("--max-num-batched-tokens", cfg.max_num_batched_tokens, "tokens per step");
     app.add_option("--kv-cache-gib", kv_cache_gib, "cache memory budget (GiB); 0 = enough for max-num-seqs x max-model-len (at most 1 GiB on the CPU, up to the GPU memory plan)");
     app.add_option("--accelerator", cfg.accelerator, "cpu | nvidia (default: $DEEPINFER_ACCELERATOR)");
+    app.add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", cfg.enable_prefix_caching,
+                 "reuse cached prompt prefixes (default on)");
+    app.add_option("--prefix-checkpoint-blocks", cfg.prefix_checkpoint_blocks,
+                   "prefill checkpoints every k cache blocks (0 = only at the prompt's last block)");
+    app.add_option("--prefix-host-cache-gib", prefix_host_cache_gib,
+                   "host memory evicted cache blocks spill to (pinned on a GPU); 0 = none");
     app.add_option("--temperature", sp.temperature, "0 = greedy");
     app.add_option("--top-p", sp.top_p);
     app.add_option("--top-k", sp.top_k);
@@ -42,6 +49,7 @@ struct EngineFlags {
   LLMConfig llm_config() const {
     LLMConfig c = cfg;
     c.kv_cache_memory_bytes = size_t(kv_cache_gib * double(size_t(1) << 30));
+    c.prefix_host_cache_bytes = size_t(prefix_host_cache_gib * double(size_t(1) << 30));
     return c;
   }
   SamplingParams sampling() const {

@@ -59,14 +59,18 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<model::CausalLM> mode
   sc.num_speculative_tokens = speculative_tokens(config_.num_speculative_tokens);
   model_->allocate_cache(g);
   cache_ = std::make_unique<KVCacheManager>(g, block_hash_seed(cache_identity()));
+  const size_t block_bytes = model_->paged_block_bytes();
+  sc.prefix_cache.host_blocks = block_bytes ? int64_t(config_.prefix_host_bytes / block_bytes) : 0;
   scheduler_ = std::make_unique<Scheduler>(sc, *cache_, model_->vocab_size());
   runner_ = std::make_unique<ModelRunner>(*model_, RunnerOptions{.device_sampling = config_.device_sampling,
-                                                                 .num_speculative_tokens = sc.num_speculative_tokens});
-  // Drafts for step N+1 come from step N's verification, so drafting steps run synchronously.
-  async_ = config_.env.async_scheduling.value_or(true) && sc.num_speculative_tokens == 0;
+                                                                 .num_speculative_tokens = sc.num_speculative_tokens,
+                                                                 .host_blocks = sc.prefix_cache.host_blocks});
+  // Drafts for step N+1 come from step N's verification, and prefix caching saves a step's slot
+  // checkpoints right after it (before the next step writes the slot): such steps run synchronously.
+  async_ = config_.env.async_scheduling.value_or(true) && sc.num_speculative_tokens == 0 && !sc.prefix_cache.enabled;
   if (config_.env.async_scheduling.value_or(false) && !async_)
-    DI_WARN("DEEPINFER_ASYNC_SCHEDULING=1: speculative decoding is on (", sc.num_speculative_tokens,
-            " drafts), its steps run synchronously");
+    DI_WARN("DEEPINFER_ASYNC_SCHEDULING=1: ", sc.num_speculative_tokens ? "speculative decoding" : "prefix caching",
+            " is on, its steps run synchronously");
   outputs_ = std::make_unique<OutputProcessor>(codec_.get());
 }
 

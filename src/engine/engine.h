@@ -56,6 +56,8 @@ struct EngineConfig {
   int32_t num_speculative_tokens = -1;
   // Per-request maxima (LLMConfig.max_n / max_logprobs): a request asking for more is refused
   // at admission, naming the field.
+  // Prefix caching's host tier for evicted blocks (pinned host memory on a device), 0 = none.
+  size_t prefix_host_bytes = 0;
   int max_n = 1024;
   int max_logprobs = 20;
 };

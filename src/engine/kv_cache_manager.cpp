@@ -59,7 +59,9 @@ int32_t KVCacheManager::take_free_block() {
     std::vector<int32_t>& same = cached_.at(*blk.hash);
     same.erase(std::find(same.begin(), same.end(), b));
     if (same.empty()) cached_.erase(*blk.hash);
+    if (!cached_.count(*blk.hash)) evicted_.push_back({b, *blk.hash, blk.parent, std::move(blk.tokens)});
     blk.hash.reset();
+    blk.tokens.clear();
     --num_hashed_blocks_;
     ++num_evictions_;
   }
@@ -85,12 +87,43 @@ bool KVCacheManager::allocate(int64_t id, int64_t num_tokens, std::vector<int32_
   return true;
 }
 
+bool KVCacheManager::allocate_with_prefix(int64_t id, std::span<const int32_t> prefix, int64_t num_tokens) {
+  DI_CHECK(!seqs_.count(id), "allocate_with_prefix: seq ", id, " already holds a cache");
+  if (prefix.empty()) return allocate(id, num_tokens);
+  DI_CHECK(int64_t(prefix.size()) * geometry_.block_tokens <= num_tokens, "seq ", id, ": prefix of ", prefix.size(),
+           " blocks for ", num_tokens, " tokens");
+  int64_t prefix_free = 0;  // prefix blocks now in the free list: taking them leaves fewer to allocate
+  for (int32_t b : prefix) {
+    DI_CHECK(b >= 0 && b < geometry_.num_blocks && blocks_[size_t(b)].hash, "prefix block ", b, " is not cached");
+    prefix_free += blocks_[size_t(b)].free;
+  }
+  if (free_slots_.empty() || blocks_for(num_tokens) - int64_t(prefix.size()) > num_free_blocks() - prefix_free)
+    return false;
+  for (int32_t b : prefix) {
+    Block& blk = blocks_[size_t(b)];
+    if (blk.free) {
+      free_lru_.erase(blk.lru);
+      blk.free = false;
+    }
+    blk.ref++;  // a pending block (released, its step in flight) stays out of the free list now
+  }
+  SeqCache& c = seqs_[id];
+  c.block_ids.assign(prefix.begin(), prefix.end());
+  c.num_hashed = int32_t(prefix.size());
+  c.slot = free_slots_.front();
+  free_slots_.pop_front();
+  DI_CHECK(slot_owner_[size_t(c.slot)] == kFree, "slot ", c.slot, " handed out while held by ", slot_owner_[size_t(c.slot)]);
+  slot_owner_[size_t(c.slot)] = id;
+  const bool ok = allocate(id, num_tokens);
+  DI_CHECK(ok, "allocate_with_prefix: room was checked");
+  return true;
+}
+
 void KVCacheManager::return_to_free(const Pending& p) {
   for (int32_t b : p.blocks) {
     Block& blk = blocks_[size_t(b)];
-    DI_CHECK(blk.pending && !blk.free, "block ", b, " released twice");
-    blk.pending = false;
-    if (blk.ref > 0) continue;  // referenced again meanwhile (a prefix hit): stays out of the free list
+    DI_CHECK(blk.pending > 0 && !blk.free, "block ", b, " released twice");
+    if (--blk.pending > 0 || blk.ref > 0) continue;  // referenced again meanwhile (a prefix hit): stays out of the free list
     blk.lru = free_lru_.insert(free_lru_.end(), b);
     blk.free = true;
   }
@@ -109,7 +142,7 @@ void KVCacheManager::unref(std::vector<int32_t> blocks, int32_t slot, int64_t af
     Block& blk = blocks_[size_t(b)];
     DI_CHECK(blk.ref > 0, "block ", b, " released with refcount ", blk.ref);
     if (--blk.ref == 0) {
-      blk.pending = true;
+      blk.pending++;
       released.push_back(b);
     }
   }
@@ -172,6 +205,8 @@ void KVCacheManager::hash_full_blocks(int64_t id, std::span<const int32_t> promp
     Block& blk = blocks_[size_t(c.block_ids[size_t(i)])];
     DI_CHECK(!blk.hash, "block ", c.block_ids[size_t(i)], " hashed twice");
     blk.hash = h;
+    blk.parent = parent;
+    blk.tokens = tokens;
     cached_[h].push_back(c.block_ids[size_t(i)]);
     ++num_hashed_blocks_;
   }
@@ -195,6 +230,22 @@ const SeqCache* KVCacheManager::get(int64_t id) const {
 int32_t KVCacheManager::find_cached(uint64_t hash) const {
   auto it = cached_.find(hash);
   return it == cached_.end() ? -1 : it->second.front();
+}
+
+int32_t KVCacheManager::find_cached(uint64_t hash, uint64_t parent, std::span<const int32_t> tokens) const {
+  auto it = cached_.find(hash);
+  if (it == cached_.end()) return -1;
+  for (int32_t b : it->second) {
+    const Block& blk = blocks_[size_t(b)];
+    if (blk.parent == parent && std::equal(blk.tokens.begin(), blk.tokens.end(), tokens.begin(), tokens.end())) return b;
+  }
+  return -1;
+}
+
+std::vector<KVCacheManager::Evicted> KVCacheManager::take_evicted() {
+  std::vector<Evicted> out;
+  out.swap(evicted_);
+  return out;
 }
 
 std::optional<uint64_t> KVCacheManager::content_hash(int32_t block) const { return blocks_[size_t(block)].hash; }
@@ -227,8 +278,9 @@ void KVCacheManager::check_invariants() const {
   for (size_t b = 0; b < blocks_.size(); ++b) {
     const Block& blk = blocks_[b];
     DI_CHECK(blk.ref == refs[b], "block ", b, " refcount ", blk.ref, " but ", refs[b], " tables hold it");
-    DI_CHECK(!(blk.free && blk.pending) && (blk.ref == 0) == (blk.free || blk.pending), "block ", b, " ref ", blk.ref,
-             " free ", blk.free, " pending ", blk.pending);
+    // A pending block may be referenced again (a prefix hit) before its step completes.
+    DI_CHECK(!(blk.free && blk.pending) && !(blk.free && blk.ref > 0) && (blk.ref > 0 || blk.free || blk.pending),
+             "block ", b, " ref ", blk.ref, " free ", blk.free, " pending ", blk.pending);
     n_free += blk.free;
     n_pending += blk.pending;
     if (blk.hash) {

@@ -13,9 +13,10 @@
 //    finds it) until allocation takes it from the list's head, which evicts the hash; a
 //    sequence's blocks are freed last-block-first, so the shared front of a prefix stays longest;
 //  * allocation never hands out a block that any sequence references.
-// What prefix reuse adds later: matching a prompt's block hashes at admission and taking a
-// reference on a cached block (out of the free list, refcount + 1), plus the model's slot
-// snapshot at that block boundary (CausalLM::save_slot / restore_slot).
+// Prefix reuse (engine/prefix_cache.h) matches a prompt's block hashes at admission
+// (find_cached checks the block's parent hash and token ids too, so a 64-bit collision cannot
+// give a false hit) and starts the sequence on those blocks (allocate_with_prefix: out of the
+// free list, refcount + 1); the slot's fixed state comes from a checkpoint at that boundary.
 //
 // Deferred release: blocks and slots a sequence gives up (finished, preempted, or blocks past
 // the end after a rolled-back verify step) may still be read or written by a step in flight.
@@ -59,6 +60,10 @@ class KVCacheManager {
   // Grows seq_id's allocation (taking a slot first time) to cover `num_tokens`. Returns false
   // and changes nothing when blocks or slots run out. Appends new block ids to `new_blocks`.
   bool allocate(int64_t seq_id, int64_t num_tokens, std::vector<int32_t>* new_blocks = nullptr);
+  // A new sequence (it holds nothing) starting on `prefix` (cached blocks, held or free, as
+  // find_cached returned them: its first blocks, already hashed), grown to `num_tokens`.
+  // Returns false and changes nothing when blocks or slots run out.
+  bool allocate_with_prefix(int64_t seq_id, std::span<const int32_t> prefix, int64_t num_tokens);
   // Drops every reference seq_id holds; what no one references any more is reusable once step
   // `last_step` completed. No-op when it holds nothing.
   void free(int64_t seq_id, int64_t last_step);
@@ -77,6 +82,18 @@ class KVCacheManager {
   // The block whose recorded content hash is `hash` (held or free), or -1: what prefix reuse
   // looks up. A 64-bit hash; issue #16 decides whether a hit also compares the token ids.
   int32_t find_cached(uint64_t hash) const;
+  // The block whose hash is `hash` and whose recorded parent hash and token ids are `parent` and
+  // `tokens` (a hit is checked, not trusted to the hash), or -1.
+  int32_t find_cached(uint64_t hash, uint64_t parent, std::span<const int32_t> tokens) const;
+  // Blocks whose hash left the cache (no other block holds it) since the last call, with what a
+  // host-tier spill needs: the block id (its rows are intact until the next step runs), the
+  // hash, the parent hash and the token ids.
+  struct Evicted {
+    int32_t block = -1;
+    uint64_t hash = 0, parent = 0;
+    std::vector<int32_t> tokens;
+  };
+  std::vector<Evicted> take_evicted();
   int32_t ref_count(int32_t block) const { return blocks_[size_t(block)].ref; }
   std::optional<uint64_t> content_hash(int32_t block) const;
   uint64_t hash_seed() const { return hash_seed_; }
@@ -96,9 +113,12 @@ class KVCacheManager {
  private:
   struct Block {
     int32_t ref = 0;                 // sequences whose table holds it
-    bool pending = false;            // ref 0, waiting for a step to complete
+    int32_t pending = 0;             // releases waiting for a step to complete (> 1 after a prefix
+                                     // hit took and released it again meanwhile)
     bool free = false;               // in free_lru_
     std::optional<uint64_t> hash;    // content hash once full
+    uint64_t parent = 0;             // with the hash: the previous block's hash (or the seed)
+    std::vector<int32_t> tokens;     // with the hash: the block's token ids
     std::list<int32_t>::iterator lru;  // position in free_lru_ when free
   };
   struct Pending {
@@ -124,6 +144,7 @@ class KVCacheManager {
   std::deque<Pending> pending_;                    // in after_step order
   int64_t completed_step_ = -1;
   int64_t num_evictions_ = 0;
+  std::vector<Evicted> evicted_;                   // hashes gone since take_evicted()
   static constexpr int64_t kFree = -1, kPending = -2;
 };
 

@@ -83,6 +83,11 @@ LLM::LLM(const LLMConfig& config) : impl_(std::make_unique<Impl>()) {
   ec.scheduler.max_num_batched_tokens = config.max_num_batched_tokens;
   ec.scheduler.max_model_len = config.max_model_len;
   ec.scheduler.enable_chunked_prefill = config.enable_chunked_prefill;
+  ec.scheduler.prefix_cache.enabled = config.enable_prefix_caching;
+  if (config.prefix_checkpoint_blocks < 0)
+    DI_THROW(InvalidArgument, "LLMConfig.prefix_checkpoint_blocks must be >= 0, got ", config.prefix_checkpoint_blocks);
+  ec.scheduler.prefix_cache.checkpoint_interval_blocks = config.prefix_checkpoint_blocks;
+  ec.prefix_host_bytes = config.prefix_host_cache_bytes;
   if (config.max_num_seqs <= 0) DI_THROW(InvalidArgument, "LLMConfig.max_num_seqs must be positive");
   if (config.max_num_batched_tokens <= 0) DI_THROW(InvalidArgument, "LLMConfig.max_num_batched_tokens must be positive");
   ec.kv_cache_memory_bytes = config.kv_cache_memory_bytes;  // 0 = auto_cache_budget
@@ -117,6 +122,7 @@ GenerateSummary summarize(const std::vector<RequestOutput>& results, GenerateSum
   for (const RequestOutput& r : results) {
     if (!r.error.empty()) continue;
     s.num_prompt_tokens += int64_t(r.prompt_token_ids.size());
+    s.num_cached_tokens += r.num_cached_tokens;
     s.num_output_tokens += r.metrics.num_generation_tokens;
     if (r.metrics.first_token_time > 0) {
       s.mean_ttft_s += r.metrics.first_token_time - r.metrics.arrival_time;
@@ -130,6 +136,7 @@ GenerateSummary summarize(const std::vector<RequestOutput>& results, GenerateSum
   }
   if (n_ttft) s.mean_ttft_s /= double(n_ttft);
   if (n_tpot) s.mean_tpot_s /= double(n_tpot);
+  if (s.num_prompt_tokens) s.prefix_hit_rate = double(s.num_cached_tokens) / double(s.num_prompt_tokens);
   if (s.elapsed_s > 0) {
     s.output_tokens_per_s = double(s.num_output_tokens) / s.elapsed_s;
     s.total_tokens_per_s = double(s.num_output_tokens + s.num_prompt_tokens) / s.elapsed_s;
@@ -152,10 +159,11 @@ std::vector<RequestOutput> LLM::generate(const std::vector<PromptInput>& prompts
   std::unordered_map<std::string, size_t> index;
   std::vector<size_t> rejected;
   Inbox box;
-  int64_t steps0 = 0, pre0 = 0;
+  int64_t steps0 = 0, pre0 = 0, spill0 = 0, load0 = 0;
   {
     std::lock_guard<std::mutex> lock(m.mu);
     steps0 = eng.scheduler().stats().num_steps, pre0 = eng.scheduler().stats().num_preemptions;
+    spill0 = eng.runner().stats().blocks_to_host, load0 = eng.runner().stats().blocks_from_host;
     for (size_t i = 0; i < prompts.size(); ++i) {
       std::string id = m.new_id();
       results[i].request_id = id;
@@ -163,12 +171,15 @@ std::vector<RequestOutput> LLM::generate(const std::vector<PromptInput>& prompts
         eng.add_request(id, prompts[i], params.size() == 1 ? params[0] : params[i], engine::now_seconds());
         m.owner[id] = &box;
         index[id] = i;
-      } catch (const Error& e) {
-        // A bad request fails alone; the rest of the batch still runs.
+      } catch (const std::exception& e) {
+        // A bad request fails alone; the rest of the batch still runs. Admission should only
+        // throw deepinfer::Error; anything else (a library exception a parser let through) is a
+        // bug, reported on this request as an internal error rather than failing the whole call.
+        const bool typed = dynamic_cast<const Error*>(&e) != nullptr;
         results[i].prompt = prompts[i].text;
         results[i].prompt_token_ids = prompts[i].token_ids;
         results[i].finished = true;
-        results[i].error = escape_invalid_utf8(e.what());
+        results[i].error = escape_invalid_utf8(typed ? std::string(e.what()) : std::string("internal error: ") + e.what());
         rejected.push_back(i);
       }
     }
@@ -223,6 +234,10 @@ std::vector<RequestOutput> LLM::generate(const std::vector<PromptInput>& prompts
   // With concurrent callers these counters include their steps too (the steps were shared).
   s.num_steps = eng.scheduler().stats().num_steps - steps0;
   s.num_preemptions = eng.scheduler().stats().num_preemptions - pre0;
+  s.num_checkpoints = eng.scheduler().prefix_cache().stats().num_checkpoints;
+  s.checkpoint_bytes = int64_t(eng.scheduler().prefix_cache().stats().checkpoint_bytes);
+  s.host_blocks_spilled = eng.runner().stats().blocks_to_host - spill0;
+  s.host_blocks_loaded = eng.runner().stats().blocks_from_host - load0;
   m.summary = summarize(results, s);
   return results;
 }
@@ -299,13 +314,17 @@ std::string LLM::describe() const {
 }
 
 std::string GenerateSummary::str() const {
-  char buf[512];
+  char buf[768];
   std::snprintf(buf, sizeof buf,
                 "requests: %lld (%lld failed)  prompt tokens: %lld  output tokens: %lld  time: %.2f s\n"
-                "TTFT: %.1f ms  TPOT: %.1f ms  throughput: %.1f output tok/s, %.1f total tok/s  steps: %lld  preemptions: %lld",
+                "TTFT: %.1f ms  TPOT: %.1f ms  throughput: %.1f output tok/s, %.1f total tok/s  steps: %lld  preemptions: %lld\n"
+                "prefix cache: %lld cached prompt tokens (hit rate %.1f%%), %lld checkpoints (%.1f MiB), host tier %lld "
+                "blocks spilled / %lld loaded",
                 (long long)num_requests, (long long)num_failed, (long long)num_prompt_tokens, (long long)num_output_tokens,
                 elapsed_s, mean_ttft_s * 1e3, mean_tpot_s * 1e3, output_tokens_per_s, total_tokens_per_s,
-                (long long)num_steps, (long long)num_preemptions);
+                (long long)num_steps, (long long)num_preemptions, (long long)num_cached_tokens, prefix_hit_rate * 100.0,
+                (long long)num_checkpoints, double(checkpoint_bytes) / double(1 << 20), (long long)host_blocks_spilled,
+                (long long)host_blocks_loaded);
   return buf;
 }
 

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "deepinfer/sampling_params.h"
+#include "engine/prefix_cache.h"
 #include "engine/sampler.h"
 
 namespace deepinfer::engine {
@@ -32,6 +33,9 @@ struct NewSeqData {
   int32_t cache_slot = -1;              // fresh slot: the runner resets it
   std::vector<int32_t> block_ids;
   int64_t num_computed_tokens = 0;
+  // Prefix hit: the slot's state at num_computed_tokens (the runner restores it instead of
+  // resetting the slot; block_ids starts with the shared cached blocks).
+  std::shared_ptr<const model::SlotSnapshot> restore;
 };
 
 struct CachedSeqData {
@@ -71,6 +75,11 @@ struct SchedulerOutput {
   // Sampling sequences with a grammar. Not part of the plan: the engine fills it from
   // Scheduler::grammar_masks() after the previous step was applied, before the runner samples.
   std::vector<SeqGrammarMasks> grammar_masks;
+  // Slot checkpoints to save after the step (prefix caching), for boundaries the step reaches.
+  std::vector<CheckpointRequest> checkpoints;
+  // Host tier (copied before the forward, spills first): device blocks whose hash left the
+  // device cache go to host slots; host slots a prefix hit uses come back into fresh blocks.
+  std::vector<BlockCopy> block_spills, block_loads;
   bool empty() const { return scheduled.empty(); }
 };
 
@@ -101,6 +110,8 @@ struct ModelRunnerOutput {
   std::vector<SampledSeq> sampled;
   std::vector<PromptLogprobsChunk> prompt_logprobs;
   std::vector<SeqDrafts> drafts;                // proposals for the next step
+  std::vector<SavedCheckpoint> checkpoints;     // what the model could save of SchedulerOutput::checkpoints
+  int64_t num_unsaveable_checkpoints = 0;       // committed boundaries it could not save
 };
 
 // The output processor found that token `token_index` of a sequence's step tokens
@@ -125,6 +136,7 @@ struct SeqUpdate {
   bool first_scheduled = false;
   int32_t num_draft_tokens = 0;             // drafts verified this step
   int32_t num_accepted_drafts = 0;          // of which accepted
+  int64_t num_cached_tokens = 0;            // with first_scheduled: prompt tokens a prefix hit served
 };
 
 }  // namespace deepinfer::engine

@@ -36,8 +36,16 @@ void ModelRunner::apply_state_changes(const SchedulerOutput& out) {
     s.slot = d.cache_slot;
     s.block_table = d.block_ids;
     s.num_computed = d.num_computed_tokens;
-    // A fresh slot may hold another sequence's window and partials: clear them.
-    model_.reset_slot(d.cache_slot);
+    // A fresh slot may hold another sequence's window and partials: clear them, or load the
+    // state a prefix hit starts from.
+    if (d.restore) {
+      DI_CHECK(d.restore->num_tokens == d.num_computed_tokens, "seq ", d.seq_id, " restores a checkpoint at ",
+               d.restore->num_tokens, " positions but starts at ", d.num_computed_tokens);
+      model_.restore_slot(d.cache_slot, *d.restore);
+      stats_.restores++;
+    } else {
+      model_.reset_slot(d.cache_slot);
+    }
     seqs_[d.seq_id] = std::move(s);
   }
   for (const CachedSeqData& c : out.cached_seqs) {
@@ -230,6 +238,26 @@ void ModelRunner::propose_drafts(const std::vector<SeqSlice>& slices, const mode
   }
 }
 
+void ModelRunner::copy_host_tier(const SchedulerOutput& out) {
+  if (out.block_spills.empty() && out.block_loads.empty()) return;
+  const size_t bb = model_.paged_block_bytes();
+  DI_CHECK(bb > 0 && options_.host_blocks > 0, model_.describe(), ": host-tier copies without a host tier");
+  if (!host_pool_) host_pool_ = model_.allocate_host_memory(bb * size_t(options_.host_blocks));
+  auto copies = [&](const std::vector<BlockCopy>& v) {
+    std::vector<model::HostBlockCopy> c;
+    for (const BlockCopy& b : v) {
+      DI_CHECK(b.host_slot >= 0 && b.host_slot < options_.host_blocks, "host slot ", b.host_slot, " of ",
+               options_.host_blocks);
+      c.push_back({b.block, host_pool_.get() + size_t(b.host_slot) * bb});
+    }
+    return c;
+  };
+  if (!out.block_spills.empty()) model_.copy_blocks_to_host(copies(out.block_spills));
+  if (!out.block_loads.empty()) model_.copy_blocks_from_host(copies(out.block_loads));
+  stats_.blocks_to_host += int64_t(out.block_spills.size());
+  stats_.blocks_from_host += int64_t(out.block_loads.size());
+}
+
 ModelRunner::Step& ModelRunner::find_step(const SchedulerOutput& out) {
   for (Step& st : steps_)
     if (st.out == &out) return st;
@@ -240,7 +268,10 @@ void ModelRunner::launch(const SchedulerOutput& out) {
   DI_CHECK(steps_.size() < 2 && (steps_.empty() || steps_.back().sampled), "model runner: step ", out.step_id,
            " launched with ", steps_.size(), " steps not collected (the last one sampled: ",
            !steps_.empty() && steps_.back().sampled, ")");
-  DI_CHECK(!drafter_ || steps_.empty(), "model runner: drafting steps run synchronously");
+  DI_CHECK((!drafter_ && out.checkpoints.empty() && out.block_spills.empty() && out.block_loads.empty()) ||
+               steps_.empty(),
+           "model runner: drafting, checkpointing and host-tier steps run synchronously");
+  copy_host_tier(out);  // before anything of this step writes the blocks
   apply_state_changes(out);
   Step step;
   step.out = &out;
@@ -291,6 +322,7 @@ ModelRunnerOutput ModelRunner::collect(const SchedulerOutput& out) {
   if (step.on_device) step.drawn = device_sampler_->wait();
   commit(step.slices, step.set, step.drawn, result);
   if (drafter_) propose_drafts(step.slices, step.forward.hidden, result);
+  save_checkpoints(out, result);
   return result;
 }
 
@@ -298,6 +330,21 @@ ModelRunnerOutput ModelRunner::execute(const SchedulerOutput& out) {
   launch(out);
   sample(out);
   return collect(out);
+}
+
+// After the step (and its drafting, whose ring writes count against the rollback slack).
+void ModelRunner::save_checkpoints(const SchedulerOutput& out, ModelRunnerOutput& result) {
+  for (const CheckpointRequest& c : out.checkpoints) {
+    const SeqState& s = seqs_.at(c.seq_id);
+    if (c.num_tokens > s.num_computed) continue;  // a boundary inside rejected drafts
+    if (!model_.can_save_slot(s.slot, c.num_tokens)) {
+      result.num_unsaveable_checkpoints++;
+      continue;
+    }
+    result.checkpoints.push_back(
+        {c.key, std::make_shared<const model::SlotSnapshot>(model_.save_slot(s.slot, c.num_tokens))});
+    stats_.checkpoints_saved++;
+  }
 }
 
 }  // namespace deepinfer::engine

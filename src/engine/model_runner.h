@@ -21,6 +21,10 @@
 // from the device sampler's token buffer (ForwardBatch::device_inputs). Results of sequences
 // dropped meanwhile (finished, preempted, aborted) are not reported. The CPU backend finishes each
 // call before returning, so the same calls simply run in order. execute() = all three.
+// Prefix caching: a new sequence with NewSeqData::restore starts from that slot checkpoint
+// (its first blocks are shared cached ones); after the step the runner saves the checkpoints
+// SchedulerOutput::checkpoints asks for, where the step committed the boundary and
+// CausalLM::can_save_slot allows, and returns them.
 //
 // Sampling: when the model leaves its logits on a device (CausalLM::supports_device_logits)
 // and device sampling is on, the runner samples there (DeviceSampler) and only ids and the
@@ -46,6 +50,7 @@ namespace deepinfer::engine {
 struct RunnerOptions {
   bool device_sampling = true;       // sample on the model's device when it keeps logits there
   int32_t num_speculative_tokens = 0;  // drafts to ask the model's drafter for (0: no drafting)
+  int64_t host_blocks = 0;             // host-tier slots (prefix caching), paged_block_bytes() each
 };
 
 class ModelRunner {
@@ -54,6 +59,9 @@ class ModelRunner {
     int64_t device_steps = 0, host_steps = 0;  // steps sampled on the device / on the host
     int64_t rollbacks = 0;                     // CausalLM::rollback calls (rejected drafts)
     int64_t draft_calls = 0;                   // Drafter::propose calls
+    int64_t restores = 0;                      // slots started from a prefix checkpoint
+    int64_t checkpoints_saved = 0;             // CausalLM::save_slot calls for prefix caching
+    int64_t blocks_to_host = 0, blocks_from_host = 0;  // host-tier block copies
   };
 
   // num_speculative_tokens > 0 needs model.drafter() and model.max_rollback() >= it.
@@ -141,6 +149,10 @@ class ModelRunner {
   void commit(const std::vector<SeqSlice>& slices, const SampleSet& set, std::vector<SampleResult>& drawn,
               ModelRunnerOutput& result);
   void propose_drafts(const std::vector<SeqSlice>& slices, const model::HiddenRows& hidden, ModelRunnerOutput& result);
+  // Saves the slot checkpoints `out` asks for that the step committed and the model can save.
+  void save_checkpoints(const SchedulerOutput& out, ModelRunnerOutput& result);
+  // The host tier's copies of a step: spills (device -> host) first, then loads.
+  void copy_host_tier(const SchedulerOutput& out);
 
   model::CausalLM& model_;
   RunnerOptions options_;
@@ -148,6 +160,7 @@ class ModelRunner {
   std::unique_ptr<DeviceSampler> device_sampler_;
   std::unordered_map<int64_t, SeqState> seqs_;
   std::deque<Step> steps_;  // launched, not collected (at most two), in step order
+  std::shared_ptr<uint8_t> host_pool_;  // [host_blocks, paged_block_bytes()], allocated at first use
   model::ForwardBatch last_batch_;
   Stats stats_;
 };

@@ -123,6 +123,7 @@ RequestOutput OutputProcessor::make_output(Parent& p) {
   r.prompt_logprobs = p.prompt_logprobs;
   r.finished = p.num_finished == int(p.children.size());
   r.metrics = p.metrics;
+  r.num_cached_tokens = p.num_cached_tokens;
   r.error = p.error;
   bool delta = sp.output_kind == OutputKind::kDelta;
   for (size_t i = 0; i < p.children.size(); ++i) {
@@ -159,6 +160,7 @@ OutputProcessor::Result OutputProcessor::process(const std::vector<SeqUpdate>& u
     Child& c = p.children[size_t(own->second.second)];
     if (std::find(touched.begin(), touched.end(), p.request_id) == touched.end()) touched.push_back(p.request_id);
     if (u.first_scheduled && p.metrics.first_scheduled_time == 0) p.metrics.first_scheduled_time = now;
+    if (u.first_scheduled) p.num_cached_tokens = std::max(p.num_cached_tokens, u.num_cached_tokens);
     p.metrics.num_preemptions = std::max(p.metrics.num_preemptions, u.num_preemptions);
     for (const PromptLogprobsChunk& ch : u.prompt_logprobs)
       for (size_t j = 0; j < ch.entries.size(); ++j) {

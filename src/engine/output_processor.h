@@ -61,6 +61,7 @@ class OutputProcessor {
     std::vector<Child> children;
     std::optional<std::vector<std::optional<PositionLogprobs>>> prompt_logprobs;
     RequestMetrics metrics;
+    int64_t num_cached_tokens = 0;  // prompt tokens a prefix hit served (the most of its samples)
     int num_finished = 0;
     std::string error;  // set when this request's text processing failed; the request ends alone
   };

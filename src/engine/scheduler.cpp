@@ -23,7 +23,9 @@ const char* finish_reason_name(FinishReason r) {
 }
 
 Scheduler::Scheduler(const SchedulerConfig& config, KVCacheManager& cache, int64_t vocab_size)
-    : config_(config), cache_(cache), vocab_size_(vocab_size) {
+    : config_(config), cache_(cache), prefix_(config.prefix_cache, cache.geometry().block_tokens),
+      host_(config.prefix_cache.enabled ? config.prefix_cache.host_blocks : 0),
+      vocab_size_(vocab_size) {
   DI_CHECK(config.max_num_seqs > 0 && config.max_num_batched_tokens > 0 && config.num_speculative_tokens >= 0,
            "bad scheduler config");
 }
@@ -95,7 +97,7 @@ bool Scheduler::schedule_running(SchedulerOutput& out, int64_t& budget) {
     const int64_t done = r->scheduled_computed();
     int64_t remaining = r->scheduled_tokens() - done;
     DI_CHECK(remaining > 0, "running seq ", r->seq_id, " has nothing to compute");
-    int64_t n = std::min(remaining, budget);
+    int64_t n = chunk_tokens(*r, std::min(remaining, budget), done);
     if (!config_.enable_chunked_prefill && n < remaining) { ++i; continue; }
     // Drafts come from the drafter after update(): only with nothing in flight (synchronous steps).
     std::vector<int32_t> drafts =
@@ -120,6 +122,7 @@ bool Scheduler::schedule_running(SchedulerOutput& out, int64_t& budget) {
     if (waits) { ++i; continue; }
     r->draft_tokens.clear();    // sent or dropped: the drafter proposes anew after this step
     r->last_step_id = out.step_id;
+    plan_checkpoints(*r, n, drafts, out);
     const int64_t total = n + int64_t(drafts.size());
     const bool samples = done + n == r->scheduled_tokens();
     out.cached_seqs.push_back({r->seq_id, kept_blocks, std::move(new_blocks), done});
@@ -135,10 +138,26 @@ bool Scheduler::schedule_running(SchedulerOutput& out, int64_t& budget) {
 void Scheduler::schedule_waiting(SchedulerOutput& out, int64_t& budget) {
   while (!waiting_.empty() && budget > 0 && int64_t(running_.size()) < config_.max_num_seqs) {
     Request* r = waiting_.front();
-    int64_t remaining = r->num_tokens() - r->num_computed_tokens;
-    int64_t n = std::min(remaining, budget);
+    // Prompt logprobs need the logits of every prompt position: such requests recompute all.
+    const bool lookup = prefix_.enabled() && !r->params->prompt_logprobs;
+    PrefixMatch hit = lookup ? prefix_.match(cache_, *r->prompt_ids, r->output_ids, /*count=*/false,
+                                             host_.capacity() ? &host_ : nullptr)
+                             : PrefixMatch{};
+    const int64_t start = hit.num_tokens, remaining = r->num_tokens() - start;
+    int64_t n = chunk_tokens(*r, std::min(remaining, budget), start);
     if (!config_.enable_chunked_prefill && n < remaining) break;
-    if (!cache_.allocate(r->seq_id, r->num_computed_tokens + n)) break;  // head waits: FCFS
+    if (!cache_.allocate_with_prefix(r->seq_id, hit.blocks, start + n)) break;  // head waits: FCFS
+    if (lookup) prefix_.count_lookup(r->num_tokens(), start);
+    if (r->num_cached_tokens < 0) r->num_cached_tokens = start;
+    r->num_computed_tokens = start;
+    if (!hit.host_slots.empty()) {  // the blocks after the device ones come back from the host tier
+      const SeqCache* held = cache_.get(r->seq_id);
+      for (size_t j = 0; j < hit.host_slots.size(); ++j) {
+        out.block_loads.push_back({held->block_ids[hit.blocks.size() + j], hit.host_slots[j]});
+        host_.take(hit.host_slots[j]);
+      }
+      cache_.hash_full_blocks(r->seq_id, *r->prompt_ids, r->output_ids, start);
+    }
     waiting_.pop_front();
     insert_running(r);
     r->last_step_id = out.step_id;
@@ -154,13 +173,57 @@ void Scheduler::schedule_waiting(SchedulerOutput& out, int64_t& budget) {
     d.cache_slot = c->slot;
     d.block_ids = c->block_ids;
     d.num_computed_tokens = r->num_computed_tokens;
+    d.restore = std::move(hit.checkpoint);
     out.new_seqs.push_back(std::move(d));
+    plan_checkpoints(*r, n, {}, out);
     const bool samples = r->num_computed_tokens + n == r->num_tokens();
     out.scheduled.push_back({r->seq_id, int32_t(n), samples, {}});
     r->inflight_tokens += n;
     r->inflight_samples += samples ? 1 : 0;
     budget -= n;
   }
+}
+
+int64_t Scheduler::chunk_tokens(const Request& r, int64_t n, int64_t from) const {
+  if (from < 0) from = r.num_computed_tokens;
+  return config_.enable_chunked_prefill ? prefix_.cut_chunk(from, n, r.num_tokens()) : n;
+}
+
+void Scheduler::plan_checkpoints(const Request& r, int64_t n, std::span<const int32_t> drafts,
+                                 SchedulerOutput& out) const {
+  const int64_t bt = cache_.geometry().block_tokens, from = r.num_computed_tokens;
+  const int64_t end = from + n + int64_t(drafts.size());
+  if (!prefix_.enabled() || end / bt <= from / bt) return;  // no block boundary in (from, end]
+  const int64_t first = (from / bt) * bt;
+  uint64_t parent = cache_.hash_seed();
+  if (first > 0) {
+    const SeqCache* c = cache_.get(r.seq_id);
+    const std::optional<uint64_t> h = cache_.content_hash(c->block_ids[size_t(first / bt - 1)]);
+    if (!h) return;  // the block before is not hashed yet: no key to save under
+    parent = *h;
+  }
+  std::vector<int32_t> tokens;
+  tokens.reserve(size_t(end - first));
+  for (int64_t p = first; p < from + n; ++p) tokens.push_back(r.token_at(p));
+  tokens.insert(tokens.end(), drafts.begin(), drafts.end());
+  prefix_.plan_checkpoints(r.seq_id, first, from, parent, tokens, out.checkpoints);
+}
+
+void Scheduler::store_checkpoints(const ModelRunnerOutput& result) {
+  for (const SavedCheckpoint& c : result.checkpoints) prefix_.put(c);
+  prefix_.note_unsaveable(result.num_unsaveable_checkpoints);
+}
+
+void Scheduler::drain_evictions(SchedulerOutput& out) {
+  for (KVCacheManager::Evicted& e : cache_.take_evicted()) {
+    if (cache_.find_cached(e.hash) >= 0) continue;  // computed again meanwhile
+    const int32_t slot = host_.capacity() ? host_.store(e.hash, e.parent, std::move(e.tokens)) : -1;
+    if (slot >= 0) out.block_spills.push_back({e.block, slot});
+    else if (!host_.has(e.hash)) prefix_.drop(e.hash);
+  }
+  for (uint64_t h : host_.take_evicted())
+    if (cache_.find_cached(h) < 0) prefix_.drop(h);
+  host_.end_step();  // slots loaded this step may take spills from the next one on
 }
 
 std::vector<SeqGrammarMasks> Scheduler::grammar_masks(const SchedulerOutput& out) {
@@ -197,6 +260,7 @@ SchedulerOutput Scheduler::schedule() {
   int64_t budget = config_.max_num_batched_tokens;
   bool preempted = schedule_running(out, budget);
   if (!preempted) schedule_waiting(out, budget);
+  drain_evictions(out);
   out.total_num_tokens = config_.max_num_batched_tokens - budget;
   stats_.num_steps++;
   stats_.max_tokens_in_step = std::max(stats_.max_tokens_in_step, out.total_num_tokens);
@@ -280,6 +344,7 @@ std::vector<SeqUpdate> Scheduler::update(const SchedulerOutput& out, const Model
     u.num_preemptions = r.num_preemptions;
     if (auto f = first_scheduled_pending_.find(r.seq_id); f != first_scheduled_pending_.end()) {
       u.first_scheduled = true;
+      u.num_cached_tokens = std::max<int64_t>(r.num_cached_tokens, 0);
       first_scheduled_pending_.erase(f);
     }
     for (auto* c : prompt_lp[r.seq_id]) u.prompt_logprobs.push_back(*c);
@@ -300,6 +365,9 @@ std::vector<SeqUpdate> Scheduler::update(const SchedulerOutput& out, const Model
       DI_CHECK(!stop || (stop->token_index >= 0 && size_t(stop->token_index) < ss.tokens.size()), "seq ", r.seq_id,
                ": stop event at token ", stop ? stop->token_index : 0, " of ", ss.tokens.size());
       if (commit_tokens(r, ss, int32_t(ss.tokens.size()), stop, u)) {
+        // Blocks it filled stay findable for prefix reuse after it ends.
+        cache_.hash_full_blocks(r.seq_id, *r.prompt_ids, r.output_ids,
+                                std::min(r.num_computed_tokens + accepted, r.num_tokens()));
         u.finished = true;
         u.finish_reason = int(r.finish_reason);
         u.stop_token_id = r.stop_token_id;
@@ -319,6 +387,7 @@ std::vector<SeqUpdate> Scheduler::update(const SchedulerOutput& out, const Model
   for (const SeqUpdate& u : updates)
     if (u.finished) requests_.erase(u.seq_id);
   cache_.complete_step(out.step_id);
+  store_checkpoints(result);
   return updates;
 }
 

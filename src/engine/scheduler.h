@@ -9,7 +9,8 @@
 //     num_speculative_tokens, max_tokens and the grammar). When the cache cannot grow one,
 //     its drafts go first, then the latest-arrived running sequence is preempted (cache freed,
 //     recomputed from scratch later) until it fits, possibly itself.
-//  2. If nothing was preempted, waiting sequences are admitted in arrival order while the
+//  2. If nothing was preempted, waiting sequences are admitted, each starting after the longest
+//     cached prefix of its tokens (PrefixCache: shared blocks + a slot checkpoint), in arrival order while the
 //     token budget, max_num_seqs and the cache allow; the head of the queue is never
 //     skipped, so an old request cannot starve behind younger ones.
 // Preempted sequences return to the waiting queue in arrival order, ahead of younger ones.
@@ -29,6 +30,7 @@
 
 #include "engine/kv_cache_manager.h"
 #include "engine/messages.h"
+#include "engine/prefix_cache.h"
 #include "engine/request.h"
 
 namespace deepinfer::engine {
@@ -39,6 +41,7 @@ struct SchedulerConfig {
   int64_t max_model_len = 0;              // prompt + output limit per sequence
   bool enable_chunked_prefill = true;     // off: a prefill runs whole or waits
   int32_t num_speculative_tokens = 0;     // most drafts one sequence verifies per step
+  PrefixCacheConfig prefix_cache;         // prefix reuse (on by default)
 };
 
 struct SchedulerStats {
@@ -80,6 +83,8 @@ class Scheduler {
   const Request* get(int64_t seq_id) const;
   const SchedulerStats& stats() const { return stats_; }
   const SchedulerConfig& config() const { return config_; }
+  const PrefixCache& prefix_cache() const { return prefix_; }
+  const HostBlockTier& host_tier() const { return host_; }
 
  private:
   bool schedule_running(SchedulerOutput& out, int64_t& budget);
@@ -89,6 +94,15 @@ class Scheduler {
   void preempt(Request* r, SchedulerOutput& out);
   void insert_waiting(Request* r);
   void insert_running(Request* r);
+  // Prefill chunk length after prefix caching's cut at a checkpoint boundary.
+  int64_t chunk_tokens(const Request& r, int64_t n, int64_t from = -1) const;
+  // Asks for slot checkpoints at the block boundaries `r`'s step of n committed tokens + drafts reaches.
+  void plan_checkpoints(const Request& r, int64_t n, std::span<const int32_t> drafts, SchedulerOutput& out) const;
+  // Stores the checkpoints a step saved.
+  void store_checkpoints(const ModelRunnerOutput& result);
+  // Blocks whose hash left the device cache this step: spilled to the host tier, or their
+  // checkpoints dropped (a checkpoint is of no use without its blocks).
+  void drain_evictions(SchedulerOutput& out);
   // Commits tokens[0, n) of a step one by one; true when one of them finished the sequence.
   bool commit_tokens(Request& r, const SampledSeq& s, int32_t n, const StopEvent* stop, SeqUpdate& u);
   bool apply_token(Request& r, int32_t token);  // true when it finished the sequence
@@ -96,6 +110,8 @@ class Scheduler {
 
   SchedulerConfig config_;
   KVCacheManager& cache_;
+  PrefixCache prefix_;
+  HostBlockTier host_;
   int64_t vocab_size_;
   std::unordered_map<int64_t, std::unique_ptr<Request>> requests_;
   std::deque<Request*> waiting_;   // arrival order

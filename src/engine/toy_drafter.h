@@ -27,6 +27,8 @@ class ToyDrafter final : public model::Drafter {
   int64_t max_draft_tokens() const override { return max_drafts_; }
   std::vector<model::DraftProposal> propose(const model::DraftBatch& batch, Tensor* draft_logits = nullptr) override;
 
+  // The target restored `slot` from a snapshot at `position` (prefix reuse): feeding resumes there.
+  void restored(int32_t slot, int64_t position) { next_position_[slot] = position; }
   int64_t num_fed_positions() const { return num_fed_; }
   int64_t num_proposed() const { return num_proposed_; }
 

@@ -2,7 +2,10 @@
 
 #include <algorithm>
 
+#include <cstring>
+
 #include "core/check.h"
+#include "engine/toy_drafter.h"
 
 namespace deepinfer::engine {
 namespace {
@@ -70,6 +73,60 @@ void ToyModel::rollback(int32_t slot, int64_t num_tokens, int64_t keep) {
   for (int64_t i = 0; i < n; ++i) s.hashes.pop_back();
   s.len = keep;
   ++num_rollbacks_;
+}
+
+const ToyModel::Slot& ToyModel::slot_at(int32_t slot) const {
+  DI_CHECK(slot >= 0 && slot < int32_t(slots_.size()), "slot ", slot, " out of range");
+  return slots_[size_t(slot)];
+}
+
+bool ToyModel::can_save_slot(int32_t slot, int64_t n) const {
+  const Slot& s = slot_at(slot);
+  // The hash after position n-1 must still be in the ring (or n == 0: the initial hash).
+  return s.reset && n >= 0 && n <= s.len && s.len - n <= cfg_.max_rollback &&
+         (n == 0 || int64_t(s.hashes.size()) > s.len - n);
+}
+
+// Bytes: [n int64][count int64][count hashes uint64], the ring as it is after dropping len - n.
+model::SlotSnapshot ToyModel::save_slot(int32_t slot, int64_t n) {
+  DI_CHECK(can_save_slot(slot, n), "ToyModel: slot ", slot, " cannot be saved at ", n, " (holds ", slot_at(slot).len, ")");
+  const Slot& s = slot_at(slot);
+  std::vector<uint64_t> ring(s.hashes.begin(), s.hashes.end() - (s.len - n));
+  std::vector<uint64_t> words = {uint64_t(n), uint64_t(ring.size())};
+  words.insert(words.end(), ring.begin(), ring.end());
+  model::SlotSnapshot snap{n, std::vector<uint8_t>(words.size() * sizeof(uint64_t))};
+  std::memcpy(snap.bytes.data(), words.data(), snap.bytes.size());
+  return snap;
+}
+
+void ToyModel::restore_slot(int32_t slot, const model::SlotSnapshot& snap) {
+  DI_CHECK(slot >= 0 && slot < int32_t(slots_.size()), "slot ", slot, " out of range");
+  DI_CHECK(snap.bytes.size() >= 16 && snap.bytes.size() % 8 == 0, "ToyModel: snapshot of ", snap.bytes.size(), " bytes");
+  std::vector<uint64_t> words(snap.bytes.size() / 8);
+  std::memcpy(words.data(), snap.bytes.data(), snap.bytes.size());
+  DI_CHECK(int64_t(words[0]) == snap.num_tokens && words[1] + 2 == words.size(), "ToyModel: corrupt snapshot");
+  Slot& s = slots_[size_t(slot)];
+  s = Slot{std::deque<uint64_t>(words.begin() + 2, words.end()), snap.num_tokens, true};
+  ++num_restores_;
+  if (auto* d = dynamic_cast<ToyDrafter*>(drafter_.get())) d->restored(slot, snap.num_tokens);
+}
+
+void ToyModel::copy_blocks_to_host(std::span<const model::HostBlockCopy> copies) {
+  const size_t n = paged_block_bytes();
+  for (const model::HostBlockCopy& c : copies) {
+    DI_CHECK(c.block >= 0 && c.block < geometry_.num_blocks && c.host, "ToyModel: bad block copy of ", c.block);
+    std::memcpy(c.host, blocks_.data() + size_t(c.block * geometry_.block_tokens), n);
+    ++num_block_copies_;
+  }
+}
+
+void ToyModel::copy_blocks_from_host(std::span<const model::HostBlockCopy> copies) {
+  const size_t n = paged_block_bytes();
+  for (const model::HostBlockCopy& c : copies) {
+    DI_CHECK(c.block >= 0 && c.block < geometry_.num_blocks && c.host, "ToyModel: bad block copy of ", c.block);
+    std::memcpy(blocks_.data() + size_t(c.block * geometry_.block_tokens), c.host, n);
+    ++num_block_copies_;
+  }
 }
 
 void ToyModel::emit(const model::SeqInBatch& s, int64_t p, uint64_t hash, float* logits, float* hidden) const {

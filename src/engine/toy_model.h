@@ -57,6 +57,16 @@ class ToyModel final : public model::CausalLM {
   int64_t max_rollback() const override { return cfg_.max_rollback; }
   void rollback(int32_t slot, int64_t num_tokens, int64_t keep) override;
   model::Drafter* drafter() override { return drafter_.get(); }
+  // Snapshots: the slot's hash ring cut back to `num_tokens` (within max_rollback of its length).
+  bool can_save_slot(int32_t slot, int64_t num_tokens) const override;
+  model::SlotSnapshot save_slot(int32_t slot, int64_t num_tokens) override;
+  void restore_slot(int32_t slot, const model::SlotSnapshot& snapshot) override;
+  // A block's bytes are its token ids [block_tokens] int32.
+  size_t paged_block_bytes() const override { return size_t(geometry_.block_tokens) * sizeof(int32_t); }
+  void copy_blocks_to_host(std::span<const model::HostBlockCopy> copies) override;
+  void copy_blocks_from_host(std::span<const model::HostBlockCopy> copies) override;
+  int64_t num_restores() const { return num_restores_; }
+  int64_t num_block_copies() const { return num_block_copies_; }
   void set_drafter(std::unique_ptr<model::Drafter> d) { drafter_ = std::move(d); }
 
   // [tokens.size(), vocab] logits of every position, computed without a cache.
@@ -77,6 +87,7 @@ class ToyModel final : public model::CausalLM {
     bool reset = false;
   };
   uint64_t slot_hash(const Slot& s) const;
+  const Slot& slot_at(int32_t slot) const;
   // Logits and/or the hidden row of position p of a sequence whose slot hash is `hash`.
   void emit(const model::SeqInBatch& s, int64_t p, uint64_t hash, float* logits, float* hidden) const;
 
@@ -85,7 +96,7 @@ class ToyModel final : public model::CausalLM {
   std::vector<int32_t> blocks_;  // [num_blocks, block_tokens] token ids, -1 = unwritten
   std::vector<Slot> slots_;      // [num_slots]
   std::unique_ptr<model::Drafter> drafter_;
-  int64_t num_forward_calls_ = 0, num_rollbacks_ = 0;
+  int64_t num_forward_calls_ = 0, num_rollbacks_ = 0, num_restores_ = 0, num_block_copies_ = 0;
 };
 
 }  // namespace deepinfer::engine

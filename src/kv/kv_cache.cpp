@@ -141,4 +141,37 @@ void KvCache::restore_slot(int32_t slot, const std::vector<uint8_t>& bytes) {
   DI_CHECK(off == bytes.size(), "restore_slot: snapshot of ", bytes.size(), " bytes, the slot holds ", off);
 }
 
+namespace {
+// f(pointer to the block's rows, bytes) over every paged tensor of every layer, in a fixed order.
+template <class L, class F>
+void for_each_block_range(L& layers, int32_t block, F&& f) {
+  for (auto& c : layers)
+    for (auto* t : {&c.comp, &c.index_keys})
+      if (t->defined()) {
+        const Tensor v = t->select(0, block);
+        f(static_cast<uint8_t*>(v.raw_data()), v.nbytes());
+      }
+}
+}  // namespace
+
+void KvCache::copy_block_out(int32_t block, uint8_t* dst) const {
+  DI_CHECK(block >= 0 && block < geometry_.num_blocks, "copy_block_out: block ", block, " of ", geometry_.num_blocks);
+  size_t off = 0;
+  for_each_block_range(layers_, block, [&](const uint8_t* p, size_t n) {
+    std::memcpy(dst + off, p, n);
+    off += n;
+  });
+  DI_CHECK(off == geometry_.bytes_per_block, "copy_block_out: ", off, " bytes, the block holds ", geometry_.bytes_per_block);
+}
+
+void KvCache::copy_block_in(int32_t block, const uint8_t* src) {
+  DI_CHECK(block >= 0 && block < geometry_.num_blocks, "copy_block_in: block ", block, " of ", geometry_.num_blocks);
+  size_t off = 0;
+  for_each_block_range(layers_, block, [&](uint8_t* p, size_t n) {
+    std::memcpy(p, src + off, n);
+    off += n;
+  });
+  DI_CHECK(off == geometry_.bytes_per_block, "copy_block_in: ", off, " bytes, the block holds ", geometry_.bytes_per_block);
+}
+
 }  // namespace deepinfer::kv

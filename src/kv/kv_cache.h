@@ -105,6 +105,10 @@ class KvCache {
   // A slot's fixed state as bytes (every layer's window ring, partials), and its restore.
   std::vector<uint8_t> save_slot(int32_t slot) const;
   void restore_slot(int32_t slot, const std::vector<uint8_t>& bytes);
+  // A paged block's rows (every layer's entries, then its index keys) as geometry().bytes_per_block
+  // bytes, and their restore (prefix caching's host tier).
+  void copy_block_out(int32_t block, uint8_t* dst) const;
+  void copy_block_in(int32_t block, const uint8_t* src);
 
  private:
   CacheGeometry geometry_;

@@ -10,7 +10,9 @@
 // contract and clears nothing.
 #pragma once
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -83,6 +85,13 @@ struct SlotSnapshot {
   std::vector<uint8_t> bytes;
 };
 
+// One paged block copied to or from host memory (prefix caching's host tier): every layer's rows
+// of block `block` (compressed entries, index keys) as paged_block_bytes() backend-private bytes.
+struct HostBlockCopy {
+  int32_t block = -1;       // block id in the cache
+  uint8_t* host = nullptr;  // [paged_block_bytes()] host memory, best from allocate_host_memory
+};
+
 class CausalLM {
  public:
   virtual ~CausalLM() = default;
@@ -149,6 +158,31 @@ class CausalLM {
   }
   virtual void restore_slot(int32_t slot, const SlotSnapshot& snapshot) {
     DI_THROW(InternalError, describe(), ": slot snapshots are not supported");
+  }
+  // Prefix reuse (issue #16) checkpoints a slot at a block boundary N after a step that may have
+  // gone past it: by the rollback contract, a slot whose rings were written up to position E
+  // still represents the state at N when N <= its length and E - N <= max_rollback() (E counts
+  // every position written since the slot was reset or restored, the drafter's included).
+  // can_save_slot says whether save_slot(slot, N) would be such a state; false when the model
+  // keeps no snapshots. A restored snapshot continues exactly at snapshot.num_tokens.
+  virtual bool can_save_slot(int32_t slot, int64_t num_tokens) const { return false; }
+
+  // Block copies for the host tier: paged_block_bytes() per block (0 = not supported). The
+  // copies are complete when the call returns (a device backend synchronises its stream), so the
+  // host memory may be reused at once. copy_blocks_from_host overwrites the blocks' rows.
+  virtual size_t paged_block_bytes() const { return 0; }
+  virtual void copy_blocks_to_host(std::span<const HostBlockCopy> copies) {
+    DI_THROW(InternalError, describe(), ": block copies are not supported");
+  }
+  virtual void copy_blocks_from_host(std::span<const HostBlockCopy> copies) {
+    DI_THROW(InternalError, describe(), ": block copies are not supported");
+  }
+  // Host memory for block copies: page-locked where the backend copies from it faster (CUDA),
+  // plain memory otherwise. Freed when the last reference goes.
+  virtual std::shared_ptr<uint8_t> allocate_host_memory(size_t bytes) {
+    void* p = std::malloc(bytes ? bytes : 1);
+    if (!p) DI_THROW(OutOfMemory, describe(), ": host allocation of ", bytes, " bytes failed");
+    return std::shared_ptr<uint8_t>(static_cast<uint8_t*>(p), [](uint8_t* q) { std::free(q); });
   }
 
   // The model's own drafter for speculative decoding (V4: MTP, V4.1: DSpark), or null.

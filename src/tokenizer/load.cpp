@@ -285,6 +285,13 @@ std::unique_ptr<Tokenizer::Impl> load_tokenizer_json(const std::string& path) {
     }
   }
   impl->finalize();
+  // The post-processor names its ids directly; they must be tokens of this vocabulary (found by
+  // the fuzzer: an id past the vocabulary was emitted by encode(add_special_tokens=true)).
+  for (const auto* ids : {&impl->post_prefix, &impl->post_suffix})
+    for (int32_t id : *ids)
+      if (id >= impl->vocab_size() || !(impl->flags[size_t(id)] & Tokenizer::Impl::kPresent))
+        c.fail("post_processor", detail::str_cat("token id ", id, " is not a token of the vocabulary (size ",
+                                                 impl->vocab_size(), ")"));
   init_bytes(c, *impl);
   return impl;
 }

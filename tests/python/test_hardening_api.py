@@ -114,6 +114,9 @@ def test_so_args_nested_too_deep_is_refused_in_python(llm):
     assert "so_args.choice[1] must be a str, got int" in bad.error
     bad = _batch_with(llm, SamplingParams(max_tokens=4, so_args={"regex": "a\ud800"}))
     assert "so_args.regex is not valid text" in bad.error
+    # fuzz_so_args: a number overflow used to escape the compiler untyped and fail the whole call.
+    bad = _batch_with(llm, SamplingParams(max_tokens=4, so_args={"json": "1e999"}))
+    assert bad.error
 
 
 # ---- error messages are valid UTF-8 -------------------------------------------------------
@@ -260,19 +263,20 @@ CRASH_PROBE = textwrap.dedent("""
     outs = llm.generate(["Hello", "Hello", "Hello"],
                         [good, SamplingParams(temperature=0, max_tokens=6, so_args=spec), good], use_tqdm=False)
     ok = outs[0].error is None and outs[2].error is None and outs[0].outputs[0].token_ids == outs[2].outputs[0].token_ids
-    print(json.dumps({"ok": ok, "error": outs[1].error}))
+    print(json.dumps({"ok": ok, "error": outs[1].error, "text": outs[1].outputs[0].text if outs[1].outputs else None}))
 """)
 
 
 # Still crashing or hanging in src/structured (the structured-outputs helper's part of issue #20,
 # in progress): skipped unless DEEPINFER_STRUCTURED_PROBES=1. Remove an entry once it is fixed.
-KNOWN_STRUCTURED_FAILURES = {
-    ("json_text_objects", 30): "compile time doubles per level; the time limit does not fire",
-}
+KNOWN_STRUCTURED_FAILURES: dict = {}
+# Legal but deep (compile time used to double per level): accepted within the budget now.
+LEGAL_DEEP = {("json_text_objects", 30), ("json_text_objects", 100)}
 
 
 @pytest.mark.parametrize("kind,n", [("regex_groups", 100000), ("json_text_enum", 100000),
                                     ("json_text_objects", 10000), ("json_text_objects", 30),
+                                    ("json_text_objects", 100),
                                     ("ebnf_chain", 100000)])
 def test_structured_inputs_that_used_to_crash_or_hang(kind, n):
     """These exercise src/structured (another helper's code): a named error within the budget,
@@ -289,4 +293,8 @@ def test_structured_inputs_that_used_to_crash_or_hang(kind, n):
     assert r.returncode == 0, f"{kind} n={n}: process died (rc {r.returncode}): {r.stderr[-2000:]}"
     res = json.loads(r.stdout.strip().splitlines()[-1])
     assert res["ok"], res
-    assert res["error"], f"{kind} n={n}: accepted without an error ({time.time() - t0:.1f} s)"
+    if (kind, n) in LEGAL_DEEP:
+        assert res["error"] is None and res["text"].startswith("{"), res
+        assert time.time() - t0 < 30, f"{kind} n={n}: {time.time() - t0:.1f} s"
+    else:
+        assert res["error"], f"{kind} n={n}: accepted without an error ({time.time() - t0:.1f} s)"

@@ -11,6 +11,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <span>
 #include <vector>
 
 #include "core/dtype.h"
@@ -140,6 +141,11 @@ struct IndexerArgs {    // ops::cpu::IndexerArgs over the backend's buffers
   int64_t topk = 0, max_candidates = 0;
   int32_t* out_rows = nullptr;
   int32_t* out_count = nullptr;
+  // Two-level top-k (V4.1; ops/cpu/indexer.h): entries per candidate block and blocks kept; the
+  // candidate source publishes into out_blocks, a later index source consumes in_blocks.
+  int64_t block_size = 0, topk_blocks = 0;
+  int32_t* out_blocks = nullptr;
+  const int32_t* in_blocks = nullptr;
 };
 
 struct AttentionArgs {  // ops::cpu::SparseAttnArgs over the backend's buffers
@@ -252,6 +258,13 @@ class ModelBackend : public Backend {
   virtual void reset_slot(int32_t slot) = 0;
   virtual SlotSnapshot save_slot(int32_t slot, int64_t num_tokens) = 0;
   virtual void restore_slot(int32_t slot, const SlotSnapshot& snapshot) = 0;
+  // Prefix caching's host tier (CausalLM::copy_blocks_*): every layer's rows of a paged block as
+  // paged_block_bytes() bytes; copies are complete on return.
+  virtual size_t paged_block_bytes() const = 0;
+  virtual void copy_blocks_to_host(std::span<const HostBlockCopy> copies) = 0;
+  virtual void copy_blocks_from_host(std::span<const HostBlockCopy> copies) = 0;
+  // Host memory the copies are fastest from (pinned on a device); null = plain memory.
+  virtual std::shared_ptr<uint8_t> allocate_host_memory(size_t bytes) { return nullptr; }
 
   // The fixed-shape path for this batch, if the backend takes one (padded size, candidate caps).
   struct FixedShape {

@@ -35,6 +35,9 @@ struct Dims {
   float swiglu_limit = 0.f;
   float routed_scale = 1.f;
   bool norm_topk = true;
+  float gate_temp = 1.f;              // router logits are divided by it (V4.1; 1 in V4)
+  int64_t candidate_block_size = 0;   // two-level top-k (V4.1): entries per candidate block, 0 = none
+  int64_t candidate_topk_blocks = 0;  // candidate blocks kept per token
   int64_t mix_dim() const { return (2 + streams) * streams; }
 };
 

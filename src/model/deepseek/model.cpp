@@ -38,6 +38,72 @@ void DeepseekModel::allocate_cache_for(int64_t slots, int64_t max_tokens_per_slo
   allocate_cache(g);
 }
 
+void DeepseekModel::reset_slot(int32_t slot) {
+  be_->reset_slot(slot);
+  if (size_t(slot) < slot_extent_.size()) slot_extent_[size_t(slot)] = {};
+}
+
+void DeepseekModel::note_writes(const ForwardBatch& batch, bool target) {
+  const int64_t slots = be_->cache_geometry().num_slots;
+  if (int64_t(slot_extent_.size()) != slots) slot_extent_.assign(size_t(slots), {});
+  for (const SeqInBatch& s : batch.seqs) {
+    SlotExtent& e = slot_extent_[size_t(s.cache_slot)];  // validate_forward_batch checked the slot
+    const int64_t end = s.num_computed_tokens + s.num_new_tokens;
+    e.written_end = std::max(e.written_end, end);
+    if (target) e.length = end;
+  }
+}
+
+void DeepseekModel::rollback(int32_t slot, int64_t num_tokens, int64_t keep) {
+  CausalLM::rollback(slot, num_tokens, keep);
+  if (size_t(slot) < slot_extent_.size()) slot_extent_[size_t(slot)].length = keep;
+}
+
+bool DeepseekModel::can_save_slot(int32_t slot, int64_t n) const {
+  if (slot < 0 || size_t(slot) >= slot_extent_.size()) return n == 0;
+  const SlotExtent& e = slot_extent_[size_t(slot)];
+  return n >= 0 && n <= e.length && e.written_end - n <= max_rollback();
+}
+
+SlotSnapshot DeepseekModel::save_slot(int32_t slot, int64_t n) {
+  if (!can_save_slot(slot, n)) {
+    const SlotExtent e = size_t(slot) < slot_extent_.size() ? slot_extent_[size_t(slot)] : SlotExtent{};
+    DI_THROW(InvalidArgument, describe(), ": slot ", slot, " cannot be saved at ", n, " positions (it holds ",
+             e.length, ", rings written to ", e.written_end, ", rollback ", max_rollback(), ")");
+  }
+  return be_->save_slot(slot, n);
+}
+
+void DeepseekModel::restore_slot(int32_t slot, const SlotSnapshot& snap) {
+  be_->restore_slot(slot, snap);
+  const int64_t slots = be_->cache_geometry().num_slots;
+  if (int64_t(slot_extent_.size()) != slots) slot_extent_.assign(size_t(slots), {});
+  slot_extent_[size_t(slot)] = {snap.num_tokens, snap.num_tokens};
+}
+
+void DeepseekModel::check_blocks(std::span<const HostBlockCopy> copies, const char* what) const {
+  const int64_t B = be_->cache_geometry().num_blocks;
+  for (size_t i = 0; i < copies.size(); ++i)
+    if (copies[i].block < 0 || copies[i].block >= B || !copies[i].host)
+      DI_THROW(InvalidArgument, describe(), ": ", what, " copy ", i, ": block ", copies[i].block, " of ", B,
+               copies[i].host ? "" : " without host memory");
+}
+
+void DeepseekModel::copy_blocks_to_host(std::span<const HostBlockCopy> copies) {
+  check_blocks(copies, "copy_blocks_to_host");
+  be_->copy_blocks_to_host(copies);
+}
+
+void DeepseekModel::copy_blocks_from_host(std::span<const HostBlockCopy> copies) {
+  check_blocks(copies, "copy_blocks_from_host");
+  be_->copy_blocks_from_host(copies);
+}
+
+std::shared_ptr<uint8_t> DeepseekModel::allocate_host_memory(size_t bytes) {
+  if (auto p = be_->allocate_host_memory(bytes)) return p;
+  return CausalLM::allocate_host_memory(bytes);
+}
+
 StepPlan DeepseekModel::plan_step(const ForwardBatch& batch, bool allow_fixed) const {
   const StepPlanDims dims{.n_streams = arch_.dims.streams, .index_topk = arch_.dims.index_topk,
                           .topk_experts = arch_.dims.topk};
@@ -55,6 +121,7 @@ ForwardOutput DeepseekModel::run(const ForwardBatch& batch, const ForwardOptions
   if (!batch.device_inputs.empty() && !supports_device_inputs())
     DI_THROW(InvalidArgument, describe(), ": a batch with device_inputs on a backend without device memory");
   if (batch.num_tokens() == 0) return be_->end_step(options, 0, 0);
+  note_writes(batch, /*target=*/true);
   StepPlan plan = plan_step(batch, /*allow_fixed=*/true);
   be_->set_device_inputs(batch.device_inputs, batch.sampled_ids);
   // A fixed-shape step computes every padded row (its launches must not depend on the batch).
@@ -80,6 +147,7 @@ ForwardOutput DeepseekModel::run_mtp(const ForwardBatch& batch, const HiddenRows
   const int64_t R = int64_t(batch.logits_indices.size()), Rh = int64_t(batch.hidden_indices.size());
   if (batch.num_tokens() == 0) return be_->end_step({}, 0, 0);
   if (!batch.device_inputs.empty()) DI_THROW(InvalidArgument, "run_mtp: device_inputs are not supported");
+  note_writes(batch, /*target=*/false);
   const float* main_hidden = be_->stage_hidden(target, ranges);
   be_->set_device_inputs({}, nullptr);
   be_->begin_step(plan_step(batch, /*allow_fixed=*/false));

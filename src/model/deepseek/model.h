@@ -35,10 +35,13 @@ class DeepseekModel : public CausalLM {
   std::string describe() const override;
 
   kv::CacheGeometry plan_cache(size_t budget_bytes, int64_t max_slots) const override;
-  void allocate_cache(const kv::CacheGeometry& geometry) override { be_->allocate_cache(geometry); }
+  void allocate_cache(const kv::CacheGeometry& geometry) override {
+    be_->allocate_cache(geometry);
+    slot_extent_.assign(size_t(be_->cache_geometry().num_slots), {});
+  }
   // Tools/tests: `slots` slots and room for `max_tokens` tokens per slot.
   void allocate_cache_for(int64_t slots, int64_t max_tokens_per_slot);
-  void reset_slot(int32_t slot) override { be_->reset_slot(slot); }
+  void reset_slot(int32_t slot) override;
   const kv::CacheGeometry& cache_geometry() const { return be_->cache_geometry(); }
 
   ForwardOutput run(const ForwardBatch& batch, const ForwardOptions& options) override;
@@ -49,8 +52,15 @@ class DeepseekModel : public CausalLM {
   StepProfile take_profile() override { return be_->take_profile(); }
 
   int64_t max_rollback() const override { return arch_.plan.max_rollback; }
-  SlotSnapshot save_slot(int32_t slot, int64_t num_tokens) override { return be_->save_slot(slot, num_tokens); }
-  void restore_slot(int32_t slot, const SlotSnapshot& s) override { be_->restore_slot(slot, s); }
+  void rollback(int32_t slot, int64_t num_tokens, int64_t keep) override;
+  // save_slot throws InvalidArgument unless can_save_slot (the slot may not hold that state).
+  SlotSnapshot save_slot(int32_t slot, int64_t num_tokens) override;
+  void restore_slot(int32_t slot, const SlotSnapshot& s) override;
+  bool can_save_slot(int32_t slot, int64_t num_tokens) const override;
+  size_t paged_block_bytes() const override { return be_->paged_block_bytes(); }
+  void copy_blocks_to_host(std::span<const HostBlockCopy> copies) override;
+  void copy_blocks_from_host(std::span<const HostBlockCopy> copies) override;
+  std::shared_ptr<uint8_t> allocate_host_memory(size_t bytes) override;
   Drafter* drafter() override { return drafter_.get(); }
 
   // One MTP step of block k over `batch` (tokens = the tokens that follow each target position,
@@ -67,6 +77,17 @@ class DeepseekModel : public CausalLM {
 
  private:
   StepPlan plan_step(const ForwardBatch& batch, bool allow_fixed) const;
+  // Records what a batch writes into each slot (target or drafter rings).
+  void note_writes(const ForwardBatch& batch, bool target);
+  void check_blocks(std::span<const HostBlockCopy> copies, const char* what) const;
+
+  // Per slot, what its fixed state holds (can_save_slot): `length` = positions of the target's
+  // sequence (after rollbacks); `written_end` = one past the furthest position any ring (target
+  // or drafter) was written since the slot was reset or restored.
+  struct SlotExtent {
+    int64_t length = 0, written_end = 0;
+  };
+  std::vector<SlotExtent> slot_extent_;  // [num_slots]
 
   ModelInfo info_;
   Arch arch_;

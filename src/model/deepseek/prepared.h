@@ -69,10 +69,25 @@ struct MoeRef {
 struct AttentionRef {
   LinearRef wq_a, wq_b, wkv, wo_a, wo_b;
   VecRef q_norm, kv_norm, sink;
-  std::optional<CompressorRef> comp;   // KV sources
+  std::optional<CompressorRef> comp;   // KV sources (V4.1 ratio 1: wkv_gate holds Wkv only, width c)
   std::optional<CompressorRef> icomp;  // V4 key compressor (CSA)
   LinearRef index_wq_b, index_weights; // index sources
+  LinearRef index_wk;                  // V4.1 keys from the latent: [di, d] (KV sources)
+  VecRef index_k_norm;                 // [di]
   const float* inv_freq = nullptr;     // rope table of this layer (backend memory)
+};
+
+// V4.1 Engram at a layer (MODEL-DEEPSEEK-V41.md §5): the table stays in its stored form in host
+// memory and is read by row id (FP8 e4m3 rows with an E8M0 scale per 32, or bf16/f32 rows);
+// the gathered rows go through wkv, then the gated injection (ops engram_inject).
+struct EngramRef {
+  const void* table = nullptr;        // [rows, dim] host memory
+  const void* table_scale = nullptr;  // [rows, dim/32] e8m0, FP8 tables only
+  DType table_dtype = DType::kF8E4M3;
+  int64_t rows = 0, dim = 0;
+  LinearRef wkv;                      // [(n+1)·D, columns·dim]: key (n·D) then value (D)
+  VecRef w;                           // [n, D] q_weight ⊙ k_weight
+  bool defined() const { return table != nullptr; }
 };
 
 struct LayerRef {
@@ -80,6 +95,7 @@ struct LayerRef {
   HcRef hc_attn, hc_ffn;
   AttentionRef attn;
   MoeRef ffn;
+  EngramRef engram;  // V4.1 Engram layers only
 };
 
 struct MtpRef {            // V4 MTP block (MODEL-DEEPSEEK-V4.md §7)

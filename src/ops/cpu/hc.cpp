@@ -40,48 +40,74 @@ void collapse(const float* x, const float* w, const HcSpec& s, float* out) {
 }
 }  // namespace
 
+namespace {
+// The site's pre, post and comb of one token from its mix logits m [(2+n)n].
+void site_weights(const float* m, const HcSpec& s, const float* base, const float* scale, float* pre, float* post,
+                  float* c) {
+  const int64_t n = s.n;
+  for (int64_t k = 0; k < n; ++k) pre[k] = sigmoid(m[k] * scale[0] + base[k]) + s.hc_eps;
+  for (int64_t k = 0; k < n; ++k) post[k] = 2.0f * sigmoid(m[n + k] * scale[1] + base[n + k]);
+  for (int64_t j = 0; j < n; ++j) {  // softmax over k in each row j; c[j*n + k]
+    float mx = -INFINITY;
+    for (int64_t k = 0; k < n; ++k) {
+      c[j * n + k] = m[2 * n + j * n + k] * scale[2] + base[2 * n + j * n + k];
+      mx = std::max(mx, c[j * n + k]);
+    }
+    float sum = 0.f;
+    for (int64_t k = 0; k < n; ++k) sum += (c[j * n + k] = std::exp(c[j * n + k] - mx));
+    for (int64_t k = 0; k < n; ++k) c[j * n + k] = c[j * n + k] / sum + s.hc_eps;
+  }
+  auto col_norm = [&] {
+    for (int64_t k = 0; k < n; ++k) {
+      float cs = 0.f;
+      for (int64_t j = 0; j < n; ++j) cs += c[j * n + k];
+      for (int64_t j = 0; j < n; ++j) c[j * n + k] /= (cs + s.hc_eps);
+    }
+  };
+  auto row_norm = [&] {
+    for (int64_t j = 0; j < n; ++j) {
+      float rs = 0.f;
+      for (int64_t k = 0; k < n; ++k) rs += c[j * n + k];
+      for (int64_t k = 0; k < n; ++k) c[j * n + k] /= (rs + s.hc_eps);
+    }
+  };
+  col_norm();
+  for (int64_t it = 0; it + 1 < s.sinkhorn_iters; ++it) {
+    row_norm();
+    col_norm();
+  }
+}
+}  // namespace
+
 void hc_pre(const float* X, int64_t T, const HcSpec& s, const float* fn, const float* base, const float* scale,
             float* u, float* post, float* comb) {
   const int64_t n = s.n, rows = (2 + n) * n;
   DI_CHECK(n > 0 && n <= 16, "hc_mult=", n);
   std::vector<float> mix = mix_logits(X, T, s, fn, rows);
   parallel_for(0, T, [&](int64_t t) {
-    const float* m = mix.data() + t * rows;
     float pre[16];
-    for (int64_t k = 0; k < n; ++k) pre[k] = sigmoid(m[k] * scale[0] + base[k]) + s.hc_eps;
-    for (int64_t k = 0; k < n; ++k) post[t * n + k] = 2.0f * sigmoid(m[n + k] * scale[1] + base[n + k]);
-    float* c = comb + t * n * n;  // c[j*n + k]
-    for (int64_t j = 0; j < n; ++j) {  // softmax over k in each row j
-      float mx = -INFINITY;
-      for (int64_t k = 0; k < n; ++k) {
-        c[j * n + k] = m[2 * n + j * n + k] * scale[2] + base[2 * n + j * n + k];
-        mx = std::max(mx, c[j * n + k]);
-      }
-      float sum = 0.f;
-      for (int64_t k = 0; k < n; ++k) sum += (c[j * n + k] = std::exp(c[j * n + k] - mx));
-      for (int64_t k = 0; k < n; ++k) c[j * n + k] = c[j * n + k] / sum + s.hc_eps;
-    }
-    auto col_norm = [&] {
-      for (int64_t k = 0; k < n; ++k) {
-        float cs = 0.f;
-        for (int64_t j = 0; j < n; ++j) cs += c[j * n + k];
-        for (int64_t j = 0; j < n; ++j) c[j * n + k] /= (cs + s.hc_eps);
-      }
-    };
-    auto row_norm = [&] {
-      for (int64_t j = 0; j < n; ++j) {
-        float rs = 0.f;
-        for (int64_t k = 0; k < n; ++k) rs += c[j * n + k];
-        for (int64_t k = 0; k < n; ++k) c[j * n + k] /= (rs + s.hc_eps);
-      }
-    };
-    col_norm();
-    for (int64_t it = 0; it + 1 < s.sinkhorn_iters; ++it) {
-      row_norm();
-      col_norm();
-    }
+    site_weights(mix.data() + t * rows, s, base, scale, pre, post + t * n, comb + t * n * n);
     collapse(X + t * n * s.dim, pre, s, u + t * s.dim);
   }, grain_for(2 * n * s.dim + 40 * n * n * s.sinkhorn_iters));
+}
+
+void hc_mix(const float* X, int64_t T, const HcSpec& s, const float* fn, const float* base, const float* scale,
+            float* pre, float* post, float* comb) {
+  const int64_t n = s.n, rows = (2 + n) * n;
+  DI_CHECK(n > 0 && n <= 16, "hc_mult=", n);
+  std::vector<float> mix = mix_logits(X, T, s, fn, rows);
+  parallel_for(0, T, [&](int64_t t) {
+    site_weights(mix.data() + t * rows, s, base, scale, pre + t * n, post + t * n, comb + t * n * n);
+  }, grain_for(40 * n * n * s.sinkhorn_iters));
+}
+
+void hc_collapse(const float* X, int64_t T, const HcSpec& s, const float* w, float* u) {
+  const int64_t n = s.n;
+  DI_CHECK(n > 0 && n <= 16, "hc_mult=", n);
+  parallel_for(0, T, [&](int64_t t) {
+    float one_hot[16] = {1.0f};
+    collapse(X + t * n * s.dim, w ? w + t * n : one_hot, s, u + t * s.dim);
+  }, grain_for(2 * n * s.dim));
 }
 
 void hc_post(const float* X, const float* y, const float* post, const float* comb, int64_t T, const HcSpec& s,

@@ -32,6 +32,15 @@ void hc_pre(const float* X, int64_t T, const HcSpec& spec, const float* fn, cons
 void hc_post(const float* X, const float* y, const float* post, const float* comb, int64_t T, const HcSpec& spec,
              float* X_out);
 
+// Single-pass wiring (V4.1, MODEL-DEEPSEEK-V41.md §4): a site's mixes are computed from its input
+// but its input is collapsed with the PREVIOUS site's pre weights. hc_mix computes the site's
+// pre [T, n], post [T, n] and comb [T, n, n] exactly as hc_pre does (same order), without the
+// collapse; hc_collapse is u[t] = Σ_k w[t,k]·X[t,k] with w [T, n], or stream 0 (the reference's
+// one-hot start weights, 1·X_0 + 0·X_k) when w is null.
+void hc_mix(const float* X, int64_t T, const HcSpec& spec, const float* fn, const float* base, const float* scale,
+            float* pre, float* post, float* comb);
+void hc_collapse(const float* X, int64_t T, const HcSpec& spec, const float* w, float* u);
+
 // Final collapse: h[t] = Σ_k (sigmoid(m_k·scale + base_k) + hc_eps)·X[t,k], m = RMS-scaled fn @ X.
 // fn [n, n*D], base [n], scale [1]; h [T, D].
 void hc_head(const float* X, int64_t T, const HcSpec& spec, const float* fn, const float* base, const float* scale,

@@ -21,6 +21,7 @@ float sqrt_softplus(float x) {
 void route(const RouterArgs& a) {
   const int64_t T = a.num_tokens, E = a.num_experts, K = a.topk;
   DI_CHECK(K > 0 && K <= E, "route: topk=", K, " experts=", E);
+  DI_CHECK(a.gate_temp > 0.f && std::isfinite(a.gate_temp), "route: gate_temp=", a.gate_temp);
   if (a.tid2eid) {  // validate ids up front: no throwing inside the parallel region
     for (int64_t t = 0; t < T; ++t) {
       const int64_t tok = a.token_ids[t];
@@ -38,7 +39,10 @@ void route(const RouterArgs& a) {
     thread_local std::vector<float> s, biased;  // capacity reused across tokens
     thread_local std::vector<int32_t> order;
     s.resize(size_t(E));
-    for (int64_t e = 0; e < E; ++e) s[e] = sqrt_softplus(a.logits[t * E + e]);
+    if (a.gate_temp == 1.0f)  // x / 1 == x: V4's path, spelled out so it stays bit-identical
+      for (int64_t e = 0; e < E; ++e) s[e] = sqrt_softplus(a.logits[t * E + e]);
+    else
+      for (int64_t e = 0; e < E; ++e) s[e] = sqrt_softplus(a.logits[t * E + e] / a.gate_temp);
     int32_t* ids = a.out_ids + t * K;
     if (a.tid2eid) {
       for (int64_t j = 0; j < K; ++j) ids[j] = a.tid2eid[int64_t(a.token_ids[t]) * K + j];

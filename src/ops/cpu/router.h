@@ -1,5 +1,6 @@
-// MoE routing of DeepSeek-V4 (MODEL-DEEPSEEK-V4.md §5). scores = sqrt(softplus(logits)) (torch
-// softplus: linear above 20). Selection is either a fixed table (hash layers: tid2eid[token]) or
+// MoE routing of DeepSeek-V4 (MODEL-DEEPSEEK-V4.md §5). scores = sqrt(softplus(logits / gate_temp))
+// (torch softplus: linear above 20; gate_temp is V4.1's, 1 in V4). Selection is either a fixed
+// table (hash layers: tid2eid[token]) or
 // the top-k of scores + bias (bias only for selection). Weights come from the UNbiased scores:
 //   w_j = scale · s_{e_j} / (Σ_j' s_{e_j'} + 1e-20)   (norm_topk_prob; else scale · s).
 #pragma once
@@ -16,6 +17,7 @@ struct RouterArgs {
   int64_t vocab_size = 0;            // rows of tid2eid
   bool normalize = true;             // norm_topk_prob
   float routed_scale = 1.0f;         // routed_scaling_factor
+  float gate_temp = 1.0f;            // V4.1: scores = sqrtsoftplus(logits / gate_temp)
   int32_t* out_ids = nullptr;        // [T, topk]
   float* out_weights = nullptr;      // [T, topk]
 };

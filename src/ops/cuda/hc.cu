@@ -163,6 +163,7 @@ __global__ void __launch_bounds__(kThreads) hc_finalize_kernel(const __grid_cons
     __syncthreads();
   }
   if (p.mix && threadIdx.x < num_mix) p.mix[t * num_mix + threadIdx.x] = m[threadIdx.x];
+  if (!p.u) return;  // mixes only (single-pass wiring collapses with the previous site's weights)
   const T* x = static_cast<const T*>(p.x) + t * p.x_stride;
   T* u = static_cast<T*>(p.u) + t * p.u_stride;
   for (int64_t d = threadIdx.x; d < p.dim; d += kThreads) {
@@ -196,6 +197,23 @@ __global__ void __launch_bounds__(kThreads) hc_post_kernel(const __grid_constant
   }
 }
 
+template <typename T>
+__global__ void __launch_bounds__(kThreads) hc_collapse_kernel(const __grid_constant__ HcCollapseParams p) {
+  const int64_t idx = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  if (idx >= p.tokens * p.dim) return;
+  const int64_t t = idx / p.dim, d = idx % p.dim;
+  const T* x = static_cast<const T*>(p.x) + t * p.x_stride + d;
+  T* u = static_cast<T*>(p.u) + t * p.u_stride + d;
+  if (!p.w) {
+    *u = x[0];
+    return;
+  }
+  const float* w = p.w + t * p.w_stride;
+  float acc = 0.f;
+  for (int k = 0; k < p.n; ++k) acc += w[k] * to_f32(x[k * p.dim]);
+  *u = from_f32<T>(acc);
+}
+
 void check_common(int n, int64_t dim, int64_t tokens, const char* what) {
   if (n < 1 || n > kHcMaxStreams) DI_THROW(InvalidArgument, what, ": hc_mult ", n, " not in [1, ", kHcMaxStreams, "]");
   if (dim <= 0 || tokens < 0) DI_THROW(InvalidArgument, what, ": bad shape tokens=", tokens, " dim=", dim);
@@ -211,10 +229,11 @@ size_t hc_pre_workspace_bytes(int64_t tokens, int n, int64_t dim, HcMode mode) {
 
 void hc_pre(const HcPreParams& p, cudaStream_t stream) {
   check_common(p.n, p.dim, p.tokens, "hc_pre");
-  if (!p.x || !p.fn || !p.base || !p.scale || !p.u || !p.workspace)
-    DI_THROW(InvalidArgument, "hc_pre: null x, fn, base, scale, u or workspace");
+  if (!p.x || !p.fn || !p.base || !p.scale || !p.workspace)
+    DI_THROW(InvalidArgument, "hc_pre: null x, fn, base, scale or workspace");
+  if (!p.u && p.mode == HcMode::kHead) DI_THROW(InvalidArgument, "hc_pre: head mode needs u");
   if (p.mode == HcMode::kLayer && !p.mix) DI_THROW(InvalidArgument, "hc_pre: layer mode needs the mix output");
-  if (p.x_stride < p.n * p.dim || p.u_stride < p.dim)
+  if (p.x_stride < p.n * p.dim || (p.u && p.u_stride < p.dim))
     DI_THROW(InvalidArgument, "hc_pre: strides x ", p.x_stride, " / u ", p.u_stride, " too small");
   if (p.sinkhorn_iters < 1) DI_THROW(InvalidArgument, "hc_pre: sinkhorn_iters must be >= 1");
   if (p.tokens == 0) return;
@@ -226,6 +245,19 @@ void hc_pre(const HcPreParams& p, cudaStream_t stream) {
     hc_partials_kernel<T><<<dim3(chunks, tiles), kThreads, 0, stream>>>(p, num_mix, chunks);
     DI_CUDA_CHECK_LAUNCH();
     hc_finalize_kernel<T><<<unsigned(p.tokens), kThreads, 0, stream>>>(p, num_mix, chunks);
+    DI_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void hc_collapse(const HcCollapseParams& p, cudaStream_t stream) {
+  check_common(p.n, p.dim, p.tokens, "hc_collapse");
+  if (!p.x || !p.u) DI_THROW(InvalidArgument, "hc_collapse: null x or u");
+  if (p.x_stride < p.n * p.dim || p.u_stride < p.dim || (p.w && p.w_stride < p.n))
+    DI_THROW(InvalidArgument, "hc_collapse: strides too small");
+  const int64_t total = p.tokens * p.dim;
+  if (total == 0) return;
+  DI_DISPATCH_FLOAT(p.dtype, T, "hc_collapse x", [&] {
+    hc_collapse_kernel<T><<<unsigned(ceil_div(total, kThreads)), kThreads, 0, stream>>>(p);
     DI_CUDA_CHECK_LAUNCH();
   });
 }

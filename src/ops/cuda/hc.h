@@ -30,7 +30,7 @@ struct HcPreParams {
   const float* fn = nullptr;     // [M, n*D] f32
   const float* base = nullptr;   // [M] f32
   const float* scale = nullptr;  // [3] (layer) or [1] (head) f32
-  void* u = nullptr;             // [tokens, D] dtype, row stride u_stride
+  void* u = nullptr;             // [tokens, D] dtype, row stride u_stride; null: mixes only (layer mode)
   int64_t u_stride = 0;
   float* mix = nullptr;          // [tokens, M] f32 out: pre[n], post[n], C[n][n] (layer); pre[n] (head); may be null in head mode
   float* workspace = nullptr;    // hc_pre_workspace_bytes(...)
@@ -56,6 +56,25 @@ struct HcPostParams {
   int n = 4;
   int64_t dim = 0;
 };
+
+// Single-pass wiring (V4.1): a site collapses with the PREVIOUS site's pre weights. hc_pre then
+// runs for the mixes only (u may be null: no collapse), and hc_collapse forms
+//   u[t] = Σ_k w[t, k] · X[t, k]   (fp32, k in order; w [tokens, n] at row stride w_stride, e.g. the
+// previous site's mix rows), or u[t] = X[t, 0] exactly when w is null (the one-hot start).
+// CPU twin: ops/cpu/hc.h hc_collapse.
+struct HcCollapseParams {
+  const void* x = nullptr;       // [tokens, n, D] dtype, token stride x_stride
+  int64_t x_stride = 0;
+  const float* w = nullptr;      // [tokens, n] f32 at row stride w_stride, or null (stream 0)
+  int64_t w_stride = 0;
+  void* u = nullptr;             // [tokens, D] dtype, row stride u_stride
+  int64_t u_stride = 0;
+  DType dtype = DType::kBF16;    // of x and u
+  int64_t tokens = 0;
+  int n = 4;
+  int64_t dim = 0;
+};
+void hc_collapse(const HcCollapseParams& p, cudaStream_t stream);
 
 int hc_num_mix(int n, HcMode mode);
 size_t hc_pre_workspace_bytes(int64_t tokens, int n, int64_t dim, HcMode mode);

@@ -7,6 +7,13 @@
 // out_rows lists them in candidate order (the CPU twin lists them by score; compare as sets),
 // padded with -1. CPU twin: ops/cpu/indexer.h indexer_topk.
 // In production numerics q and k_pool have been through fp4_round_trip (Hadamard + FP4) first.
+//
+// Two-level top-k (V4.1; CPU twin's header says the rule): candidate j is then entry j, grouped
+// in blocks of block_size. Publish (out_blocks): the best min(topk_blocks, ceil(count/block_size))
+// blocks by max score, the newest block pinned, listed ascending and -1 padded (block_scores is the
+// workspace [T, indexer_max_blocks(...)]); the own top-k is unfiltered. Consume (in_blocks): only
+// the entries of the listed blocks are candidates (others score -inf and are never picked), so
+// fewer than topk may be kept; out_count says how many.
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -32,8 +39,14 @@ struct IndexerParams {
   float* scores = nullptr;              // workspace [T, max_candidates] f32 (kept: tests read it)
   int32_t* out_rows = nullptr;          // [T, topk]
   int32_t* out_count = nullptr;         // [T]
+  int64_t block_size = 0;               // two-level top-k: entries per candidate block (0: off)
+  int64_t topk_blocks = 0;              // blocks kept per token (<= 1024 * 16)
+  int32_t* out_blocks = nullptr;        // publish: [T, topk_blocks]
+  const int32_t* in_blocks = nullptr;   // consume: [T, topk_blocks] as published
+  float* block_scores = nullptr;        // publish workspace [T, indexer_max_blocks(max_candidates, block_size)]
 };
 
+int64_t indexer_max_blocks(int64_t max_candidates, int64_t block_size);
 void indexer_topk(const IndexerParams& p, cudaStream_t stream);
 
 }  // namespace deepinfer::ops::cuda

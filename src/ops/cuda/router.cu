@@ -1,3 +1,5 @@
+#include <cmath>
+
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/router.h"
 
@@ -35,7 +37,9 @@ __global__ void router_kernel(const __grid_constant__ RouterParams p) {
   const int64_t t = blockIdx.x;
   const int e = threadIdx.x;
   const bool valid = e < p.num_experts;
-  const float s = valid ? sqrt_softplus(p.logits[t * p.logits_stride + e]) : 0.f;
+  float logit = valid ? p.logits[t * p.logits_stride + e] : 0.f;
+  if (p.gate_temp != 1.0f) logit = __fdiv_rn(logit, p.gate_temp);  // IEEE division, as the CPU twin
+  const float s = valid ? sqrt_softplus(logit) : 0.f;
   if (valid) s_score[e] = s;
   const bool hash = p.tid2eid != nullptr;
   if (!hash) {
@@ -91,6 +95,8 @@ void router(const RouterParams& p, cudaStream_t stream) {
   if (p.topk < 1 || p.topk > kRouterMaxTopk || p.topk > p.num_experts)
     DI_THROW(InvalidArgument, "router: topk ", p.topk, " not in [1, min(", kRouterMaxTopk, ", num_experts)]");
   if (!p.logits || !p.expert_ids || !p.weights) DI_THROW(InvalidArgument, "router: null logits or outputs");
+  if (!(p.gate_temp > 0.f) || !std::isfinite(p.gate_temp))
+    DI_THROW(InvalidArgument, "router: gate_temp ", p.gate_temp, " must be finite and > 0");
   if (p.logits_stride < p.num_experts) DI_THROW(InvalidArgument, "router: logits_stride < num_experts");
   const bool hash = p.tid2eid != nullptr;
   if (hash == (p.bias != nullptr)) DI_THROW(InvalidArgument, "router: give exactly one of bias or tid2eid");

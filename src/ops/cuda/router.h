@@ -1,6 +1,6 @@
 // MoE router on the GPU (spec §5), fp32 throughout. Input: router logits [tokens, E] f32
-// (x·Wgᵀ from gemm with an f32 output). s = sqrt(softplus(logit)) (torch softplus: linear
-// above 20). Biased mode: experts = top-k of s + bias (ties -> lower expert id), selection
+// (x·Wgᵀ from gemm with an f32 output). s = sqrt(softplus(logit / gate_temp)) (torch softplus:
+// linear above 20; gate_temp is V4.1's, 1 in V4, where the division is skipped). Biased mode: experts = top-k of s + bias (ties -> lower expert id), selection
 // only. Hash mode: experts = tid2eid[token_id]. Weights from the UNbiased scores:
 // w = route_scale · s_e / Σ_{selected} s (sum in selection order).
 #pragma once
@@ -28,6 +28,7 @@ struct RouterParams {
   int num_experts = 0;             // <= 1024
   int topk = 0;                    // <= kRouterMaxTopk
   float route_scale = 1.0f;
+  float gate_temp = 1.0f;          // V4.1: logits are divided by it before the score function (> 0)
   int* error_flag = nullptr;       // optional: set to 1 when a token id or table entry is out of range
 };
 

@@ -1,3 +1,5 @@
+#include <tuple>
+
 #include "ops/cpu/hc.h"
 #include "ops/cuda/hc.h"
 #include "test_util.h"
@@ -94,6 +96,70 @@ TEST(CudaHc, PrePostHeadMatchCpuTwin) {
       run_case<float>(T_, dim, oc::HcMode::kLayer, seed += 10);
       run_case<uint16_t>(T_, dim, oc::HcMode::kLayer, seed += 10);
       run_case<float>(T_, dim, oc::HcMode::kHead, seed += 10);
+    }
+}
+
+// Single-pass wiring (V4.1): mixes of site B from its own input with no collapse (u null), then
+// the collapse of B's input with site A's pre weights (read in place from A's mix rows), and the
+// one-hot start (null weights: stream 0 exactly). CPU twins hc_mix / hc_collapse; odd dims.
+template <typename T>
+void run_single_pass(int64_t T_, int64_t dim, uint64_t seed) {
+  constexpr bool kBf16 = std::is_same_v<T, uint16_t>;
+  const int n = 4, M = oc::hc_num_mix(n, oc::HcMode::kLayer);
+  Site a = make_site(n, dim, oc::HcMode::kLayer, seed), b = make_site(n, dim, oc::HcMode::kLayer, seed + 5);
+  std::vector<float> Xa = randn(T_ * n * dim, seed + 3), Xb = randn(T_ * n * dim, seed + 4);
+  if (kBf16) Xa = bf16_round(Xa), Xb = bf16_round(Xb);
+  ops::cpu::HcSpec spec{.n = n, .dim = dim, .sinkhorn_iters = 7, .rms_eps = 1e-20f};
+  std::vector<float> pa(T_ * n), qa(T_ * n), ca(T_ * n * n), pb(T_ * n), qb(T_ * n), cb(T_ * n * n);
+  ops::cpu::hc_mix(Xa.data(), T_, spec, a.fn.data(), a.base.data(), a.scale.data(), pa.data(), qa.data(), ca.data());
+  ops::cpu::hc_mix(Xb.data(), T_, spec, b.fn.data(), b.base.data(), b.scale.data(), pb.data(), qb.data(), cb.data());
+  std::vector<float> u_ref(T_ * dim), u0_ref(T_ * dim);
+  ops::cpu::hc_collapse(Xb.data(), T_, spec, pa.data(), u_ref.data());
+  ops::cpu::hc_collapse(Xb.data(), T_, spec, nullptr, u0_ref.data());
+  auto pack = [&](const std::vector<float>& v) {
+    if constexpr (kBf16) return to_bf16(v);
+    else return v;
+  };
+  DevArray<T> dXa(pack(Xa)), dXb(pack(Xb)), du(T_ * dim), du0(T_ * dim);
+  DevArray<float> fa(a.fn), ba(a.base), sa(a.scale), fb(b.fn), bb(b.base), sb(b.scale), ma(T_ * M), mb(T_ * M);
+  DevArray<float> ws(oc::hc_pre_workspace_bytes(T_, n, dim, oc::HcMode::kLayer) / sizeof(float) + 1);
+  du.poison();
+  du0.poison();
+  ma.poison();
+  mb.poison();
+  const DType dt = kBf16 ? DType::kBF16 : DType::kF32;
+  for (auto [dX, f, bs, sc, m] : {std::tuple{&dXa, &fa, &ba, &sa, &ma}, std::tuple{&dXb, &fb, &bb, &sb, &mb}})
+    oc::hc_pre({.x = dX->get(), .dtype = dt, .x_stride = n * dim, .fn = f->get(), .base = bs->get(),
+                .scale = sc->get(), .u = nullptr, .mix = m->get(), .workspace = ws.get(), .tokens = T_, .n = n,
+                .dim = dim, .sinkhorn_iters = 7, .norm_eps = 1e-20f},
+               nullptr);
+  oc::hc_collapse({.x = dXb.get(), .x_stride = n * dim, .w = ma.get(), .w_stride = M, .u = du.get(), .u_stride = dim,
+                   .dtype = dt, .tokens = T_, .n = n, .dim = dim},
+                  nullptr);
+  oc::hc_collapse({.x = dXb.get(), .x_stride = n * dim, .u = du0.get(), .u_stride = dim, .dtype = dt, .tokens = T_,
+                   .n = n, .dim = dim},
+                  nullptr);
+  const std::string cs = std::string(kBf16 ? "bf16" : "f32") + " T=" + std::to_string(T_) + " D=" + std::to_string(dim);
+  std::vector<float> mix = mb.download(), pre, post, comb;
+  for (int64_t t = 0; t < T_; ++t) {
+    pre.insert(pre.end(), mix.begin() + t * M, mix.begin() + t * M + n);
+    post.insert(post.end(), mix.begin() + t * M + n, mix.begin() + t * M + 2 * n);
+    comb.insert(comb.end(), mix.begin() + t * M + 2 * n, mix.begin() + (t + 1) * M);
+  }
+  report("hc_mix_pre", cs, max_rel_err(pre, pb), kTolF32);
+  report("hc_mix_post", cs, max_rel_err(post, qb), kTolF32);
+  report("hc_mix_comb", cs, max_rel_err(comb, cb), kTolF32);
+  report("hc_collapse", cs, max_rel_err(as_f32(du.download()), u_ref), kBf16 ? kTolBf16 : kTolF32);
+  EXPECT_EQ(as_f32(du0.download()), kBf16 ? bf16_round(u0_ref) : u0_ref) << "stream 0 " << cs;
+}
+
+TEST(CudaHc, SinglePassMixAndCollapseMatchCpuTwin) {
+  DI_REQUIRE_GPU();
+  uint64_t seed = 3000;
+  for (int64_t T_ : token_counts())
+    for (int64_t dim : {int64_t(5120), int64_t(37)}) {
+      run_single_pass<float>(T_, dim, seed += 10);
+      run_single_pass<uint16_t>(T_, dim, seed += 10);
     }
 }
 

@@ -9,7 +9,7 @@ namespace oc = ops::cuda;
 
 constexpr double kTolWeights = 1e-6;  // same fp32 formula, sqrt/log1p within an ulp
 
-void run_case(int64_t T_, int E, int k, bool hash, DType table_dt, uint64_t seed) {
+void run_case(int64_t T_, int E, int k, bool hash, DType table_dt, uint64_t seed, float gate_temp = 1.0f) {
   const int64_t V = 1000;
   std::vector<float> logits = randn(T_ * E, seed, 2.0f);
   logits[0] = 25.f;  // softplus's linear branch
@@ -22,7 +22,8 @@ void run_case(int64_t T_, int E, int k, bool hash, DType table_dt, uint64_t seed
   std::vector<float> ref_w(T_ * k);
   ops::cpu::route({.logits = logits.data(), .num_tokens = T_, .num_experts = E, .topk = k,
                    .bias = hash ? nullptr : bias.data(), .tid2eid = hash ? table.data() : nullptr,
-                   .token_ids = tokens.data(), .vocab_size = V, .routed_scale = 1.5f, .out_ids = ref_ids.data(),
+                   .token_ids = tokens.data(), .vocab_size = V, .routed_scale = 1.5f, .gate_temp = gate_temp,
+                   .out_ids = ref_ids.data(),
                    .out_weights = ref_w.data()});
   std::vector<int64_t> table64(table.begin(), table.end());
   DevArray<float> dl(logits), db(bias), dw(T_ * k);
@@ -34,12 +35,13 @@ void run_case(int64_t T_, int E, int k, bool hash, DType table_dt, uint64_t seed
               .tid2eid = hash ? (table_dt == DType::kI64 ? (const void*)dt64.get() : (const void*)dt32.get()) : nullptr,
               .tid2eid_dtype = table_dt, .token_ids = dtok.get(), .vocab = V, .expert_ids = dids.get(),
               .weights = dw.get(), .tokens = T_, .num_experts = E, .topk = k, .route_scale = 1.5f,
-              .error_flag = dflag.get()},
+              .gate_temp = gate_temp, .error_flag = dflag.get()},
              nullptr);
   EXPECT_EQ(dids.download(), ref_ids);
   EXPECT_EQ(dflag.download()[0], 0);
   const std::string cs = std::string(hash ? (table_dt == DType::kI64 ? "hash i64" : "hash i32") : "bias") +
-                         " T=" + std::to_string(T_) + " E=" + std::to_string(E) + " k=" + std::to_string(k);
+                         " T=" + std::to_string(T_) + " E=" + std::to_string(E) + " k=" + std::to_string(k) +
+                         " gate_temp=" + std::to_string(gate_temp);
   report("router", cs, max_rel_err(dw.download(), ref_w), kTolWeights);
 }
 
@@ -52,6 +54,8 @@ TEST(CudaRouter, MatchesCpuTwin) {
     run_case(T_, 256, 6, true, DType::kI64, ++seed);
     run_case(T_, 8, 2, false, DType::kI32, ++seed);  // tiny config
     run_case(T_, 133, 5, false, DType::kI32, ++seed);  // not a multiple of the warp
+    run_case(T_, 384, 6, false, DType::kI32, ++seed, 1.3f);  // V4.1: gate_temp divides the logits
+    run_case(T_, 6, 3, false, DType::kI32, ++seed, 0.7f);
   }
 }
 

@@ -141,3 +141,39 @@ TEST(LlmThreads, GenerateInsideAStepLoopAndUniqueIds) {
   for (int i = 0; i < 5; ++i) EXPECT_TRUE(ids.insert(llm.reserve_request_id()).second);
   EXPECT_FALSE(llm.has_unfinished());
 }
+
+TEST(LlmThreads, ConcurrentStructuredRequestsShareGrammars) {
+  // One compiled grammar (cached by so_args) and its lazily filled mask caches serve requests
+  // of several threads at once; each output still equals its run alone.
+  LLM llm(toy());
+  auto constrained = [](int i) {
+    SamplingParams p = seeded(24, 50 + i);
+    p.ignore_eos = false;
+    StructuredOutputsParams so;
+    if (i % 2) so.regex = "(ab|cd)+x[0-9]{1,3}";
+    else so.json = R"({"type": "object", "properties": {"k": {"type": "integer"}}, "required": ["k"]})";
+    p.structured_outputs = so;
+    return p;
+  };
+  constexpr int kThreads = 4;
+  std::vector<std::string> want(kThreads);
+  for (int i = 0; i < kThreads; ++i) {
+    auto o = llm.generate({prompt(i)}, {constrained(i)})[0];
+    ASSERT_TRUE(o.error.empty()) << o.error;
+    want[i] = o.outputs[0].text;
+    EXPECT_GE(want[i].size(), 3u) << "request " << i << ": " << want[i];
+    if (i % 2) EXPECT_TRUE(want[i].find('x') != std::string::npos) << want[i];
+    else EXPECT_EQ(want[i].rfind("{\"", 0), 0u) << want[i];
+  }
+  std::vector<std::string> failures(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] {
+      for (int r = 0; r < 3; ++r) {
+        auto o = llm.generate({prompt(t)}, {constrained(t)})[0];
+        if (!o.error.empty() || o.outputs.at(0).text != want[t]) failures[t] += "round " + std::to_string(r) + "; ";
+      }
+    });
+  for (auto& th : threads) th.join();
+  for (const auto& f : failures) EXPECT_TRUE(f.empty()) << f;
+}

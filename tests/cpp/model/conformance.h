@@ -195,6 +195,54 @@ TEST_P(CausalLMConformance, SlotSnapshotRestores) {
   (void)V;
 }
 
+// The host tier's block copies and prefix reuse's checkpoint rule: slot 1's prefix blocks
+// copied out to host memory and into slot 2's own blocks, with slot 1's checkpoint restored into
+// slot 2, continue exactly like slot 1; a slot saves only within max_rollback of what it wrote.
+TEST_P(CausalLMConformance, BlockCopiesAndCheckpointRule) {
+  const int64_t T = int64_t(ids_.size()), cut = std::min<int64_t>(T - 1, 77);
+  const kv::CacheGeometry& g = model_->cache_geometry();
+  const std::vector<int32_t> t1 = model::slot_block_table(g, 1), t2 = model::slot_block_table(g, 2);
+  model_->reset_slot(1);
+  model::ForwardBatch b;
+  b.token_ids.assign(ids_.begin(), ids_.begin() + cut);
+  b.seqs = {{.cache_slot = 1, .block_table = t1, .num_computed_tokens = 0, .num_new_tokens = int32_t(cut)}};
+  model_->forward(b);
+  const int64_t R = model_->max_rollback();
+  EXPECT_TRUE(model_->can_save_slot(1, cut));
+  EXPECT_TRUE(model_->can_save_slot(1, cut - R));
+  EXPECT_FALSE(model_->can_save_slot(1, cut - R - 1));
+  EXPECT_FALSE(model_->can_save_slot(1, cut + 1));
+  EXPECT_THROW(model_->save_slot(1, cut - R - 1), InvalidArgument);
+  const model::SlotSnapshot snap = model_->save_slot(1, cut);
+  const size_t bb = model_->paged_block_bytes();
+  ASSERT_GT(bb, 0u);
+  const int64_t nb = (cut + g.block_tokens - 1) / g.block_tokens;
+  std::shared_ptr<uint8_t> host = model_->allocate_host_memory(bb * size_t(nb));
+  std::vector<model::HostBlockCopy> out, in;
+  for (int64_t i = 0; i < nb; ++i) {
+    out.push_back({t1[size_t(i)], host.get() + size_t(i) * bb});
+    in.push_back({t2[size_t(i)], host.get() + size_t(i) * bb});
+  }
+  model_->copy_blocks_to_host(out);
+  model_->copy_blocks_from_host(in);
+  EXPECT_THROW(model_->copy_blocks_to_host(std::vector<model::HostBlockCopy>{{int32_t(g.num_blocks), host.get()}}),
+               InvalidArgument);
+  model_->reset_slot(2);
+  model_->restore_slot(2, snap);
+  const std::vector<int32_t> rest(ids_.begin() + cut, ids_.end());
+  auto tail = [&](int32_t slot, const std::vector<int32_t>& table) {
+    model::ForwardBatch c;
+    c.token_ids = rest;
+    c.seqs = {{.cache_slot = slot, .block_table = table, .num_computed_tokens = cut,
+               .num_new_tokens = int32_t(rest.size())}};
+    for (size_t i = 0; i < rest.size(); ++i) c.logits_indices.push_back(int32_t(i));
+    const Tensor l = model_->forward(c);
+    return std::vector<float>(l.data<float>(), l.data<float>() + l.numel());
+  };
+  const std::vector<float> copied = tail(2, t2), original = tail(1, t1);
+  expect_same(original, copied, int64_t(rest.size()), "copied blocks + restored slot", true);
+}
+
 TEST_P(CausalLMConformance, DrafterMatchesReference) {
   model::Drafter* drafter = model_->drafter();
   if (!drafter) GTEST_SKIP() << GetParam().name << " has no drafter";

@@ -94,5 +94,94 @@ TEST(Indexer, ScoresAndTopKMatchNaive) {
   }
 }
 
+
+// Two-level top-k (V4.1): the candidate source keeps the best blocks by max score with the newest
+// block pinned, its own top-k unfiltered; a later index source scores only inside the kept blocks.
+// Candidate j of token t is entry j (V4.1 lists every finished entry in order); odd sizes.
+TEST(Indexer, TwoLevelCandidateBlocksMatchNaive) {
+  const int64_t T = 5, Hi = 3, di = 7, rows = 41, K = 5, bs = 3, B = 4;
+  std::vector<int32_t> all(rows);
+  for (int32_t i = 0; i < rows; ++i) all[size_t(i)] = i;
+  std::vector<int64_t> off(T, 0);
+  std::vector<int32_t> cnt = {0, 2, 11, 29, 41};
+  const float qs = 1 / std::sqrt(float(di)), ws = 1 / std::sqrt(float(Hi));
+  auto k = randn(rows * di, 23);
+  auto naive_scores = [&](const std::vector<float>& q, const std::vector<float>& w, int64_t t) {
+    std::vector<double> sc(size_t(cnt[t]));
+    for (int64_t j = 0; j < cnt[t]; ++j)
+      for (int64_t h = 0; h < Hi; ++h) {
+        double dot = 0;
+        for (int64_t i = 0; i < di; ++i) dot += double(q[(t * Hi + h) * di + i]) * k[j * di + i];
+        sc[size_t(j)] += std::max(dot, 0.0) * qs * w[t * Hi + h] * ws;
+      }
+    return sc;
+  };
+  // Publish.
+  auto q1 = randn(T * Hi * di, 21), w1 = randn(T * Hi, 22);
+  std::vector<int32_t> sel1(T * K), n1(T), blocks(T * B, 7);
+  IndexerArgs a{.q = q1.data(), .w = w1.data(), .num_tokens = T, .num_heads = Hi, .head_dim = di, .k_pool = k.data(),
+                .cand_rows = all.data(), .cand_offset = off.data(), .cand_count = cnt.data(), .qk_scale = qs,
+                .w_scale = ws, .topk = K, .out_rows = sel1.data(), .out_count = n1.data(), .block_size = bs,
+                .topk_blocks = B, .out_blocks = blocks.data()};
+  indexer_topk(a);
+  for (int64_t t = 0; t < T; ++t) {
+    const auto sc = naive_scores(q1, w1, t);
+    const int64_t nb = (cnt[t] + bs - 1) / bs;
+    std::vector<std::pair<double, int32_t>> best;  // (-score, block): ascending = best first, lower block on ties
+    for (int64_t b = 0; b < nb; ++b) {
+      double m = -INFINITY;
+      for (int64_t j = b * bs; j < std::min<int64_t>(cnt[t], (b + 1) * bs); ++j) m = std::max(m, sc[size_t(j)]);
+      best.push_back({b == nb - 1 ? -INFINITY : -m, int32_t(b)});
+    }
+    std::sort(best.begin(), best.end());
+    std::set<int32_t> want;
+    for (int64_t b = 0; b < std::min(B, nb); ++b) want.insert(best[size_t(b)].second);
+    std::vector<int32_t> got(blocks.begin() + t * B, blocks.begin() + t * B + B);
+    std::vector<int32_t> expect(want.begin(), want.end());
+    expect.resize(size_t(B), -1);
+    EXPECT_EQ(got, expect) << "token " << t;
+    // Its own top-k is over every entry.
+    std::vector<std::pair<double, int32_t>> r;
+    for (int64_t j = 0; j < cnt[t]; ++j) r.push_back({-sc[size_t(j)], int32_t(j)});
+    std::sort(r.begin(), r.end());
+    ASSERT_EQ(n1[t], std::min<int64_t>(K, cnt[t]));
+    std::set<int32_t> ws1, gs1;
+    for (int64_t j = 0; j < n1[t]; ++j) ws1.insert(r[size_t(j)].second), gs1.insert(sel1[t * K + j]);
+    EXPECT_EQ(ws1, gs1);
+  }
+  // Consume: another query, scored inside the published blocks only.
+  auto q2 = randn(T * Hi * di, 24), w2 = randn(T * Hi, 25);
+  std::vector<int32_t> sel2(T * K), n2(T);
+  a.q = q2.data();
+  a.w = w2.data();
+  a.out_rows = sel2.data();
+  a.out_count = n2.data();
+  a.out_blocks = nullptr;
+  a.in_blocks = blocks.data();
+  indexer_topk(a);
+  for (int64_t t = 0; t < T; ++t) {
+    const auto sc = naive_scores(q2, w2, t);
+    std::vector<std::pair<double, int32_t>> r;
+    for (int64_t b = 0; b < B; ++b) {
+      const int32_t blk = blocks[t * B + b];
+      for (int64_t j = blk * bs; blk >= 0 && j < std::min<int64_t>(cnt[t], (blk + 1) * bs); ++j)
+        r.push_back({-sc[size_t(j)], int32_t(j)});
+    }
+    std::sort(r.begin(), r.end());
+    const int64_t n = std::min<int64_t>(K, int64_t(r.size()));
+    ASSERT_EQ(n2[t], n) << "token " << t;
+    std::set<int32_t> want, got;
+    for (int64_t j = 0; j < n; ++j) want.insert(r[size_t(j)].second), got.insert(sel2[t * K + j]);
+    EXPECT_EQ(want, got) << "token " << t;
+    for (int64_t j = n; j < K; ++j) EXPECT_EQ(sel2[t * K + j], -1);
+  }
+  // A layer cannot both publish and consume; blocks need a size.
+  a.out_blocks = blocks.data();
+  EXPECT_THROW(indexer_topk(a), InternalError);
+  a.out_blocks = nullptr;
+  a.block_size = 0;
+  EXPECT_THROW(indexer_topk(a), InternalError);
+}
+
 }  // namespace
 }  // namespace deepinfer::ops::cpu

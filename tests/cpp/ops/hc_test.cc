@@ -14,7 +14,7 @@ double sig(double x) { return 1 / (1 + std::exp(-x)); }
 // Direct transcription of MODEL-DEEPSEEK-V4.md §2 for one token, in double.
 void naive_hc(const float* X, int64_t n, int64_t D, const float* fn, const float* base, const float* scale, int iters,
               double eps_rms, double eps, std::vector<double>& u, std::vector<double>& post,
-              std::vector<double>& C) {
+              std::vector<double>& C, std::vector<double>* pre_out = nullptr) {
   const int64_t nd = n * D, rows = (2 + n) * n;
   double ss = 0;
   for (int64_t i = 0; i < nd; ++i) ss += double(X[i]) * X[i];
@@ -54,6 +54,7 @@ void naive_hc(const float* X, int64_t n, int64_t D, const float* fn, const float
     rowsn();
     cols();
   }
+  if (pre_out) *pre_out = pre;
   u.assign(D, 0);
   for (int64_t k = 0; k < n; ++k)
     for (int64_t d = 0; d < D; ++d) u[d] += pre[k] * X[k * D + d];
@@ -102,6 +103,33 @@ TEST(Hc, HeadMatchesNaive) {
       }
       EXPECT_NEAR(h[t * s.dim + d], ref, 1e-4);
     }
+  }
+}
+
+
+// Single-pass wiring pieces (V4.1): hc_mix gives exactly hc_pre's post/comb and the pre weights that
+// hc_pre collapses with; hc_collapse with them reproduces hc_pre's u bit for bit, and with null
+// weights it is stream 0 (the one-hot start).
+TEST(Hc, MixAndCollapseSplitPre) {
+  HcSpec s{.n = 4, .dim = 29, .sinkhorn_iters = 7, .rms_eps = 1e-20f, .hc_eps = 1e-6f};
+  const int64_t T = 7, nd = s.n * s.dim, rows = (2 + s.n) * s.n;
+  auto X = randn(T * nd, 11), fn = randn(rows * nd, 12, 0.05f), base = randn(rows, 13, 0.5f);
+  auto scale = randn(3, 14, 0.3f, 1.0f);
+  std::vector<float> u(T * s.dim), post(T * s.n), comb(T * s.n * s.n);
+  hc_pre(X.data(), T, s, fn.data(), base.data(), scale.data(), u.data(), post.data(), comb.data());
+  std::vector<float> pre2(T * s.n), post2(T * s.n), comb2(T * s.n * s.n), u2(T * s.dim), u0(T * s.dim);
+  hc_mix(X.data(), T, s, fn.data(), base.data(), scale.data(), pre2.data(), post2.data(), comb2.data());
+  EXPECT_EQ(post, post2);
+  EXPECT_EQ(comb, comb2);
+  hc_collapse(X.data(), T, s, pre2.data(), u2.data());
+  EXPECT_EQ(u, u2);
+  hc_collapse(X.data(), T, s, nullptr, u0.data());
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<double> ru, rp, rc, rpre;
+    naive_hc(X.data() + t * nd, s.n, s.dim, fn.data(), base.data(), scale.data(), 7, 1e-20, 1e-6, ru, rp, rc, &rpre);
+    for (int64_t k = 0; k < s.n; ++k) EXPECT_NEAR(pre2[t * s.n + k], rpre[k], 1e-5);
+    for (int64_t d = 0; d < s.dim; ++d) EXPECT_NEAR(u2[t * s.dim + d], ru[d], 1e-4);
+    for (int64_t d = 0; d < s.dim; ++d) EXPECT_EQ(u0[t * s.dim + d], X[t * nd + d]);  // stream 0, exactly
   }
 }
 

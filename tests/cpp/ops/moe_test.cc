@@ -109,5 +109,32 @@ TEST(Moe, ExpertsAndSharedMatchNaiveWithClamp) {
   EXPECT_TRUE(clipped) << "test inputs should exercise the gate clamp";
 }
 
+
+// V4.1's gate_temp divides the logits before sqrtsoftplus (selection and weights alike).
+TEST(Router, GateTempDividesLogits) {
+  const int64_t T = 3, E = 11, K = 4;
+  auto logits = randn(T * E, 31, 4.0f), bias = randn(E, 32, 0.5f);
+  logits[2] = 45.f;  // linear above 20 after the division too (45 / 1.7 > 20)
+  const float temp = 1.7f;
+  std::vector<int32_t> ids(T * K);
+  std::vector<float> w(T * K);
+  route({.logits = logits.data(), .num_tokens = T, .num_experts = E, .topk = K, .bias = bias.data(),
+         .normalize = true, .routed_scale = 1.5f, .gate_temp = temp, .out_ids = ids.data(), .out_weights = w.data()});
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<std::pair<double, int32_t>> s;
+    for (int64_t e = 0; e < E; ++e) s.push_back({sqsp(logits[t * E + e] / temp) + bias[e], int32_t(e)});
+    std::sort(s.rbegin(), s.rend());
+    double sum = 0;
+    std::multiset<int32_t> want, got(ids.begin() + t * K, ids.begin() + t * K + K);
+    for (int64_t j = 0; j < K; ++j) want.insert(s[j].second), sum += sqsp(logits[t * E + s[j].second] / temp);
+    EXPECT_EQ(want, got);
+    for (int64_t j = 0; j < K; ++j)
+      EXPECT_NEAR(w[t * K + j], 1.5 * sqsp(logits[t * E + ids[t * K + j]] / temp) / sum, 1e-6);
+  }
+  EXPECT_THROW(route({.logits = logits.data(), .num_tokens = T, .num_experts = E, .topk = K, .bias = bias.data(),
+                      .gate_temp = 0.f, .out_ids = ids.data(), .out_weights = w.data()}),
+               InternalError);
+}
+
 }  // namespace
 }  // namespace deepinfer::ops::cpu

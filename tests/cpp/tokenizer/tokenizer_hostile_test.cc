@@ -105,6 +105,11 @@ TEST(TokenizerHostile, NegativeAndHugeIds) {
   p = {};
   p.post = R"({"type":"RobertaProcessing","cls":["<s>",-3],"sep":["</s>",2]})";
   EXPECT_HAS(load_error(tokenizer_json(p)), "post_processor.cls[1]: expected a token id");
+  // Found by fuzz_tokenizer_files (tests/fuzz/regressions/tokenizer_files/post_processor_id_past_vocab):
+  // an in-range id that is no token of the vocabulary came out of encode(add_special_tokens=true).
+  p.post = R"({"type":"TemplateProcessing","single":[{"SpecialToken":{"id":"<eos>"}},{"Sequence":{"id":"A"}}],)"
+           R"("special_tokens":{"<eos>":{"ids":[518]}}})";
+  EXPECT_HAS(load_error(tokenizer_json(p)), "post_processor: token id 518 is not a token of the vocabulary (size 258)");
 }
 
 TEST(TokenizerHostile, DeeplyNestedSequences) {

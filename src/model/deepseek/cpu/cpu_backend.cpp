@@ -11,6 +11,7 @@
 #include "ops/cpu/hc.h"
 #include "ops/cpu/indexer.h"
 #include "ops/cpu/moe.h"
+#include "ops/cpu/qat.h"
 #include "ops/cpu/rmsnorm.h"
 #include "ops/cpu/rope.h"
 #include "ops/cpu/router.h"
@@ -41,6 +42,14 @@ SlotSnapshot CpuBackend::save_slot(int32_t slot, int64_t num_tokens) {
 }
 
 void CpuBackend::restore_slot(int32_t slot, const SlotSnapshot& s) { cache_.restore_slot(slot, s.bytes); }
+
+void CpuBackend::copy_blocks_to_host(std::span<const HostBlockCopy> copies) {
+  for (const HostBlockCopy& c : copies) cache_.copy_block_out(c.block, c.host);
+}
+
+void CpuBackend::copy_blocks_from_host(std::span<const HostBlockCopy> copies) {
+  for (const HostBlockCopy& c : copies) cache_.copy_block_in(c.block, c.host);
+}
 
 LayerCacheRef CpuBackend::cache(int64_t layer) {
   kv::LayerCache& c = cache_.layer(layer);
@@ -169,9 +178,18 @@ void CpuBackend::rope(const RopeArgs& a) {
   oc::rope_apply(static_cast<float*>(a.x), a.rows, a.heads, a.head_dim, a.rope_dim, a.pos, a.inv_freq, a.inverse);
 }
 
+// V4.1's QAT formats apply in the fp32 reference too (notes §4); V4's production formats are GPU-only.
 void CpuBackend::round_trip(void* x, DType dtype, int64_t row_stride, int64_t rows, int64_t dim, RowFormat f) {
   if (f == RowFormat::kPlain || rows == 0) return;
-  DI_THROW(InternalError, "cpu backend: cache format ", row_format_name(f), " is not implemented");
+  oc::QatFormat q;
+  switch (f) {
+    case RowFormat::kFp8Block32: q = oc::QatFormat::kFp8Ue8m0Block32; break;
+    case RowFormat::kFp4E4m3Block16: q = oc::QatFormat::kFp4E4m3Block16; break;
+    case RowFormat::kFp4Ue8m0Block32: q = oc::QatFormat::kFp4Ue8m0Block32; break;
+    default: DI_THROW(InternalError, "cpu backend: cache format ", row_format_name(f), " is not implemented");
+  }
+  DI_CHECK(dtype == DType::kF32, "cpu backend: round trip of ", dtype_name(dtype), " rows");
+  oc::qat_round_trip(q, static_cast<float*>(x), rows, dim, row_stride);
 }
 
 void CpuBackend::add_position_bias(float* z, int64_t z_stride, const float* bias, const int64_t* pos, int64_t m,
@@ -196,7 +214,8 @@ void CpuBackend::indexer_topk(const IndexerArgs& a) {
                     .num_heads = a.num_heads, .head_dim = a.head_dim, .k_pool = static_cast<const float*>(a.k_pool),
                     .cand_rows = a.cand_rows, .cand_offset = a.cand_offset, .cand_count = a.cand_count,
                     .qk_scale = a.qk_scale, .w_scale = a.w_scale, .topk = a.topk, .out_rows = a.out_rows,
-                    .out_count = a.out_count});
+                    .out_count = a.out_count, .block_size = a.block_size, .topk_blocks = a.topk_blocks,
+                    .out_blocks = a.out_blocks, .in_blocks = a.in_blocks});
 }
 
 void CpuBackend::sparse_attention(const AttentionArgs& a) {
@@ -245,7 +264,7 @@ void CpuBackend::moe_route(const MoeRef& M, const float* logits, int32_t* ids, f
   oc::route({.logits = logits, .num_tokens = plan_.T, .num_experts = g.experts, .topk = g.topk,
              .bias = M.bias.p, .tid2eid = M.tid2eid, .token_ids = plan_.token_ids.data(),
              .vocab_size = hash ? M.tid2eid_rows : 0, .normalize = g.norm_topk, .routed_scale = g.routed_scale,
-             .out_ids = ids, .out_weights = wts});
+             .gate_temp = g.gate_temp, .out_ids = ids, .out_weights = wts});
 }
 
 // Counting sort of the step's (token, k) pairs by expert (stable: tokens ascending within an

@@ -22,6 +22,7 @@ struct CpuWeightStore {
   std::vector<std::unique_ptr<ops::cpu::PackedWeight>> packed;  // lm head panels
   std::vector<std::unique_ptr<std::vector<int32_t>>> tables;    // hash-routing tables
   std::vector<std::unique_ptr<std::vector<float>>> rope;        // inv_freq tables
+  std::shared_ptr<void> keepalive;  // mapped checkpoint memory refs point into (V4.1 Engram tables)
   ModelRef refs;
 };
 
@@ -51,6 +52,9 @@ class CpuBackend final : public ModelBackend {
   void set_device_inputs(std::span<const DeviceInput> inputs, const int32_t*) override {
     DI_CHECK(inputs.empty(), "the CPU backend has no device inputs");
   }
+  size_t paged_block_bytes() const override { return cache_.geometry().bytes_per_block; }
+  void copy_blocks_to_host(std::span<const HostBlockCopy> copies) override;
+  void copy_blocks_from_host(std::span<const HostBlockCopy> copies) override;
   void begin_step(StepPlan plan) override;
   void launch(const std::function<void()>& body) override { body(); }
   ForwardOutput end_step(const ForwardOptions& options, int64_t rows, int64_t hidden_rows) override;

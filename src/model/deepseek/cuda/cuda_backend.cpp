@@ -14,6 +14,7 @@
 #include "ops/cuda/hc.h"
 #include "ops/cuda/indexer.h"
 #include "ops/cuda/moe_route.h"
+#include "ops/cuda/qat.h"
 #include "ops/cuda/norm.h"
 #include "ops/cuda/quant.h"
 #include "ops/cuda/rope.h"
@@ -74,6 +75,19 @@ SlotSnapshot CudaBackend::save_slot(int32_t slot, int64_t num_tokens) {
 }
 
 void CudaBackend::restore_slot(int32_t slot, const SlotSnapshot& s) { cache_.restore_slot(slot, s.bytes, stream_.get()); }
+
+void CudaBackend::copy_blocks_to_host(std::span<const HostBlockCopy> copies) {
+  cache_.copy_blocks(copies, /*to_host=*/true, stream_.get());
+}
+
+void CudaBackend::copy_blocks_from_host(std::span<const HostBlockCopy> copies) {
+  cache_.copy_blocks(copies, /*to_host=*/false, stream_.get());
+}
+
+std::shared_ptr<uint8_t> CudaBackend::allocate_host_memory(size_t bytes) {
+  auto pinned = std::make_shared<deepinfer::cuda::PinnedBuffer>(bytes ? bytes : 1);
+  return std::shared_ptr<uint8_t>(pinned, pinned->as<uint8_t>());  // aliasing: frees with the buffer
+}
 
 LayerCacheRef CudaBackend::cache(int64_t layer) {
   GpuLayerCache& c = cache_.layer(layer);
@@ -508,6 +522,14 @@ void CudaBackend::round_trip(void* x, DType dtype, int64_t row_stride, int64_t r
                           .hadamard = dim == 128},
                          stream_.get());
       return;
+    case RowFormat::kFp8Block32: case RowFormat::kFp4E4m3Block16: case RowFormat::kFp4Ue8m0Block32: {
+      const oc::QatFormat q = f == RowFormat::kFp8Block32       ? oc::QatFormat::kFp8Ue8m0Block32
+                              : f == RowFormat::kFp4E4m3Block16 ? oc::QatFormat::kFp4E4m3Block16
+                                                                : oc::QatFormat::kFp4Ue8m0Block32;
+      oc::qat_round_trip({.x = x, .dtype = dtype, .format = q, .rows = rows, .n = dim, .ld = row_stride},
+                         stream_.get());
+      return;
+    }
     default:
       DI_THROW(InternalError, "cuda backend: cache format ", row_format_name(f), " is not implemented");
   }
@@ -534,6 +556,8 @@ void CudaBackend::decode_pool(const DecodePoolArgs& a) {
 }
 
 void CudaBackend::indexer_topk(const IndexerArgs& a) {
+  if (a.out_blocks || a.in_blocks)  // the kernels exist (ops/cuda/indexer.h); the block workspace is not planned
+    DI_THROW(InternalError, "cuda backend: the two-level candidate top-k is not wired yet");
   oc::indexer_topk({.q = a.q, .w = a.w, .k_pool = a.k_pool, .dtype = act_, .cand_rows = a.cand_rows,
                     .cand_offset = a.cand_offset, .cand_count = a.cand_count, .num_tokens = a.num_tokens,
                     .num_heads = a.num_heads, .head_dim = a.head_dim, .qk_scale = a.qk_scale, .w_scale = a.w_scale,
@@ -622,7 +646,8 @@ void CudaBackend::moe_route(const MoeRef& M, const float* logits, int32_t* ids, 
   oc::router({.logits = logits, .logits_stride = g.experts, .bias = hash ? nullptr : M.bias.p,
               .tid2eid = hash ? M.tid2eid : nullptr, .tid2eid_dtype = DType::kI32, .token_ids = index_.token_ids,
               .vocab = hash ? M.tid2eid_rows : 0, .expert_ids = ids, .weights = wts, .tokens = plan_.T,
-              .num_experts = int(g.experts), .topk = int(g.topk), .route_scale = g.routed_scale},
+              .num_experts = int(g.experts), .topk = int(g.topk), .route_scale = g.routed_scale,
+              .gate_temp = g.gate_temp},
              stream_.get());
 }
 

@@ -47,6 +47,10 @@ class CudaBackend final : public ModelBackend {
   void reset_slot(int32_t slot) override { cache_.reset_slot(slot, stream_.get()); }
   SlotSnapshot save_slot(int32_t slot, int64_t num_tokens) override;
   void restore_slot(int32_t slot, const SlotSnapshot& snapshot) override;
+  size_t paged_block_bytes() const override { return cache_.block_bytes(); }
+  void copy_blocks_to_host(std::span<const HostBlockCopy> copies) override;
+  void copy_blocks_from_host(std::span<const HostBlockCopy> copies) override;
+  std::shared_ptr<uint8_t> allocate_host_memory(size_t bytes) override;
   std::optional<FixedShape> fixed_shape(const ForwardBatch& batch) const override;
   void set_device_inputs(std::span<const DeviceInput> inputs, const int32_t* sampled_ids) override;
   void begin_step(StepPlan plan) override;

@@ -79,4 +79,33 @@ void GpuCache::restore_slot(int32_t slot, const std::vector<uint8_t>& bytes, cud
   DI_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
+size_t GpuCache::block_bytes() const {
+  size_t n = 0;
+  for (const auto& L : layers_) n += kv::layer_cache_bytes(L.spec, geometry_.block_tokens, kv_bytes_).per_block();
+  return n;
+}
+
+void GpuCache::copy_blocks(std::span<const HostBlockCopy> copies, bool to_host, cudaStream_t stream) {
+  for (const HostBlockCopy& c : copies) {
+    if (c.block < 0 || c.block >= geometry_.num_blocks || !c.host)
+      DI_THROW(InvalidArgument, "GPU cache block copy: block ", c.block, " of ", geometry_.num_blocks,
+               c.host ? "" : " (no host memory)");
+    size_t off = 0;
+    for (const auto& L : layers_) {
+      const kv::LayerCacheBytes b = kv::layer_cache_bytes(L.spec, geometry_.block_tokens, kv_bytes_);
+      const std::pair<const deepinfer::cuda::DeviceBuffer*, size_t> parts[] = {{&L.comp, b.entries_per_block},
+                                                                               {&L.index_keys, b.keys_per_block}};
+      for (const auto& [buf, bytes] : parts) {
+        if (!bytes) continue;
+        char* dev = static_cast<char*>(buf->data()) + size_t(c.block) * bytes;
+        if (to_host) deepinfer::cuda::copy_d2h(c.host + off, dev, bytes, stream, /*sync=*/false);
+        else deepinfer::cuda::copy_h2d(dev, c.host + off, bytes, stream, /*sync=*/false);
+        off += bytes;
+      }
+    }
+  }
+  // The host memory may be reused (or freed) as soon as this returns.
+  DI_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
 }  // namespace deepinfer::model::ds::cuda

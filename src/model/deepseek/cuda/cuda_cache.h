@@ -5,9 +5,11 @@
 // Allocated zeroed on the backend's device.
 #pragma once
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "kv/kv_cache.h"
+#include "model/causal_lm.h"
 #include "ops/cuda/runtime.h"
 
 namespace deepinfer::model::ds::cuda {
@@ -37,6 +39,10 @@ class GpuCache {
   // and its restore.
   std::vector<uint8_t> save_slot(int32_t slot, cudaStream_t stream) const;
   void restore_slot(int32_t slot, const std::vector<uint8_t>& bytes, cudaStream_t stream);
+  // Bytes of one paged block (every layer's entries, then its index keys), and copies of blocks
+  // to (to_host) or from host memory of that size each; synchronous (the stream is synchronised).
+  size_t block_bytes() const;
+  void copy_blocks(std::span<const HostBlockCopy> copies, bool to_host, cudaStream_t stream);
 
  private:
   template <class F>

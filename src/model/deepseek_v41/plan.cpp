@@ -1,0 +1,106 @@
+#include "model/deepseek_v41/plan.h"
+
+#include "deepinfer/error.h"
+
+namespace deepinfer::model::v41 {
+namespace {
+LayerPlan base_plan(int32_t index, const DeepseekV41Config& c) {
+  LayerPlan p;
+  p.index = index;
+  p.role = "sliding";
+  p.window = c.sliding_window;
+  p.rope = RopeKind::kMain;
+  p.q_head_norm = false;                    // V4.1 dropped V4's per-head q RMS
+  p.window_format = RowFormat::kFp8Block32;  // QAT: every layer, every mode
+  p.moe = MoeKind::kBiased;                 // V4.1 has no hash-routed layers
+  return p;
+}
+
+// The compressed-attention part of a ratio > 0 layer from its derived roles.
+void compressed(LayerPlan& p, const LayerRoles& r) {
+  p.rope = RopeKind::kCompress;
+  p.ratio = r.ratio;
+  p.kv_source = r.kv_source;
+  p.candidate_source = r.candidate_source;
+  p.uses_candidates = r.uses_candidates;
+  switch (r.role) {
+    case LayerRole::kFull:
+      p.role = "full";
+      p.compressor = r.ratio == 1 ? CompressorKind::kProject : CompressorKind::kPool;
+      p.compressor_ape = false;
+      p.entry_format = RowFormat::kFp4E4m3Block16;
+      p.index_keys = IndexKeyKind::kFromLatent;
+      p.select = SelectKind::kScore;
+      p.topk_source = p.index;
+      p.key_source = p.index;
+      p.key_format = RowFormat::kFp4Ue8m0Block32;
+      break;
+    case LayerRole::kReindex:
+      p.role = "reindex";
+      p.select = SelectKind::kScore;
+      p.topk_source = p.index;
+      p.key_source = r.kv_source;               // the source's keys, scored with this layer's query
+      p.key_format = RowFormat::kFp4Ue8m0Block32;  // its index queries round like the keys
+      break;
+    case LayerRole::kReuse:
+      p.role = "reuse";
+      p.select = SelectKind::kReuse;
+      p.topk_source = r.topk_source;
+      break;
+    case LayerRole::kSliding:
+      DI_THROW(InternalError, "v41_plan: layer ", p.index, " has ratio ", r.ratio, " and the sliding role");
+  }
+}
+}  // namespace
+
+ModelPlan v41_plan(const DeepseekV41Config& c, const V41PlanOptions& o) {
+  if (int64_t(c.roles.size()) != c.num_layers)
+    DI_THROW(InternalError, c.origin, ": ", c.roles.size(), " derived layer roles for ", c.num_layers, " layers");
+  ModelPlan plan;
+  plan.hc = HcWiring::kSinglePass;
+  plan.max_rollback = o.max_rollback;
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const LayerRoles& r = c.roles[size_t(l)];
+    LayerPlan p = base_plan(int32_t(l), c);
+    p.engram = r.engram;
+    if (r.ratio > 0) compressed(p, r);
+    plan.layers.push_back(p);
+  }
+  plan.validate(c.origin);
+  return plan;
+}
+
+ds::Dims v41_dims(const DeepseekV41Config& c) {
+  ds::Dims d;
+  d.vocab = c.vocab_size;
+  d.hidden = c.hidden_size;
+  d.streams = c.hc_mult;
+  d.heads = c.num_heads;
+  d.head_dim = c.head_dim;
+  d.rope_dim = c.rope_head_dim;
+  d.q_lora = c.q_lora_rank;
+  d.o_groups = c.o_groups;
+  d.o_lora = c.o_lora_rank;
+  d.experts = c.n_routed_experts;
+  d.topk = c.num_experts_per_tok;
+  d.moe_inter = c.moe_intermediate_size;
+  d.index_heads = c.index_n_heads;
+  d.index_dim = c.index_head_dim;
+  d.index_topk = c.index_topk;
+  d.sinkhorn_iters = c.hc_sinkhorn_iters;
+  d.eps = float(c.rms_norm_eps);
+  d.hc_eps = float(c.hc_eps);
+  d.swiglu_limit = float(c.swiglu_limit);
+  d.routed_scale = float(c.routed_scaling_factor);
+  d.norm_topk = c.routing_normalized();
+  d.gate_temp = float(c.gate_temp);
+  if (c.candidates_enabled()) {
+    d.candidate_block_size = c.candidate_block_size;
+    d.candidate_topk_blocks = c.candidate_topk_blocks;
+  }
+  return d;
+}
+
+ds::Arch v41_arch(const DeepseekV41Config& c, const V41PlanOptions& o) { return {v41_dims(c), v41_plan(c, o)}; }
+
+}  // namespace deepinfer::model::v41
