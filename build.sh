@@ -20,7 +20,7 @@ for a in "$@"; do
 done
 
 # ---- system packages (skipped when present; needs root or sudo otherwise) ----
-APT_PKGS=(cmake g++ pkg-config libopenblas-dev libpcre2-dev nlohmann-json3-dev libcli11-dev libgtest-dev zlib1g-dev libgloo-dev)
+APT_PKGS=(cmake g++ pkg-config libopenblas-dev libpcre2-dev nlohmann-json3-dev libcli11-dev libgtest-dev zlib1g-dev libgloo-dev libboost-dev)
 missing=()
 for p in "${APT_PKGS[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 DEP_ARGS=()
@@ -44,7 +44,7 @@ fi
 # ---- python packages for the bindings and tests ----
 PY=${PYTHON:-python3}
 py_missing=()
-for m in nanobind numpy pytest jinja2 tokenizers; do $PY -c "import $m" >/dev/null 2>&1 || py_missing+=("$m"); done
+for m in nanobind numpy pytest jinja2 tokenizers openai; do $PY -c "import $m" >/dev/null 2>&1 || py_missing+=("$m"); done
 if [ ${#py_missing[@]} -gt 0 ]; then
   echo "build.sh: pip installing ${py_missing[*]}"
   $PY -m pip install -q "${py_missing[@]}"

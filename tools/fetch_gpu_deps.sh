@@ -15,6 +15,7 @@ PKGS=(
   libpcre2-dev libpcre2-8-0 libpcre2-16-0 libpcre2-32-0 libpcre2-posix3
   zlib1g-dev zlib1g                  # gzip of the bundled tokenizer (src/io)
   libgloo-dev libgloo0 libhiredis0.14 libibverbs1 libnl-3-200 libnl-route-3-200  # gloo: CPU process groups (src/parallel)
+  libboost1.74-dev                   # header-only Beast/Asio: `deepinfer serve` (src/server)
 )
 grep -qx '/.gpudeps/' .git/info/exclude 2>/dev/null || echo '/.gpudeps/' >> .git/info/exclude
 mkdir -p "$DEST"

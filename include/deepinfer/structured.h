@@ -11,14 +11,17 @@
 // so_args (one key):  {"regex": "..."}            full match, Rust/PCRE-style syntax
 //                     {"json_schema": {...}|"..."} JSON Schema draft 2020-12 subset (see docs)
 //                     {"json_object": true}         any JSON object
-//                     {"ebnf": "..."}               GBNF (llama.cpp) grammar, root rule `root`
+//                     {"ebnf": "..."}               GBNF (llama.cpp) grammar, root rule `root`, or Lark
+//                                                   (rule `start`); both name special tokens as
+//                                                   `<[id]>` (TokenizerInfo::terminal_ids), Lark
+//                                                   embeds JSON schemas as `%json {...}`
 //                     {"choice": ["a", "b"]}        exactly one of the strings
 //                     {"schema_type": "json"|"regex"|"ebnf", "schema": ...}  DeepInfer's spelling
 // optional keys:      "trigger_token_ids": [ids]  free tokens until this run of ids appears,
 //                     then the grammar (DeepInfer's semantics; KMP matching over the output)
 //                     "bound_token_id": id  once generated before the trigger completes, the
 //                     rest of the trigger is forced token by token (needs trigger_token_ids)
-//                     "whitespace": "compact" (default) | "flexible" (JSON only; up to
+//                     "whitespace": "compact" (default) | "flexible" (JSON and %json; up to
 //                     "max_whitespace" (default 4) spaces/newlines/tabs between JSON tokens)
 //                     "format_assertion": true (default) | false (JSON Schema `format` as annotation)
 //
@@ -48,6 +51,12 @@ struct TokenizerInfo {
   std::vector<std::string> token_bytes;  // [vocab_size] raw bytes of each token ("" = no token)
   std::vector<int32_t> stop_ids;         // end of generation (eos): allowed where the grammar may end
   std::vector<int32_t> special_ids;      // control tokens: never allowed inside a grammar
+  // Special tokens a grammar may name as terminals, `<[id]>` in EBNF and Lark (DSML tool-call
+  // tags, </think>): allowed exactly where a grammar names them, never elsewhere. With any
+  // listed, a token whose bytes hold 0xFF (never UTF-8: no grammar text allows it anyway) is
+  // never allowed, as that byte spells the terminals inside the engine. Stop ids cannot be
+  // terminals (a grammar ends where they are allowed).
+  std::vector<int32_t> terminal_ids;
 };
 
 // From a loaded tokenizer: stop = eos, special = every special added token except eos.

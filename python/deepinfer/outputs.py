@@ -55,6 +55,7 @@ class RequestOutput:
     finished: bool
     metrics: Optional[RequestMetrics] = None
     error: Optional[str] = None  # set when the request was rejected; outputs is then empty
+    num_cached_tokens: int = 0   # prompt tokens served by prefix caching (vLLM's name)
 
     def __repr__(self) -> str:
         if self.error:
@@ -92,4 +93,4 @@ def from_cpp(r, stop_token_ids=()) -> RequestOutput:
                              m.num_preemptions)
     plp = None if r.prompt_logprobs is None else [None if p is None else _position(p) for p in r.prompt_logprobs]
     return RequestOutput(r.request_id, r.prompt or None, list(r.prompt_token_ids), plp, outs, r.finished, metrics,
-                         r.error or None)
+                         r.error or None, int(r.num_cached_tokens))

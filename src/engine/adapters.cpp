@@ -141,6 +141,7 @@ class TokenizerCodec final : public TextCodec {
     co.thinking = o.thinking;
     return tok_.apply_chat_template(m, co);
   }
+  const Tokenizer* tokenizer() const override { return &tok_; }
 
  private:
   Tokenizer tok_;

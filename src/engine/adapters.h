@@ -13,6 +13,7 @@
 namespace deepinfer {
 struct ChatMessage;
 struct ChatTemplateOptions;
+class Tokenizer;
 }  // namespace deepinfer
 
 namespace deepinfer::engine {
@@ -29,6 +30,9 @@ class TextCodec {
   // The model's chat prompt text (encode it with encode()).
   virtual std::string chat_prompt(const std::vector<ChatMessage>& messages, const ChatTemplateOptions& options) const = 0;
   std::string decode(const std::vector<int32_t>& ids, bool skip_special_tokens) const;
+  // The full tokenizer behind this codec (its chat formats with tools and reasoning, special
+  // token ids), or null for a codec without one (the toy model's byte codec).
+  virtual const Tokenizer* tokenizer() const { return nullptr; }
 };
 
 // Loads the tokenizer from a tokenizer.json / folder. Throws TokenizerError when the

@@ -94,6 +94,10 @@ class Engine {
 
   model::CausalLM& model() { return *model_; }
   const TextCodec* codec() const { return codec_.get(); }
+  // The structured-output compiler (null without the grammar module or a tokenizer). Its
+  // compile() is thread-safe and caches by so_args: a server compiles a request's grammar on
+  // a worker first, so add_request on the engine thread finds it compiled.
+  GrammarCompiler* grammar() const { return grammar_.get(); }
   const Scheduler& scheduler() const { return *scheduler_; }
   const KVCacheManager& cache() const { return *cache_; }
   const ModelRunner& runner() const { return *runner_; }

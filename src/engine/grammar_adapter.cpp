@@ -7,7 +7,8 @@
 //   plus trigger_token_ids / bound_token_id when set (the matcher applies DeepInfer's trigger).
 // The vocabulary is the model's: token bytes from the tokenizer for every id below the
 // model's vocab size ("" past the tokenizer's), the model's EOS as the stop token, and every
-// other special token forbidden inside a grammar.
+// other special token forbidden inside a grammar unless the grammar names it as a terminal,
+// `<[id]>` (the server's tool-call grammars name the DSML and </think> tokens).
 #include "engine/adapters.h"
 
 #include "core/check.h"
@@ -91,7 +92,10 @@ std::unique_ptr<GrammarCompiler> make_grammar_compiler(const TextCodec* codec, i
   for (int64_t t = 0; t < vocab_size; ++t) {
     if (t == eos_token_id) continue;
     try {
-      if (codec->is_special(int32_t(t))) info.special_ids.push_back(int32_t(t));
+      if (codec->is_special(int32_t(t))) {
+        info.special_ids.push_back(int32_t(t));
+        if (!codec->token_bytes(int32_t(t)).empty()) info.terminal_ids.push_back(int32_t(t));
+      }
       else info.token_bytes[size_t(t)] = codec->token_bytes(int32_t(t));
     } catch (const Error&) {
       // Model ids past the tokenizer's (padded embedding rows): no bytes, never allowed.

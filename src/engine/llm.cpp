@@ -66,40 +66,7 @@ struct LLM::Impl {
 
 LLM::LLM(const LLMConfig& config) : impl_(std::make_unique<Impl>()) {
   impl_->env = EnvConfig::from_environment();
-  if (config.accelerator == "cpu") impl_->env.accelerator = Accelerator::kCPU;
-  else if (config.accelerator == "nvidia" || config.accelerator == "cuda") impl_->env.accelerator = Accelerator::kNvidia;
-  else if (!config.accelerator.empty())
-    DI_THROW(InvalidArgument, "LLMConfig.accelerator='", config.accelerator, "' is not one of: cpu, nvidia");
-  // Knobs that need nothing from the model are refused before a (possibly long) load; the
-  // engine checks them all again with the model known.
-  check_env_knobs(impl_->env, {});
-  std::string path = engine::resolve_model_path(config, impl_->env);
-  auto model = engine::load_model(
-      path, model::ModelLoadOptions{.env = impl_->env, .limits = engine::model_limits_for(config, impl_->env)});
-  auto codec = engine::load_codec(config, path, model->vocab_size());
-  auto grammar = engine::make_grammar_compiler(codec.get(), model->vocab_size(), model->eos_token_id());
-  engine::EngineConfig ec;
-  ec.scheduler.max_num_seqs = config.max_num_seqs;
-  ec.scheduler.max_num_batched_tokens = config.max_num_batched_tokens;
-  ec.scheduler.max_model_len = config.max_model_len;
-  ec.scheduler.enable_chunked_prefill = config.enable_chunked_prefill;
-  ec.scheduler.prefix_cache.enabled = config.enable_prefix_caching;
-  if (config.prefix_checkpoint_blocks < 0)
-    DI_THROW(InvalidArgument, "LLMConfig.prefix_checkpoint_blocks must be >= 0, got ", config.prefix_checkpoint_blocks);
-  ec.scheduler.prefix_cache.checkpoint_interval_blocks = config.prefix_checkpoint_blocks;
-  ec.prefix_host_bytes = config.prefix_host_cache_bytes;
-  if (config.max_num_seqs <= 0) DI_THROW(InvalidArgument, "LLMConfig.max_num_seqs must be positive");
-  if (config.max_num_batched_tokens <= 0) DI_THROW(InvalidArgument, "LLMConfig.max_num_batched_tokens must be positive");
-  ec.kv_cache_memory_bytes = config.kv_cache_memory_bytes;  // 0 = auto_cache_budget
-  ec.seed = config.seed;
-  ec.env = impl_->env;
-  ec.model_identity = path;
-  ec.device_sampling = impl_->env.device_sampling;
-  if (config.max_n < 1) DI_THROW(InvalidArgument, "LLMConfig.max_n must be >= 1, got ", config.max_n);
-  if (config.max_logprobs < 0) DI_THROW(InvalidArgument, "LLMConfig.max_logprobs must be >= 0, got ", config.max_logprobs);
-  ec.max_n = config.max_n;
-  ec.max_logprobs = config.max_logprobs;
-  impl_->engine = std::make_unique<Engine>(ec, std::move(model), std::move(codec), std::move(grammar));
+  impl_->engine = engine::build_engine(config, impl_->env);
 }
 
 LLM::~LLM() = default;

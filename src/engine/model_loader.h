@@ -10,6 +10,7 @@
 #include "model/causal_lm.h"
 
 namespace deepinfer::engine {
+class Engine;
 
 // config.model, else env.hf_model_dir, else the bundled default model (default_model_dir()).
 std::string resolve_model_path(const LLMConfig& config, const EnvConfig& env);
@@ -26,5 +27,11 @@ std::string default_model_dir();
 std::unique_ptr<model::CausalLM> load_model(const std::string& path, const model::ModelLoadOptions& options);
 // Tokenizer for the model at `path` (or config.tokenizer); null with skip_tokenizer_init.
 std::unique_ptr<TextCodec> load_codec(const LLMConfig& config, const std::string& model_path, int64_t vocab_size);
+
+// The whole engine for `config`, as LLM builds it (and the server, which owns its engine on a
+// thread of its own): config.accelerator applied to `env` (InvalidArgument for an unknown
+// name), the knobs checked, model, tokenizer and grammar compiler loaded, limits checked
+// (InvalidArgument naming the LLMConfig field). `env` is the environment as read once.
+std::unique_ptr<Engine> build_engine(const LLMConfig& config, EnvConfig& env);
 
 }  // namespace deepinfer::engine

@@ -166,7 +166,7 @@ Grammar lower_so_args_unsafe(std::string_view text, std::chrono::steady_clock::t
   }
   if (a.contains("ebnf")) {
     if (!a["ebnf"].is_string()) DI_THROW(InvalidArgument, "so_args.ebnf must be a string");
-    return ebnf_to_grammar(a["ebnf"].get<std::string>());
+    return ebnf_to_grammar(a["ebnf"].get<std::string>(), json_options(a, deadline));  // for Lark's %json
   }
   if (a.contains("choice")) {
     if (!a["choice"].is_array()) DI_THROW(InvalidArgument, "so_args.choice must be an array of strings");
@@ -259,6 +259,10 @@ std::shared_ptr<const CompiledGrammar> GrammarCompiler::compile_uncached(std::st
   auto t0 = std::chrono::steady_clock::now();
   auto impl = std::make_shared<CompiledGrammarImpl>();
   impl->grammar = lower_so_args(so_args_json, options_.time_limit_ms);
+  for (int32_t id : impl->grammar.special_terminals)
+    if (!vocab_->is_terminal(id))
+      DI_THROW(GrammarError, "the grammar names the special token <[", id, "]>, which this vocabulary does not offer as a "
+               "grammar terminal (", vocab_->terminal_ids().size(), " terminals: TokenizerInfo::terminal_ids)");
   AutomatonLimits lim;
   // The automaton gets what the lowering left of the budget.
   lim.time_limit_ms = std::max(1.0, options_.time_limit_ms -

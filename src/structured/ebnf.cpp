@@ -3,6 +3,7 @@
 //   "text" [a-z^...] .          literal, class (negated with ^), any character
 //   name ( ... )                rule reference, group
 //   * + ? {m} {m,} {m,n}        repetition
+//   <[id]>                      special token `id` (TokenizerInfo::terminal_ids)
 //   # comment
 // A rule body runs until the next `name ::=`, so newlines may appear anywhere.
 #include "structured/ebnf.h"
@@ -13,6 +14,7 @@
 
 #include "core/check.h"
 #include "structured/grammar_text.h"
+#include "structured/json_schema.h"
 #include "structured/lark.h"
 
 namespace deepinfer::structured {
@@ -206,6 +208,7 @@ ExprId EbnfParser::parse_atom(int depth) {
     ++pos_;
     return b_.codepoint_range(0, 0x10FFFF);
   }
+  if (c == '<') return special_token_ref();
   if (name_char(c)) {
     std::string name = parse_name();
     return b_.ref(rule_ref(name, at));
@@ -239,11 +242,13 @@ Grammar EbnfParser::parse() {
 
 }  // namespace
 
-Grammar ebnf_to_grammar(std::string_view src) {
-  if (looks_like_lark(src)) return lark_to_grammar(src);
+Grammar ebnf_to_grammar(std::string_view src, const JsonGrammarOptions& json) {
+  if (looks_like_lark(src)) return lark_to_grammar(src, json);
   GrammarBuilder b;
   EbnfParser p(src, b);
   return p.parse();
 }
+
+Grammar ebnf_to_grammar(std::string_view src) { return ebnf_to_grammar(src, JsonGrammarOptions{}); }
 
 }  // namespace deepinfer::structured

@@ -6,5 +6,8 @@
 #include "structured/grammar.h"
 
 namespace deepinfer::structured {
+struct JsonGrammarOptions;
 Grammar ebnf_to_grammar(std::string_view src);
+// `json`: options of the JSON schemas a Lark grammar embeds with %json.
+Grammar ebnf_to_grammar(std::string_view src, const JsonGrammarOptions& json);
 }  // namespace deepinfer::structured

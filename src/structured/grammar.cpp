@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "core/check.h"
+#include "deepinfer/error.h"
 
 namespace deepinfer::structured {
 namespace {
@@ -163,6 +164,54 @@ ExprId GrammarBuilder::codepoints(const std::vector<std::pair<uint32_t, uint32_t
   }
   if (!ascii.empty()) alts.push_back(bytes(std::move(ascii)));
   return alt(std::move(alts));
+}
+
+std::string special_token_bytes(int32_t id) {
+  DI_CHECK(id >= 0 && id <= kMaxTerminalId, "special token id ", id);
+  std::string b(1, '\xFF');
+  for (int shift = 18; shift >= 0; shift -= 6) b += static_cast<char>(0x80 | ((id >> shift) & 0x3F));
+  return b;
+}
+
+ExprId GrammarBuilder::special_token(int32_t id) {
+  if (id < 0 || id > kMaxTerminalId)
+    DI_THROW(InvalidArgument, "special token <[", id, "]>: ids go from 0 to ", kMaxTerminalId);
+  auto& v = g_.special_terminals;
+  auto it = std::lower_bound(v.begin(), v.end(), id);
+  if (it == v.end() || *it != id) v.insert(it, id);
+  return literal(special_token_bytes(id));
+}
+
+ExprId GrammarBuilder::embed(const Grammar& g) {
+  std::vector<RuleId> rules(g.rules.size());
+  for (size_t r = 0; r < g.rules.size(); ++r) {
+    rules[r] = declare_rule(g.rules[r].name);
+    g_.rules[rules[r]].inline_ok = g.rules[r].inline_ok;
+  }
+  const int32_t automata0 = static_cast<int32_t>(g_.automata.size()), marks0 = static_cast<int32_t>(g_.marks.size());
+  g_.automata.insert(g_.automata.end(), g.automata.begin(), g.automata.end());
+  for (GrammarMark m : g.marks) {
+    m.object += g_.num_tracked_objects;
+    g_.marks.push_back(std::move(m));
+  }
+  g_.num_tracked_objects += g.num_tracked_objects;
+  // Expressions are built bottom-up (children before parents), so one forward pass remaps them.
+  std::vector<ExprId> exprs(g.exprs.size(), kNothingId);
+  exprs[1] = kEmptyId;
+  for (size_t e = 2; e < g.exprs.size(); ++e) {
+    Expr x = g.exprs[e];
+    for (ExprId& c : x.children) {
+      DI_CHECK(c < static_cast<ExprId>(e), "grammar expression ", e, " refers to a later one");
+      c = exprs[c];
+    }
+    if (x.kind == ExprKind::kRef) x.rule = rules[x.rule];
+    if (x.kind == ExprKind::kAutomaton) x.automaton += automata0;
+    if (x.mark >= 0) x.mark += marks0;
+    exprs[e] = add(std::move(x));
+  }
+  for (size_t r = 0; r < g.rules.size(); ++r) define_rule(rules[r], exprs[g.rules[r].body]);
+  for (int32_t id : g.special_terminals) special_token(id);
+  return ref(rules[g.root]);
 }
 
 RuleId GrammarBuilder::declare_rule(std::string name) {

@@ -86,12 +86,21 @@ struct Rule {
   bool inline_ok = true;
 };
 
+// Special tokens as terminals (`<[id]>` in EBNF and Lark): inside the grammar engine, special
+// token `id` is spelled by these bytes: 0xFF, then the id in four 6-bit digits (0x80-0xBF each,
+// most significant first). 0xFF never occurs in UTF-8, so no text a grammar describes can
+// spell a special token; a vocabulary that offers terminals (TokenizerInfo::terminal_ids) gives
+// each of them these bytes and allows no other token holding 0xFF.
+inline constexpr int32_t kMaxTerminalId = (1 << 24) - 1;
+std::string special_token_bytes(int32_t id);
+
 struct Grammar {
   std::vector<Expr> exprs;
   std::vector<Rule> rules;
   std::vector<ByteAutomaton> automata;
   std::vector<GrammarMark> marks;
   int32_t num_tracked_objects = 0;
+  std::vector<int32_t> special_terminals;  // ids named as `<[id]>` (sorted): the vocabulary must offer them
   RuleId root = -1;
 
   std::string to_string() const;  // EBNF-like dump for debugging and error messages
@@ -124,6 +133,13 @@ class GrammarBuilder {
   // Code points [lo, hi] (surrogates excluded) as UTF-8 byte sequences.
   ExprId codepoint_range(uint32_t lo, uint32_t hi);
   ExprId codepoints(const std::vector<std::pair<uint32_t, uint32_t>>& ranges);
+  // Special token `id` as a terminal (special_token_bytes), recorded in special_terminals.
+  // InvalidArgument past kMaxTerminalId.
+  ExprId special_token(int32_t id);
+  // Copies a finished grammar in (its rules renamed where they clash, automata, marks and
+  // tracked objects renumbered) and returns a reference to its root: how Lark's %json embeds
+  // a JSON schema's grammar.
+  ExprId embed(const Grammar& g);
 
   RuleId declare_rule(std::string name);  // unique name; body defined later
   void define_rule(RuleId r, ExprId body);

@@ -38,6 +38,20 @@ class GrammarTextParser {
     return r;
   }
 
+  // `<[id]>` at pos_ (checked by the caller: s_[pos_] == '<'): special token `id` as a terminal.
+  ExprId special_token_ref() {
+    const size_t at = pos_;
+    if (s_.substr(pos_, 2) != "<[") fail(at, "expected a special token <[id]>");
+    pos_ += 2;
+    int64_t id = 0;
+    const size_t digits = pos_;
+    while (pos_ < s_.size() && s_[pos_] >= '0' && s_[pos_] <= '9' && id <= kMaxTerminalId) id = id * 10 + (s_[pos_++] - '0');
+    if (pos_ == digits || s_.substr(pos_, 2) != "]>") fail(at, "expected a special token <[id]> with a decimal id");
+    if (id > kMaxTerminalId) fail(at, "special token id above " + std::to_string(kMaxTerminalId));
+    pos_ += 2;
+    return b_.special_token(static_cast<int32_t>(id));
+  }
+
   std::string_view s_;
   GrammarBuilder& b_;
   size_t pos_ = 0;

@@ -12,7 +12,9 @@
 #include <string>
 
 #include "core/check.h"
+#include "core/json.h"
 #include "structured/grammar_text.h"
+#include "structured/json_schema.h"
 #include "structured/regex.h"
 
 namespace deepinfer::structured {
@@ -55,7 +57,8 @@ bool is_terminal_name(const std::string& n) {
 
 class LarkParser : GrammarTextParser {
  public:
-  LarkParser(std::string_view src, GrammarBuilder& b) : GrammarTextParser(src, b, "lark") {}
+  LarkParser(std::string_view src, GrammarBuilder& b, const JsonGrammarOptions& json)
+      : GrammarTextParser(src, b, "lark"), json_(json) {}
   Grammar parse();
 
  private:
@@ -98,12 +101,14 @@ class LarkParser : GrammarTextParser {
   ExprId atom(int depth, bool nested);
   ExprId string_literal(size_t at, std::string* raw);
   ExprId regexp(size_t at);
+  ExprId json_schema(size_t at);
   ExprId token(ExprId e) { return in_rule_ ? b_.seq({ignore_ref(), e}) : e; }
   ExprId ignore_ref() {
     if (ignore_rule_ < 0) ignore_rule_ = b_.declare_rule("%ignore");
     return b_.ref(ignore_rule_);
   }
 
+  const JsonGrammarOptions& json_;
   bool in_rule_ = false;  // lowering a rule (tokens may be preceded by ignored text)
   RuleId ignore_rule_ = -1;
   std::vector<ExprId> ignored_;
@@ -201,6 +206,56 @@ ExprId LarkParser::regexp(size_t at) {
   }
 }
 
+// %json { schema }: the braces' extent is found by a scan that skips strings, then the text is
+// parsed (depth-bounded) and lowered as a JSON schema into this grammar.
+ExprId LarkParser::json_schema(size_t at) {
+  pos_ += 5;
+  skip(true);
+  if (eof() || s_[pos_] != '{') fail(at, "%json needs a JSON schema object: %json { ... }");
+  const size_t start = pos_;
+  int depth = 0;
+  bool in_string = false;
+  for (; pos_ < s_.size(); ++pos_) {
+    const char c = s_[pos_];
+    if (in_string) {
+      if (c == '\\') ++pos_;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '{' || c == '[') {
+      ++depth;
+    } else if ((c == '}' || c == ']') && --depth == 0) {
+      ++pos_;
+      break;
+    }
+  }
+  if (depth != 0) fail(at, "%json: unterminated JSON schema");
+  nlohmann::ordered_json schema;
+  std::string why;
+  if (!parse_json_bounded(s_.substr(start, pos_ - start), schema, &why)) fail(at, "%json: the schema is not valid JSON: " + why);
+  // llguidance's per-schema options: {"x-guidance": {"whitespace_flexible": true}}.
+  JsonGrammarOptions opt = json_;
+  if (schema.is_object() && schema.contains("x-guidance")) {
+    const nlohmann::ordered_json& g = schema["x-guidance"];
+    if (!g.is_object()) fail(at, "%json: x-guidance must be an object");
+    for (auto it = g.begin(); it != g.end(); ++it) {
+      if (it.key() != "whitespace_flexible" || !it.value().is_boolean())
+        fail(at, "%json: x-guidance supports only whitespace_flexible (a boolean), got '" + it.key() + "'");
+      opt.flexible_whitespace = it.value().get<bool>();
+    }
+    schema.erase("x-guidance");
+  }
+  try {
+    Grammar g = json_schema_to_grammar(schema, opt);
+    const RuleId first = b_.num_rules();
+    const ExprId e = b_.embed(g);
+    for (RuleId r = first; r < b_.num_rules(); ++r) defined_.insert(r);  // complete: not the Lark text's to define
+    return e;
+  } catch (const GrammarError& e) {
+    fail(at, std::string("%json: ") + e.what());
+  }
+}
+
 ExprId LarkParser::atom(int depth, bool nested) {
   if (depth > 200) fail(pos_, "nesting too deep");
   size_t at = pos_;
@@ -235,6 +290,8 @@ ExprId LarkParser::atom(int depth, bool nested) {
     return token(e);
   }
   if (c == '/') return token(regexp(at));
+  if (c == '<') return token(special_token_ref());
+  if (c == '%' && s_.substr(pos_, 5) == "%json") return token(json_schema(at));
   if (name_char(c)) {
     std::string n = name();
     if (!eof() && s_[pos_] == '{') fail(at, "templates are not supported");
@@ -312,7 +369,7 @@ void LarkParser::import_common(const std::string& n, const std::string& as, size
   if (defined_.count(r)) return;
   defined_.insert(r);
   // Parse the library text in place: a sub-parser sharing the builder and rule table.
-  LarkParser sub(it->second, b_);
+  LarkParser sub(it->second, b_, json_);
   sub.first_use_ = first_use_;
   sub.defined_ = defined_;
   ExprId body = sub.expansions(0, true);
@@ -423,11 +480,13 @@ Grammar LarkParser::parse() {
 
 }  // namespace
 
-Grammar lark_to_grammar(std::string_view src) {
+Grammar lark_to_grammar(std::string_view src, const JsonGrammarOptions& json) {
   GrammarBuilder b;
-  LarkParser p(src, b);
+  LarkParser p(src, b, json);
   return p.parse();
 }
+
+Grammar lark_to_grammar(std::string_view src) { return lark_to_grammar(src, JsonGrammarOptions{}); }
 
 bool looks_like_lark(std::string_view src) {
   // GBNF defines rules with '::='; Lark with ':' (or starts with a %directive).

@@ -38,6 +38,10 @@ int utf8_step(int s, uint8_t b) {
 
 }  // namespace
 
+bool TokenVocabulary::is_terminal(int32_t id) const {
+  return std::binary_search(terminals_.begin(), terminals_.end(), id);
+}
+
 TokenVocabulary::TokenVocabulary(TokenizerInfo info) : info_(std::move(info)) {
   const int32_t n = vocab_size();
   kind_.assign(n, kNormal);
@@ -50,6 +54,21 @@ TokenVocabulary::TokenVocabulary(TokenizerInfo info) : info_(std::move(info)) {
   for (int32_t id : info_.stop_ids) {
     if (id < 0 || id >= n) DI_THROW(InvalidArgument, "stop token id ", id, " outside vocabulary of ", n);
     kind_[id] = kStop;
+  }
+  if (!info_.terminal_ids.empty()) {
+    // 0xFF spells the terminals (grammar.h): a token holding it could spell one piece by piece.
+    for (int32_t i = 0; i < n; ++i)
+      if (kind_[i] == kNormal && info_.token_bytes[i].find('\xFF') != std::string::npos) kind_[i] = kNever;
+    for (int32_t id : info_.terminal_ids) {
+      if (id < 0 || id >= n || id > kMaxTerminalId)
+        DI_THROW(InvalidArgument, "terminal token id ", id, " outside vocabulary of ", n);
+      if (kind_[id] == kStop) DI_THROW(InvalidArgument, "terminal token id ", id, " is a stop token");
+      kind_[id] = kNormal;
+      info_.token_bytes[id] = special_token_bytes(id);
+    }
+    terminals_ = info_.terminal_ids;
+    std::sort(terminals_.begin(), terminals_.end());
+    terminals_.erase(std::unique(terminals_.begin(), terminals_.end()), terminals_.end());
   }
   std::vector<int32_t> order;
   grammar_bits_.assign((n + 31) / 32, 0);

@@ -62,6 +62,9 @@ class TokenVocabulary {
   const std::string& bytes(int32_t id) const { return info_.token_bytes[id]; }
   bool is_stop(int32_t id) const { return kind_[id] == kStop; }
   bool is_grammar_token(int32_t id) const { return kind_[id] == kNormal; }  // walks the grammar
+  // A special token offered as a grammar terminal (its bytes are special_token_bytes(id)).
+  bool is_terminal(int32_t id) const;
+  const std::vector<int32_t>& terminal_ids() const { return terminals_; }
   const std::vector<int32_t>& stop_ids() const { return info_.stop_ids; }
 
   // Trie nodes, [num_nodes]; node 0 is the root (empty prefix, byte unused).
@@ -110,6 +113,7 @@ class TokenVocabulary {
   mutable std::mutex key_mu_;
   mutable std::unordered_map<std::string, int32_t> key_ids_;
   std::vector<uint8_t> kind_;  // [vocab_size]
+  std::vector<int32_t> terminals_;  // sorted TokenizerInfo::terminal_ids
 };
 
 // Longest-match tokenization over grammar tokens (not the model's BPE: any split of the same

@@ -170,8 +170,9 @@ struct AttentionArgs {  // ops::cpu::SparseAttnArgs over the backend's buffers
 struct HcSiteArgs {     // one mHC site: collapse X into u and the site's mixes
   const float* x = nullptr;  // [T, n, D]
   const HcRef* w = nullptr;
-  float* u = nullptr;        // [T, D]
-  float* mix = nullptr;      // [T, (2+n)n] (layer) or null (head)
+  float* u = nullptr;        // [T, D]; null (layer): the mixes only (single-pass wiring), the site's
+                             // pre weights kept in `mix` for a later hc_collapse
+  float* mix = nullptr;      // [T, (2+n)n] (layer; backend layout) or null (head)
   int64_t tokens = 0;
   bool head = false;         // the final collapse (hc_head: pre weights only)
 };
@@ -225,6 +226,9 @@ class Backend {
   virtual void sparse_attention(const AttentionArgs& a) = 0;
   virtual void hc_site(const HcSiteArgs& a) = 0;
   virtual void hc_post(const HcPostArgs& a) = 0;
+  // Single-pass mHC (V4.1): u [T, D] = Σ_k pre_k X_k with the pre weights of the site whose mixes
+  // are in `prev_mix` (an hc_site with u null), or u = X stream 0 when prev_mix is null.
+  virtual void hc_collapse(const float* x, const float* prev_mix, float* u, int64_t tokens) = 0;
   // x[t, j, :] += v[t, :] for every stream j (the MTP block's embedding term).
   virtual void add_streams(float* x, const float* v, int64_t tokens, int64_t streams, int64_t dim) = 0;
 

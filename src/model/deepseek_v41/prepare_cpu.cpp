@@ -22,7 +22,7 @@ class Preparer {
 
   void entry(size_t i) {
     const V41Entry& e = w_.table.entries[i];
-    if (!e.used) return;
+    if (!e.used || e.layer >= c_.num_layers) return;  // DSpark stages: the drafter's own preparation
     const std::string n = e.name();
     if (e.layer < 0) return global(i, n);
     ds::LayerRef& L = s_.refs.layers[size_t(e.layer)];

@@ -51,7 +51,40 @@ class Builder {
     }
     if (p.engram) engram(o);
     attention(p, o + "attn.");
-    moe(o + "ffn.");
+    moe(o + "ffn.", c_.n_routed_experts, true);
+    layer_ = -1;
+  }
+
+  // DSpark stage k (`mtp.k.*`, release layout only; MODEL-DEEPSEEK-V41.md §7): a sliding-window
+  // block with its own expert count (no image routing bias), the first stage's main_proj over the
+  // concatenated taps and main_norm, the last stage's norm, Markov head and confidence head.
+  void dspark(int64_t k) {
+    const DSparkConfig& ds = c_.dspark;
+    const int64_t D = c_.hidden_size, V = c_.vocab_size, R = ds.markov_rank;
+    const std::string o = "mtp." + std::to_string(k) + ".";
+    layer_ = int32_t(c_.num_layers + k);
+    LayerPlan p;
+    p.index = layer_;
+    add(V41Store::kFloat, {{o + "attn_norm.weight", "", {D}}});
+    add(V41Store::kFloat, {{o + "ffn_norm.weight", "", {D}}});
+    for (const char* site : {"attn", "ffn"}) {
+      const std::string s = o + "hc_" + site + "_";
+      add(V41Store::kFloat, {{s + "fn", "", {c_.hc_mix_dim(), c_.hc_dim()}}});
+      add(V41Store::kFloat, {{s + "base", "", {c_.hc_mix_dim()}}});
+      add(V41Store::kFloat, {{s + "scale", "", {3}}});
+    }
+    attention(p, o + "attn.");
+    moe(o + "ffn.", ds.n_routed_experts, false);
+    if (k == 0) {
+      add(V41Store::kDense, {{o + "main_proj.weight", "", {D, D * int64_t(ds.target_layer_ids.size())}}});
+      add(V41Store::kFloat, {{o + "main_norm.weight", "", {D}}});
+    }
+    if (k == ds.num_stages - 1) {
+      add(V41Store::kFloat, {{o + "norm.weight", "", {D}}});
+      add(V41Store::kPlain, {{o + "markov_head.embed.weight", "", {V, R}}});
+      add(V41Store::kPlain, {{o + "markov_head.head.weight", "", {V, R}}});
+      add(V41Store::kPlain, {{o + "confidence_head.proj.weight", "", {1, D + R}}});
+    }
     layer_ = -1;
   }
 
@@ -105,11 +138,11 @@ class Builder {
     }
   }
 
-  void moe(const std::string& o) {
-    const int64_t D = c_.hidden_size, E = c_.n_routed_experts, I = c_.moe_intermediate_size;
+  void moe(const std::string& o, int64_t E, bool image_bias) {
+    const int64_t D = c_.hidden_size, I = c_.moe_intermediate_size;
     add(V41Store::kPlain, {{o + "gate.weight", "", {E, D}}});
     add(V41Store::kFloat, {{o + "gate.bias", "", {E}}});
-    add(V41Store::kFloat, {{o + "gate.bias_vl", "", {E}}}).used = false;
+    if (image_bias) add(V41Store::kFloat, {{o + "gate.bias_vl", "", {E}}}).used = false;
     for (int64_t e = 0; e < E; ++e) {
       const std::string eo = o + "experts." + std::to_string(e) + ".";
       V41Entry& w13 = add(V41Store::kExpert, {{eo + "w1.weight", "", {I, D}}, {eo + "w3.weight", "", {I, D}}});
@@ -135,6 +168,13 @@ V41TensorTable v41_tensor_table(const DeepseekV41Config& cfg, const ModelPlan& p
   Builder b(cfg, t);
   b.global();
   for (const LayerPlan& p : plan.layers) b.layer(p);
+  return t;
+}
+
+V41TensorTable v41_dspark_table(const DeepseekV41Config& cfg) {
+  V41TensorTable t;
+  Builder b(cfg, t);
+  for (int64_t k = 0; k < cfg.dspark.num_stages; ++k) b.dspark(k);
   return t;
 }
 

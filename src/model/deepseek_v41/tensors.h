@@ -44,7 +44,7 @@ struct V41Part {
 struct V41Entry {
   V41Store store = V41Store::kFloat;
   std::vector<V41Part> parts;  // stacked by rows into one prepared tensor (Wkv|Wgate, W1|W3)
-  int32_t layer = -1;          // main layer, -1 global
+  int32_t layer = -1;          // main layer (DSpark stage k: num_layers + k), -1 global
   int32_t expert = -1;         // routed expert (kExpert)
   bool expert_w13 = false;     // routed expert: the W1|W3 entry (else W2)
   int64_t groups = 1;          // block-diagonal grouped linear (wo_a)
@@ -59,6 +59,9 @@ struct V41TensorTable {
 // The table of a config's main layers as `plan` describes them (which layers own a compressor, a
 // gate, index keys, an index query; where Engram sits).
 V41TensorTable v41_tensor_table(const DeepseekV41Config& cfg, const ModelPlan& plan);
+
+// The DSpark stages' tensors (`mtp.k.*`, release names only; entry layer = num_layers + k).
+V41TensorTable v41_dspark_table(const DeepseekV41Config& cfg);
 
 // Checkpoint tensors that belong to parts of the release the main model does not run.
 bool v41_skipped_tensor(const std::string& name);

@@ -110,6 +110,10 @@ V41Weights V41Weights::load(const std::string& dir, const DeepseekV41Config& cfg
     DI_THROW(CheckpointError, dir, ": missing tensor 'embed.weight' (release layout) or 'model.embed.weight' "
                                    "(transformers layout)");
   w.table = v41_tensor_table(cfg, v41_plan(cfg, {}));
+  if (cfg.dspark.num_stages > 0 && (ck->contains("mtp.0.attn_norm.weight") || ck->contains("model.mtp.0.attn_norm.weight"))) {
+    for (V41Entry& e : v41_dspark_table(cfg).entries) w.table.entries.push_back(std::move(e));
+    w.num_dspark = cfg.dspark.num_stages;
+  }
   Loader ld(*ck, cfg, w.layout);
   w.parts.resize(w.table.entries.size());
   for (size_t i = 0; i < w.table.entries.size(); ++i)
@@ -121,8 +125,7 @@ V41Weights V41Weights::load(const std::string& dir, const DeepseekV41Config& cfg
     w.skipped.push_back(n);
   }
   if (!w.skipped.empty())
-    DI_INFO(dir, ": ", w.skipped.size(), " tensor(s) of parts not run here skipped (DSpark mtp.*, vision), e.g. ",
-            w.skipped[0]);
+    DI_INFO(dir, ": ", w.skipped.size(), " tensor(s) of parts not run here skipped (vision), e.g. ", w.skipped[0]);
   w.keepalive = ck;
   return w;
 }

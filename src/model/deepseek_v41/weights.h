@@ -2,8 +2,9 @@
 // layout (release `layers.*` FP8/FP4 or transformers `model.layers.*` floats; tensors.h). Every part
 // is checked against the table (presence, dtype, shape, scale tiling) with a CheckpointError naming
 // the file and tensor; checkpoint tensors neither listed nor skippable are refused by name (a later
-// revision that adds tensors must be looked at). DSpark (`mtp.*`) and the vision tower are not read
-// here: their tensors are skipped with one message.
+// revision that adds tensors must be looked at). The DSpark stages (`mtp.*`) are loaded when the
+// config has stages and the checkpoint holds them (v41_dspark_table); the vision tower is not read:
+// its tensors are skipped with one message.
 //  - linears keep their stored format (v4::Linear: bf16/f32, FP8 + 32x32 E8M0 scale, packed FP4 +
 //    per-32 scale) and dequantise exactly to f32 on request;
 //  - the Engram tables stay FP8 and are read by row (engram_rows_f32), never dequantised whole.
@@ -26,7 +27,8 @@ struct V41Weights {
   // weight + per-row scale) or a float tensor (kFloat).
   std::vector<std::vector<v4::Linear>> parts;
   std::shared_ptr<void> keepalive;       // the mapped shards
-  std::vector<std::string> skipped;      // tensors of parts not run (DSpark, vision)
+  std::vector<std::string> skipped;      // tensors of parts not run (vision; DSpark when the config has no stages)
+  int64_t num_dspark = 0;                // DSpark stages loaded (their entries follow the main model's)
 
   static V41Weights load(const std::string& dir, const DeepseekV41Config& cfg, bool progress = false);
 

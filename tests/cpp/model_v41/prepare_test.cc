@@ -12,6 +12,7 @@
 #include "deepinfer/error.h"
 #include "model/deepseek_v41/plan.h"
 #include "model/plan/cache_specs.h"
+#include "ops/cpu/hc.h"
 #include "ops/cpu/qat.h"
 #include "test_util.h"
 
@@ -143,6 +144,38 @@ TEST(V41CpuBackend, RoundTripsTheQatFormats) {
   EXPECT_EQ(a, x);
   EXPECT_THROW(be.round_trip(a.data(), DType::kF32, ld, rows, dim, RowFormat::kFp8Nope64), InternalError);
   EXPECT_THROW(be.round_trip(a.data(), DType::kBF16, ld, rows, dim, RowFormat::kFp8Block32), InternalError);
+}
+
+
+// Single-pass mHC through the CPU backend: a mixes-only site (u null) keeps exactly hc_mix's
+// post/comb/pre, and hc_collapse with it (or with no previous site: stream 0) equals the ops.
+TEST(V41CpuBackend, SinglePassHcMatchesTheOps) {
+  Prepared p = prepare("v41_a");
+  const ds::Arch arch = v41_arch(p.cfg, {});
+  const ds::HcRef hc = p.store->refs.layers[3].hc_ffn;
+  ds::CpuBackend be(arch, cache_specs(arch.plan, {.head_dim = p.cfg.head_dim, .index_head_dim = p.cfg.index_head_dim}),
+                    std::move(p.store));
+  const int64_t T = 5, n = arch.dims.streams, D = arch.dims.hidden;
+  std::vector<float> x(size_t(T * n * D)), x2(x.size()), mix(size_t(T * arch.dims.mix_dim())), u(size_t(T * D)),
+      u0(u.size());
+  std::mt19937 g(11);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (float& v : x) v = nd(g);
+  for (float& v : x2) v = nd(g);
+  be.hc_site({.x = x.data(), .w = &hc, .u = nullptr, .mix = mix.data(), .tokens = T});
+  be.hc_collapse(x2.data(), mix.data(), u.data(), T);
+  be.hc_collapse(x2.data(), nullptr, u0.data(), T);
+  const ops::cpu::HcSpec spec{.n = n, .dim = D, .sinkhorn_iters = arch.dims.sinkhorn_iters, .rms_eps = arch.dims.eps,
+                              .hc_eps = arch.dims.hc_eps};
+  std::vector<float> pre(size_t(T * n)), post(size_t(T * n)), comb(size_t(T * n * n)), ru(u.size()), ru0(u.size());
+  ops::cpu::hc_mix(x.data(), T, spec, hc.fn.p, hc.base.p, hc.scale.p, pre.data(), post.data(), comb.data());
+  ops::cpu::hc_collapse(x2.data(), T, spec, pre.data(), ru.data());
+  ops::cpu::hc_collapse(x2.data(), T, spec, nullptr, ru0.data());
+  EXPECT_EQ(std::vector<float>(mix.begin(), mix.begin() + T * n), post);
+  EXPECT_EQ(std::vector<float>(mix.begin() + T * n, mix.begin() + T * n * (n + 1)), comb);
+  EXPECT_EQ(u, ru);
+  EXPECT_EQ(u0, ru0);
+  for (int64_t t = 0; t < T; ++t) EXPECT_EQ(u0[size_t(t * D)], x2[size_t(t * n * D)]);
 }
 
 }  // namespace

@@ -35,7 +35,10 @@ void check_fixture(const std::string& dir, bool release) {
   SCOPED_TRACE(dir);
   const DeepseekV41Config c = DeepseekV41Config::from_file((golden(dir) / "config.json").string());
   const io::Checkpoint ck = io::Checkpoint::open(golden(dir).string());
-  const V41TensorTable t = v41_tensor_table(c, v41_plan(c, {}));
+  V41TensorTable t = v41_tensor_table(c, v41_plan(c, {}));
+  const bool dspark = c.dspark.num_stages > 0 && ck.contains("mtp.0.attn_norm.weight");
+  if (dspark)
+    for (V41Entry& e : v41_dspark_table(c).entries) t.entries.push_back(std::move(e));
   std::set<std::string> seen;
   const std::set<std::string> kFloatTypes = {"F32", "BF16"}, kBf16 = {"BF16"};
   int64_t unused = 0, engram_tables = 0;
@@ -83,8 +86,8 @@ void check_fixture(const std::string& dir, bool release) {
     EXPECT_TRUE(v41_skipped_tensor(n)) << n << " is in the checkpoint but not in the table";
     ++skipped;
   }
-  if (dir == "v41_a_release") EXPECT_GT(skipped, 0);  // its three DSpark stages
-  else EXPECT_EQ(skipped, 0);
+  EXPECT_EQ(skipped, 0);
+  EXPECT_EQ(dspark, dir == "v41_a_release");  // the one fixture with DSpark stages
 }
 
 TEST(V41Tensors, GoldenCheckpointsBothLayouts) {
@@ -119,6 +122,26 @@ TEST(V41Tensors, ReleasedShapes) {
   EXPECT_EQ(shape_of("layers.8.attn.compressor.wgate.weight"), (Shape{512, 5120}));
   EXPECT_TRUE(shape_of("layers.3.attn.compressor.wkv.weight").empty());  // Reuse owns nothing
   EXPECT_EQ(shape_of("layers.39.ffn.experts.383.w2.weight"), (Shape{5120, 2304}));
+  // DSpark: heterogeneous stages (main_proj on the first, the heads on the last), 128 experts each.
+  const V41TensorTable d = v41_dspark_table(c);
+  std::set<std::string> dn;
+  int64_t dexperts = 0;
+  for (const V41Entry& e : d.entries) {
+    for (const V41Part& p : e.parts) EXPECT_TRUE(dn.insert(p.name).second && !names.count(p.name)) << p.name;
+    dexperts += e.store == V41Store::kExpert && e.expert_w13;
+    EXPECT_GE(e.layer, 40);
+  }
+  EXPECT_EQ(dexperts, 3 * 128);
+  auto dshape = [&](const std::string& n) {
+    for (const V41Entry& e : d.entries)
+      if (e.name() == n) return e.parts[0].shape;
+    return Shape{};
+  };
+  EXPECT_EQ(dshape("mtp.0.main_proj.weight"), (Shape{5120, 15360}));
+  EXPECT_TRUE(dshape("mtp.1.main_proj.weight").empty());
+  EXPECT_EQ(dshape("mtp.2.markov_head.head.weight"), (Shape{129280, 256}));
+  EXPECT_EQ(dshape("mtp.2.confidence_head.proj.weight"), (Shape{1, 5376}));
+  EXPECT_TRUE(dshape("mtp.0.confidence_head.proj.weight").empty());
   EXPECT_TRUE(v41_skipped_tensor("mtp.0.main_proj.weight"));
   EXPECT_TRUE(v41_skipped_tensor("model.vision.blocks.0.attn.qkv.weight"));
   EXPECT_FALSE(v41_skipped_tensor("layers.0.attn.wkv.weight"));

@@ -242,7 +242,13 @@ void CpuBackend::hc_site(const HcSiteArgs& a) {
     oc::hc_head(a.x, a.tokens, spec, a.w->fn.p, a.w->base.p, a.w->scale.p, a.u);
     return;
   }
-  // mix [T, (2+n)n] holds post [T, n] then comb [T, n, n] (the CPU op's two outputs).
+  // mix [T, (2+n)n] holds post [T, n] then comb [T, n, n] (the CPU op's two outputs), and, for a
+  // mixes-only site, its pre [T, n] after them.
+  const int64_t T = a.tokens, n = g.streams;
+  if (!a.u) {
+    oc::hc_mix(a.x, T, spec, a.w->fn.p, a.w->base.p, a.w->scale.p, a.mix + T * n * (n + 1), a.mix, a.mix + T * n);
+    return;
+  }
   oc::hc_pre(a.x, a.tokens, spec, a.w->fn.p, a.w->base.p, a.w->scale.p, a.u, a.mix, a.mix + a.tokens * g.streams);
 }
 
@@ -250,6 +256,14 @@ void CpuBackend::hc_post(const HcPostArgs& a) {
   const Dims& g = arch_.dims;
   const oc::HcSpec spec = hc_spec();
   oc::hc_post(a.x, a.y, a.mix, a.mix + a.tokens * g.streams, a.tokens, spec, a.out);
+}
+
+void CpuBackend::hc_collapse(const float* x, const float* prev_mix, float* u, int64_t tokens) {
+  const Dims& g = arch_.dims;
+  const oc::HcSpec spec{.n = g.streams, .dim = g.hidden, .sinkhorn_iters = g.sinkhorn_iters, .rms_eps = g.eps,
+                        .hc_eps = g.hc_eps};
+  const int64_t n = g.streams;
+  oc::hc_collapse(x, tokens, spec, prev_mix ? prev_mix + tokens * n * (n + 1) : nullptr, u);
 }
 
 void CpuBackend::add_streams(float* x, const float* v, int64_t tokens, int64_t streams, int64_t dim) {

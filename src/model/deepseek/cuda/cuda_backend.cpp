@@ -618,6 +618,14 @@ void CudaBackend::hc_post(const HcPostArgs& a) {
               stream_.get());
 }
 
+void CudaBackend::hc_collapse(const float* x, const float* prev_mix, float* u, int64_t tokens) {
+  const Dims& g = arch_.dims;
+  const int64_t nD = g.streams * g.hidden;
+  oc::hc_collapse({.x = x, .x_stride = nD, .w = prev_mix, .w_stride = g.mix_dim(), .u = u, .u_stride = g.hidden,
+                   .dtype = DType::kF32, .tokens = tokens, .n = int(g.streams), .dim = g.hidden},
+                  stream_.get());
+}
+
 void CudaBackend::add_streams(float* x, const float* v, int64_t tokens, int64_t streams, int64_t dim) {
   cuda::add_streams(x, v, tokens, streams, dim, stream_.get());
 }
