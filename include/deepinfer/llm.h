@@ -51,6 +51,24 @@ struct LLMConfig {
   // Host memory (pinned on a GPU) that evicted cache blocks spill to and prefix hits load back
   // from; 0 = no host tier (a CPU model's cache is host memory already).
   size_t prefix_host_cache_bytes = 0;
+
+  // Parallelism (docs/PARALLEL.md): data_parallel_size ranks, one process each (one GPU each on
+  // the GPU backend). Attention is data-parallel (each rank owns its requests and their cache;
+  // new requests go to the least loaded rank); the routed experts are sharded across groups of
+  // expert_parallel_size consecutive ranks (0 = all of them; 1 = every rank holds every expert).
+  int data_parallel_size = 1;
+  int expert_parallel_size = 0;
+  // Expert placement (vLLM's names): extra expert slots for replicas of hot experts, and the
+  // expert-parallel load balancer re-placing experts every eplb_step_interval steps by the loads
+  // of the last eplb_window_size steps.
+  int num_redundant_experts = 0;
+  bool enable_eplb = false;
+  int eplb_window_size = 1000;
+  int eplb_step_interval = 3000;
+  // argv that starts worker ranks 1..data_parallel_size-1 on this node. Empty: the variable
+  // DEEPINFER_WORKER_COMMAND (split at spaces), else this program when it is the deepinfer CLI
+  // (`deepinfer rank-worker`). The Python LLM sets `python -m deepinfer._rank_worker`.
+  std::vector<std::string> worker_command;
 };
 
 // A prompt: text, or token ids (vLLM {"prompt_token_ids": [...]}).
@@ -95,6 +113,14 @@ struct GenerateSummary {
   double total_tokens_per_s = 0;
   int64_t num_preemptions = 0;
   int64_t num_steps = 0;
+  // Speculative decoding (zeros when no draft was verified): drafts verified / accepted, the
+  // (sequence, step) pairs that verified drafts, the acceptance length (mean tokens committed
+  // per verify step: 1 + accepted / verify steps), per draft position the share of its
+  // verifications that accepted it, and the time spent in the drafter and in verify steps.
+  int64_t num_draft_tokens = 0, num_accepted_draft_tokens = 0, num_verify_steps = 0;
+  double acceptance_length = 0;
+  std::vector<double> acceptance_rate_per_position;
+  double draft_time_s = 0, verify_time_s = 0;
   // Prefix caching: prompt tokens served from the cache (RequestOutput::num_cached_tokens summed),
   // their share of the prompt tokens, and the slot checkpoints held at the end (count, bytes).
   int64_t num_cached_tokens = 0;

@@ -36,6 +36,13 @@ struct RequestMetrics {
   double finished_time = 0;
   int64_t num_generation_tokens = 0;  // over all n samples
   int64_t num_preemptions = 0;
+  // Speculative decoding, over all n samples (0 / empty without drafts): steps that verified
+  // drafts, drafts verified and accepted, and per draft position i how often it was verified and
+  // accepted. Acceptance length (tokens per verify step) = 1 + accepted / verify steps.
+  int64_t num_verify_steps = 0;
+  int64_t num_draft_tokens = 0;
+  int64_t num_accepted_draft_tokens = 0;
+  std::vector<int64_t> draft_verified_per_position, draft_accepted_per_position;
 };
 
 struct RequestOutput {

@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import numbers
 import os
+import sys
 import threading
 from typing import Any, Deque, Dict, Iterator, List, Optional, Sequence, Union
 
@@ -81,7 +82,9 @@ class LLM:
                  max_num_seqs: int = 64, max_num_batched_tokens: int = 2048, enable_chunked_prefill: bool = True,
                  kv_cache_memory_bytes: Optional[int] = None, seed: int = 0, accelerator: Optional[str] = None,
                  max_n: int = 1024, max_logprobs: int = 20, enable_prefix_caching: bool = True,
-                 prefix_checkpoint_blocks: int = 1, prefix_host_cache_bytes: int = 0, **kwargs: Any) -> None:
+                 prefix_checkpoint_blocks: int = 1, prefix_host_cache_bytes: int = 0, data_parallel_size: int = 1,
+                 expert_parallel_size: int = 0, enable_eplb: bool = False, num_redundant_experts: int = 0,
+                 eplb_window_size: int = 1000, eplb_step_interval: int = 3000, **kwargs: Any) -> None:
         if kwargs:
             raise TypeError(f"LLM: unsupported argument(s) {sorted(kwargs)}")
         c = _E.LLMConfig()
@@ -101,6 +104,19 @@ class LLM:
         c.enable_prefix_caching = as_bool("LLM.enable_prefix_caching", enable_prefix_caching)
         c.prefix_checkpoint_blocks = as_int("LLM.prefix_checkpoint_blocks", prefix_checkpoint_blocks, 0)
         c.prefix_host_cache_bytes = as_int("LLM.prefix_host_cache_bytes", prefix_host_cache_bytes, *UINT64)
+        # Parallel ranks (docs/PARALLEL.md): this process is rank 0; the workers run this
+        # package's _rank_worker module with the same interpreter and import path.
+        c.data_parallel_size = as_int("LLM.data_parallel_size", data_parallel_size, 1, 1 << 20)
+        c.expert_parallel_size = as_int("LLM.expert_parallel_size", expert_parallel_size, 0, 1 << 20)
+        c.enable_eplb = as_bool("LLM.enable_eplb", enable_eplb)
+        c.num_redundant_experts = as_int("LLM.num_redundant_experts", num_redundant_experts, 0)
+        c.eplb_window_size = as_int("LLM.eplb_window_size", eplb_window_size, 1)
+        c.eplb_step_interval = as_int("LLM.eplb_step_interval", eplb_step_interval, 1)
+        if c.data_parallel_size > 1 and not os.environ.get("DEEPINFER_WORKER_COMMAND"):
+            root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+            c.worker_command = [sys.executable, "-c",
+                                f"import sys; sys.path.insert(0, {root!r}); "
+                                "from deepinfer._rank_worker import main; sys.exit(main())"]
         self.model = c.model
         self._llm = _E.LLM(c)
         # Streams share the engine's add_request/step queue: outputs are dealt out to the stream

@@ -39,10 +39,28 @@ class RequestMetrics:
     finished_time: Optional[float]
     num_generation_tokens: int = 0
     num_preemptions: int = 0
+    # Speculative decoding (zeros without drafts), over all n samples: steps that verified
+    # drafts, drafts verified and accepted, and per draft position how often it was verified and
+    # accepted.
+    num_verify_steps: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_draft_tokens: int = 0
+    draft_verified_per_position: List[int] = field(default_factory=list)
+    draft_accepted_per_position: List[int] = field(default_factory=list)
 
     @property
     def time_to_first_token(self) -> Optional[float]:
         return None if not self.first_token_time else self.first_token_time - self.arrival_time
+
+    @property
+    def acceptance_length(self) -> Optional[float]:
+        """Mean tokens committed per verify step (1 + accepted drafts / verify steps); None without drafts."""
+        return None if not self.num_verify_steps else 1.0 + self.num_accepted_draft_tokens / self.num_verify_steps
+
+    @property
+    def acceptance_rate_per_position(self) -> List[float]:
+        """For each draft position, the share of its verifications that accepted it."""
+        return [a / v if v else 0.0 for a, v in zip(self.draft_accepted_per_position, self.draft_verified_per_position)]
 
 
 @dataclass
@@ -90,7 +108,8 @@ def from_cpp(r, stop_token_ids=()) -> RequestOutput:
     m = r.metrics
     metrics = RequestMetrics(m.arrival_time, m.first_scheduled_time or None, m.first_token_time or None,
                              m.last_token_time or None, m.finished_time or None, m.num_generation_tokens,
-                             m.num_preemptions)
+                             m.num_preemptions, m.num_verify_steps, m.num_draft_tokens, m.num_accepted_draft_tokens,
+                             list(m.draft_verified_per_position), list(m.draft_accepted_per_position))
     plp = None if r.prompt_logprobs is None else [None if p is None else _position(p) for p in r.prompt_logprobs]
     return RequestOutput(r.request_id, r.prompt or None, list(r.prompt_token_ids), plp, outs, r.finished, metrics,
                          r.error or None, int(r.num_cached_tokens))

@@ -8,6 +8,7 @@
 
 #include "binder.h"
 #include "deepinfer/llm.h"
+#include "engine/dp/ranks.h"
 #include "engine/toy_model.h"
 
 namespace nb = nanobind;
@@ -77,7 +78,12 @@ void bind_outputs(nb::module_& m) {
       .def_ro("last_token_time", &RequestMetrics::last_token_time)
       .def_ro("finished_time", &RequestMetrics::finished_time)
       .def_ro("num_generation_tokens", &RequestMetrics::num_generation_tokens)
-      .def_ro("num_preemptions", &RequestMetrics::num_preemptions);
+      .def_ro("num_preemptions", &RequestMetrics::num_preemptions)
+      .def_ro("num_verify_steps", &RequestMetrics::num_verify_steps)
+      .def_ro("num_draft_tokens", &RequestMetrics::num_draft_tokens)
+      .def_ro("num_accepted_draft_tokens", &RequestMetrics::num_accepted_draft_tokens)
+      .def_ro("draft_verified_per_position", &RequestMetrics::draft_verified_per_position)
+      .def_ro("draft_accepted_per_position", &RequestMetrics::draft_accepted_per_position);
   nb::class_<RequestOutput>(m, "RequestOutput")
       .def_ro("request_id", &RequestOutput::request_id)
       .def_ro("prompt", &RequestOutput::prompt)
@@ -100,6 +106,13 @@ void bind_outputs(nb::module_& m) {
       .def_ro("total_tokens_per_s", &GenerateSummary::total_tokens_per_s)
       .def_ro("num_preemptions", &GenerateSummary::num_preemptions)
       .def_ro("num_steps", &GenerateSummary::num_steps)
+      .def_ro("num_draft_tokens", &GenerateSummary::num_draft_tokens)
+      .def_ro("num_accepted_draft_tokens", &GenerateSummary::num_accepted_draft_tokens)
+      .def_ro("num_verify_steps", &GenerateSummary::num_verify_steps)
+      .def_ro("acceptance_length", &GenerateSummary::acceptance_length)
+      .def_ro("acceptance_rate_per_position", &GenerateSummary::acceptance_rate_per_position)
+      .def_ro("draft_time_s", &GenerateSummary::draft_time_s)
+      .def_ro("verify_time_s", &GenerateSummary::verify_time_s)
       .def_ro("num_cached_tokens", &GenerateSummary::num_cached_tokens)
       .def_ro("prefix_hit_rate", &GenerateSummary::prefix_hit_rate)
       .def_ro("num_checkpoints", &GenerateSummary::num_checkpoints)
@@ -149,7 +162,19 @@ void bind_llm(nb::module_& m) {
       .def_rw("accelerator", &LLMConfig::accelerator)
       .def_rw("enable_prefix_caching", &LLMConfig::enable_prefix_caching)
       .def_rw("prefix_checkpoint_blocks", &LLMConfig::prefix_checkpoint_blocks)
-      .def_rw("prefix_host_cache_bytes", &LLMConfig::prefix_host_cache_bytes);
+      .def_rw("prefix_host_cache_bytes", &LLMConfig::prefix_host_cache_bytes)
+      .def_rw("data_parallel_size", &LLMConfig::data_parallel_size)
+      .def_rw("expert_parallel_size", &LLMConfig::expert_parallel_size)
+      .def_rw("worker_command", &LLMConfig::worker_command)
+      .def_rw("num_redundant_experts", &LLMConfig::num_redundant_experts)
+      .def_rw("enable_eplb", &LLMConfig::enable_eplb)
+      .def_rw("eplb_window_size", &LLMConfig::eplb_window_size)
+      .def_rw("eplb_step_interval", &LLMConfig::eplb_step_interval);
+  // `python -m deepinfer._rank_worker`: a worker rank of a parallel LLM (engine/dp/ranks.h).
+  m.def("rank_worker_main", [] {
+    nb::gil_scoped_release unlocked;
+    return deepinfer::engine::dp::rank_worker_main();
+  });
   nb::class_<PromptInput>(m, "PromptInput")
       .def_static("from_text", &PromptInput::from_text)
       .def_static("from_token_ids", &PromptInput::from_token_ids);

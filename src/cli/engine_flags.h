@@ -32,6 +32,14 @@ struct EngineFlags {
                    "prefill checkpoints every k cache blocks (0 = only at the prompt's last block)");
     app.add_option("--prefix-host-cache-gib", prefix_host_cache_gib,
                    "host memory evicted cache blocks spill to (pinned on a GPU); 0 = none");
+    app.add_option("--data-parallel-size,--dp", cfg.data_parallel_size,
+                   "ranks (processes) with attention data parallelism; requests go to the least loaded rank");
+    app.add_option("--expert-parallel-size,--ep", cfg.expert_parallel_size,
+                   "ranks per expert-parallel group, sharing the routed experts (0 = all ranks; 1 = off)");
+    app.add_option("--num-redundant-experts", cfg.num_redundant_experts, "extra expert slots for replicas of hot experts");
+    app.add_flag("--enable-eplb", cfg.enable_eplb, "re-place experts by their measured load while running");
+    app.add_option("--eplb-window-size", cfg.eplb_window_size, "steps of expert load EPLB looks at");
+    app.add_option("--eplb-step-interval", cfg.eplb_step_interval, "steps between EPLB re-placements");
     app.add_option("--temperature", sp.temperature, "0 = greedy");
     app.add_option("--top-p", sp.top_p);
     app.add_option("--top-k", sp.top_k);

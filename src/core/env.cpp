@@ -52,15 +52,12 @@ const EnvKnob kKnobs[] = {
      [](EnvConfig& e, const char* n, const char* v) { e.use_nextn_decode = parse_int(n, v, 0, 16); },
      [](const EnvConfig& e, const KnobContext& c) -> std::string {
        if (e.use_nextn_decode.value_or(0) > 0 && c.model_has_drafter == false)
-         return c.model + " has no drafter the engine can run (DeepSeek-V4's MTP drafter is not wired into the "
-                          "engine yet, issue #11); set 0 or unset it";
+         return c.model + " has no drafter (a checkpoint without MTP blocks); set 0 or unset it";
        return "";
      }},
-    {"DEEPINFER_ENABLE_MTP_VARLEN", "draft length per request from the drafter's confidence",
-     [](EnvConfig& e, const char* n, const char* v) { e.enable_mtp_varlen = parse_bool(n, v); },
-     [](const EnvConfig& e, const KnobContext&) -> std::string {
-       return e.enable_mtp_varlen ? "variable-length verification is not implemented yet (issue #11); set 0" : "";
-     }},
+    {"DEEPINFER_ENABLE_MTP_VARLEN",
+     "draft length per request and step from the drafter's calibrated confidence under a measured step-cost curve",
+     [](EnvConfig& e, const char* n, const char* v) { e.enable_mtp_varlen = parse_bool(n, v); }, none},
     {"DEEPINFER_BATCH_INVARIANT", "logits independent of the batch (fixed reduction orders; docs/DETERMINISM.md)",
      [](EnvConfig& e, const char* n, const char* v) { e.batch_invariant = parse_bool(n, v); },
      [](const EnvConfig& e, const KnobContext&) -> std::string {

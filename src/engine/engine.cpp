@@ -57,13 +57,23 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<model::CausalLM> mode
   }
   sc.max_num_seqs = std::min(sc.max_num_seqs, g.num_slots);
   sc.num_speculative_tokens = speculative_tokens(config_.num_speculative_tokens);
+  sc.varlen_drafts = sc.num_speculative_tokens > 0 && config_.varlen_drafts.value_or(config_.env.enable_mtp_varlen);
   model_->allocate_cache(g);
+  if (sc.varlen_drafts) {
+    // The cost curve over verify-shaped steps, measured before any slot or block is handed out.
+    const int64_t max_tokens = std::min<int64_t>(sc.max_num_batched_tokens, sc.max_num_seqs * (1 + sc.num_speculative_tokens));
+    sc.step_cost = config_.step_cost ? *config_.step_cost
+                                     : measure_step_cost(*model_, g, max_tokens, sc.max_num_seqs,
+                                                         config_.device_sampling && model_->supports_device_logits());
+  }
   cache_ = std::make_unique<KVCacheManager>(g, block_hash_seed(cache_identity()));
   const size_t block_bytes = model_->paged_block_bytes();
   sc.prefix_cache.host_blocks = block_bytes ? int64_t(config_.prefix_host_bytes / block_bytes) : 0;
   scheduler_ = std::make_unique<Scheduler>(sc, *cache_, model_->vocab_size());
   runner_ = std::make_unique<ModelRunner>(*model_, RunnerOptions{.device_sampling = config_.device_sampling,
                                                                  .num_speculative_tokens = sc.num_speculative_tokens,
+                                                                 .sampled_drafts = config_.sampled_drafts,
+                                                                 .block_tokens = g.block_tokens,
                                                                  .host_blocks = sc.prefix_cache.host_blocks});
   // Drafts for step N+1 come from step N's verification, and prefix caching saves a step's slot
   // checkpoints right after it (before the next step writes the slot): such steps run synchronously.

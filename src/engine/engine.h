@@ -30,6 +30,7 @@
 #include "engine/model_runner.h"
 #include "engine/output_processor.h"
 #include "engine/scheduler.h"
+#include "engine/spec_budget.h"
 #include "model/causal_lm.h"
 
 namespace deepinfer::engine {
@@ -54,6 +55,13 @@ struct EngineConfig {
   // is capped by the drafter's max_draft_tokens() and the model's max_rollback(). 0 = off;
   // -1 = from env.use_nextn_decode (unset: kDefaultNextnDecode when the model has a drafter).
   int32_t num_speculative_tokens = -1;
+  // Variable-length verification (scheduler varlen_drafts); unset = env.enable_mtp_varlen.
+  std::optional<bool> varlen_drafts;
+  // Its step cost curve; unset = measured at start-up (measure_step_cost) when varlen is on.
+  std::optional<StepCostModel> step_cost;
+  // Sampling requests draft from their own distribution, verified by rejection sampling
+  // (RunnerOptions::sampled_drafts); false: greedy drafts, output identical to plain decoding.
+  bool sampled_drafts = true;
   // Per-request maxima (LLMConfig.max_n / max_logprobs): a request asking for more is refused
   // at admission, naming the field.
   // Prefix caching's host tier for evicted blocks (pinned host memory on a device), 0 = none.

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstdio>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 
 #include "core/check.h"
@@ -14,6 +15,8 @@
 #include "core/env.h"
 #include "core/logging.h"
 #include "engine/engine.h"
+#include "engine/dp/ranks.h"
+#include "engine/engine_factory.h"
 #include "engine/model_loader.h"
 
 namespace deepinfer {
@@ -28,7 +31,10 @@ struct Inbox {
 
 struct LLM::Impl {
   EnvConfig env;
-  std::unique_ptr<Engine> engine;
+  std::unique_ptr<Engine> own_engine;                 // single rank
+  std::unique_ptr<engine::dp::RankRuntime> ranks;     // data_parallel_size > 1: this is rank 0
+  Engine* engine = nullptr;       // this process's engine (rank 0's when parallel)
+  engine::dp::Driver* dp = nullptr;  // drives every rank's engine when parallel
   std::atomic<int64_t> next_id{0};
   // Guards the engine and everything below. Held for one engine step (or one admission) at a
   // time, never while a caller's callback runs.
@@ -49,11 +55,17 @@ struct LLM::Impl {
       box->outputs.push_back(std::move(o));
     }
   }
+  // The engine calls, through the data-parallel driver when there is one.
+  void add(const std::string& id, const PromptInput& prompt, const SamplingParams& params) {
+    if (dp) dp->add_request(id, prompt, params, engine::now_seconds());
+    else engine->add_request(id, prompt, params, engine::now_seconds());
+  }
+  bool unfinished() const { return dp ? dp->has_unfinished() : engine->has_unfinished(); }
   // One engine step, unless `box` already holds outputs that another caller's step produced.
   void step_for(Inbox& box) {
-    if (box.outputs.empty() && engine->has_unfinished()) route(engine->step());
+    if (box.outputs.empty() && unfinished()) route(dp ? dp->step() : engine->step());
   }
-  void abort_locked(const std::string& id) { route(engine->abort(id)); }
+  void abort_locked(const std::string& id) { route(dp ? dp->abort(id) : engine->abort(id)); }
   // Aborts every request still owned by `box` and forgets them (error and cancel paths).
   void release(Inbox& box) {
     std::vector<std::string> mine;
@@ -65,8 +77,24 @@ struct LLM::Impl {
 };
 
 LLM::LLM(const LLMConfig& config) : impl_(std::make_unique<Impl>()) {
-  impl_->env = EnvConfig::from_environment();
-  impl_->engine = engine::build_engine(config, impl_->env);
+  engine::validate_llm_config(config);
+  impl_->env = engine::resolve_env(config);
+  if (config.data_parallel_size > 1) {
+    const std::optional<parallel::RankEnv> launched = parallel::RankEnv::from_environment();
+    if (launched && launched->world_size > 1 && launched->rank > 0) {
+      // An external launcher started this process as a worker rank: it serves rank 0's rounds
+      // and ends with them (there is nothing for this process to return to its caller).
+      engine::dp::serve_worker(*launched, &config);
+      DI_INFO("data-parallel rank ", launched->rank, ": rank 0 shut down; exiting");
+      std::exit(0);
+    }
+    impl_->ranks = engine::dp::start_driver(config, impl_->env, launched && launched->world_size > 1 ? launched : std::nullopt);
+    impl_->engine = impl_->ranks->engine.get();
+    impl_->dp = impl_->ranks->driver.get();
+    return;
+  }
+  impl_->own_engine = engine::make_engine(config, impl_->env, engine::load_parts(config, impl_->env));
+  impl_->engine = impl_->own_engine.get();
 }
 
 LLM::~LLM() = default;
@@ -86,6 +114,7 @@ void draw_progress(int64_t done, int64_t total, int64_t out_tokens, double elaps
 namespace {
 GenerateSummary summarize(const std::vector<RequestOutput>& results, GenerateSummary s) {
   int64_t n_ttft = 0, n_tpot = 0;
+  std::vector<int64_t> verified, accepted;  // per draft position
   for (const RequestOutput& r : results) {
     if (!r.error.empty()) continue;
     s.num_prompt_tokens += int64_t(r.prompt_token_ids.size());
@@ -95,12 +124,25 @@ GenerateSummary summarize(const std::vector<RequestOutput>& results, GenerateSum
       s.mean_ttft_s += r.metrics.first_token_time - r.metrics.arrival_time;
       n_ttft++;
     }
+    s.num_verify_steps += r.metrics.num_verify_steps;
+    s.num_draft_tokens += r.metrics.num_draft_tokens;
+    s.num_accepted_draft_tokens += r.metrics.num_accepted_draft_tokens;
+    const auto& ver = r.metrics.draft_verified_per_position;
+    if (verified.size() < ver.size()) verified.resize(ver.size(), 0), accepted.resize(ver.size(), 0);
+    for (size_t i = 0; i < ver.size(); ++i) {
+      verified[i] += ver[i];
+      accepted[i] += r.metrics.draft_accepted_per_position[i];
+    }
     int64_t n = r.outputs.empty() ? 0 : int64_t(r.outputs[0].token_ids.size());
     if (n > 1) {
       s.mean_tpot_s += (r.metrics.last_token_time - r.metrics.first_token_time) / double(n - 1);
       n_tpot++;
     }
   }
+  if (s.num_verify_steps > 0)
+    s.acceptance_length = 1.0 + double(s.num_accepted_draft_tokens) / double(s.num_verify_steps);
+  for (size_t i = 0; i < verified.size(); ++i)
+    s.acceptance_rate_per_position.push_back(verified[i] > 0 ? double(accepted[i]) / double(verified[i]) : 0.0);
   if (n_ttft) s.mean_ttft_s /= double(n_ttft);
   if (n_tpot) s.mean_tpot_s /= double(n_tpot);
   if (s.num_prompt_tokens) s.prefix_hit_rate = double(s.num_cached_tokens) / double(s.num_prompt_tokens);
@@ -127,15 +169,17 @@ std::vector<RequestOutput> LLM::generate(const std::vector<PromptInput>& prompts
   std::vector<size_t> rejected;
   Inbox box;
   int64_t steps0 = 0, pre0 = 0, spill0 = 0, load0 = 0;
+  double draft0 = 0, verify0 = 0;
   {
     std::lock_guard<std::mutex> lock(m.mu);
     steps0 = eng.scheduler().stats().num_steps, pre0 = eng.scheduler().stats().num_preemptions;
     spill0 = eng.runner().stats().blocks_to_host, load0 = eng.runner().stats().blocks_from_host;
+    draft0 = eng.runner().stats().draft_time_s, verify0 = eng.runner().stats().verify_time_s;
     for (size_t i = 0; i < prompts.size(); ++i) {
       std::string id = m.new_id();
       results[i].request_id = id;
       try {
-        eng.add_request(id, prompts[i], params.size() == 1 ? params[0] : params[i], engine::now_seconds());
+        m.add(id, prompts[i], params.size() == 1 ? params[0] : params[i]);
         m.owner[id] = &box;
         index[id] = i;
       } catch (const std::exception& e) {
@@ -184,7 +228,7 @@ std::vector<RequestOutput> LLM::generate(const std::vector<PromptInput>& prompts
       if (cancel) m.release(box);  // the aborts' final outputs land in `box`
       else m.step_for(box);
       got.swap(box.outputs);
-      if (got.empty() && !eng.has_unfinished())
+      if (got.empty() && !m.unfinished())
         DI_THROW(InternalError, "generate: ", unfinished, " request(s) left the engine without a final output");
     }
     consume(got);
@@ -201,6 +245,8 @@ std::vector<RequestOutput> LLM::generate(const std::vector<PromptInput>& prompts
   // With concurrent callers these counters include their steps too (the steps were shared).
   s.num_steps = eng.scheduler().stats().num_steps - steps0;
   s.num_preemptions = eng.scheduler().stats().num_preemptions - pre0;
+  s.draft_time_s = eng.runner().stats().draft_time_s - draft0;
+  s.verify_time_s = eng.runner().stats().verify_time_s - verify0;
   s.num_checkpoints = eng.scheduler().prefix_cache().stats().num_checkpoints;
   s.checkpoint_bytes = int64_t(eng.scheduler().prefix_cache().stats().checkpoint_bytes);
   s.host_blocks_spilled = eng.runner().stats().blocks_to_host - spill0;
@@ -213,7 +259,7 @@ std::string LLM::add_request(const PromptInput& prompt, const SamplingParams& pa
   Impl& m = *impl_;
   std::lock_guard<std::mutex> lock(m.mu);
   std::string id = m.new_id();
-  m.engine->add_request(id, prompt, params, engine::now_seconds());
+  m.add(id, prompt, params);
   m.owner[id] = &m.stream;
   return id;
 }
@@ -234,7 +280,7 @@ void LLM::abort_request(const std::string& request_id) {
 
 bool LLM::has_unfinished() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  return impl_->engine->has_unfinished();
+  return impl_->unfinished();
 }
 
 std::string LLM::reserve_request_id() { return impl_->new_id(); }
@@ -277,7 +323,10 @@ std::string LLM::describe() const {
   const kv::CacheGeometry& g = impl_->engine->cache().geometry();
   return detail::str_cat(impl_->engine->model().describe(), "; cache: ", g.num_blocks, " blocks x ", g.block_tokens,
                          " tokens, ", g.num_slots, " slots; max_model_len ", max_model_len(), "; accelerator ",
-                         accelerator_name(impl_->env.accelerator));
+                         accelerator_name(impl_->env.accelerator),
+                         impl_->ranks ? detail::str_cat("; data-parallel ", impl_->ranks->world_size, " ranks",
+                                                        impl_->engine->model().joins_collectives() ? ", experts sharded" : "")
+                                      : std::string());
 }
 
 std::string GenerateSummary::str() const {
@@ -292,7 +341,20 @@ std::string GenerateSummary::str() const {
                 (long long)num_steps, (long long)num_preemptions, (long long)num_cached_tokens, prefix_hit_rate * 100.0,
                 (long long)num_checkpoints, double(checkpoint_bytes) / double(1 << 20), (long long)host_blocks_spilled,
                 (long long)host_blocks_loaded);
-  return buf;
+  std::string out = buf;
+  if (num_draft_tokens > 0) {
+    std::snprintf(buf, sizeof buf,
+                  "\nspeculative: acceptance length %.3f tokens/step over %lld verify steps, %lld of %lld drafts "
+                  "accepted; draft time %.2f s, verify time %.2f s; per position:",
+                  acceptance_length, (long long)num_verify_steps, (long long)num_accepted_draft_tokens,
+                  (long long)num_draft_tokens, draft_time_s, verify_time_s);
+    out += buf;
+    for (double r : acceptance_rate_per_position) {
+      std::snprintf(buf, sizeof buf, " %.3f", r);
+      out += buf;
+    }
+  }
+  return out;
 }
 
 }  // namespace deepinfer

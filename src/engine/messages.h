@@ -54,6 +54,9 @@ struct ScheduledSeq {
   // [L] drafts to verify, the last L of num_tokens (only when samples). Position i of the
   // sequence's sampling rows scores drafts[i]; row L gives the bonus token.
   std::vector<int32_t> draft_tokens;
+  // Drafts to ask the drafter for after this step (each beyond the first costs a drafter pass);
+  // -1: the runner's num_speculative_tokens. Varlen asks one more than it verified this step.
+  int32_t num_drafts_next = -1;
   int32_t num_sample_rows() const { return samples ? 1 + int32_t(draft_tokens.size()) : 0; }
 };
 
@@ -96,6 +99,7 @@ struct SampledSeq {
 struct SeqDrafts {
   int64_t seq_id = 0;
   std::vector<int32_t> tokens;
+  std::vector<float> logprobs;  // [tokens.size()] the drafter's raw log-probability of each (confidence)
 };
 
 // Prompt logprobs of positions [first_position, first_position + entries.size()).

@@ -4,6 +4,7 @@
 
 #include "core/check.h"
 #include "engine/engine.h"
+#include "engine/engine_factory.h"
 #include "engine/toy_model.h"
 
 #if defined(DEEPINFER_HAVE_MODEL)
@@ -73,39 +74,9 @@ std::unique_ptr<TextCodec> load_codec(const LLMConfig& config, const std::string
 }
 
 std::unique_ptr<Engine> build_engine(const LLMConfig& config, EnvConfig& env) {
-  if (config.accelerator == "cpu") env.accelerator = Accelerator::kCPU;
-  else if (config.accelerator == "nvidia" || config.accelerator == "cuda") env.accelerator = Accelerator::kNvidia;
-  else if (!config.accelerator.empty())
-    DI_THROW(InvalidArgument, "LLMConfig.accelerator='", config.accelerator, "' is not one of: cpu, nvidia");
-  // Knobs that need nothing from the model are refused before a (possibly long) load; the
-  // engine checks them all again with the model known.
-  check_env_knobs(env, {});
-  if (config.max_num_seqs <= 0) DI_THROW(InvalidArgument, "LLMConfig.max_num_seqs must be positive");
-  if (config.max_num_batched_tokens <= 0) DI_THROW(InvalidArgument, "LLMConfig.max_num_batched_tokens must be positive");
-  if (config.max_n < 1) DI_THROW(InvalidArgument, "LLMConfig.max_n must be >= 1, got ", config.max_n);
-  if (config.max_logprobs < 0) DI_THROW(InvalidArgument, "LLMConfig.max_logprobs must be >= 0, got ", config.max_logprobs);
-  std::string path = resolve_model_path(config, env);
-  auto model = engine::load_model(path, model::ModelLoadOptions{.env = env, .limits = model_limits_for(config, env)});
-  auto codec = load_codec(config, path, model->vocab_size());
-  auto grammar = make_grammar_compiler(codec.get(), model->vocab_size(), model->eos_token_id());
-  EngineConfig ec;
-  ec.scheduler.max_num_seqs = config.max_num_seqs;
-  ec.scheduler.max_num_batched_tokens = config.max_num_batched_tokens;
-  ec.scheduler.max_model_len = config.max_model_len;
-  ec.scheduler.enable_chunked_prefill = config.enable_chunked_prefill;
-  ec.scheduler.prefix_cache.enabled = config.enable_prefix_caching;
-  if (config.prefix_checkpoint_blocks < 0)
-    DI_THROW(InvalidArgument, "LLMConfig.prefix_checkpoint_blocks must be >= 0, got ", config.prefix_checkpoint_blocks);
-  ec.scheduler.prefix_cache.checkpoint_interval_blocks = config.prefix_checkpoint_blocks;
-  ec.prefix_host_bytes = config.prefix_host_cache_bytes;
-  ec.kv_cache_memory_bytes = config.kv_cache_memory_bytes;  // 0 = auto_cache_budget
-  ec.seed = config.seed;
-  ec.env = env;
-  ec.model_identity = path;
-  ec.device_sampling = env.device_sampling;
-  ec.max_n = config.max_n;
-  ec.max_logprobs = config.max_logprobs;
-  return std::make_unique<Engine>(ec, std::move(model), std::move(codec), std::move(grammar));
+  validate_llm_config(config);
+  apply_accelerator(config, env);
+  return make_engine(config, env, load_parts(config, env));
 }
 
 }  // namespace deepinfer::engine

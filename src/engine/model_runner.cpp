@@ -1,13 +1,65 @@
 #include "engine/model_runner.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "core/check.h"
 #include "core/parallel.h"
+#include "engine/philox.h"
 #include "engine/sampler.h"
 #include "engine/spec_verify.h"
 
 namespace deepinfer::engine {
+namespace {
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// The runner's DraftPicker: each sequence drafts as it samples. A sampled draft is drawn from the
+// request's processed distribution over the drafter's logits (history = output + earlier drafts,
+// Philox stream kSpecDraft at the draft's position) and that distribution is recorded for
+// rejection sampling; every other draft is the drafter's argmax (one-hot q, nothing recorded).
+class RequestDraftPicker final : public model::DraftPicker {
+ public:
+  struct Target {
+    SamplingRow base;                              // params, seed, histories, eos; position = first draft's
+    bool sampled = false;
+    std::vector<int32_t>* drafts = nullptr;        // filled in draft order
+    std::vector<std::vector<float>>* q = nullptr;  // [drafts] weights, empty entries for greedy drafts
+  };
+  explicit RequestDraftPicker(std::vector<Target> targets) : targets_(std::move(targets)) {}
+
+  int32_t pick(size_t seq, int32_t index, const float* logits, int64_t vocab) override {
+    DI_CHECK(seq < targets_.size(), "draft picker: sequence ", seq, " of ", targets_.size());
+    Target& t = targets_[seq];
+    DI_CHECK(int32_t(t.drafts->size()) == index, "draft picker: draft ", index, " asked after ", t.drafts->size());
+    int32_t tok;
+    if (!t.sampled) {
+      tok = int32_t(std::max_element(logits, logits + vocab) - logits);
+      t.q->emplace_back();
+    } else {
+      SamplingRow r = t.base;
+      r.logits = logits;
+      r.position = t.base.position + index;
+      std::vector<int32_t> history = *t.base.output_ids;
+      history.insert(history.end(), t.drafts->begin(), t.drafts->end());
+      r.output_ids = &history;
+      const std::vector<double> p = processed_probs(r, vocab);
+      std::vector<float> q(p.begin(), p.end());
+      bool any = false;
+      for (float x : q) any = any || x > 0;
+      if (!any) q.assign(size_t(vocab), 0.f), q[size_t(std::max<int64_t>(r.eos_token_id, 0))] = 1.f;
+      tok = draw_weighted(q, philox_uniform(r.seed, r.sample_index, r.position, DrawStream::kSpecDraft));
+      t.q->push_back(std::move(q));
+    }
+    t.drafts->push_back(tok);
+    return tok;
+  }
+
+ private:
+  std::vector<Target> targets_;
+};
+}  // namespace
 
 ModelRunner::ModelRunner(model::CausalLM& model, const RunnerOptions& options) : model_(model), options_(options) {
   if (options.device_sampling && model_.supports_device_logits())
@@ -155,7 +207,9 @@ ModelRunner::SampleSet ModelRunner::sampling_rows(const SchedulerOutput& out, st
 }
 
 void ModelRunner::sample_on_host(Step& step) {
-  const Tensor& logits = step.forward.logits;  // [rows, vocab] f32 host
+  // [rows, vocab] f32 host, kept with the step until it is collected: commit() reads the rows
+  // again (rejection sampling, resampled logprobs).
+  const Tensor& logits = step.forward.logits;
   const int64_t vocab = model_.vocab_size();
   DI_CHECK(logits.dim() == 2 && logits.size(0) == step.num_logits_rows && logits.size(1) == vocab &&
                logits.dtype() == DType::kF32 && logits.is_contiguous(),
@@ -176,9 +230,18 @@ void ModelRunner::sample_on_host(Step& step) {
   stats_.host_steps++;
 }
 
+bool ModelRunner::has_sampled_drafts(const ScheduledSeq& sch) const {
+  if (sch.draft_tokens.empty()) return false;
+  const SeqState& s = seqs_.at(sch.seq_id);
+  for (size_t i = 0; i < sch.draft_tokens.size() && i < s.pending_q.size(); ++i)
+    if (!s.pending_q[i].empty()) return true;
+  return false;
+}
+
 void ModelRunner::commit(const std::vector<SeqSlice>& slices, const SampleSet& set, std::vector<SampleResult>& drawn,
                          ModelRunnerOutput& result) {
   DI_CHECK(drawn.size() == set.rows.size(), "sampler returned ", drawn.size(), " results for ", set.rows.size(), " rows");
+  const int64_t vocab = model_.vocab_size();
   std::vector<int32_t> draws;
   for (const SeqSlice& slice : slices) {
     const ScheduledSeq& sch = *slice.sched;
@@ -190,12 +253,35 @@ void ModelRunner::commit(const std::vector<SeqSlice>& slices, const SampleSet& s
     if (--s.pending_samples == 0) s.pending_step = s.pending_row = -1;
     draws.clear();
     for (int32_t i = 0; i < sch.num_sample_rows(); ++i) draws.push_back(drawn[size_t(slice.first_sample + i)].token);
-    VerifyResult v = verify_drafts(sch.draft_tokens, draws);
-    SampledSeq out{sch.seq_id, v.tokens, {}, int32_t(sch.draft_tokens.size())};
+    const size_t L = sch.draft_tokens.size();
+    std::span<const std::vector<float>> q;
+    if (L > 0) {
+      DI_CHECK(L <= s.pending_drafts.size() && std::equal(sch.draft_tokens.begin(), sch.draft_tokens.end(),
+                                                          s.pending_drafts.begin()),
+               "seq ", sch.seq_id, ": scheduled drafts are not a prefix of the drafter's proposal");
+      if (s.pending_q.size() >= L) q = std::span<const std::vector<float>>(s.pending_q.data(), L);
+    }
+    const SamplingRow* rows = set.rows.data() + slice.first_sample;
+    const TargetProbs p = [&](int32_t i) {
+      DI_CHECK(rows[i].logits, "seq ", sch.seq_id, ": rejection sampling without host logits");
+      return processed_probs(rows[i], vocab);
+    };
+    VerifyResult v = verify_drafts(sch.draft_tokens, draws, q, p, {s.seed, s.sample_index, s.known_tokens()});
+    SampledSeq out{sch.seq_id, v.tokens, {}, int32_t(L)};
     if (s.params->logprobs)
-      for (size_t j = 0; j < v.tokens.size(); ++j) out.logprobs.push_back(std::move(drawn[size_t(slice.first_sample) + j].logprobs));
+      for (size_t j = 0; j < v.tokens.size(); ++j) {
+        SampleResult& d = drawn[size_t(slice.first_sample) + j];
+        if (d.token == v.tokens[j]) {
+          out.logprobs.push_back(std::move(d.logprobs));
+        } else {  // a rejection-sampled token: logprobs of the row's raw logits for it
+          DI_CHECK(rows[j].logits, "seq ", sch.seq_id, ": logprobs of a resampled token without host logits");
+          out.logprobs.push_back(compute_logprobs(rows[j].logits, vocab, v.tokens[j], *s.params->logprobs));
+        }
+      }
+    s.pending_drafts.clear();
+    s.pending_q.clear();
     // The rejected drafts' positions leave the cache: the next step starts after the accepted run.
-    const int64_t rejected = int64_t(sch.draft_tokens.size()) - v.num_accepted;
+    const int64_t rejected = int64_t(L) - v.num_accepted;
     if (rejected > 0) {
       model_.rollback(s.slot, s.num_computed, s.num_computed - rejected);
       s.num_computed -= rejected;
@@ -210,8 +296,9 @@ void ModelRunner::propose_drafts(const std::vector<SeqSlice>& slices, const mode
                                  ModelRunnerOutput& result) {
   model::DraftBatch db;
   db.target_hidden = hidden;
+  std::vector<RequestDraftPicker::Target> targets;
   for (const SeqSlice& slice : slices) {
-    const SeqState& s = seqs_.at(slice.sched->seq_id);  // drafting steps are synchronous: nothing was dropped
+    SeqState& s = seqs_.at(slice.sched->seq_id);  // drafting steps are synchronous: nothing was dropped
     model::DraftSeq d;
     d.cache_slot = s.slot;
     d.block_table = s.block_table;
@@ -219,22 +306,49 @@ void ModelRunner::propose_drafts(const std::vector<SeqSlice>& slices, const mode
     d.num_positions = int32_t(s.num_computed - slice.first_position);  // committed positions of this step
     for (int64_t i = 0; i < d.num_positions; ++i) d.next_tokens.push_back(s.token_at(d.first_position + i + 1));
     d.num_drafts = slice.first_sample >= 0 ? options_.num_speculative_tokens : 0;
+    if (slice.sched->num_drafts_next >= 0) d.num_drafts = std::min(d.num_drafts, slice.sched->num_drafts_next);
+    // The drafter writes its own rows at the positions of drafts 1.. (anchor + 1 + round); they
+    // must lie inside the blocks this step holds (the next verify allocates for the drafts it
+    // schedules), so at a block boundary a sequence drafts fewer.
+    if (options_.block_tokens > 0) {
+      const int64_t room = int64_t(s.block_table.size()) * options_.block_tokens - s.num_computed + 1;
+      d.num_drafts = int32_t(std::clamp<int64_t>(room, 0, d.num_drafts));
+    }
     d.first_hidden_row = slice.first_token;
     db.seqs.push_back(std::move(d));
+    s.pending_drafts.clear();
+    s.pending_q.clear();
+    RequestDraftPicker::Target t;
+    t.base = {.params = s.params.get(), .seed = s.seed, .sample_index = s.sample_index, .position = s.known_tokens(),
+              .prompt_ids = s.prompt_ids.get(), .output_ids = &s.output_ids, .eos_token_id = s.eos_token_id};
+    t.sampled = options_.sampled_drafts && !s.params->greedy() && !s.params->structured_outputs;
+    t.drafts = &s.pending_drafts;
+    t.q = &s.pending_q;
+    targets.push_back(t);
   }
   DI_CHECK(hidden.rows == last_batch_.num_tokens(), "model returned ", hidden.rows, " hidden rows for ",
            last_batch_.num_tokens(), " asked");
+  RequestDraftPicker picker(std::move(targets));
+  db.picker = &picker;
+  const auto t0 = std::chrono::steady_clock::now();
   std::vector<model::DraftProposal> proposals = drafter_->propose(db);
+  stats_.draft_time_s += seconds_since(t0);
   stats_.draft_calls++;
   DI_CHECK(proposals.size() == db.seqs.size(), drafter_->describe(), " returned ", proposals.size(), " proposals for ",
            db.seqs.size(), " sequences");
   const int64_t vocab = model_.vocab_size();
   for (size_t i = 0; i < slices.size(); ++i) {
     const std::vector<int32_t>& t = proposals[i].tokens;
+    SeqState& s = seqs_.at(slices[i].sched->seq_id);
     DI_CHECK(int32_t(t.size()) <= db.seqs[i].num_drafts, drafter_->describe(), " proposed ", t.size(), " drafts, ",
              db.seqs[i].num_drafts, " asked");
     for (int32_t tok : t) DI_CHECK(tok >= 0 && tok < vocab, drafter_->describe(), " proposed token ", tok);
-    if (!t.empty()) result.drafts.push_back({slices[i].sched->seq_id, t});
+    // A drafter that ignores the picker drafts greedily: its drafts count as one-hot.
+    if (s.pending_drafts != t) {
+      s.pending_drafts = t;
+      s.pending_q.assign(t.size(), {});
+    }
+    if (!t.empty()) result.drafts.push_back({slices[i].sched->seq_id, t, proposals[i].logprobs});
   }
 }
 
@@ -275,11 +389,18 @@ void ModelRunner::launch(const SchedulerOutput& out) {
   apply_state_changes(out);
   Step step;
   step.out = &out;
-  if (!out.empty()) {
+  step.launched_at = std::chrono::steady_clock::now();
+  if (out.empty()) {
+    // Expert-parallel peers wait for this rank's all-to-alls: an empty forward joins them.
+    if (model_.joins_collectives()) model_.run(model::ForwardBatch{}, {});
+  } else {
     model::ForwardBatch batch = build_batch(out, step);
     bool on_device = device_sampler_ && step.prompt_rows.empty();
-    for (const ScheduledSeq& sch : out.scheduled)
+    for (const ScheduledSeq& sch : out.scheduled) {
       on_device = on_device && (!sch.samples || device_sampler_->supports(*seqs_.at(sch.seq_id).params));
+      step.verifies = step.verifies || !sch.draft_tokens.empty();
+      on_device = on_device && !has_sampled_drafts(sch);  // rejection sampling reads host probabilities
+    }
     DI_CHECK(on_device || batch.device_inputs.empty(), "model runner: a host-sampled step cannot take device inputs");
     step.on_device = on_device;
     step.num_logits_rows = int64_t(batch.logits_indices.size());
@@ -321,6 +442,10 @@ ModelRunnerOutput ModelRunner::collect(const SchedulerOutput& out) {
   if (out.empty()) return result;
   if (step.on_device) step.drawn = device_sampler_->wait();
   commit(step.slices, step.set, step.drawn, result);
+  if (step.verifies) {
+    stats_.verify_steps++;
+    stats_.verify_time_s += seconds_since(step.launched_at);
+  }
   if (drafter_) propose_drafts(step.slices, step.forward.hidden, result);
   save_checkpoints(out, result);
   return result;

@@ -10,7 +10,11 @@
 // run. The runner commits it to its own copy (the scheduler does the same in update()) and
 // calls CausalLM::rollback for the rejected positions. With drafting on (a model drafter and
 // num_speculative_tokens > 0) it then feeds the drafter every position the target committed
-// this step and returns its proposals, which the scheduler schedules next step.
+// this step and returns its proposals, which the scheduler schedules next step. A draft is
+// chosen as the request samples (a DraftPicker over the drafter's logits): greedy requests and
+// requests with a grammar draft greedily, other sampling requests draw their draft from their
+// processed distribution q and are verified by rejection sampling (spec_verify.h), which needs
+// the target's probabilities on the host: such steps take the host sampling path.
 //
 // Steps in three calls (asynchronous scheduling, engine.h): launch(out) applies out's state
 // changes, builds the batch and starts the forward; sample(out) starts drawing its rows (after
@@ -32,6 +36,7 @@
 // takes the host path (host logits + sample_rows) when some sequence wants prompt logprobs
 // (they need whole logits rows) or some row is beyond the device sampler (supports()).
 #pragma once
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -50,6 +55,13 @@ namespace deepinfer::engine {
 struct RunnerOptions {
   bool device_sampling = true;       // sample on the model's device when it keeps logits there
   int32_t num_speculative_tokens = 0;  // drafts to ask the model's drafter for (0: no drafting)
+  // A sampling request without a grammar drafts from its own processed distribution over the
+  // drafter's logits and is verified by rejection sampling (spec_verify.h); off: every request
+  // drafts greedily and its output is token-identical to plain decoding (lower acceptance).
+  bool sampled_drafts = true;
+  // Tokens per paged block (the cache geometry's): drafts are capped to the positions the
+  // sequence's blocks cover (0: no cap).
+  int64_t block_tokens = 0;
   int64_t host_blocks = 0;             // host-tier slots (prefix caching), paged_block_bytes() each
 };
 
@@ -59,6 +71,9 @@ class ModelRunner {
     int64_t device_steps = 0, host_steps = 0;  // steps sampled on the device / on the host
     int64_t rollbacks = 0;                     // CausalLM::rollback calls (rejected drafts)
     int64_t draft_calls = 0;                   // Drafter::propose calls
+    int64_t verify_steps = 0;                  // steps with at least one draft to verify
+    double draft_time_s = 0;                   // in Drafter::propose
+    double verify_time_s = 0;                  // forward + sampling + verification of verify steps
     int64_t restores = 0;                      // slots started from a prefix checkpoint
     int64_t checkpoints_saved = 0;             // CausalLM::save_slot calls for prefix caching
     int64_t blocks_to_host = 0, blocks_from_host = 0;  // host-tier block copies
@@ -96,6 +111,10 @@ class ModelRunner {
     // the latest such step and its sampling row (the next step's input).
     int32_t pending_samples = 0;
     int64_t pending_step = -1, pending_row = -1;
+    // The drafter's last proposal (what the scheduler may schedule next step, a prefix of it) and
+    // the distribution each draft was drawn from ([vocab] weights; empty: greedy draft).
+    std::vector<int32_t> pending_drafts;
+    std::vector<std::vector<float>> pending_q;
     int64_t known_tokens() const { return int64_t(prompt_ids->size() + output_ids.size()); }
     int64_t num_tokens() const { return known_tokens() + pending_samples; }
     int32_t token_at(int64_t p) const {
@@ -128,6 +147,8 @@ class ModelRunner {
     std::vector<int64_t> sample_logits_rows;  // [sampling rows] row of the forward's logits
     std::vector<PromptRows> prompt_rows;
     bool on_device = false;                   // logits stay on the device, the device sampler draws
+    bool verifies = false;                    // some sequence has drafts (stats: verify steps, time)
+    std::chrono::steady_clock::time_point launched_at;
     int64_t num_logits_rows = 0;              // of the forward (prompt rows + sampling rows)
     model::ForwardOutput forward;
     bool sampled = false;                     // sample() ran (host: drawn is filled)
@@ -149,6 +170,8 @@ class ModelRunner {
   void commit(const std::vector<SeqSlice>& slices, const SampleSet& set, std::vector<SampleResult>& drawn,
               ModelRunnerOutput& result);
   void propose_drafts(const std::vector<SeqSlice>& slices, const model::HiddenRows& hidden, ModelRunnerOutput& result);
+  // Whether the sequence's scheduled drafts were sampled (verified from host probabilities).
+  bool has_sampled_drafts(const ScheduledSeq& sch) const;
   // Saves the slot checkpoints `out` asks for that the step committed and the model can save.
   void save_checkpoints(const SchedulerOutput& out, ModelRunnerOutput& result);
   // The host tier's copies of a step: spills (device -> host) first, then loads.

@@ -162,6 +162,20 @@ OutputProcessor::Result OutputProcessor::process(const std::vector<SeqUpdate>& u
     if (u.first_scheduled && p.metrics.first_scheduled_time == 0) p.metrics.first_scheduled_time = now;
     if (u.first_scheduled) p.num_cached_tokens = std::max(p.num_cached_tokens, u.num_cached_tokens);
     p.metrics.num_preemptions = std::max(p.metrics.num_preemptions, u.num_preemptions);
+    if (u.num_draft_tokens > 0) {
+      RequestMetrics& m = p.metrics;
+      m.num_verify_steps++;
+      m.num_draft_tokens += u.num_draft_tokens;
+      m.num_accepted_draft_tokens += u.num_accepted_drafts;
+      if (m.draft_verified_per_position.size() < size_t(u.num_draft_tokens)) {
+        m.draft_verified_per_position.resize(size_t(u.num_draft_tokens), 0);
+        m.draft_accepted_per_position.resize(size_t(u.num_draft_tokens), 0);
+      }
+      for (int32_t i = 0; i < u.num_draft_tokens; ++i) {
+        m.draft_verified_per_position[size_t(i)]++;
+        if (i < u.num_accepted_drafts) m.draft_accepted_per_position[size_t(i)]++;
+      }
+    }
     for (const PromptLogprobsChunk& ch : u.prompt_logprobs)
       for (size_t j = 0; j < ch.entries.size(); ++j) {
         auto& slot = (*p.prompt_logprobs)[size_t(ch.first_position) + j];

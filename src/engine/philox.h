@@ -27,8 +27,9 @@ DI_HD Philox4x32 philox4x32_10(Philox4x32 ctr, std::array<uint32_t, 2> key) {
   return ctr;
 }
 
-// Purposes of a draw, so different uses at one position never share a counter.
-enum class DrawStream : uint32_t { kSample = 0 };
+// Purposes of a draw, so different uses at one position never share a counter: plain sampling,
+// and speculative decoding's acceptance test, residual draw and the draft's own draw.
+enum class DrawStream : uint32_t { kSample = 0, kSpecAccept = 1, kSpecResidual = 2, kSpecDraft = 3 };
 
 // A uniform double in [0, 1) with 53 random bits, keyed by (seed, sample_index, position).
 DI_HD double philox_uniform(uint64_t seed, uint32_t sample_index, int64_t position,

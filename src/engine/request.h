@@ -37,6 +37,8 @@ struct Request {
   // Drafts the drafter proposed after the last output token, verified when next scheduled
   // (vLLM v1's spec_token_ids). Cleared when sent to the runner and on preemption.
   std::vector<int32_t> draft_tokens;
+  std::vector<float> draft_logprobs;    // [draft_tokens] the drafter's raw log-probability of each
+  std::vector<float> verifying_logprobs;  // of the drafts sent in the last step (acceptance calibration)
   int64_t last_step_id = -1;            // last step that ran it: its cache is released after that one
   // Asynchronous scheduling: what the steps scheduled but not yet applied by update() will add.
   // schedule() plans the next step as if they had completed (each sampling step adds one token);

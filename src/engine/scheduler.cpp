@@ -1,6 +1,7 @@
 #include "engine/scheduler.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/check.h"
 #include "core/logging.h"
@@ -60,6 +61,7 @@ void Scheduler::preempt(Request* r, SchedulerOutput& out) {
   r->inflight_tokens = 0;  // a step in flight still runs it; update() then skips it (it waits)
   r->inflight_samples = 0;
   r->draft_tokens.clear();
+  r->draft_logprobs.clear();
   r->num_preemptions++;
   stats_.num_preemptions++;
   out.preempted_seq_ids.push_back(r->seq_id);
@@ -68,11 +70,12 @@ void Scheduler::preempt(Request* r, SchedulerOutput& out) {
   DI_DEBUG("preempted seq ", r->seq_id, " (", r->num_tokens(), " tokens)");
 }
 
-std::vector<int32_t> Scheduler::plan_drafts(Request& r, int64_t room) const {
+std::vector<int32_t> Scheduler::plan_drafts(Request& r, int64_t room, int32_t cap) const {
   const int64_t n_out = int64_t(r.output_ids.size());
   // Accepting k drafts commits k + 1 tokens: never verify past max_tokens.
   int64_t n = std::min({int64_t(r.draft_tokens.size()), int64_t(config_.num_speculative_tokens), room,
                         r.max_output_tokens - n_out - 1});
+  if (cap >= 0) n = std::min<int64_t>(n, cap);
   if (n <= 0) return {};
   if (r.grammar) {
     // Only drafts the grammar accepts can be committed; cut at the first it rejects and after
@@ -86,10 +89,39 @@ std::vector<int32_t> Scheduler::plan_drafts(Request& r, int64_t room) const {
   return {r.draft_tokens.begin(), r.draft_tokens.begin() + n};
 }
 
+std::unordered_map<int64_t, int32_t> Scheduler::varlen_caps(int64_t budget) const {
+  std::unordered_map<int64_t, int32_t> caps;
+  if (!config_.varlen_drafts || config_.num_speculative_tokens <= 0) return caps;
+  // The step as schedule_running will build it before drafts: every running sequence's chunk.
+  int64_t base = 0;
+  std::vector<const Request*> decoding;
+  std::vector<DraftCandidate> cands;
+  for (const Request* r : running_) {
+    const int64_t remaining = r->scheduled_tokens() - r->scheduled_computed();
+    const int64_t n = std::min(remaining, budget - base);
+    if (n <= 0) break;
+    base += n;
+    // Drafts only with nothing in flight (see schedule_running).
+    if (n != remaining || r->draft_tokens.empty() || r->inflight_samples > 0) continue;
+    DraftCandidate c;
+    const size_t m = std::min(r->draft_tokens.size(), size_t(config_.num_speculative_tokens));
+    for (size_t i = 0; i < m; ++i) {
+      const float lp = i < r->draft_logprobs.size() ? r->draft_logprobs[i] : 0.f;
+      c.accept.push_back(acceptance_.predict(int32_t(i), std::exp(lp)));
+    }
+    decoding.push_back(r);
+    cands.push_back(std::move(c));
+  }
+  const std::vector<int32_t> n = choose_draft_lengths(cands, base, budget - base, config_.step_cost);
+  for (size_t i = 0; i < decoding.size(); ++i) caps[decoding[i]->seq_id] = n[i];
+  return caps;
+}
+
 // Returns true when a running sequence could not grow (it preempted, or waits for blocks a step in
 // flight still holds): then no waiting sequence is admitted.
 bool Scheduler::schedule_running(SchedulerOutput& out, int64_t& budget) {
   bool starved = false;
+  const std::unordered_map<int64_t, int32_t> caps = varlen_caps(budget);
   for (size_t i = 0; i < running_.size() && budget > 0;) {
     Request* r = running_[i];
     // Its last token is being sampled by a step in flight: update() finishes it (max_tokens).
@@ -100,8 +132,10 @@ bool Scheduler::schedule_running(SchedulerOutput& out, int64_t& budget) {
     int64_t n = chunk_tokens(*r, std::min(remaining, budget), done);
     if (!config_.enable_chunked_prefill && n < remaining) { ++i; continue; }
     // Drafts come from the drafter after update(): only with nothing in flight (synchronous steps).
-    std::vector<int32_t> drafts =
-        n == remaining && r->inflight_samples == 0 ? plan_drafts(*r, budget - n) : std::vector<int32_t>{};
+    const auto cap = caps.find(r->seq_id);
+    std::vector<int32_t> drafts = n == remaining && r->inflight_samples == 0
+                                      ? plan_drafts(*r, budget - n, cap == caps.end() ? -1 : cap->second)
+                                      : std::vector<int32_t>{};
     const int32_t kept_blocks = int32_t(cache_.get(r->seq_id)->block_ids.size());
     std::vector<int32_t> new_blocks;
     bool self_preempted = false, waits = false;
@@ -120,13 +154,19 @@ bool Scheduler::schedule_running(SchedulerOutput& out, int64_t& budget) {
     }
     if (self_preempted) break;  // everything after it was preempted first
     if (waits) { ++i; continue; }
+    r->verifying_logprobs.assign(r->draft_logprobs.begin(),
+                                 r->draft_logprobs.begin() + std::min(drafts.size(), r->draft_logprobs.size()));
     r->draft_tokens.clear();    // sent or dropped: the drafter proposes anew after this step
+    r->draft_logprobs.clear();
     r->last_step_id = out.step_id;
     plan_checkpoints(*r, n, drafts, out);
     const int64_t total = n + int64_t(drafts.size());
     const bool samples = done + n == r->scheduled_tokens();
     out.cached_seqs.push_back({r->seq_id, kept_blocks, std::move(new_blocks), done});
-    out.scheduled.push_back({r->seq_id, int32_t(total), samples, std::move(drafts)});
+    // Varlen: draft one more than verified now (its estimate decides next step whether it pays).
+    const int32_t next =
+        cap == caps.end() ? -1 : std::min(config_.num_speculative_tokens, int32_t(drafts.size()) + 1);
+    out.scheduled.push_back({r->seq_id, int32_t(total), samples, std::move(drafts), next});
     r->inflight_tokens += n;
     r->inflight_samples += samples ? 1 : 0;
     budget -= total;
@@ -274,7 +314,25 @@ void Scheduler::release(Request& r) {
   else if (r.status == RequestStatus::kWaiting) waiting_.erase(std::find(waiting_.begin(), waiting_.end(), &r));
   r.status = RequestStatus::kFinished;
   r.draft_tokens.clear();
+  r.draft_logprobs.clear();
   finished_since_last_.push_back(r.seq_id);
+}
+
+void Scheduler::record_verify(Request& r, int32_t n_drafts, int32_t accepted) {
+  stats_.num_draft_tokens += n_drafts;
+  stats_.num_accepted_drafts += accepted;
+  if (n_drafts == 0) return;
+  stats_.num_verify_steps++;
+  const size_t L = size_t(std::max(config_.num_speculative_tokens, n_drafts));
+  if (stats_.draft_verified_at.size() < L) stats_.draft_verified_at.resize(L, 0), stats_.draft_accepted_at.resize(L, 0);
+  for (int32_t i = 0; i < n_drafts; ++i) {
+    stats_.draft_verified_at[size_t(i)]++;
+    if (i < accepted) stats_.draft_accepted_at[size_t(i)]++;
+    // Calibration sees each draft up to the first rejection (later ones were never tested).
+    if (i <= accepted && size_t(i) < r.verifying_logprobs.size())
+      acceptance_.observe(i, std::exp(r.verifying_logprobs[size_t(i)]), i < accepted);
+  }
+  r.verifying_logprobs.clear();
 }
 
 bool Scheduler::apply_token(Request& r, int32_t token) {
@@ -358,8 +416,7 @@ std::vector<SeqUpdate> Scheduler::update(const SchedulerOutput& out, const Model
       const int32_t accepted = int32_t(ss.tokens.size()) - 1;
       u.num_draft_tokens = n_drafts;
       u.num_accepted_drafts = accepted;
-      stats_.num_draft_tokens += n_drafts;
-      stats_.num_accepted_drafts += accepted;
+      record_verify(r, n_drafts, accepted);
       auto st = stop_at.find(r.seq_id);
       const StopEvent* stop = st == stop_at.end() ? nullptr : st->second;
       DI_CHECK(!stop || (stop->token_index >= 0 && size_t(stop->token_index) < ss.tokens.size()), "seq ", r.seq_id,
@@ -376,7 +433,10 @@ std::vector<SeqUpdate> Scheduler::update(const SchedulerOutput& out, const Model
         // The accepted drafts' cache entries are kept; blocks past the new end are released.
         r.num_computed_tokens += accepted;
         cache_.truncate(r.seq_id, r.num_tokens(), out.step_id);
-        if (auto d = drafts.find(r.seq_id); d != drafts.end()) r.draft_tokens = d->second->tokens;
+        if (auto d = drafts.find(r.seq_id); d != drafts.end()) {
+          r.draft_tokens = d->second->tokens;
+          r.draft_logprobs = d->second->logprobs;
+        }
       }
     }
     // Blocks now full of computed tokens get their content hash (prefix reuse finds them by it).
@@ -398,6 +458,13 @@ void Scheduler::abort(int64_t seq_id) {
   release(*it->second);
   first_scheduled_pending_.erase(seq_id);
   requests_.erase(it);
+}
+
+SchedulerLoad Scheduler::load() const {
+  SchedulerLoad l{.running_seqs = int64_t(running_.size()), .waiting_seqs = int64_t(waiting_.size())};
+  for (const Request* r : running_) l.running_tokens += r->num_tokens();
+  for (const Request* r : waiting_) l.waiting_tokens += r->num_tokens() - r->num_computed_tokens;
+  return l;
 }
 
 }  // namespace deepinfer::engine

@@ -6,7 +6,8 @@
 // Policy (first-come first-served, starvation free):
 //  1. Running sequences in arrival order each get min(remaining tokens, budget), plus their
 //     drafts when the chunk reaches the last committed token (trimmed to the budget left,
-//     num_speculative_tokens, max_tokens and the grammar). When the cache cannot grow one,
+//     num_speculative_tokens, max_tokens, the grammar and, with varlen_drafts, the step's
+//     draft-length choice made for all sequences before the pass). When the cache cannot grow one,
 //     its drafts go first, then the latest-arrived running sequence is preempted (cache freed,
 //     recomputed from scratch later) until it fits, possibly itself.
 //  2. If nothing was preempted, waiting sequences are admitted, each starting after the longest
@@ -32,6 +33,7 @@
 #include "engine/messages.h"
 #include "engine/prefix_cache.h"
 #include "engine/request.h"
+#include "engine/spec_budget.h"
 
 namespace deepinfer::engine {
 
@@ -41,6 +43,11 @@ struct SchedulerConfig {
   int64_t max_model_len = 0;              // prompt + output limit per sequence
   bool enable_chunked_prefill = true;     // off: a prefill runs whole or waits
   int32_t num_speculative_tokens = 0;     // most drafts one sequence verifies per step
+  // Variable-length verification (spec_budget.h): each sequence verifies the drafts that maximise
+  // the step's expected committed tokens per predicted step time; off: every sequence verifies
+  // num_speculative_tokens (trimmed by the budget, max_tokens and its grammar).
+  bool varlen_drafts = false;
+  StepCostModel step_cost;                // the engine's measured cost curve (varlen only)
   PrefixCacheConfig prefix_cache;         // prefix reuse (on by default)
 };
 
@@ -51,6 +58,17 @@ struct SchedulerStats {
   int64_t max_seqs_in_step = 0;
   int64_t num_draft_tokens = 0;           // drafts verified
   int64_t num_accepted_drafts = 0;        // drafts the target accepted (committed or not)
+  int64_t num_verify_steps = 0;           // (sequence, step) pairs that verified >= 1 draft
+  // [num_speculative_tokens] how often draft i was verified / accepted (accepted implies all
+  // earlier drafts of that step were).
+  std::vector<int64_t> draft_verified_at, draft_accepted_at;
+};
+
+// What a rank's scheduler holds now, for the data-parallel engine's request placement.
+struct SchedulerLoad {
+  int64_t running_seqs = 0, waiting_seqs = 0;
+  int64_t running_tokens = 0;  // tokens of the running sequences (their cache)
+  int64_t waiting_tokens = 0;  // tokens of waiting sequences not yet in the cache (prefill left)
 };
 
 class Scheduler {
@@ -82,6 +100,7 @@ class Scheduler {
   size_t num_running() const { return running_.size(); }
   const Request* get(int64_t seq_id) const;
   const SchedulerStats& stats() const { return stats_; }
+  SchedulerLoad load() const;
   const SchedulerConfig& config() const { return config_; }
   const PrefixCache& prefix_cache() const { return prefix_; }
   const HostBlockTier& host_tier() const { return host_; }
@@ -89,8 +108,12 @@ class Scheduler {
  private:
   bool schedule_running(SchedulerOutput& out, int64_t& budget);
   void schedule_waiting(SchedulerOutput& out, int64_t& budget);
-  // The drafts `r` verifies this step if it gets `room` more tokens (a prefix of its proposals).
-  std::vector<int32_t> plan_drafts(Request& r, int64_t room) const;
+  // The drafts `r` verifies this step if it gets `room` more tokens (a prefix of its proposals),
+  // at most `cap` (varlen's choice; -1: no cap).
+  std::vector<int32_t> plan_drafts(Request& r, int64_t room, int32_t cap) const;
+  // Varlen: the draft count each decoding sequence is given this step (seq id -> cap).
+  std::unordered_map<int64_t, int32_t> varlen_caps(int64_t budget) const;
+  void record_verify(Request& r, int32_t n_drafts, int32_t accepted);
   void preempt(Request* r, SchedulerOutput& out);
   void insert_waiting(Request* r);
   void insert_running(Request* r);
@@ -120,6 +143,7 @@ class Scheduler {
   std::unordered_map<int64_t, bool> first_scheduled_pending_;
   int64_t next_step_id_ = 0;
   SchedulerStats stats_;
+  AcceptanceModel acceptance_;  // calibration of the drafter's confidence (varlen)
 };
 
 }  // namespace deepinfer::engine

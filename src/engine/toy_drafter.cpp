@@ -25,7 +25,8 @@ void ToyDrafter::check_feed(const model::DraftSeq& s, const float* hidden0) cons
   }
 }
 
-model::DraftProposal ToyDrafter::propose_one(const model::DraftSeq& s, const float* last_hidden) {
+model::DraftProposal ToyDrafter::propose_one(const model::DraftSeq& s, const float* last_hidden,
+                                             model::DraftPicker* picker, size_t seq) {
   model::DraftProposal p;
   if (s.num_drafts <= 0) return p;
   const int64_t anchor_position = s.first_position + s.num_positions;
@@ -36,7 +37,14 @@ model::DraftProposal ToyDrafter::propose_one(const model::DraftSeq& s, const flo
   for (int32_t i = 0; i < s.num_drafts; ++i) {
     ToyModel::step(cfg_, st, next, logits.data());
     int32_t best = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
-    if (i >= correct) best = int32_t((best + 1 + anchor_position % 5) % cfg_.vocab_size);  // not the argmax
+    if (picker && picker_noise_ >= 0) {
+      const int64_t pos = anchor_position + 1 + i;
+      for (int64_t v = 0; v < cfg_.vocab_size; ++v)
+        logits[size_t(v)] += picker_noise_ * float(int64_t((uint64_t(v) * 2654435761u + uint64_t(pos) * 40503u) % 1000) - 500) / 500.f;
+      best = picker->pick(seq, i, logits.data(), cfg_.vocab_size);
+    } else if (i >= correct) {
+      best = int32_t((best + 1 + anchor_position % 5) % cfg_.vocab_size);  // not the argmax
+    }
     p.tokens.push_back(best);
     p.logprobs.push_back(0.0f);
     next = best;
@@ -52,14 +60,15 @@ std::vector<model::DraftProposal> ToyDrafter::propose(const model::DraftBatch& b
            ToyModel::kHiddenElems, " floats, got ", h.row_elems);
   const float* rows = h.host.data<float>();
   std::vector<model::DraftProposal> out;
-  for (const model::DraftSeq& s : batch.seqs) {
+  for (size_t k = 0; k < batch.seqs.size(); ++k) {
+    const model::DraftSeq& s = batch.seqs[k];
     DI_CHECK(s.first_hidden_row >= 0 && s.first_hidden_row + s.num_positions <= h.rows, "ToyDrafter: rows [",
              s.first_hidden_row, ", +", s.num_positions, ") outside the ", h.rows, " hidden rows");
     const float* first = rows + s.first_hidden_row * ToyModel::kHiddenElems;
     check_feed(s, first);
     next_position_[s.cache_slot] = s.first_position + s.num_positions;
     num_fed_ += s.num_positions;
-    out.push_back(propose_one(s, first + int64_t(s.num_positions - 1) * ToyModel::kHiddenElems));
+    out.push_back(propose_one(s, first + int64_t(s.num_positions - 1) * ToyModel::kHiddenElems, batch.picker, k));
   }
   return out;
 }

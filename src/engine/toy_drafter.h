@@ -23,6 +23,10 @@ class ToyDrafter final : public model::Drafter {
  public:
   ToyDrafter(const ToyModelConfig& config, int64_t max_draft_tokens, ToyAcceptPattern pattern)
       : cfg_(config), max_drafts_(max_draft_tokens), pattern_(std::move(pattern)) {}
+  // Picker mode (rejection-sampling tests): every draft is the batch's DraftPicker's choice from
+  // the target's logits perturbed by `noise` (a fixed pseudo-random offset per token and
+  // position), so the draft distribution q differs from the target's p; the pattern is unused.
+  void use_picker(float noise) { picker_noise_ = noise; }
   std::string describe() const override { return "ToyDrafter"; }
   int64_t max_draft_tokens() const override { return max_drafts_; }
   std::vector<model::DraftProposal> propose(const model::DraftBatch& batch, Tensor* draft_logits = nullptr) override;
@@ -33,7 +37,8 @@ class ToyDrafter final : public model::Drafter {
   int64_t num_proposed() const { return num_proposed_; }
 
  private:
-  model::DraftProposal propose_one(const model::DraftSeq& s, const float* last_hidden);
+  model::DraftProposal propose_one(const model::DraftSeq& s, const float* last_hidden, model::DraftPicker* picker,
+                                   size_t seq);
   void check_feed(const model::DraftSeq& s, const float* hidden0) const;
 
   ToyModelConfig cfg_;
@@ -41,6 +46,7 @@ class ToyDrafter final : public model::Drafter {
   ToyAcceptPattern pattern_;
   std::unordered_map<int32_t, int64_t> next_position_;  // slot -> first position not yet fed
   int64_t num_fed_ = 0, num_proposed_ = 0;
+  float picker_noise_ = -1.f;  // < 0: pattern mode
 };
 
 }  // namespace deepinfer::engine

@@ -22,7 +22,21 @@
 #include "kv/kv_cache.h"
 #include "model/forward_batch.h"
 
+namespace deepinfer::parallel {
+class ProcessGroup;
+}
+
 namespace deepinfer::model {
+
+// Expert parallelism (LLMConfig's fields, vLLM's names): physical expert slots beyond the
+// logical experts (replicas of hot experts), and runtime EPLB (every `eplb_step_interval` steps,
+// re-place experts by the loads of the last `eplb_window_size` steps).
+struct ExpertParallelOptions {
+  int32_t num_redundant_experts = 0;
+  bool enable_eplb = false;
+  int32_t eplb_window_size = 1000;
+  int32_t eplb_step_interval = 3000;
+};
 
 class Drafter;
 
@@ -141,6 +155,20 @@ class CausalLM {
   virtual void set_profiling(bool on) {}
   virtual void mark_step_end() {}
   virtual StepProfile take_profile() { return {}; }
+
+  // True when run() takes part in collectives with other ranks (expert parallelism): the engine
+  // then calls run() every step, with an empty batch when it has nothing to schedule, so that the
+  // ranks' collectives pair up.
+  virtual bool joins_collectives() const { return false; }
+  // Shards the routed experts of the main layers across `group` (each rank computes the experts
+  // of its slots for every rank's tokens; the group outlives the model). Called once, before
+  // the engine is built. InvalidArgument where the model or its backend has no expert parallelism.
+  virtual void enable_expert_parallel(parallel::ProcessGroup& group, const ExpertParallelOptions& options) {
+    DI_THROW(InvalidArgument, describe(), ": expert parallelism is not implemented for this model");
+  }
+  // Waits until the work this model enqueued on its device is done (timing; the engine's cost
+  // curve). Host backends are done when run() returns.
+  virtual void synchronize() {}
 
   // Positions a slot can roll back (see the contract above); 0 = no rollback.
   virtual int64_t max_rollback() const { return 0; }

@@ -30,16 +30,31 @@ struct DraftSeq {
   int64_t first_hidden_row = 0;
 };
 
+// Chooses each draft from the drafter's logits the way the engine will verify it: the engine
+// implements it with the request's own sampling processing (temperature, top-k/p, min-p,
+// penalties over the history with the earlier drafts) and records the distribution it drew from
+// for rejection sampling. Without a picker a drafter drafts greedily (lowest id on ties).
+class DraftPicker {
+ public:
+  virtual ~DraftPicker() = default;
+  // Draft `index` (0: the position after the anchor) of DraftBatch::seqs[seq] from its host
+  // logits [vocab] f32. Called in draft order for each sequence.
+  virtual int32_t pick(size_t seq, int32_t index, const float* logits, int64_t vocab) = 0;
+};
+
 struct DraftBatch {
   std::vector<DraftSeq> seqs;
   // Target final streams of the step, [rows, n, D], holding every fed position at its
   // sequence's first_hidden_row (host tensor for host backends; device pointer for device ones).
   HiddenRows target_hidden;
+  DraftPicker* picker = nullptr;  // null: greedy drafts
 };
 
 struct DraftProposal {
-  std::vector<int32_t> tokens;        // [<= num_drafts] greedy drafts for positions anchor+1, ...
-  std::vector<float> logprobs;        // [tokens.size()] log q of each draft under the drafter
+  std::vector<int32_t> tokens;        // [<= num_drafts] drafts for positions anchor+1, ...
+  // [tokens.size()] log-probability of each draft under the drafter's raw softmax (temperature
+  // 1, no processing): its confidence, which variable-length verification reads.
+  std::vector<float> logprobs;
 };
 
 class Drafter {

@@ -8,6 +8,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -22,6 +23,8 @@
 #include "model/plan/step_plan.h"
 
 namespace deepinfer::model::ds {
+class ExpertParallel;  // expert_parallel.h
+
 
 // Named activation buffers of one step (sizes: activations.h). "act" buffers are in the backend's
 // activation dtype (Backend::act(): f32 on the CPU and in exact GPU numerics, else bf16); the rest
@@ -253,6 +256,14 @@ class ModelBackend : public Backend {
   virtual std::string describe() const = 0;           // "cpu fp32", "cuda bf16 (production) on H200", ...
   virtual const ModelRef& weights() const = 0;
   virtual bool logits_on_device() const { return false; }  // CausalLM::supports_device_logits
+  // The forward takes part in collectives (expert parallelism): every rank must run every step,
+  // also with an empty batch (CausalLM::joins_collectives).
+  virtual bool joins_collectives() const { return false; }
+  // Expert parallelism (expert_parallel.h); backends without it refuse, naming themselves.
+  virtual void set_expert_parallel(std::shared_ptr<ExpertParallel> ep) {
+    DI_THROW(InvalidArgument, describe(), ": expert parallelism is not implemented on this backend yet");
+  }
+  virtual void synchronize() {}                              // waits for the step stream (timing)
 
   // Cache storage for the model's layer specs (fixed at construction).
   virtual kv::CacheGeometry plan_cache(size_t budget_bytes, int64_t max_slots) const = 0;

@@ -243,6 +243,17 @@ void forward_step(Backend& be, const Arch& arch, const ModelRef& w, int64_t rows
   head(be, g, w.hc_head, w.norm, w.head, X, be.index().logits_rows, rows);
 }
 
+void collectives_step(Backend& be, const Arch& arch, const ModelRef& w) {
+  DI_CHECK(be.plan().T == 0, "collectives_step on a plan of ", be.plan().T, " tokens");
+  for (int64_t l = 0; l < arch.plan.num_layers(); ++l) {
+    const MoeRef& M = w.layers[size_t(l)].ffn;
+    if (M.ep_layer < 0) continue;
+    be.moe_dispatch(M);
+    be.moe_experts(M);
+    be.moe_combine(M);
+  }
+}
+
 void mtp_step(Backend& be, const Arch& arch, const ModelRef& w, int64_t k, const float* main_hidden, int64_t rows,
               int64_t hidden_rows) {
   const Dims& g = arch.dims;

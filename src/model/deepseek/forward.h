@@ -51,6 +51,11 @@ struct Arch {
 // head logits of the plan's `rows` logits rows into Buf::kLogits. rows = 0 skips the head.
 void forward_step(Backend& be, const Arch& arch, const ModelRef& w, int64_t rows, int64_t hidden_rows);
 
+// A step with no tokens on a rank whose MoE layers are expert-parallel: only the MoE exchanges
+// (dispatch -> experts -> combine of every expert-parallel layer, in layer order), so this rank
+// still serves its experts to the peers that do have tokens. Nothing else runs.
+void collectives_step(Backend& be, const Arch& arch, const ModelRef& w);
+
 // One V4 MTP step with block k over the backend's current StepPlan (MODEL-DEEPSEEK-V4.md §7):
 // token ids are the tokens that follow each main position, `main_hidden` [T, n, D] f32 (backend
 // memory) the target's final streams there. Writes the block's window ring, its output streams

@@ -5,6 +5,7 @@
 
 #include "core/check.h"
 #include "deepinfer/error.h"
+#include "model/deepseek/expert_parallel.h"
 #include "model/deepseek/mtp_drafter.h"
 
 namespace deepinfer::model::ds {
@@ -120,7 +121,15 @@ ForwardOutput DeepseekModel::run(const ForwardBatch& batch, const ForwardOptions
     DI_THROW(InternalError, describe(), ": logits_on_device on a backend without device logits");
   if (!batch.device_inputs.empty() && !supports_device_inputs())
     DI_THROW(InvalidArgument, describe(), ": a batch with device_inputs on a backend without device memory");
-  if (batch.num_tokens() == 0) return be_->end_step(options, 0, 0);
+  if (batch.num_tokens() == 0) {
+    // An empty step still joins the MoE exchanges when they are collective (expert parallelism:
+    // this rank's peers wait for its all-to-alls).
+    if (be_->joins_collectives()) {
+      be_->begin_step(plan_step(batch, /*allow_fixed=*/false));
+      be_->launch([&] { collectives_step(*be_, arch_, be_->weights()); });
+    }
+    return be_->end_step(options, 0, 0);
+  }
   note_writes(batch, /*target=*/true);
   StepPlan plan = plan_step(batch, /*allow_fixed=*/true);
   be_->set_device_inputs(batch.device_inputs, batch.sampled_ids);
@@ -153,6 +162,19 @@ ForwardOutput DeepseekModel::run_mtp(const ForwardBatch& batch, const HiddenRows
   be_->begin_step(plan_step(batch, /*allow_fixed=*/false));
   be_->launch([&] { mtp_step(*be_, arch_, be_->weights(), k, main_hidden, R, Rh); });
   return be_->end_step({}, R, Rh);
+}
+
+void DeepseekModel::enable_expert_parallel(parallel::ProcessGroup& group, const ExpertParallelOptions& options) {
+  const int32_t E = int32_t(arch_.dims.experts), n = group.size();
+  if (options.num_redundant_experts < 0)
+    DI_THROW(InvalidArgument, "LLMConfig.num_redundant_experts must be >= 0, got ", options.num_redundant_experts);
+  // Before any load is known: experts dealt out in contiguous ranges, the spare slots repeating
+  // experts from the start; EPLB re-places them by load.
+  const int32_t slots = (E + options.num_redundant_experts + n - 1) / n;
+  std::vector<parallel::ExpertPlacement> layers(size_t(arch_.plan.num_layers()), parallel::contiguous_placement(E, n, slots));
+  const EplbOptions eplb{.enabled = options.enable_eplb, .window_steps = options.eplb_window_size,
+                         .step_interval = options.eplb_step_interval};
+  be_->set_expert_parallel(std::make_shared<ExpertParallel>(group, std::move(layers), eplb));
 }
 
 }  // namespace deepinfer::model::ds

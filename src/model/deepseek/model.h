@@ -50,6 +50,9 @@ class DeepseekModel : public CausalLM {
   void set_profiling(bool on) override { be_->set_profiling(on); }
   void mark_step_end() override { be_->mark_step_end(); }
   StepProfile take_profile() override { return be_->take_profile(); }
+  bool joins_collectives() const override { return be_->joins_collectives(); }
+  void enable_expert_parallel(parallel::ProcessGroup& group, const ExpertParallelOptions& options) override;
+  void synchronize() override { be_->synchronize(); }
 
   int64_t max_rollback() const override { return arch_.plan.max_rollback; }
   void rollback(int32_t slot, int64_t num_tokens, int64_t keep) override;

@@ -4,18 +4,22 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/check.h"
 #include "deepinfer/error.h"
 #include "model/deepseek/backend.h"
 #include "model/deepseek/model.h"
 
 namespace deepinfer::model::ds {
 namespace {
-// Greedy token (lowest id on ties) and its log-probability under the row's softmax.
-std::pair<int32_t, float> greedy(const float* row, int64_t V) {
-  const int64_t best = std::max_element(row, row + V) - row;
+// The draft (the picker's choice, else greedy: lowest id on ties) and its log-probability under
+// the row's raw softmax.
+std::pair<int32_t, float> choose(const float* row, int64_t V, DraftPicker* picker, size_t seq, int32_t index) {
+  const float mx = *std::max_element(row, row + V);
+  const int32_t tok = picker ? picker->pick(seq, index, row, V) : int32_t(std::max_element(row, row + V) - row);
+  DI_CHECK(tok >= 0 && tok < V, "draft picker chose token ", tok, " of ", V);
   double sum = 0;
-  for (int64_t v = 0; v < V; ++v) sum += std::exp(double(row[v]) - double(row[best]));
-  return {int32_t(best), float(-std::log(sum))};
+  for (int64_t v = 0; v < V; ++v) sum += std::exp(double(row[v]) - double(mx));
+  return {tok, float(double(row[tok]) - double(mx) - std::log(sum))};
 }
 }  // namespace
 
@@ -59,7 +63,7 @@ std::vector<DraftProposal> MtpDrafter::propose(const DraftBatch& in, Tensor* dra
       const size_t i = drafting[j];
       const DraftSeq& s = in.seqs[i];
       const float* row = o.logits.data<float>() + int64_t(j) * V;
-      const auto [tok, lp] = greedy(row, V);
+      const auto [tok, lp] = choose(row, V, in.picker, i, int32_t(out[i].tokens.size()));
       out[i].tokens.push_back(tok);
       out[i].logprobs.push_back(lp);
       if (draft_logits) rows[i].emplace_back(row, row + V);

@@ -1,6 +1,7 @@
 // DeepSeek-V4's MTP block as the model's Drafter (MODEL-DEEPSEEK-V4.md §7): the block runs over
 // every position the target committed (keeping its window ring in step), then is applied to its
-// own output streams once per further draft (vLLM's recursion), greedy at every position.
+// own output streams once per further draft (vLLM's recursion). Each draft is the batch's
+// DraftPicker's choice from the block's logits (the request's sampling), greedy without one.
 #pragma once
 #include "model/drafter.h"
 

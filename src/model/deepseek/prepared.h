@@ -64,6 +64,9 @@ struct MoeRef {
   ExpertTables tables;
   ExpertRef shared;
   bool host_routed = false;     // GPU test path: routing read back, one GEMM per expert
+  // Main layer index into the expert-parallel placement (expert_parallel.h); -1 = not expert-
+  // parallel (single rank, or an MTP block, whose experts every rank holds).
+  int32_t ep_layer = -1;
 };
 
 struct AttentionRef {

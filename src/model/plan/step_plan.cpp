@@ -165,6 +165,12 @@ int64_t decode_bucket(int64_t num_seqs) {
   return 0;
 }
 
+int64_t fixed_token_bucket(int64_t tokens) {
+  for (int64_t b : kFixedTokenBuckets)
+    if (tokens <= b) return b;
+  return 0;
+}
+
 std::vector<int64_t> fixed_candidate_caps(const std::vector<kv::LayerCacheSpec>& specs, int64_t max_context) {
   std::vector<int64_t> caps;
   const int64_t ctx = std::max<int64_t>(1, max_context);
@@ -173,25 +179,52 @@ std::vector<int64_t> fixed_candidate_caps(const std::vector<kv::LayerCacheSpec>&
 }
 
 bool fixed_eligible(const std::vector<kv::LayerCacheSpec>& specs, const ForwardBatch& b,
-                    const std::vector<int64_t>& caps) {
-  const int64_t B = int64_t(b.seqs.size());
-  if (B == 0 || decode_bucket(B) == 0 || b.num_tokens() != B) return false;
-  if (int64_t(b.logits_indices.size()) > B || int64_t(b.hidden_indices.size()) > B) return false;
+                    const std::vector<int64_t>& caps, const FixedLimits& limits) {
+  const int64_t B = int64_t(b.seqs.size()), T = b.num_tokens();
+  if (B == 0 || decode_bucket(B) == 0 || T > limits.max_tokens || fixed_token_bucket(T) == 0) return false;
+  if (int64_t(b.logits_indices.size()) > T || int64_t(b.hidden_indices.size()) > T) return false;
+  // Every new row of a sequence gets its own ring row (window and compressor partial rings).
+  int64_t ring_cap = limits.max_tokens_per_seq;
+  for (const auto& s : specs) {
+    ring_cap = std::min(ring_cap, s.ring_rows);
+    if (s.state_rows > 0) ring_cap = std::min(ring_cap, s.state_rows);
+    if (s.index_state_rows > 0) ring_cap = std::min(ring_cap, s.index_state_rows);
+  }
   for (const SeqInBatch& s : b.seqs)
-    if (s.num_new_tokens != 1) return false;
+    if (s.num_new_tokens < 1 || s.num_new_tokens > ring_cap) return false;
   const std::vector<KindKey> kinds = compressor_kinds(specs);
   DI_CHECK(kinds.size() == caps.size(), "fixed_eligible: ", caps.size(), " caps for ", kinds.size(), " kinds");
   for (size_t k = 0; k < kinds.size(); ++k)
     for (const SeqInBatch& s : b.seqs)
-      if ((s.num_computed_tokens + 1) / kinds[k].ratio > caps[k]) return false;
+      if ((s.num_computed_tokens + s.num_new_tokens) / kinds[k].ratio > caps[k]) return false;
   return true;
 }
 
 namespace {
-void build_fixed_kind(CompressPlan& k, const ForwardBatch& b, int64_t P, int64_t block_tokens, int64_t cap,
-                      std::vector<int32_t>& pool) {
+// Token t of a fixed plan: its sequence's slot and block table, its position, and the position
+// of the sequence's first token in the step (rows at or after it are this step's rows).
+struct FixedToken {
+  const SeqInBatch* seq = nullptr;  // null: a pad token
+  int64_t pos = 0, pos0 = 0;
+  // Row source of position q < pos for this token: the slot's ring row for q < pos0, else the
+  // step row of the token at q (-(row + 1), as win_src / stage_src encode it).
+  int64_t src(int64_t q, int64_t t, int64_t ring_rows) const {
+    return q < pos0 ? int64_t(seq->cache_slot) * ring_rows + q % ring_rows : -(t - (pos - q)) - 1;
+  }
+};
+
+std::vector<FixedToken> fixed_tokens(const ForwardBatch& b, int64_t P) {
+  std::vector<FixedToken> out(static_cast<size_t>(P));
+  int64_t t = 0;
+  for (const SeqInBatch& s : b.seqs)
+    for (int64_t j = 0; j < s.num_new_tokens; ++j, ++t)
+      out[size_t(t)] = {&s, s.num_computed_tokens + j, s.num_computed_tokens};
+  return out;
+}
+
+void build_fixed_kind(CompressPlan& k, const std::vector<FixedToken>& toks, int64_t P, int64_t block_tokens,
+                      int64_t cap, std::vector<int32_t>& pool) {
   const int64_t m = k.ratio, S = k.state_rows, R = k.rows_per_token, epb = block_tokens / m;
-  const int64_t B = int64_t(b.seqs.size());
   k.entries_per_block = epb;
   k.max_count = cap;
   k.stage_src.assign(size_t(P * R), 0);
@@ -206,9 +239,10 @@ void build_fixed_kind(CompressPlan& k, const ForwardBatch& b, int64_t P, int64_t
   for (int64_t t = 0; t < P; ++t) {
     k.state_src[size_t(t)] = t;
     for (int64_t r = 0; r < R; ++r) k.stage_src[size_t(t * R + r)] = -(t + 1);
-    if (t >= B) continue;
-    const SeqInBatch& s = b.seqs[size_t(t)];
-    const int64_t p = s.num_computed_tokens, slot = s.cache_slot;
+    const FixedToken& x = toks[size_t(t)];
+    if (!x.seq) continue;
+    const SeqInBatch& s = *x.seq;
+    const int64_t p = x.pos, slot = s.cache_slot;
     auto entry_row = [&](int64_t i) { return int64_t(s.block_table[size_t(i / epb)]) * epb + i % epb; };
     k.state_dst[size_t(t)] = slot * S + p % S;
     if ((p + 1) % m == 0) {
@@ -219,7 +253,7 @@ void build_fixed_kind(CompressPlan& k, const ForwardBatch& b, int64_t P, int64_t
       for (int64_t r = 0; r < R; ++r) {
         const int64_t q = base + r;
         if (q < 0) continue;
-        k.stage_src[size_t(t * R + r)] = q < p ? slot * S + q % S : -(t + 1);
+        k.stage_src[size_t(t * R + r)] = q < p ? x.src(q, t, S) : -(t + 1);
         k.stage_dst[size_t(t * R + r)] = t * R + r;
       }
     }
@@ -230,22 +264,10 @@ void build_fixed_kind(CompressPlan& k, const ForwardBatch& b, int64_t P, int64_t
     for (int64_t i = 0; i < count; ++i) pool.push_back(int32_t(entry_row(i)));
   }
 }
-}  // namespace
 
-StepPlan build_fixed_step_plan(const std::vector<kv::LayerCacheSpec>& specs, const StepPlanDims& dims,
-                               const kv::CacheGeometry& g, const ForwardBatch& b, int64_t P,
-                               const std::vector<int64_t>& caps) {
-  const int64_t B = int64_t(b.seqs.size()), n = dims.n_streams;
-  DI_CHECK(B <= P && b.num_tokens() == B, "build_fixed_step_plan: ", B, " sequences for ", P, " padded tokens");
-  StepPlan m;
-  m.fixed = true;
-  m.T = P;
-  m.n_streams = n;
-  window_geometry(specs, &m.window, &m.ring_rows);
-  const int64_t W = m.window, S = m.ring_rows;
-  m.token_ids.assign(size_t(P), 0);
-  m.pos.assign(size_t(P), 0);
-  m.embed_src.assign(size_t(P * n), 0);
+// Window lists of a fixed plan: token t stages its W rows at [t*W, (t+1)*W).
+void build_fixed_window(StepPlan& m, const std::vector<FixedToken>& toks, int64_t P) {
+  const int64_t W = m.window, S = m.ring_rows, n = m.n_streams;
   m.win_src.resize(size_t(P * W));
   m.win_dst.assign(size_t(P * W), -1);
   m.win_begin.resize(size_t(P));
@@ -258,19 +280,38 @@ StepPlan build_fixed_step_plan(const std::vector<kv::LayerCacheSpec>& specs, con
     m.win_store_src[size_t(t)] = t;
     for (int64_t j = 0; j < W; ++j) m.win_src[size_t(t * W + j)] = -(t + 1);
     m.win_dst[size_t(t * W)] = t * W;  // pads: their own kv row only
-    if (t >= B) continue;
-    const SeqInBatch& s = b.seqs[size_t(t)];
-    const int64_t p = s.num_computed_tokens, slot = s.cache_slot, prev = std::min(W - 1, p), first = p - prev;
-    m.token_ids[size_t(t)] = b.token_ids[size_t(t)];
+    const FixedToken& x = toks[size_t(t)];
+    if (!x.seq) continue;
+    const int64_t p = x.pos, prev = std::min(W - 1, p), first = p - prev;
     m.pos[size_t(t)] = p;
-    for (int64_t k = 0; k < n; ++k) m.embed_src[size_t(t * n + k)] = b.token_ids[size_t(t)];
+    for (int64_t k = 0; k < n; ++k) m.embed_src[size_t(t * n + k)] = m.token_ids[size_t(t)];
     for (int64_t j = 0; j <= prev; ++j) {
-      m.win_src[size_t(t * W + j)] = j < prev ? slot * S + (first + j) % S : -(t + 1);
+      m.win_src[size_t(t * W + j)] = j < prev ? x.src(first + j, t, S) : -(t + 1);
       m.win_dst[size_t(t * W + j)] = t * W + j;
     }
     m.win_count[size_t(t)] = int32_t(prev + 1);
-    m.win_store_dst[size_t(t)] = slot * S + p % S;
+    m.win_store_dst[size_t(t)] = int64_t(x.seq->cache_slot) * S + p % S;
   }
+}
+}  // namespace
+
+StepPlan build_fixed_step_plan(const std::vector<kv::LayerCacheSpec>& specs, const StepPlanDims& dims,
+                               const kv::CacheGeometry& g, const ForwardBatch& b, int64_t P,
+                               const std::vector<int64_t>& caps) {
+  const int64_t T = b.num_tokens(), n = dims.n_streams;
+  DI_CHECK(T <= P && int64_t(b.seqs.size()) <= T, "build_fixed_step_plan: ", T, " tokens of ", b.seqs.size(),
+           " sequences for ", P, " padded tokens");
+  StepPlan m;
+  m.fixed = true;
+  m.T = P;
+  m.n_streams = n;
+  window_geometry(specs, &m.window, &m.ring_rows);
+  m.token_ids.assign(size_t(P), 0);
+  std::copy(b.token_ids.begin(), b.token_ids.end(), m.token_ids.begin());
+  m.pos.assign(size_t(P), 0);
+  m.embed_src.assign(size_t(P * n), 0);
+  const std::vector<FixedToken> toks = fixed_tokens(b, P);
+  build_fixed_window(m, toks, P);
   const std::vector<KindKey> kinds = compressor_kinds(specs);
   DI_CHECK(kinds.size() == caps.size(), "build_fixed_step_plan: ", caps.size(), " caps for ", kinds.size(), " kinds");
   for (size_t ki = 0; ki < kinds.size(); ++ki) {
@@ -280,7 +321,7 @@ StepPlan build_fixed_step_plan(const std::vector<kv::LayerCacheSpec>& specs, con
     k.state_rows = kinds[ki].state_rows;
     // Rows a completed block reads: 2m (overlapping) or m, the newest being the token itself.
     k.rows_per_token = k.overlap ? 2 * k.ratio : k.ratio;
-    build_fixed_kind(k, b, P, g.block_tokens, caps[ki], m.cand_pool);
+    build_fixed_kind(k, toks, P, g.block_tokens, caps[ki], m.cand_pool);
     m.kinds.push_back(std::move(k));
   }
   common_lists(m, dims, b);

@@ -6,11 +6,13 @@
 // and hidden rows. Free of device calls (tested on machines without a GPU).
 // Two shapes of the same lists:
 //  - general (build_step_plan): varlen sequences, lists sized by the batch;
-//  - fixed (build_fixed_step_plan): a decode batch (one token per sequence) padded to a bucket, every
-//    list's length fixed by the padded size so a captured CUDA graph replays with new contents; pad
-//    tokens write no cache state (destination -1).
+//  - fixed (build_fixed_step_plan): a decode batch (one token per sequence) or a verify batch (a few
+//    tokens per sequence: the last committed token and its drafts) padded to a token bucket, every
+//    list per token and its length fixed by the padded size, so one captured CUDA graph per bucket
+//    replays any such batch with new contents; pad tokens write no cache state (destination -1).
 #pragma once
 #include <cstdint>
+#include <iterator>
 #include <vector>
 
 #include "kv/kv_cache.h"
@@ -103,16 +105,33 @@ StepPlan build_step_plan(const std::vector<kv::LayerCacheSpec>& specs, const Ste
 constexpr int64_t kDecodeBuckets[] = {1, 2, 4, 8, 16, 32, 64};
 // Smallest bucket >= num_seqs, or 0 when larger than the last.
 int64_t decode_bucket(int64_t num_seqs);
+// Fixed-shape steps of several tokens per sequence (verify steps) pad the token count to these:
+// the decode buckets, then up to 64 sequences x 6 tokens. A decode batch gets the same bucket
+// from either function.
+constexpr int64_t kFixedTokenBuckets[] = {1, 2, 4, 8, 16, 32, 64, 96, 128, 192, 256, 384};
+int64_t fixed_token_bucket(int64_t tokens);
+
+// What a backend's fixed-shape path takes (fixed_eligible): at most `max_tokens` tokens in all and
+// `max_tokens_per_seq` per sequence (1: decode only).
+struct FixedLimits {
+  int64_t max_tokens = kDecodeBuckets[std::size(kDecodeBuckets) - 1];
+  int64_t max_tokens_per_seq = 1;
+};
 // Candidate capacity per token of each compressor kind (compressor_kinds order), from the
 // longest context the fixed path serves.
 std::vector<int64_t> fixed_candidate_caps(const std::vector<kv::LayerCacheSpec>& specs, int64_t max_context);
-// Whether the batch can take the fixed-shape path: every sequence one new token, at most the last
-// bucket of sequences, candidate counts within the caps, logits and hidden rows within the batch.
+// Whether the batch can take the fixed-shape path: every sequence 1..limits.max_tokens_per_seq new
+// tokens (no more than any per-slot ring holds), at most limits.max_tokens tokens and the last
+// decode bucket of sequences, candidate counts within the caps, logits and hidden rows within the
+// batch.
 bool fixed_eligible(const std::vector<kv::LayerCacheSpec>& specs, const ForwardBatch& b,
-                    const std::vector<int64_t>& caps);
-// The fixed-shape plan of a decode batch padded to `padded` tokens (b.num_tokens() <= padded; an
-// empty batch gives the all-pad lists, used to size buffers). logits_rows has `padded` rows:
-// logits_indices first, then 0.
+                    const std::vector<int64_t>& caps, const FixedLimits& limits = {});
+// The fixed-shape plan of a decode or verify batch padded to `padded` tokens (b.num_tokens() <=
+// padded; an empty batch gives the all-pad lists, used to size buffers). Token t of a sequence
+// reads its window and compressor rows from the slot's rings for positions before the step and
+// from this step's rows for the sequence's earlier tokens. logits_rows / hidden_rows have
+// `padded` rows: the batch's indices first, then 0. A one-token-per-sequence batch gives exactly
+// the decode lists.
 StepPlan build_fixed_step_plan(const std::vector<kv::LayerCacheSpec>& specs, const StepPlanDims& dims,
                                const kv::CacheGeometry& g, const ForwardBatch& b, int64_t padded,
                                const std::vector<int64_t>& caps);

@@ -4,8 +4,13 @@
 //  - a sequence in a batch of others == the sequence alone;
 //  - rollback: dropping the last n <= max_rollback positions (after random chunks and random
 //    "draft" tokens) and continuing with other tokens == recomputing the final sequence fresh;
+//  - rollback at every accept length: verify steps of 1 + L tokens keeping 1 + a of them, for each
+//    a in 0..L, == recomputing the kept sequence (every cache kind of every fixture: windows,
+//    overlapping and disjoint compressor partials, index keys, paged entries);
 //  - the drafter (when the model has one): its greedy draft after a prompt == the argmax of the
-//    reference draft logits (fixture goldens), and proposing twice after a rollback gives the same.
+//    reference draft logits (fixture goldens), and proposing twice after a rollback gives the same;
+//    its own ring after verify steps with rejected drafts (and the drafts it wrote past them) ==
+//    a fresh drafter fed the kept sequence at once (draft logits compared).
 // Instantiated by tests/cpp/model/conformance_cpu_test.cc (CPU, in CI) and
 // tests/cpp/cuda_model/conformance_gpu_test.cc (CUDA backend, exact/bf16/production).
 #pragma once
@@ -155,6 +160,93 @@ TEST_P(CausalLMConformance, RollbackEqualsRecompute) {
                 "rollback vs full, trial " + std::to_string(trial), GetParam().bit_exact_paths);
   }
   EXPECT_THROW(model_->rollback(2, 100, 100 - kRollback - 1), InvalidArgument);
+}
+
+TEST_P(CausalLMConformance, RollbackEveryAcceptLength) {
+  const int64_t V = model_->vocab_size(), T = int64_t(ids_.size()), L = kRollback - 1;
+  std::mt19937 gen(77);
+  for (int64_t a = 0; a <= L; ++a) {
+    // A prefill, then verify steps of the next kept token + L drafts of which the first a are
+    // kept (the accepted run) and the rest random (rejected, rolled back).
+    const std::vector<int32_t> kept(ids_.begin(), ids_.begin() + std::min<int64_t>(T, 60 + 23 * a));
+    const int32_t slot = 1;
+    model_->reset_slot(slot);
+    model::SeqInBatch s{.cache_slot = slot, .block_table = model::slot_block_table(model_->cache_geometry(), slot)};
+    std::vector<float> got(kept.size() * size_t(V), 0.f);
+    std::vector<int64_t> cuts;
+    int64_t done = 0;
+    while (done < int64_t(kept.size())) {
+      const int64_t n = done == 0 ? 17 : std::min<int64_t>(1 + a, int64_t(kept.size()) - done);
+      const int64_t d = done == 0 ? 0 : L - (n - 1);  // rejected drafts after the accepted run
+      model::ForwardBatch b;
+      b.token_ids.assign(kept.begin() + done, kept.begin() + done + n);
+      for (int64_t j = 0; j < d; ++j) b.token_ids.push_back(int32_t(gen() % uint64_t(V)));
+      s.num_computed_tokens = done;
+      s.num_new_tokens = int32_t(n + d);
+      b.seqs = {s};
+      for (int64_t i = 0; i < n; ++i) b.logits_indices.push_back(int32_t(i));
+      const Tensor l = model_->forward(b);
+      std::copy_n(l.data<float>(), n * V, got.data() + done * V);
+      model_->rollback(slot, done + n + d, done + n);
+      cuts.push_back(n);
+      done += n;
+    }
+    expect_same(run(kept, cuts, 3), got, int64_t(kept.size()), "accept " + std::to_string(a),
+                GetParam().bit_exact_rollback);
+  }
+}
+
+TEST_P(CausalLMConformance, DrafterRollbackEqualsRecompute) {
+  model::Drafter* drafter = model_->drafter();
+  if (!drafter) GTEST_SKIP() << GetParam().name << " has no drafter";
+  const int64_t V = model_->vocab_size(), L = kRollback - 1;
+  const int64_t T = std::min<int64_t>(int64_t(ids_.size()), 90);
+  std::mt19937 gen(5);
+  const kv::CacheGeometry& g = model_->cache_geometry();
+  const int32_t slot = 1, fresh = 2;
+  model_->reset_slot(slot);
+  auto draft_rows = [&](int32_t sl, int64_t first, const std::vector<int32_t>& next, const Tensor& hidden,
+                        int64_t first_row) {
+    model::DraftBatch db;
+    db.seqs.push_back({.cache_slot = sl, .block_table = model::slot_block_table(g, sl), .first_position = first,
+                       .num_positions = int32_t(next.size()), .next_tokens = next, .num_drafts = int32_t(L),
+                       .first_hidden_row = first_row});
+    db.target_hidden.host = hidden;
+    db.target_hidden.rows = hidden.size(0);
+    db.target_hidden.row_elems = hidden.numel() / std::max<int64_t>(hidden.size(0), 1);
+    Tensor logits;
+    drafter->propose(db, &logits);
+    return std::vector<float>(logits.data<float>(), logits.data<float>() + logits.numel());
+  };
+  model::SeqInBatch s{.cache_slot = slot, .block_table = model::slot_block_table(g, slot)};
+  int64_t done = 0;
+  for (int step = 0; done + 8 < T; ++step) {
+    // Target step over the kept tokens [done, done + n) plus rejected drafts; hidden rows of all.
+    const int64_t n = step == 0 ? 20 : 1 + int64_t(gen() % uint64_t(L + 1)), d = step == 0 ? 0 : L + 1 - n;
+    model::ForwardBatch b;
+    b.token_ids.assign(ids_.begin() + done, ids_.begin() + done + n);
+    for (int64_t j = 0; j < d; ++j) b.token_ids.push_back(int32_t(gen() % uint64_t(V)));
+    s.num_computed_tokens = done;
+    s.num_new_tokens = int32_t(n + d);
+    b.seqs = {s};
+    for (int64_t i = 0; i < n + d; ++i) b.hidden_indices.push_back(int32_t(i));
+    const model::ForwardOutput o = model_->run(b, {});
+    model_->rollback(slot, done + n + d, done + n);
+    // The drafter is fed the committed positions (with the token after each) and drafts L
+    // (writing its ring past them, like the engine does every step).
+    const std::vector<int32_t> next(ids_.begin() + done + 1, ids_.begin() + done + n + 1);
+    const std::vector<float> got = draft_rows(slot, done, next, o.hidden.host, 0);
+    model_->rollback(slot, done + n + L, done + n);
+    done += n;
+    // Fresh: the whole kept prefix at once in another slot.
+    model_->reset_slot(fresh);
+    Tensor hidden;
+    const std::vector<int32_t> prefix(ids_.begin(), ids_.begin() + done);
+    model::run_sequence(*model_, g, prefix, {done}, fresh, &hidden);
+    const std::vector<int32_t> all_next(ids_.begin() + 1, ids_.begin() + done + 1);
+    const std::vector<float> want = draft_rows(fresh, 0, all_next, hidden, 0);
+    expect_same(want, got, L, "drafter after step " + std::to_string(step), false);
+  }
 }
 
 TEST_P(CausalLMConformance, SlotSnapshotRestores) {

@@ -72,6 +72,17 @@ void* CpuBackend::buf(Buf b) const {
   return const_cast<uint64_t*>(arena_.data() + off_[size_t(b)]);
 }
 
+void CpuBackend::use_fixed_shapes(int64_t max_context, const FixedLimits& limits) {
+  fixed_ = true;
+  fixed_limits_ = limits;
+  fixed_caps_ = fixed_candidate_caps(specs_, max_context);
+}
+
+std::optional<ModelBackend::FixedShape> CpuBackend::fixed_shape(const ForwardBatch& b) const {
+  if (!fixed_ || !fixed_eligible(specs_, b, fixed_caps_, fixed_limits_)) return std::nullopt;
+  return FixedShape{.padded = fixed_token_bucket(b.num_tokens()), .caps = &fixed_caps_};
+}
+
 void CpuBackend::begin_step(StepPlan plan) {
   plan_ = std::move(plan);
   const StepPlan& p = plan_;
@@ -287,6 +298,12 @@ void CpuBackend::moe_dispatch(const MoeRef& M) {
   const Dims& g = arch_.dims;
   const int64_t T = plan_.T, K = g.topk, E = g.experts, D = g.hidden;
   const int32_t* ids = at<int32_t>(Buf::kIds);
+  ep_step_ = ep_ && M.ep_layer >= 0;
+  if (ep_step_) {
+    if (M.ep_layer == 0) ep_->begin_step();  // once per main forward, on every rank alike
+    ep_->dispatch(M.ep_layer, at<float>(Buf::kH), T, D, ids, K);
+    return;
+  }
   moe_start_.assign(size_t(E + 1), 0);
   for (int64_t i = 0; i < T * K; ++i) {
     DI_CHECK(ids[i] >= 0 && ids[i] < E, "moe: expert id ", ids[i], " at ", i);
@@ -302,6 +319,7 @@ void CpuBackend::moe_dispatch(const MoeRef& M) {
 }
 
 void CpuBackend::moe_experts(const MoeRef& M) {
+  if (ep_step_) return ep_experts(M);
   const Dims& g = arch_.dims;
   const int64_t E = g.experts, D = g.hidden, I = g.moe_inter, K = g.topk, T = plan_.T;
   int64_t max_n = 0;
@@ -324,13 +342,14 @@ void CpuBackend::moe_shared(const MoeRef& M) {
   const Dims& g = arch_.dims;
   const int64_t T = plan_.T, D = g.hidden, I = g.moe_inter;
   const float* w = static_cast<const float*>(M.shared.w13.w);
-  std::vector<float> gs(size_t(T * I)), us(size_t(T * I));
+  std::vector<float> gs(static_cast<size_t>(T * I)), us(size_t(T * I));
   oc::expert_forward(at<float>(Buf::kH), T, D, I, {w, w + I * D, static_cast<const float*>(M.shared.w2.w)},
                      g.swiglu_limit, gs.data(), us.data(), at<float>(Buf::kShared), gemm_);
 }
 
 // y = Σ routed in expert order (pairs of one expert in token order), weighted, then + shared.
 void CpuBackend::moe_combine(const MoeRef& M) {
+  if (ep_step_) return ep_combine();
   const Dims& g = arch_.dims;
   const int64_t T = plan_.T, D = g.hidden, K = g.topk, E = g.experts;
   float* y = at<float>(Buf::kY);
@@ -344,6 +363,77 @@ void CpuBackend::moe_combine(const MoeRef& M) {
       const float* o = moe_out_.data() + a * D;
       for (int64_t d = 0; d < D; ++d) yt[d] += w * o[d];
     }
+  const float* sh = at<float>(Buf::kShared);
+  for (int64_t i = 0; i < T * D; ++i) y[i] += sh[i];
+}
+
+// ---- MoE, expert-parallel (expert_parallel.h) ----
+
+void CpuBackend::set_expert_parallel(std::shared_ptr<ExpertParallel> ep) {
+  ep_ = std::move(ep);
+  ModelRef& m = store_->refs;
+  for (size_t l = 0; l < m.layers.size(); ++l) m.layers[l].ffn.ep_layer = ep_ ? int32_t(l) : -1;
+}
+
+// The received rows grouped by local slot (stable: arrival order within a slot), each slot's
+// expert over its rows, the outputs back in arrival order, then back to their ranks.
+void CpuBackend::ep_experts(const MoeRef& M) {
+  const Dims& g = arch_.dims;
+  const int64_t D = g.hidden, I = g.moe_inter, K = g.topk, T = plan_.T;
+  const parallel::ExpertPlacement& L = ep_->layout(M.ep_layer);
+  const ExpertParallel::Received got = ep_->received();
+  const int64_t m = int64_t(got.slot.size()), S = L.slots_per_rank;
+  std::vector<int64_t> start(static_cast<size_t>(S + 1), 0);
+  for (int32_t s : got.slot) start[size_t(s + 1)]++;
+  for (int64_t s = 0; s < S; ++s) start[size_t(s + 1)] += start[size_t(s)];
+  std::vector<int64_t> order(static_cast<size_t>(m));
+  std::vector<int64_t> fill(start.begin(), start.end() - 1);
+  for (int64_t j = 0; j < m; ++j) order[size_t(fill[size_t(got.slot[size_t(j)])]++)] = j;
+  int64_t max_n = 0;
+  for (int64_t s = 0; s < S; ++s) max_n = std::max(max_n, start[size_t(s + 1)] - start[size_t(s)]);
+  std::vector<float> x(static_cast<size_t>(max_n * D)), y(size_t(max_n * D));
+  moe_g_.resize(size_t(max_n * I));
+  moe_u_.resize(size_t(max_n * I));
+  ep_out_.resize(size_t(m * D));
+  for (int64_t s = 0; s < S; ++s) {
+    const int64_t a0 = start[size_t(s)], n = start[size_t(s + 1)] - a0;
+    if (n == 0) continue;
+    const int32_t e = L.physical_to_logical[size_t(int64_t(ep_->rank()) * S + s)];
+    const ExpertRef& ex = M.experts.at(size_t(e));
+    if (!ex.w13.defined() || !ex.w2.defined())
+      DI_THROW(InternalError, "expert-parallel rank ", ep_->rank(), ": layer ", M.ep_layer, " slot ", s, " names expert ",
+               e, " whose weights this rank does not hold");
+    for (int64_t i = 0; i < n; ++i)
+      std::copy_n(got.rows.data() + order[size_t(a0 + i)] * D, D, x.data() + i * D);
+    const float* w = static_cast<const float*>(ex.w13.w);
+    oc::expert_forward(x.data(), n, D, I, {w, w + I * D, static_cast<const float*>(ex.w2.w)}, g.swiglu_limit,
+                       moe_g_.data(), moe_u_.data(), y.data());
+    for (int64_t i = 0; i < n; ++i) std::copy_n(y.data() + i * D, D, ep_out_.data() + order[size_t(a0 + i)] * D);
+  }
+  moe_out_.resize(size_t(T * K * D));
+  ep_->give_back(ep_out_.data(), moe_out_.data());
+}
+
+// y[t] = Σ over t's assignments in ascending expert order (ties: k order) of w * out, then + shared:
+// the same additions, in the same order, as the single-rank combine.
+void CpuBackend::ep_combine() {
+  const Dims& g = arch_.dims;
+  const int64_t T = plan_.T, D = g.hidden, K = g.topk;
+  float* y = at<float>(Buf::kY);
+  const float* wts = at<float>(Buf::kWts);
+  const int32_t* ids = at<int32_t>(Buf::kIds);
+  std::fill(y, y + T * D, 0.f);
+  std::vector<int64_t> ks(static_cast<size_t>(K));
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t k = 0; k < K; ++k) ks[size_t(k)] = k;
+    std::stable_sort(ks.begin(), ks.end(), [&](int64_t a, int64_t b) { return ids[t * K + a] < ids[t * K + b]; });
+    float* yt = y + t * D;
+    for (int64_t k : ks) {
+      const float w = wts[t * K + k];
+      const float* o = moe_out_.data() + (t * K + k) * D;
+      for (int64_t d = 0; d < D; ++d) yt[d] += w * o[d];
+    }
+  }
   const float* sh = at<float>(Buf::kShared);
   for (int64_t i = 0; i < T * D; ++i) y[i] += sh[i];
 }

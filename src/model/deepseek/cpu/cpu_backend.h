@@ -10,6 +10,7 @@
 #include "core/check.h"
 #include "kv/kv_cache.h"
 #include "model/deepseek/backend.h"
+#include "model/deepseek/expert_parallel.h"
 #include "model/deepseek/forward.h"
 #include "ops/cpu/gemm.h"
 #include "ops/cpu/hc.h"
@@ -60,6 +61,15 @@ class CpuBackend final : public ModelBackend {
   ForwardOutput end_step(const ForwardOptions& options, int64_t rows, int64_t hidden_rows) override;
   const float* stage_hidden(const HiddenRows& rows, const RowRanges& ranges) override;
   kv::KvCache& cache() { return cache_; }
+  bool joins_collectives() const override { return ep_ != nullptr; }
+  // Main layers' routed experts run expert-parallel over `ep` from now on (between steps only).
+  // Every rank's store holds every expert, so any placement (EPLB's too) can be served.
+  void set_expert_parallel(std::shared_ptr<ExpertParallel> ep) override;
+  ExpertParallel* expert_parallel() { return ep_.get(); }
+  // Tests: take the fixed-shape path (the CUDA backend's plans, padded to token buckets) for every
+  // batch it accepts, with candidate caps for contexts up to `max_context` tokens.
+  void use_fixed_shapes(int64_t max_context, const FixedLimits& limits);
+  std::optional<FixedShape> fixed_shape(const ForwardBatch& batch) const override;
 
   // ---- Backend ----
   DType act() const override { return DType::kF32; }
@@ -98,6 +108,9 @@ class CpuBackend final : public ModelBackend {
   ops::cpu::GemmKind gemm_ = ops::cpu::GemmKind::kFast;
   std::vector<kv::LayerCacheSpec> specs_;
   std::unique_ptr<CpuWeightStore> store_;
+  bool fixed_ = false;           // use_fixed_shapes
+  FixedLimits fixed_limits_;
+  std::vector<int64_t> fixed_caps_;
   kv::KvCache cache_;
   StepPlan plan_;
   StepIndex index_;
@@ -107,6 +120,12 @@ class CpuBackend final : public ModelBackend {
   // MoE dispatch state: (token, k) pairs grouped by expert, their gathered rows and outputs.
   std::vector<int64_t> moe_start_, moe_pairs_;
   std::vector<float> moe_x_, moe_g_, moe_u_, moe_out_;
+  // Expert parallelism (null: every expert local).
+  std::shared_ptr<ExpertParallel> ep_;
+  bool ep_step_ = false;            // this layer's dispatch went through ep_
+  std::vector<float> ep_out_;       // outputs of the received rows, arrival order
+  void ep_experts(const MoeRef& M);
+  void ep_combine();
 };
 
 }  // namespace deepinfer::model::ds

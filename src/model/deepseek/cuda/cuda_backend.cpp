@@ -95,9 +95,24 @@ LayerCacheRef CudaBackend::cache(int64_t layer) {
           .state = c.comp_state.as<float>(), .index_state = c.index_state.as<float>()};
 }
 
+// Fixed-shape steps above moe_decode's size run the routed experts through the device
+// permutation and grouped GEMMs (no host sync either); without them (exact numerics, host-routed
+// experts) the fixed path stops at kMoeDecodeMaxTokens.
+bool CudaBackend::grouped_moe() const {
+  const Dims& g = arch_.dims;
+  return act_ == DType::kBF16 && opts_.experts != ExpertPath::kHostRouted && g.moe_inter % 32 == 0 &&
+         g.hidden % 32 == 0;
+}
+
+FixedLimits CudaBackend::fixed_limits() const {
+  return {.max_tokens = grouped_moe() ? kFixedTokenBuckets[std::size(kFixedTokenBuckets) - 1] : kMoeDecodeMaxTokens,
+          .max_tokens_per_seq = 1 + arch_.plan.max_rollback};
+}
+
 std::optional<ModelBackend::FixedShape> CudaBackend::fixed_shape(const ForwardBatch& b) const {
-  if (opts_.decode == DecodePath::kGeneral || !fixed_eligible(specs_, b, cand_caps_)) return std::nullopt;
-  return FixedShape{.padded = decode_bucket(int64_t(b.seqs.size())), .caps = &cand_caps_};
+  if (opts_.decode == DecodePath::kGeneral || !fixed_eligible(specs_, b, cand_caps_, fixed_limits()))
+    return std::nullopt;
+  return FixedShape{.padded = fixed_token_bucket(b.num_tokens()), .caps = &cand_caps_};
 }
 
 // ---- step lifecycle ----
@@ -209,7 +224,8 @@ void CudaBackend::ensure_fixed_buffers() {
   size_t arena = 0, meta = 0;
   const StepPlanDims dims{.n_streams = arch_.dims.streams, .index_topk = arch_.dims.index_topk,
                           .topk_experts = arch_.dims.topk};
-  for (int64_t P : kDecodeBuckets) {
+  for (int64_t P : kFixedTokenBuckets) {
+    if (P > fixed_limits().max_tokens) break;
     StepPlan m = build_fixed_step_plan(specs_, dims, cache_.geometry(), ForwardBatch{}, P, cand_caps_);
     m.hidden_rows.assign(size_t(P), 0);  // sized for hidden rows too (a superset of the plain step)
     oc::AttnSplit split;
@@ -641,10 +657,13 @@ oc::ExpertFormat expert_format(DType d) {
 
 CudaBackend::MoePath CudaBackend::moe_path(const MoeRef& M) const {
   const Dims& g = arch_.dims;
-  // Batch-invariant: decode's experts go through the grouped GEMM as prefill's do (moe_decode sums
-  // in another order), so a token's result does not depend on the step's path.
-  if (plan_.fixed && !opts_.batch_invariant) return MoePath::kFixed;
+  // Fixed plans: moe_decode up to its size, above it the grouped path (fixed_limits() allows
+  // larger fixed steps only when that path exists). Batch-invariant: decode's experts go through
+  // the grouped GEMM as prefill's do (moe_decode sums in another order), so a token's result does
+  // not depend on the step's path.
+  if (plan_.fixed && !opts_.batch_invariant && plan_.T <= kMoeDecodeMaxTokens) return MoePath::kFixed;
   if (act_ == DType::kBF16 && !M.host_routed && g.moe_inter % 32 == 0 && g.hidden % 32 == 0) return MoePath::kGrouped;
+  DI_CHECK(!plan_.fixed, "fixed-shape step of ", plan_.T, " tokens without the grouped MoE path");
   return MoePath::kHostRouted;
 }
 

@@ -40,6 +40,7 @@ class CudaBackend final : public ModelBackend {
   std::string describe() const override;
   const ModelRef& weights() const override { return weights_->refs; }
   bool logits_on_device() const override { return true; }
+  void synchronize() override { DI_CUDA_CHECK(cudaStreamSynchronize(stream_.get())); }
   kv::CacheGeometry plan_cache(size_t budget_bytes, int64_t max_slots) const override;
   void allocate_cache(const kv::CacheGeometry& geometry) override;
   bool cache_allocated() const override { return cache_.allocated(); }
@@ -60,6 +61,10 @@ class CudaBackend final : public ModelBackend {
   void set_profiling(bool on) override;
   void mark_step_end() override;
   CausalLM::StepProfile take_profile() override;
+
+  // What the fixed-shape path takes: up to 384 tokens (decode and verify steps) when the grouped
+  // MoE path exists, else moe_decode's 64.
+  FixedLimits fixed_limits() const;
 
   // Tests and benchmarks.
   void set_decode_path(DecodePath p);
@@ -102,6 +107,7 @@ class CudaBackend final : public ModelBackend {
  private:
   enum class MoePath { kFixed, kGrouped, kHostRouted };
   MoePath moe_path(const MoeRef& M) const;
+  bool grouped_moe() const;  // the device-permutation grouped MoE path exists (bf16, native or dequantised experts)
   void linear_fp8(const LinearRef& W, const void* x, int64_t ldx, int64_t bsx, int64_t M, void* y, DType y_dtype,
                   int64_t ldy, int64_t bsy, int64_t n, int64_t k, int64_t batch);
   void linear_bf16_fixed(const void* w, const void* x, int64_t ldx, int64_t bsx, int64_t M, void* y, DType y_dtype,

@@ -1,0 +1,206 @@
+// See ranks.h.
+#include "engine/dp/ranks.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "core/check.h"
+#include "core/logging.h"
+#include "engine/dp/codec.h"
+#include "engine/engine_factory.h"
+#include "parallel/gloo_group.h"
+
+namespace deepinfer::engine::dp {
+namespace fs = std::filesystem;
+namespace {
+
+// Collectives wait for the slowest rank, and workers wait for rank 0's next round however long
+// the user leaves the LLM idle: a peer that dies closes its sockets (an error at once), so the
+// timeout only bounds a peer that hangs. Rendezvous waits are bounded by the ready files first.
+constexpr std::chrono::milliseconds kGroupTimeout = std::chrono::hours(24 * 30);
+constexpr const char* kConfigFile = "llm_config.bin";
+
+std::string ready_file(const std::string& dir, int rank) { return dir + "/rank" + std::to_string(rank) + ".ready"; }
+std::string error_file(const std::string& dir, int rank) { return dir + "/rank" + std::to_string(rank) + ".error"; }
+
+void write_file(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary);
+    f.write(text.data(), std::streamsize(text.size()));
+    if (!f) DI_THROW(InternalError, "cannot write ", tmp);
+  }
+  fs::rename(tmp, path);  // readers never see a half-written file
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) DI_THROW(InternalError, "cannot read ", path);
+  std::ostringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+std::vector<std::string> worker_command(const LLMConfig& config) {
+  if (!config.worker_command.empty()) return config.worker_command;
+  if (const char* v = std::getenv("DEEPINFER_WORKER_COMMAND"); v && *v) {
+    std::vector<std::string> argv;
+    std::istringstream in(v);
+    for (std::string a; in >> a;) argv.push_back(a);
+    return argv;
+  }
+  std::error_code ec;
+  const fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec && self.filename() == "deepinfer") return {self.string(), "rank-worker"};
+  DI_THROW(InvalidArgument, "LLMConfig.worker_command is empty and DEEPINFER_WORKER_COMMAND is unset: data_parallel_size=",
+           config.data_parallel_size, " needs a command that starts a worker rank (`deepinfer rank-worker` or `",
+           "python -m deepinfer._rank_worker`)");
+}
+
+// Rank 0 (self-launched): until every worker has loaded. Throws naming the first that failed.
+void wait_workers_ready(const std::string& dir, parallel::WorkerProcesses& workers, int world) {
+  for (;;) {
+    int ready = 0;
+    for (int r = 1; r < world; ++r) {
+      if (fs::exists(error_file(dir, r)))
+        DI_THROW(InternalError, "data-parallel rank ", r, " failed to start: ", read_file(error_file(dir, r)));
+      ready += fs::exists(ready_file(dir, r));
+    }
+    if (ready == world - 1) return;
+    if (auto gone = workers.exited())
+      DI_THROW(InternalError, "data-parallel ", *gone, " before it was ready (its stderr says why)");
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+// Every rank after its model is loaded: the groups, expert parallelism, the engine.
+void connect(RankRuntime& rt, const LLMConfig& config, const EnvConfig& env, LoadedParts parts,
+             const std::string& dir, const std::string& host) {
+  const parallel::ParallelConfig pc = parallel_config(config, env);
+  rt.world = parallel::make_gloo_group({.rendezvous_dir = dir, .name = "world", .rank = rt.rank,
+                                        .size = rt.world_size, .hostname = host, .timeout = kGroupTimeout});
+  if (pc.expert_parallel_size > 1) {
+    parallel::ProcessGroup* ep = rt.world.get();
+    if (pc.expert_parallel_size != pc.data_parallel_size) {
+      const parallel::RankPlace place = parallel::place_rank(pc, rt.rank);
+      rt.ep_group = parallel::make_gloo_group({.rendezvous_dir = dir, .name = "ep" + std::to_string(place.ep_group),
+                                               .rank = place.ep_rank, .size = pc.expert_parallel_size,
+                                               .hostname = host, .timeout = kGroupTimeout});
+      ep = rt.ep_group.get();
+    }
+    parts.model->enable_expert_parallel(
+        *ep, {.num_redundant_experts = config.num_redundant_experts, .enable_eplb = config.enable_eplb,
+              .eplb_window_size = config.eplb_window_size, .eplb_step_interval = config.eplb_step_interval});
+  }
+  rt.engine = make_engine(config, env, std::move(parts));
+}
+}  // namespace
+
+RankRuntime::~RankRuntime() {
+  driver.reset();  // the shutdown round: workers leave their loops
+  engine.reset();
+  ep_group.reset();
+  world.reset();
+  if (workers && !workers->wait(std::chrono::seconds(30)))
+    DI_WARN("data-parallel workers did not exit within 30 s of shutdown; killing them");
+  workers.reset();
+}
+
+parallel::ParallelConfig parallel_config(const LLMConfig& config, const EnvConfig& env) {
+  parallel::ParallelConfig pc{.data_parallel_size = config.data_parallel_size,
+                              .expert_parallel_size = config.expert_parallel_size > 0 ? config.expert_parallel_size
+                                                                                       : config.data_parallel_size};
+  pc.validate();
+  if (pc.is_parallel() && env.accelerator == Accelerator::kNvidia)
+    DI_THROW(InvalidArgument, "LLMConfig.data_parallel_size=", pc.data_parallel_size,
+             " on the GPU backend: not implemented yet (the CUDA backend's expert parallelism over NCCL is not "
+             "built); use accelerator='cpu' for parallel ranks");
+  if (pc.is_parallel() && !parallel::have_gloo())
+    DI_THROW(InvalidArgument, "LLMConfig.data_parallel_size=", pc.data_parallel_size,
+             ": this build has no gloo (libgloo-dev), which CPU ranks need");
+  return pc;
+}
+
+std::unique_ptr<RankRuntime> start_driver(const LLMConfig& config, const EnvConfig& env,
+                                          const std::optional<parallel::RankEnv>& launched) {
+  parallel_config(config, env);  // refuse a bad layout before starting anything
+  auto rt = std::make_unique<RankRuntime>();
+  rt->world_size = config.data_parallel_size;
+  std::string dir, host = "127.0.0.1";
+  if (launched) {
+    if (launched->world_size != config.data_parallel_size)
+      DI_THROW(InvalidArgument, "LLMConfig.data_parallel_size=", config.data_parallel_size, " but the launcher (",
+               launched->source, ") started ", launched->world_size, " ranks");
+    DI_CHECK(launched->rank == 0, "start_driver on rank ", launched->rank);
+    dir = launched->rendezvous_dir, host = launched->host;
+  } else {
+    rt->dir = std::make_unique<parallel::RendezvousDir>();
+    dir = rt->dir->path();
+    parallel::WireWriter w;
+    put(w, config);
+    write_file(dir + "/" + kConfigFile, std::string(w.bytes().begin(), w.bytes().end()));
+    rt->workers = std::make_unique<parallel::WorkerProcesses>(parallel::WorkerLaunch{
+        .command = worker_command(config), .world_size = rt->world_size, .rendezvous_dir = dir});
+    DI_INFO("data-parallel: started ", rt->world_size - 1, " worker rank(s), rendezvous ", dir);
+  }
+  LoadedParts parts = load_parts(config, env);  // the workers load theirs meanwhile
+  if (rt->workers) wait_workers_ready(dir, *rt->workers, rt->world_size);
+  connect(*rt, config, env, std::move(parts), dir, host);
+  rt->driver = std::make_unique<Driver>(*rt->engine, *rt->world);
+  return rt;
+}
+
+void serve_worker(const parallel::RankEnv& launched, const LLMConfig* given) {
+  DI_CHECK(launched.rank > 0, "serve_worker on rank 0");
+  const std::string& dir = launched.rendezvous_dir;
+  try {
+    LLMConfig config;
+    if (given) {
+      config = *given;
+    } else {
+      const std::string bytes = read_file(dir + "/" + kConfigFile);
+      parallel::WireReader r(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()),
+                             "the LLM config rank 0 wrote");
+      config = get_llm_config(r);
+      r.expect_done();
+    }
+    validate_llm_config(config);
+    const EnvConfig env = resolve_env(config);
+    RankRuntime rt;
+    rt.rank = launched.rank, rt.world_size = launched.world_size;
+    LoadedParts parts = load_parts(config, env);
+    if (!given) write_file(ready_file(dir, launched.rank), "");
+    connect(rt, config, env, std::move(parts), dir, launched.host);
+    RankLoop(*rt.engine, *rt.world).serve();
+  } catch (const std::exception& e) {
+    if (!given) {
+      try {
+        write_file(error_file(dir, launched.rank), e.what());
+      } catch (...) {
+      }
+    }
+    throw;
+  }
+}
+
+int rank_worker_main() {
+  try {
+    const std::optional<parallel::RankEnv> env = parallel::RankEnv::from_environment();
+    if (!env || env->rank == 0)
+      DI_THROW(InvalidArgument, "rank-worker: DEEPINFER_RANK (>= 1), DEEPINFER_WORLD_SIZE and DEEPINFER_RENDEZVOUS_DIR "
+                                "must be set (the parallel LLM's rank 0 starts its workers with them)");
+    serve_worker(*env, nullptr);
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "deepinfer rank-worker: %s\n", e.what());
+    return 1;
+  }
+}
+
+}  // namespace deepinfer::engine::dp

@@ -1,0 +1,59 @@
+// Starting and joining the ranks of a parallel LLM (data_parallel_size > 1).
+//
+// Self-launched (one node): rank 0 is the process that built the LLM. It writes the config into a
+// fresh rendezvous directory, starts ranks 1..N-1 (LLMConfig.worker_command: the CLI's hidden
+// `deepinfer rank-worker`, or `python -m deepinfer._rank_worker`), loads its own model meanwhile,
+// and waits until every worker reports its model loaded (a ready file) or failed (an error file
+// with the message, or the process exited): a worker that cannot load fails the LLM's
+// constructor with that rank's message, never a hang. Then the ranks connect their groups and
+// build their engines.
+// Externally launched (torchrun / mpirun / srun, several nodes): every process builds the LLM
+// with the same config; rank 0 drives, the others serve inside the constructor until rank 0
+// shuts down (parallel::RankEnv says which is which).
+#pragma once
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "core/env.h"
+#include "deepinfer/llm.h"
+#include "engine/dp/dp_engine.h"
+#include "parallel/launcher.h"
+#include "parallel/process_group.h"
+#include "parallel/topology.h"
+
+namespace deepinfer::engine::dp {
+
+// What one rank of a parallel LLM holds. Members are destroyed in reverse order: the driver
+// (shutdown round) first, then the engine, then the groups it used, then the workers and the
+// rendezvous directory.
+struct RankRuntime {
+  std::unique_ptr<parallel::RendezvousDir> dir;        // self-launched rank 0 only
+  std::unique_ptr<parallel::WorkerProcesses> workers;  // self-launched rank 0 only
+  std::unique_ptr<parallel::ProcessGroup> world;
+  std::unique_ptr<parallel::ProcessGroup> ep_group;    // null when the expert group is the world
+  std::unique_ptr<Engine> engine;
+  std::unique_ptr<Driver> driver;                      // rank 0 only
+  int rank = 0, world_size = 1;
+  ~RankRuntime();
+};
+
+// The parallel layout the config asks for (expert_parallel_size 0 = data_parallel_size),
+// validated (InvalidArgument naming the LLMConfig field) against the accelerator: the GPU
+// backend has no expert parallelism yet and needs one device per rank.
+parallel::ParallelConfig parallel_config(const LLMConfig& config, const EnvConfig& env);
+
+// Rank 0 of a parallel LLM (self-launched when `launched` is nullopt). Throws naming the rank
+// that failed.
+std::unique_ptr<RankRuntime> start_driver(const LLMConfig& config, const EnvConfig& env,
+                                          const std::optional<parallel::RankEnv>& launched);
+// A worker rank (launched->rank > 0): loads, connects, serves until rank 0 shuts down.
+// `config` null: read the config rank 0 wrote into the rendezvous directory (self-launched).
+void serve_worker(const parallel::RankEnv& launched, const LLMConfig* config);
+
+// `deepinfer rank-worker` / `python -m deepinfer._rank_worker`: serve_worker from the
+// environment's RankEnv; the exit code (errors are printed to stderr and written to the
+// rendezvous directory for rank 0).
+int rank_worker_main();
+
+}  // namespace deepinfer::engine::dp

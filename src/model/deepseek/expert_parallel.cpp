@@ -1,0 +1,144 @@
+#include "model/deepseek/expert_parallel.h"
+
+#include <cstring>
+
+#include "core/check.h"
+#include "deepinfer/error.h"
+
+namespace deepinfer::model::ds {
+
+ExpertParallel::ExpertParallel(parallel::ProcessGroup& group, std::vector<parallel::ExpertPlacement> layers,
+                               EplbOptions eplb)
+    : group_(group), layers_(std::move(layers)), eplb_(eplb) {
+  DI_CHECK(group_.memory() == parallel::Memory::kHost, "CPU expert parallelism needs a host group, not ",
+           group_.describe());
+  for (parallel::ExpertPlacement& L : layers_) {
+    if (L.num_ranks != group_.size())
+      DI_THROW(InvalidArgument, "expert placement for ", L.num_ranks, " ranks in a group of ", group_.size());
+    L.validate();
+    load_.emplace_back(size_t(L.num_logical), 0);
+    since_window_.emplace_back(size_t(L.num_logical), 0);
+  }
+}
+
+
+void ExpertParallel::begin_step() {
+  if (!eplb_.enabled || layers_.empty()) return;
+  if (!window_) {
+    if (eplb_.window_steps < 1 || eplb_.step_interval < 1)
+      DI_THROW(InvalidArgument, "EPLB: window_steps (", eplb_.window_steps, ") and step_interval (",
+               eplb_.step_interval, ") must be >= 1");
+    window_ = std::make_unique<parallel::ExpertLoadWindow>(int32_t(layers_.size()), layers_[0].num_logical,
+                                                           eplb_.window_steps);
+  }
+  if (steps_ > 0) {  // the previous step's counts join this rank's window
+    const int32_t L = int32_t(layers_.size()), E = layers_[0].num_logical;
+    std::vector<int64_t> counts(static_cast<size_t>(int64_t(L) * E));
+    for (int32_t l = 0; l < L; ++l) {
+      if (layers_[size_t(l)].num_logical != E)
+        DI_THROW(InternalError, "EPLB: layer ", l, " has ", layers_[size_t(l)].num_logical, " experts, layer 0 ", E);
+      std::vector<int64_t>& c = since_window_[size_t(l)];
+      std::copy(c.begin(), c.end(), counts.begin() + int64_t(l) * E);
+      std::fill(c.begin(), c.end(), 0);
+    }
+    window_->add_step(counts);
+  }
+  if (++steps_ % eplb_.step_interval == 0) rebalance();
+}
+
+// Every rank sums its window (its own tokens of the last window_steps steps) with the others'
+// by one all-reduce, in rank order, so every rank plans from identical loads and gets the same
+// placement.
+void ExpertParallel::rebalance() {
+  const int32_t L = int32_t(layers_.size()), E = layers_[0].num_logical;
+  std::vector<int64_t> counts(static_cast<size_t>(int64_t(L) * E));
+  for (int32_t l = 0; l < L; ++l) {
+    const std::vector<double> w = window_->layer_load(l);  // exact integers
+    for (int32_t e = 0; e < E; ++e) counts[size_t(int64_t(l) * E + e)] = int64_t(w[size_t(e)]);
+  }
+  group_.all_reduce(counts.data(), int64_t(counts.size()), parallel::ReduceType::kI64, parallel::ReduceOp::kSum);
+  int32_t moved = 0;
+  for (int32_t l = 0; l < L; ++l) {
+    const std::vector<double> load(counts.begin() + int64_t(l) * E, counts.begin() + int64_t(l + 1) * E);
+    parallel::Rebalance r = parallel::plan_rebalance(layers_[size_t(l)], load, eplb_.min_gain);
+    if (!r.worth_it) continue;
+    moved += r.slots_changed;
+    layers_[size_t(l)] = std::move(r.placement);
+  }
+  if (moved > 0) ++rebalances_, slots_moved_ += moved;
+}
+
+void ExpertParallel::dispatch(int64_t layer, const float* h, int64_t T, int64_t D, const int32_t* ids, int64_t K) {
+  const parallel::ExpertPlacement& L = layout(layer);
+  const int n = size(), me = rank();
+  const int64_t P = T * K, row = D + 1;  // a sent row: [local slot as bits][D values]
+  D_ = D, pairs_ = P;
+  // Destination of each pair: a replica on this rank when there is one, else one chosen by the
+  // token index (spreads a hot expert's replicas; any replica computes the same function).
+  std::vector<int32_t> dest(static_cast<size_t>(P)), slot(static_cast<size_t>(P));
+  std::vector<int64_t>& load = load_.at(size_t(layer));
+  for (int64_t i = 0; i < P; ++i) {
+    const int32_t e = ids[i];
+    if (e < 0 || e >= L.num_logical) DI_THROW(InternalError, "moe dispatch: expert id ", e, " at pair ", i);
+    load[size_t(e)]++;
+    since_window_[size_t(layer)][size_t(e)]++;
+    const std::vector<int32_t>& reps = L.logical_to_physical[size_t(e)];
+    int32_t p = reps[size_t((i / K) % int64_t(reps.size()))];
+    for (int32_t q : reps)
+      if (q / L.slots_per_rank == me) { p = q; break; }
+    dest[size_t(i)] = p / L.slots_per_rank;
+    slot[size_t(i)] = p % L.slots_per_rank;
+  }
+  // Pack by destination rank (stable: pair order within a rank).
+  std::vector<int64_t> count(static_cast<size_t>(n), 0);
+  for (int64_t i = 0; i < P; ++i) count[size_t(dest[size_t(i)])]++;
+  std::vector<int64_t> start(size_t(n) + 1, 0);
+  for (int q = 0; q < n; ++q) start[size_t(q) + 1] = start[size_t(q)] + count[size_t(q)];
+  send_order_.assign(size_t(P), 0);
+  std::vector<float> send(static_cast<size_t>(P * row));
+  std::vector<int64_t> fill(start.begin(), start.end() - 1);
+  for (int64_t i = 0; i < P; ++i) {
+    const int64_t at = fill[size_t(dest[size_t(i)])]++;
+    send_order_[size_t(at)] = i;
+    float* r = send.data() + at * row;
+    std::memcpy(r, &slot[size_t(i)], sizeof(int32_t));
+    std::memcpy(r + 1, h + (i / K) * D, size_t(D) * sizeof(float));
+  }
+  send_bytes_.assign(size_t(n), 0);
+  for (int q = 0; q < n; ++q) send_bytes_[size_t(q)] = count[size_t(q)] * row * int64_t(sizeof(float));
+  recv_bytes_ = parallel::exchange_counts(group_, send_bytes_);
+  int64_t m = 0;
+  for (int64_t b : recv_bytes_) m += b / (row * int64_t(sizeof(float)));
+  std::vector<float> got(static_cast<size_t>(m * row));
+  group_.all_to_all_v(send.data(), send_bytes_, got.data(), recv_bytes_);
+  recv_rows_.resize(size_t(m * D));
+  recv_slot_.resize(size_t(m));
+  for (int64_t j = 0; j < m; ++j) {
+    std::memcpy(&recv_slot_[size_t(j)], got.data() + j * row, sizeof(int32_t));
+    if (recv_slot_[size_t(j)] < 0 || recv_slot_[size_t(j)] >= L.slots_per_rank)
+      DI_THROW(InternalError, "moe dispatch: received slot ", recv_slot_[size_t(j)], " of ", L.slots_per_rank);
+    std::memcpy(recv_rows_.data() + j * D, got.data() + j * row + 1, size_t(D) * sizeof(float));
+  }
+}
+
+ExpertParallel::Received ExpertParallel::received() const { return {recv_rows_, recv_slot_}; }
+
+void ExpertParallel::give_back(const float* outputs, float* out) {
+  const int64_t D = D_, bytes_per_row = D * int64_t(sizeof(float)), row = (D + 1) * int64_t(sizeof(float));
+  // The reverse exchange: what came from rank q (recv_bytes_[q]) returns to it, D values a row.
+  std::vector<int64_t> back_send(recv_bytes_.size()), back_recv(send_bytes_.size());
+  for (size_t q = 0; q < recv_bytes_.size(); ++q) back_send[q] = recv_bytes_[q] / row * bytes_per_row;
+  for (size_t q = 0; q < send_bytes_.size(); ++q) back_recv[q] = send_bytes_[q] / row * bytes_per_row;
+  std::vector<float> back(static_cast<size_t>(pairs_ * D));
+  group_.all_to_all_v(outputs, back_send, back.data(), back_recv);
+  for (int64_t at = 0; at < pairs_; ++at)
+    std::memcpy(out + send_order_[size_t(at)] * D, back.data() + at * D, size_t(bytes_per_row));
+}
+
+std::vector<std::vector<int64_t>> ExpertParallel::take_load() {
+  std::vector<std::vector<int64_t>> out = load_;
+  for (auto& l : load_) std::fill(l.begin(), l.end(), 0);
+  return out;
+}
+
+}  // namespace deepinfer::model::ds

@@ -1,0 +1,83 @@
+// Expert parallelism for the shared forward's MoE seam (backend.h: route -> dispatch -> experts ->
+// combine): each main MoE layer's experts are placed in `slots_per_rank` slots on each rank of an
+// expert-parallel group (physical expert p = rank * slots_per_rank + slot; a logical expert may have
+// several replicas, EPLB's redundant copies). A step's (token, k) assignments travel to a rank
+// holding their expert (an all-to-all of the rows), the local experts run, the outputs travel back
+// (the reverse all-to-all) and every token is combined on its own rank in ascending expert order,
+// the single-rank backend's order, so the result does not depend on the rank count.
+//
+// Lockstep: every rank of the group calls dispatch/return for every main MoE layer of every step,
+// also with zero tokens (the model runs the forward with an empty batch then: CausalLM::
+// joins_collectives). The drafter's MTP blocks are not expert-parallel: every rank holds their
+// experts, so drafting needs no collectives.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "parallel/eplb.h"
+#include "parallel/process_group.h"
+
+namespace deepinfer::model::ds {
+
+// Runtime EPLB (vLLM's enable_eplb, eplb window_size and step_interval): each rank keeps its
+// per-expert token counts of the last `window_steps` forward steps; every `step_interval` steps
+// the ranks sum them (one all-reduce) and re-place each layer whose balance ratio improves by more
+// than `min_gain` (parallel::plan_rebalance). Identical inputs give every rank the same placement.
+// On the CPU backend every rank holds every expert's weights, so a re-placement only re-routes.
+struct EplbOptions {
+  bool enabled = false;
+  int32_t window_steps = 1000;
+  int32_t step_interval = 3000;
+  double min_gain = 0.05;
+};
+
+class ExpertParallel {
+ public:
+  // `layers[l]`: main layer l's placement (parallel/eplb.h; contiguous_placement before any load
+  // is known). Every layer's num_ranks must be the group's size.
+  ExpertParallel(parallel::ProcessGroup& group, std::vector<parallel::ExpertPlacement> layers, EplbOptions eplb = {});
+  int rank() const { return group_.rank(); }
+  int size() const { return group_.size(); }
+  const parallel::ExpertPlacement& layout(int64_t layer) const { return layers_.at(size_t(layer)); }
+
+  // Sends each assignment's row (h[pair / K], D floats) to a rank holding expert ids[pair]; after
+  // it, received() lists what this rank must compute. Counts this rank's routed tokens per expert.
+  void dispatch(int64_t layer, const float* h, int64_t T, int64_t D, const int32_t* ids, int64_t K);
+  struct Received {
+    std::span<const float> rows;       // [m, D] in arrival order
+    std::span<const int32_t> slot;     // [m] local slot of each row
+  };
+  Received received() const;
+  // outputs [m, D] of the received rows (arrival order) back to their ranks: out[pair] rows [T*K, D].
+  void give_back(const float* outputs, float* out);
+
+  // Tokens this rank routed to each logical expert since the last take_load() ([layers][E]).
+  std::vector<std::vector<int64_t>> take_load();
+
+  // Called by every rank once per forward step (also an empty one), before the step's first
+  // dispatch: counts the step and, every step_interval steps, rebalances (a collective).
+  void begin_step();
+  int64_t num_rebalances() const { return rebalances_; }        // rounds that moved something
+  int64_t num_slots_moved() const { return slots_moved_; }      // physical slots re-assigned, all layers
+
+ private:
+  void rebalance();
+
+  parallel::ProcessGroup& group_;
+  std::vector<parallel::ExpertPlacement> layers_;
+  std::vector<std::vector<int64_t>> load_;
+  EplbOptions eplb_;
+  std::unique_ptr<parallel::ExpertLoadWindow> window_;
+  std::vector<std::vector<int64_t>> since_window_;  // this rank's counts since the last window step
+  int64_t steps_ = 0, rebalances_ = 0, slots_moved_ = 0;
+  // The step in flight.
+  int64_t D_ = 0, pairs_ = 0;
+  std::vector<int64_t> send_order_;   // [pairs] pair index of each sent row, in send order
+  std::vector<int64_t> send_bytes_, recv_bytes_;
+  std::vector<float> recv_rows_;
+  std::vector<int32_t> recv_slot_;
+};
+
+}  // namespace deepinfer::model::ds

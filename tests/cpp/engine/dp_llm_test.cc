@@ -1,0 +1,188 @@
+// The data-parallel LLM end to end on CPU ranks: rank 0 in this process, workers started as
+// `deepinfer rank-worker` processes, the experts sharded across them. Every request's tokens
+// must equal the same request on a one-rank LLM (greedy and seeded), whatever rank it landed
+// on and whatever else ran beside it; a bad request fails alone; a worker that cannot start
+// fails the constructor naming it; a bad layout is refused before anything starts.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <random>
+
+#include "deepinfer/error.h"
+#include "deepinfer/llm.h"
+
+namespace deepinfer {
+namespace {
+
+std::string env_or(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : fallback;
+}
+std::string tiny_model() { return env_or("DEEPINFER_SOURCE_DIR", ".") + "/tests/data/golden/tiny"; }
+std::string default_model() { return env_or("DEEPINFER_SOURCE_DIR", ".") + "/assets/default-model"; }
+// The CLI built with this test (CMake passes its path); DEEPINFER_CLI overrides it.
+std::vector<std::string> worker() { return {env_or("DEEPINFER_CLI", DEEPINFER_CLI_PATH), "rank-worker"}; }
+
+LLMConfig config(const std::string& model, int dp, int ep) {
+  LLMConfig c;
+  c.model = model;
+  c.accelerator = "cpu";
+  c.max_num_seqs = 8;
+  c.max_num_batched_tokens = 48;  // several chunked-prefill steps per prompt
+  c.max_model_len = 256;
+  c.skip_tokenizer_init = model == tiny_model();
+  c.data_parallel_size = dp;
+  c.expert_parallel_size = ep;
+  if (dp > 1) c.worker_command = worker();
+  return c;
+}
+
+std::vector<PromptInput> token_prompts(int64_t vocab, int count) {
+  std::mt19937 rng(7);
+  std::vector<PromptInput> out;
+  for (int i = 0; i < count; ++i) {
+    std::vector<int32_t> ids(size_t(3 + (i * 13) % 57));
+    for (int32_t& t : ids) t = int32_t(rng() % uint32_t(vocab));
+    out.push_back(PromptInput::from_token_ids(ids));
+  }
+  return out;
+}
+
+std::vector<SamplingParams> params_for(int count) {
+  std::vector<SamplingParams> ps;
+  for (int i = 0; i < count; ++i) {
+    SamplingParams p;
+    p.max_tokens = 6 + i % 5;
+    p.ignore_eos = true;
+    if (i % 2) p.temperature = 0.f;
+    else p.temperature = 0.9f, p.seed = uint64_t(100 + i);
+    ps.push_back(p);
+  }
+  return ps;
+}
+
+void expect_same_tokens(const std::vector<RequestOutput>& a, const std::vector<RequestOutput>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    ASSERT_EQ(a[i].error, b[i].error) << "request " << i;
+    ASSERT_EQ(a[i].outputs.size(), b[i].outputs.size()) << "request " << i;
+    for (size_t k = 0; k < a[i].outputs.size(); ++k)
+      EXPECT_EQ(a[i].outputs[k].token_ids, b[i].outputs[k].token_ids) << "request " << i << " sample " << k;
+  }
+}
+
+struct Layout {
+  int dp, ep;
+  bool eplb = false;  // runtime EPLB every 2 steps, one redundant slot per rank
+};
+class DataParallelLLM : public ::testing::TestWithParam<Layout> {};
+
+TEST_P(DataParallelLLM, MatchesOneRank) {
+  if (!std::filesystem::exists(tiny_model() + "/config.json")) GTEST_SKIP() << "fixture " << tiny_model() << " absent";
+  const auto [dp, ep, eplb] = GetParam();
+  std::vector<RequestOutput> ref;
+  int64_t vocab = 0;
+  const int count = 9;
+  {
+    LLM one(config(tiny_model(), 1, 0));
+    vocab = one.vocab_size();
+    ref = one.generate(token_prompts(vocab, count), params_for(count));
+  }
+  LLMConfig pc = config(tiny_model(), dp, ep);
+  if (eplb) pc.enable_eplb = true, pc.eplb_window_size = 4, pc.eplb_step_interval = 2, pc.num_redundant_experts = dp;
+  LLM par(pc);
+  EXPECT_NE(par.describe().find("data-parallel " + std::to_string(dp) + " ranks"), std::string::npos) << par.describe();
+  if (ep != 1) {
+    EXPECT_NE(par.describe().find("experts sharded"), std::string::npos) << par.describe();
+  }
+  std::vector<RequestOutput> got = par.generate(token_prompts(vocab, count), params_for(count));
+  expect_same_tokens(ref, got);
+  // The same LLM again, one request at a time through the incremental API (other ranks idle).
+  const std::string id = par.add_request(token_prompts(vocab, 1)[0], params_for(1)[0]);
+  std::vector<int32_t> streamed;
+  bool finished = false;
+  for (int guard = 0; par.has_unfinished() && guard < 1000; ++guard)
+    for (const RequestOutput& o : par.step())
+      if (o.request_id == id) streamed = o.outputs.at(0).token_ids, finished = o.finished;
+  EXPECT_TRUE(finished);
+  EXPECT_EQ(streamed, ref[0].outputs[0].token_ids);
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, DataParallelLLM, ::testing::Values(Layout{2, 0}, Layout{3, 3}, Layout{2, 1}, Layout{3, 0, true}),
+                         [](const auto& info) {
+                           return "dp" + std::to_string(info.param.dp) + "_ep" + std::to_string(info.param.ep) +
+                                  (info.param.eplb ? "_eplb" : "");
+                         });
+
+TEST(DataParallelLLM, BadRequestFailsAlone) {
+  if (!std::filesystem::exists(tiny_model() + "/config.json")) GTEST_SKIP() << "fixture absent";
+  LLM par(config(tiny_model(), 2, 0));
+  const int64_t vocab = par.vocab_size();
+  std::vector<PromptInput> prompts = token_prompts(vocab, 4);
+  prompts[2].token_ids[1] = int32_t(vocab + 5);  // refused by the rank that gets it
+  std::vector<RequestOutput> got = par.generate(prompts, params_for(4));
+  ASSERT_EQ(got.size(), 4u);
+  EXPECT_NE(got[2].error.find("outside [0, " + std::to_string(vocab) + ")"), std::string::npos) << got[2].error;
+  for (int i : {0, 1, 3}) {
+    EXPECT_TRUE(got[size_t(i)].error.empty()) << got[size_t(i)].error;
+    ASSERT_EQ(got[size_t(i)].outputs.size(), 1u);
+    EXPECT_FALSE(got[size_t(i)].outputs[0].token_ids.empty());
+  }
+  // Cheap checks fail at once on rank 0.
+  SamplingParams bad;
+  bad.top_p = 2.f;
+  EXPECT_THROW(par.add_request(prompts[0], bad), InvalidArgument);
+}
+
+TEST(DataParallelLLM, TextPromptsOnTheDefaultModel) {
+  if (!std::filesystem::exists(default_model() + "/config.json")) GTEST_SKIP() << "default model absent";
+  SamplingParams p;
+  p.temperature = 0.f;
+  p.max_tokens = 8;
+  const std::vector<PromptInput> prompts{PromptInput::from_text("The capital of France is"),
+                                         PromptInput::from_text("Once upon a time"),
+                                         PromptInput::from_text("1, 2, 3,")};
+  std::vector<RequestOutput> ref = LLM(config(default_model(), 1, 0)).generate(prompts, {p});
+  std::vector<RequestOutput> got = LLM(config(default_model(), 2, 2)).generate(prompts, {p});
+  expect_same_tokens(ref, got);
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i].outputs.at(0).text, ref[i].outputs.at(0).text);
+}
+
+TEST(DataParallelLLM, WorkerThatCannotStartNamesIt) {
+  if (!std::filesystem::exists(tiny_model() + "/config.json")) GTEST_SKIP() << "fixture absent";
+  LLMConfig c = config(tiny_model(), 2, 0);
+  c.worker_command = {"/bin/false"};  // starts, exits with status 1 before it is ready
+  try {
+    LLM par(c);
+    FAIL() << "constructed with a worker that exited";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 1"), std::string::npos) << e.what();
+  }
+}
+
+TEST(DataParallelLLM, BadLayoutRefused) {
+  LLMConfig c = config(tiny_model(), 2, 3);
+  try {
+    LLM par(c);
+    FAIL() << "accepted expert_parallel_size=3 with data_parallel_size=2";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("expert_parallel_size"), std::string::npos) << e.what();
+  }
+  c.expert_parallel_size = 0;
+  c.data_parallel_size = 0;
+  EXPECT_THROW(LLM{c}, InvalidArgument);
+  LLMConfig one_rank = config(tiny_model(), 1, 2);  // experts sharded over ranks that do not exist
+  EXPECT_THROW(LLM{one_rank}, InvalidArgument);
+  LLMConfig single = config(tiny_model(), 1, 0);
+  single.enable_eplb = true;  // nothing to balance on one rank: refused, not ignored
+  try {
+    LLM one(single);
+    FAIL() << "accepted enable_eplb on one rank";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("enable_eplb"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace deepinfer

@@ -1,0 +1,294 @@
+// Speculative decoding on the trained default model (assets/default-model, a DeepSeek-V4 with one
+// MTP block) on the CPU: greedy output with the model's own MTP drafter is token-identical to
+// plain decoding — requests alone, batched with mixed lengths, with chunked prefill, under forced
+// preemption and with a grammar — and so it is for every forced acceptance length 0..L (an
+// oracle drafter that knows plain decoding's tokens proposes a correct prefix of each length).
+// Skipped when the bundled model is absent.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "engine/engine.h"
+#include "engine/model_loader.h"
+#include "model/drafter.h"
+
+using namespace deepinfer;
+using namespace deepinfer::engine;
+
+namespace {
+constexpr int32_t kL = 5;
+
+std::string model_dir() { return default_model_dir(); }
+
+std::filesystem::path source_dir() {
+  if (const char* d = std::getenv("DEEPINFER_SOURCE_DIR"); d && *d) return d;
+  return std::filesystem::path(__FILE__).parent_path().parent_path().parent_path().parent_path();
+}
+
+// Forwards everything to `inner` but drafts with `drafter` (null: no drafter).
+class DrafterSwap final : public model::CausalLM {
+ public:
+  DrafterSwap(std::unique_ptr<model::CausalLM> inner, std::unique_ptr<model::Drafter> d)
+      : inner_(std::move(inner)), drafter_(std::move(d)) {}
+  int64_t vocab_size() const override { return inner_->vocab_size(); }
+  int64_t max_model_len() const override { return inner_->max_model_len(); }
+  int64_t eos_token_id() const override { return inner_->eos_token_id(); }
+  int64_t bos_token_id() const override { return inner_->bos_token_id(); }
+  std::string describe() const override { return inner_->describe(); }
+  kv::CacheGeometry plan_cache(size_t b, int64_t s) const override { return inner_->plan_cache(b, s); }
+  void allocate_cache(const kv::CacheGeometry& g) override { inner_->allocate_cache(g); }
+  void reset_slot(int32_t slot) override { inner_->reset_slot(slot); }
+  model::ForwardOutput run(const model::ForwardBatch& b, const model::ForwardOptions& o) override {
+    return inner_->run(b, o);
+  }
+  int64_t max_rollback() const override { return inner_->max_rollback(); }
+  void rollback(int32_t slot, int64_t n, int64_t keep) override { inner_->rollback(slot, n, keep); }
+  model::Drafter* drafter() override { return drafter_.get(); }
+
+ private:
+  std::unique_ptr<model::CausalLM> inner_;
+  std::unique_ptr<model::Drafter> drafter_;
+};
+
+// Knows every request's plain greedy sequence (prompt + output); proposes, after the anchor at
+// position p, pattern(p) tokens of it and then a token it is not (so exactly that many can be
+// accepted). Which sequence a slot holds is found from the tokens fed to it.
+class OracleDrafter final : public model::Drafter {
+ public:
+  OracleDrafter(std::vector<std::vector<int32_t>> sequences, int64_t vocab, std::function<int32_t(int64_t)> pattern)
+      : seqs_(std::move(sequences)), vocab_(vocab), pattern_(std::move(pattern)) {}
+  std::string describe() const override { return "oracle"; }
+  int64_t max_draft_tokens() const override { return kL; }
+  std::vector<model::DraftProposal> propose(const model::DraftBatch& batch, Tensor*) override {
+    std::vector<model::DraftProposal> out;
+    for (const model::DraftSeq& s : batch.seqs) {
+      std::vector<int32_t>& fed = fed_[s.cache_slot];
+      if (s.first_position == 0) fed.clear();
+      fed.resize(size_t(s.first_position));  // positions after a rollback were never fed
+      fed.insert(fed.end(), s.next_tokens.begin(), s.next_tokens.end());  // tokens at positions 1..
+      model::DraftProposal p;
+      const std::vector<int32_t>* seq = find(fed);
+      const int64_t anchor = s.first_position + s.num_positions;  // position of the anchor token
+      const int32_t good = std::clamp<int32_t>(pattern_(anchor), 0, s.num_drafts);
+      for (int32_t i = 0; i < s.num_drafts && seq; ++i) {
+        const size_t pos = size_t(anchor + 1 + i);
+        if (pos >= seq->size()) break;
+        const int32_t right = (*seq)[pos];
+        p.tokens.push_back(i < good ? right : int32_t((right + 1 + i) % vocab_));
+        p.logprobs.push_back(i < good ? -0.1f : -3.f);
+        if (i >= good) break;
+      }
+      out.push_back(std::move(p));
+    }
+    return out;
+  }
+
+ private:
+  const std::vector<int32_t>* find(const std::vector<int32_t>& fed) const {
+    for (const auto& s : seqs_)
+      if (s.size() > fed.size() && std::equal(fed.begin(), fed.end(), s.begin() + 1)) return &s;
+    return nullptr;
+  }
+  std::vector<std::vector<int32_t>> seqs_;
+  int64_t vocab_;
+  std::function<int32_t(int64_t)> pattern_;
+  std::map<int32_t, std::vector<int32_t>> fed_;
+};
+
+struct SpecSetup {
+  int32_t drafts = kL;            // 0: plain decoding
+  int64_t max_batched = 2048, max_seqs = 16;
+  int64_t cache_blocks = 0;       // > 0: a cache of max_seqs slots and this many paged blocks
+  bool varlen = false;
+  const std::vector<std::vector<int32_t>>* oracle = nullptr;  // oracle drafter over these sequences
+  std::function<int32_t(int64_t)> pattern;
+  bool grammar = false;
+};
+
+struct SpecRun {
+  std::vector<std::vector<int32_t>> tokens;
+  SchedulerStats stats;
+  ModelRunner::Stats runner;
+};
+
+SpecRun run(const SpecSetup& s, const std::vector<std::vector<int32_t>>& prompts, const SamplingParams& params) {
+  model::ModelLoadOptions lo;
+  lo.env.accelerator = Accelerator::kCPU;
+  lo.limits.max_rollback = kL + 1;
+  lo.progress = false;
+  std::unique_ptr<model::CausalLM> m = load_model(model_dir(), lo);
+  const int64_t vocab = m->vocab_size();
+  if (s.oracle)
+    m = std::make_unique<DrafterSwap>(std::move(m), std::make_unique<OracleDrafter>(*s.oracle, vocab, s.pattern));
+  LLMConfig lc;
+  std::unique_ptr<TextCodec> codec = s.grammar ? load_codec(lc, model_dir(), vocab) : nullptr;
+  std::unique_ptr<GrammarCompiler> grammar = s.grammar ? make_grammar_compiler(codec.get(), vocab, 1) : nullptr;
+  EngineConfig ec;
+  ec.scheduler.max_num_batched_tokens = s.max_batched;
+  ec.scheduler.max_num_seqs = s.max_seqs;
+  if (s.cache_blocks > 0) {
+    const kv::CacheGeometry g = m->plan_cache(size_t(1) << 32, s.max_seqs);
+    ec.kv_cache_memory_bytes = g.bytes_per_slot * size_t(s.max_seqs) + g.bytes_per_block * size_t(s.cache_blocks);
+  }
+  ec.num_speculative_tokens = s.drafts;
+  ec.varlen_drafts = s.varlen;
+  if (s.varlen) ec.step_cost = StepCostModel({{1, 1.0}, {16, 1.2}, {64, 2.0}, {256, 6.0}});
+  Engine eng(ec, std::move(m), std::move(codec), std::move(grammar));
+  for (size_t i = 0; i < prompts.size(); ++i)
+    eng.add_request(std::to_string(i), PromptInput::from_token_ids(prompts[i]), params, 0);
+  SpecRun r;
+  r.tokens.resize(prompts.size());
+  while (eng.has_unfinished())
+    for (RequestOutput& o : eng.step()) {
+      EXPECT_TRUE(o.error.empty()) << o.error;
+      if (o.finished && !o.outputs.empty()) r.tokens[size_t(std::stoi(o.request_id))] = o.outputs[0].token_ids;
+    }
+  r.stats = eng.scheduler().stats();
+  r.runner = eng.runner().stats();
+  return r;
+}
+
+// Prompts of mixed lengths (first + (i * 37) % spread tokens after the bos) cut from the held-out
+// sample's token ids.
+std::vector<std::vector<int32_t>> heldout_prompts(int n, size_t first = 9, size_t spread = 120) {
+  const std::filesystem::path f =
+      source_dir() / "tests" / "data" / "default_model" / "heldout_sample.jsonl";
+  std::ifstream in(f);
+  LLMConfig lc;
+  std::unique_ptr<TextCodec> codec = load_codec(lc, model_dir(), 8192);
+  std::vector<std::vector<int32_t>> out;
+  std::string line;
+  for (int i = 0; (int)out.size() < n && std::getline(in, line); ++i) {
+    const std::string text = nlohmann::json::parse(line).get<std::string>();
+    std::vector<int32_t> ids = codec->encode(text);
+    const size_t len = first + size_t(i * 37) % spread;
+    if (ids.size() < len + 1) continue;
+    ids.resize(len);
+    ids.insert(ids.begin(), 0);  // bos
+    out.push_back(std::move(ids));
+  }
+  return out;
+}
+
+SamplingParams greedy(int n) {
+  SamplingParams p;
+  p.temperature = 0;
+  p.max_tokens = n;
+  p.ignore_eos = true;
+  return p;
+}
+
+class SpecDefaultModel : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (model_dir().empty()) GTEST_SKIP() << "the bundled default model is absent";
+  }
+};
+}  // namespace
+
+TEST_F(SpecDefaultModel, GreedyMtpIdenticalAloneBatchedChunkedPreempted) {
+  const auto prompts = heldout_prompts(6);
+  ASSERT_EQ(prompts.size(), 6u);
+  const SamplingParams p = greedy(40);
+  SpecSetup plain_setup;
+  plain_setup.drafts = 0;
+  const SpecRun plain = run(plain_setup, prompts, p);
+  // Alone: one request per engine.
+  for (size_t i = 0; i < 2; ++i) {
+    const SpecRun alone = run({}, {prompts[i]}, p);
+    EXPECT_EQ(alone.tokens[0], plain.tokens[i]) << "request " << i << " alone";
+    EXPECT_GT(alone.stats.num_accepted_drafts, 0);
+  }
+  struct Case {
+    const char* name;
+    int64_t budget;
+    int64_t blocks;
+  };
+  for (const Case& c : {Case{"batched", 2048, 0}, Case{"chunked", 13, 0}}) {
+    SpecSetup s;
+    s.max_batched = c.budget;
+    s.max_seqs = 6;
+    s.cache_blocks = c.blocks;
+    const SpecRun spec = run(s, prompts, p);
+    EXPECT_EQ(spec.tokens, plain.tokens) << c.name;
+    EXPECT_GT(spec.stats.num_accepted_drafts, 0) << c.name;
+    const double len = 1.0 + double(spec.stats.num_accepted_drafts) / double(std::max<int64_t>(1, spec.stats.num_verify_steps));
+    RecordProperty(std::string("acceptance_length_") + c.name, std::to_string(len));
+  }
+  // Forced preemption: three prompts just under a 256-token block each and three blocks, so the
+  // sequences crossing into a second block preempt one another (recomputed from scratch).
+  const auto longp = heldout_prompts(3, 226, 12);
+  ASSERT_EQ(longp.size(), 3u);
+  SpecSetup pp;
+  pp.drafts = 0;
+  pp.max_seqs = 3;
+  const SpecRun plain_long = run(pp, longp, p);
+  SpecSetup sp;
+  sp.max_seqs = 3;
+  sp.cache_blocks = 3;
+  const SpecRun pre = run(sp, longp, p);
+  EXPECT_EQ(pre.tokens, plain_long.tokens) << "preempted";
+  EXPECT_GT(pre.stats.num_preemptions, 0);
+  EXPECT_GT(pre.stats.num_accepted_drafts, 0);
+}
+
+TEST_F(SpecDefaultModel, EveryForcedAcceptLengthIdentical) {
+  const auto prompts = heldout_prompts(4);
+  const SamplingParams p = greedy(24);
+  SpecSetup plain_setup;
+  plain_setup.drafts = 0;
+  const SpecRun plain = run(plain_setup, prompts, p);
+  std::vector<std::vector<int32_t>> full;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    full.push_back(prompts[i]);
+    full.back().insert(full.back().end(), plain.tokens[i].begin(), plain.tokens[i].end());
+  }
+  for (int32_t a = 0; a <= kL; ++a) {
+    SpecSetup s;
+    s.oracle = &full;
+    s.pattern = [a](int64_t) { return a; };
+    const SpecRun spec = run(s, prompts, p);
+    EXPECT_EQ(spec.tokens, plain.tokens) << "accept " << a;
+    EXPECT_GT(spec.stats.num_draft_tokens, 0);
+    if (a == 0) EXPECT_EQ(spec.stats.num_accepted_drafts, 0);
+    // Every draft scheduled at accept length a: min(a, scheduled) accepted (fewer are scheduled
+    // near max_tokens), and a rejection whenever a < L.
+    EXPECT_GE(spec.stats.num_accepted_drafts * kL, spec.stats.num_draft_tokens * a) << "accept " << a;
+    if (a < kL) EXPECT_GT(spec.runner.rollbacks, 0) << "accept " << a;
+  }
+  SpecSetup mixed;
+  mixed.oracle = &full;
+  mixed.pattern = [](int64_t pos) { return int32_t((pos * 7 + pos / 3) % (kL + 1)); };
+  EXPECT_EQ(run(mixed, prompts, p).tokens, plain.tokens) << "mixed pattern";
+}
+
+TEST_F(SpecDefaultModel, GrammarAndVarlenIdentical) {
+  const auto prompts = heldout_prompts(4);
+  SamplingParams g = greedy(30);
+  g.structured_outputs.emplace();
+  g.structured_outputs->regex = "( ?[a-z]{1,8}){3,12}\\.";
+  g.ignore_eos = false;
+  SpecSetup plain_setup;
+  plain_setup.drafts = 0;
+  plain_setup.grammar = true;
+  const SpecRun plain = run(plain_setup, prompts, g);
+  SpecSetup s;
+  s.grammar = true;
+  const SpecRun spec = run(s, prompts, g);
+  EXPECT_EQ(spec.tokens, plain.tokens) << "grammar";
+  EXPECT_GT(spec.stats.num_draft_tokens, 0);
+  // Varlen (a given cost curve): each request's draft length varies, the output does not.
+  const SamplingParams p = greedy(40);
+  SpecSetup pl;
+  pl.drafts = 0;
+  const SpecRun plain2 = run(pl, prompts, p);
+  SpecSetup v;
+  v.varlen = true;
+  const SpecRun var = run(v, prompts, p);
+  EXPECT_EQ(var.tokens, plain2.tokens) << "varlen";
+  EXPECT_GT(var.stats.num_accepted_drafts, 0);
+}

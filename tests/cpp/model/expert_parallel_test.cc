@@ -1,0 +1,199 @@
+// Expert parallelism on CPU ranks (threads of this process, one gloo group, one model each): every
+// rank runs its own sequence in its own chunks (attention data parallelism), with steps where a
+// rank has no tokens at all, while the routed experts of the main layers are sharded across the
+// ranks. Each rank's logits must equal its sequence run alone on one rank: to the CPU's GEMM
+// tolerance (an expert now sees other ranks' rows too, so its GEMMs have another M) with the same
+// greedy tokens.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <thread>
+
+#include "golden.h"
+#include "model/deepseek/cpu/cpu_backend.h"
+#include "model/deepseek/expert_parallel.h"
+#include "model/deepseek_v4/model.h"
+#include "model/sequence_runner.h"
+#include "parallel/gloo_group.h"
+#include "parallel/launcher.h"
+
+namespace deepinfer::testing {
+namespace {
+using model::ds::ExpertParallel;
+
+struct RankWork {
+  std::vector<int32_t> ids;
+  std::vector<int64_t> chunks;     // per lockstep step; 0 = this rank has no tokens that step
+  std::vector<float> logits;       // [ids, V]
+};
+
+std::unique_ptr<model::v4::DeepseekV4Model> load(const std::string& dir) {
+  auto m = model::v4::DeepseekV4Model::load(dir, {.max_rollback = 5});
+  m->allocate_cache_for(2, 512);
+  return m;
+}
+
+// Runs every rank's chunks in lockstep: step s runs chunks[s] tokens of the rank's sequence (an
+// empty batch when 0).
+void run_rank(model::CausalLM& m, const kv::CacheGeometry& g, RankWork& w) {
+  const int64_t V = m.vocab_size();
+  m.reset_slot(0);
+  model::SeqInBatch seq{.cache_slot = 0, .block_table = model::slot_block_table(g, 0)};
+  w.logits.assign(w.ids.size() * size_t(V), 0.f);
+  int64_t done = 0;
+  for (int64_t c : w.chunks) {
+    model::ForwardBatch b;
+    if (c > 0) {
+      b.token_ids.assign(w.ids.begin() + done, w.ids.begin() + done + c);
+      seq.num_computed_tokens = done;
+      seq.num_new_tokens = int32_t(c);
+      b.seqs = {seq};
+      for (int64_t i = 0; i < c; ++i) b.logits_indices.push_back(int32_t(i));
+    }
+    model::ForwardOutput o = m.run(b, {});
+    if (c > 0) std::copy_n(o.logits.data<float>(), c * V, w.logits.data() + done * V);
+    done += c;
+  }
+  ASSERT_EQ(done, int64_t(w.ids.size()));
+}
+
+void expect_close(const std::vector<float>& a, const std::vector<float>& b, int64_t V, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  float scale = 0.f, diff = 0.f;
+  int64_t flips = 0;
+  const int64_t rows = int64_t(a.size()) / V;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* x = a.data() + r * V;
+    const float* y = b.data() + r * V;
+    for (int64_t v = 0; v < V; ++v) scale = std::max(scale, std::fabs(x[v])), diff = std::max(diff, std::fabs(x[v] - y[v]));
+    flips += (std::max_element(x, x + V) - x) != (std::max_element(y, y + V) - y);
+  }
+  std::printf("[expert-parallel] %s: max|d| %.3g (rel %.3g), argmax flips %lld/%lld\n", what.c_str(), diff,
+              diff / std::max(scale, 1e-30f), (long long)flips, (long long)rows);
+  EXPECT_LE(diff, 1e-5f * std::max(scale, 1.f)) << what;
+  EXPECT_EQ(flips, 0) << what;
+}
+
+// replicated: a balanced EPLB placement of a skewed load with one redundant slot per rank, so hot
+// experts have replicas on several ranks. eplb: runtime rebalancing every 2 steps over a 3-step
+// window (any gain taken), so the placement changes while sequences are mid-flight.
+struct EpCase {
+  int n;
+  bool replicated, eplb;
+};
+class ExpertParallelCpu : public ::testing::TestWithParam<EpCase> {};
+
+parallel::ExpertPlacement placement_for(int32_t experts, int n, bool replicated, int64_t layer) {
+  const int32_t slots = (experts + n - 1) / n;
+  if (!replicated) return parallel::contiguous_placement(experts, n, slots);
+  std::vector<double> load(static_cast<size_t>(experts));
+  for (int32_t e = 0; e < experts; ++e) load[size_t(e)] = double((e * 7 + layer * 3) % experts + 1) * (e % 3 == 0 ? 5 : 1);
+  parallel::ExpertPlacement p = parallel::balanced_placement(load, n, slots + 1);
+  p.validate();
+  return p;
+}
+
+TEST_P(ExpertParallelCpu, RanksMatchSingleRank) {
+  const std::string dir = golden_dir("tiny");
+  if (!std::filesystem::exists(dir + "/config.json")) GTEST_SKIP() << "fixture " << dir << " absent";
+  const auto [n, replicated, eplb] = GetParam();
+  const auto inputs = read_inputs(dir);
+  const std::vector<int32_t> ids = inputs.count("long") ? inputs.at("long") : inputs.begin()->second;
+  // Rank r: a different slice of the ids, different chunking; rank 1 idles for the first steps and
+  // the last rank finishes early (zero-token steps at both ends).
+  std::vector<RankWork> work(static_cast<size_t>(n));
+  const int64_t steps = 9;
+  for (int r = 0; r < n; ++r) {
+    RankWork& w = work[size_t(r)];
+    const int64_t len = std::min<int64_t>(int64_t(ids.size()) - 5 * r, 40 + 23 * r);
+    w.ids.assign(ids.begin() + 5 * r, ids.begin() + 5 * r + len);
+    std::vector<int64_t> cuts = random_chunks(len, uint32_t(17 + r));
+    w.chunks.assign(size_t(steps), 0);
+    // Squeeze the random cuts into `steps` lockstep steps: the first cuts as they are, the rest in the last used step.
+    const int64_t first = r == 1 ? 3 : 0, last = r == n - 1 ? steps - 3 : steps;
+    int64_t s = first;
+    for (int64_t c : cuts) {
+      w.chunks[size_t(s)] += c;
+      if (s + 1 < last) ++s;
+    }
+  }
+  // References: each rank's work alone on one rank, same cuts.
+  std::vector<std::vector<float>> alone(static_cast<size_t>(n));
+  {
+    auto m = load(dir);
+    for (int r = 0; r < n; ++r) {
+      RankWork w = work[size_t(r)];
+      run_rank(*m, m->cache_geometry(), w);
+      alone[size_t(r)] = w.logits;
+    }
+  }
+  parallel::RendezvousDir rdv;
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(n));
+  std::vector<std::thread> threads;
+  std::vector<std::vector<std::vector<int64_t>>> loads(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        auto pg = parallel::make_gloo_group({.rendezvous_dir = rdv.path(), .name = "ep", .rank = r, .size = n,
+                                             .timeout = std::chrono::milliseconds(60000)});
+        auto m = load(dir);
+        auto& be = static_cast<model::ds::CpuBackend&>(m->backend());
+        const auto& g = m->arch().dims;
+        std::vector<parallel::ExpertPlacement> layouts;
+        for (int64_t l = 0; l < m->arch().plan.num_layers(); ++l)
+          layouts.push_back(placement_for(int32_t(g.experts), n, replicated, l));
+        be.set_expert_parallel(std::make_shared<ExpertParallel>(
+            *pg, layouts, model::ds::EplbOptions{.enabled = eplb, .window_steps = 3, .step_interval = 2, .min_gain = 0.0}));
+        EXPECT_TRUE(m->joins_collectives());
+        run_rank(*m, m->cache_geometry(), work[size_t(r)]);
+        loads[size_t(r)] = be.expert_parallel()->take_load();
+        if (eplb) {
+          EXPECT_GT(be.expert_parallel()->num_rebalances(), 0) << "rank " << r;
+          EXPECT_GT(be.expert_parallel()->num_slots_moved(), 0) << "rank " << r;
+        }
+      } catch (...) {
+        errors[size_t(r)] = std::current_exception();
+      }
+    });
+  for (auto& t : threads) t.join();
+  // Report every rank's error: the first one to fail is the cause, the others see its group close.
+  bool failed = false;
+  for (int r = 0; r < n; ++r) {
+    if (!errors[size_t(r)]) continue;
+    failed = true;
+    try {
+      std::rethrow_exception(errors[size_t(r)]);
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "rank " << r << ": " << e.what();
+    }
+  }
+  if (failed) return;
+  const int64_t V = 0 + int64_t(work[0].logits.size() / work[0].ids.size());
+  for (int r = 0; r < n; ++r) expect_close(alone[size_t(r)], work[size_t(r)].logits, V, "rank " + std::to_string(r));
+  // Every assignment was counted once, on the rank that routed it: tokens x top-k per layer.
+  for (int r = 0; r < n; ++r) {
+    int64_t total = 0;
+    for (int64_t c : loads[size_t(r)][0]) total += c;
+    EXPECT_GT(total, 0);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, ExpertParallelCpu,
+                         ::testing::Values(EpCase{2, false, false}, EpCase{3, false, false}, EpCase{3, true, false},
+                                           EpCase{3, true, true}));
+
+// A placement whose rank count is not the group's is refused, naming both.
+TEST(ExpertParallelCpu, PlacementForAnotherGroupSizeRefused) {
+  auto pg = parallel::make_single_rank_group();
+  std::vector<parallel::ExpertPlacement> layouts{parallel::contiguous_placement(8, 2, 4)};
+  try {
+    ExpertParallel ep(*pg, layouts);
+    FAIL() << "accepted a 2-rank placement in a 1-rank group";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("2 ranks"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace deepinfer::testing
