@@ -28,7 +28,8 @@ for which in after before; do
   f="$LOG/kernels_${which}_${REPS}.log"
   [ -f "$f" ] || continue
   echo "== $which: gemm_fp8w (graph-timed per launch) vs bf16 cuBLASLt"
-  grep '^DI_FP8W_TABLE' "$f" | cut -d'|' -f2- | column -t -s'|'
+  grep '^DI_FP8W_TABLE' "$f" | cut -d'|' -f2-
+  grep -q '^DI_FP8W_SPLITS' "$f" && { echo "== $which: gemm_fp8w with the K split capped"; grep '^DI_FP8W_SPLITS' "$f" | cut -d'|' -f2-; }
   echo "== $which: grouped expert GEMM"
   grep -E '^DI_CUDA_TIME\|(grouped_gemm|moe_route)' "$f" | cut -d'|' -f2-
 done | tee "$LOG/kernels_summary.txt"

@@ -1,5 +1,5 @@
 // FP8 weight-only GEMM (gemm_fp8w.h). Layout of the work:
-//  * a block of kWarps warps covers 16·kWarps weight rows (16 per warp: the m16 side of
+//  * a block of kWarps warps covers 16·kRT·kWarps weight rows (kRT m16 tiles per warp: the m16 side of
 //    mma.m16n8k16, so the WEIGHT is the A operand and up to 8 tiles of 8 tokens are the B operand:
 //    M = 1 wastes 7/8 of an n8 tile, not 15/16 of an m16 one);
 //  * K advances in stages of 128 (one e8m0 scale block): the block's weight tile (rows x 128 k,
@@ -112,9 +112,10 @@ struct Args {
 template <bool kFp8, int kNT>
 struct Cfg {
   static constexpr int kWarps = kNT >= 4 ? 8 : 4;  // more rows per block amortise the x tile
+  static constexpr int kRT = kNT >= 8 ? 2 : 1;      // m16 row tiles per warp (share the x fragments)
   static constexpr int kThreads = 32 * kWarps;
-  static constexpr int kRows = 16 * kWarps;
-  static constexpr int kStages = kNT >= 8 ? 3 : 4;
+  static constexpr int kRows = 16 * kRT * kWarps;
+  static constexpr int kStages = kNT >= 8 ? 3 : kNT >= 2 ? 4 : 5;  // 4 blocks per SM up to kNT = 2
   static constexpr int kWRow = kFp8 ? kChunk : 2 * kChunk;  // bytes of one weight row per stage
   static constexpr int kWSegs = kWRow / 16;
   static constexpr int kWTile = kRows * kWRow;
@@ -180,24 +181,30 @@ __device__ __forceinline__ void row_pairs(const uint8_t* row, int h, int t, int 
 // One stage (128 k) of a warp: two halves of 64, 4 MMA k-steps each per token tile.
 template <bool kFp8, int kNT>
 __device__ __forceinline__ void compute_stage(const uint8_t* Ws, const uint8_t* Xs, int warp, int g, int t,
-                                              uint32_t fa, uint32_t fb, float (&acc)[kNT][4]) {
+                                              const uint32_t (&f)[Cfg<kFp8, kNT>::kRT][2],
+                                              float (&acc)[Cfg<kFp8, kNT>::kRT][kNT][4]) {
   using C = Cfg<kFp8, kNT>;
-  const int rA = warp * 16 + g, rB = rA + 8;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    uint32_t PA[8], PB[8];
-    row_pairs<kFp8>(Ws + rA * C::kWRow, h, t, rA, fa, PA);
-    row_pairs<kFp8>(Ws + rB * C::kWRow, h, t, rB, fb, PB);
+    uint32_t PA[C::kRT][8], PB[C::kRT][8];
+#pragma unroll
+    for (int rt = 0; rt < C::kRT; ++rt) {
+      const int rA = (warp * C::kRT + rt) * 16 + g, rB = rA + 8;
+      row_pairs<kFp8>(Ws + rA * C::kWRow, h, t, rA, f[rt][0], PA[rt]);
+      row_pairs<kFp8>(Ws + rB * C::kWRow, h, t, rB, f[rt][1], PB[rt]);
+    }
 #pragma unroll
     for (int q = 0; q < kNT; ++q) {
       const uint8_t* xr = Xs + (q * 8 + g) * kXLd + h * 128 + 32 * t;
       const uint4 x0 = *reinterpret_cast<const uint4*>(xr), x1 = *reinterpret_cast<const uint4*>(xr + 16);
       const uint32_t xw[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const uint32_t a[4] = {PA[2 * j], PB[2 * j], PA[2 * j + 1], PB[2 * j + 1]};
-        mma_bf16(acc[q], a, xw[2 * j], xw[2 * j + 1]);
-      }
+      for (int rt = 0; rt < C::kRT; ++rt)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const uint32_t a[4] = {PA[rt][2 * j], PB[rt][2 * j], PA[rt][2 * j + 1], PB[rt][2 * j + 1]};
+          mma_bf16(acc[rt][q], a, xw[2 * j], xw[2 * j + 1]);
+        }
     }
   }
 }
@@ -249,11 +256,17 @@ __global__ void __launch_bounds__(Cfg<kFp8, kNT>::kThreads) fp8w_kernel(const __
       sc[slot * cps + c] = s_first + slot < srows ? p.scale[(s_first + slot) * kb + c0 + c] : uint8_t(0);
     }
   }
-  const int slotA = int((wrow0 + warp * 16 + g) / sr - s_first), slotB = int((wrow0 + warp * 16 + g + 8) / sr - s_first);
-
-  float acc[kNT][4];
+  int slot[C::kRT][2];  // scale rows of the lane's weight rows (fixed for the whole kernel)
 #pragma unroll
-  for (int q = 0; q < kNT; ++q) acc[q][0] = acc[q][1] = acc[q][2] = acc[q][3] = 0.f;
+  for (int rt = 0; rt < C::kRT; ++rt)
+#pragma unroll
+    for (int u = 0; u < 2; ++u) slot[rt][u] = int((wrow0 + (warp * C::kRT + rt) * 16 + g + 8 * u) / sr - s_first);
+
+  float acc[C::kRT][kNT][4];
+#pragma unroll
+  for (int rt = 0; rt < C::kRT; ++rt)
+#pragma unroll
+    for (int q = 0; q < kNT; ++q) acc[rt][q][0] = acc[rt][q][1] = acc[rt][q][2] = acc[rt][q][3] = 0.f;
   for (int ci = 0; ci < nc; ++ci) {
     cp_async_wait<C::kStages - 2>();
     __syncthreads();  // stage ci landed for every thread; slot (ci-1) % kStages is free again
@@ -261,29 +274,37 @@ __global__ void __launch_bounds__(Cfg<kFp8, kNT>::kThreads) fp8w_kernel(const __
     if (nx < nc) load_stage<kFp8, kNT>(p, smem, nx % C::kStages, (c0 + nx) * kChunk, wrow0, rows_left, xb);
     cp_async_commit();
     const uint8_t* Ws = smem + (ci % C::kStages) * C::kStage;
-    const uint32_t fa = kFp8 ? scale_factor(sc[slotA * cps + ci]) : 0u, fb = kFp8 ? scale_factor(sc[slotB * cps + ci]) : 0u;
-    compute_stage<kFp8, kNT>(Ws, Ws + C::kWTile, warp, g, t, fa, fb, acc);
+    uint32_t f[C::kRT][2];
+#pragma unroll
+    for (int rt = 0; rt < C::kRT; ++rt)
+#pragma unroll
+      for (int u = 0; u < 2; ++u) f[rt][u] = kFp8 ? scale_factor(sc[slot[rt][u] * cps + ci]) : 0u;
+    compute_stage<kFp8, kNT>(Ws, Ws + C::kWTile, warp, g, t, f, acc);
   }
-  // acc[q][0..1]: row g, tokens 8q + 2t, 2t+1; acc[q][2..3]: row g+8.
+  // acc[rt][q][0..1]: row g of the warp's row tile rt, tokens 8q + 2t, 2t+1; acc[rt][q][2..3]: row g+8.
   if (gridDim.y == 1) {
 #pragma unroll
-    for (int q = 0; q < kNT; ++q)
+    for (int rt = 0; rt < C::kRT; ++rt)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int64_t n = n0 + warp * 16 + g + (i >= 2 ? 8 : 0), m = q * 8 + 2 * t + (i & 1);
-        if (n < p.N && m < p.M)
-          static_cast<Out*>(p.y)[b * p.bsy + m * p.ldy + n] = deepinfer::cuda::from_f32<Out>(acc[q][i]);
-      }
+      for (int q = 0; q < kNT; ++q)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int64_t n = n0 + (warp * C::kRT + rt) * 16 + g + (i >= 2 ? 8 : 0), m = q * 8 + 2 * t + (i & 1);
+          if (n < p.N && m < p.M)
+            static_cast<Out*>(p.y)[b * p.bsy + m * p.ldy + n] = deepinfer::cuda::from_f32<Out>(acc[rt][q][i]);
+        }
     return;
   }
   cp_async_wait<0>();
   __syncthreads();  // the pipeline buffers become the partial-sum buffer
   float* part = reinterpret_cast<float*>(smem);
 #pragma unroll
-  for (int q = 0; q < kNT; ++q)
+  for (int rt = 0; rt < C::kRT; ++rt)
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
-      part[(q * 8 + 2 * t + (i & 1)) * C::kRows + warp * 16 + g + (i >= 2 ? 8 : 0)] = acc[q][i];
+    for (int q = 0; q < kNT; ++q)
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        part[(q * 8 + 2 * t + (i & 1)) * C::kRows + (warp * C::kRT + rt) * 16 + g + (i >= 2 ? 8 : 0)] = acc[rt][q][i];
   cluster_reduce<C::kRows, C::kXRows, C::kThreads, Out>(p, part, b, n0);
 }
 
@@ -317,13 +338,14 @@ struct Split {
 // variant runs), so every row of x is reduced in the same order whatever the batch size:
 // token-by-token decode and a prefill chunk give the same per-token result (the model's
 // chunked-vs-full consistency tests rely on it).
-Split choose_split(int64_t N, int64_t K, int64_t batch, int num_sms) {
+Split choose_split(int64_t N, int64_t K, int64_t batch, int num_sms, int max_splits) {
   const int64_t chunks = ceil_div(K, kChunk), blocks = ceil_div(N, kSplitRows) * batch;
   // As many splits as fill one wave of the M <= 8 kernel (4 blocks of 64 rows per SM), at most a
   // portable cluster, at least 2 chunks per split.
   constexpr int64_t kBlocksPerSm = 4;
   const int64_t wave = int64_t(std::max(num_sms, 1)) * kBlocksPerSm;
-  const int64_t s = std::clamp<int64_t>(wave / blocks, 1, std::clamp<int64_t>(chunks / 2, 1, kMaxSplits));
+  const int64_t cap = max_splits > 0 ? std::min(max_splits, kMaxSplits) : kMaxSplits;
+  const int64_t s = std::clamp<int64_t>(wave / blocks, 1, std::clamp<int64_t>(chunks / 2, 1, cap));
   Split r;
   r.chunks_per_split = int(ceil_div(chunks, s));
   r.splits = int(ceil_div(chunks, r.chunks_per_split));
@@ -386,8 +408,8 @@ void validate(const Fp8wGemmParams& p) {
 }
 }  // namespace
 
-int fp8w_splits(int64_t /*M*/, int64_t N, int64_t K, int64_t batch, int num_sms) {
-  return choose_split(N, K, batch, num_sms).splits;
+int fp8w_splits(int64_t /*M*/, int64_t N, int64_t K, int64_t batch, int num_sms, int max_splits) {
+  return choose_split(N, K, batch, num_sms, max_splits).splits;
 }
 
 size_t fp8w_workspace_bytes(int64_t /*M*/, int64_t /*N*/, int64_t /*K*/, int64_t /*batch*/, int /*num_sms*/) {
@@ -398,7 +420,7 @@ void gemm_fp8w(const Fp8wGemmParams& p, cudaStream_t stream) {
   validate(p);
   const bool fp8 = p.w != nullptr;
   const size_t ob = p.out_dtype == DType::kF32 ? 4 : 2;
-  const Split sp = choose_split(p.N, p.K, p.batch, p.num_sms);
+  const Split sp = choose_split(p.N, p.K, p.batch, p.num_sms, p.max_splits);
   for (int64_t m0 = 0; m0 < p.M; m0 += kFp8wMaxM) {
     const int64_t M = std::min(kFp8wMaxM, p.M - m0);
     Args a{.x = static_cast<const __nv_bfloat16*>(p.x) + m0 * p.ldx, .ldx = p.ldx, .bsx = p.batch_stride_x,

@@ -2,8 +2,8 @@
 // mma.sync m16n8k16 bf16 with fp32 accumulators, K in steps of 64. The global data of a K step
 // (activation rows gathered through x_rows, raw weight bytes) goes global -> shared memory by
 // cp.async, kStages - 1 steps ahead of the step being computed (the first version loaded one step
-// ahead into registers, so every step waited for most of a memory latency); the tile's e8m0 scales
-// are read once per block. Each step the raw weight tile is dequantised to bf16 in shared memory
+// ahead into registers, so every step waited for most of a memory latency); the e8m0 scales are
+// loaded into registers one step ahead. Each step the raw weight tile is dequantised to bf16 in shared memory
 // (lookup table per byte, then a bf16x2 multiply by the power-of-two scale; exact) and both operands
 // are read by ldmatrix. Plain bf16 weights are read by ldmatrix straight from their stage. The MMA
 // sequence is the same for every format, so FP4/FP8 give bit-for-bit the result of their bf16
@@ -59,18 +59,14 @@ struct BTraits {
 };
 constexpr int kAStageBytes = BM * kLd * 2;
 
-// Shared memory of a block: kStages x (A stage, raw B stage), the bf16 B tile (FP4/FP8), the
-// tile's scales [BN][ceil(K / block)] and the byte -> bf16 table.
+// Shared memory of a block: kStages x (A stage, raw B stage), the bf16 B tile (FP4/FP8) and the
+// byte -> bf16 table: 71 KB for FP4, 3 blocks per SM.
 template <ExpertFormat F>
 struct Smem {
   static constexpr int kStage = kAStageBytes + BTraits<F>::kStageBytes;
   static constexpr int kBs = F == ExpertFormat::kPlain ? 0 : BN * kLd * 2;
   static constexpr int kLut = F == ExpertFormat::kPlain ? 0 : 256 * 4;
-  static constexpr int kFixed = kStages * kStage + kBs + kLut;
-  static size_t bytes(int64_t K) {
-    const int64_t blk = expert_scale_block(F), ns = blk ? (K + blk - 1) / blk : 0;
-    return size_t(kFixed) + size_t((BN * ns + 15) / 16 * 16);
-  }
+  static constexpr int kBytes = kStages * kStage + kBs + kLut;
 };
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
@@ -146,17 +142,31 @@ __device__ void fill_lut(uint32_t* lut) {
     for (int i = threadIdx.x; i < 256; i += blockDim.x) lut[i] = fp8_bf16_bits(i);
 }
 
-// Raw stage -> bf16 B tile of K step k0. sc: the tile's scales [BN][ns] (127 past N).
+// The e8m0 scales of a thread's raw chunks in K step k0 (127 past N or K): plain loads, one K step
+// ahead of their use, so their latency hides behind a step's MMAs.
 template <ExpertFormat F>
-__device__ __forceinline__ void dequant_stage(const uint8_t* Braw, __nv_bfloat16* Bs, const uint32_t* lut,
-                                              const uint8_t* sc, int64_t ns, int64_t k0, int64_t K) {
+__device__ __forceinline__ void load_scales(const GroupedGemmParams& p, const uint8_t* sc, int64_t n0, int64_t k0,
+                                            uint8_t (&s)[BTraits<F>::kChunks]) {
   using Tr = BTraits<F>;
   constexpr int blk = F == ExpertFormat::kFP4 ? 32 : 128;
+  const int64_t ns = (p.K + blk - 1) / blk;
 #pragma unroll
   for (int j = 0; j < Tr::kChunks; ++j) {
     const int i = threadIdx.x + j * kThreads, r = i / Tr::kChunksPerRow, ch = i % Tr::kChunksPerRow;
-    const int64_t k = k0 + ch * Tr::kElemsPerChunk;
-    const uint32_t s2 = e8m0_bf16x2(k < K ? sc[r * ns + k / blk] : 127u);
+    const int64_t n = n0 + r, k = k0 + ch * Tr::kElemsPerChunk;
+    s[j] = n < p.N && k < p.K ? __ldg(sc + n * ns + k / blk) : uint8_t(127);
+  }
+}
+
+// Raw stage -> bf16 B tile; s: the chunks' scales (load_scales).
+template <ExpertFormat F>
+__device__ __forceinline__ void dequant_stage(const uint8_t* Braw, __nv_bfloat16* Bs, const uint32_t* lut,
+                                              const uint8_t (&s)[BTraits<F>::kChunks]) {
+  using Tr = BTraits<F>;
+#pragma unroll
+  for (int j = 0; j < Tr::kChunks; ++j) {
+    const int i = threadIdx.x + j * kThreads, r = i / Tr::kChunksPerRow, ch = i % Tr::kChunksPerRow;
+    const uint32_t s2 = e8m0_bf16x2(s[j]);
     const uint4 rv = *reinterpret_cast<const uint4*>(Braw + r * Tr::kRowBytes + ch * 16);
     const uint32_t raw[4] = {rv.x, rv.y, rv.z, rv.w};
     uint4* dst = reinterpret_cast<uint4*>(Bs + r * kLd + ch * Tr::kElemsPerChunk);
@@ -235,16 +245,11 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(const __grid_con
   }
   __nv_bfloat16* Bs = reinterpret_cast<__nv_bfloat16*>(smem + kStages * S::kStage);
   uint32_t* lut = reinterpret_cast<uint32_t*>(smem + kStages * S::kStage + S::kBs);
-  uint8_t* sc = smem + S::kFixed;
-  constexpr int64_t blk = F == ExpertFormat::kFP4 ? 32 : F == ExpertFormat::kFP8 ? 128 : 0;
-  const int64_t ns = blk ? (p.K + blk - 1) / blk : 0;
-  if constexpr (F != ExpertFormat::kPlain) {  // the tile's scales, while the first stages load
+  const uint8_t* sc = F == ExpertFormat::kPlain ? nullptr : p.scale[e];
+  uint8_t s_cur[BTraits<F>::kChunks], s_nxt[BTraits<F>::kChunks];
+  if constexpr (F != ExpertFormat::kPlain) {
     fill_lut<F>(lut);
-    const uint8_t* src = p.scale[e];
-    for (int64_t i = threadIdx.x; i < BN * ns; i += kThreads) {
-      const int64_t r = i / ns, n = n0 + r;
-      sc[i] = n < p.N ? __ldg(src + n * ns + i % ns) : uint8_t(127);
-    }
+    load_scales<F>(p, sc, n0, 0, s_cur);
   }
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int wm = warp / 2, wn = warp % 2;
@@ -260,9 +265,12 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(const __grid_con
     if constexpr (F == ExpertFormat::kPlain) {
       mma_step(As, reinterpret_cast<const __nv_bfloat16*>(st + kAStageBytes), wm, wn, lane, acc);
     } else {
-      dequant_stage<F>(st + kAStageBytes, Bs, lut, sc, ns, int64_t(i) * BK, p.K);
+      if (i + 1 < nk) load_scales<F>(p, sc, n0, int64_t(i + 1) * BK, s_nxt);
+      dequant_stage<F>(st + kAStageBytes, Bs, lut, s_cur);
       __syncthreads();
       mma_step(As, Bs, wm, wn, lane, acc);
+#pragma unroll
+      for (int j = 0; j < BTraits<F>::kChunks; ++j) s_cur[j] = s_nxt[j];
     }
   }
   const int g = lane / 4, t = lane % 4;
@@ -290,9 +298,7 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(const __grid_con
 
 template <ExpertFormat F>
 void launch_grouped(const GroupedGemmParams& p, dim3 grid, cudaStream_t stream) {
-  const size_t smem = Smem<F>::bytes(p.K);
-  if (smem > size_t(227) << 10)  // the tile's scales live in shared memory
-    DI_THROW(InvalidArgument, "grouped_gemm: K=", p.K, " needs ", smem, " bytes of shared memory per block (> 227 KB)");
+  constexpr size_t smem = Smem<F>::kBytes;
   DI_CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_kernel<F>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   grouped_gemm_kernel<F><<<grid, kThreads, smem, stream>>>(p);
 }

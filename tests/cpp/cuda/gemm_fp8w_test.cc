@@ -261,6 +261,31 @@ TEST(CudaGemmFp8w, Timing) {
                           {1024, 4096, 8, "wo_a 8x(1024x4096)"},   {4096, 8192, 1, "wo_b 4096x8192"},
                           {4096, 4096, 1, "shared W1|W3 4096x4096"}, {4096, 2048, 1, "shared W2 4096x2048"},
                           {8192, 1024, 1, "indexer wq_b 8192x1024"}};
+  // The split rule: the K-split shapes again with the split capped (same kernel otherwise).
+  std::printf("DI_FP8W_SPLITS|shape|M|max_splits|splits|fp8w us|GB/s\n");
+  for (const Shape& sh : {shapes[0], shapes[3], shapes[4], shapes[5], shapes[6]}) {
+    const int64_t N = sh.N, K = sh.K, rows = sh.batch * N, kb = (K + 127) / 128;
+    const size_t wbytes = size_t(rows * K), sbytes = size_t((rows + 127) / 128 * kb);
+    const int copies = int(std::max<size_t>(2, (size_t(160) << 20) / wbytes + 1));
+    std::vector<DevArray<uint8_t>> w8, sc;
+    for (int i = 0; i < copies; ++i) {
+      w8.emplace_back(rand_fp8(wbytes, 50 + i));
+      sc.emplace_back(rand_e8m0(sbytes, 60 + i, 115, 125));
+    }
+    for (int64_t M : {int64_t(1), int64_t(8), int64_t(32), int64_t(64)})
+      for (int cap : {1, 2, 4, 8}) {
+        DevArray<uint16_t> x(to_bf16(randn(size_t(M * K), 7))), y(size_t(M * N));
+        int it = 0;
+        const double t = graph_us([&](cudaStream_t q) {
+          const int i = it++ % copies;
+          oc::gemm_fp8w({.x = x.get(), .ldx = K, .w = w8[i].get(), .scale = sc[i].get(), .y = y.get(), .ldy = N,
+                         .M = M, .N = N, .K = K, .num_sms = sms, .max_splits = cap},
+                        q);
+        }, s);
+        std::printf("DI_FP8W_SPLITS|%s|%lld|%d|%d|%.2f|%.0f\n", sh.what, (long long)M, cap,
+                    oc::fp8w_splits(M, N, K, 1, sms, cap), t, double(wbytes + sbytes) / t / 1e3);
+      }
+  }
   std::printf("DI_FP8W_TABLE|shape|M|splits|fp8w us|GB/s|%% of 4.3 TB/s|cuBLASLt bf16 us|bf16 / fp8w\n");
   for (const Shape& sh : shapes) {
     const int64_t N = sh.N, K = sh.K, B = sh.batch, rows = B * N, kb = (K + 127) / 128;
