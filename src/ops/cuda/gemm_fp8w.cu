@@ -1,5 +1,5 @@
 // FP8 weight-only GEMM (gemm_fp8w.h). Layout of the work:
-//  * a block of kWarps warps covers 16·kRT·kWarps weight rows (kRT m16 tiles per warp: the m16 side of
+//  * a block of kWarps warps covers 16·kWarps weight rows (16 per warp: the m16 side of
 //    mma.m16n8k16, so the WEIGHT is the A operand and up to 8 tiles of 8 tokens are the B operand:
 //    M = 1 wastes 7/8 of an n8 tile, not 15/16 of an m16 one);
 //  * K advances in stages of 128 (one e8m0 scale block): the block's weight tile (rows x 128 k,
@@ -111,11 +111,12 @@ struct Args {
 // kStages x (weight tile + x tile) + the scale bytes of the block's split.
 template <bool kFp8, int kNT>
 struct Cfg {
-  static constexpr int kWarps = kNT >= 4 ? 8 : 4;  // more rows per block amortise the x tile
-  static constexpr int kRT = kNT >= 8 ? 2 : 1;      // m16 row tiles per warp (share the x fragments)
+  // More rows per block amortise the x tile; two m16 row tiles per warp (256 rows per block, one
+  // block per SM) measured 20-35% slower at M = 64.
+  static constexpr int kWarps = kNT >= 4 ? 8 : 4;
   static constexpr int kThreads = 32 * kWarps;
-  static constexpr int kRows = 16 * kRT * kWarps;
-  static constexpr int kStages = kNT >= 8 ? 3 : kNT >= 2 ? 4 : 5;  // 4 blocks per SM up to kNT = 2
+  static constexpr int kRows = 16 * kWarps;
+  static constexpr int kStages = kNT >= 8 ? 3 : 4;  // 5 at kNT = 1 measured 10-30% slower
   static constexpr int kWRow = kFp8 ? kChunk : 2 * kChunk;  // bytes of one weight row per stage
   static constexpr int kWSegs = kWRow / 16;
   static constexpr int kWTile = kRows * kWRow;
@@ -181,30 +182,24 @@ __device__ __forceinline__ void row_pairs(const uint8_t* row, int h, int t, int 
 // One stage (128 k) of a warp: two halves of 64, 4 MMA k-steps each per token tile.
 template <bool kFp8, int kNT>
 __device__ __forceinline__ void compute_stage(const uint8_t* Ws, const uint8_t* Xs, int warp, int g, int t,
-                                              const uint32_t (&f)[Cfg<kFp8, kNT>::kRT][2],
-                                              float (&acc)[Cfg<kFp8, kNT>::kRT][kNT][4]) {
+                                              uint32_t fa, uint32_t fb, float (&acc)[kNT][4]) {
   using C = Cfg<kFp8, kNT>;
+  const int rA = warp * 16 + g, rB = rA + 8;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    uint32_t PA[C::kRT][8], PB[C::kRT][8];
-#pragma unroll
-    for (int rt = 0; rt < C::kRT; ++rt) {
-      const int rA = (warp * C::kRT + rt) * 16 + g, rB = rA + 8;
-      row_pairs<kFp8>(Ws + rA * C::kWRow, h, t, rA, f[rt][0], PA[rt]);
-      row_pairs<kFp8>(Ws + rB * C::kWRow, h, t, rB, f[rt][1], PB[rt]);
-    }
+    uint32_t PA[8], PB[8];
+    row_pairs<kFp8>(Ws + rA * C::kWRow, h, t, rA, fa, PA);
+    row_pairs<kFp8>(Ws + rB * C::kWRow, h, t, rB, fb, PB);
 #pragma unroll
     for (int q = 0; q < kNT; ++q) {
       const uint8_t* xr = Xs + (q * 8 + g) * kXLd + h * 128 + 32 * t;
       const uint4 x0 = *reinterpret_cast<const uint4*>(xr), x1 = *reinterpret_cast<const uint4*>(xr + 16);
       const uint32_t xw[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
 #pragma unroll
-      for (int rt = 0; rt < C::kRT; ++rt)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const uint32_t a[4] = {PA[rt][2 * j], PB[rt][2 * j], PA[rt][2 * j + 1], PB[rt][2 * j + 1]};
-          mma_bf16(acc[rt][q], a, xw[2 * j], xw[2 * j + 1]);
-        }
+      for (int j = 0; j < 4; ++j) {
+        const uint32_t a[4] = {PA[2 * j], PB[2 * j], PA[2 * j + 1], PB[2 * j + 1]};
+        mma_bf16(acc[q], a, xw[2 * j], xw[2 * j + 1]);
+      }
     }
   }
 }
@@ -256,17 +251,11 @@ __global__ void __launch_bounds__(Cfg<kFp8, kNT>::kThreads) fp8w_kernel(const __
       sc[slot * cps + c] = s_first + slot < srows ? p.scale[(s_first + slot) * kb + c0 + c] : uint8_t(0);
     }
   }
-  int slot[C::kRT][2];  // scale rows of the lane's weight rows (fixed for the whole kernel)
-#pragma unroll
-  for (int rt = 0; rt < C::kRT; ++rt)
-#pragma unroll
-    for (int u = 0; u < 2; ++u) slot[rt][u] = int((wrow0 + (warp * C::kRT + rt) * 16 + g + 8 * u) / sr - s_first);
+  const int slotA = int((wrow0 + warp * 16 + g) / sr - s_first), slotB = int((wrow0 + warp * 16 + g + 8) / sr - s_first);
 
-  float acc[C::kRT][kNT][4];
+  float acc[kNT][4];
 #pragma unroll
-  for (int rt = 0; rt < C::kRT; ++rt)
-#pragma unroll
-    for (int q = 0; q < kNT; ++q) acc[rt][q][0] = acc[rt][q][1] = acc[rt][q][2] = acc[rt][q][3] = 0.f;
+  for (int q = 0; q < kNT; ++q) acc[q][0] = acc[q][1] = acc[q][2] = acc[q][3] = 0.f;
   for (int ci = 0; ci < nc; ++ci) {
     cp_async_wait<C::kStages - 2>();
     __syncthreads();  // stage ci landed for every thread; slot (ci-1) % kStages is free again
@@ -274,37 +263,29 @@ __global__ void __launch_bounds__(Cfg<kFp8, kNT>::kThreads) fp8w_kernel(const __
     if (nx < nc) load_stage<kFp8, kNT>(p, smem, nx % C::kStages, (c0 + nx) * kChunk, wrow0, rows_left, xb);
     cp_async_commit();
     const uint8_t* Ws = smem + (ci % C::kStages) * C::kStage;
-    uint32_t f[C::kRT][2];
-#pragma unroll
-    for (int rt = 0; rt < C::kRT; ++rt)
-#pragma unroll
-      for (int u = 0; u < 2; ++u) f[rt][u] = kFp8 ? scale_factor(sc[slot[rt][u] * cps + ci]) : 0u;
-    compute_stage<kFp8, kNT>(Ws, Ws + C::kWTile, warp, g, t, f, acc);
+    const uint32_t fa = kFp8 ? scale_factor(sc[slotA * cps + ci]) : 0u, fb = kFp8 ? scale_factor(sc[slotB * cps + ci]) : 0u;
+    compute_stage<kFp8, kNT>(Ws, Ws + C::kWTile, warp, g, t, fa, fb, acc);
   }
-  // acc[rt][q][0..1]: row g of the warp's row tile rt, tokens 8q + 2t, 2t+1; acc[rt][q][2..3]: row g+8.
+  // acc[q][0..1]: row g, tokens 8q + 2t, 2t+1; acc[q][2..3]: row g+8.
   if (gridDim.y == 1) {
 #pragma unroll
-    for (int rt = 0; rt < C::kRT; ++rt)
+    for (int q = 0; q < kNT; ++q)
 #pragma unroll
-      for (int q = 0; q < kNT; ++q)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int64_t n = n0 + (warp * C::kRT + rt) * 16 + g + (i >= 2 ? 8 : 0), m = q * 8 + 2 * t + (i & 1);
-          if (n < p.N && m < p.M)
-            static_cast<Out*>(p.y)[b * p.bsy + m * p.ldy + n] = deepinfer::cuda::from_f32<Out>(acc[rt][q][i]);
-        }
+      for (int i = 0; i < 4; ++i) {
+        const int64_t n = n0 + warp * 16 + g + (i >= 2 ? 8 : 0), m = q * 8 + 2 * t + (i & 1);
+        if (n < p.N && m < p.M)
+          static_cast<Out*>(p.y)[b * p.bsy + m * p.ldy + n] = deepinfer::cuda::from_f32<Out>(acc[q][i]);
+      }
     return;
   }
   cp_async_wait<0>();
   __syncthreads();  // the pipeline buffers become the partial-sum buffer
   float* part = reinterpret_cast<float*>(smem);
 #pragma unroll
-  for (int rt = 0; rt < C::kRT; ++rt)
+  for (int q = 0; q < kNT; ++q)
 #pragma unroll
-    for (int q = 0; q < kNT; ++q)
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-        part[(q * 8 + 2 * t + (i & 1)) * C::kRows + (warp * C::kRT + rt) * 16 + g + (i >= 2 ? 8 : 0)] = acc[rt][q][i];
+    for (int i = 0; i < 4; ++i)
+      part[(q * 8 + 2 * t + (i & 1)) * C::kRows + warp * 16 + g + (i >= 2 ? 8 : 0)] = acc[q][i];
   cluster_reduce<C::kRows, C::kXRows, C::kThreads, Out>(p, part, b, n0);
 }
 
@@ -340,11 +321,13 @@ struct Split {
 // chunked-vs-full consistency tests rely on it).
 Split choose_split(int64_t N, int64_t K, int64_t batch, int num_sms, int max_splits) {
   const int64_t chunks = ceil_div(K, kChunk), blocks = ceil_div(N, kSplitRows) * batch;
-  // As many splits as fill one wave of the M <= 8 kernel (4 blocks of 64 rows per SM), at most a
-  // portable cluster, at least 2 chunks per split.
-  constexpr int64_t kBlocksPerSm = 4;
+  // As many splits as make 2 blocks of 64 rows per SM, at most a portable cluster, at least 2
+  // chunks per split. Measured on the H200 (bench/gpu_kernels_bench.sh, the DI_FP8W_SPLITS sweep):
+  // 4 blocks per SM (the first rule) was 15-25% slower on 4096x4096 / 4096x2048 at M = 1 and at
+  // M = 64 than 2 per SM; longer K ranges per block beat more blocks in flight.
+  constexpr int64_t kBlocksPerSm = 2;
   const int64_t wave = int64_t(std::max(num_sms, 1)) * kBlocksPerSm;
-  const int64_t cap = max_splits > 0 ? std::min(max_splits, kMaxSplits) : kMaxSplits;
+  const int64_t cap = max_splits > 0 ? std::min<int64_t>(max_splits, kMaxSplits) : kMaxSplits;
   const int64_t s = std::clamp<int64_t>(wave / blocks, 1, std::clamp<int64_t>(chunks / 2, 1, cap));
   Split r;
   r.chunks_per_split = int(ceil_div(chunks, s));
