@@ -123,15 +123,20 @@ TEST_P(ExpertParallelGpu, RanksMatchSingleRank) {
       alone[size_t(r)] = w.logits;
     }
   }
+  // The rank models load one after another here (loading is not meant to run in parallel
+  // threads of one process: a rank is a process in the engine); the ranks then step concurrently.
+  std::vector<std::unique_ptr<DeepseekV4CudaModel>> models;
+  for (int r = 0; r < n; ++r) models.push_back(load(dir, numerics));
   parallel::RendezvousDir rdv;
   std::vector<std::exception_ptr> errors(static_cast<size_t>(n));
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r)
     threads.emplace_back([&, r] {
       try {
+        DI_CUDA_CHECK(cudaSetDevice(0));
         auto pg = parallel::make_gloo_group({.rendezvous_dir = rdv.path(), .name = "ep", .rank = r, .size = n,
                                              .timeout = std::chrono::milliseconds(120000)});
-        auto m = load(dir, numerics);
+        DeepseekV4CudaModel* m = models[size_t(r)].get();
         const auto& g = m->arch().dims;
         std::vector<parallel::ExpertPlacement> layouts;
         for (int64_t l = 0; l < m->arch().plan.num_layers(); ++l)

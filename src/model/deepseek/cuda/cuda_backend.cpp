@@ -199,7 +199,14 @@ ArenaSizes CudaBackend::arena_sizes(const StepPlan& p, oc::AttnSplit* split) con
   }
   *split = oc::choose_attention_split(p.T, g.heads, p.max_window + max_cmp, info_.num_sms);
   sz.attn_splits = std::max(1, split->num_splits);
-  if (act_ == DType::kBF16 && fp8_workspace_) fp8_workspace_(p.T, &sz.fp8_ws_bytes, &sz.wdq_bytes);
+  if (act_ == DType::kBF16 && fp8_workspace_) {
+    // Dense linears run over T rows, and the MTP block's h_proj over T x streams rows: size for both.
+    size_t ws = 0, wdq = 0;
+    fp8_workspace_(p.T, &sz.fp8_ws_bytes, &sz.wdq_bytes);
+    fp8_workspace_(p.T * g.streams, &ws, &wdq);
+    sz.fp8_ws_bytes = std::max(sz.fp8_ws_bytes, ws);
+    sz.wdq_bytes = std::max(sz.wdq_bytes, wdq);
+  }
   return sz;
 }
 
