@@ -9,7 +9,11 @@
 // Lines "[gpu-ep]" report the figures. SKIPs without a GPU.
 #include <gtest/gtest.h>
 
+#include <execinfo.h>
+#include <unistd.h>
+
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -83,6 +87,15 @@ parallel::ExpertPlacement placement_for(int32_t experts, int n, bool replicated,
   return p;
 }
 
+// A crash in a rank thread prints its stack (binary+offset; addr2line resolves them).
+void print_stack(int sig) {
+  void* frames[48];
+  const int n = backtrace(frames, 48);
+  backtrace_symbols_fd(frames, n, STDERR_FILENO);
+  std::signal(sig, SIG_DFL);
+  std::raise(sig);
+}
+
 struct GpuEpCase {
   int n;
   bool replicated;
@@ -96,6 +109,8 @@ TEST_P(ExpertParallelGpu, RanksMatchSingleRank) {
   const std::string dir = golden_dir("tiny");
   if (!std::filesystem::exists(dir + "/config.json")) GTEST_SKIP() << "fixture " << dir << " absent";
   const auto [n, replicated, numerics] = GetParam();
+  std::signal(SIGSEGV, print_stack);
+  std::signal(SIGABRT, print_stack);
   const auto inputs = read_inputs(dir);
   const std::vector<int32_t> ids = inputs.count("long") ? inputs.at("long") : inputs.begin()->second;
   std::vector<RankWork> work(static_cast<size_t>(n));
