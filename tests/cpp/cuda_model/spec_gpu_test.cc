@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -33,9 +34,13 @@ using model::v4::DeepseekV4CudaModel;
 using model::v4::gpu::Numerics;
 constexpr int32_t kL = 5;
 
-std::string default_model() {
-  return (std::filesystem::path(DEEPINFER_TEST_SOURCE_DIR) / "assets" / "default-model").string();
+// The source tree (DEEPINFER_SOURCE_DIR when set: prebuilt binaries run in another checkout).
+std::filesystem::path source_dir() {
+  const char* env = std::getenv("DEEPINFER_SOURCE_DIR");
+  return env && *env ? env : DEEPINFER_TEST_SOURCE_DIR;
 }
+
+std::string default_model() { return (source_dir() / "assets" / "default-model").string(); }
 
 std::unique_ptr<DeepseekV4CudaModel> load(const std::string& dir, Numerics n, DecodePath path) {
   model::v4::CudaModelOptions o;
@@ -111,8 +116,7 @@ SamplingParams greedy(int n) {
 std::vector<std::vector<int32_t>> prompts_for(const std::string& dir, int n) {
   std::vector<std::vector<int32_t>> out;
   if (dir == default_model()) {
-    std::ifstream in(std::filesystem::path(DEEPINFER_TEST_SOURCE_DIR) / "tests" / "data" / "default_model" /
-                     "heldout_sample.jsonl");
+    std::ifstream in(source_dir() / "tests" / "data" / "default_model" / "heldout_sample.jsonl");
     std::unique_ptr<TextCodec> codec = load_codec(LLMConfig{}, dir, 8192);
     std::string line;
     for (int i = 0; int(out.size()) < n && std::getline(in, line); ++i) {
