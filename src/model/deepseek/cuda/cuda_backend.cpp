@@ -198,7 +198,14 @@ ArenaSizes CudaBackend::arena_sizes(const StepPlan& p, oc::AttnSplit* split) con
   }
   *split = oc::choose_attention_split(p.T, g.heads, p.max_window + max_cmp, info_.num_sms);
   sz.attn_splits = std::max(1, split->num_splits);
-  if (act_ == DType::kBF16 && fp8_workspace_) fp8_workspace_(p.T, &sz.fp8_ws_bytes, &sz.wdq_bytes);
+  if (act_ == DType::kBF16 && fp8_workspace_) {
+    fp8_workspace_(p.T, &sz.fp8_ws_bytes, &sz.wdq_bytes);
+    // The MTP block's h_proj runs on every stream of every token (T * n rows); gemm_fp8w runs M in
+    // chunks of kFp8wMaxM rows, so its K-split workspace must cover min(T * n, kFp8wMaxM) rows.
+    size_t ws = 0, wdq = 0;
+    fp8_workspace_(std::min<int64_t>(p.T * g.streams, oc::kFp8wMaxM), &ws, &wdq);
+    sz.fp8_ws_bytes = std::max(sz.fp8_ws_bytes, ws);
+  }
   return sz;
 }
 
