@@ -119,6 +119,8 @@ ForwardOutput DeepseekModel::run(const ForwardBatch& batch, const ForwardOptions
   const int64_t R = int64_t(batch.logits_indices.size()), Rh = int64_t(batch.hidden_indices.size());
   if (options.logits_on_device && !be_->logits_on_device())
     DI_THROW(InternalError, describe(), ": logits_on_device on a backend without device logits");
+  if (!batch.device_inputs.empty() && !supports_device_inputs())
+    DI_THROW(InvalidArgument, describe(), ": a batch with device_inputs on a backend without device memory");
   if (batch.num_tokens() == 0) {
     // An empty step still joins the MoE exchanges when they are collective (expert parallelism:
     // this rank's peers wait for its all-to-alls).
@@ -130,6 +132,7 @@ ForwardOutput DeepseekModel::run(const ForwardBatch& batch, const ForwardOptions
   }
   note_writes(batch, /*target=*/true);
   StepPlan plan = plan_step(batch, /*allow_fixed=*/true);
+  be_->set_device_inputs(batch.device_inputs, batch.sampled_ids);
   // A fixed-shape step computes every padded row (its launches must not depend on the batch).
   const int64_t R_run = plan.fixed ? plan.T : R;
   const int64_t Rh_run = plan.fixed ? (Rh > 0 ? plan.T : 0) : Rh;
@@ -154,6 +157,7 @@ ForwardOutput DeepseekModel::run_mtp(const ForwardBatch& batch, const HiddenRows
   if (options.logits_on_device && !be_->logits_on_device())
     DI_THROW(InternalError, describe(), ": logits_on_device on a backend without device logits");
   if (batch.num_tokens() == 0) return be_->end_step(options, 0, 0);
+  if (!batch.device_inputs.empty()) DI_THROW(InvalidArgument, "run_mtp: device_inputs are not supported");
   note_writes(batch, /*target=*/false);
   // Draft rounds are decode/verify shaped: the backend's fixed-shape path (graphs) takes them as
   // it takes the target's steps; padded rows run on zero streams.
@@ -162,6 +166,7 @@ ForwardOutput DeepseekModel::run_mtp(const ForwardBatch& batch, const HiddenRows
   const int64_t T = plan.T;
   const float* main_hidden = be_->stage_hidden(target, ranges, fixed ? T : 0);
   const int64_t R_run = fixed ? T : R, Rh_run = fixed ? (Rh > 0 ? T : 0) : Rh;
+  be_->set_device_inputs({}, nullptr);
   be_->begin_step(std::move(plan));
   be_->launch([&] { mtp_step(*be_, arch_, be_->weights(), k, main_hidden, R_run, Rh_run); },
               ModelBackend::kMtpGraph + int32_t(k));
