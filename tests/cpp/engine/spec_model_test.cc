@@ -312,7 +312,7 @@ TEST_F(SpecDefaultModel, RequestsEndingAroundBlockBoundaries) {
   std::vector<std::vector<int32_t>> prompts;
   std::vector<SamplingParams> params;
   for (int64_t end : {257, 513})
-    for (int64_t P : {200, 250, 254, 255, 256, 257, 258, 300, 500, 505, 510, 511, 512, 513}) {
+    for (int64_t P : {250, 255, 256, 505, 511, 512}) {
       if (P >= end) continue;
       prompts.emplace_back(text.begin(), text.begin() + P);
       params.push_back(greedy(int(end - P)));
