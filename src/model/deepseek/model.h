@@ -71,9 +71,13 @@ class DeepseekModel : public CausalLM {
   // whose hidden rows are the `rows` ranges (first row, count) of `target`, back to back, one row
   // per batch token; empty = all of `target`): logits of batch.logits_indices and the block's
   // output streams of batch.hidden_indices. Used by the drafter and the MTP tests.
+  // options.logits_on_device leaves the logits in the backend (the drafter then reads greedy picks
+  // through backend().greedy_rows). Steps the backend's fixed-shape path accepts take it unless
+  // set_mtp_fixed_shapes(false).
   ForwardOutput run_mtp(const ForwardBatch& batch, const HiddenRows& target, int64_t k,
-                        const ModelBackend::RowRanges& rows = {});
+                        const ModelBackend::RowRanges& rows = {}, const ForwardOptions& options = {});
   int64_t num_mtp_blocks() const { return int64_t(arch_.plan.drafter.size()); }
+  void set_mtp_fixed_shapes(bool on) { mtp_fixed_shapes_ = on; }
 
   const Arch& arch() const { return arch_; }
   ModelBackend& backend() { return *be_; }
@@ -103,6 +107,7 @@ class DeepseekModel : public CausalLM {
   std::vector<kv::LayerCacheSpec> specs_;
   std::unique_ptr<ModelBackend> be_;
   std::unique_ptr<Drafter> drafter_;
+  bool mtp_fixed_shapes_ = true;
   std::shared_ptr<void> keepalive_;  // the mapped checkpoint, when a backend reads it in place
 };
 
