@@ -27,11 +27,18 @@ void check_name(const std::string& n, const std::string& what) {
     DI_THROW(InvalidArgument, what, " '", n, "' cannot be written in DSML (empty, or holds a quote, '<', '>' or a newline)");
 }
 
-// A schema for Lark's %json with flexible whitespace: the templates write JSON values as
-// Python's json.dumps does (", " and ": " separators; chat_dsv4.cpp py_dump).
+// A schema for Lark's %json. The templates write JSON values as Python's json.dumps does
+// (", " and ": " separators; chat_dsv4.cpp py_dump), so a value that may be an array or an
+// object gets flexible whitespace; scalars stay compact (as written: no room for padding).
 std::string embed(json s) {
   if (s.is_boolean() && s.get<bool>()) s = json::object();
-  if (s.is_object()) s["x-guidance"] = {{"whitespace_flexible", true}};
+  if (!s.is_object()) return s.dump();
+  bool nested = !s.contains("type") && !s.contains("enum") && !s.contains("const");
+  if (s.contains("type")) {
+    const json& t = s["type"];
+    for (const json& x : t.is_array() ? t : json::array({t})) nested = nested || x == "array" || x == "object";
+  }
+  if (nested) s["x-guidance"] = {{"whitespace_flexible", true}};
   return s.dump();
 }
 

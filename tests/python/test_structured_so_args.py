@@ -76,7 +76,7 @@ def test_tool_calls_generate_on_default_model():
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
         "type": "object", "properties": {"city": {"enum": ["Paris", "Oslo"]}, "hourly": {"type": "boolean"}},
         "required": ["city", "hourly"]}}}]
-    named = SamplingParams(temperature=0, max_tokens=120, skip_special_tokens=False,
+    named = SamplingParams(temperature=0, max_tokens=600, skip_special_tokens=False,
                            so_args={"tool_calls": {"format": "v4", "tools": tools, "function": "get_weather"}})
     bad = SamplingParams(temperature=0, max_tokens=8, so_args={"tool_calls": {"format": "v9", "tools": tools}})
     prompt = "<｜User｜>Weather in Paris?<｜Assistant｜></think>"
@@ -91,7 +91,7 @@ def test_tool_calls_generate_on_default_model():
     assert _re.fullmatch(want, text), text
     assert "so_args.tool_calls.format" in outs[1].error
     assert len(dsml) == 1, dsml
-    auto = SamplingParams(temperature=0, max_tokens=120, skip_special_tokens=False, logit_bias={dsml[0]: 100.0},
+    auto = SamplingParams(temperature=0, max_tokens=600, skip_special_tokens=False, logit_bias={dsml[0]: 100.0},
                           so_args={"tool_calls": {"format": "v4", "tools": tools, "mode": "auto", "parallel": False}})
     (o,) = llm.generate([prompt], auto, use_tqdm=False)
     assert _re.fullmatch(want.replace(rf"\n{{0,2}}<{m}tool_calls", f"{m}tool_calls"), o.outputs[0].text), o.outputs[0].text
