@@ -122,7 +122,13 @@ class Scheduler {
   // Asks for slot checkpoints at the block boundaries `r`'s step of n committed tokens + drafts reaches.
   void plan_checkpoints(const Request& r, int64_t n, std::span<const int32_t> drafts, SchedulerOutput& out) const;
   // Stores the checkpoints a step saved.
-  void store_checkpoints(const ModelRunnerOutput& result);
+  // Stores what the runner saved; a deferred checkpoint is keyed first (keyed_checkpoints).
+  void store_checkpoints(std::span<const SavedCheckpoint> saved, int64_t unsaveable);
+  // result's checkpoints with the deferred ones keyed from their sequence's tokens (call before
+  // update() changes any request; one whose sequence ended before its step is dropped).
+  std::vector<SavedCheckpoint> keyed_checkpoints(const ModelRunnerOutput& result) const;
+  // The chain hash of r's first `blocks` blocks (what KVCacheManager hashes them as).
+  uint64_t chain_hash(const Request& r, int64_t blocks) const;
   // Blocks whose hash left the device cache this step: spilled to the host tier, or their
   // checkpoints dropped (a checkpoint is of no use without its blocks).
   void drain_evictions(SchedulerOutput& out);
