@@ -430,6 +430,7 @@ void handle_chat(ServerState& st, const HttpRequest& req, std::shared_ptr<Respon
   const std::string id = st.new_id("chatcmpl");
   po.new_call_id = [id, k = 0]() mutable { return "call_" + id.substr(9) + "_" + std::to_string(k++); };
   auto job = std::make_shared<ChatJob>(st, resp, id, co, sp.n, po, top);
+  job->set_kv(req);
   std::vector<std::vector<int32_t>> prompts;
   prompts.push_back(std::move(ids));
   job->submit(std::move(prompts), sp, received);

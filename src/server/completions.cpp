@@ -208,6 +208,7 @@ void handle_completions(ServerState& st, const HttpRequest& req, std::shared_ptr
     ids.push_back(std::move(p.ids));
   }
   auto job = std::make_shared<CompletionJob>(st, resp, st.new_id("cmpl"), co, sp.n, std::move(echo_text), logprobs);
+  job->set_kv(req);
   job->submit(std::move(ids), sp, received);
 }
 
