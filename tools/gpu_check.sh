@@ -130,6 +130,17 @@ if [ -n "$CLI" ] && [ "$BUILD_ONLY" = 0 ]; then
   grep -vE "^\s*$" "$LOG_DIR/smoke.log" | grep -iE "tok/s|tokens/s|backend|error|cuda" | tail -6
 fi
 
+# ---- data-parallel ranks on the GPU (processes sharing it; experts sharded): tokens == one rank ----
+DP=skipped
+DP_BIN=""
+[ -n "${BUILD:-}" ] && DP_BIN=$(find "$BUILD" -name engine_dp_test -type f -perm -u+x 2>/dev/null | head -1)
+if [ -n "$DP_BIN" ] && [ "$BUILD_ONLY" = 0 ]; then
+  step "data-parallel / expert-parallel GPU ranks (engine_dp_test, DEEPINFER_TEST_ACCELERATOR=nvidia)"
+  DEEPINFER_TEST_ACCELERATOR=nvidia timeout 180 "$DP_BIN" --gtest_filter='*DataParallel*' >"$LOG_DIR/dp_gpu.log" 2>&1 \
+    && DP=pass || DP=FAIL
+  grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]" "$LOG_DIR/dp_gpu.log" | head -10
+fi
+
 echo
 echo "op                   cases  max_rel_err  tolerance  result"
 grep '^DI_CUDA_ERR|' "$LOG_DIR/cuda_tests.log" | awk -F'|' '
@@ -142,5 +153,5 @@ echo
 echo "kernel          shape                     median_us  rate"
 grep '^DI_CUDA_TIME|' "$LOG_DIR/cuda_tests.log" | awk -F'|' '{ printf "%-15s %-25s %9s  %s\n", $2, $3, $4, $5 }'
 echo
-echo "tests rc=$TEST_RC  sanitizer=$SAN_RC  golden=$GOLD  model=$MODEL  smoke=$SMOKE  total $(( $(date +%s) - T0 ))s"
-[ "$TEST_RC" = 0 ] && { [ "$SAN_RC" = skipped ] || [ "$SAN_RC" = 0 ]; } && [ "$MODEL" != FAIL ] && [ "$SMOKE" != FAIL ]
+echo "tests rc=$TEST_RC  sanitizer=$SAN_RC  golden=$GOLD  model=$MODEL  smoke=$SMOKE  dp=$DP  total $(( $(date +%s) - T0 ))s"
+[ "$TEST_RC" = 0 ] && { [ "$SAN_RC" = skipped ] || [ "$SAN_RC" = 0 ]; } && [ "$MODEL" != FAIL ] && [ "$SMOKE" != FAIL ] && [ "$DP" != FAIL ]

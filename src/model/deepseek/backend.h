@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <span>
 #include <vector>
@@ -286,6 +287,11 @@ class ModelBackend : public Backend {
     const std::vector<int64_t>* caps = nullptr;
   };
   virtual std::optional<FixedShape> fixed_shape(const ForwardBatch& batch) const { return std::nullopt; }
+  // Tokens of the next begin_step's plan that come from device memory (ForwardBatch::
+  // device_inputs; token indices are the plan's, which keeps the batch's token order): begin_step
+  // writes them into the plan's token ids and embedding rows on the device. Backends without
+  // device memory refuse a non-empty list.
+  virtual void set_device_inputs(std::span<const DeviceInput> inputs, const int32_t* sampled_ids) = 0;
   // Takes the step's plan: sizes the buffers, makes the index lists readable by the kernels.
   virtual void begin_step(StepPlan plan) = 0;
   // Runs `body` (the forward's launches for the current plan); a device backend may capture it
@@ -299,6 +305,10 @@ class ModelBackend : public Backend {
   // the backend pointer [sum counts, n*D] f32.
   using RowRanges = std::vector<std::pair<int64_t, int64_t>>;
   virtual const float* stage_hidden(const HiddenRows& rows, const RowRanges& ranges) = 0;
+  // CausalLM's device timeline (benchmarks); host backends record nothing.
+  virtual void set_profiling(bool on) {}
+  virtual void mark_step_end() {}
+  virtual CausalLM::StepProfile take_profile() { return {}; }
 };
 
 }  // namespace deepinfer::model::ds

@@ -119,6 +119,8 @@ ForwardOutput DeepseekModel::run(const ForwardBatch& batch, const ForwardOptions
   const int64_t R = int64_t(batch.logits_indices.size()), Rh = int64_t(batch.hidden_indices.size());
   if (options.logits_on_device && !be_->logits_on_device())
     DI_THROW(InternalError, describe(), ": logits_on_device on a backend without device logits");
+  if (!batch.device_inputs.empty() && !supports_device_inputs())
+    DI_THROW(InvalidArgument, describe(), ": a batch with device_inputs on a backend without device memory");
   if (batch.num_tokens() == 0) {
     // An empty step still joins the MoE exchanges when they are collective (expert parallelism:
     // this rank's peers wait for its all-to-alls).
@@ -130,6 +132,7 @@ ForwardOutput DeepseekModel::run(const ForwardBatch& batch, const ForwardOptions
   }
   note_writes(batch, /*target=*/true);
   StepPlan plan = plan_step(batch, /*allow_fixed=*/true);
+  be_->set_device_inputs(batch.device_inputs, batch.sampled_ids);
   // A fixed-shape step computes every padded row (its launches must not depend on the batch).
   const int64_t R_run = plan.fixed ? plan.T : R;
   const int64_t Rh_run = plan.fixed ? (Rh > 0 ? plan.T : 0) : Rh;
@@ -152,8 +155,10 @@ ForwardOutput DeepseekModel::run_mtp(const ForwardBatch& batch, const HiddenRows
              batch.num_tokens(), " tokens of ", arch_.dims.streams * arch_.dims.hidden);
   const int64_t R = int64_t(batch.logits_indices.size()), Rh = int64_t(batch.hidden_indices.size());
   if (batch.num_tokens() == 0) return be_->end_step({}, 0, 0);
+  if (!batch.device_inputs.empty()) DI_THROW(InvalidArgument, "run_mtp: device_inputs are not supported");
   note_writes(batch, /*target=*/false);
   const float* main_hidden = be_->stage_hidden(target, ranges);
+  be_->set_device_inputs({}, nullptr);
   be_->begin_step(plan_step(batch, /*allow_fixed=*/false));
   be_->launch([&] { mtp_step(*be_, arch_, be_->weights(), k, main_hidden, R, Rh); });
   return be_->end_step({}, R, Rh);

@@ -46,6 +46,10 @@ class DeepseekModel : public CausalLM {
 
   ForwardOutput run(const ForwardBatch& batch, const ForwardOptions& options) override;
   bool supports_device_logits() const override { return be_->logits_on_device(); }
+  bool supports_device_inputs() const override { return be_->logits_on_device(); }
+  void set_profiling(bool on) override { be_->set_profiling(on); }
+  void mark_step_end() override { be_->mark_step_end(); }
+  StepProfile take_profile() override { return be_->take_profile(); }
   bool joins_collectives() const override { return be_->joins_collectives(); }
   void enable_expert_parallel(parallel::ProcessGroup& group, const ExpertParallelOptions& options) override;
   void synchronize() override { be_->synchronize(); }

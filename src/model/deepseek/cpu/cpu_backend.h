@@ -7,11 +7,13 @@
 #include <memory>
 #include <vector>
 
+#include "core/check.h"
 #include "kv/kv_cache.h"
 #include "model/deepseek/backend.h"
 #include "model/deepseek/expert_parallel.h"
 #include "model/deepseek/forward.h"
 #include "ops/cpu/gemm.h"
+#include "ops/cpu/hc.h"
 
 namespace deepinfer::model::ds {
 
@@ -25,13 +27,21 @@ struct CpuWeightStore {
   ModelRef refs;
 };
 
+struct CpuBackendOptions {
+  // DEEPINFER_BATCH_INVARIANT: every product through the fixed-order kernel (ops/cpu/gemm.h
+  // gemm_fixed; the lm head's packed panels already sum in order), so a token's logits do not
+  // depend on its batch. Everything else on the CPU is computed per row in a fixed order already.
+  bool batch_invariant = false;
+};
+
 class CpuBackend final : public ModelBackend {
  public:
-  CpuBackend(const Arch& arch, std::vector<kv::LayerCacheSpec> specs, std::unique_ptr<CpuWeightStore> weights);
+  CpuBackend(const Arch& arch, std::vector<kv::LayerCacheSpec> specs, std::unique_ptr<CpuWeightStore> weights,
+             const CpuBackendOptions& options = {});
   ~CpuBackend() override;
 
   // ---- ModelBackend ----
-  std::string describe() const override { return "cpu fp32"; }
+  std::string describe() const override { return gemm_ == ops::cpu::GemmKind::kFixedOrder ? "cpu fp32 (batch-invariant)" : "cpu fp32"; }
   const ModelRef& weights() const override { return store_->refs; }
   kv::CacheGeometry plan_cache(size_t budget_bytes, int64_t max_slots) const override;
   void allocate_cache(const kv::CacheGeometry& geometry) override;
@@ -40,6 +50,9 @@ class CpuBackend final : public ModelBackend {
   void reset_slot(int32_t slot) override { cache_.reset_slot(slot); }
   SlotSnapshot save_slot(int32_t slot, int64_t num_tokens) override;
   void restore_slot(int32_t slot, const SlotSnapshot& snapshot) override;
+  void set_device_inputs(std::span<const DeviceInput> inputs, const int32_t*) override {
+    DI_CHECK(inputs.empty(), "the CPU backend has no device inputs");
+  }
   size_t paged_block_bytes() const override { return cache_.geometry().bytes_per_block; }
   void copy_blocks_to_host(std::span<const HostBlockCopy> copies) override;
   void copy_blocks_from_host(std::span<const HostBlockCopy> copies) override;
@@ -89,8 +102,10 @@ class CpuBackend final : public ModelBackend {
 
  private:
   void size_buffers();
+  ops::cpu::HcSpec hc_spec() const;
 
   Arch arch_;
+  ops::cpu::GemmKind gemm_ = ops::cpu::GemmKind::kFast;
   std::vector<kv::LayerCacheSpec> specs_;
   std::unique_ptr<CpuWeightStore> store_;
   bool fixed_ = false;           // use_fixed_shapes

@@ -32,6 +32,15 @@ CudaBackend::CudaBackend(const Arch& arch, std::vector<kv::LayerCacheSpec> specs
       fp8_workspace_(std::move(fp8_workspace)), stream_(std::move(stream)), blas_(size_t(32) << 20, options.device),
       info_(dc::device_info(options.device)), act_(storage_dtype(options.storage_numerics())) {
   cand_caps_ = fixed_candidate_caps(specs_, opts_.max_context);
+  if (opts_.batch_invariant) {
+    const Dims& g = arch_.dims;
+    if (act_ != DType::kBF16)
+      DI_THROW(InvalidArgument, "DEEPINFER_BATCH_INVARIANT=1 needs bf16 or production numerics on the GPU (exact "
+                                "numerics' fp32 cuBLASLt products pick their order by batch size)");
+    if (opts_.experts == ExpertPath::kHostRouted || g.moe_inter % 32 || g.hidden % 32)
+      DI_THROW(InvalidArgument, "DEEPINFER_BATCH_INVARIANT=1 needs the grouped expert GEMM (hidden ", g.hidden,
+               " and moe_intermediate_size ", g.moe_inter, " multiples of 32, experts not host-routed)");
+  }
 }
 
 CudaBackend::~CudaBackend() = default;
@@ -45,7 +54,7 @@ std::string CudaBackend::describe() const {
                                              : "bf16 (production: the model's cache formats)")
      << ", decode "
      << (opts_.decode == DecodePath::kGraph ? "graphs" : opts_.decode == DecodePath::kFixed ? "fixed" : "general")
-     << " on " << info_.name << " (cuda:" << opts_.device << ")";
+     << (opts_.batch_invariant ? ", batch-invariant" : "") << " on " << info_.name << " (cuda:" << opts_.device << ")";
   return os.str();
 }
 
@@ -101,7 +110,8 @@ FixedLimits CudaBackend::fixed_limits() const {
 }
 
 std::optional<ModelBackend::FixedShape> CudaBackend::fixed_shape(const ForwardBatch& b) const {
-  if (opts_.decode == DecodePath::kGeneral || !fixed_eligible(specs_, b, cand_caps_, fixed_limits()))
+  // Expert parallelism exchanges host-sized messages every MoE layer: no fixed shapes, no graphs.
+  if (ep_ || opts_.decode == DecodePath::kGeneral || !fixed_eligible(specs_, b, cand_caps_, fixed_limits()))
     return std::nullopt;
   return FixedShape{.padded = fixed_token_bucket(b.num_tokens()), .caps = &cand_caps_};
 }
@@ -196,9 +206,23 @@ ArenaSizes CudaBackend::arena_sizes(const StepPlan& p, oc::AttnSplit* split) con
     sz.max_cand = std::max(sz.max_cand, k.max_count);
     max_cmp = std::max(max_cmp, k.overlap ? std::min<int64_t>(k.max_count, g.index_topk) : k.max_count);
   }
-  *split = oc::choose_attention_split(p.T, g.heads, p.max_window + max_cmp, info_.num_sms);
+  const int64_t max_keys = p.max_window + max_cmp;
+  if (opts_.batch_invariant) {  // splits of a fixed key count, whatever the batch
+    const int64_t splits = (max_keys + kInvariantSplitKeys - 1) / kInvariantSplitKeys;
+    *split = splits > 1 ? oc::AttnSplit{int(splits), kInvariantSplitKeys} : oc::AttnSplit{};
+    sz.attn_tokens = std::max<int64_t>(1, kInvariantSplitPartials / std::max<int64_t>(splits, 1));
+  } else {
+    *split = oc::choose_attention_split(p.T, g.heads, max_keys, info_.num_sms);
+  }
   sz.attn_splits = std::max(1, split->num_splits);
-  if (act_ == DType::kBF16 && fp8_workspace_) fp8_workspace_(p.T, &sz.fp8_ws_bytes, &sz.wdq_bytes);
+  if (act_ == DType::kBF16 && fp8_workspace_) {
+    // Dense linears run over T rows, and the MTP block's h_proj over T x streams rows: size for both.
+    size_t ws = 0, wdq = 0;
+    fp8_workspace_(p.T, &sz.fp8_ws_bytes, &sz.wdq_bytes);
+    fp8_workspace_(p.T * g.streams, &ws, &wdq);
+    sz.fp8_ws_bytes = std::max(sz.fp8_ws_bytes, ws);
+    sz.wdq_bytes = std::max(sz.wdq_bytes, wdq);
+  }
   return sz;
 }
 
@@ -218,28 +242,64 @@ void CudaBackend::ensure_fixed_buffers() {
     const MetaOffsets o = pack_meta(m, buf);
     size_t pool = 0;
     for (int64_t cap : cand_caps_) pool += size_t(P * cap) * sizeof(int32_t);
-    meta = std::max(meta, o.pool + pool + 256);
+    // + the device-input patch list, packed after the pool: at most one entry per token.
+    meta = std::max(meta, o.pool + pool + 256 + size_t(P) * 8 + 256);
   }
   fixed_arena_ = dc::DeviceBuffer(arena, opts_.device);
   fixed_meta_ = dc::DeviceBuffer(meta, opts_.device);
 }
 
+void CudaBackend::set_device_inputs(std::span<const DeviceInput> inputs, const int32_t* sampled_ids) {
+  DI_CHECK(inputs.empty() || sampled_ids, "device inputs without sampled ids");
+  input_patch_.clear();
+  for (const DeviceInput& d : inputs) {
+    input_patch_.push_back(d.token_index);
+    input_patch_.push_back(d.sample_row);
+  }
+  sampled_ids_ = sampled_ids;
+}
+
 void CudaBackend::begin_step(StepPlan plan) {
   plan_ = std::move(plan);
   const cudaStream_t st = stream_.get();
-  const MetaOffsets mo = pack_meta(plan_, meta_h_);
+  const MetaOffsets mo = pack_meta(plan_, meta_pack_);
+  const size_t patch_off = Packer{meta_pack_}.add(input_patch_);
   dc::DeviceBuffer* meta = &meta_;
   if (plan_.fixed) {
     ensure_fixed_buffers();
-    DI_CHECK(meta_h_.size() <= fixed_meta_.size_bytes(), "fixed decode metadata ", meta_h_.size(), " > buffer ",
+    DI_CHECK(meta_pack_.size() <= fixed_meta_.size_bytes(), "fixed decode metadata ", meta_pack_.size(), " > buffer ",
              fixed_meta_.size_bytes());
     meta = &fixed_meta_;
   } else {
-    ensure(meta_, meta_h_.size(), opts_.device);
+    ensure(meta_, meta_pack_.size(), opts_.device);
   }
-  // The one H2D copy of the step (stream-ordered after the previous step's reads).
-  dc::copy_h2d(meta->data(), meta_h_.data(), meta_h_.size(), st, false);
+  // The one H2D copy of the step (stream-ordered after the previous step's reads), from pinned
+  // memory so that it never waits for the stream.
+  if (profiling_) {
+    if (!profile_open_) profile_.emplace_back(dc::Event(true), dc::Event(true));
+    profile_.back().first.record(st);
+    profile_open_ = true;
+  }
+  const int turn = meta_turn_;
+  meta_turn_ ^= 1;
+  meta_copied_[turn].synchronize();  // the copy out of this buffer two steps ago has run
+  if (meta_h_[turn].size_bytes() < meta_pack_.size()) {
+    meta_h_[turn] = dc::PinnedBuffer();
+    meta_h_[turn] = dc::PinnedBuffer(meta_pack_.size() + meta_pack_.size() / 4);
+  }
+  std::memcpy(meta_h_[turn].data(), meta_pack_.data(), meta_pack_.size());
+  dc::copy_h2d(meta->data(), meta_h_[turn].data(), meta_pack_.size(), st, false);
+  meta_copied_[turn].record(st);
   index_ = device_index(plan_, mo, meta->as<const char>());
+  if (!input_patch_.empty()) {  // the previous step's sampled ids, on the device (asynchronous scheduling)
+    cuda::patch_input_tokens({.patch = reinterpret_cast<const int32_t*>(meta->as<const char>() + patch_off),
+                              .count = int64_t(input_patch_.size() / 2), .sampled = sampled_ids_,
+                              .token_ids = const_cast<int32_t*>(index_.token_ids),
+                              .embed_src = const_cast<int64_t*>(index_.embed_src), .n_streams = plan_.n_streams},
+                             st);
+    input_patch_.clear();
+    sampled_ids_ = nullptr;
+  }
   L_ = layout_arena(arch_.dims, arena_sizes(plan_, &split_));
   if (plan_.fixed) {
     DI_CHECK(L_.total <= fixed_arena_.size_bytes(), "fixed decode arena ", L_.total, " > ", fixed_arena_.size_bytes());
@@ -332,6 +392,33 @@ const float* CudaBackend::stage_hidden(const HiddenRows& rows, const RowRanges& 
   return staged_hidden_.as<const float>();
 }
 
+void CudaBackend::set_profiling(bool on) {
+  profiling_ = on;
+  if (!on) {
+    profile_.clear();
+    profile_open_ = false;
+  }
+}
+
+void CudaBackend::mark_step_end() {
+  if (!profiling_ || !profile_open_) return;
+  profile_.back().second.record(stream_.get());
+  profile_open_ = false;
+}
+
+CausalLM::StepProfile CudaBackend::take_profile() {
+  CausalLM::StepProfile p;
+  if (profile_open_) profile_.pop_back();  // never ended
+  profile_open_ = false;
+  stream_.synchronize();
+  for (size_t i = 0; i < profile_.size(); ++i) {
+    p.busy_ms.push_back(profile_[i].second.elapsed_ms_since(profile_[i].first));
+    p.idle_ms.push_back(i == 0 ? 0.0 : profile_[i].first.elapsed_ms_since(profile_[i - 1].second));
+  }
+  profile_.clear();
+  return p;
+}
+
 void CudaBackend::set_decode_path(DecodePath p) {
   opts_.decode = p;
   graphs_.clear();
@@ -360,7 +447,7 @@ void CudaBackend::linear_fp8(const LinearRef& W, const void* x, int64_t ldx, int
                              DType y_dtype, int64_t ldy, int64_t bsy, int64_t n, int64_t k, int64_t batch) {
   DI_CHECK(act_ == DType::kBF16, "linear: FP8 weights need bf16 activations");
   const cudaStream_t st = stream_.get();
-  if (M > kDenseFp8PrefillM && L_.wdq_bytes >= size_t(W.out * W.in) * 2) {
+  if (M > kDenseFp8PrefillM && !opts_.batch_invariant && L_.wdq_bytes >= size_t(W.out * W.in) * 2) {
     void* wd = at<void>(L_.wdq);
     oc::dequant_fp8w_bf16({.w = static_cast<const uint8_t*>(W.w), .scale = static_cast<const uint8_t*>(W.scale),
                            .out = wd, .N = W.out, .K = W.in, .scale_rows = W.scale_rows},
@@ -388,9 +475,23 @@ void CudaBackend::linear(const LinearRef& W, const void* x, int64_t ldx, int64_t
     return;
   }
   DI_CHECK(W.dtype == DType::kBF16 || y_dtype == DType::kF32, "linear: f32 weights need an f32 output");
+  if (opts_.batch_invariant) {
+    linear_bf16_fixed(W.w, x, ldx, 0, M, y, y_dtype, ldy, 0, W.out, W.in, 1);
+    return;
+  }
   blas_.gemm({.x = x, .ldx = ldx, .w = W.w, .ldw = W.in, .y = y, .ldy = ldy, .in_dtype = W.dtype,
               .out_dtype = y_dtype, .M = M, .N = W.out, .K = W.in},
              stream_.get());
+}
+
+// Batch-invariant bf16 product: gemm_fp8w's bf16-weight path (K split fixed by the shape, each row
+// reduced alone) instead of cuBLASLt, whose algorithm and split depend on M.
+void CudaBackend::linear_bf16_fixed(const void* w, const void* x, int64_t ldx, int64_t bsx, int64_t M, void* y,
+                                    DType y_dtype, int64_t ldy, int64_t bsy, int64_t n, int64_t k, int64_t batch) {
+  oc::gemm_fp8w({.x = x, .ldx = ldx, .w_bf16 = w, .y = y, .ldy = ldy, .out_dtype = y_dtype, .M = M, .N = n, .K = k,
+                 .batch = batch, .batch_stride_x = bsx, .batch_stride_y = bsy, .workspace = at<float>(L_.fp8_ws),
+                 .workspace_bytes = L_.fp8_ws_bytes, .num_sms = info_.num_sms},
+                stream_.get());
 }
 
 void CudaBackend::linear_grouped(const LinearRef& W, int64_t groups, const void* x, int64_t ldx, int64_t M, void* y,
@@ -399,6 +500,10 @@ void CudaBackend::linear_grouped(const LinearRef& W, int64_t groups, const void*
   const int64_t R = W.out / groups, gin = W.in;
   if (W.dtype == DType::kF8E4M3) {
     linear_fp8(W, x, ldx, gin, M, y, act_, ldy, R, R, gin, groups);
+    return;
+  }
+  if (opts_.batch_invariant) {
+    linear_bf16_fixed(W.w, x, ldx, gin, M, y, act_, ldy, R, R, gin, groups);
     return;
   }
   blas_.gemm({.x = x, .ldx = ldx, .w = W.w, .ldw = gin, .y = y, .ldy = ldy, .in_dtype = W.dtype, .out_dtype = act_,
@@ -496,7 +601,27 @@ void CudaBackend::sparse_attention(const AttentionArgs& a) {
     sp.split_keys = split_.split_keys;
     sp.workspace = at<float>(L_.attn_ws);
   }
-  oc::sparse_attention(sp, stream_.get());
+  if (!opts_.batch_invariant || split_.num_splits <= 1) {
+    oc::sparse_attention(sp, stream_.get());
+    return;
+  }
+  // Batch-invariant splits: launches of at most kInvariantSplitPartials (token x split) partials
+  // reuse one workspace; a token's result does not depend on which launch computes it.
+  const int64_t chunk = std::max<int64_t>(1, kInvariantSplitPartials / split_.num_splits);
+  const size_t elem = act_ == DType::kF32 ? 4 : 2;
+  for (int64_t t0 = 0; t0 < a.num_tokens; t0 += chunk) {
+    oc::SparseAttnParams c = sp;
+    c.num_tokens = std::min(chunk, a.num_tokens - t0);
+    c.q = static_cast<const char*>(a.q) + t0 * a.q_stride * int64_t(elem);
+    c.out = static_cast<char*>(a.out) + t0 * a.out_stride * int64_t(elem);
+    c.win_begin = a.win_begin + t0;
+    c.win_count = a.win_count + t0;
+    if (a.cmp_count) {
+      c.cmp_offset = a.cmp_offset + t0;
+      c.cmp_count = a.cmp_count + t0;
+    }
+    oc::sparse_attention(c, stream_.get());
+  }
 }
 
 void CudaBackend::hc_site(const HcSiteArgs& a) {
@@ -531,18 +656,18 @@ void CudaBackend::add_streams(float* x, const float* v, int64_t tokens, int64_t 
 
 // ---- MoE: the local implementation of the seam ----
 
-namespace {
 oc::ExpertFormat expert_format(DType d) {
   return d == DType::kFP4E2M1 ? oc::ExpertFormat::kFP4 : d == DType::kF8E4M3 ? oc::ExpertFormat::kFP8
                                                                               : oc::ExpertFormat::kPlain;
 }
-}  // namespace
 
 CudaBackend::MoePath CudaBackend::moe_path(const MoeRef& M) const {
   const Dims& g = arch_.dims;
   // Fixed plans: moe_decode up to its size, above it the grouped path (fixed_limits() allows
-  // larger fixed steps only when that path exists).
-  if (plan_.fixed && plan_.T <= kMoeDecodeMaxTokens) return MoePath::kFixed;
+  // larger fixed steps only when that path exists). Batch-invariant: decode's experts go through
+  // the grouped GEMM as prefill's do (moe_decode sums in another order), so a token's result does
+  // not depend on the step's path.
+  if (plan_.fixed && !opts_.batch_invariant && plan_.T <= kMoeDecodeMaxTokens) return MoePath::kFixed;
   if (act_ == DType::kBF16 && !M.host_routed && g.moe_inter % 32 == 0 && g.hidden % 32 == 0) return MoePath::kGrouped;
   DI_CHECK(!plan_.fixed, "fixed-shape step of ", plan_.T, " tokens without the grouped MoE path");
   return MoePath::kHostRouted;
@@ -560,6 +685,8 @@ void CudaBackend::moe_route(const MoeRef& M, const float* logits, int32_t* ids, 
 }
 
 void CudaBackend::moe_dispatch(const MoeRef& M) {
+  ep_step_ = ep_ && M.ep_layer >= 0;
+  if (ep_step_) return ep_dispatch(M);
   const Dims& g = arch_.dims;
   const int64_t T = plan_.T, D = g.hidden, E = g.experts, K = g.topk;
   const cudaStream_t st = stream_.get();
@@ -622,6 +749,7 @@ void CudaBackend::swiglu_rows(void* gu, void* act, const float* row_weight, int6
 }
 
 void CudaBackend::moe_experts(const MoeRef& M) {
+  if (ep_step_) return ep_experts(M);
   const Dims& g = arch_.dims;
   const int64_t T = plan_.T, D = g.hidden, E = g.experts, K = g.topk, I = g.moe_inter;
   const int64_t ab = int64_t((dtype_bits(act_) / 8));
@@ -688,6 +816,7 @@ void CudaBackend::moe_shared(const MoeRef& M) {
 }
 
 void CudaBackend::moe_combine(const MoeRef& M) {
+  if (ep_step_) return ep_combine();
   const Dims& g = arch_.dims;
   const int64_t* rows = moe_path(M) == MoePath::kFixed ? index_.comb_rows : at<int64_t>(L_.comb_rows);
   cuda::moe_combine({.ye = at<float>(L_.ye), .rows = rows, .shared = at<float>(L_.buf[size_t(Buf::kShared)]),

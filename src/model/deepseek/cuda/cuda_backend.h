@@ -22,9 +22,13 @@
 #include "model/deepseek/forward.h"
 #include "ops/cuda/attention.h"
 #include "ops/cuda/gemm.h"
+#include "ops/cuda/grouped_gemm.h"
 #include "ops/cuda/runtime.h"
 
 namespace deepinfer::model::ds::cuda {
+
+// The grouped GEMM's format of an expert table's dtype (FP4, FP8 or plain bf16).
+ops::cuda::ExpertFormat expert_format(DType d);
 
 // Sizes the backend's workspace for a step (the family's dense-FP8 needs).
 using Fp8Workspace = std::function<void(int64_t tokens, size_t* fp8_ws_bytes, size_t* wdq_bytes)>;
@@ -53,10 +57,17 @@ class CudaBackend final : public ModelBackend {
   void copy_blocks_from_host(std::span<const HostBlockCopy> copies) override;
   std::shared_ptr<uint8_t> allocate_host_memory(size_t bytes) override;
   std::optional<FixedShape> fixed_shape(const ForwardBatch& batch) const override;
+  void set_device_inputs(std::span<const DeviceInput> inputs, const int32_t* sampled_ids) override;
+  // Expert parallelism, host-staged through the group (cuda_expert_parallel.cpp).
+  bool joins_collectives() const override { return ep_ != nullptr; }
+  void set_expert_parallel(std::shared_ptr<ExpertParallel> ep) override;
   void begin_step(StepPlan plan) override;
   void launch(const std::function<void()>& body) override;
   ForwardOutput end_step(const ForwardOptions& options, int64_t rows, int64_t hidden_rows) override;
   const float* stage_hidden(const HiddenRows& rows, const RowRanges& ranges) override;
+  void set_profiling(bool on) override;
+  void mark_step_end() override;
+  CausalLM::StepProfile take_profile() override;
 
   // What the fixed-shape path takes: up to 384 tokens (decode and verify steps) when the grouped
   // MoE path exists, else moe_decode's 64.
@@ -106,7 +117,12 @@ class CudaBackend final : public ModelBackend {
   bool grouped_moe() const;  // the device-permutation grouped MoE path exists (bf16, native or dequantised experts)
   void linear_fp8(const LinearRef& W, const void* x, int64_t ldx, int64_t bsx, int64_t M, void* y, DType y_dtype,
                   int64_t ldy, int64_t bsy, int64_t n, int64_t k, int64_t batch);
+  void linear_bf16_fixed(const void* w, const void* x, int64_t ldx, int64_t bsx, int64_t M, void* y, DType y_dtype,
+                         int64_t ldy, int64_t bsy, int64_t n, int64_t k, int64_t batch);
   void swiglu_rows(void* gu, void* act, const float* row_weight, int64_t rows);
+  void ep_dispatch(const MoeRef& M);
+  void ep_experts(const MoeRef& M);
+  void ep_combine();
   ArenaSizes arena_sizes(const StepPlan& p, ops::cuda::AttnSplit* split) const;
   void ensure_fixed_buffers();
   template <typename T>
@@ -133,7 +149,21 @@ class CudaBackend final : public ModelBackend {
   // General steps: growable buffers. Fixed-shape steps: buffers sized once for the largest bucket
   // (graphs capture their addresses, so they are never reallocated).
   deepinfer::cuda::DeviceBuffer arena_, meta_, fixed_arena_, fixed_meta_;
-  std::vector<char> meta_h_;
+  // The step's packed index lists in pinned memory (an async H2D copy from pageable memory may
+  // wait for the stream, which would stall asynchronous scheduling): two buffers used in turn,
+  // each reused only after the copy out of it two steps ago has run (meta_copied_).
+  std::vector<char> meta_pack_;
+  deepinfer::cuda::PinnedBuffer meta_h_[2];
+  deepinfer::cuda::Event meta_copied_[2];
+  int meta_turn_ = 0;
+  // Profiling (set_profiling): timing events at each step's first upload and at mark_step_end;
+  // a begin without an end (a drafter step) is replaced by the next begin.
+  bool profiling_ = false;
+  std::vector<std::pair<deepinfer::cuda::Event, deepinfer::cuda::Event>> profile_;
+  bool profile_open_ = false;  // profile_.back() has a begin and no end yet
+  // Tokens of the next step read from device memory (set_device_inputs): [2k] (token, row).
+  std::vector<int32_t> input_patch_;
+  const int32_t* sampled_ids_ = nullptr;
   std::map<std::pair<int64_t, bool>, deepinfer::cuda::CudaGraph> graphs_;  // (padded size, hidden rows)
   std::map<std::pair<int64_t, bool>, bool> warmed_;
   deepinfer::cuda::DeviceBuffer staged_hidden_;
@@ -141,6 +171,15 @@ class CudaBackend final : public ModelBackend {
   std::vector<int32_t> moe_ids_;
   std::vector<float> moe_wts_, moe_perm_w_;
   std::vector<int64_t> moe_perm_src_, moe_comb_, moe_offset_;
+  // Expert parallelism: the group's view, the layer in flight, host staging, device scratch sized
+  // by the rows received (other ranks' tokens: not bounded by this rank's step).
+  std::shared_ptr<ExpertParallel> ep_;
+  bool ep_step_ = false;
+  std::vector<char> ep_stage_;
+  std::vector<float> ep_rows_, ep_wts_;
+  std::vector<int32_t> ep_ids_;
+  deepinfer::cuda::DeviceBuffer ep_x_, ep_gu_, ep_act_, ep_ye_, ep_perm_w_, ep_perm_src_, ep_seg_, ep_tiles_, ep_out_,
+      ep_comb_;
 };
 
 }  // namespace deepinfer::model::ds::cuda

@@ -154,4 +154,22 @@ void add_streams(float* x, const float* v, int64_t tokens, int64_t streams, int6
   DI_CUDA_CHECK_LAUNCH();
 }
 
+namespace {
+__global__ void patch_input_kernel(const __grid_constant__ ops::cpu::InputPatchArgs p) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= p.count) return;
+  const int64_t t = p.patch[2 * i];
+  const int32_t id = p.sampled[p.patch[2 * i + 1]];
+  p.token_ids[t] = id;
+  for (int64_t j = 0; j < p.n_streams; ++j) p.embed_src[t * p.n_streams + j] = id;
+}
+}  // namespace
+
+void patch_input_tokens(const ops::cpu::InputPatchArgs& p, cudaStream_t stream) {
+  ops::cpu::validate_input_patch(p);
+  if (p.count == 0) return;
+  patch_input_kernel<<<unsigned(ceil_div(p.count, 128)), 128, 0, stream>>>(p);
+  DI_CUDA_CHECK_LAUNCH();
+}
+
 }  // namespace deepinfer::model::ds::cuda

@@ -20,5 +20,7 @@ void moe_combine(const ops::cpu::MoeCombineArgs& p, cudaStream_t stream);
 void decode_pool(const ops::cpu::DecodePoolArgs& p, cudaStream_t stream);
 // x[t, j, :] += v[t, :] for every stream j (f32).
 void add_streams(float* x, const float* v, int64_t tokens, int64_t streams, int64_t dim, cudaStream_t stream);
+// Sampled ids into a step's device token list and embedding rows (ops::cpu::patch_input_tokens).
+void patch_input_tokens(const ops::cpu::InputPatchArgs& p, cudaStream_t stream);
 
 }  // namespace deepinfer::model::ds::cuda
