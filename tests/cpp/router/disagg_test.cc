@@ -11,6 +11,9 @@
 #include <filesystem>
 #include <random>
 
+#include "core/env.h"
+#include "engine/engine.h"
+#include "engine/engine_factory.h"
 #include "engine/kv_transfer.h"
 #include "parallel/gloo_group.h"
 #include "router/router.h"
@@ -100,6 +103,58 @@ TEST(Disagg, TokenIdenticalToColocatedWithPrefillCacheHits) {
   prefill.reset();
   decode.reset();
   fs::remove_all(dir);
+}
+
+// The engine-level hand-off without servers: a prompt computed on engine A, its bundle imported
+// into engine B, the same greedy request on B hits [0, N) and gives A's tokens. Bundles of
+// another model (hash seed) or block layout are refused.
+std::unique_ptr<engine::Engine> toy_engine() {
+  LLMConfig c;
+  c.model = "builtin:toy";
+  c.max_num_seqs = 2;
+  c.max_model_len = 1024;
+  EnvConfig env = EnvConfig::from_environment();
+  engine::apply_accelerator(c, env);
+  return engine::make_engine(c, env, engine::load_parts(c, env));
+}
+
+RequestOutput run_one(engine::Engine& e, const std::vector<int32_t>& prompt, int max_tokens) {
+  SamplingParams sp;
+  sp.temperature = 0;
+  sp.max_tokens = max_tokens;
+  sp.ignore_eos = true;
+  e.add_request("r", PromptInput::from_token_ids(prompt), sp, 0);
+  for (int i = 0; i < 10000; ++i)
+    for (RequestOutput& o : e.step())
+      if (o.finished) return o;
+  ADD_FAILURE() << "request did not finish";
+  return {};
+}
+
+TEST(Disagg, EngineExportImportIsExact) {
+  auto a = toy_engine(), b = toy_engine();
+  std::vector<int32_t> prompt;
+  std::mt19937 rng(5);
+  for (int i = 0; i < 203; ++i) prompt.push_back(int32_t(2 + rng() % 250));  // 12 full 16-token blocks + 11
+  const RequestOutput want = run_one(*a, prompt, 1);
+  const engine::KvBundle bundle = a->export_prefix(prompt);
+  ASSERT_EQ(bundle.num_tokens(), 192);
+  const engine::KvBundle wire = engine::decode_kv_bundle(engine::encode_kv_bundle(bundle));
+  EXPECT_EQ(b->import_prefix(wire), 192);
+  EXPECT_EQ(b->import_prefix(wire), 192);  // again: every block already there, shared not copied
+  const RequestOutput got = run_one(*b, prompt, 20);
+  EXPECT_EQ(got.num_cached_tokens, 192);
+  auto c = toy_engine();
+  const RequestOutput ref = run_one(*c, prompt, 20);
+  EXPECT_EQ(got.outputs[0].token_ids, ref.outputs[0].token_ids);
+  EXPECT_EQ(got.outputs[0].token_ids[0], want.outputs[0].token_ids[0]);
+  engine::KvBundle other = bundle;
+  other.hash_seed ^= 1;
+  EXPECT_THROW(b->import_prefix(other), InvalidArgument);
+  other = bundle;
+  other.block_bytes += 4;
+  EXPECT_THROW(b->import_prefix(other), InvalidArgument);
+  EXPECT_EQ(b->import_prefix(engine::KvBundle{}), 0);
 }
 
 TEST(Disagg, BundleCodecRefusesBadInput) {
