@@ -55,6 +55,9 @@ class RequestDraftPicker final : public model::DraftPicker {
     t.drafts->push_back(tok);
     return tok;
   }
+  // Greedy targets draft the argmax: a device drafter may pick it there (no logits copy); the
+  // runner then takes the proposal as one-hot drafts (propose_drafts).
+  bool greedy(size_t seq) const override { return seq < targets_.size() && !targets_[seq].sampled; }
 
  private:
   std::vector<Target> targets_;

@@ -116,6 +116,9 @@ StepPlan DeepseekModel::plan_step(const ForwardBatch& batch, bool allow_fixed) c
 
 ForwardOutput DeepseekModel::run(const ForwardBatch& batch, const ForwardOptions& options) {
   validate_forward_batch(batch, be_->cache_geometry(), be_->cache_allocated(), arch_.dims.vocab);
+  if (shard_ && !be_->joins_collectives())
+    DI_THROW(InvalidArgument, describe(), ": holds only the routed experts of rank ", shard_->rank, " of ",
+             shard_->size, "; it runs inside an expert-parallel group (enable_expert_parallel) only");
   const int64_t R = int64_t(batch.logits_indices.size()), Rh = int64_t(batch.hidden_indices.size());
   if (options.logits_on_device && !be_->logits_on_device())
     DI_THROW(InternalError, describe(), ": logits_on_device on a backend without device logits");
@@ -126,7 +129,7 @@ ForwardOutput DeepseekModel::run(const ForwardBatch& batch, const ForwardOptions
     // this rank's peers wait for its all-to-alls).
     if (be_->joins_collectives()) {
       be_->begin_step(plan_step(batch, /*allow_fixed=*/false));
-      be_->launch([&] { collectives_step(*be_, arch_, be_->weights()); });
+      be_->launch([&] { collectives_step(*be_, arch_, be_->weights()); }, ModelBackend::kTargetGraph);
     }
     return be_->end_step(options, 0, 0);
   }
@@ -137,12 +140,12 @@ ForwardOutput DeepseekModel::run(const ForwardBatch& batch, const ForwardOptions
   const int64_t R_run = plan.fixed ? plan.T : R;
   const int64_t Rh_run = plan.fixed ? (Rh > 0 ? plan.T : 0) : Rh;
   be_->begin_step(std::move(plan));
-  be_->launch([&] { forward_step(*be_, arch_, be_->weights(), R_run, Rh_run); });
+  be_->launch([&] { forward_step(*be_, arch_, be_->weights(), R_run, Rh_run); }, ModelBackend::kTargetGraph);
   return be_->end_step(options, R, Rh);
 }
 
 ForwardOutput DeepseekModel::run_mtp(const ForwardBatch& batch, const HiddenRows& target, int64_t k,
-                                     const ModelBackend::RowRanges& rows) {
+                                     const ModelBackend::RowRanges& rows, const ForwardOptions& options) {
   validate_forward_batch(batch, be_->cache_geometry(), be_->cache_allocated(), arch_.dims.vocab);
   if (k < 0 || k >= num_mtp_blocks())
     DI_THROW(InvalidArgument, "run_mtp: block ", k, " but the model has ", num_mtp_blocks(), " MTP blocks");
@@ -154,14 +157,23 @@ ForwardOutput DeepseekModel::run_mtp(const ForwardBatch& batch, const HiddenRows
     DI_THROW(InvalidArgument, "run_mtp: ", fed, " target hidden rows of ", target.row_elems, " values for ",
              batch.num_tokens(), " tokens of ", arch_.dims.streams * arch_.dims.hidden);
   const int64_t R = int64_t(batch.logits_indices.size()), Rh = int64_t(batch.hidden_indices.size());
-  if (batch.num_tokens() == 0) return be_->end_step({}, 0, 0);
+  if (options.logits_on_device && !be_->logits_on_device())
+    DI_THROW(InternalError, describe(), ": logits_on_device on a backend without device logits");
+  if (batch.num_tokens() == 0) return be_->end_step(options, 0, 0);
   if (!batch.device_inputs.empty()) DI_THROW(InvalidArgument, "run_mtp: device_inputs are not supported");
   note_writes(batch, /*target=*/false);
-  const float* main_hidden = be_->stage_hidden(target, ranges);
+  // Draft rounds are decode/verify shaped: the backend's fixed-shape path (graphs) takes them as
+  // it takes the target's steps; padded rows run on zero streams.
+  StepPlan plan = plan_step(batch, /*allow_fixed=*/mtp_fixed_shapes_);
+  const bool fixed = plan.fixed;
+  const int64_t T = plan.T;
+  const float* main_hidden = be_->stage_hidden(target, ranges, fixed ? T : 0);
+  const int64_t R_run = fixed ? T : R, Rh_run = fixed ? (Rh > 0 ? T : 0) : Rh;
   be_->set_device_inputs({}, nullptr);
-  be_->begin_step(plan_step(batch, /*allow_fixed=*/false));
-  be_->launch([&] { mtp_step(*be_, arch_, be_->weights(), k, main_hidden, R, Rh); });
-  return be_->end_step({}, R, Rh);
+  be_->begin_step(std::move(plan));
+  be_->launch([&] { mtp_step(*be_, arch_, be_->weights(), k, main_hidden, R_run, Rh_run); },
+              ModelBackend::kMtpGraph + int32_t(k));
+  return be_->end_step(options, R, Rh);
 }
 
 void DeepseekModel::enable_expert_parallel(parallel::ProcessGroup& group, const ExpertParallelOptions& options) {
@@ -169,9 +181,18 @@ void DeepseekModel::enable_expert_parallel(parallel::ProcessGroup& group, const 
   if (options.num_redundant_experts < 0)
     DI_THROW(InvalidArgument, "LLMConfig.num_redundant_experts must be >= 0, got ", options.num_redundant_experts);
   // Before any load is known: experts dealt out in contiguous ranges, the spare slots repeating
-  // experts from the start; EPLB re-places them by load.
-  const int32_t slots = (E + options.num_redundant_experts + n - 1) / n;
-  std::vector<parallel::ExpertPlacement> layers(size_t(arch_.plan.num_layers()), parallel::contiguous_placement(E, n, slots));
+  // experts from the start (parallel::ExpertShard); EPLB re-places them by load.
+  const parallel::ExpertShard start{.rank = group.rank(), .size = n, .num_redundant = options.num_redundant_experts};
+  if (shard_) {
+    if (shard_->rank != start.rank || shard_->size != start.size || shard_->num_redundant != start.num_redundant)
+      DI_THROW(InvalidArgument, "expert parallelism: this model holds the experts of rank ", shard_->rank, " of ",
+               shard_->size, " (", shard_->num_redundant, " redundant), but joins rank ", start.rank, " of ", start.size,
+               " (", start.num_redundant, " redundant)");
+    if (options.enable_eplb)
+      DI_THROW(InvalidArgument, "expert parallelism: EPLB re-places experts, but this model holds only its shard "
+                                "(moving weights between ranks is not built); load every expert to use EPLB");
+  }
+  std::vector<parallel::ExpertPlacement> layers(size_t(arch_.plan.num_layers()), start.placement(E));
   const EplbOptions eplb{.enabled = options.enable_eplb, .window_steps = options.eplb_window_size,
                          .step_interval = options.eplb_step_interval};
   be_->set_expert_parallel(std::make_shared<ExpertParallel>(group, std::move(layers), eplb));

@@ -5,6 +5,7 @@
 // drafter (mtp_drafter.h).
 #pragma once
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -70,12 +71,20 @@ class DeepseekModel : public CausalLM {
   // whose hidden rows are the `rows` ranges (first row, count) of `target`, back to back, one row
   // per batch token; empty = all of `target`): logits of batch.logits_indices and the block's
   // output streams of batch.hidden_indices. Used by the drafter and the MTP tests.
+  // options.logits_on_device leaves the logits in the backend (the drafter then reads greedy picks
+  // through backend().greedy_rows). Steps the backend's fixed-shape path accepts take it unless
+  // set_mtp_fixed_shapes(false).
   ForwardOutput run_mtp(const ForwardBatch& batch, const HiddenRows& target, int64_t k,
-                        const ModelBackend::RowRanges& rows = {});
+                        const ModelBackend::RowRanges& rows = {}, const ForwardOptions& options = {});
   int64_t num_mtp_blocks() const { return int64_t(arch_.plan.drafter.size()); }
+  void set_mtp_fixed_shapes(bool on) { mtp_fixed_shapes_ = on; }
 
   const Arch& arch() const { return arch_; }
   ModelBackend& backend() { return *be_; }
+  // The routed experts the loader prepared (ModelLoadOptions::expert_shard; empty = all):
+  // enable_expert_parallel then needs the shard's placement and no EPLB (weights do not move).
+  void set_expert_shard(std::optional<parallel::ExpertShard> shard) { shard_ = shard; }
+  const std::optional<parallel::ExpertShard>& expert_shard() const { return shard_; }
   const std::vector<kv::LayerCacheSpec>& cache_specs() const { return specs_; }
 
  private:
@@ -91,12 +100,14 @@ class DeepseekModel : public CausalLM {
     int64_t length = 0, written_end = 0;
   };
   std::vector<SlotExtent> slot_extent_;  // [num_slots]
+  std::optional<parallel::ExpertShard> shard_;
 
   ModelInfo info_;
   Arch arch_;
   std::vector<kv::LayerCacheSpec> specs_;
   std::unique_ptr<ModelBackend> be_;
   std::unique_ptr<Drafter> drafter_;
+  bool mtp_fixed_shapes_ = true;
   std::shared_ptr<void> keepalive_;  // the mapped checkpoint, when a backend reads it in place
 };
 

@@ -1,6 +1,7 @@
 #include "model/deepseek/cpu/cpu_backend.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "core/check.h"
@@ -85,6 +86,7 @@ std::optional<ModelBackend::FixedShape> CpuBackend::fixed_shape(const ForwardBat
 
 void CpuBackend::begin_step(StepPlan plan) {
   plan_ = std::move(plan);
+  fixed_steps_ += plan_.fixed ? 1 : 0;
   const StepPlan& p = plan_;
   StepIndex& ix = index_;
   ix = StepIndex{};
@@ -133,7 +135,21 @@ ForwardOutput CpuBackend::end_step(const ForwardOptions& options, int64_t rows, 
   return out;
 }
 
-const float* CpuBackend::stage_hidden(const HiddenRows& rows, const RowRanges& ranges) {
+void CpuBackend::greedy_rows(int64_t rows, int32_t* tokens, float* logprobs) {
+  const int64_t V = arch_.dims.vocab;
+  DI_CHECK(rows >= 0 && rows <= plan_.T, "greedy_rows: ", rows, " rows of a ", plan_.T, "-token step");
+  const float* L = static_cast<const float*>(buf(Buf::kLogits));
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = L + r * V;
+    const int64_t tok = std::max_element(row, row + V) - row;  // first maximum: lowest id
+    double sum = 0;
+    for (int64_t v = 0; v < V; ++v) sum += std::exp(double(row[v]) - double(row[tok]));
+    tokens[r] = int32_t(tok);
+    logprobs[r] = float(-std::log(sum));
+  }
+}
+
+const float* CpuBackend::stage_hidden(const HiddenRows& rows, const RowRanges& ranges, int64_t padded_rows) {
   DI_CHECK(rows.host.defined() && rows.host.dtype() == DType::kF32, "stage_hidden: the CPU needs host hidden rows");
   const Tensor h = rows.host.contiguous();
   const int64_t e = rows.row_elems;
@@ -143,6 +159,9 @@ const float* CpuBackend::stage_hidden(const HiddenRows& rows, const RowRanges& r
              ") of ", rows.rows);
     staged_hidden_.insert(staged_hidden_.end(), h.data<float>() + first * e, h.data<float>() + (first + count) * e);
   }
+  DI_CHECK(padded_rows == 0 || int64_t(staged_hidden_.size()) <= padded_rows * e, "stage_hidden: ",
+           staged_hidden_.size() / size_t(e), " rows staged for a ", padded_rows, "-row step");
+  if (padded_rows > 0) staged_hidden_.resize(size_t(padded_rows * e), 0.f);
   return staged_hidden_.data();
 }
 

@@ -57,9 +57,10 @@ class CpuBackend final : public ModelBackend {
   void copy_blocks_to_host(std::span<const HostBlockCopy> copies) override;
   void copy_blocks_from_host(std::span<const HostBlockCopy> copies) override;
   void begin_step(StepPlan plan) override;
-  void launch(const std::function<void()>& body) override { body(); }
+  void launch(const std::function<void()>& body, int32_t /*graph*/) override { body(); }
   ForwardOutput end_step(const ForwardOptions& options, int64_t rows, int64_t hidden_rows) override;
-  const float* stage_hidden(const HiddenRows& rows, const RowRanges& ranges) override;
+  const float* stage_hidden(const HiddenRows& rows, const RowRanges& ranges, int64_t padded_rows) override;
+  void greedy_rows(int64_t rows, int32_t* tokens, float* logprobs) override;
   kv::KvCache& cache() { return cache_; }
   bool joins_collectives() const override { return ep_ != nullptr; }
   // Main layers' routed experts run expert-parallel over `ep` from now on (between steps only).
@@ -70,6 +71,7 @@ class CpuBackend final : public ModelBackend {
   // batch it accepts, with candidate caps for contexts up to `max_context` tokens.
   void use_fixed_shapes(int64_t max_context, const FixedLimits& limits);
   std::optional<FixedShape> fixed_shape(const ForwardBatch& batch) const override;
+  int64_t fixed_steps() const { return fixed_steps_; }  // steps that ran a fixed plan (tests)
 
   // ---- Backend ----
   DType act() const override { return DType::kF32; }
@@ -109,6 +111,7 @@ class CpuBackend final : public ModelBackend {
   std::vector<kv::LayerCacheSpec> specs_;
   std::unique_ptr<CpuWeightStore> store_;
   bool fixed_ = false;           // use_fixed_shapes
+  int64_t fixed_steps_ = 0;
   FixedLimits fixed_limits_;
   std::vector<int64_t> fixed_caps_;
   kv::KvCache cache_;

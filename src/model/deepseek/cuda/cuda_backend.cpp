@@ -310,13 +310,13 @@ void CudaBackend::begin_step(StepPlan plan) {
   }
 }
 
-void CudaBackend::launch(const std::function<void()>& body) {
+void CudaBackend::launch(const std::function<void()>& body, int32_t graph) {
   if (!plan_.fixed || opts_.decode != DecodePath::kGraph) {
     body();
     return;
   }
   const cudaStream_t st = stream_.get();
-  const std::pair<int64_t, bool> key{plan_.T, !plan_.hidden_rows.empty()};
+  const GraphKey key{plan_.T, !plan_.hidden_rows.empty(), graph};
   dc::CudaGraph& g = graphs_[key];
   if (g.ready()) {
     g.replay(st);
@@ -367,7 +367,7 @@ ForwardOutput CudaBackend::end_step(const ForwardOptions& options, int64_t rows,
   return out;
 }
 
-const float* CudaBackend::stage_hidden(const HiddenRows& rows, const RowRanges& ranges) {
+const float* CudaBackend::stage_hidden(const HiddenRows& rows, const RowRanges& ranges, int64_t padded_rows) {
   const int64_t e = rows.row_elems;
   int64_t total = 0;
   for (const auto& [first, count] : ranges) {
@@ -375,13 +375,27 @@ const float* CudaBackend::stage_hidden(const HiddenRows& rows, const RowRanges& 
              ") of ", rows.rows);
     total += count;
   }
-  ensure(staged_hidden_, std::max<size_t>(size_t(total * e) * sizeof(float), 16), opts_.device);
+  dc::DeviceBuffer* staged = &staged_hidden_;
+  if (padded_rows > 0) {
+    const int64_t most = fixed_limits().max_tokens;
+    DI_CHECK(total <= padded_rows && padded_rows <= most, "stage_hidden: ", total, " rows for a fixed step of ",
+             padded_rows, " (at most ", most, ")");
+    if (fixed_staged_hidden_.size_bytes() == 0)
+      fixed_staged_hidden_ = dc::DeviceBuffer(size_t(most * e) * sizeof(float), opts_.device);
+    staged = &fixed_staged_hidden_;
+    // The padded rows run through the block too: zeros keep them finite.
+    if (padded_rows > total)
+      DI_CUDA_CHECK(cudaMemsetAsync(staged->as<float>() + total * e, 0, size_t((padded_rows - total) * e) * sizeof(float),
+                                    stream_.get()));
+  } else {
+    ensure(staged_hidden_, std::max<size_t>(size_t(total * e) * sizeof(float), 16), opts_.device);
+  }
   const Tensor h = rows.device ? Tensor() : rows.host.contiguous();
   DI_CHECK(rows.device || h.defined(), "stage_hidden: rows in neither host nor device memory");
   int64_t at = 0;
   for (const auto& [first, count] : ranges) {
     const size_t bytes = size_t(count * e) * sizeof(float);
-    float* dst = staged_hidden_.as<float>() + at * e;
+    float* dst = staged->as<float>() + at * e;
     if (rows.device)
       DI_CUDA_CHECK(cudaMemcpyAsync(dst, rows.device + first * e, bytes, cudaMemcpyDeviceToDevice, stream_.get()));
     else
@@ -389,7 +403,24 @@ const float* CudaBackend::stage_hidden(const HiddenRows& rows, const RowRanges& 
     at += count;
   }
   if (!rows.device) DI_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));  // the host tensor may go away
-  return staged_hidden_.as<const float>();
+  return staged->as<const float>();
+}
+
+void CudaBackend::greedy_rows(int64_t rows, int32_t* tokens, float* logprobs) {
+  DI_CHECK(rows >= 0 && rows <= plan_.T, "greedy_rows: ", rows, " rows of a ", plan_.T, "-token step");
+  if (rows == 0) return;
+  const size_t bytes = size_t(rows) * (sizeof(int32_t) + sizeof(float));
+  ensure(greedy_out_, bytes, opts_.device);
+  int32_t* d_tok = greedy_out_.as<int32_t>();
+  float* d_lp = reinterpret_cast<float*>(d_tok + rows);
+  const cudaStream_t st = stream_.get();
+  cuda::greedy_rows(at<float>(L_.buf[size_t(Buf::kLogits)]), arch_.dims.vocab, rows, arch_.dims.vocab, d_tok,
+                        d_lp, st);
+  greedy_h_.resize(bytes);
+  dc::copy_d2h(greedy_h_.data(), d_tok, bytes, st, false);
+  DI_CUDA_CHECK(cudaStreamSynchronize(st));
+  std::memcpy(tokens, greedy_h_.data(), size_t(rows) * sizeof(int32_t));
+  std::memcpy(logprobs, greedy_h_.data() + size_t(rows) * sizeof(int32_t), size_t(rows) * sizeof(float));
 }
 
 void CudaBackend::set_profiling(bool on) {

@@ -11,6 +11,7 @@
 #pragma once
 #include <array>
 #include <map>
+#include <tuple>
 #include <memory>
 #include <vector>
 
@@ -62,9 +63,11 @@ class CudaBackend final : public ModelBackend {
   bool joins_collectives() const override { return ep_ != nullptr; }
   void set_expert_parallel(std::shared_ptr<ExpertParallel> ep) override;
   void begin_step(StepPlan plan) override;
-  void launch(const std::function<void()>& body) override;
+  void launch(const std::function<void()>& body, int32_t graph) override;
   ForwardOutput end_step(const ForwardOptions& options, int64_t rows, int64_t hidden_rows) override;
-  const float* stage_hidden(const HiddenRows& rows, const RowRanges& ranges) override;
+  const float* stage_hidden(const HiddenRows& rows, const RowRanges& ranges, int64_t padded_rows) override;
+  // One kernel over the logits buffer, then one small copy back (4 + 4 bytes per row).
+  void greedy_rows(int64_t rows, int32_t* tokens, float* logprobs) override;
   void set_profiling(bool on) override;
   void mark_step_end() override;
   CausalLM::StepProfile take_profile() override;
@@ -164,9 +167,14 @@ class CudaBackend final : public ModelBackend {
   // Tokens of the next step read from device memory (set_device_inputs): [2k] (token, row).
   std::vector<int32_t> input_patch_;
   const int32_t* sampled_ids_ = nullptr;
-  std::map<std::pair<int64_t, bool>, deepinfer::cuda::CudaGraph> graphs_;  // (padded size, hidden rows)
-  std::map<std::pair<int64_t, bool>, bool> warmed_;
-  deepinfer::cuda::DeviceBuffer staged_hidden_;
+  using GraphKey = std::tuple<int64_t, bool, int32_t>;  // (padded size, hidden rows, launch's graph)
+  std::map<GraphKey, deepinfer::cuda::CudaGraph> graphs_;
+  std::map<GraphKey, bool> warmed_;
+  // Staged target streams of MTP steps: general steps grow it; fixed-shape steps use the fixed
+  // one, sized once for the largest bucket (graphs capture its address).
+  deepinfer::cuda::DeviceBuffer staged_hidden_, fixed_staged_hidden_;
+  deepinfer::cuda::DeviceBuffer greedy_out_;  // greedy_rows: tokens then logprobs
+  std::vector<char> greedy_h_;
   // Exact-numerics MoE: the routing read back and the host permutation.
   std::vector<int32_t> moe_ids_;
   std::vector<float> moe_wts_, moe_perm_w_;
