@@ -129,6 +129,7 @@ ForwardOutput DeepseekModel::run(const ForwardBatch& batch, const ForwardOptions
     return be_->end_step(options, 0, 0);
   }
   note_writes(batch, /*target=*/true);
+  before_step(batch);
   StepPlan plan = plan_step(batch, /*allow_fixed=*/true);
   // A fixed-shape step computes every padded row (its launches must not depend on the batch).
   const int64_t R_run = plan.fixed ? plan.T : R;
