@@ -4,29 +4,36 @@
 # kernel timings. Meant for the GPU machine (device tool), where the image has CUDA, cmake and
 # ninja but none of the Debian -dev packages: run tools/fetch_gpu_deps.sh here first and carry
 # .gpudeps; this script unpacks the .debs with dpkg -x into a private prefix.
-#   tools/gpu_check.sh [--build-only] [--scope ops|full] [--sanitize] [--jobs N]
+#   tools/gpu_check.sh [--build-only] [--scope ops|full] [--no-sanitize] [--sanitize-model] [--jobs N]
 #     --build-only  configure + build, run nothing on the GPU (also works on a machine without one)
 #     --scope ops   (default) build a staged copy holding only core/ops/cli + their tests, so
 #                   half-finished modules elsewhere in the working tree cannot break the check
 #     --scope full  build the tree as it is
-#     --sanitize    also run the op tests under compute-sanitizer memcheck (slow)
+#     (default)     after the op tests, compute-sanitizer over them (tools/cuda_sanitize.sh): memcheck
+#                   on every suite, racecheck on the suites whose kernels use shared memory, one
+#                   process per suite, SAN_BUDGET seconds in all (default 300), a table of errors
+#                   per suite and per test (also in $OUT/sanitizer_summary.txt)
+#     --no-sanitize skip compute-sanitizer (--sanitize, its old opt-in, is accepted and the default)
+#     --sanitize-model  also memcheck the GPU model tests (tools/gpu_model_check.sh --sanitize, up to 400 s)
 #     --prebuilt D  run the test binaries in D (made here by tools/pack_prebuilt.sh; carry D) instead
 #                   of configuring and building on the GPU machine: saves the device minutes a build costs
 # Device example (one call):
-#   run: tools/gpu_check.sh --sanitize   carry: [".gpudeps"]
+#   run: tools/gpu_check.sh   carry: [".gpudeps"]
 # Logs go to $OUT (when set) so they come back with the call.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
-BUILD_ONLY=0; SCOPE=ops; SANITIZE=0; JOBS=$(nproc); PREBUILT=
+BUILD_ONLY=0; SCOPE=ops; SANITIZE=1; SANITIZE_MODEL=0; JOBS=$(nproc); PREBUILT=
 while [ $# -gt 0 ]; do
   case "$1" in
     --build-only) BUILD_ONLY=1 ;;
     --scope) SCOPE=$2; shift ;;
     --sanitize) SANITIZE=1 ;;
+    --no-sanitize) SANITIZE=0 ;;
+    --sanitize-model) SANITIZE_MODEL=1 ;;
     --jobs) JOBS=$2; shift ;;
     --prebuilt) PREBUILT=$(cd "$2" && pwd); shift ;;
-    -h|--help) sed -n 2,18p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,22p "$0"; exit 0 ;;
     *) echo "gpu_check: unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -86,12 +93,10 @@ TEST_RC=$?
 grep -E "^\[  (FAILED|PASSED|SKIPPED) |^\[  FAILED  \]|Failure|expected|Which is" "$LOG_DIR/cuda_tests.log" | head -40
 
 SAN_RC=skipped
-if [ "$SANITIZE" = 1 ] && command -v compute-sanitizer >/dev/null; then
-  step "compute-sanitizer memcheck (op tests; timings and the deliberate OOM test excluded)"
-  timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$TEST_BIN" --gtest_filter=-CudaTiming.*:CudaRuntime.OutOfMemoryIsTyped \
-    >"$LOG_DIR/sanitizer.log" 2>&1
+if [ "$SANITIZE" = 1 ]; then
+  step "compute-sanitizer: memcheck on every op-test suite, racecheck on the shared-memory ones (budget ${SAN_BUDGET:-300}s)"
+  tools/cuda_sanitize.sh "$TEST_BIN" "$LOG_DIR"
   SAN_RC=$?
-  grep -E "ERROR SUMMARY|Invalid|out of bounds" "$LOG_DIR/sanitizer.log" | head -10
 fi
 
 # ---- golden checks (model level) run here once tools/golden_check.sh exists ----
@@ -104,7 +109,7 @@ fi
 MODEL=skipped
 if [ -x tools/gpu_model_check.sh ] && [ "$BUILD_ONLY" = 0 ]; then
   step "GPU model checks (tools/gpu_model_check.sh)"
-  SAN_ARG=(); [ "$SANITIZE" = 1 ] && SAN_ARG=(--sanitize)
+  SAN_ARG=(); [ "$SANITIZE_MODEL" = 1 ] && SAN_ARG=(--sanitize)
   [ -n "$PREBUILT" ] && SAN_ARG+=(--prebuilt "$PREBUILT")
   tools/gpu_model_check.sh --jobs "$JOBS" "${SAN_ARG[@]}" >"$LOG_DIR/gpu_model.log" 2>&1 && MODEL=pass || MODEL=FAIL
   grep -E "^\[gpu-|FAILED|gpu_model_check:|ERROR SUMMARY|error" "$LOG_DIR/gpu_model.log" | head -60
@@ -125,6 +130,17 @@ if [ -n "$CLI" ] && [ "$BUILD_ONLY" = 0 ]; then
   grep -vE "^\s*$" "$LOG_DIR/smoke.log" | grep -iE "tok/s|tokens/s|backend|error|cuda" | tail -6
 fi
 
+# ---- data-parallel ranks on the GPU (processes sharing it; experts sharded): tokens == one rank ----
+DP=skipped
+DP_BIN=""
+[ -n "${BUILD:-}" ] && DP_BIN=$(find "$BUILD" -name engine_dp_test -type f -perm -u+x 2>/dev/null | head -1)
+if [ -n "$DP_BIN" ] && [ "$BUILD_ONLY" = 0 ]; then
+  step "data-parallel / expert-parallel GPU ranks (engine_dp_test, DEEPINFER_TEST_ACCELERATOR=nvidia)"
+  DEEPINFER_TEST_ACCELERATOR=nvidia timeout 180 "$DP_BIN" --gtest_filter='*DataParallel*' >"$LOG_DIR/dp_gpu.log" 2>&1 \
+    && DP=pass || DP=FAIL
+  grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]" "$LOG_DIR/dp_gpu.log" | head -10
+fi
+
 echo
 echo "op                   cases  max_rel_err  tolerance  result"
 grep '^DI_CUDA_ERR|' "$LOG_DIR/cuda_tests.log" | awk -F'|' '
@@ -137,5 +153,5 @@ echo
 echo "kernel          shape                     median_us  rate"
 grep '^DI_CUDA_TIME|' "$LOG_DIR/cuda_tests.log" | awk -F'|' '{ printf "%-15s %-25s %9s  %s\n", $2, $3, $4, $5 }'
 echo
-echo "tests rc=$TEST_RC  sanitizer=$SAN_RC  golden=$GOLD  model=$MODEL  smoke=$SMOKE  total $(( $(date +%s) - T0 ))s"
-[ "$TEST_RC" = 0 ] && { [ "$SAN_RC" = skipped ] || [ "$SAN_RC" = 0 ]; } && [ "$MODEL" != FAIL ] && [ "$SMOKE" != FAIL ]
+echo "tests rc=$TEST_RC  sanitizer=$SAN_RC  golden=$GOLD  model=$MODEL  smoke=$SMOKE  dp=$DP  total $(( $(date +%s) - T0 ))s"
+[ "$TEST_RC" = 0 ] && { [ "$SAN_RC" = skipped ] || [ "$SAN_RC" = 0 ]; } && [ "$MODEL" != FAIL ] && [ "$SMOKE" != FAIL ] && [ "$DP" != FAIL ]

@@ -4,7 +4,7 @@
 # runs tests instead of spending its minutes on a build:
 #   tools/pack_prebuilt.sh [BUILD_DIR] [OUT_DIR]      (defaults: build-prebuilt, build-prebuilt/pack)
 # then, through the device tool:
-#   run: tools/gpu_check.sh --prebuilt build-prebuilt/pack [--sanitize]
+#   run: tools/gpu_check.sh --prebuilt build-prebuilt/pack [--no-sanitize]
 #   carry: [".gpudeps", "build-prebuilt/pack"]
 # Both folders match the /build-*/ ignore rule, so they never enter git; the pack is ~30 MB
 # (the carry limit is 64 MiB with the tree).

@@ -26,6 +26,68 @@ size_t json_depth_exceeded_at(std::string_view text, int max_depth) {
 }
 
 namespace {
+// SAX handler that keeps the path of the value being read ("a.b[2]") and stops at the first
+// number nlohmann cannot hold (its parse_error 406), recording where.
+class OverflowLocator final : public nlohmann::json_sax<nlohmann::json> {
+ public:
+  bool found = false;
+  size_t byte = 0;
+  std::string path, token;
+
+  bool null() override { return scalar(); }
+  bool boolean(bool) override { return scalar(); }
+  bool number_integer(number_integer_t) override { return scalar(); }
+  bool number_unsigned(number_unsigned_t) override { return scalar(); }
+  bool number_float(number_float_t, const string_t&) override { return scalar(); }
+  bool string(string_t&) override { return scalar(); }
+  bool binary(binary_t&) override { return scalar(); }
+  bool start_object(std::size_t) override { return open(false); }
+  bool start_array(std::size_t) override { return open(true); }
+  bool key(string_t& k) override {
+    frames_.back().key = k;
+    return true;
+  }
+  bool end_object() override { return close(); }
+  bool end_array() override { return close(); }
+  bool parse_error(std::size_t position, const std::string& last_token, const nlohmann::detail::exception& e) override {
+    if (e.id == 406) {
+      found = true;
+      byte = position > last_token.size() ? position - last_token.size() : 0;
+      token = last_token;
+      path = render_path();
+    }
+    return false;
+  }
+
+ private:
+  struct Frame {
+    bool array;
+    std::string key;
+    size_t index = 0;  // arrays: elements completed so far
+  };
+  bool scalar() {
+    if (!frames_.empty() && frames_.back().array) ++frames_.back().index;
+    return true;
+  }
+  bool open(bool array) {
+    frames_.push_back({array, {}, 0});
+    return true;
+  }
+  bool close() {
+    frames_.pop_back();
+    return scalar();
+  }
+  std::string render_path() const {
+    std::string out;
+    for (const Frame& f : frames_) {
+      if (f.array) out += "[" + std::to_string(f.index) + "]";
+      else out += (out.empty() ? "" : ".") + f.key;
+    }
+    return out;
+  }
+  std::vector<Frame> frames_;
+};
+
 template <typename Json>
 bool parse_impl(std::string_view text, Json& out, std::string* error, int max_depth) {
   const size_t at = json_depth_exceeded_at(text, max_depth);
@@ -37,8 +99,10 @@ bool parse_impl(std::string_view text, Json& out, std::string* error, int max_de
     out = Json::parse(text.begin(), text.end());
     return true;
   } catch (const nlohmann::json::exception& e) {
-    // nlohmann quotes the raw bytes it last read: they may be invalid UTF-8.
-    if (error) *error = escape_invalid_utf8(e.what());
+    // nlohmann quotes the raw bytes it last read: they may be invalid UTF-8. A number past
+    // double's range (406) gets the field's path instead of nlohmann's bare message.
+    std::string where;
+    if (error) *error = e.id == 406 && json_number_out_of_range(text, &where) ? where : escape_invalid_utf8(e.what());
     return false;
   }
 }
@@ -94,6 +158,23 @@ std::string snippet_impl(const Json& root, size_t max_chars, int max_depth) {
   return out;
 }
 }  // namespace
+
+bool json_number_out_of_range(std::string_view text, std::string* description) {
+  OverflowLocator loc;
+  try {
+    nlohmann::json::sax_parse(text.begin(), text.end(), &loc);
+  } catch (const nlohmann::json::exception&) {
+    return false;  // not the overflow (sax_parse reports errors through the handler)
+  }
+  if (!loc.found) return false;
+  if (description) {
+    std::string token = loc.token.size() > 40 ? loc.token.substr(0, 40) + "..." : loc.token;
+    *description = detail::str_cat("field '", loc.path.empty() ? std::string("(top level)") : loc.path, "': the number ",
+                                   token, " (at byte ", loc.byte, ") is outside the range of a double");
+    *description = escape_invalid_utf8(*description);
+  }
+  return true;
+}
 
 bool parse_json_bounded(std::string_view text, nlohmann::json& out, std::string* error, int max_depth) {
   return parse_impl(text, out, error, max_depth);

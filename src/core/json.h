@@ -36,6 +36,13 @@ bool parse_json_bounded(std::string_view text, nlohmann::json& out, std::string*
 bool parse_json_bounded(std::string_view text, nlohmann::ordered_json& out, std::string* error,
                         int max_depth = kMaxJsonDepth);
 
+// True when `text` holds a number nlohmann cannot represent (|x| past double's range, e.g.
+// 1e999; nlohmann's out_of_range 406), with `*description` naming the field's path and byte:
+// "field 'json_schema.minimum': the number 1e999 (at byte 27) is outside the range of a
+// double". parse_json_bounded already reports that text for such input. Call it on text that
+// passed the depth check (the scan is iterative, but bounded input keeps its stack small).
+bool json_number_out_of_range(std::string_view text, std::string* description);
+
 // parse_json_bounded that throws ErrType (a deepinfer::Error) "<origin>: <what>: <reason>".
 template <typename ErrType, typename Json = nlohmann::json>
 Json parse_json_or_throw(std::string_view text, std::string_view origin, std::string_view what = "not valid JSON",

@@ -28,7 +28,9 @@ struct LoadedParts {
   std::unique_ptr<TextCodec> codec;
   std::unique_ptr<GrammarCompiler> grammar;
 };
-LoadedParts load_parts(const LLMConfig& config, const EnvConfig& env);
+// `device`: the accelerator index (a data-parallel rank passes its local rank; device backends
+// take it modulo the visible devices, so several ranks may share one GPU).
+LoadedParts load_parts(const LLMConfig& config, const EnvConfig& env, int device = 0);
 std::unique_ptr<Engine> make_engine(const LLMConfig& config, const EnvConfig& env, LoadedParts parts);
 
 }  // namespace deepinfer::engine

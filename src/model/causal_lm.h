@@ -88,7 +88,8 @@ struct ModelLimits {
 struct ModelLoadOptions {
   EnvConfig env;
   ModelLimits limits;
-  int device = 0;               // accelerator index for device backends
+  int device = 0;               // accelerator index for device backends (taken modulo the visible devices:
+                                // data-parallel ranks pass their local rank and may share a GPU)
   bool progress = true;         // load progress on stderr
 };
 

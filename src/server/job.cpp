@@ -72,12 +72,17 @@ json Job::chunk_base(const char* object) const {
   return json{{"id", id_}, {"object", object}, {"created", st_.created}, {"model", st_.model_name}};
 }
 
-json Job::usage() const {
-  int64_t prompt = 0, completion = 0, cached = 0;
-  for (int64_t p : prompt_tokens_) prompt += p;
+int64_t Job::usage_completion_tokens() const {
+  int64_t completion = 0;
   for (int64_t c : completion_tokens_) completion += c;
+  return completion;
+}
+
+json Job::usage() const {
+  int64_t prompt = 0, cached = 0;
+  for (int64_t p : prompt_tokens_) prompt += p;
   for (int64_t c : cached_tokens_) cached += c;
-  return usage_json(prompt, completion, cached, reasoning_tokens());
+  return usage_json(prompt, usage_completion_tokens(), cached, reasoning_tokens());
 }
 
 void Job::emit(const json& chunk) {

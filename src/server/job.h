@@ -37,6 +37,8 @@ class Job : public std::enable_shared_from_this<Job> {
   virtual json response_body() = 0;                                    // not streaming: the whole answer
   virtual void on_stream_start() {}
   virtual std::optional<int64_t> reasoning_tokens() const { return std::nullopt; }  // usage detail
+  // usage.completion_tokens: every choice's tokens (completions with best_of > n: the returned ones).
+  virtual int64_t usage_completion_tokens() const;
 
   json chunk_base(const char* object) const;  // id, object, created, model
   void emit(const json& chunk);               // one SSE event

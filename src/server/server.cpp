@@ -61,11 +61,6 @@ std::string ServerState::new_id(const char* prefix) {
   return buf;
 }
 
-std::optional<int32_t> ServerState::special_id(const std::string& text) const {
-  if (!tokenizer) return std::nullopt;
-  return tokenizer->token_to_id(text);
-}
-
 void send_json(ServerState& st, Responder& r, const std::string& path, int status, const json& body, Headers extra) {
   st.metrics.count_http(path, status);
   r.send(status, "application/json", dump(body), std::move(extra));
@@ -175,6 +170,17 @@ void Server::init(ServeOptions options, std::unique_ptr<engine::Engine> eng, std
   st.vocab_size = eng->model().vocab_size();
   st.max_model_len = eng->max_model_len();
   if (eng->codec()) st.tokenizer = eng->codec()->tokenizer();
+  RequestContext& rc = st.request;
+  rc.vocab_size = st.vocab_size;
+  rc.model_name = st.model_name;
+  rc.model_path = st.model_path;
+  rc.chat_format = st.chat_format;
+  rc.tokenizer = st.tokenizer;
+  if (const engine::TextCodec* codec = eng->codec()) {  // owned by the engine, which outlives the state's use
+    rc.encode = [codec](std::string_view t) { return codec->encode(t); };
+    rc.decode = [codec](const std::vector<int32_t>& ids) { return codec->decode(ids, false); };
+    rc.chat_prompt = [codec](const std::vector<ChatMessage>& m, const ChatTemplateOptions& o) { return codec->chat_prompt(m, o); };
+  }
   st.created = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
   if (st.opt.max_waiting < 1) DI_THROW(InvalidArgument, "--max-waiting must be >= 1, got ", st.opt.max_waiting);
   st.loop = std::make_unique<EngineLoop>(std::move(eng), EngineLoopOptions{st.opt.max_waiting}, st.metrics);

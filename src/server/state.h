@@ -16,6 +16,7 @@
 #include "server/http.h"
 #include "server/metrics.h"
 #include "server/protocol.h"
+#include "server/request.h"
 #include "server/server.h"
 
 namespace deepinfer {
@@ -39,8 +40,6 @@ class WorkQueue {
   std::vector<std::thread> threads_;
 };
 
-enum class ChatFormat { kV4, kV41 };
-
 struct ServerState {
   ServeOptions opt;
   ServerMetrics metrics;
@@ -52,10 +51,9 @@ struct ServerState {
   int64_t vocab_size = 0, max_model_len = 0;
   int64_t created = 0;  // seconds since the epoch, when the server started
   std::atomic<uint64_t> next_id{0};
+  RequestContext request;  // what the request parsers need (server/request.h), set with the above
 
   std::string new_id(const char* prefix);  // "cmpl-<random>-<counter>"
-  // The token id of a special token by its text (nullopt without a tokenizer or such a token).
-  std::optional<int32_t> special_id(const std::string& text) const;
 };
 
 // Writes an answer and counts it in the metrics.

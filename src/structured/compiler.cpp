@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/check.h"
+#include "core/json.h"
 #include "structured/compiled.h"
 #include "structured/ebnf.h"
 #include "structured/json_schema.h"
@@ -78,13 +79,22 @@ std::string utf8_safe(std::string_view m) {
   return out;
 }
 
+// so_args (or a schema given as JSON text) -> JSON. Syntax errors are SyntaxErr; a number past
+// double's range (1e999: nlohmann's out_of_range, which used to escape untyped) is a
+// GrammarError naming the field, e.g. "json_schema: field 'minimum': the number 1e999 ...".
+template <typename Json, typename SyntaxErr = InvalidArgument>
+Json parse_so_args_text(std::string_view text, const char* what) {
+  Json out;
+  std::string why;
+  if (parse_json_bounded(text, out, &why, kMaxJsonDepth)) return out;
+  std::string where;
+  if (json_number_out_of_range(text, &where)) DI_THROW(GrammarError, what, ": ", where);
+  DI_THROW(SyntaxErr, what, " is not valid JSON: ", utf8_safe(why));
+}
+
 json parse_so_args(std::string_view text) {
   check_json_depth<InvalidArgument>(text, "so_args");
-  try {
-    return json::parse(text);
-  } catch (const json::parse_error& e) {
-    DI_THROW(InvalidArgument, "so_args is not valid JSON: ", e.what());
-  }
+  return parse_so_args_text<json>(text, "so_args");
 }
 
 JsonGrammarOptions json_options(const json& a, std::chrono::steady_clock::time_point deadline) {
@@ -112,11 +122,7 @@ Grammar lower_json(const json& a, std::chrono::steady_clock::time_point deadline
     json schema = a["json_schema"];
     if (schema.is_string()) {
       check_json_depth<GrammarError>(schema.get<std::string>(), "json_schema");
-      try {
-        schema = json::parse(schema.get<std::string>());
-      } catch (const json::parse_error& e) {
-        DI_THROW(GrammarError, "json_schema is not valid JSON: ", e.what());
-      }
+      schema = parse_so_args_text<json, GrammarError>(schema.get<std::string>(), "json_schema");
     }
     return json_schema_to_grammar(schema, json_options(a, deadline));
   }
@@ -282,11 +288,7 @@ std::shared_ptr<const CompiledGrammar> GrammarCompiler::compile(std::string_view
   // Canonical key: re-serialised JSON (whitespace and escapes normalised, key order kept).
   std::string key;
   check_json_depth<InvalidArgument>(so_args_json, "so_args");
-  try {
-    key = nlohmann::ordered_json::parse(so_args_json).dump();
-  } catch (const nlohmann::json::parse_error& e) {
-    DI_THROW(InvalidArgument, "so_args is not valid JSON: ", utf8_safe(e.what()));
-  }
+  key = parse_so_args_text<nlohmann::ordered_json>(so_args_json, "so_args").dump();
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = cache_.find(key);

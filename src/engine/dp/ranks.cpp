@@ -117,13 +117,9 @@ parallel::ParallelConfig parallel_config(const LLMConfig& config, const EnvConfi
                               .expert_parallel_size = config.expert_parallel_size > 0 ? config.expert_parallel_size
                                                                                        : config.data_parallel_size};
   pc.validate();
-  if (pc.is_parallel() && env.accelerator == Accelerator::kNvidia)
-    DI_THROW(InvalidArgument, "LLMConfig.data_parallel_size=", pc.data_parallel_size,
-             " on the GPU backend: not implemented yet (the CUDA backend's expert parallelism over NCCL is not "
-             "built); use accelerator='cpu' for parallel ranks");
   if (pc.is_parallel() && !parallel::have_gloo())
     DI_THROW(InvalidArgument, "LLMConfig.data_parallel_size=", pc.data_parallel_size,
-             ": this build has no gloo (libgloo-dev), which CPU ranks need");
+             ": this build has no gloo (libgloo-dev), which the ranks' groups need");
   return pc;
 }
 
@@ -149,7 +145,8 @@ std::unique_ptr<RankRuntime> start_driver(const LLMConfig& config, const EnvConf
         .command = worker_command(config), .world_size = rt->world_size, .rendezvous_dir = dir});
     DI_INFO("data-parallel: started ", rt->world_size - 1, " worker rank(s), rendezvous ", dir);
   }
-  LoadedParts parts = load_parts(config, env);  // the workers load theirs meanwhile
+  // The workers load theirs meanwhile. GPU ranks: rank r on device local_rank mod visible devices.
+  LoadedParts parts = load_parts(config, env, launched ? launched->local_rank : 0);
   if (rt->workers) wait_workers_ready(dir, *rt->workers, rt->world_size);
   connect(*rt, config, env, std::move(parts), dir, host);
   rt->driver = std::make_unique<Driver>(*rt->engine, *rt->world);
@@ -174,7 +171,7 @@ void serve_worker(const parallel::RankEnv& launched, const LLMConfig* given) {
     const EnvConfig env = resolve_env(config);
     RankRuntime rt;
     rt.rank = launched.rank, rt.world_size = launched.world_size;
-    LoadedParts parts = load_parts(config, env);
+    LoadedParts parts = load_parts(config, env, launched.local_rank);
     if (!given) write_file(ready_file(dir, launched.rank), "");
     connect(rt, config, env, std::move(parts), dir, launched.host);
     RankLoop(*rt.engine, *rt.world).serve();

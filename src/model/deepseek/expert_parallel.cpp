@@ -68,11 +68,14 @@ void ExpertParallel::rebalance() {
   if (moved > 0) ++rebalances_, slots_moved_ += moved;
 }
 
-void ExpertParallel::dispatch(int64_t layer, const float* h, int64_t T, int64_t D, const int32_t* ids, int64_t K) {
+void ExpertParallel::dispatch(int64_t layer, const float* h, int64_t T, int64_t D, const int32_t* ids, int64_t K,
+                              const float* pair_weights) {
   const parallel::ExpertPlacement& L = layout(layer);
   const int n = size(), me = rank();
-  const int64_t P = T * K, row = D + 1;  // a sent row: [local slot as bits][D values]
-  D_ = D, pairs_ = P;
+  // A sent row: [local slot as bits][routed weight, when given][D values]. Every rank of a step
+  // passes weights or none (the backends are the same on every rank).
+  const int64_t w = pair_weights != nullptr ? 1 : 0, P = T * K, row = D + 1 + w;
+  D_ = D, pairs_ = P, row_ = row;
   // Destination of each pair: a replica on this rank when there is one, else one chosen by the
   // token index (spreads a hot expert's replicas; any replica computes the same function).
   std::vector<int32_t> dest(static_cast<size_t>(P)), slot(static_cast<size_t>(P));
@@ -102,7 +105,8 @@ void ExpertParallel::dispatch(int64_t layer, const float* h, int64_t T, int64_t 
     send_order_[size_t(at)] = i;
     float* r = send.data() + at * row;
     std::memcpy(r, &slot[size_t(i)], sizeof(int32_t));
-    std::memcpy(r + 1, h + (i / K) * D, size_t(D) * sizeof(float));
+    if (w) r[1] = pair_weights[i];
+    std::memcpy(r + 1 + w, h + (i / K) * D, size_t(D) * sizeof(float));
   }
   send_bytes_.assign(size_t(n), 0);
   for (int q = 0; q < n; ++q) send_bytes_[size_t(q)] = count[size_t(q)] * row * int64_t(sizeof(float));
@@ -113,18 +117,20 @@ void ExpertParallel::dispatch(int64_t layer, const float* h, int64_t T, int64_t 
   group_.all_to_all_v(send.data(), send_bytes_, got.data(), recv_bytes_);
   recv_rows_.resize(size_t(m * D));
   recv_slot_.resize(size_t(m));
+  recv_weight_.resize(size_t(w * m));
   for (int64_t j = 0; j < m; ++j) {
     std::memcpy(&recv_slot_[size_t(j)], got.data() + j * row, sizeof(int32_t));
     if (recv_slot_[size_t(j)] < 0 || recv_slot_[size_t(j)] >= L.slots_per_rank)
       DI_THROW(InternalError, "moe dispatch: received slot ", recv_slot_[size_t(j)], " of ", L.slots_per_rank);
-    std::memcpy(recv_rows_.data() + j * D, got.data() + j * row + 1, size_t(D) * sizeof(float));
+    if (w) recv_weight_[size_t(j)] = got[size_t(j * row + 1)];
+    std::memcpy(recv_rows_.data() + j * D, got.data() + j * row + 1 + w, size_t(D) * sizeof(float));
   }
 }
 
-ExpertParallel::Received ExpertParallel::received() const { return {recv_rows_, recv_slot_}; }
+ExpertParallel::Received ExpertParallel::received() const { return {recv_rows_, recv_slot_, recv_weight_}; }
 
 void ExpertParallel::give_back(const float* outputs, float* out) {
-  const int64_t D = D_, bytes_per_row = D * int64_t(sizeof(float)), row = (D + 1) * int64_t(sizeof(float));
+  const int64_t D = D_, bytes_per_row = D * int64_t(sizeof(float)), row = row_ * int64_t(sizeof(float));
   // The reverse exchange: what came from rank q (recv_bytes_[q]) returns to it, D values a row.
   std::vector<int64_t> back_send(recv_bytes_.size()), back_recv(send_bytes_.size());
   for (size_t q = 0; q < recv_bytes_.size(); ++q) back_send[q] = recv_bytes_[q] / row * bytes_per_row;

@@ -44,10 +44,14 @@ class ExpertParallel {
 
   // Sends each assignment's row (h[pair / K], D floats) to a rank holding expert ids[pair]; after
   // it, received() lists what this rank must compute. Counts this rank's routed tokens per expert.
-  void dispatch(int64_t layer, const float* h, int64_t T, int64_t D, const int32_t* ids, int64_t K);
+  // `pair_weights` [T*K] (optional) travel with their rows: a backend that applies the routed
+  // weight inside the expert (the CUDA backend, before W2, as the reference) needs them there.
+  void dispatch(int64_t layer, const float* h, int64_t T, int64_t D, const int32_t* ids, int64_t K,
+                const float* pair_weights = nullptr);
   struct Received {
     std::span<const float> rows;       // [m, D] in arrival order
     std::span<const int32_t> slot;     // [m] local slot of each row
+    std::span<const float> weight;     // [m] the rows' routed weights (empty unless dispatched with them)
   };
   Received received() const;
   // outputs [m, D] of the received rows (arrival order) back to their ranks: out[pair] rows [T*K, D].
@@ -73,11 +77,12 @@ class ExpertParallel {
   std::vector<std::vector<int64_t>> since_window_;  // this rank's counts since the last window step
   int64_t steps_ = 0, rebalances_ = 0, slots_moved_ = 0;
   // The step in flight.
-  int64_t D_ = 0, pairs_ = 0;
+  int64_t D_ = 0, pairs_ = 0, row_ = 0;  // row_: floats per sent row ([slot][weight?][D values])
   std::vector<int64_t> send_order_;   // [pairs] pair index of each sent row, in send order
   std::vector<int64_t> send_bytes_, recv_bytes_;
   std::vector<float> recv_rows_;
   std::vector<int32_t> recv_slot_;
+  std::vector<float> recv_weight_;
 };
 
 }  // namespace deepinfer::model::ds

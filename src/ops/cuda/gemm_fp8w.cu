@@ -1,18 +1,30 @@
 // FP8 weight-only GEMM (gemm_fp8w.h). Layout of the work:
-//  * a block of 4 warps covers 64 weight rows (16 per warp: the m16 side of mma.m16n8k16, so the
-//    WEIGHT is the A operand and up to 8 tiles of 8 tokens are the B operand: M = 1 wastes 7/8 of
-//    an n8 tile, not 15/16 of an m16 one);
-//  * K advances in chunks of 64: lane (g = lane/4, t = lane%4) reads 16 consecutive weights of rows
-//    g and g+8 (16 B each in FP8) and the same 16 k of its token's x row (32 B). The MMA's k order
-//    is a permutation of the chunk, the same for A and B, so the dot products are unchanged: step j
-//    (0..3) of the chunk gives lane t's fragment slots (2t, 2t+1, 2t+8, 2t+9) the actual k
-//    chunk + 16t + 4j + (0, 1, 2, 3);
-//  * blocks split K (grid.y) when the rows alone do not fill the GPU; partial sums go to an f32
-//    workspace and a second kernel adds them in split order (deterministic).
+//  * a block of kWarps warps covers 16·kWarps weight rows (16 per warp: the m16 side of
+//    mma.m16n8k16, so the WEIGHT is the A operand and up to 8 tiles of 8 tokens are the B operand:
+//    M = 1 wastes 7/8 of an n8 tile, not 15/16 of an m16 one);
+//  * K advances in stages of 128 (one e8m0 scale block): the block's weight tile (rows x 128 k,
+//    FP8 or bf16) and x tile (tokens x 128 k, bf16) go global -> shared memory by cp.async, 16 B per
+//    thread, whole 128-byte lines of a row per 8 threads, kStages deep, so 24-48 KB of weights per
+//    block are in flight (the previous version loaded 64-byte pieces of a row into registers, 4 KB
+//    per warp, and read x from L1 per warp);
+//  * in each 64-k half of a stage, lane (g = lane/4, t = lane%4) takes 16 consecutive weights of its
+//    rows g and g+8 and the same 16 k of x (LDS.128, swizzled / padded so a quarter-warp hits 8
+//    distinct 16-byte bank groups). The MMA's k order is a permutation of the half, the same for A
+//    and B, so the dot products are unchanged: step j (0..3) gives lane t's fragment slots (2t, 2t+1,
+//    2t+8, 2t+9) the actual k  half + 16t + 4j + (0, 1, 2, 3);
+//  * K is split over the blocks of a thread-block cluster (grid.y = splits <= 8) when the rows alone
+//    do not fill the GPU. Each block leaves its partial sums in its shared memory and, after a
+//    cluster barrier, every block sums a slice of the outputs over the cluster's blocks in split
+//    order through distributed shared memory: no workspace, no second kernel, deterministic.
+// Batch invariance: the splits, their k ranges and the MMA sequence inside each depend on the
+// weight's shape and the SM count only, and an MMA's output column depends only on its own token,
+// so every token's result is bit-identical for any M (1..64 per launch, chunks of 64 above) and any
+// batch neighbours (tested: CudaGemmFp8w.BatchInvariant).
 // In-register dequantisation: the e4m3 byte b placed as bf16 bits sign | (b & 0x7f) << 4 is
 // exactly b's value times 2^-120 (normal or subnormal alike: both formats' mantissas line up),
 // and one bf16x2 multiply by 2^(e-7) makes it b · 2^(e-127) — exact, as the product is a bf16
 // value of at most 4 significant bits and e <= kFp8wMaxScaleExp keeps it in range.
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -25,10 +37,13 @@
 namespace deepinfer::ops::cuda {
 namespace {
 using deepinfer::cuda::ceil_div;
+__host__ __device__ constexpr int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+namespace cg = cooperative_groups;
 
-constexpr int kWarps = 4;             // per block
-constexpr int kRowsPerBlock = 16 * kWarps;
-constexpr int kChunk = 64;            // k per warp step
+constexpr int kChunk = 128;            // k per pipeline stage (= the scale block along K)
+constexpr int kMaxSplits = 8;          // portable cluster size
+constexpr int kSplitRows = 64;         // notional rows per block for the split rule (all kernels)
+constexpr int kXLd = 2 * kChunk + 16;  // bytes per x row in shared memory (padded: see the header)
 
 __device__ __forceinline__ uint4 ld_stream(const void* p) {  // weights: read once, skip L1
   uint4 v;
@@ -36,6 +51,17 @@ __device__ __forceinline__ uint4 ld_stream(const void* p) {  // weights: read on
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                : "l"(p));
   return v;
+}
+__device__ __forceinline__ uint32_t smem_u32(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
+// 16 bytes global -> shared, bypassing L1; src_bytes = 0 fills zeros (rows past N, k past K).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_u32(dst)), "l"(src), "r"(src_bytes)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t sel) {
   uint32_t r;
@@ -71,157 +97,196 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], 
 struct Args {
   const __nv_bfloat16* x;
   int64_t ldx, bsx;
-  const uint8_t* w;
-  const uint8_t* scale;
+  const uint8_t* w;      // FP8 bytes, or the bf16 weight as bytes
+  const uint8_t* scale;  // FP8 only
   int64_t scale_rows;
-  const __nv_bfloat16* wb;
   void* y;
   int64_t ldy, bsy;
-  float* ws;             // [splits][batch][M][N] when splits > 1
   int64_t M, N, K, batch;
   int chunks_per_split;
+  int scale_slots;       // distinct scale rows one block touches at most (FP8)
 };
 
-// One chunk's weights of a lane: rows A = g and B = g+8 of the warp's 16, 16 k each (FP8: one
-// uint4 per row; bf16: two). Rows past N, or k past K, read as zero.
-struct WRegs {
-  uint4 a0, a1, b0, b1;
-  uint32_t fa, fb;  // FP8 scale factors of the two rows
+// Shapes of one kernel variant. kNT token tiles of 8 (M <= 8·kNT). Shared memory per block:
+// kStages x (weight tile + x tile) + the scale bytes of the block's split.
+template <bool kFp8, int kNT>
+struct Cfg {
+  // More rows per block amortise the x tile; two m16 row tiles per warp (256 rows per block, one
+  // block per SM) measured 20-35% slower at M = 64.
+  static constexpr int kWarps = kNT >= 4 ? 8 : 4;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kRows = 16 * kWarps;
+  static constexpr int kStages = kNT >= 8 ? 3 : 4;  // 5 at kNT = 1 measured 10-30% slower
+  static constexpr int kWRow = kFp8 ? kChunk : 2 * kChunk;  // bytes of one weight row per stage
+  static constexpr int kWSegs = kWRow / 16;
+  static constexpr int kWTile = kRows * kWRow;
+  static constexpr int kXRows = 8 * kNT;
+  static constexpr int kStage = kWTile + kXRows * kXLd;
+  static constexpr int kPipe = kStages * kStage;
+  static_assert(kRows * kWSegs % kThreads == 0 && kXRows * 16 % kThreads == 0, "whole copies per thread");
+  static_assert(kRows * kXRows * 4 <= kPipe, "partial sums reuse the pipeline buffers");
 };
-
+// Swizzle of the 16-byte segment s of weight row r: a quarter-warp reads rows 2p, 2p+1 at segments
+// t + 4h (FP8) or 2t (+1) + 8h (bf16); flipping a bit by the row's parity sends them to 8 banks groups.
 template <bool kFp8>
-__device__ __forceinline__ void load_w(const Args& p, int64_t rowA, bool okA, bool okB, const uint8_t* sA,
-                                       const uint8_t* sB, int64_t k, WRegs& r) {
-  const int64_t rowB = rowA + 8;  // global rows of the [batch*N, K] matrix
-  const uint4 z = make_uint4(0, 0, 0, 0);
-  const bool va = okA && k < p.K, vb = okB && k < p.K;
-  if constexpr (kFp8) {
-    r.a0 = va ? ld_stream(p.w + rowA * p.K + k) : z;
-    r.b0 = vb ? ld_stream(p.w + rowB * p.K + k) : z;
-    r.fa = scale_factor(va ? sA[k / 128] : 0u);
-    r.fb = scale_factor(vb ? sB[k / 128] : 0u);
-  } else {
-    r.a0 = va ? ld_stream(p.wb + rowA * p.K + k) : z;
-    r.a1 = va ? ld_stream(p.wb + rowA * p.K + k + 8) : z;
-    r.b0 = vb ? ld_stream(p.wb + rowB * p.K + k) : z;
-    r.b1 = vb ? ld_stream(p.wb + rowB * p.K + k + 8) : z;
+__device__ __forceinline__ int wswz(int r, int s) {
+  return kFp8 ? s ^ ((r & 1) << 2) : s ^ (r & 1);
+}
+
+// Issues the cp.async copies of local chunk ci (global chunk c0 + ci) into pipeline slot `slot`.
+template <bool kFp8, int kNT>
+__device__ __forceinline__ void load_stage(const Args& p, uint8_t* smem, int slot, int64_t k0, int64_t wrow0,
+                                           int64_t rows_left, const __nv_bfloat16* xb) {
+  using C = Cfg<kFp8, kNT>;
+  uint8_t* Ws = smem + slot * C::kStage;
+  uint8_t* Xs = Ws + C::kWTile;
+  constexpr int kEb = kFp8 ? 1 : 2;             // bytes per weight
+  constexpr int kSegK = 16 / kEb;               // k per weight segment
+#pragma unroll
+  for (int j = 0; j < C::kRows * C::kWSegs / C::kThreads; ++j) {
+    const int i = int(threadIdx.x) + j * C::kThreads, r = i / C::kWSegs, s = i % C::kWSegs;
+    const int64_t k = k0 + s * kSegK;
+    const bool ok = r < rows_left && k < p.K;  // K % 16 == 0: a segment is all in or all out
+    const uint8_t* src = ok ? p.w + ((wrow0 + r) * p.K + k) * kEb : p.w;
+    cp_async16(Ws + r * C::kWRow + wswz<kFp8>(r, s) * 16, src, ok ? 16 : 0);
+  }
+#pragma unroll
+  for (int j = 0; j < C::kXRows * 16 / C::kThreads; ++j) {
+    const int i = int(threadIdx.x) + j * C::kThreads, m = i / 16, s = i % 16;
+    const int64_t k = k0 + s * 8;
+    const bool ok = m < p.M && k < p.K;
+    const __nv_bfloat16* src = ok ? xb + m * p.ldx + k : xb;
+    cp_async16(Xs + m * kXLd + s * 16, src, ok ? 16 : 0);
   }
 }
 
-// The 8 bf16x2 pairs (k order within the lane's 16) of one row.
+// The 8 bf16x2 pairs (k order within the lane's 16) of one weight row from shared memory.
 template <bool kFp8>
-__device__ __forceinline__ void row_pairs(const uint4& v0, const uint4& v1, uint32_t f, uint32_t (&P)[8]) {
+__device__ __forceinline__ void row_pairs(const uint8_t* row, int h, int t, int r, uint32_t f, uint32_t (&P)[8]) {
   if constexpr (kFp8) {
-    const uint32_t w[4] = {v0.x, v0.y, v0.z, v0.w};
+    const uint4 v = *reinterpret_cast<const uint4*>(row + wswz<true>(r, h * 4 + t) * 16);
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       P[2 * j] = fp8x2_bf16x2<false>(w[j], f);
       P[2 * j + 1] = fp8x2_bf16x2<true>(w[j], f);
     }
   } else {
+    const uint4 v0 = *reinterpret_cast<const uint4*>(row + wswz<false>(r, h * 8 + 2 * t) * 16);
+    const uint4 v1 = *reinterpret_cast<const uint4*>(row + wswz<false>(r, h * 8 + 2 * t + 1) * 16);
     P[0] = v0.x, P[1] = v0.y, P[2] = v0.z, P[3] = v0.w;
     P[4] = v1.x, P[5] = v1.y, P[6] = v1.z, P[7] = v1.w;
   }
 }
 
-template <int kNT>
-__device__ __forceinline__ void load_x(const Args& p, const __nv_bfloat16* xb, int g, int64_t k, uint4 (&X)[kNT][2]) {
+// One stage (128 k) of a warp: two halves of 64, 4 MMA k-steps each per token tile.
+template <bool kFp8, int kNT>
+__device__ __forceinline__ void compute_stage(const uint8_t* Ws, const uint8_t* Xs, int warp, int g, int t,
+                                              uint32_t fa, uint32_t fb, float (&acc)[kNT][4]) {
+  using C = Cfg<kFp8, kNT>;
+  const int rA = warp * 16 + g, rB = rA + 8;
 #pragma unroll
-  for (int q = 0; q < kNT; ++q) {
-    const int64_t m = q * 8 + g;
-    if (m < p.M && k < p.K) {
-      const uint4* src = reinterpret_cast<const uint4*>(xb + m * p.ldx + k);
-      X[q][0] = __ldg(src);
-      X[q][1] = __ldg(src + 1);
-    } else {
-      X[q][0] = X[q][1] = make_uint4(0, 0, 0, 0);
+  for (int h = 0; h < 2; ++h) {
+    uint32_t PA[8], PB[8];
+    row_pairs<kFp8>(Ws + rA * C::kWRow, h, t, rA, fa, PA);
+    row_pairs<kFp8>(Ws + rB * C::kWRow, h, t, rB, fb, PB);
+#pragma unroll
+    for (int q = 0; q < kNT; ++q) {
+      const uint8_t* xr = Xs + (q * 8 + g) * kXLd + h * 128 + 32 * t;
+      const uint4 x0 = *reinterpret_cast<const uint4*>(xr), x1 = *reinterpret_cast<const uint4*>(xr + 16);
+      const uint32_t xw[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const uint32_t a[4] = {PA[2 * j], PB[2 * j], PA[2 * j + 1], PB[2 * j + 1]};
+        mma_bf16(acc[q], a, xw[2 * j], xw[2 * j + 1]);
+      }
     }
   }
 }
 
-// grid (row blocks, splits, batch), block 128. kNT token tiles of 8 (M <= 8*kNT). Out: the
-// output type when not split, else partial sums to p.ws.
+// Sums the cluster's partial sums (shared memory of every block, [kXRows][kRows] f32) in split
+// order; block `rank` writes its slice of the outputs.
+template <int kRows, int kXRows, int kThreads, typename Out>
+__device__ __forceinline__ void cluster_reduce(const Args& p, float* part, int64_t b, int64_t n0) {
+  cg::cluster_group cl = cg::this_cluster();
+  cl.sync();  // every block's partials are in its shared memory
+  const int S = int(cl.num_blocks()), rank = int(cl.block_rank());
+  const int mv = int(std::min<int64_t>(p.M, kXRows)), E = mv * kRows, per = (E + S - 1) / S;
+  const int e1 = std::min(E, (rank + 1) * per);
+  for (int e = rank * per + int(threadIdx.x); e < e1; e += kThreads) {
+    float v = 0.f;
+    for (int s = 0; s < S; ++s) v += cl.map_shared_rank(part, s)[e];
+    const int m = e / kRows;
+    const int64_t n = n0 + e % kRows;
+    if (n < p.N) static_cast<Out*>(p.y)[b * p.bsy + m * p.ldy + n] = deepinfer::cuda::from_f32<Out>(v);
+  }
+  cl.sync();  // no block leaves while another still reads its shared memory
+}
+
+// grid (row blocks, splits, batch), cluster (1, splits, 1).
 template <bool kFp8, int kNT, typename Out>
-__global__ void __launch_bounds__(kWarps * 32) fp8w_kernel(const __grid_constant__ Args p) {
+__global__ void __launch_bounds__(Cfg<kFp8, kNT>::kThreads) fp8w_kernel(const __grid_constant__ Args p) {
+  using C = Cfg<kFp8, kNT>;
+  extern __shared__ __align__(16) uint8_t smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int64_t b = blockIdx.z;
-  const int64_t n0 = int64_t(blockIdx.x) * kRowsPerBlock + warp * 16;  // row within the batch's N
-  const int64_t chunks = (p.K + kChunk - 1) / kChunk;
-  const int64_t c0 = int64_t(blockIdx.y) * p.chunks_per_split;
-  const int64_t c1 = std::min<int64_t>(c0 + p.chunks_per_split, chunks);
+  const int64_t b = blockIdx.z, n0 = int64_t(blockIdx.x) * C::kRows;  // first row within the batch's N
+  const int64_t chunks = cdiv(p.K, kChunk), cps = p.chunks_per_split;
+  const int64_t c0 = int64_t(blockIdx.y) * cps;
+  const int nc = int(std::min<int64_t>(cps, chunks - c0));  // >= 1 (choose_split)
+  const int64_t wrow0 = b * p.N + n0, rows_left = p.N - n0;   // rows of the [batch*N, K] matrix
   const __nv_bfloat16* xb = p.x + b * p.bsx;
-  const bool okA = n0 + g < p.N, okB = n0 + g + 8 < p.N;
-  const int64_t rowA = b * p.N + n0 + g;
-  // scale rows of the lane's two weight rows (fixed for the whole kernel)
-  const int64_t kb = (p.K + 127) / 128;
-  const uint8_t* sA = kFp8 && okA ? p.scale + (rowA / p.scale_rows) * kb : nullptr;
-  const uint8_t* sB = kFp8 && okB ? p.scale + ((rowA + 8) / p.scale_rows) * kb : nullptr;
+
+#pragma unroll
+  for (int s = 0; s < C::kStages - 1; ++s) {
+    if (s < nc) load_stage<kFp8, kNT>(p, smem, s, (c0 + s) * kChunk, wrow0, rows_left, xb);
+    cp_async_commit();
+  }
+  // The split's scale bytes, [scale_slots][cps], while the first stages are in flight.
+  uint8_t* sc = smem + C::kPipe;
+  const int64_t sr = kFp8 ? p.scale_rows : 1, s_first = wrow0 / sr;
+  if constexpr (kFp8) {
+    const int64_t kb = chunks, srows = cdiv(p.batch * p.N, sr);
+    for (int i = threadIdx.x; i < p.scale_slots * nc; i += C::kThreads) {
+      const int slot = i / nc, c = i % nc;
+      sc[slot * cps + c] = s_first + slot < srows ? p.scale[(s_first + slot) * kb + c0 + c] : uint8_t(0);
+    }
+  }
+  const int slotA = int((wrow0 + warp * 16 + g) / sr - s_first), slotB = int((wrow0 + warp * 16 + g + 8) / sr - s_first);
 
   float acc[kNT][4];
 #pragma unroll
   for (int q = 0; q < kNT; ++q) acc[q][0] = acc[q][1] = acc[q][2] = acc[q][3] = 0.f;
-
-  // Loads run kDepth chunks ahead through a ring of registers. The ring is indexed by constants
-  // only (the inner loop is unrolled), so no register is copied: copying a buffer whose load is
-  // still in flight would wait for it and serialise the loads.
-  constexpr int kDepth = kNT <= 2 ? 4 : 2;
-  WRegs W[kDepth];
-  uint4 X[kDepth][kNT][2];
-#pragma unroll
-  for (int b = 0; b < kDepth; ++b)
-    if (c0 + b < c1) {
-      const int64_t k = (c0 + b) * kChunk + 16 * t;
-      load_w<kFp8>(p, rowA, okA, okB, sA, sB, k, W[b]);
-      load_x<kNT>(p, xb, g, k, X[b]);
-    }
-  for (int64_t c = c0; c < c1; c += kDepth) {
-#pragma unroll
-    for (int b = 0; b < kDepth; ++b) {
-      if (c + b >= c1) break;
-      uint32_t PA[8], PB[8];
-      row_pairs<kFp8>(W[b].a0, W[b].a1, W[b].fa, PA);
-      row_pairs<kFp8>(W[b].b0, W[b].b1, W[b].fb, PB);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const uint32_t a[4] = {PA[2 * j], PB[2 * j], PA[2 * j + 1], PB[2 * j + 1]};
-#pragma unroll
-        for (int q = 0; q < kNT; ++q) {
-          const uint32_t xw[8] = {X[b][q][0].x, X[b][q][0].y, X[b][q][0].z, X[b][q][0].w,
-                                  X[b][q][1].x, X[b][q][1].y, X[b][q][1].z, X[b][q][1].w};
-          mma_bf16(acc[q], a, xw[2 * j], xw[2 * j + 1]);
-        }
-      }
-      if (c + b + kDepth < c1) {  // refill this slot kDepth chunks ahead
-        const int64_t k = (c + b + kDepth) * kChunk + 16 * t;
-        load_w<kFp8>(p, rowA, okA, okB, sA, sB, k, W[b]);
-        load_x<kNT>(p, xb, g, k, X[b]);
-      }
-    }
+  for (int ci = 0; ci < nc; ++ci) {
+    cp_async_wait<C::kStages - 2>();
+    __syncthreads();  // stage ci landed for every thread; slot (ci-1) % kStages is free again
+    const int nx = ci + C::kStages - 1;
+    if (nx < nc) load_stage<kFp8, kNT>(p, smem, nx % C::kStages, (c0 + nx) * kChunk, wrow0, rows_left, xb);
+    cp_async_commit();
+    const uint8_t* Ws = smem + (ci % C::kStages) * C::kStage;
+    const uint32_t fa = kFp8 ? scale_factor(sc[slotA * cps + ci]) : 0u, fb = kFp8 ? scale_factor(sc[slotB * cps + ci]) : 0u;
+    compute_stage<kFp8, kNT>(Ws, Ws + C::kWTile, warp, g, t, fa, fb, acc);
   }
   // acc[q][0..1]: row g, tokens 8q + 2t, 2t+1; acc[q][2..3]: row g+8.
+  if (gridDim.y == 1) {
+#pragma unroll
+    for (int q = 0; q < kNT; ++q)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int64_t n = n0 + warp * 16 + g + (i >= 2 ? 8 : 0), m = q * 8 + 2 * t + (i & 1);
+        if (n < p.N && m < p.M)
+          static_cast<Out*>(p.y)[b * p.bsy + m * p.ldy + n] = deepinfer::cuda::from_f32<Out>(acc[q][i]);
+      }
+    return;
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // the pipeline buffers become the partial-sum buffer
+  float* part = reinterpret_cast<float*>(smem);
 #pragma unroll
   for (int q = 0; q < kNT; ++q)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int64_t n = n0 + g + (i >= 2 ? 8 : 0), m = q * 8 + 2 * t + (i & 1);
-      if (n >= p.N || m >= p.M) continue;
-      if (gridDim.y > 1)
-        p.ws[((int64_t(blockIdx.y) * p.batch + b) * p.M + m) * p.N + n] = acc[q][i];
-      else
-        static_cast<Out*>(p.y)[b * p.bsy + m * p.ldy + n] = deepinfer::cuda::from_f32<Out>(acc[q][i]);
-    }
-}
-
-// y[b][m][n] = Σ_s ws[s][b][m][n], s ascending.
-template <typename Out>
-__global__ void fp8w_reduce(const float* __restrict__ ws, int splits, int64_t batch, int64_t M, int64_t N, Out* y,
-                            int64_t ldy, int64_t bsy) {
-  const int64_t total = batch * M * N, i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= total) return;
-  float s = 0.f;
-  for (int k = 0; k < splits; ++k) s += ws[int64_t(k) * total + i];
-  const int64_t n = i % N, m = (i / N) % M, b = i / (N * M);
-  y[b * bsy + m * ldy + n] = deepinfer::cuda::from_f32<Out>(s);
+    for (int i = 0; i < 4; ++i)
+      part[(q * 8 + 2 * t + (i & 1)) * C::kRows + warp * 16 + g + (i >= 2 ? 8 : 0)] = acc[q][i];
+  cluster_reduce<C::kRows, C::kXRows, C::kThreads, Out>(p, part, b, n0);
 }
 
 __global__ void dequant_kernel(const __grid_constant__ Fp8wDequantParams p) {
@@ -250,39 +315,56 @@ int token_tiles(int64_t M) {
 struct Split {
   int splits = 1, chunks_per_split = 1;
 };
-// The split depends on the weight's shape alone (not on M), so every row of x is reduced in the
-// same order whatever the batch size: token-by-token decode and a prefill chunk give the same
-// per-token result (the model's chunked-vs-full consistency tests rely on it).
-Split choose_split(int64_t N, int64_t K, int64_t batch, int num_sms) {
-  const int64_t chunks = ceil_div(K, kChunk), blocks = ceil_div(N, kRowsPerBlock) * batch;
-  // As many splits as fit one wave of the decode kernel (kNT = 1: 112 registers, 4 blocks of 4
-  // warps per SM, 4 chunks of loads in flight per warp), at least 2 chunks per split: a second,
-  // partial wave would cost as much as the first.
-  constexpr int64_t kBlocksPerSm = 4;
+// The split depends on the weight's shape and the SM count alone (not on M, nor on which kernel
+// variant runs), so every row of x is reduced in the same order whatever the batch size:
+// token-by-token decode and a prefill chunk give the same per-token result (the model's
+// chunked-vs-full consistency tests rely on it).
+Split choose_split(int64_t N, int64_t K, int64_t batch, int num_sms, int max_splits) {
+  const int64_t chunks = ceil_div(K, kChunk), blocks = ceil_div(N, kSplitRows) * batch;
+  // As many splits as make 2 blocks of 64 rows per SM, at most a portable cluster, at least 2
+  // chunks per split. Measured on the H200 (bench/gpu_kernels_bench.sh, the DI_FP8W_SPLITS sweep):
+  // 4 blocks per SM (the first rule) was 15-25% slower on 4096x4096 / 4096x2048 at M = 1 and at
+  // M = 64 than 2 per SM; longer K ranges per block beat more blocks in flight.
+  constexpr int64_t kBlocksPerSm = 2;
   const int64_t wave = int64_t(std::max(num_sms, 1)) * kBlocksPerSm;
-  int64_t s = std::clamp<int64_t>(wave / blocks, 1, std::max<int64_t>(ceil_div(chunks, 2), 1));
-  s = std::min<int64_t>(s, 65535);
+  const int64_t cap = max_splits > 0 ? std::min<int64_t>(max_splits, kMaxSplits) : kMaxSplits;
+  const int64_t s = std::clamp<int64_t>(wave / blocks, 1, std::clamp<int64_t>(chunks / 2, 1, cap));
   Split r;
   r.chunks_per_split = int(ceil_div(chunks, s));
   r.splits = int(ceil_div(chunks, r.chunks_per_split));
   return r;
 }
 
+template <bool kFp8, int kNT, typename Out>
+void launch_nt(Args a, const Split& sp, cudaStream_t stream) {
+  using C = Cfg<kFp8, kNT>;
+  a.scale_slots = kFp8 ? int(std::min<int64_t>(C::kRows, (C::kRows - 2) / a.scale_rows + 2)) : 0;
+  const size_t smem = size_t(C::kPipe) + size_t(ceil_div(int64_t(a.scale_slots) * sp.chunks_per_split, 16) * 16);
+  auto* fn = fp8w_kernel<kFp8, kNT, Out>;
+  DI_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(unsigned(ceil_div(a.N, C::kRows)), unsigned(sp.splits), unsigned(a.batch));
+  cfg.blockDim = dim3(C::kThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 1;
+  attr[0].val.clusterDim.y = unsigned(sp.splits);
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  DI_CUDA_CHECK(cudaLaunchKernelEx(&cfg, fn, a));
+  DI_CUDA_CHECK_LAUNCH();
+}
+
 template <bool kFp8, typename Out>
 void launch(const Args& a, const Split& sp, int nt, cudaStream_t stream) {
-  const dim3 grid(unsigned(ceil_div(a.N, kRowsPerBlock)), unsigned(sp.splits), unsigned(a.batch));
   switch (nt) {
-    case 1: fp8w_kernel<kFp8, 1, Out><<<grid, kWarps * 32, 0, stream>>>(a); break;
-    case 2: fp8w_kernel<kFp8, 2, Out><<<grid, kWarps * 32, 0, stream>>>(a); break;
-    case 4: fp8w_kernel<kFp8, 4, Out><<<grid, kWarps * 32, 0, stream>>>(a); break;
-    default: fp8w_kernel<kFp8, 8, Out><<<grid, kWarps * 32, 0, stream>>>(a); break;
-  }
-  DI_CUDA_CHECK_LAUNCH();
-  if (sp.splits > 1) {
-    const int64_t total = a.batch * a.M * a.N;
-    fp8w_reduce<Out><<<unsigned(ceil_div(total, 256)), 256, 0, stream>>>(a.ws, sp.splits, a.batch, a.M, a.N,
-                                                                         static_cast<Out*>(a.y), a.ldy, a.bsy);
-    DI_CUDA_CHECK_LAUNCH();
+    case 1: launch_nt<kFp8, 1, Out>(a, sp, stream); break;
+    case 2: launch_nt<kFp8, 2, Out>(a, sp, stream); break;
+    case 4: launch_nt<kFp8, 4, Out>(a, sp, stream); break;
+    default: launch_nt<kFp8, 8, Out>(a, sp, stream); break;
   }
 }
 
@@ -309,31 +391,25 @@ void validate(const Fp8wGemmParams& p) {
 }
 }  // namespace
 
-int fp8w_splits(int64_t /*M*/, int64_t N, int64_t K, int64_t batch, int num_sms) {
-  return choose_split(N, K, batch, num_sms).splits;
+int fp8w_splits(int64_t /*M*/, int64_t N, int64_t K, int64_t batch, int num_sms, int max_splits) {
+  return choose_split(N, K, batch, num_sms, max_splits).splits;
 }
 
-size_t fp8w_workspace_bytes(int64_t M, int64_t N, int64_t K, int64_t batch, int num_sms) {
-  if (M <= 0 || N <= 0 || K <= 0 || batch <= 0) return 0;
-  const Split s = choose_split(N, K, batch, num_sms);  // M runs in chunks of kFp8wMaxM rows
-  return s.splits > 1 ? size_t(s.splits) * size_t(batch * std::min(M, kFp8wMaxM) * N) * 4 : 0;
+size_t fp8w_workspace_bytes(int64_t /*M*/, int64_t /*N*/, int64_t /*K*/, int64_t /*batch*/, int /*num_sms*/) {
+  return 0;  // the K split is summed inside the kernel's cluster (distributed shared memory)
 }
 
 void gemm_fp8w(const Fp8wGemmParams& p, cudaStream_t stream) {
   validate(p);
   const bool fp8 = p.w != nullptr;
   const size_t ob = p.out_dtype == DType::kF32 ? 4 : 2;
+  const Split sp = choose_split(p.N, p.K, p.batch, p.num_sms, p.max_splits);
   for (int64_t m0 = 0; m0 < p.M; m0 += kFp8wMaxM) {
     const int64_t M = std::min(kFp8wMaxM, p.M - m0);
-    const Split sp = choose_split(p.N, p.K, p.batch, p.num_sms);
-    const size_t need = sp.splits > 1 ? size_t(sp.splits) * size_t(p.batch * M * p.N) * 4 : 0;
-    if (need > p.workspace_bytes || (need && !p.workspace))
-      DI_THROW(InvalidArgument, "gemm_fp8w: workspace of ", p.workspace_bytes, " bytes, this shape (M=", M, " N=",
-               p.N, " K=", p.K, " batch=", p.batch, ") needs ", need, " (fp8w_workspace_bytes)");
     Args a{.x = static_cast<const __nv_bfloat16*>(p.x) + m0 * p.ldx, .ldx = p.ldx, .bsx = p.batch_stride_x,
-           .w = p.w, .scale = p.scale, .scale_rows = p.scale_rows, .wb = static_cast<const __nv_bfloat16*>(p.w_bf16),
+           .w = fp8 ? p.w : static_cast<const uint8_t*>(p.w_bf16), .scale = p.scale, .scale_rows = p.scale_rows,
            .y = static_cast<char*>(p.y) + size_t(m0 * p.ldy) * ob, .ldy = p.ldy, .bsy = p.batch_stride_y,
-           .ws = p.workspace, .M = M, .N = p.N, .K = p.K, .batch = p.batch, .chunks_per_split = sp.chunks_per_split};
+           .M = M, .N = p.N, .K = p.K, .batch = p.batch, .chunks_per_split = sp.chunks_per_split, .scale_slots = 0};
     const int nt = token_tiles(M);
     if (fp8)
       p.out_dtype == DType::kF32 ? launch<true, float>(a, sp, nt, stream) : launch<true, __nv_bfloat16>(a, sp, nt, stream);

@@ -5,9 +5,12 @@
 // The same kernel also takes plain bf16 weights (Fp8wGemmParams::w_bf16): identical k order and
 // reduction order, so FP8 weights give bit-for-bit the output of their bf16 dequantisation
 // (dequant_fp8w_bf16) through that path — the test of the in-register dequantisation.
-// Order of the reduction: fixed by (N, K, split count), so results are deterministic run to run.
-// K is split over blocks when N alone does not fill the GPU; the partial sums then go through
-// `workspace` (f32 [splits, M, N]) and a second kernel sums them in split order.
+// Order of the reduction: fixed by (N, K, batch, SM count), never by M, so results are
+// deterministic run to run and every token's output is bit-identical whatever the batch size (the
+// model's chunked-vs-full and batch-vs-alone checks rely on it). K is split over the blocks of a
+// thread-block cluster (<= 8) when N alone does not fill the GPU; the partial sums meet in
+// distributed shared memory and are added in split order inside the kernel. `workspace` is no
+// longer used (fp8w_workspace_bytes() is 0); the fields stay for callers that still size one.
 // For large M dequantise once (dequant_fp8w_bf16, to a bf16 scratch) and use the cuBLASLt GEMM.
 // CPU twin: ops/cpu/gemm.h linear over the dequantised weight (tests/cpp/cuda/gemm_fp8w_test.cc).
 #pragma once
@@ -41,12 +44,13 @@ struct Fp8wGemmParams {
   float* workspace = nullptr;     // f32, >= fp8w_workspace_bytes(M, N, K, batch, num_sms) (may be 0 bytes)
   size_t workspace_bytes = 0;
   int num_sms = 132;              // the device's SM count (sets the K split)
+  int max_splits = 0;             // 0: the default split rule; 1..8 caps it (benchmarks of the rule)
 };
 
 // Rows of one kernel launch at most (8 token tiles of 8); larger M runs in chunks of this many.
 constexpr int64_t kFp8wMaxM = 64;
 // Splits of K the kernel uses for this shape (1: no workspace).
-int fp8w_splits(int64_t M, int64_t N, int64_t K, int64_t batch, int num_sms);
+int fp8w_splits(int64_t M, int64_t N, int64_t K, int64_t batch, int num_sms, int max_splits = 0);
 // Workspace bytes for the shape (0 when K is not split). Grows with num_sms; an upper bound for
 // any GPU up to `num_sms` SMs.
 size_t fp8w_workspace_bytes(int64_t M, int64_t N, int64_t K, int64_t batch, int num_sms);

@@ -1,9 +1,13 @@
 // Grouped expert GEMM (grouped_gemm.h): one 64x128 output tile per block, 4 warps of 32x64,
-// mma.sync m16n8k16 bf16 with fp32 accumulators, K in steps of 64. The next K step's global data
-// (activation rows gathered through x_rows, raw weight bytes + e8m0 scales) is loaded into
-// registers while the current step computes from shared memory; the weights are dequantised to
-// bf16 (shared-memory lookup table per byte, then a bf16x2 multiply by the power-of-two scale;
-// exact) as they are written to shared memory.
+// mma.sync m16n8k16 bf16 with fp32 accumulators, K in steps of 64. The global data of a K step
+// (activation rows gathered through x_rows, raw weight bytes) goes global -> shared memory by
+// cp.async, kStages - 1 steps ahead of the step being computed (the first version loaded one step
+// ahead into registers, so every step waited for most of a memory latency); the e8m0 scales are
+// loaded into registers one step ahead. Each step the raw weight tile is dequantised to bf16 in shared memory
+// (lookup table per byte, then a bf16x2 multiply by the power-of-two scale; exact) and both operands
+// are read by ldmatrix. Plain bf16 weights are read by ldmatrix straight from their stage. The MMA
+// sequence is the same for every format, so FP4/FP8 give bit-for-bit the result of their bf16
+// dequantisation through the plain path.
 #include "ops/cuda/grouped_gemm.h"
 
 #include <cuda_bf16.h>
@@ -40,17 +44,45 @@ namespace {
 using deepinfer::cuda::kWarpSize;
 
 constexpr int BM = kGroupedTileM, BN = kGroupedTileN, BK = 64, kThreads = 128;
-constexpr int kLd = BK + 8;  // smem row stride (bf16): 144 bytes, ldmatrix rows hit distinct banks
+// Pipeline depth: as deep as keeps 3 blocks per SM (FP4 4 stages, 71 KB; FP8 3, 70 KB). FP8 at 4
+// stages (89 KB, 2 blocks per SM) measured 8% slower than the one-stage first version.
+template <ExpertFormat F>
+constexpr int kStages = F == ExpertFormat::kFP4 ? 4 : 3;
+constexpr int kLd = BK + 8;  // bf16 elements per smem row of A and of the bf16 B tile: 144 bytes,
+                             // ldmatrix's 8 rows hit distinct banks
 
-// Raw 16-byte chunks a thread carries per K step: A 4; B 2 (fp4), 4 (fp8), 8 (bf16).
+// Raw weight bytes of one row per K step and the 16-byte chunks a thread copies.
 template <ExpertFormat F>
 struct BTraits {
   static constexpr int kElemsPerChunk = F == ExpertFormat::kFP4 ? 32 : F == ExpertFormat::kFP8 ? 16 : 8;
   static constexpr int kChunksPerRow = BK / kElemsPerChunk;
   static constexpr int kChunks = BN * kChunksPerRow / kThreads;
+  // raw stage row stride: plain rows are read by ldmatrix, so padded like A
+  static constexpr int kRowBytes = F == ExpertFormat::kPlain ? kLd * 2 : kChunksPerRow * 16;
+  static constexpr int kStageBytes = BN * kRowBytes;
+};
+constexpr int kAStageBytes = BM * kLd * 2;
+
+// Shared memory of a block: kStages x (A stage, raw B stage), the bf16 B tile (FP4/FP8) and the
+// byte -> bf16 table: 71 KB for FP4, 3 blocks per SM.
+template <ExpertFormat F>
+struct Smem {
+  static constexpr int kStage = kAStageBytes + BTraits<F>::kStageBytes;
+  static constexpr int kBs = F == ExpertFormat::kPlain ? 0 : BN * kLd * 2;
+  static constexpr int kLut = F == ExpertFormat::kPlain ? 0 : 256 * 4;
+  static constexpr int kBytes = kStages<F> * kStage + kBs + kLut;
 };
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -63,42 +95,33 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// cp.async of K step k0 into stage buffers As (A rows through xrow) and Braw (raw weight rows).
+// Rows past the segment / N and k past K are zero-filled.
 template <ExpertFormat F>
-struct Stage {
-  uint4 a[4];
-  uint4 b[BTraits<F>::kChunks];
-  uint8_t s[BTraits<F>::kChunks];
-};
-
-template <ExpertFormat F>
-__device__ __forceinline__ void load_stage(Stage<F>& st, const GroupedGemmParams& p, const int64_t* xrow, int64_t k0,
-                                           const uint8_t* w, const uint8_t* sc, int64_t n0) {
+__device__ __forceinline__ void issue_stage(const GroupedGemmParams& p, const int64_t* xrow, int64_t k0,
+                                            const uint8_t* w, int64_t n0, uint8_t* As, uint8_t* Braw) {
   const int tid = threadIdx.x;
+  const __nv_bfloat16* x = static_cast<const __nv_bfloat16*>(p.x);
 #pragma unroll
   for (int j = 0; j < 4; ++j) {  // A: 64 rows x 8 chunks of 8 bf16
     const int i = tid + j * kThreads, r = i / 8, ch = i % 8;
     const int64_t k = k0 + ch * 8;
-    st.a[j] = make_uint4(0, 0, 0, 0);
-    if (xrow[r] >= 0 && k < p.K)
-      st.a[j] = __ldg(reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(p.x) + xrow[r] * p.ldx + k));
+    const bool ok = xrow[r] >= 0 && k < p.K;
+    cp_async16(As + (r * kLd + ch * 8) * 2, ok ? x + xrow[r] * p.ldx + k : x, ok ? 16 : 0);
   }
   using Tr = BTraits<F>;
 #pragma unroll
   for (int j = 0; j < Tr::kChunks; ++j) {
     const int i = tid + j * kThreads, r = i / Tr::kChunksPerRow, ch = i % Tr::kChunksPerRow;
     const int64_t n = n0 + r, k = k0 + ch * Tr::kElemsPerChunk;
-    st.b[j] = make_uint4(0, 0, 0, 0);
-    st.s[j] = 127;
-    if (n >= p.N || k >= p.K) continue;
-    if constexpr (F == ExpertFormat::kFP4) {
-      st.b[j] = __ldg(reinterpret_cast<const uint4*>(w + n * (p.K / 2) + k / 2));
-      st.s[j] = __ldg(sc + n * (p.K / 32) + k / 32);
-    } else if constexpr (F == ExpertFormat::kFP8) {
-      st.b[j] = __ldg(reinterpret_cast<const uint4*>(w + n * p.K + k));
-      st.s[j] = __ldg(sc + n * ((p.K + 127) / 128) + k / 128);
-    } else {
-      st.b[j] = __ldg(reinterpret_cast<const uint4*>(w + (n * p.K + k) * 2));
+    const bool ok = n < p.N && k < p.K;  // K % 32 == 0: a chunk is all in or all out
+    const uint8_t* src = w;
+    if (ok) {
+      if constexpr (F == ExpertFormat::kFP4) src = w + n * (p.K / 2) + k / 2;
+      else if constexpr (F == ExpertFormat::kFP8) src = w + n * p.K + k;
+      else src = w + (n * p.K + k) * 2;
     }
+    cp_async16(Braw + r * Tr::kRowBytes + ch * 16, src, ok ? 16 : 0);
   }
 }
 
@@ -112,60 +135,90 @@ __device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
   return *reinterpret_cast<const uint32_t*>(&r);
 }
 
-// Dequantisation tables in shared memory: FP4 byte -> bf16x2 of its two nibbles (low nibble in
-// the low half); FP8 byte -> bf16. Looked up per byte, then one bf16x2 multiply by the
-// power-of-two scale: both steps exact (the product of an e2m1/e4m3 value and 2^k is a bf16).
+// Dequantisation table: FP4 byte -> bf16x2 of its two nibbles (low nibble in the low half);
+// FP8 byte -> bf16. Looked up per byte, then one bf16x2 multiply by the power-of-two scale: both
+// steps exact (the product of an e2m1/e4m3 value and 2^k is a bf16).
 template <ExpertFormat F>
-struct Lut {
-  static constexpr int kSize = F == ExpertFormat::kPlain ? 1 : 256;
-  uint32_t v[kSize];
-  __device__ void fill() {
-    if constexpr (F == ExpertFormat::kFP4)
-      for (int i = threadIdx.x; i < 256; i += blockDim.x) v[i] = fp4_bf16_bits(i & 15) | (fp4_bf16_bits(i >> 4) << 16);
-    else if constexpr (F == ExpertFormat::kFP8)
-      for (int i = threadIdx.x; i < 256; i += blockDim.x) v[i] = fp8_bf16_bits(i);
-  }
-};
+__device__ void fill_lut(uint32_t* lut) {
+  if constexpr (F == ExpertFormat::kFP4)
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) lut[i] = fp4_bf16_bits(i & 15) | (fp4_bf16_bits(i >> 4) << 16);
+  else if constexpr (F == ExpertFormat::kFP8)
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) lut[i] = fp8_bf16_bits(i);
+}
 
+// The e8m0 scales of a thread's raw chunks in K step k0 (127 past N or K): plain loads, one K step
+// ahead of their use, so their latency hides behind a step's MMAs.
 template <ExpertFormat F>
-__device__ __forceinline__ void store_stage(const Stage<F>& st, __nv_bfloat16* As, __nv_bfloat16* Bs, const Lut<F>& lut) {
-  const int tid = threadIdx.x;
+__device__ __forceinline__ void load_scales(const GroupedGemmParams& p, const uint8_t* sc, int64_t n0, int64_t k0,
+                                            uint8_t (&s)[BTraits<F>::kChunks]) {
+  using Tr = BTraits<F>;
+  constexpr int blk = F == ExpertFormat::kFP4 ? 32 : 128;
+  const int64_t ns = (p.K + blk - 1) / blk;
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const int i = tid + j * kThreads, r = i / 8, ch = i % 8;
-    *reinterpret_cast<uint4*>(As + r * kLd + ch * 8) = st.a[j];
+  for (int j = 0; j < Tr::kChunks; ++j) {
+    const int i = threadIdx.x + j * kThreads, r = i / Tr::kChunksPerRow, ch = i % Tr::kChunksPerRow;
+    const int64_t n = n0 + r, k = k0 + ch * Tr::kElemsPerChunk;
+    s[j] = n < p.N && k < p.K ? __ldg(sc + n * ns + k / blk) : uint8_t(127);
   }
+}
+
+// Raw stage -> bf16 B tile; s: the chunks' scales (load_scales).
+template <ExpertFormat F>
+__device__ __forceinline__ void dequant_stage(const uint8_t* Braw, __nv_bfloat16* Bs, const uint32_t* lut,
+                                              const uint8_t (&s)[BTraits<F>::kChunks]) {
   using Tr = BTraits<F>;
 #pragma unroll
   for (int j = 0; j < Tr::kChunks; ++j) {
-    const int i = tid + j * kThreads, r = i / Tr::kChunksPerRow, ch = i % Tr::kChunksPerRow;
+    const int i = threadIdx.x + j * kThreads, r = i / Tr::kChunksPerRow, ch = i % Tr::kChunksPerRow;
+    const uint32_t s2 = e8m0_bf16x2(s[j]);
+    const uint4 rv = *reinterpret_cast<const uint4*>(Braw + r * Tr::kRowBytes + ch * 16);
+    const uint32_t raw[4] = {rv.x, rv.y, rv.z, rv.w};
     uint4* dst = reinterpret_cast<uint4*>(Bs + r * kLd + ch * Tr::kElemsPerChunk);
-    if constexpr (F == ExpertFormat::kPlain) {
-      dst[0] = st.b[j];
-    } else {
-      const uint32_t s2 = e8m0_bf16x2(st.s[j]);
-      const uint32_t* raw = reinterpret_cast<const uint32_t*>(&st.b[j]);
-      if constexpr (F == ExpertFormat::kFP4) {  // 16 bytes -> 32 bf16 (4 uint4)
+    if constexpr (F == ExpertFormat::kFP4) {  // 16 bytes -> 32 bf16 (4 uint4)
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          uint4 o;
-          uint32_t* po = reinterpret_cast<uint32_t*>(&o);
+      for (int q = 0; q < 4; ++q) {
+        uint4 o;
+        uint32_t* po = reinterpret_cast<uint32_t*>(&o);
 #pragma unroll
-          for (int b = 0; b < 4; ++b) po[b] = mul_bf16x2(lut.v[(raw[q] >> (8 * b)) & 0xff], s2);
-          dst[q] = o;
+        for (int b = 0; b < 4; ++b) po[b] = mul_bf16x2(lut[(raw[q] >> (8 * b)) & 0xff], s2);
+        dst[q] = o;
+      }
+    } else {  // 16 bytes of e4m3 -> 16 bf16 (2 uint4)
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        uint4 o;
+        uint32_t* po = reinterpret_cast<uint32_t*>(&o);
+#pragma unroll
+        for (int b = 0; b < 4; ++b) {
+          const uint32_t word = raw[2 * q + b / 2], sh = 16 * (b % 2);
+          po[b] = mul_bf16x2(lut[(word >> sh) & 0xff] | (lut[(word >> (sh + 8)) & 0xff] << 16), s2);
         }
-      } else {  // 16 bytes of e4m3 -> 16 bf16 (2 uint4)
+        dst[q] = o;
+      }
+    }
+  }
+}
+
+// One K step of a warp's 32x64 sub-tile from As [BM][kLd] and Bs [BN][kLd] (bf16).
+__device__ __forceinline__ void mma_step(const __nv_bfloat16* As, const __nv_bfloat16* Bs, int wm, int wn, int lane,
+                                         float (&acc)[2][8][4]) {
 #pragma unroll
-        for (int q = 0; q < 2; ++q) {
-          uint4 o;
-          uint32_t* po = reinterpret_cast<uint32_t*>(&o);
+  for (int kk = 0; kk < BK; kk += 16) {
+    uint32_t af[2][4];
 #pragma unroll
-          for (int b = 0; b < 4; ++b) {
-            const uint32_t word = raw[2 * q + b / 2], sh = 16 * (b % 2);
-            po[b] = mul_bf16x2(lut.v[(word >> sh) & 0xff] | (lut.v[(word >> (sh + 8)) & 0xff] << 16), s2);
-          }
-          dst[q] = o;
-        }
+    for (int mi = 0; mi < 2; ++mi) {
+      const int r = wm * 32 + mi * 16 + (lane % 8) + ((lane / 8) % 2) * 8, c = kk + (lane / 16) * 8;
+      ldmatrix_x4(af[mi], As + r * kLd + c);
+    }
+#pragma unroll
+    for (int nj = 0; nj < 4; ++nj) {  // two n8 tiles per ldmatrix.x4
+      uint32_t bf[4];
+      const int r = wn * 64 + nj * 16 + (lane % 8) + (lane / 16) * 8, c = kk + ((lane / 8) % 2) * 8;
+      ldmatrix_x4(bf, Bs + r * kLd + c);
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi) {
+        mma_bf16(acc[mi][2 * nj], af[mi], bf[0], bf[1]);
+        mma_bf16(acc[mi][2 * nj + 1], af[mi], bf[2], bf[3]);
       }
     }
   }
@@ -173,12 +226,10 @@ __device__ __forceinline__ void store_stage(const Stage<F>& st, __nv_bfloat16* A
 
 template <ExpertFormat F>
 __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(const __grid_constant__ GroupedGemmParams p) {
-  __shared__ __align__(16) __nv_bfloat16 As[BM * kLd];
-  __shared__ __align__(16) __nv_bfloat16 Bs[BN * kLd];
+  using S = Smem<F>;
+  extern __shared__ __align__(16) uint8_t smem[];
   __shared__ int64_t xrow[BM];
-  __shared__ Lut<F> lut;
   if (int64_t(blockIdx.x) >= *p.num_tiles) return;
-  lut.fill();
   const int32_t code = p.tiles[blockIdx.x];
   const int e = code >> 16;
   const int64_t row0 = p.seg[e] + int64_t(code & 0xffff) * BM, row_end = p.seg[e + 1];
@@ -189,37 +240,42 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(const __grid_con
   }
   __syncthreads();
   const uint8_t* w = static_cast<const uint8_t*>(p.w[e]);
+  auto stage = [&](int s) { return smem + s * S::kStage; };
+  const int nk = int((p.K + BK - 1) / BK);
+#pragma unroll
+  for (int s = 0; s < kStages<F> - 1; ++s) {
+    if (s < nk) issue_stage<F>(p, xrow, int64_t(s) * BK, w, n0, stage(s), stage(s) + kAStageBytes);
+    cp_async_commit();
+  }
+  __nv_bfloat16* Bs = reinterpret_cast<__nv_bfloat16*>(smem + kStages<F> * S::kStage);
+  uint32_t* lut = reinterpret_cast<uint32_t*>(smem + kStages<F> * S::kStage + S::kBs);
   const uint8_t* sc = F == ExpertFormat::kPlain ? nullptr : p.scale[e];
+  uint8_t s_cur[BTraits<F>::kChunks], s_nxt[BTraits<F>::kChunks];
+  if constexpr (F != ExpertFormat::kPlain) {
+    fill_lut<F>(lut);
+    load_scales<F>(p, sc, n0, 0, s_cur);
+  }
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int wm = warp / 2, wn = warp % 2;
   float acc[2][8][4] = {};
-  Stage<F> st;
-  load_stage<F>(st, p, xrow, 0, w, sc, n0);
-  for (int64_t k0 = 0; k0 < p.K; k0 += BK) {
-    store_stage<F>(st, As, Bs, lut);
-    __syncthreads();
-    if (k0 + BK < p.K) load_stage<F>(st, p, xrow, k0 + BK, w, sc, n0);
+  for (int i = 0; i < nk; ++i) {
+    cp_async_wait<kStages<F> - 2>();
+    __syncthreads();  // stage i landed for all threads; stage i-1's buffers and Bs are free again
+    const int nx = i + kStages<F> - 1;
+    if (nx < nk) issue_stage<F>(p, xrow, int64_t(nx) * BK, w, n0, stage(nx % kStages<F>), stage(nx % kStages<F>) + kAStageBytes);
+    cp_async_commit();
+    const uint8_t* st = stage(i % kStages<F>);
+    const __nv_bfloat16* As = reinterpret_cast<const __nv_bfloat16*>(st);
+    if constexpr (F == ExpertFormat::kPlain) {
+      mma_step(As, reinterpret_cast<const __nv_bfloat16*>(st + kAStageBytes), wm, wn, lane, acc);
+    } else {
+      if (i + 1 < nk) load_scales<F>(p, sc, n0, int64_t(i + 1) * BK, s_nxt);
+      dequant_stage<F>(st + kAStageBytes, Bs, lut, s_cur);
+      __syncthreads();
+      mma_step(As, Bs, wm, wn, lane, acc);
 #pragma unroll
-    for (int kk = 0; kk < BK; kk += 16) {
-      uint32_t af[2][4];
-#pragma unroll
-      for (int mi = 0; mi < 2; ++mi) {
-        const int r = wm * 32 + mi * 16 + (lane % 8) + ((lane / 8) % 2) * 8, c = kk + (lane / 16) * 8;
-        ldmatrix_x4(af[mi], As + r * kLd + c);
-      }
-#pragma unroll
-      for (int nj = 0; nj < 4; ++nj) {  // two n8 tiles per ldmatrix.x4
-        uint32_t bf[4];
-        const int r = wn * 64 + nj * 16 + (lane % 8) + (lane / 16) * 8, c = kk + ((lane / 8) % 2) * 8;
-        ldmatrix_x4(bf, Bs + r * kLd + c);
-#pragma unroll
-        for (int mi = 0; mi < 2; ++mi) {
-          mma_bf16(acc[mi][2 * nj], af[mi], bf[0], bf[1]);
-          mma_bf16(acc[mi][2 * nj + 1], af[mi], bf[2], bf[3]);
-        }
-      }
+      for (int j = 0; j < BTraits<F>::kChunks; ++j) s_cur[j] = s_nxt[j];
     }
-    __syncthreads();
   }
   const int g = lane / 4, t = lane % 4;
 #pragma unroll
@@ -244,6 +300,13 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(const __grid_con
     }
 }
 
+template <ExpertFormat F>
+void launch_grouped(const GroupedGemmParams& p, dim3 grid, cudaStream_t stream) {
+  constexpr size_t smem = Smem<F>::kBytes;
+  DI_CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_kernel<F>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  grouped_gemm_kernel<F><<<grid, kThreads, smem, stream>>>(p);
+}
+
 void validate(const GroupedGemmParams& p) {
   if (p.experts <= 0 || p.N <= 0 || p.K <= 0 || p.max_tiles < 0)
     DI_THROW(InvalidArgument, "grouped_gemm: bad shape experts=", p.experts, " N=", p.N, " K=", p.K, " max_tiles=",
@@ -266,9 +329,9 @@ void grouped_gemm(const GroupedGemmParams& p, cudaStream_t stream) {
     DI_THROW(InvalidArgument, "grouped_gemm: grid too large (tiles ", p.max_tiles, ", N ", p.N, ")");
   const dim3 grid(unsigned(p.max_tiles), unsigned((p.N + BN - 1) / BN));
   switch (p.format) {
-    case ExpertFormat::kPlain: grouped_gemm_kernel<ExpertFormat::kPlain><<<grid, kThreads, 0, stream>>>(p); break;
-    case ExpertFormat::kFP4: grouped_gemm_kernel<ExpertFormat::kFP4><<<grid, kThreads, 0, stream>>>(p); break;
-    case ExpertFormat::kFP8: grouped_gemm_kernel<ExpertFormat::kFP8><<<grid, kThreads, 0, stream>>>(p); break;
+    case ExpertFormat::kPlain: launch_grouped<ExpertFormat::kPlain>(p, grid, stream); break;
+    case ExpertFormat::kFP4: launch_grouped<ExpertFormat::kFP4>(p, grid, stream); break;
+    case ExpertFormat::kFP8: launch_grouped<ExpertFormat::kFP8>(p, grid, stream); break;
   }
   DI_CUDA_CHECK_LAUNCH();
 }

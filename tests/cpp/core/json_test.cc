@@ -129,3 +129,26 @@ TEST(RegularFile, ReadsFilesAndRefusesPipesAndFolders) {
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 1.0);
   fs::remove_all(d);
 }
+
+// A number past double's range (nlohmann's out_of_range 406, which escaped parsers catching
+// only parse_error) is a parse failure naming the field's path and the byte.
+TEST(JsonBounded, NumberOutOfRangeNamesTheField) {
+  std::string why;
+  json j;
+  EXPECT_FALSE(parse_json_bounded(R"({"a": {"b": [1, 2, {"c": -1e999}]}})", j, &why));
+  EXPECT_NE(why.find("field 'a.b[2].c'"), std::string::npos) << why;
+  EXPECT_NE(why.find("-1e999"), std::string::npos) << why;
+  EXPECT_NE(why.find("outside the range of a double"), std::string::npos) << why;
+  EXPECT_NE(why.find("(at byte 25)"), std::string::npos) << why;  // where -1e999 starts
+
+  std::string where;
+  EXPECT_TRUE(json_number_out_of_range("1e999", &where));
+  EXPECT_NE(where.find("(top level)"), std::string::npos) << where;
+  EXPECT_TRUE(json_number_out_of_range(R"([0, [1e400]])", &where));
+  EXPECT_NE(where.find("field '[1][0]'"), std::string::npos) << where;
+  // Syntax errors and huge integers (kept as doubles by nlohmann) are not overflows.
+  EXPECT_FALSE(json_number_out_of_range(R"({"a": })", &where));
+  EXPECT_FALSE(json_number_out_of_range("123456789012345678901234567890", &where));
+  EXPECT_FALSE(json_number_out_of_range(R"({"x": 1e308})", &where));
+  EXPECT_TRUE(parse_json_bounded(R"({"x": 1e308})", j, &why));
+}

@@ -69,7 +69,11 @@ TEST(CudaGemmFp8w, MatchesHostTwinAndBf16PathBitForBit) {
                                    {13, 200, 4096, 1, DType::kF32}, {64, 520, 256, 1, DType::kF32},
                                    {133, 96, 512, 1, DType::kBF16}, {5, 200, 384, 3, DType::kF32},
                                    {33, 130, 1024, 2, DType::kBF16}, {2, 4096, 128, 1, DType::kF32},
-                                   {3, 96, 272, 2, DType::kF32, 16}};
+                                   {3, 96, 272, 2, DType::kF32, 16},
+                                   // K split over a cluster of 8 (one row block) with 64 tokens; odd N,
+                                   // K % 128 != 0, batched, with every token-tile variant
+                                   {64, 130, 8192, 1, DType::kF32},  {40, 77, 1040, 3, DType::kF32},
+                                   {17, 1000, 2048, 1, DType::kBF16, 32}, {11, 64, 4096, 1, DType::kBF16}};
   uint64_t seed = 100;
   for (const Case& c : cases) {
     const int64_t rows = c.batch * c.N, ldx = c.batch * c.K + 8, ldy = c.batch * c.N + 3;
@@ -161,22 +165,88 @@ TEST(CudaGemmFp8w, TypedErrors) {
   bad = p;
   bad.out_dtype = DType::kI32;
   EXPECT_THROW(oc::gemm_fp8w(bad, nullptr), InvalidArgument);
-  bad = p;  // a K-split shape without a workspace
-  bad.N = 64;
-  bad.ldy = 64;
-  bad.K = 8192;
-  bad.ldx = 8192;
-  ASSERT_GT(oc::fp8w_workspace_bytes(1, 64, 8192, 1, 132), 0u);
-  EXPECT_THROW(oc::gemm_fp8w(bad, nullptr), InvalidArgument);
+  // K splits are summed inside the kernel's cluster: no workspace for any shape
+  EXPECT_EQ(oc::fp8w_workspace_bytes(64, 64, 8192, 1, 132), 0u);
+  EXPECT_GT(oc::fp8w_splits(1, 64, 8192, 1, 132), 1);
+  EXPECT_LE(oc::fp8w_splits(1, 64, 8192, 1, 132), 8);
   bad = p;
   bad.scale_rows = 48;  // does not divide 128
   EXPECT_THROW(oc::gemm_fp8w(bad, nullptr), InvalidArgument);
   EXPECT_THROW(oc::dequant_fp8w_bf16({.w = buf, .scale = buf, .out = buf, .N = 2, .K = 20}, nullptr), InvalidArgument);
 }
 
+// Batch invariance: a token's output bits do not depend on M or on its neighbours, for K-split
+// (cluster) and unsplit shapes, every token-tile variant and M > 64 (chunks).
+TEST(CudaGemmFp8w, BatchInvariant) {
+  DI_REQUIRE_GPU();
+  const int sms = device_info().num_sms;
+  struct Shape {
+    int64_t N, K, batch;
+  };
+  uint64_t seed = 900;
+  for (const Shape& sh : {Shape{200, 4096, 1}, Shape{4096, 1024, 1}, Shape{96, 1040, 3}}) {
+    for (DType out : {DType::kBF16, DType::kF32}) {
+      const int64_t Mmax = 133, rows = sh.batch * sh.N, ldx = sh.batch * sh.K, ldy = sh.batch * sh.N;
+      const size_t ob = out == DType::kF32 ? 4 : 2;
+      DevArray<uint16_t> dx(to_bf16(randn(size_t(Mmax * ldx), ++seed)));
+      DevArray<uint8_t> dw(rand_fp8(size_t(rows * sh.K), ++seed));
+      DevArray<uint8_t> ds(rand_e8m0(size_t((rows + 127) / 128 * ((sh.K + 127) / 128)), ++seed));
+      auto run = [&](int64_t m0, int64_t M) {
+        DevArray<uint8_t> y(size_t(M * ldy) * ob);
+        y.poison();
+        oc::gemm_fp8w({.x = dx.get() + m0 * ldx, .ldx = ldx, .w = dw.get(), .scale = ds.get(), .y = y.get(),
+                       .ldy = ldy, .out_dtype = out, .M = M, .N = sh.N, .K = sh.K, .batch = sh.batch,
+                       .batch_stride_x = sh.K, .batch_stride_y = sh.N, .num_sms = sms},
+                      nullptr);
+        return y.download();
+      };
+      const std::vector<uint8_t> full = run(0, Mmax);
+      const size_t row_bytes = size_t(ldy) * ob;
+      int bad = 0, checked = 0;
+      for (int64_t M : {int64_t(1), int64_t(3), int64_t(8), int64_t(13), int64_t(32), int64_t(64)}) {
+        for (int64_t m0 : {int64_t(0), int64_t(5), Mmax - M}) {
+          const std::vector<uint8_t> part = run(m0, M);
+          for (int64_t m = 0; m < M; ++m, ++checked)
+            bad += std::memcmp(part.data() + m * row_bytes, full.data() + (m0 + m) * row_bytes, row_bytes) != 0;
+        }
+      }
+      const std::string cs = "N=" + std::to_string(sh.N) + " K=" + std::to_string(sh.K) + " batch=" +
+                             std::to_string(sh.batch) + (out == DType::kF32 ? " f32" : " bf16") + " splits=" +
+                             std::to_string(oc::fp8w_splits(1, sh.N, sh.K, sh.batch, sms));
+      std::printf("DI_CUDA_ERR|gemm_fp8w_batch_invariant|%s|%d|0|%s\n", cs.c_str(), bad, bad ? "FAIL" : "PASS");
+      EXPECT_EQ(bad, 0) << cs << ": " << bad << " of " << checked << " token rows differ from the M=133 run";
+    }
+  }
+}
 
-// Decode-size timings. Weights rotate over copies that together exceed L2 (50 MB on the H200),
-// so every launch reads its weights from HBM. GB/s counts weight bytes (+ scales) only.
+// Per-launch time of `fn` replayed from a CUDA graph of `n` launches (no host launch gaps, like a
+// captured decode step), median of 9 replays after one warm-up (µs).
+double graph_us(const std::function<void(cudaStream_t)>& fn, cudaStream_t s, int n = 20) {
+  CudaGraph g;
+  g.begin_capture(s);
+  for (int i = 0; i < n; ++i) fn(s);
+  g.end_capture();
+  g.replay(s);
+  DI_CUDA_CHECK(cudaStreamSynchronize(s));
+  std::vector<double> t;
+  Event a(true), b(true);
+  for (int r = 0; r < 9; ++r) {
+    a.record(s);
+    g.replay(s);
+    b.record(s);
+    b.synchronize();
+    t.push_back(1e3 * b.elapsed_ms_since(a) / n);
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+// Decode-size timings at V4-Flash's dense shapes. Weights rotate over copies that together exceed
+// L2 (50 MB on the H200), so every launch reads its weights from HBM; each figure is the per-launch
+// time in a CUDA graph of 20 launches (gemm_fp8w_graph) and, for the record, the median of single
+// event-timed launches (gemm_fp8w_single: includes the host's launch latency). GB/s counts weight
+// bytes (+ scales) only; "floor" = those bytes / 4.3 TB/s. The peer is bf16 cuBLASLt on the
+// dequantised weights, timed the same way.
 TEST(CudaGemmFp8w, Timing) {
   DI_REQUIRE_GPU();
   Stream st;
@@ -184,52 +254,80 @@ TEST(CudaGemmFp8w, Timing) {
   const int sms = device_info().num_sms;
   oc::CublasLt lt;
   struct Shape {
-    int64_t N, K;
+    int64_t N, K, batch;
     const char* what;
   };
-  for (const Shape& sh : {Shape{4096, 4096, "4096x4096"}, Shape{32768, 1024, "N=32768 K=1024 (wq_b)"},
-                          Shape{1024, 32768, "N=1024 K=32768"}}) {
-    const int64_t N = sh.N, K = sh.K, kb = (K + 127) / 128;
-    const size_t wbytes = size_t(N * K), sbytes = size_t((N + 127) / 128 * kb);
-    const int copies = int(std::max<size_t>(2, (size_t(160) << 20) / (2 * wbytes) + 1));
+  const Shape shapes[] = {{1024, 4096, 1, "wq_a 1024x4096"},       {32768, 1024, 1, "wq_b 32768x1024"},
+                          {1024, 4096, 8, "wo_a 8x(1024x4096)"},   {4096, 8192, 1, "wo_b 4096x8192"},
+                          {4096, 4096, 1, "shared W1|W3 4096x4096"}, {4096, 2048, 1, "shared W2 4096x2048"},
+                          {8192, 1024, 1, "indexer wq_b 8192x1024"}};
+  // The split rule: the K-split shapes again with the split capped (same kernel otherwise).
+  std::printf("DI_FP8W_SPLITS|shape|M|max_splits|splits|fp8w us|GB/s\n");
+  for (const Shape& sh : {shapes[0], shapes[3], shapes[4], shapes[5], shapes[6]}) {
+    const int64_t N = sh.N, K = sh.K, rows = sh.batch * N, kb = (K + 127) / 128;
+    const size_t wbytes = size_t(rows * K), sbytes = size_t((rows + 127) / 128 * kb);
+    const int copies = int(std::max<size_t>(2, (size_t(160) << 20) / wbytes + 1));
+    std::vector<DevArray<uint8_t>> w8, sc;
+    for (int i = 0; i < copies; ++i) {
+      w8.emplace_back(rand_fp8(wbytes, 50 + i));
+      sc.emplace_back(rand_e8m0(sbytes, 60 + i, 115, 125));
+    }
+    for (int64_t M : {int64_t(1), int64_t(8), int64_t(32), int64_t(64)})
+      for (int cap : {1, 2, 4, 8}) {
+        DevArray<uint16_t> x(to_bf16(randn(size_t(M * K), 7))), y(size_t(M * N));
+        int it = 0;
+        const double t = graph_us([&](cudaStream_t q) {
+          const int i = it++ % copies;
+          oc::gemm_fp8w({.x = x.get(), .ldx = K, .w = w8[i].get(), .scale = sc[i].get(), .y = y.get(), .ldy = N,
+                         .M = M, .N = N, .K = K, .num_sms = sms, .max_splits = cap},
+                        q);
+        }, s);
+        std::printf("DI_FP8W_SPLITS|%s|%lld|%d|%d|%.2f|%.0f\n", sh.what, (long long)M, cap,
+                    oc::fp8w_splits(M, N, K, 1, sms, cap), t, double(wbytes + sbytes) / t / 1e3);
+      }
+  }
+  std::printf("DI_FP8W_TABLE|shape|M|splits|fp8w us|GB/s|%% of 4.3 TB/s|cuBLASLt bf16 us|bf16 / fp8w\n");
+  for (const Shape& sh : shapes) {
+    const int64_t N = sh.N, K = sh.K, B = sh.batch, rows = B * N, kb = (K + 127) / 128;
+    const size_t wbytes = size_t(rows * K), sbytes = size_t((rows + 127) / 128 * kb);
+    const int copies = int(std::max<size_t>(2, (size_t(160) << 20) / wbytes + 1));
     std::vector<DevArray<uint8_t>> w8, sc;
     std::vector<DevArray<uint16_t>> wb;
     for (int i = 0; i < copies; ++i) {
       w8.emplace_back(rand_fp8(wbytes, 50 + i));
       sc.emplace_back(rand_e8m0(sbytes, 60 + i, 115, 125));
       wb.emplace_back(wbytes);
-      oc::dequant_fp8w_bf16({.w = w8.back().get(), .scale = sc.back().get(), .out = wb.back().get(), .N = N, .K = K},
+      oc::dequant_fp8w_bf16({.w = w8.back().get(), .scale = sc.back().get(), .out = wb.back().get(), .N = rows, .K = K},
                             nullptr);
     }
-    DevArray<uint16_t> scratch(wbytes);
-    for (int64_t M : {int64_t(1), int64_t(8), int64_t(32), int64_t(64), int64_t(128), int64_t(256)}) {
-      DevArray<uint16_t> x(to_bf16(randn(size_t(M * K), 7))), y(size_t(M * N));
-      const size_t wsb = oc::fp8w_workspace_bytes(M, N, K, 1, sms);
+    for (int64_t M : {int64_t(1), int64_t(2), int64_t(4), int64_t(8), int64_t(16), int64_t(32), int64_t(64),
+                      int64_t(128)}) {
+      DevArray<uint16_t> x(to_bf16(randn(size_t(M * B * K), 7))), y(size_t(M * B * N));
+      const size_t wsb = oc::fp8w_workspace_bytes(M, N, K, B, sms);
       DevArray<float> ws(wsb / 4 + 1);
       int it = 0;
-      const double t8 = median_us([&](cudaStream_t q) {
+      auto fp8w = [&](cudaStream_t q) {
         const int i = it++ % copies;
-        oc::gemm_fp8w({.x = x.get(), .ldx = K, .w = w8[i].get(), .scale = sc[i].get(), .y = y.get(), .ldy = N,
-                       .M = M, .N = N, .K = K, .workspace = ws.get(), .workspace_bytes = wsb, .num_sms = sms},
+        oc::gemm_fp8w({.x = x.get(), .ldx = B * K, .w = w8[i].get(), .scale = sc[i].get(), .y = y.get(), .ldy = B * N,
+                       .M = M, .N = N, .K = K, .batch = B, .batch_stride_x = K, .batch_stride_y = N,
+                       .workspace = ws.get(), .workspace_bytes = wsb, .num_sms = sms},
                       q);
-      }, s);
-      it = 0;
-      const double tb = median_us([&](cudaStream_t q) {
+      };
+      auto bf16 = [&](cudaStream_t q) {
         const int i = it++ % copies;
-        lt.gemm({.x = x.get(), .ldx = K, .w = wb[i].get(), .ldw = K, .y = y.get(), .ldy = N, .M = M, .N = N, .K = K}, q);
-      }, s);
-      it = 0;
-      const double td = median_us([&](cudaStream_t q) {
-        const int i = it++ % copies;
-        oc::dequant_fp8w_bf16({.w = w8[i].get(), .scale = sc[i].get(), .out = scratch.get(), .N = N, .K = K}, q);
-        lt.gemm({.x = x.get(), .ldx = K, .w = scratch.get(), .ldw = K, .y = y.get(), .ldy = N, .M = M, .N = N, .K = K},
+        lt.gemm({.x = x.get(), .ldx = B * K, .w = wb[i].get(), .ldw = K, .y = y.get(), .ldy = B * N, .M = M, .N = N,
+                 .K = K, .batch = B, .batch_stride_x = K, .batch_stride_w = N * K, .batch_stride_y = N},
                 q);
-      }, s);
+      };
+      const double t8 = graph_us(fp8w, s), t1 = median_us(fp8w, s), tb = graph_us(bf16, s);
       const std::string shape = std::string(sh.what) + " M=" + std::to_string(M);
-      report_time("gemm_fp8w", shape + " splits=" + std::to_string(oc::fp8w_splits(M, N, K, 1, sms)), t8,
-                  gbps(double(wbytes + sbytes), t8));
-      report_time("gemm_bf16_cublaslt", shape, tb, gbps(2.0 * double(wbytes), tb));
-      report_time("dequant+gemm_bf16", shape, td, gbps(double(wbytes + sbytes), td));
+      const int splits = oc::fp8w_splits(M, N, K, B, sms);
+      const double gb = double(wbytes + sbytes) / t8 / 1e3;
+      report_time("gemm_fp8w_graph", shape + " splits=" + std::to_string(splits), t8, gbps(double(wbytes + sbytes), t8));
+      report_time("gemm_fp8w_single", shape, t1, gbps(double(wbytes + sbytes), t1));
+      report_time("gemm_bf16_cublaslt_graph", shape, tb, gbps(2.0 * double(wbytes), tb));
+      std::printf("DI_FP8W_TABLE|%s|%lld|%d|%.2f|%.0f|%.0f%%|%.2f|%.2fx\n", sh.what, (long long)M, splits, t8, gb,
+                  100.0 * gb / 4300.0, tb, tb / t8);
     }
   }
 }

@@ -275,6 +275,7 @@ TEST(CudaGroupedGemm, MatchesHostTwin) {
       gemm_case({f, y, 133, 2, 5, 200, 96}, ++seed);    // segments over several tiles, skewed
       gemm_case({f, y, 37, 2, 8, 64, 32}, ++seed);      // tiny_official down-like K = 32
       gemm_case({f, y, 301, 6, 13, 136, 160}, ++seed);  // N not a multiple of 128, K of 64
+      gemm_case({f, y, 97, 6, 7, 264, 512}, ++seed);    // the multi-stage pipeline in steady state
     }
 }
 

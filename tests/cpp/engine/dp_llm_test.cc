@@ -27,7 +27,9 @@ std::vector<std::string> worker() { return {env_or("DEEPINFER_CLI", DEEPINFER_CL
 LLMConfig config(const std::string& model, int dp, int ep) {
   LLMConfig c;
   c.model = model;
-  c.accelerator = "cpu";
+  // DEEPINFER_TEST_ACCELERATOR=nvidia runs the same checks with GPU ranks (sharing the GPUs there
+  // are; run with DEEPINFER_BATCH_INVARIANT=1, since a request's batch differs between layouts).
+  c.accelerator = env_or("DEEPINFER_TEST_ACCELERATOR", "cpu");
   c.max_num_seqs = 8;
   c.max_num_batched_tokens = 48;  // several chunked-prefill steps per prompt
   c.max_model_len = 256;

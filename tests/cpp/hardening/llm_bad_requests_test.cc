@@ -106,6 +106,13 @@ TEST(LlmBadRequests, UntypedLibraryExceptionFailsOnlyItsRequest) {
   std::string e = bad_error(llm, with_so(so), &why);
   EXPECT_TRUE(why.empty()) << why;
   EXPECT_FALSE(e.empty());
+  // Typed in src/structured now: a GrammarError naming the field, not "internal error".
+  EXPECT_EQ(e.find("internal error"), std::string::npos) << e;
+  EXPECT_NE(e.find("outside the range of a double"), std::string::npos) << e;
+  so.json = R"({"type": "number", "minimum": 1e999})";
+  e = bad_error(llm, with_so(so), &why);
+  EXPECT_TRUE(why.empty()) << why;
+  EXPECT_NE(e.find("field 'minimum'"), std::string::npos) << e;
 }
 
 // ---- structured outputs (src/structured): crash and hang probes ----

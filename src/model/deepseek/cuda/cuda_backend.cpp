@@ -101,7 +101,8 @@ FixedLimits CudaBackend::fixed_limits() const {
 }
 
 std::optional<ModelBackend::FixedShape> CudaBackend::fixed_shape(const ForwardBatch& b) const {
-  if (opts_.decode == DecodePath::kGeneral || !fixed_eligible(specs_, b, cand_caps_, fixed_limits()))
+  // Expert parallelism exchanges host-sized messages every MoE layer: no fixed shapes, no graphs.
+  if (ep_ || opts_.decode == DecodePath::kGeneral || !fixed_eligible(specs_, b, cand_caps_, fixed_limits()))
     return std::nullopt;
   return FixedShape{.padded = fixed_token_bucket(b.num_tokens()), .caps = &cand_caps_};
 }
@@ -198,7 +199,14 @@ ArenaSizes CudaBackend::arena_sizes(const StepPlan& p, oc::AttnSplit* split) con
   }
   *split = oc::choose_attention_split(p.T, g.heads, p.max_window + max_cmp, info_.num_sms);
   sz.attn_splits = std::max(1, split->num_splits);
-  if (act_ == DType::kBF16 && fp8_workspace_) fp8_workspace_(p.T, &sz.fp8_ws_bytes, &sz.wdq_bytes);
+  if (act_ == DType::kBF16 && fp8_workspace_) {
+    // Dense linears run over T rows, and the MTP block's h_proj over T x streams rows: size for both.
+    size_t ws = 0, wdq = 0;
+    fp8_workspace_(p.T, &sz.fp8_ws_bytes, &sz.wdq_bytes);
+    fp8_workspace_(p.T * g.streams, &ws, &wdq);
+    sz.fp8_ws_bytes = std::max(sz.fp8_ws_bytes, ws);
+    sz.wdq_bytes = std::max(sz.wdq_bytes, wdq);
+  }
   return sz;
 }
 
@@ -531,12 +539,10 @@ void CudaBackend::add_streams(float* x, const float* v, int64_t tokens, int64_t 
 
 // ---- MoE: the local implementation of the seam ----
 
-namespace {
 oc::ExpertFormat expert_format(DType d) {
   return d == DType::kFP4E2M1 ? oc::ExpertFormat::kFP4 : d == DType::kF8E4M3 ? oc::ExpertFormat::kFP8
                                                                               : oc::ExpertFormat::kPlain;
 }
-}  // namespace
 
 CudaBackend::MoePath CudaBackend::moe_path(const MoeRef& M) const {
   const Dims& g = arch_.dims;
@@ -560,6 +566,8 @@ void CudaBackend::moe_route(const MoeRef& M, const float* logits, int32_t* ids, 
 }
 
 void CudaBackend::moe_dispatch(const MoeRef& M) {
+  ep_step_ = ep_ && M.ep_layer >= 0;
+  if (ep_step_) return ep_dispatch(M);
   const Dims& g = arch_.dims;
   const int64_t T = plan_.T, D = g.hidden, E = g.experts, K = g.topk;
   const cudaStream_t st = stream_.get();
@@ -622,6 +630,7 @@ void CudaBackend::swiglu_rows(void* gu, void* act, const float* row_weight, int6
 }
 
 void CudaBackend::moe_experts(const MoeRef& M) {
+  if (ep_step_) return ep_experts(M);
   const Dims& g = arch_.dims;
   const int64_t T = plan_.T, D = g.hidden, E = g.experts, K = g.topk, I = g.moe_inter;
   const int64_t ab = int64_t((dtype_bits(act_) / 8));
@@ -688,6 +697,7 @@ void CudaBackend::moe_shared(const MoeRef& M) {
 }
 
 void CudaBackend::moe_combine(const MoeRef& M) {
+  if (ep_step_) return ep_combine();
   const Dims& g = arch_.dims;
   const int64_t* rows = moe_path(M) == MoePath::kFixed ? index_.comb_rows : at<int64_t>(L_.comb_rows);
   cuda::moe_combine({.ye = at<float>(L_.ye), .rows = rows, .shared = at<float>(L_.buf[size_t(Buf::kShared)]),

@@ -22,9 +22,13 @@
 #include "model/deepseek/forward.h"
 #include "ops/cuda/attention.h"
 #include "ops/cuda/gemm.h"
+#include "ops/cuda/grouped_gemm.h"
 #include "ops/cuda/runtime.h"
 
 namespace deepinfer::model::ds::cuda {
+
+// The grouped GEMM's format of an expert table's dtype (FP4, FP8 or plain bf16).
+ops::cuda::ExpertFormat expert_format(DType d);
 
 // Sizes the backend's workspace for a step (the family's dense-FP8 needs).
 using Fp8Workspace = std::function<void(int64_t tokens, size_t* fp8_ws_bytes, size_t* wdq_bytes)>;
@@ -53,6 +57,9 @@ class CudaBackend final : public ModelBackend {
   void copy_blocks_from_host(std::span<const HostBlockCopy> copies) override;
   std::shared_ptr<uint8_t> allocate_host_memory(size_t bytes) override;
   std::optional<FixedShape> fixed_shape(const ForwardBatch& batch) const override;
+  // Expert parallelism, host-staged through the group (cuda_expert_parallel.cpp).
+  bool joins_collectives() const override { return ep_ != nullptr; }
+  void set_expert_parallel(std::shared_ptr<ExpertParallel> ep) override;
   void begin_step(StepPlan plan) override;
   void launch(const std::function<void()>& body) override;
   ForwardOutput end_step(const ForwardOptions& options, int64_t rows, int64_t hidden_rows) override;
@@ -107,6 +114,9 @@ class CudaBackend final : public ModelBackend {
   void linear_fp8(const LinearRef& W, const void* x, int64_t ldx, int64_t bsx, int64_t M, void* y, DType y_dtype,
                   int64_t ldy, int64_t bsy, int64_t n, int64_t k, int64_t batch);
   void swiglu_rows(void* gu, void* act, const float* row_weight, int64_t rows);
+  void ep_dispatch(const MoeRef& M);
+  void ep_experts(const MoeRef& M);
+  void ep_combine();
   ArenaSizes arena_sizes(const StepPlan& p, ops::cuda::AttnSplit* split) const;
   void ensure_fixed_buffers();
   template <typename T>
@@ -141,6 +151,15 @@ class CudaBackend final : public ModelBackend {
   std::vector<int32_t> moe_ids_;
   std::vector<float> moe_wts_, moe_perm_w_;
   std::vector<int64_t> moe_perm_src_, moe_comb_, moe_offset_;
+  // Expert parallelism: the group's view, the layer in flight, host staging, device scratch sized
+  // by the rows received (other ranks' tokens: not bounded by this rank's step).
+  std::shared_ptr<ExpertParallel> ep_;
+  bool ep_step_ = false;
+  std::vector<char> ep_stage_;
+  std::vector<float> ep_rows_, ep_wts_;
+  std::vector<int32_t> ep_ids_;
+  deepinfer::cuda::DeviceBuffer ep_x_, ep_gu_, ep_act_, ep_ye_, ep_perm_w_, ep_perm_src_, ep_seg_, ep_tiles_, ep_out_,
+      ep_comb_;
 };
 
 }  // namespace deepinfer::model::ds::cuda

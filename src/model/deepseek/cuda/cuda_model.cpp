@@ -122,7 +122,8 @@ CudaModelOptions engine_cuda_options(const ModelLoadOptions& l) {
   o.numerics = Numerics::kProduction;
   o.decode = l.env.cuda_graphs ? DecodePath::kGraph : DecodePath::kGeneral;
   o.progress = l.progress;
-  o.device = l.device;
+  const int visible = dc::cuda_device_count();
+  o.device = visible > 0 ? l.device % visible : l.device;  // ranks beyond the devices share them
   o.max_seqs = l.limits.max_num_seqs;
   o.max_batch_tokens = l.limits.max_num_batched_tokens;
   if (l.limits.max_model_len > 0) o.max_context = l.limits.max_model_len;
