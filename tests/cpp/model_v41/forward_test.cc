@@ -59,9 +59,10 @@ Diff diff(const float* a, const float* b, int64_t rows, int64_t V) {
 // M = 1 GEMMs round differently on every step, only the greedy tokens and the bound.
 void expect_close(const Diff& d, int64_t T, const std::string& what, bool bulk = true) {
   EXPECT_EQ(d.flips, 0) << what;
-  if (bulk)
+  if (bulk) {
     EXPECT_LE(d.rows_over * 10, std::max<int64_t>(T, 10)) << what << ": " << d.rows_over << " of " << T
                                                            << " rows beyond 1e-4 (max " << d.max << ")";
+  }
   EXPECT_LE(d.max, 0.5) << what;
 }
 
