@@ -74,7 +74,7 @@ int run_logits(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     const std::vector<int32_t> ids = parse_ids(ids_str);
-    ModelLoadOptions o;
+    model::ModelLoadOptions o;
     o.env.accelerator = accelerator == "nvidia" ? Accelerator::kNvidia : Accelerator::kCPU;
     o.progress = false;
     std::unique_ptr<model::CausalLM> lm = model::load_model(model_dir, o);  // V4 or V4.1 by `architectures`
