@@ -58,19 +58,18 @@ const EnvKnob kKnobs[] = {
     {"DEEPINFER_ENABLE_MTP_VARLEN",
      "draft length per request and step from the drafter's calibrated confidence under a measured step-cost curve",
      [](EnvConfig& e, const char* n, const char* v) { e.enable_mtp_varlen = parse_bool(n, v); }, none},
-    {"DEEPINFER_BATCH_INVARIANT", "logits independent of the batch (fixed reduction orders)",
+    {"DEEPINFER_BATCH_INVARIANT", "logits independent of the batch (fixed reduction orders; docs/DETERMINISM.md)",
      [](EnvConfig& e, const char* n, const char* v) { e.batch_invariant = parse_bool(n, v); },
      [](const EnvConfig& e, const KnobContext&) -> std::string {
-       return e.batch_invariant ? "batch-invariant inference is not implemented yet (issue #12); set 0" : "";
-     }},
-    {"DEEPINFER_ASYNC_SCHEDULING", "plan step N+1 while the device runs step N (0 = synchronous)",
-     [](EnvConfig& e, const char* n, const char* v) { e.async_scheduling = parse_bool(n, v); },
-     [](const EnvConfig& e, const KnobContext&) -> std::string {
-       return e.async_scheduling.value_or(false)
-                  ? "asynchronous scheduling is not implemented yet (issue #12): the engine schedules synchronously; "
-                    "set 0 or unset it"
+       // Variable draft lengths follow a step-level verify budget, so a request's drafts (and with
+       // rejection sampling its tokens) would depend on its neighbours.
+       return e.batch_invariant && e.enable_mtp_varlen
+                  ? "cannot be deterministic with DEEPINFER_ENABLE_MTP_VARLEN=1 (draft lengths depend on the batch); "
+                    "set one of them to 0"
                   : "";
      }},
+    {"DEEPINFER_ASYNC_SCHEDULING", "plan step N+1 while the device runs step N (default 1; 0 = synchronous)",
+     [](EnvConfig& e, const char* n, const char* v) { e.async_scheduling = parse_bool(n, v); }, none},
     {"DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE", "DeepSeek-V4.1 bounded-replay prefill mode",
      [](EnvConfig& e, const char*, const char* v) { e.yoco_truncation_mode = v; },
      [](const EnvConfig& e, const KnobContext&) -> std::string {

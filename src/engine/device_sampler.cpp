@@ -100,8 +100,15 @@ void grow(cuda::PinnedBuffer& b, size_t bytes) {
 }  // namespace
 
 struct DeviceSampler::Impl {
-  cuda::DeviceBuffer in_d, out_d, workspace;
+  cuda::DeviceBuffer in_d, out_d, workspace, tokens_d;
   cuda::PinnedBuffer in_h, out_h;
+  cuda::Event done;  // recorded after the copy back
+  // What wait() needs from the enqueued step.
+  bool pending = false;
+  int64_t rows = 0;
+  int max_top = 0;
+  size_t o_tok = 0, o_lp = 0, o_rank = 0, o_tid = 0, o_tlp = 0;
+  std::vector<int> top_n;  // [rows] logprobs asked (-1: none)
 };
 
 std::unique_ptr<DeviceSampler> DeviceSampler::create(int64_t vocab) {
@@ -112,20 +119,35 @@ DeviceSampler::DeviceSampler(int64_t vocab) : vocab_(vocab), impl_(std::make_uni
   DI_CHECK(vocab >= 1 && vocab < INT32_MAX, "vocab ", vocab);
 }
 
+bool DeviceSampler::supports(const SamplingParams& p) const {
+  return !p.logprobs || (*p.logprobs >= 0 && *p.logprobs <= oc::kSamplingMaxTopLogprobs);
+}
+
 bool DeviceSampler::supports(const SamplingRow& row) const {
-  const SamplingParams& p = *row.params;
-  if (p.logprobs && (*p.logprobs < 0 || *p.logprobs > oc::kSamplingMaxTopLogprobs)) return false;
+  if (!supports(*row.params)) return false;
   if (row.allowed_mask && int64_t(row.allowed_mask->size()) * 32 < vocab_) return false;
   return true;
 }
 
 std::vector<SampleResult> DeviceSampler::sample(const model::DeviceLogits& logits, std::span<const SamplingRow> rows) {
+  enqueue(logits, rows);
+  return wait();
+}
+
+const int32_t* DeviceSampler::device_tokens() const { return impl_->tokens_d.as<const int32_t>(); }
+
+void DeviceSampler::enqueue(const model::DeviceLogits& logits, std::span<const SamplingRow> rows) {
   const int64_t B = int64_t(rows.size()), V = vocab_, words = (V + 31) / 32;
   const cudaStream_t st = static_cast<cudaStream_t>(logits.stream);
+  Impl& m = *impl_;
+  DI_CHECK(!m.pending, "DeviceSampler: enqueue() before the previous step's wait()");
   DI_CHECK(logits.rows == B, "device logits have ", logits.rows, " rows for ", B, " sampled rows");
+  m.pending = true;
+  m.rows = B;
+  m.top_n.clear();
   if (B == 0) {
-    DI_CUDA_CHECK(cudaStreamSynchronize(st));
-    return {};
+    m.done.record(st);
+    return;
   }
   const Flat f = flatten(rows, V);
   // Upload: rows, entry lists and (when any row has one) the [B, words] grammar bitmasks.
@@ -135,7 +157,6 @@ std::vector<SampleResult> DeviceSampler::sample(const model::DeviceLogits& logit
   const size_t o_ban = in.add(f.banned.size() * 4);
   const size_t o_pid = in.add(f.pen_ids.size() * 4), o_pcnt = in.add(f.pen_counts.size() * 4);
   const size_t o_mask = in.add(f.any_mask ? size_t(B * words) * 4 : 0);
-  Impl& m = *impl_;
   grow(m.in_h, in.total);
   grow(m.in_d, in.total, logits.device);
   char* h = m.in_h.as<char>();
@@ -183,29 +204,48 @@ std::vector<SampleResult> DeviceSampler::sample(const model::DeviceLogits& logit
                      .workspace = m.workspace.data(), .workspace_bytes = m.workspace.size_bytes()};
   oc::check_sampling_rows(f.rows, p);
   oc::sample(p, st);
-  DI_CUDA_CHECK(cudaMemcpyAsync(m.out_h.data(), d_out, out.total, cudaMemcpyDeviceToHost, st));
-  DI_CUDA_CHECK(cudaStreamSynchronize(st));
-
-  char* ho = m.out_h.as<char>();
-  std::vector<SampleResult> res(static_cast<size_t>(B));
-  for (int64_t i = 0; i < B; ++i) {
-    SampleResult& r = res[size_t(i)];
-    r.token = I32(ho, o_tok)[i];
-    const SamplingParams& sp = *rows[size_t(i)].params;
-    if (!sp.logprobs) continue;
-    TokenLogprobs& lp = r.logprobs;
-    lp.token = r.token;
-    lp.logprob = F32(ho, o_lp)[i];
-    lp.rank = I32(ho, o_rank)[i];
-    const int n = int(std::min<int64_t>(*sp.logprobs, V));
-    for (int j = 0; j < n; ++j)
-      lp.top.emplace_back(I32(ho, o_tid)[i * max_top + j], F32(ho, o_tlp)[i * max_top + j]);
+  // The ids also go to their own buffer, which the next step's forward reads (the output buffer
+  // may be regrown by the next enqueue while that forward is queued).
+  if (m.tokens_d.size_bytes() < size_t(B) * 4) {
+    DI_CUDA_CHECK(cudaStreamSynchronize(st));  // a queued forward may still read the old ids
+    grow(m.tokens_d, size_t(B) * 4, logits.device);
   }
+  DI_CUDA_CHECK(cudaMemcpyAsync(m.tokens_d.data(), d_out + o_tok, size_t(B) * 4, cudaMemcpyDeviceToDevice, st));
+  DI_CUDA_CHECK(cudaMemcpyAsync(m.out_h.data(), d_out, out.total, cudaMemcpyDeviceToHost, st));
+  m.done.record(st);
+  m.max_top = max_top;
+  m.o_tok = o_tok, m.o_lp = o_lp, m.o_rank = o_rank, m.o_tid = o_tid, m.o_tlp = o_tlp;
+  for (const SamplingRow& row : rows) m.top_n.push_back(row.params->logprobs ? *row.params->logprobs : -1);
   stats_.steps++;
   stats_.rows += B;
   stats_.h2d_bytes += int64_t(in.total);
   stats_.d2h_bytes += int64_t(out.total);
   stats_.last_d2h_bytes = int64_t(out.total);
+}
+
+std::vector<SampleResult> DeviceSampler::wait() {
+  Impl& m = *impl_;
+  DI_CHECK(m.pending, "DeviceSampler: wait() without enqueue()");
+  m.pending = false;
+  m.done.synchronize();
+  const int64_t B = m.rows;
+  char* ho = m.out_h.as<char>();
+  auto I32 = [](char* base, size_t off) { return reinterpret_cast<int32_t*>(base + off); };
+  auto F32 = [](char* base, size_t off) { return reinterpret_cast<float*>(base + off); };
+  std::vector<SampleResult> res(static_cast<size_t>(B));
+  for (int64_t i = 0; i < B; ++i) {
+    SampleResult& r = res[size_t(i)];
+    r.token = I32(ho, m.o_tok)[i];
+    const int asked = m.top_n[size_t(i)];
+    if (asked < 0) continue;
+    TokenLogprobs& lp = r.logprobs;
+    lp.token = r.token;
+    lp.logprob = F32(ho, m.o_lp)[i];
+    lp.rank = I32(ho, m.o_rank)[i];
+    const int n = int(std::min<int64_t>(asked, vocab_));
+    for (int j = 0; j < n; ++j)
+      lp.top.emplace_back(I32(ho, m.o_tid)[i * m.max_top + j], F32(ho, m.o_tlp)[i * m.max_top + j]);
+  }
   return res;
 }
 
@@ -218,9 +258,15 @@ std::unique_ptr<DeviceSampler> DeviceSampler::create(int64_t) { return nullptr; 
 DeviceSampler::DeviceSampler(int64_t vocab) : vocab_(vocab) {}
 DeviceSampler::~DeviceSampler() = default;
 bool DeviceSampler::supports(const SamplingRow&) const { return false; }
+bool DeviceSampler::supports(const SamplingParams&) const { return false; }
 std::vector<SampleResult> DeviceSampler::sample(const model::DeviceLogits&, std::span<const SamplingRow>) {
   DI_THROW(InternalError, "DeviceSampler: this build has no CUDA backend");
 }
+void DeviceSampler::enqueue(const model::DeviceLogits&, std::span<const SamplingRow>) {
+  DI_THROW(InternalError, "DeviceSampler: this build has no CUDA backend");
+}
+std::vector<SampleResult> DeviceSampler::wait() { DI_THROW(InternalError, "DeviceSampler: this build has no CUDA backend"); }
+const int32_t* DeviceSampler::device_tokens() const { return nullptr; }
 
 #endif
 

@@ -8,7 +8,10 @@
 // Per step: the rows' parameters, bias/banned/penalty lists and grammar bitmasks are packed
 // into one pinned buffer and uploaded with one copy; the kernel runs on the model's stream
 // right after the forward; one copy brings back the packed ids, logprobs, ranks and top-N
-// into pinned memory; one stream sync. Buffers grow and are reused across steps.
+// into pinned memory; one event wait. Buffers grow and are reused across steps.
+// Asynchronous scheduling splits sample() into enqueue() (no host wait) and wait(); the ids
+// also stay in a device buffer (device_tokens()) that the next step's forward reads its input
+// tokens from, ordered on the same stream, before the host has seen them.
 // Built only with the CUDA backend: create() returns null otherwise.
 #pragma once
 #include <cstdint>
@@ -36,10 +39,22 @@ class DeviceSampler {
   // Whether the device can draw `row` as the host would (top-N logprobs within the kernel's
   // limit, a grammar mask covering the vocabulary). Rows it cannot take go to the host sampler.
   bool supports(const SamplingRow& row) const;
+  // The part of supports() a request's parameters decide (the grammar masks the engine builds
+  // always cover the vocabulary).
+  bool supports(const SamplingParams& params) const;
 
   // Draws rows[i] from row i of `logits` (rows.size() == logits.rows; SamplingRow::logits is
   // ignored). Results in row order, logprobs filled for rows whose params ask for them.
   std::vector<SampleResult> sample(const model::DeviceLogits& logits, std::span<const SamplingRow> rows);
+
+  // sample() in two halves. enqueue() copies what it needs from `rows` (they may go away),
+  // uploads, launches and starts the copy back on logits.stream, without waiting; wait() waits
+  // for that copy and returns the results. One enqueue() at a time before its wait().
+  void enqueue(const model::DeviceLogits& logits, std::span<const SamplingRow> rows);
+  std::vector<SampleResult> wait();
+  // Device int32 [rows of the last enqueue()]: its ids, in row order. Valid for work ordered on
+  // the same stream after that enqueue and before the next one (which may move it).
+  const int32_t* device_tokens() const;
 
   const Stats& stats() const { return stats_; }
 

@@ -75,6 +75,12 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<model::CausalLM> mode
                                                                  .sampled_drafts = config_.sampled_drafts,
                                                                  .block_tokens = g.block_tokens,
                                                                  .host_blocks = sc.prefix_cache.host_blocks});
+  // Drafts for step N+1 come from step N's verification, and prefix caching saves a step's slot
+  // checkpoints right after it (before the next step writes the slot): such steps run synchronously.
+  async_ = config_.env.async_scheduling.value_or(true) && sc.num_speculative_tokens == 0 && !sc.prefix_cache.enabled;
+  if (config_.env.async_scheduling.value_or(false) && !async_)
+    DI_WARN("DEEPINFER_ASYNC_SCHEDULING=1: ", sc.num_speculative_tokens ? "speculative decoding" : "prefix caching",
+            " is on, its steps run synchronously");
   outputs_ = std::make_unique<OutputProcessor>(codec_.get());
 }
 
@@ -166,17 +172,36 @@ void Engine::add_request(const std::string& request_id, const PromptInput& promp
   request_seqs_[request_id] = seq_ids;
 }
 
-std::vector<RequestOutput> Engine::step() {
-  SchedulerOutput plan = scheduler_->schedule();
-  if (plan.empty() && scheduler_->has_unfinished() && scheduler_->num_running() == 0)
-    DI_THROW(InternalError, "scheduler made no progress with ", scheduler_->num_waiting(), " waiting sequences");
-  ModelRunnerOutput result = runner_->execute(plan);
+std::vector<RequestOutput> Engine::finish(const SchedulerOutput& plan) {
+  ModelRunnerOutput result = runner_->collect(plan);
   std::vector<StopEvent> stops = outputs_->scan_stops(result);
   std::vector<SeqUpdate> updates = scheduler_->update(plan, result, stops);
   OutputProcessor::Result out = outputs_->process(updates, now_seconds());
   for (const RequestOutput& o : out.outputs)
     if (o.finished) request_seqs_.erase(o.request_id);
   return std::move(out.outputs);
+}
+
+std::vector<RequestOutput> Engine::step() {
+  auto plan = std::make_unique<SchedulerOutput>(scheduler_->schedule());
+  if (plan->empty() && !inflight_ && scheduler_->has_unfinished() && scheduler_->num_running() == 0)
+    DI_THROW(InternalError, "scheduler made no progress with ", scheduler_->num_waiting(), " waiting sequences");
+  runner_->launch(*plan);  // the device starts on it (the CPU runs it)
+  std::vector<RequestOutput> out;
+  if (inflight_) {  // the previous step, while this one runs
+    out = finish(*inflight_);
+    inflight_.reset();
+  }
+  // Its rows are drawn once every earlier step is applied: masks and penalties see those tokens.
+  plan->grammar_masks = scheduler_->grammar_masks(*plan);
+  runner_->sample(*plan);
+  if (async_ && !plan->empty()) {
+    inflight_ = std::move(plan);
+    return out;
+  }
+  std::vector<RequestOutput> now = finish(*plan);
+  out.insert(out.end(), std::make_move_iterator(now.begin()), std::make_move_iterator(now.end()));
+  return out;
 }
 
 std::vector<RequestOutput> Engine::abort(const std::string& request_id) {
@@ -194,6 +219,13 @@ std::vector<RequestOutput> Engine::abort(const std::string& request_id) {
   }
   OutputProcessor::Result out = outputs_->process(updates, now_seconds());
   request_seqs_.erase(it);
+  // The last request gone: the step in flight has nothing left to report; collect it now so that
+  // its caches come back and has_unfinished() turns false.
+  if (inflight_ && !scheduler_->has_unfinished()) {
+    std::vector<RequestOutput> rest = finish(*inflight_);
+    inflight_.reset();
+    DI_CHECK(rest.empty(), "a step in flight reported ", rest.size(), " outputs with no request left");
+  }
   return std::move(out.outputs);
 }
 

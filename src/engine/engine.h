@@ -1,9 +1,22 @@
 // Engine: one scheduling round per step(): Scheduler -> SchedulerOutput -> ModelRunner
 // (batched forward + sampling + draft verification + drafting) -> ModelRunnerOutput ->
 // OutputProcessor::scan_stops -> Scheduler::update (the one place request state changes) ->
-// OutputProcessor::process. Synchronous today; the messages are built so that the scheduler
-// could plan step N+1 while the runner executes step N (the runner keeps its own sequence
-// state, and caches are released only after the step that last used them).
+// OutputProcessor::process.
+//
+// Asynchronous scheduling (DEEPINFER_ASYNC_SCHEDULING, on by default; off while drafting): a
+// step() plans and launches step N+1 before it applies step N, so the host schedules, plans and
+// uploads N+1 while the device still runs N:
+//   schedule(N+1) -> launch(N+1) -> collect(N) -> scan_stops/update/process(N)
+//     -> grammar masks(N+1) -> sample(N+1) -> return N's outputs
+// N+1's inputs that N draws come from N's draws on the device (ForwardBatch::device_inputs). A
+// sequence N ends (EOS, stop ids or strings, grammar) also ran in N+1: update() drops that row, so
+// nothing extra is emitted; max_tokens is known ahead and never over-scheduled. Caches of
+// finished or preempted sequences return after the last step that used them completed (the cache
+// manager's release queue). Each step's rows are drawn exactly as a synchronous step draws them
+// (same history, masks, Philox position); only batch compositions can differ (a finished
+// sequence's extra row, one step later admissions), so outputs are identical on and off whenever
+// the model's logits do not depend on the batch (DEEPINFER_BATCH_INVARIANT=1). With the CPU
+// backend every call finishes before it returns: the same steps simply run in order.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -84,7 +97,8 @@ class Engine {
   // Ends a queued or running request; returns its final output (finished, finish_reason
   // "abort" for the samples still running), or nothing for an unknown id.
   std::vector<RequestOutput> abort(const std::string& request_id);
-  bool has_unfinished() const { return scheduler_->has_unfinished(); }
+  bool has_unfinished() const { return scheduler_->has_unfinished() || inflight_ != nullptr; }
+  bool async_scheduling() const { return async_; }
 
   model::CausalLM& model() { return *model_; }
   const TextCodec* codec() const { return codec_.get(); }
@@ -101,6 +115,8 @@ class Engine {
   std::vector<int32_t> tokenize(const PromptInput& prompt) const;
   int32_t speculative_tokens(int32_t asked) const;  // what the model's drafter and rollback allow
   std::string cache_identity() const;               // seeds the cache's block hashes
+  // Collects a launched and sampled step and applies it (scan_stops, update, process).
+  std::vector<RequestOutput> finish(const SchedulerOutput& plan);
 
   EngineConfig config_;
   std::unique_ptr<model::CausalLM> model_;
@@ -111,6 +127,8 @@ class Engine {
   std::unique_ptr<ModelRunner> runner_;
   std::unique_ptr<OutputProcessor> outputs_;
   std::unordered_map<std::string, std::vector<int64_t>> request_seqs_;
+  bool async_ = false;
+  std::unique_ptr<SchedulerOutput> inflight_;  // launched and sampled, not yet applied (async)
   int64_t next_seq_id_ = 0, next_arrival_ = 0;
 };
 

@@ -75,7 +75,9 @@ struct SchedulerOutput {
   int64_t total_num_tokens = 0;
   std::vector<int64_t> finished_seq_ids;   // since the last step; the runner drops their state
   std::vector<int64_t> preempted_seq_ids;  // this step; the runner drops their state
-  std::vector<SeqGrammarMasks> grammar_masks;  // sampling sequences with a grammar
+  // Sampling sequences with a grammar. Not part of the plan: the engine fills it from
+  // Scheduler::grammar_masks() after the previous step was applied, before the runner samples.
+  std::vector<SeqGrammarMasks> grammar_masks;
   // Slot checkpoints to save after the step (prefix caching), for boundaries the step reaches.
   std::vector<CheckpointRequest> checkpoints;
   // Host tier (copied before the forward, spills first): device blocks whose hash left the

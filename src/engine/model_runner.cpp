@@ -55,6 +55,9 @@ class RequestDraftPicker final : public model::DraftPicker {
     t.drafts->push_back(tok);
     return tok;
   }
+  // Greedy targets draft the argmax: a device drafter may pick it there (no logits copy); the
+  // runner then takes the proposal as one-hot drafts (propose_drafts).
+  bool greedy(size_t seq) const override { return seq < targets_.size() && !targets_[seq].sampled; }
 
  private:
   std::vector<Target> targets_;
@@ -111,9 +114,20 @@ void ModelRunner::apply_state_changes(const SchedulerOutput& out) {
   }
 }
 
-model::ForwardBatch ModelRunner::build_batch(const SchedulerOutput& out, std::vector<SeqSlice>& slices,
-                                             std::vector<int64_t>& sample_logits_rows,
-                                             std::vector<PromptRows>& prompt_rows) {
+int32_t ModelRunner::input_token(const SeqState& s, int64_t p, model::ForwardBatch& b, int64_t i) const {
+  if (p < s.known_tokens()) return s.token_at(p);
+  // The token the previous (launched, sampled, not yet collected) step draws for it.
+  DI_CHECK(s.pending_samples == 1 && p == s.known_tokens() && !steps_.empty() &&
+               steps_.back().out->step_id == s.pending_step && steps_.back().sampled,
+           "input position ", p, " of a sequence with ", s.known_tokens(), " known tokens: its step ", s.pending_step,
+           " was not sampled");
+  const Step& prev = steps_.back();
+  if (!prev.on_device) return prev.drawn[size_t(s.pending_row)].token;
+  b.device_inputs.push_back({int32_t(i), int32_t(s.pending_row)});
+  return 0;
+}
+
+model::ForwardBatch ModelRunner::build_batch(const SchedulerOutput& out, Step& step) {
   model::ForwardBatch b;
   b.token_ids.reserve(size_t(out.total_num_tokens));
   for (const ScheduledSeq& sch : out.scheduled) {
@@ -123,31 +137,39 @@ model::ForwardBatch ModelRunner::build_batch(const SchedulerOutput& out, std::ve
     DI_CHECK(committed > 0 && s.num_computed + committed <= s.num_tokens(), "seq ", sch.seq_id, " scheduled past its tokens");
     DI_CHECK(num_drafts == 0 || (sch.samples && s.num_computed + committed == s.num_tokens()), "seq ", sch.seq_id,
              ": drafts scheduled on a chunk that does not sample");
-    for (int64_t p = s.num_computed; p < s.num_computed + committed; ++p) b.token_ids.push_back(s.token_at(p));
+    DI_CHECK(!sch.samples || s.num_computed + committed == s.num_tokens(), "seq ", sch.seq_id,
+             " samples before its last token");
+    for (int64_t p = s.num_computed; p < s.num_computed + committed; ++p)
+      b.token_ids.push_back(input_token(s, p, b, int64_t(b.token_ids.size())));
     b.token_ids.insert(b.token_ids.end(), sch.draft_tokens.begin(), sch.draft_tokens.end());
     b.seqs.push_back({s.slot, s.block_table, s.num_computed, sch.num_tokens});
     // Logits at position p give the logprob of prompt token p+1.
     if (s.params->prompt_logprobs) {
       int64_t lo = s.num_computed, hi = std::min(s.num_computed + committed, np - 1);
       if (hi > lo) {
-        prompt_rows.push_back({sch.seq_id, lo + 1, int64_t(b.logits_indices.size()), hi - lo});
+        step.prompt_rows.push_back({sch.seq_id, lo + 1, int64_t(b.logits_indices.size()), hi - lo});
         for (int64_t p = lo; p < hi; ++p) b.logits_indices.push_back(int32_t(start + p - s.num_computed));
       }
     }
     SeqSlice slice{&sch, start, s.num_computed, -1};
     if (sch.samples) {
-      slice.first_sample = int64_t(sample_logits_rows.size());
+      slice.first_sample = int64_t(step.sample_logits_rows.size());
       for (int64_t i = 0; i <= num_drafts; ++i) {
-        sample_logits_rows.push_back(int64_t(b.logits_indices.size()));
+        step.sample_logits_rows.push_back(int64_t(b.logits_indices.size()));
         b.logits_indices.push_back(int32_t(start + committed - 1 + i));
       }
+      s.pending_samples++;
+      s.pending_step = out.step_id;
+      s.pending_row = slice.first_sample;
     }
-    slices.push_back(slice);
+    s.num_computed += sch.num_tokens;  // rejected drafts are rolled back when collected
+    step.slices.push_back(slice);
   }
   if (drafter_) {  // the drafter reads the final streams of every position the step commits
     b.hidden_indices.resize(b.token_ids.size());
     for (size_t i = 0; i < b.token_ids.size(); ++i) b.hidden_indices[i] = int32_t(i);
   }
+  if (!b.device_inputs.empty()) b.sampled_ids = device_sampler_->device_tokens();
   return b;
 }
 
@@ -170,7 +192,7 @@ ModelRunner::SampleSet ModelRunner::sampling_rows(const SchedulerOutput& out, st
       r.params = s.params.get();
       r.seed = s.seed;
       r.sample_index = s.sample_index;
-      r.position = s.num_tokens() + i;  // absolute position of the token being drawn
+      r.position = s.known_tokens() + i;  // absolute position of the token being drawn
       r.prompt_ids = s.prompt_ids.get();
       r.output_ids = &s.output_ids;
       if (i > 0) {  // as if drafts[0, i) were committed: penalties and min_tokens see them
@@ -187,47 +209,28 @@ ModelRunner::SampleSet ModelRunner::sampling_rows(const SchedulerOutput& out, st
   return set;
 }
 
-// Logits stay on the device; the batch has sampling rows only, in row order (no prompt rows).
-std::vector<SampleResult> ModelRunner::sample_on_device(const model::ForwardBatch& batch,
-                                                        std::span<const SamplingRow> rows, model::HiddenRows& hidden) {
-  DI_CHECK(batch.logits_indices.size() == rows.size(), "device sampling with ", batch.logits_indices.size(),
-           " logits rows for ", rows.size(), " samples");
-  model::ForwardOutput fo = model_.run(batch, {.logits_on_device = true, .hidden_to_host = false});
-  const model::DeviceLogits& logits = fo.device_logits;
-  DI_CHECK(logits.rows == int64_t(rows.size()) && (rows.empty() || logits.data) &&
-               logits.row_stride >= model_.vocab_size(),
-           "model returned device logits of ", logits.rows, " rows (stride ", logits.row_stride, ") for ", rows.size(),
-           " rows");
-  hidden = std::move(fo.hidden);
-  stats_.device_steps++;
-  return device_sampler_->sample(logits, rows);
-}
-
-std::vector<SampleResult> ModelRunner::sample_on_host(const model::ForwardBatch& batch, SampleSet& set,
-                                                      const std::vector<PromptRows>& prompt_rows,
-                                                      ModelRunnerOutput& result, model::HiddenRows& hidden) {
-  model::ForwardOutput fo = model_.run(batch, {});
-  set.host_logits = fo.logits;  // commit() reads the rows again (rejection sampling, resampled logprobs)
-  const Tensor& logits = set.host_logits;  // [rows, vocab] f32 host
+void ModelRunner::sample_on_host(Step& step) {
+  // [rows, vocab] f32 host, kept with the step until it is collected: commit() reads the rows
+  // again (rejection sampling, resampled logprobs).
+  const Tensor& logits = step.forward.logits;
   const int64_t vocab = model_.vocab_size();
-  DI_CHECK(logits.dim() == 2 && logits.size(0) == int64_t(batch.logits_indices.size()) && logits.size(1) == vocab &&
+  DI_CHECK(logits.dim() == 2 && logits.size(0) == step.num_logits_rows && logits.size(1) == vocab &&
                logits.dtype() == DType::kF32 && logits.is_contiguous(),
-           "model returned logits ", logits.str(), " for ", batch.logits_indices.size(), " rows");
+           "model returned logits ", logits.str(), " for ", step.num_logits_rows, " rows");
   const float* L = logits.data<float>();
+  SampleSet& set = step.set;
   for (size_t k = 0; k < set.rows.size(); ++k) set.rows[k].logits = L + set.logits_rows[k] * vocab;
-  std::vector<SampleResult> drawn = engine::sample_rows(set.rows, vocab);
-  for (const PromptRows& pr : prompt_rows) {
+  step.drawn = engine::sample_rows(set.rows, vocab);
+  for (const PromptRows& pr : step.prompt_rows) {
     const SeqState& s = seqs_.at(pr.seq_id);
     PromptLogprobsChunk c{pr.seq_id, pr.first_position, std::vector<TokenLogprobs>(size_t(pr.num_rows))};
     parallel_for(0, pr.num_rows, [&](int64_t j) {
       c.entries[size_t(j)] = compute_logprobs(L + (pr.first_row + j) * vocab, vocab,
                                               s.token_at(pr.first_position + j), *s.params->prompt_logprobs);
     });
-    result.prompt_logprobs.push_back(std::move(c));
+    step.result.prompt_logprobs.push_back(std::move(c));
   }
-  hidden = std::move(fo.hidden);
   stats_.host_steps++;
-  return drawn;
 }
 
 bool ModelRunner::has_sampled_drafts(const ScheduledSeq& sch) const {
@@ -245,9 +248,12 @@ void ModelRunner::commit(const std::vector<SeqSlice>& slices, const SampleSet& s
   std::vector<int32_t> draws;
   for (const SeqSlice& slice : slices) {
     const ScheduledSeq& sch = *slice.sched;
-    SeqState& s = seqs_.at(sch.seq_id);
-    s.num_computed += sch.num_tokens;
+    auto it = seqs_.find(sch.seq_id);
+    if (it == seqs_.end()) continue;  // dropped after this step was launched: nothing to report
+    SeqState& s = it->second;
     if (slice.first_sample < 0) continue;
+    DI_CHECK(s.pending_samples >= 1, "seq ", sch.seq_id, " collects a draw with none pending");
+    if (--s.pending_samples == 0) s.pending_step = s.pending_row = -1;
     draws.clear();
     for (int32_t i = 0; i < sch.num_sample_rows(); ++i) draws.push_back(drawn[size_t(slice.first_sample + i)].token);
     const size_t L = sch.draft_tokens.size();
@@ -263,7 +269,7 @@ void ModelRunner::commit(const std::vector<SeqSlice>& slices, const SampleSet& s
       DI_CHECK(rows[i].logits, "seq ", sch.seq_id, ": rejection sampling without host logits");
       return processed_probs(rows[i], vocab);
     };
-    VerifyResult v = verify_drafts(sch.draft_tokens, draws, q, p, {s.seed, s.sample_index, s.num_tokens()});
+    VerifyResult v = verify_drafts(sch.draft_tokens, draws, q, p, {s.seed, s.sample_index, s.known_tokens()});
     SampledSeq out{sch.seq_id, v.tokens, {}, int32_t(L)};
     if (s.params->logprobs)
       for (size_t j = 0; j < v.tokens.size(); ++j) {
@@ -295,7 +301,7 @@ void ModelRunner::propose_drafts(const std::vector<SeqSlice>& slices, const mode
   db.target_hidden = hidden;
   std::vector<RequestDraftPicker::Target> targets;
   for (const SeqSlice& slice : slices) {
-    SeqState& s = seqs_.at(slice.sched->seq_id);
+    SeqState& s = seqs_.at(slice.sched->seq_id);  // drafting steps are synchronous: nothing was dropped
     model::DraftSeq d;
     d.cache_slot = s.slot;
     d.block_table = s.block_table;
@@ -316,7 +322,7 @@ void ModelRunner::propose_drafts(const std::vector<SeqSlice>& slices, const mode
     s.pending_drafts.clear();
     s.pending_q.clear();
     RequestDraftPicker::Target t;
-    t.base = {.params = s.params.get(), .seed = s.seed, .sample_index = s.sample_index, .position = s.num_tokens(),
+    t.base = {.params = s.params.get(), .seed = s.seed, .sample_index = s.sample_index, .position = s.known_tokens(),
               .prompt_ids = s.prompt_ids.get(), .output_ids = &s.output_ids, .eos_token_id = s.eos_token_id};
     t.sampled = options_.sampled_drafts && !s.params->greedy() && !s.params->structured_outputs;
     t.drafts = &s.pending_drafts;
@@ -369,41 +375,89 @@ void ModelRunner::copy_host_tier(const SchedulerOutput& out) {
   stats_.blocks_from_host += int64_t(out.block_loads.size());
 }
 
-ModelRunnerOutput ModelRunner::execute(const SchedulerOutput& out) {
+ModelRunner::Step& ModelRunner::find_step(const SchedulerOutput& out) {
+  for (Step& st : steps_)
+    if (st.out == &out) return st;
+  DI_THROW(InternalError, "model runner: step ", out.step_id, " was not launched");
+}
+
+void ModelRunner::launch(const SchedulerOutput& out) {
+  DI_CHECK(steps_.size() < 2 && (steps_.empty() || steps_.back().sampled), "model runner: step ", out.step_id,
+           " launched with ", steps_.size(), " steps not collected (the last one sampled: ",
+           !steps_.empty() && steps_.back().sampled, ")");
+  DI_CHECK((!drafter_ && out.checkpoints.empty() && out.block_spills.empty() && out.block_loads.empty()) ||
+               steps_.empty(),
+           "model runner: drafting, checkpointing and host-tier steps run synchronously");
   copy_host_tier(out);  // before anything of this step writes the blocks
   apply_state_changes(out);
-  ModelRunnerOutput result;
-  result.step_id = out.step_id;
+  Step step;
+  step.out = &out;
+  step.launched_at = std::chrono::steady_clock::now();
   if (out.empty()) {
     // Expert-parallel peers wait for this rank's all-to-alls: an empty forward joins them.
     if (model_.joins_collectives()) model_.run(model::ForwardBatch{}, {});
-    return result;
+  } else {
+    model::ForwardBatch batch = build_batch(out, step);
+    bool on_device = device_sampler_ && step.prompt_rows.empty();
+    for (const ScheduledSeq& sch : out.scheduled) {
+      on_device = on_device && (!sch.samples || device_sampler_->supports(*seqs_.at(sch.seq_id).params));
+      step.verifies = step.verifies || !sch.draft_tokens.empty();
+      on_device = on_device && !has_sampled_drafts(sch);  // rejection sampling reads host probabilities
+    }
+    DI_CHECK(on_device || batch.device_inputs.empty(), "model runner: a host-sampled step cannot take device inputs");
+    step.on_device = on_device;
+    step.num_logits_rows = int64_t(batch.logits_indices.size());
+    step.forward = model_.run(batch, {.logits_on_device = on_device, .hidden_to_host = !on_device});
+    last_batch_ = std::move(batch);
   }
-  std::vector<SeqSlice> slices;
-  std::vector<int64_t> sample_logits_rows;  // [sampling rows] row of the forward's logits
-  std::vector<PromptRows> prompt_rows;
-  model::ForwardBatch batch = build_batch(out, slices, sample_logits_rows, prompt_rows);
-  SampleSet set = sampling_rows(out, slices, sample_logits_rows);
-  bool on_device = device_sampler_ && prompt_rows.empty();
-  bool verifies = false;
-  for (const SamplingRow& r : set.rows) on_device = on_device && device_sampler_->supports(r);
-  for (const ScheduledSeq& sch : out.scheduled) {
-    verifies = verifies || !sch.draft_tokens.empty();
-    on_device = on_device && !has_sampled_drafts(sch);  // rejection sampling reads host probabilities
+  steps_.push_back(std::move(step));
+}
+
+void ModelRunner::sample(const SchedulerOutput& out) {
+  Step& step = find_step(out);
+  DI_CHECK(!step.sampled && &step == &steps_.back(), "model runner: step ", out.step_id, " sampled twice or out of order");
+  DI_CHECK(steps_.size() == 1, "model runner: step ", out.step_id, " sampled before the previous step was collected");
+  step.sampled = true;
+  if (out.empty()) return;
+  step.set = sampling_rows(out, step.slices, step.sample_logits_rows);
+  if (!step.on_device) {
+    sample_on_host(step);
+    model_.mark_step_end();
+    return;
   }
-  const auto t0 = std::chrono::steady_clock::now();
-  model::HiddenRows hidden;
-  std::vector<SampleResult> drawn = on_device ? sample_on_device(batch, set.rows, hidden)
-                                              : sample_on_host(batch, set, prompt_rows, result, hidden);
-  last_batch_ = std::move(batch);
-  commit(slices, set, drawn, result);
-  if (verifies) {
+  const model::DeviceLogits& logits = step.forward.device_logits;
+  DI_CHECK(logits.rows == int64_t(step.set.rows.size()) && (step.set.rows.empty() || logits.data) &&
+               logits.row_stride >= model_.vocab_size(),
+           "model returned device logits of ", logits.rows, " rows (stride ", logits.row_stride, ") for ",
+           step.set.rows.size(), " rows");
+  device_sampler_->enqueue(logits, step.set.rows);
+  model_.mark_step_end();
+  stats_.device_steps++;
+}
+
+ModelRunnerOutput ModelRunner::collect(const SchedulerOutput& out) {
+  DI_CHECK(!steps_.empty() && steps_.front().out == &out && steps_.front().sampled, "model runner: step ", out.step_id,
+           " collected out of order or before it was sampled");
+  Step step = std::move(steps_.front());
+  steps_.pop_front();
+  ModelRunnerOutput result = std::move(step.result);
+  result.step_id = out.step_id;
+  if (out.empty()) return result;
+  if (step.on_device) step.drawn = device_sampler_->wait();
+  commit(step.slices, step.set, step.drawn, result);
+  if (step.verifies) {
     stats_.verify_steps++;
-    stats_.verify_time_s += seconds_since(t0);
+    stats_.verify_time_s += seconds_since(step.launched_at);
   }
-  if (drafter_) propose_drafts(slices, hidden, result);
+  if (drafter_) propose_drafts(step.slices, step.forward.hidden, result);
   save_checkpoints(out, result);
   return result;
+}
+
+ModelRunnerOutput ModelRunner::execute(const SchedulerOutput& out) {
+  launch(out);
+  sample(out);
+  return collect(out);
 }
 
 // After the step (and its drafting, whose ring writes count against the rollback slack).

@@ -16,6 +16,15 @@
 // processed distribution q and are verified by rejection sampling (spec_verify.h), which needs
 // the target's probabilities on the host: such steps take the host sampling path.
 //
+// Steps in three calls (asynchronous scheduling, engine.h): launch(out) applies out's state
+// changes, builds the batch and starts the forward; sample(out) starts drawing its rows (after
+// the previous step was collected, so penalties, min_tokens and grammar masks see its tokens);
+// collect(out) waits for the draws, verifies and commits them. Step N+1 may be launched before
+// step N is collected (not before it is sampled): a sequence whose next input is the token N
+// draws gets it from N's draws on the host, or, when N sampled on the device, the model reads it
+// from the device sampler's token buffer (ForwardBatch::device_inputs). Results of sequences
+// dropped meanwhile (finished, preempted, aborted) are not reported. The CPU backend finishes each
+// call before returning, so the same calls simply run in order. execute() = all three.
 // Prefix caching: a new sequence with NewSeqData::restore starts from that slot checkpoint
 // (its first blocks are shared cached ones); after the step the runner saves the checkpoints
 // SchedulerOutput::checkpoints asks for, where the step committed the boundary and
@@ -27,6 +36,7 @@
 // takes the host path (host logits + sample_rows) when some sequence wants prompt logprobs
 // (they need whole logits rows) or some row is beyond the device sampler (supports()).
 #pragma once
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -73,6 +83,10 @@ class ModelRunner {
   explicit ModelRunner(model::CausalLM& model, const RunnerOptions& options = {});
   ~ModelRunner();
 
+  // `out` must stay alive and unchanged (but for grammar_masks, read by sample()) until collected.
+  void launch(const SchedulerOutput& out);
+  void sample(const SchedulerOutput& out);
+  ModelRunnerOutput collect(const SchedulerOutput& out);
   ModelRunnerOutput execute(const SchedulerOutput& out);
   // The ForwardBatch execute() would run (after applying `out`'s state changes). Tests use it.
   model::ForwardBatch last_batch() const { return last_batch_; }
@@ -91,12 +105,18 @@ class ModelRunner {
     int64_t eos_token_id = -1;
     int32_t slot = -1;
     std::vector<int32_t> block_table;
-    int64_t num_computed = 0;
+    int64_t num_computed = 0;             // positions launched (a step's are added at launch)
+    // Tokens that launched, not yet collected steps draw for it (at most two: step N is collected
+    // after N+1 was launched); the first is position known_tokens(). pending_step / pending_row:
+    // the latest such step and its sampling row (the next step's input).
+    int32_t pending_samples = 0;
+    int64_t pending_step = -1, pending_row = -1;
     // The drafter's last proposal (what the scheduler may schedule next step, a prefix of it) and
     // the distribution each draft was drawn from ([vocab] weights; empty: greedy draft).
     std::vector<int32_t> pending_drafts;
     std::vector<std::vector<float>> pending_q;
-    int64_t num_tokens() const { return int64_t(prompt_ids->size() + output_ids.size()); }
+    int64_t known_tokens() const { return int64_t(prompt_ids->size() + output_ids.size()); }
+    int64_t num_tokens() const { return known_tokens() + pending_samples; }
     int32_t token_at(int64_t p) const {
       int64_t np = int64_t(prompt_ids->size());
       return p < np ? (*prompt_ids)[size_t(p)] : output_ids[size_t(p - np)];
@@ -118,19 +138,34 @@ class ModelRunner {
     std::vector<SamplingRow> rows;
     std::vector<int64_t> logits_rows;            // [rows] row of the forward's logits
     std::deque<std::vector<int32_t>> histories;  // output ids + drafts prefix, per draft row
-    Tensor host_logits;  // what rows[].logits point into (host path): kept for rejection sampling in commit
+  };
+
+  // A launched step until it is collected.
+  struct Step {
+    const SchedulerOutput* out = nullptr;
+    std::vector<SeqSlice> slices;
+    std::vector<int64_t> sample_logits_rows;  // [sampling rows] row of the forward's logits
+    std::vector<PromptRows> prompt_rows;
+    bool on_device = false;                   // logits stay on the device, the device sampler draws
+    bool verifies = false;                    // some sequence has drafts (stats: verify steps, time)
+    std::chrono::steady_clock::time_point launched_at;
+    int64_t num_logits_rows = 0;              // of the forward (prompt rows + sampling rows)
+    model::ForwardOutput forward;
+    bool sampled = false;                     // sample() ran (host: drawn is filled)
+    SampleSet set;
+    std::vector<SampleResult> drawn;
+    ModelRunnerOutput result;                 // prompt logprobs so far
   };
 
   void apply_state_changes(const SchedulerOutput& out);
-  model::ForwardBatch build_batch(const SchedulerOutput& out, std::vector<SeqSlice>& slices,
-                                  std::vector<int64_t>& sample_logits_rows, std::vector<PromptRows>& prompt_rows);
+  model::ForwardBatch build_batch(const SchedulerOutput& out, Step& step);
+  // The id of position p of `s` for the step being built (ForwardBatch index i); a token the
+  // previous step drew on the device becomes a device input.
+  int32_t input_token(const SeqState& s, int64_t p, model::ForwardBatch& b, int64_t i) const;
   SampleSet sampling_rows(const SchedulerOutput& out, std::vector<SeqSlice>& slices,
                           const std::vector<int64_t>& sample_logits_rows) const;
-  std::vector<SampleResult> sample_on_device(const model::ForwardBatch& batch, std::span<const SamplingRow> rows,
-                                             model::HiddenRows& hidden);
-  std::vector<SampleResult> sample_on_host(const model::ForwardBatch& batch, SampleSet& set,
-                                           const std::vector<PromptRows>& prompt_rows, ModelRunnerOutput& result,
-                                           model::HiddenRows& hidden);
+  void sample_on_host(Step& step);
+  Step& find_step(const SchedulerOutput& out);
   // Verifies and commits every sampling sequence's rows; rolls the model back where drafts failed.
   void commit(const std::vector<SeqSlice>& slices, const SampleSet& set, std::vector<SampleResult>& drawn,
               ModelRunnerOutput& result);
@@ -147,6 +182,7 @@ class ModelRunner {
   model::Drafter* drafter_ = nullptr;  // the model's, when drafting is on
   std::unique_ptr<DeviceSampler> device_sampler_;
   std::unordered_map<int64_t, SeqState> seqs_;
+  std::deque<Step> steps_;  // launched, not collected (at most two), in step order
   std::shared_ptr<uint8_t> host_pool_;  // [host_blocks, paged_block_bytes()], allocated at first use
   model::ForwardBatch last_batch_;
   Stats stats_;

@@ -40,9 +40,18 @@ struct Request {
   std::vector<float> draft_logprobs;    // [draft_tokens] the drafter's raw log-probability of each
   std::vector<float> verifying_logprobs;  // of the drafts sent in the last step (acceptance calibration)
   int64_t last_step_id = -1;            // last step that ran it: its cache is released after that one
+  // Asynchronous scheduling: what the steps scheduled but not yet applied by update() will add.
+  // schedule() plans the next step as if they had completed (each sampling step adds one token);
+  // update() moves their share into num_computed_tokens / output_ids. Both are 0 between a
+  // synchronous update and the next schedule, and after a preemption.
+  int64_t inflight_tokens = 0;          // committed positions (drafts excluded) they compute
+  int32_t inflight_samples = 0;         // tokens they sample
 
   int64_t prompt_len() const { return int64_t(prompt_ids->size()); }
   int64_t num_tokens() const { return prompt_len() + int64_t(output_ids.size()); }
+  int64_t scheduled_computed() const { return num_computed_tokens + inflight_tokens; }
+  int64_t scheduled_tokens() const { return num_tokens() + inflight_samples; }
+  int64_t scheduled_outputs() const { return int64_t(output_ids.size()) + inflight_samples; }
   int32_t token_at(int64_t pos) const {
     return pos < prompt_len() ? (*prompt_ids)[size_t(pos)] : output_ids[size_t(pos - prompt_len())];
   }

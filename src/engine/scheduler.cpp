@@ -58,6 +58,8 @@ void Scheduler::insert_running(Request* r) {
 void Scheduler::preempt(Request* r, SchedulerOutput& out) {
   cache_.free(r->seq_id, r->last_step_id);  // reusable once its last step completed
   r->num_computed_tokens = 0;
+  r->inflight_tokens = 0;  // a step in flight still runs it; update() then skips it (it waits)
+  r->inflight_samples = 0;
   r->draft_tokens.clear();
   r->draft_logprobs.clear();
   r->num_preemptions++;
@@ -77,7 +79,7 @@ std::vector<int32_t> Scheduler::plan_drafts(Request& r, int64_t room, int32_t ca
   if (n <= 0) return {};
   if (r.grammar) {
     // Only drafts the grammar accepts can be committed; cut at the first it rejects and after
-    // one that terminates it. The matcher is restored (masks are built in fill_grammar_masks).
+    // one that terminates it. The matcher is restored (masks are built in grammar_masks()).
     if (!r.grammar->supports_rollback()) return {};
     int32_t ok = 0;
     while (ok < n && !r.grammar->is_terminated() && r.grammar->accept_token(r.draft_tokens[size_t(ok)])) ++ok;
@@ -95,10 +97,12 @@ std::unordered_map<int64_t, int32_t> Scheduler::varlen_caps(int64_t budget) cons
   std::vector<const Request*> decoding;
   std::vector<DraftCandidate> cands;
   for (const Request* r : running_) {
-    const int64_t n = std::min(r->num_tokens() - r->num_computed_tokens, budget - base);
+    const int64_t remaining = r->scheduled_tokens() - r->scheduled_computed();
+    const int64_t n = std::min(remaining, budget - base);
     if (n <= 0) break;
     base += n;
-    if (n != r->num_tokens() - r->num_computed_tokens || r->draft_tokens.empty()) continue;
+    // Drafts only with nothing in flight (see schedule_running).
+    if (n != remaining || r->draft_tokens.empty() || r->inflight_samples > 0) continue;
     DraftCandidate c;
     const size_t m = std::min(r->draft_tokens.size(), size_t(config_.num_speculative_tokens));
     for (size_t i = 0; i < m; ++i) {
@@ -113,33 +117,43 @@ std::unordered_map<int64_t, int32_t> Scheduler::varlen_caps(int64_t budget) cons
   return caps;
 }
 
-// Returns true when a sequence was preempted (then no waiting sequence is admitted).
+// Returns true when a running sequence could not grow (it preempted, or waits for blocks a step in
+// flight still holds): then no waiting sequence is admitted.
 bool Scheduler::schedule_running(SchedulerOutput& out, int64_t& budget) {
-  bool preempted = false;
+  bool starved = false;
   const std::unordered_map<int64_t, int32_t> caps = varlen_caps(budget);
   for (size_t i = 0; i < running_.size() && budget > 0;) {
     Request* r = running_[i];
-    int64_t remaining = r->num_tokens() - r->num_computed_tokens;
+    // Its last token is being sampled by a step in flight: update() finishes it (max_tokens).
+    if (r->scheduled_outputs() >= r->max_output_tokens) { ++i; continue; }
+    const int64_t done = r->scheduled_computed();
+    int64_t remaining = r->scheduled_tokens() - done;
     DI_CHECK(remaining > 0, "running seq ", r->seq_id, " has nothing to compute");
-    int64_t n = chunk_tokens(*r, std::min(remaining, budget));
+    int64_t n = chunk_tokens(*r, std::min(remaining, budget), done);
     if (!config_.enable_chunked_prefill && n < remaining) { ++i; continue; }
+    // Drafts come from the drafter after update(): only with nothing in flight (synchronous steps).
     const auto cap = caps.find(r->seq_id);
-    std::vector<int32_t> drafts =
-        n == remaining ? plan_drafts(*r, budget - n, cap == caps.end() ? -1 : cap->second) : std::vector<int32_t>{};
+    std::vector<int32_t> drafts = n == remaining && r->inflight_samples == 0
+                                      ? plan_drafts(*r, budget - n, cap == caps.end() ? -1 : cap->second)
+                                      : std::vector<int32_t>{};
     const int32_t kept_blocks = int32_t(cache_.get(r->seq_id)->block_ids.size());
     std::vector<int32_t> new_blocks;
-    bool self_preempted = false;
-    while (!cache_.allocate(r->seq_id, r->num_computed_tokens + n + int64_t(drafts.size()), &new_blocks)) {
+    bool self_preempted = false, waits = false;
+    while (!cache_.allocate(r->seq_id, done + n + int64_t(drafts.size()), &new_blocks)) {
       if (!drafts.empty()) {  // verify nothing rather than preempt anyone
         drafts.clear();
         continue;
       }
+      starved = true;
+      // Blocks a step in flight holds come back when it completes (asynchronous scheduling): wait
+      // a step for them instead of preempting more sequences whose blocks would also wait.
+      if (cache_.num_pending_blocks() > 0) { waits = true; break; }
       Request* victim = running_.back();
       preempt(victim, out);
-      preempted = true;
       if (victim == r) { self_preempted = true; break; }
     }
     if (self_preempted) break;  // everything after it was preempted first
+    if (waits) { ++i; continue; }
     r->verifying_logprobs.assign(r->draft_logprobs.begin(),
                                  r->draft_logprobs.begin() + std::min(drafts.size(), r->draft_logprobs.size()));
     r->draft_tokens.clear();    // sent or dropped: the drafter proposes anew after this step
@@ -147,16 +161,18 @@ bool Scheduler::schedule_running(SchedulerOutput& out, int64_t& budget) {
     r->last_step_id = out.step_id;
     plan_checkpoints(*r, n, drafts, out);
     const int64_t total = n + int64_t(drafts.size());
-    out.cached_seqs.push_back({r->seq_id, kept_blocks, std::move(new_blocks), r->num_computed_tokens});
+    const bool samples = done + n == r->scheduled_tokens();
+    out.cached_seqs.push_back({r->seq_id, kept_blocks, std::move(new_blocks), done});
     // Varlen: draft one more than verified now (its estimate decides next step whether it pays).
     const int32_t next =
         cap == caps.end() ? -1 : std::min(config_.num_speculative_tokens, int32_t(drafts.size()) + 1);
-    out.scheduled.push_back({r->seq_id, int32_t(total), r->num_computed_tokens + n == r->num_tokens(),
-                             std::move(drafts), next});
+    out.scheduled.push_back({r->seq_id, int32_t(total), samples, std::move(drafts), next});
+    r->inflight_tokens += n;
+    r->inflight_samples += samples ? 1 : 0;
     budget -= total;
     ++i;
   }
-  return preempted;
+  return starved;
 }
 
 void Scheduler::schedule_waiting(SchedulerOutput& out, int64_t& budget) {
@@ -200,7 +216,10 @@ void Scheduler::schedule_waiting(SchedulerOutput& out, int64_t& budget) {
     d.restore = std::move(hit.checkpoint);
     out.new_seqs.push_back(std::move(d));
     plan_checkpoints(*r, n, {}, out);
-    out.scheduled.push_back({r->seq_id, int32_t(n), r->num_computed_tokens + n == r->num_tokens(), {}});
+    const bool samples = r->num_computed_tokens + n == r->num_tokens();
+    out.scheduled.push_back({r->seq_id, int32_t(n), samples, {}});
+    r->inflight_tokens += n;
+    r->inflight_samples += samples ? 1 : 0;
     budget -= n;
   }
 }
@@ -247,11 +266,17 @@ void Scheduler::drain_evictions(SchedulerOutput& out) {
   host_.end_step();  // slots loaded this step may take spills from the next one on
 }
 
-void Scheduler::fill_grammar_masks(SchedulerOutput& out) {
+std::vector<SeqGrammarMasks> Scheduler::grammar_masks(const SchedulerOutput& out) {
   const size_t words = size_t((vocab_size_ + 31) / 32);
+  std::vector<SeqGrammarMasks> masks;
   for (const ScheduledSeq& s : out.scheduled) {
-    Request& r = *requests_.at(s.seq_id);
+    auto it = requests_.find(s.seq_id);
+    // Finished (or preempted) after it was scheduled: its row is dropped, no mask needed.
+    if (it == requests_.end() || it->second->status != RequestStatus::kRunning) continue;
+    Request& r = *it->second;
     if (!s.samples || !r.grammar) continue;
+    DI_CHECK(r.inflight_samples == 1, "seq ", s.seq_id, ": grammar mask asked with ", r.inflight_samples,
+             " samples in flight (the previous step must be applied first)");
     SeqGrammarMasks m{s.seq_id, std::vector<std::vector<uint32_t>>(size_t(s.num_sample_rows()))};
     const int32_t n_drafts = int32_t(s.draft_tokens.size());
     for (int32_t i = 0; i <= n_drafts; ++i) {
@@ -262,8 +287,9 @@ void Scheduler::fill_grammar_masks(SchedulerOutput& out) {
                  " was checked against the grammar but is rejected now");
     }
     if (n_drafts > 0) r.grammar->rollback(n_drafts);
-    out.grammar_masks.push_back(std::move(m));
+    masks.push_back(std::move(m));
   }
+  return masks;
 }
 
 SchedulerOutput Scheduler::schedule() {
@@ -276,7 +302,6 @@ SchedulerOutput Scheduler::schedule() {
   if (!preempted) schedule_waiting(out, budget);
   drain_evictions(out);
   out.total_num_tokens = config_.max_num_batched_tokens - budget;
-  fill_grammar_masks(out);
   stats_.num_steps++;
   stats_.max_tokens_in_step = std::max(stats_.max_tokens_in_step, out.total_num_tokens);
   stats_.max_seqs_in_step = std::max(stats_.max_seqs_in_step, int64_t(out.scheduled.size()));
@@ -365,8 +390,13 @@ std::vector<SeqUpdate> Scheduler::update(const SchedulerOutput& out, const Model
     auto it = requests_.find(s.seq_id);
     if (it == requests_.end() || it->second->status != RequestStatus::kRunning) continue;
     Request& r = *it->second;
-    const int32_t n_drafts = int32_t(s.draft_tokens.size());
-    r.num_computed_tokens += s.num_tokens - n_drafts;  // committed positions; accepted drafts below
+    const int32_t n_drafts = int32_t(s.draft_tokens.size()), committed = s.num_tokens - n_drafts;
+    DI_CHECK(r.inflight_tokens >= committed && r.inflight_samples >= (s.samples ? 1 : 0), "seq ", r.seq_id,
+             ": step ", out.step_id, " applied with ", r.inflight_tokens, " tokens / ", r.inflight_samples,
+             " samples in flight");
+    r.inflight_tokens -= committed;
+    r.inflight_samples -= s.samples ? 1 : 0;
+    r.num_computed_tokens += committed;  // committed positions; accepted drafts below
     SeqUpdate u;
     u.seq_id = r.seq_id;
     u.num_preemptions = r.num_preemptions;

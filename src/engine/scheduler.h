@@ -77,7 +77,16 @@ class Scheduler {
 
   // Takes ownership; the request must already be validated (Engine::add_request).
   void add(std::unique_ptr<Request> request);
+  // Plans the next step. With a step in flight (asynchronous scheduling: schedule() before the
+  // previous step's update()), it plans as if that step completed: every sequence it samples
+  // gains one token, whose id the runner takes from the device; one whose last token (max_tokens)
+  // is in flight is not scheduled; one that stops there (EOS, stop ids/strings, grammar) is, and
+  // update() drops that row. Grammar masks are not part of the plan: grammar_masks() builds them
+  // once the previous step was applied.
   SchedulerOutput schedule();
+  // Bitmasks of `out`'s sampling sequences with a grammar (rows after drafts[0, i)). Call after
+  // update() applied every step before `out`, so each matcher has accepted its tokens.
+  std::vector<SeqGrammarMasks> grammar_masks(const SchedulerOutput& out);
   // Applies step `out`'s results (`result` answers it; `stops` are the output processor's
   // stop-string / text-error events on result's tokens) and completes the step for the cache.
   // Returns one update per scheduled sequence that was still running.
@@ -108,7 +117,6 @@ class Scheduler {
   void preempt(Request* r, SchedulerOutput& out);
   void insert_waiting(Request* r);
   void insert_running(Request* r);
-  void fill_grammar_masks(SchedulerOutput& out);
   // Prefill chunk length after prefix caching's cut at a checkpoint boundary.
   int64_t chunk_tokens(const Request& r, int64_t n, int64_t from = -1) const;
   // Asks for slot checkpoints at the block boundaries `r`'s step of n committed tokens + drafts reaches.

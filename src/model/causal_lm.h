@@ -139,6 +139,24 @@ class CausalLM {
     return run(batch, {.logits_on_device = true, .hidden_to_host = false}).device_logits;
   }
 
+  // Whether run() takes ForwardBatch::device_inputs (token ids another step left in device
+  // memory, on the stream of its DeviceLogits). Models that cannot must refuse such a batch.
+  virtual bool supports_device_inputs() const { return false; }
+
+  // Device timeline for benchmarks (asynchronous scheduling's measure). With profiling on, a
+  // device backend records when each step's device work begins (its first upload) and, at
+  // mark_step_end() (the engine calls it once it queued everything of the step: forward and
+  // sampling), when that work ends. take_profile() waits for the device and returns, per profiled
+  // step, its device time and the device's idle time before it (0 for the first step); it then
+  // forgets them. Host backends record nothing.
+  struct StepProfile {
+    std::vector<double> busy_ms;  // [steps] begin -> end of each step's device work
+    std::vector<double> idle_ms;  // [steps] end of the previous step -> begin of this one
+  };
+  virtual void set_profiling(bool on) {}
+  virtual void mark_step_end() {}
+  virtual StepProfile take_profile() { return {}; }
+
   // True when run() takes part in collectives with other ranks (expert parallelism): the engine
   // then calls run() every step, with an empty batch when it has nothing to schedule, so that the
   // ranks' collectives pair up.

@@ -40,6 +40,9 @@ class DraftPicker {
   // Draft `index` (0: the position after the anchor) of DraftBatch::seqs[seq] from its host
   // logits [vocab] f32. Called in draft order for each sequence.
   virtual int32_t pick(size_t seq, int32_t index, const float* logits, int64_t vocab) = 0;
+  // Whether every pick for DraftBatch::seqs[seq] is the argmax (lowest id on ties): a drafter may
+  // then choose on its device and skip pick() (no logits copy).
+  virtual bool greedy(size_t seq) const { return false; }
 };
 
 struct DraftBatch {

@@ -36,6 +36,16 @@ void validate_forward_batch(const ForwardBatch& b, const kv::CacheGeometry& g, b
     if (b.token_ids[i] < 0 || b.token_ids[i] >= vocab_size)
       DI_THROW(InvalidArgument, "forward: token_ids[", i, "] = ", b.token_ids[i], " outside vocab [0,", vocab_size,
                ")");
+  int64_t last = -1;
+  for (size_t i = 0; i < b.device_inputs.size(); ++i) {
+    const DeviceInput& d = b.device_inputs[i];
+    if (d.token_index <= last || d.token_index >= b.num_tokens() || d.sample_row < 0)
+      DI_THROW(InvalidArgument, "forward: device_inputs[", i, "] = (token ", d.token_index, ", row ", d.sample_row,
+               ") is not an ascending token index in [0,", b.num_tokens(), ") with a row >= 0");
+    last = d.token_index;
+  }
+  if (!b.device_inputs.empty() && !b.sampled_ids)
+    DI_THROW(InvalidArgument, "forward: ", b.device_inputs.size(), " device_inputs without sampled_ids");
   for (size_t i = 0; i < b.logits_indices.size(); ++i)
     if (b.logits_indices[i] < 0 || b.logits_indices[i] >= b.num_tokens())
       DI_THROW(InvalidArgument, "forward: logits_indices[", i, "] = ", b.logits_indices[i], " outside [0,",

@@ -16,11 +16,22 @@ struct SeqInBatch {
   int32_t num_new_tokens = 0;         // tokens of this sequence in this batch
 };
 
+// A token whose id the previous step sampled on the device and the host does not know yet
+// (asynchronous scheduling): token_ids[token_index] is a placeholder (0) and the model reads
+// ForwardBatch::sampled_ids[sample_row] on the device before the step uses the token.
+struct DeviceInput {
+  int32_t token_index = 0;
+  int32_t sample_row = 0;
+};
+
 struct ForwardBatch {
   std::vector<int32_t> token_ids;       // [T] all sequences' new tokens, concatenated
   std::vector<SeqInBatch> seqs;         // [S] in the same order as token_ids
   std::vector<int32_t> logits_indices;  // indices into [0,T) whose logits are returned, in order
   std::vector<int32_t> hidden_indices;  // indices into [0,T) whose final streams are returned (drafting)
+  // Only for models with CausalLM::supports_device_inputs(): tokens taken from device memory.
+  std::vector<DeviceInput> device_inputs;  // token_index ascending, each at most once
+  const int32_t* sampled_ids = nullptr;    // device int32 [> every sample_row], read in stream order
 
   int64_t num_tokens() const { return int64_t(token_ids.size()); }
 };

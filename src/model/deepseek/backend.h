@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <span>
 #include <vector>
@@ -304,19 +305,36 @@ class ModelBackend : public Backend {
     const std::vector<int64_t>* caps = nullptr;
   };
   virtual std::optional<FixedShape> fixed_shape(const ForwardBatch& batch) const { return std::nullopt; }
+  // Tokens of the next begin_step's plan that come from device memory (ForwardBatch::
+  // device_inputs; token indices are the plan's, which keeps the batch's token order): begin_step
+  // writes them into the plan's token ids and embedding rows on the device. Backends without
+  // device memory refuse a non-empty list.
+  virtual void set_device_inputs(std::span<const DeviceInput> inputs, const int32_t* sampled_ids) = 0;
   // Takes the step's plan: sizes the buffers, makes the index lists readable by the kernels.
   virtual void begin_step(StepPlan plan) = 0;
   // Runs `body` (the forward's launches for the current plan); a device backend may capture it
-  // into a graph keyed by the plan's fixed shape and replay it.
-  virtual void launch(const std::function<void()>& body) = 0;
+  // into a graph keyed by the plan's fixed shape and `graph` (which body: kTargetGraph for
+  // forward_step, kMtpGraph + k for MTP block k) and replay it.
+  static constexpr int32_t kTargetGraph = 0, kMtpGraph = 1;
+  virtual void launch(const std::function<void()>& body, int32_t graph) = 0;
   // The step's outputs: `rows` logits rows (Buf::kLogits) and `hidden_rows` hidden rows
   // (Buf::kHidden), on the host unless asked to stay on the device.
   virtual ForwardOutput end_step(const ForwardOptions& options, int64_t rows, int64_t hidden_rows) = 0;
   // Copies the row ranges (first row, count) of hidden rows (host or device, as a previous step
   // returned them) back to back into backend memory the next step can read until it ends; returns
-  // the backend pointer [sum counts, n*D] f32.
+  // the backend pointer [sum counts, n*D] f32. With `padded_rows` > 0 (a fixed-shape step of that
+  // many rows) the memory holds padded_rows rows, those after the staged ones zero, at an address
+  // that does not change between steps (a graph captured it).
   using RowRanges = std::vector<std::pair<int64_t, int64_t>>;
-  virtual const float* stage_hidden(const HiddenRows& rows, const RowRanges& ranges) = 0;
+  virtual const float* stage_hidden(const HiddenRows& rows, const RowRanges& ranges, int64_t padded_rows) = 0;
+  // Greedy picks from the last step's first `rows` logits rows (Buf::kLogits): per row the argmax
+  // (lowest id on ties) and its log-softmax value, on the host. The MTP drafter's device-side
+  // greedy drafts (no logits copy); the CPU backend computes the same from its logits.
+  virtual void greedy_rows(int64_t rows, int32_t* tokens, float* logprobs) = 0;
+  // CausalLM's device timeline (benchmarks); host backends record nothing.
+  virtual void set_profiling(bool on) {}
+  virtual void mark_step_end() {}
+  virtual CausalLM::StepProfile take_profile() { return {}; }
 };
 
 }  // namespace deepinfer::model::ds

@@ -119,28 +119,31 @@ ForwardOutput DeepseekModel::run(const ForwardBatch& batch, const ForwardOptions
   const int64_t R = int64_t(batch.logits_indices.size()), Rh = int64_t(batch.hidden_indices.size());
   if (options.logits_on_device && !be_->logits_on_device())
     DI_THROW(InternalError, describe(), ": logits_on_device on a backend without device logits");
+  if (!batch.device_inputs.empty() && !supports_device_inputs())
+    DI_THROW(InvalidArgument, describe(), ": a batch with device_inputs on a backend without device memory");
   if (batch.num_tokens() == 0) {
     // An empty step still joins the MoE exchanges when they are collective (expert parallelism:
     // this rank's peers wait for its all-to-alls).
     if (be_->joins_collectives()) {
       be_->begin_step(plan_step(batch, /*allow_fixed=*/false));
-      be_->launch([&] { collectives_step(*be_, arch_, be_->weights()); });
+      be_->launch([&] { collectives_step(*be_, arch_, be_->weights()); }, ModelBackend::kTargetGraph);
     }
     return be_->end_step(options, 0, 0);
   }
   note_writes(batch, /*target=*/true);
   before_step(batch);
   StepPlan plan = plan_step(batch, /*allow_fixed=*/true);
+  be_->set_device_inputs(batch.device_inputs, batch.sampled_ids);
   // A fixed-shape step computes every padded row (its launches must not depend on the batch).
   const int64_t R_run = plan.fixed ? plan.T : R;
   const int64_t Rh_run = plan.fixed ? (Rh > 0 ? plan.T : 0) : Rh;
   be_->begin_step(std::move(plan));
-  be_->launch([&] { forward_step(*be_, arch_, be_->weights(), R_run, Rh_run); });
+  be_->launch([&] { forward_step(*be_, arch_, be_->weights(), R_run, Rh_run); }, ModelBackend::kTargetGraph);
   return be_->end_step(options, R, Rh);
 }
 
 ForwardOutput DeepseekModel::run_mtp(const ForwardBatch& batch, const HiddenRows& target, int64_t k,
-                                     const ModelBackend::RowRanges& rows) {
+                                     const ModelBackend::RowRanges& rows, const ForwardOptions& options) {
   validate_forward_batch(batch, be_->cache_geometry(), be_->cache_allocated(), arch_.dims.vocab);
   if (k < 0 || k >= num_mtp_blocks())
     DI_THROW(InvalidArgument, "run_mtp: block ", k, " but the model has ", num_mtp_blocks(), " MTP blocks");
@@ -152,12 +155,23 @@ ForwardOutput DeepseekModel::run_mtp(const ForwardBatch& batch, const HiddenRows
     DI_THROW(InvalidArgument, "run_mtp: ", fed, " target hidden rows of ", target.row_elems, " values for ",
              batch.num_tokens(), " tokens of ", arch_.dims.streams * arch_.dims.hidden);
   const int64_t R = int64_t(batch.logits_indices.size()), Rh = int64_t(batch.hidden_indices.size());
-  if (batch.num_tokens() == 0) return be_->end_step({}, 0, 0);
+  if (options.logits_on_device && !be_->logits_on_device())
+    DI_THROW(InternalError, describe(), ": logits_on_device on a backend without device logits");
+  if (batch.num_tokens() == 0) return be_->end_step(options, 0, 0);
+  if (!batch.device_inputs.empty()) DI_THROW(InvalidArgument, "run_mtp: device_inputs are not supported");
   note_writes(batch, /*target=*/false);
-  const float* main_hidden = be_->stage_hidden(target, ranges);
-  be_->begin_step(plan_step(batch, /*allow_fixed=*/false));
-  be_->launch([&] { mtp_step(*be_, arch_, be_->weights(), k, main_hidden, R, Rh); });
-  return be_->end_step({}, R, Rh);
+  // Draft rounds are decode/verify shaped: the backend's fixed-shape path (graphs) takes them as
+  // it takes the target's steps; padded rows run on zero streams.
+  StepPlan plan = plan_step(batch, /*allow_fixed=*/mtp_fixed_shapes_);
+  const bool fixed = plan.fixed;
+  const int64_t T = plan.T;
+  const float* main_hidden = be_->stage_hidden(target, ranges, fixed ? T : 0);
+  const int64_t R_run = fixed ? T : R, Rh_run = fixed ? (Rh > 0 ? T : 0) : Rh;
+  be_->set_device_inputs({}, nullptr);
+  be_->begin_step(std::move(plan));
+  be_->launch([&] { mtp_step(*be_, arch_, be_->weights(), k, main_hidden, R_run, Rh_run); },
+              ModelBackend::kMtpGraph + int32_t(k));
+  return be_->end_step(options, R, Rh);
 }
 
 void DeepseekModel::enable_expert_parallel(parallel::ProcessGroup& group, const ExpertParallelOptions& options) {

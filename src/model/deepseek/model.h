@@ -46,6 +46,10 @@ class DeepseekModel : public CausalLM {
 
   ForwardOutput run(const ForwardBatch& batch, const ForwardOptions& options) override;
   bool supports_device_logits() const override { return be_->logits_on_device(); }
+  bool supports_device_inputs() const override { return be_->logits_on_device(); }
+  void set_profiling(bool on) override { be_->set_profiling(on); }
+  void mark_step_end() override { be_->mark_step_end(); }
+  StepProfile take_profile() override { return be_->take_profile(); }
   bool joins_collectives() const override { return be_->joins_collectives(); }
   void enable_expert_parallel(parallel::ProcessGroup& group, const ExpertParallelOptions& options) override;
   void synchronize() override { be_->synchronize(); }
@@ -66,9 +70,13 @@ class DeepseekModel : public CausalLM {
   // whose hidden rows are the `rows` ranges (first row, count) of `target`, back to back, one row
   // per batch token; empty = all of `target`): logits of batch.logits_indices and the block's
   // output streams of batch.hidden_indices. Used by the drafter and the MTP tests.
+  // options.logits_on_device leaves the logits in the backend (the drafter then reads greedy picks
+  // through backend().greedy_rows). Steps the backend's fixed-shape path accepts take it unless
+  // set_mtp_fixed_shapes(false).
   ForwardOutput run_mtp(const ForwardBatch& batch, const HiddenRows& target, int64_t k,
-                        const ModelBackend::RowRanges& rows = {});
+                        const ModelBackend::RowRanges& rows = {}, const ForwardOptions& options = {});
   int64_t num_mtp_blocks() const { return int64_t(arch_.plan.drafter.size()); }
+  void set_mtp_fixed_shapes(bool on) { mtp_fixed_shapes_ = on; }
 
   const Arch& arch() const { return arch_; }
   ModelBackend& backend() { return *be_; }
@@ -99,6 +107,7 @@ class DeepseekModel : public CausalLM {
   std::vector<kv::LayerCacheSpec> specs_;
   std::unique_ptr<ModelBackend> be_;
   std::unique_ptr<Drafter> drafter_;
+  bool mtp_fixed_shapes_ = true;
   std::shared_ptr<void> keepalive_;  // the mapped checkpoint, when a backend reads it in place
 };
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #include "core/check.h"
 #include "deepinfer/error.h"
@@ -55,15 +56,33 @@ std::vector<DraftProposal> MtpDrafter::propose(const DraftBatch& in, Tensor* dra
   }
   b.hidden_indices = b.logits_indices;
   std::vector<std::vector<std::vector<float>>> rows(in.seqs.size());  // per sequence: drafted positions' logits
-  ForwardOutput o = model_.run_mtp(b, in.target_hidden, 0, ranges);
+  // Greedy drafts on a device backend: argmax and logprob picked there, the logits stay (one
+  // small copy per round instead of [rows, vocab]). The output streams stay on the device.
+  bool on_device = model_.supports_device_logits() && !draft_logits;
+  for (size_t i : drafting) on_device = on_device && (!in.picker || in.picker->greedy(i));
+  const ForwardOptions fo{.logits_on_device = on_device, .hidden_to_host = false};
+  std::vector<int32_t> picked;
+  std::vector<float> picked_lp;
+  auto run = [&](const ForwardBatch& batch, const HiddenRows& h, const ModelBackend::RowRanges& rr) {
+    ForwardOutput res = model_.run_mtp(batch, h, 0, rr, fo);
+    if (on_device) {
+      const int64_t n = int64_t(batch.logits_indices.size());
+      picked.resize(size_t(n));
+      picked_lp.resize(size_t(n));
+      model_.backend().greedy_rows(n, picked.data(), picked_lp.data());
+    }
+    return res;
+  };
+  ForwardOutput o = run(b, in.target_hidden, ranges);
   for (int round = 0; !drafting.empty(); ++round) {
     std::vector<size_t> next;
     ForwardBatch r;
     for (size_t j = 0; j < drafting.size(); ++j) {
       const size_t i = drafting[j];
       const DraftSeq& s = in.seqs[i];
-      const float* row = o.logits.data<float>() + int64_t(j) * V;
-      const auto [tok, lp] = choose(row, V, in.picker, i, int32_t(out[i].tokens.size()));
+      const float* row = on_device ? nullptr : o.logits.data<float>() + int64_t(j) * V;
+      const auto [tok, lp] = on_device ? std::pair{picked[j], picked_lp[j]}
+                                       : choose(row, V, in.picker, i, int32_t(out[i].tokens.size()));
       out[i].tokens.push_back(tok);
       out[i].logprobs.push_back(lp);
       if (draft_logits) rows[i].emplace_back(row, row + V);
@@ -82,7 +101,7 @@ std::vector<DraftProposal> MtpDrafter::propose(const DraftBatch& in, Tensor* dra
     for (size_t j = 0, q = 0; j < drafting.size(); ++j)
       if (q < next.size() && drafting[j] == next[q]) keep.push_back({int64_t(j), 1}), ++q;
     r.hidden_indices = r.logits_indices;
-    o = model_.run_mtp(r, o.hidden, 0, keep);
+    o = run(r, o.hidden, keep);
     drafting = std::move(next);
   }
   if (draft_logits) {

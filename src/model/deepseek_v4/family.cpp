@@ -9,7 +9,8 @@ std::unique_ptr<CausalLM> load(const std::string& dir, const ModelLoadOptions& o
   if (use_accelerator(o)) return load_cuda(dir, o);
   if (o.env.accelerator == Accelerator::kAscend)
     DI_THROW(InvalidArgument, "DEEPINFER_ACCELERATOR=ascend is reserved; this build runs on nvidia or cpu");
-  return DeepseekV4Model::load(dir, {.load_mtp = true, .progress = o.progress, .max_rollback = o.limits.max_rollback});
+  return DeepseekV4Model::load(dir, {.load_mtp = true, .progress = o.progress, .max_rollback = o.limits.max_rollback,
+                                     .batch_invariant = o.env.batch_invariant});
 }
 }  // namespace
 

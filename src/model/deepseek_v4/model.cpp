@@ -32,7 +32,8 @@ std::unique_ptr<DeepseekV4Model> DeepseekV4Model::load(const std::string& dir, c
   std::vector<kv::LayerCacheSpec> specs = model::cache_specs(arch.plan, {.head_dim = cfg.head_dim,
                                                                   .index_head_dim = cfg.index_head_dim});
   auto store = prepare_cpu(cfg, arch.plan, w);
-  auto be = std::make_unique<ds::CpuBackend>(arch, specs, std::move(store));
+  auto be = std::make_unique<ds::CpuBackend>(arch, specs, std::move(store),
+                                             ds::CpuBackendOptions{.batch_invariant = options.batch_invariant});
   return std::unique_ptr<DeepseekV4Model>(
       new DeepseekV4Model(v4_model_info(cfg), std::move(arch), std::move(specs), std::move(be), w.keepalive, cfg));
 }

@@ -21,6 +21,7 @@ struct ModelOptions {
   bool load_mtp = true;       // prepare the MTP block(s) when the checkpoint has them
   bool progress = false;      // loader progress lines
   int64_t max_rollback = 0;   // ring slack for rollback (ModelLimits::max_rollback)
+  bool batch_invariant = false;  // DEEPINFER_BATCH_INVARIANT: fixed-order products (ds::CpuBackendOptions)
 };
 
 class DeepseekV4Model final : public ds::DeepseekModel {

@@ -176,8 +176,8 @@ void gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const fl
 #endif
 }
 
-void linear(const float* x, int64_t M, int64_t K, const float* W, int64_t N, float* y) {
-  gemm(M, N, K, x, K, W, K, /*trans_b=*/true, y, N);
+void linear(const float* x, int64_t M, int64_t K, const float* W, int64_t N, float* y, GemmKind kind) {
+  gemm(kind, M, N, K, x, K, W, K, /*trans_b=*/true, y, N);
 }
 
 }  // namespace deepinfer::ops::cpu

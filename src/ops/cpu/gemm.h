@@ -36,7 +36,28 @@ void linear_packed(const float* x, int64_t M, int64_t ldx, const PackedWeight& W
 void gemm_blocked(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb,
                   bool trans_b, float* C, int64_t ldc, float alpha = 1.0f, float beta = 0.0f);
 
+// The batch-invariant product (gemm_fixed.cpp), same contract as gemm(). Every element of C is
+// one fixed-order sum that does not depend on M, its row, the thread split or the CPU: for
+// trans_b, 16 lane partial sums (lane l adds the k = l mod 16 terms in increasing k), folded
+// 8+8, 4+4, 2+2, 1+1, then the K % 16 tail in order; otherwise one in-order sum over k. No FMA.
+// OpenBLAS (gemm) picks kernels and blockings by M, so one row's result moves with its batch
+// (~6e-6 between a chunked and a whole prefill); DEEPINFER_BATCH_INVARIANT=1 runs this instead.
+void gemm_fixed(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb,
+                bool trans_b, float* C, int64_t ldc, float alpha = 1.0f, float beta = 0.0f);
+
+// Which kernel a product runs on (the CPU backend's choice, passed down to the ops that multiply).
+enum class GemmKind : uint8_t {
+  kFast,        // gemm(): OpenBLAS, its summation order depends on M
+  kFixedOrder,  // gemm_fixed(): batch-invariant
+};
+inline void gemm(GemmKind kind, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
+                 int64_t ldb, bool trans_b, float* C, int64_t ldc, float alpha = 1.0f, float beta = 0.0f) {
+  if (kind == GemmKind::kFixedOrder) gemm_fixed(M, N, K, A, lda, B, ldb, trans_b, C, ldc, alpha, beta);
+  else gemm(M, N, K, A, lda, B, ldb, trans_b, C, ldc, alpha, beta);
+}
+
 // y[M,N] = x[M,K] * W[N,K]^T  (a torch nn.Linear without bias), all contiguous.
-void linear(const float* x, int64_t M, int64_t K, const float* W, int64_t N, float* y);
+void linear(const float* x, int64_t M, int64_t K, const float* W, int64_t N, float* y,
+            GemmKind kind = GemmKind::kFast);
 
 }  // namespace deepinfer::ops::cpu

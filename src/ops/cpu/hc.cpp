@@ -19,7 +19,7 @@ float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 std::vector<float> mix_logits(const float* X, int64_t T, const HcSpec& s, const float* fn, int64_t rows) {
   const int64_t nd = s.n * s.dim;
   std::vector<float> mix(static_cast<size_t>(T * rows));
-  gemm(T, rows, nd, X, nd, fn, nd, /*trans_b=*/true, mix.data(), rows);
+  gemm(s.gemm, T, rows, nd, X, nd, fn, nd, /*trans_b=*/true, mix.data(), rows);
   parallel_for(0, T, [&](int64_t t) {
     const float* x = X + t * nd;
     double ss = 0.0;

@@ -4,6 +4,8 @@
 #pragma once
 #include <cstdint>
 
+#include "ops/cpu/gemm.h"
+
 namespace deepinfer::ops::cpu {
 
 struct HcSpec {
@@ -12,6 +14,7 @@ struct HcSpec {
   int64_t sinkhorn_iters = 20;  // hc_sinkhorn_iters
   float rms_eps = 1e-6f;        // eps of the unweighted RMS over n*D
   float hc_eps = 1e-6f;
+  GemmKind gemm = GemmKind::kFast;  // kernel of the mix logits' product (kFixedOrder: batch-invariant)
 };
 
 // Site pre-step for T tokens.

@@ -26,11 +26,11 @@ void clamped_swiglu(float* g, const float* u, int64_t count, float L) {
 }  // namespace
 
 void expert_forward(const float* x, int64_t n, int64_t D, int64_t I, const ExpertF32& e, float L, float* g, float* u,
-                    float* out) {
-  linear(x, n, D, e.w1, I, g);
-  linear(x, n, D, e.w3, I, u);
+                    float* out, GemmKind kind) {
+  linear(x, n, D, e.w1, I, g, kind);
+  linear(x, n, D, e.w3, I, u, kind);
   clamped_swiglu(g, u, n * I, L);
-  linear(g, n, I, e.w2, D, out);
+  linear(g, n, I, e.w2, D, out, kind);
 }
 
 void swiglu_mlp(const float* x, int64_t T, int64_t D, int64_t I, const ExpertF32& e, float L, float* y,

@@ -4,6 +4,8 @@
 #pragma once
 #include <cstdint>
 
+#include "ops/cpu/gemm.h"
+
 namespace deepinfer::ops::cpu {
 
 struct ExpertF32 {
@@ -12,9 +14,9 @@ struct ExpertF32 {
   const float* w2 = nullptr;  // down [D, I]
 };
 
-// out [n, D] = E(x [n, D]); g, u are [n, I] scratch.
+// out [n, D] = E(x [n, D]); g, u are [n, I] scratch. `kind`: the products' kernel (gemm.h).
 void expert_forward(const float* x, int64_t n, int64_t D, int64_t I, const ExpertF32& e, float swiglu_limit, float* g,
-                    float* u, float* out);
+                    float* u, float* out, GemmKind kind = GemmKind::kFast);
 // y[t] (+)= E(x[t]) for all T tokens (the shared expert). x [T, D], y [T, D].
 void swiglu_mlp(const float* x, int64_t T, int64_t D, int64_t I, const ExpertF32& e, float swiglu_limit, float* y,
                 bool accumulate);

@@ -122,4 +122,21 @@ void add_streams(float* x, const float* v, int64_t tokens, int64_t streams, int6
       for (int64_t i = 0; i < dim; ++i) x[(t * streams + j) * dim + i] += v[t * dim + i];
 }
 
+void validate_input_patch(const InputPatchArgs& a) {
+  if (a.count < 0 || a.n_streams <= 0)
+    DI_THROW(InvalidArgument, "patch_input_tokens: count ", a.count, " / n_streams ", a.n_streams, " invalid");
+  if (a.count > 0 && (!a.patch || !a.sampled || !a.token_ids || !a.embed_src))
+    DI_THROW(InvalidArgument, "patch_input_tokens: null patch, sampled, token_ids or embed_src");
+}
+
+void patch_input_tokens(const InputPatchArgs& a) {
+  validate_input_patch(a);
+  for (int64_t i = 0; i < a.count; ++i) {
+    const int64_t t = a.patch[2 * i];
+    const int32_t id = a.sampled[a.patch[2 * i + 1]];
+    a.token_ids[t] = id;
+    for (int64_t j = 0; j < a.n_streams; ++j) a.embed_src[t * a.n_streams + j] = id;
+  }
+}
+
 }  // namespace deepinfer::ops::cpu

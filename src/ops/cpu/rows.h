@@ -73,4 +73,18 @@ void decode_pool(const DecodePoolArgs& a);
 // x[t, j, :] += v[t, :] for every stream j (f32).
 void add_streams(float* x, const float* v, int64_t tokens, int64_t streams, int64_t dim);
 
+// Asynchronous scheduling: ids a previous step sampled, written into a step's token list and
+// embedding rows before its forward: for i < count, with t = patch[2i], id = sampled[patch[2i+1]]:
+// token_ids[t] = id and embed_src[t * n_streams + j] = id for every stream j.
+struct InputPatchArgs {
+  const int32_t* patch = nullptr;    // [count, 2] (token index, sampled row)
+  int64_t count = 0;
+  const int32_t* sampled = nullptr;  // sampled ids, indexed by row
+  int32_t* token_ids = nullptr;      // [T]
+  int64_t* embed_src = nullptr;      // [T * n_streams]
+  int64_t n_streams = 1;
+};
+void validate_input_patch(const InputPatchArgs& a);
+void patch_input_tokens(const InputPatchArgs& a);
+
 }  // namespace deepinfer::ops::cpu

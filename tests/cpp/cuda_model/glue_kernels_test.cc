@@ -2,6 +2,7 @@
 // outputs poisoned (0xFF = NaN) first so an unwritten element fails.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -121,6 +122,33 @@ TEST(GlueKernels, PositionBiasAndCombineMatchHost) {
   EXPECT_EQ(down<float>(dout, out.size()), out);  // same order of additions: bit exact
 }
 
+// Greedy picks of the MTP drafter on the device: argmax (lowest id on ties, planted twice per row,
+// one row all equal) and the log-softmax value, vs a host loop in double. Odd sizes, padded stride.
+TEST(GlueKernels, GreedyRowsMatchHost) {
+  REQUIRE_GPU();
+  const int64_t rows = 13, V = 1237, stride = 1240;
+  std::vector<float> x = randn(size_t(rows * stride), 21);
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = x.data() + r * stride;
+    for (int64_t v = V; v < stride; ++v) row[v] = 100.f;  // beyond the vocabulary: never picked
+    if (r % 3 == 0) row[(r * 97) % V] = row[(r * 97 + 511) % V] = 9.f;  // a tie: the lower id wins
+  }
+  std::fill(x.begin() + 5 * stride, x.begin() + 5 * stride + V, -2.5f);  // all equal: id 0
+  cuda::DeviceBuffer dx = up(x), dt(size_t(rows) * 4), dl(size_t(rows) * 4);
+  ds::cuda::greedy_rows(dx.as<float>(), stride, rows, V, dt.as<int32_t>(), dl.as<float>(), nullptr);
+  const std::vector<int32_t> tok = down<int32_t>(dt, size_t(rows));
+  const std::vector<float> lp = down<float>(dl, size_t(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = x.data() + r * stride;
+    const int64_t want = std::max_element(row, row + V) - row;
+    double sum = 0;
+    for (int64_t v = 0; v < V; ++v) sum += std::exp(double(row[v]) - double(row[want]));
+    EXPECT_EQ(tok[size_t(r)], want) << "row " << r;
+    EXPECT_NEAR(lp[size_t(r)], -std::log(sum), 1e-5) << "row " << r;
+  }
+  EXPECT_EQ(tok[5], 0);
+}
+
 TEST(GlueKernels, BadArgumentsAreTyped) {  // no GPU needed: validation runs before any CUDA call
   GatherRowsArgs p{.src_dtype = DType::kI32, .rows = 1, .width = 4};
   EXPECT_THROW(ds::cuda::gather_rows(p, nullptr), InvalidArgument);
@@ -131,6 +159,10 @@ TEST(GlueKernels, BadArgumentsAreTyped) {  // no GPU needed: validation runs bef
   EXPECT_THROW(ds::cuda::gather_rows(q, nullptr), InvalidArgument);
   EXPECT_THROW(ds::cuda::add_position_bias({.m = 0, .rows = 1, .width = 1}, nullptr), InvalidArgument);
   EXPECT_THROW(ds::cuda::moe_combine({.tokens = 1, .topk = 1, .dim = 4}, nullptr), InvalidArgument);
+  float f = 0;
+  int32_t t = 0;
+  EXPECT_THROW(ds::cuda::greedy_rows(&f, 4, 1, 8, &t, &f, nullptr), InvalidArgument);  // stride < vocab
+  EXPECT_THROW(ds::cuda::greedy_rows(nullptr, 8, 1, 8, &t, &f, nullptr), InvalidArgument);
 }
 
 }  // namespace

@@ -100,8 +100,7 @@ TEST(EnvKnobs, BadValuesNameTheVariable) {
 // message naming it; the values that ask for nothing new pass.
 TEST(EnvKnobs, UnbuiltFeaturesAreRefusedNamingTheKnob) {
   const std::vector<std::pair<std::string, std::string>> refused = {
-      {"DEEPINFER_BATCH_INVARIANT", "1"},
-      {"DEEPINFER_ASYNC_SCHEDULING", "1"},          {"DEEPINFER_USE_NEXTN_DECODE", "2"},
+      {"DEEPINFER_USE_NEXTN_DECODE", "2"},
       {"DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE", "compact"}, {"DEEPINFER_YOCO_PREFILL_KEEP_TOKENS", "140"},
       {"DEEPINFER_ACCELERATOR", "ascend"}};
   for (const auto& [name, value] : refused) {
@@ -110,21 +109,25 @@ TEST(EnvKnobs, UnbuiltFeaturesAreRefusedNamingTheKnob) {
   }
   for (const auto& [name, value] : std::vector<std::pair<std::string, std::string>>{
            {"DEEPINFER_ENABLE_MTP_VARLEN", "0"}, {"DEEPINFER_ENABLE_MTP_VARLEN", "1"},
-           {"DEEPINFER_BATCH_INVARIANT", "0"}, {"DEEPINFER_ASYNC_SCHEDULING", "0"},
+           {"DEEPINFER_BATCH_INVARIANT", "0"}, {"DEEPINFER_BATCH_INVARIANT", "1"},
+           {"DEEPINFER_ASYNC_SCHEDULING", "0"}, {"DEEPINFER_ASYNC_SCHEDULING", "1"},
            {"DEEPINFER_USE_NEXTN_DECODE", "0"}, {"DEEPINFER_CUDA_GRAPHS", "0"}, {"DEEPINFER_DEVICE_SAMPLING", "0"}})
     EXPECT_EQ(refusal({{name, value}}), "") << name << "=" << value;
+  // Batch invariance cannot hold with batch-dependent draft lengths: the pair is refused.
+  const std::string pair = refusal({{"DEEPINFER_BATCH_INVARIANT", "1"}, {"DEEPINFER_ENABLE_MTP_VARLEN", "1"}});
+  EXPECT_NE(pair.find("DEEPINFER_BATCH_INVARIANT: cannot be deterministic"), std::string::npos) << pair;
   // Drafting is honoured for a model with a drafter; two refusals are both named.
   EXPECT_EQ(refusal({{"DEEPINFER_USE_NEXTN_DECODE", "2"}}, /*has_drafter=*/true), "");
-  const std::string two = refusal({{"DEEPINFER_BATCH_INVARIANT", "1"}, {"DEEPINFER_ASYNC_SCHEDULING", "1"}});
-  EXPECT_NE(two.find("DEEPINFER_BATCH_INVARIANT"), std::string::npos) << two;
-  EXPECT_NE(two.find("DEEPINFER_ASYNC_SCHEDULING"), std::string::npos) << two;
+  const std::string two = refusal({{"DEEPINFER_YOCO_PREFILL_KEEP_TOKENS", "140"}, {"DEEPINFER_ACCELERATOR", "ascend"}});
+  EXPECT_NE(two.find("DEEPINFER_YOCO_PREFILL_KEEP_TOKENS"), std::string::npos) << two;
+  EXPECT_NE(two.find("DEEPINFER_ACCELERATOR"), std::string::npos) << two;
 }
 
 // The check runs when an engine is built: through EngineConfig.env, and through LLM from the
 // process environment (which it reads once).
 TEST(EnvKnobs, EngineAndLLMRefuseAtConstruction) {
   EngineConfig ec;
-  ec.env = parse({{"DEEPINFER_BATCH_INVARIANT", "1"}});
+  ec.env = parse({{"DEEPINFER_BATCH_INVARIANT", "1"}, {"DEEPINFER_ENABLE_MTP_VARLEN", "1"}});
   EXPECT_THROW(Engine(ec, std::make_unique<ToyModel>(), nullptr), InvalidArgument);
   ec.env = parse({{"DEEPINFER_USE_NEXTN_DECODE", "3"}});
   EXPECT_THROW(Engine(ec, std::make_unique<ToyModel>(), nullptr), InvalidArgument);
@@ -139,7 +142,7 @@ TEST(EnvKnobs, EngineAndLLMRefuseAtConstruction) {
   LLMConfig c;
   c.model = "builtin:toy";
   for (auto [name, value] : std::vector<std::pair<const char*, const char*>>{
-           {"DEEPINFER_ASYNC_SCHEDULING", "1"}, {"DEEPINFER_USE_NEXTN_DECODE", "4"},
+           {"DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE", "compact"}, {"DEEPINFER_USE_NEXTN_DECODE", "4"},
            {"DEEPINFER_YOCO_PREFILL_KEEP_TOKENS", "10"}, {"DEEPINFER_DEVICE_SAMPLING", "maybe"}}) {
     EnvVar v(name, value);
     try {

@@ -107,6 +107,7 @@ struct SpecSetup {
   const std::vector<std::vector<int32_t>>* oracle = nullptr;  // oracle drafter over these sequences
   std::function<int32_t(int64_t)> pattern;
   bool grammar = false;
+  const std::vector<SamplingParams>* per_request = nullptr;  // request i's params (else `params` for all)
 };
 
 struct SpecRun {
@@ -139,7 +140,8 @@ SpecRun run(const SpecSetup& s, const std::vector<std::vector<int32_t>>& prompts
   if (s.varlen) ec.step_cost = StepCostModel({{1, 1.0}, {16, 1.2}, {64, 2.0}, {256, 6.0}});
   Engine eng(ec, std::move(m), std::move(codec), std::move(grammar));
   for (size_t i = 0; i < prompts.size(); ++i)
-    eng.add_request(std::to_string(i), PromptInput::from_token_ids(prompts[i]), params, 0);
+    eng.add_request(std::to_string(i), PromptInput::from_token_ids(prompts[i]),
+                    s.per_request ? s.per_request->at(i) : params, 0);
   SpecRun r;
   r.tokens.resize(prompts.size());
   while (eng.has_unfinished())
@@ -291,4 +293,42 @@ TEST_F(SpecDefaultModel, GrammarAndVarlenIdentical) {
   const SpecRun var = run(v, prompts, p);
   EXPECT_EQ(var.tokens, plain2.tokens) << "varlen";
   EXPECT_GT(var.stats.num_accepted_drafts, 0);
+}
+
+// Requests whose prompt + max_tokens ends just before, at and just past a 256-token block boundary
+// (the server saw "needs 3 blocks for 513 tokens, block_table has 2" there with drafting on), with
+// shared prompt prefixes so later requests start from prefix-cache hits; output == plain decoding.
+TEST_F(SpecDefaultModel, RequestsEndingAroundBlockBoundaries) {
+  LLMConfig lc;
+  std::unique_ptr<TextCodec> codec = load_codec(lc, model_dir(), 8192);
+  std::ifstream in(source_dir() / "tests" / "data" / "default_model" / "heldout_sample.jsonl");
+  std::vector<int32_t> text = {0};
+  std::string line;
+  while (text.size() < 600 && std::getline(in, line)) {
+    const std::vector<int32_t> ids = codec->encode(nlohmann::json::parse(line).get<std::string>());
+    text.insert(text.end(), ids.begin(), ids.end());
+  }
+  ASSERT_GE(text.size(), 600u);
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<SamplingParams> params;
+  for (int64_t end : {257, 513})
+    for (int64_t P : {250, 255, 256, 505, 511, 512}) {
+      if (P >= end) continue;
+      prompts.emplace_back(text.begin(), text.begin() + P);
+      params.push_back(greedy(int(end - P)));
+      params.push_back(greedy(int(end - P + 1)));  // one token further: ends 2 past the boundary
+      prompts.push_back(prompts.back());
+    }
+  SpecSetup plain_setup;
+  plain_setup.drafts = 0;
+  plain_setup.per_request = &params;
+  const SpecRun plain = run(plain_setup, prompts, params[0]);
+  SpecSetup s;
+  s.max_seqs = 4;  // fewer at a time: later requests hit the prefix cache of earlier ones
+  s.per_request = &params;
+  const SpecRun spec = run(s, prompts, params[0]);
+  EXPECT_EQ(spec.tokens, plain.tokens);
+  EXPECT_GT(spec.stats.num_accepted_drafts, 0);
+  for (size_t i = 0; i < prompts.size(); ++i)
+    EXPECT_EQ(int64_t(spec.tokens[i].size()), *params[i].max_tokens) << "request " << i;
 }

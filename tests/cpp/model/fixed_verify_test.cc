@@ -9,10 +9,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <random>
+#include <string>
 
 #include "golden.h"
+#include "mtp_rounds.h"
 #include "model/deepseek/cpu/cpu_backend.h"
 #include "model/deepseek_v4/model.h"
 #include "model/deepseek_v4/plan.h"
@@ -318,4 +321,61 @@ TEST(FixedVerifyPlan, CpuForwardMatchesGeneralPath) {
   }
 }
 
+}  // namespace deepinfer::model
+
+namespace deepinfer::model {
+namespace {
+// The MTP drafter's rounds through fixed plans (decode/verify shaped: round 0 feeds each
+// sequence's committed positions, later rounds one draft each) on the CPU backend give the
+// general path's draft logits and drafts, with verify steps and rollbacks in between, on the
+// fixtures that have an MTP block (and the bundled default model when present).
+TEST(FixedVerifyPlan, MtpDrafterRoundsMatchGeneralPath) {
+  for (const std::string& dir : deepinfer::testing::mtp_fixture_dirs()) {
+    constexpr int64_t kL = 5;
+    auto general = v4::DeepseekV4Model::load(dir, {.max_rollback = kL + 1});
+    auto fixed = v4::DeepseekV4Model::load(dir, {.max_rollback = kL + 1});
+    ASSERT_NE(general->drafter(), nullptr) << dir;
+    auto* cpu = dynamic_cast<ds::CpuBackend*>(&fixed->backend());
+    ASSERT_NE(cpu, nullptr);
+    cpu->use_fixed_shapes(4096, {.max_tokens = 384, .max_tokens_per_seq = kL + 2});
+    const deepinfer::testing::MtpRounds a = deepinfer::testing::run_mtp_rounds(*general, kL, 16, 3);
+    const deepinfer::testing::MtpRounds c = deepinfer::testing::run_mtp_rounds(*fixed, kL, 16, 3);
+    EXPECT_EQ(a.drafts, c.drafts) << dir;
+    EXPECT_LT(deepinfer::testing::max_abs_diff(a.logits, c.logits), 2e-4) << dir;
+    EXPECT_LT(deepinfer::testing::max_abs_diff(a.logprobs, c.logprobs), 1e-4) << dir;
+    EXPECT_EQ(int64_t(a.drafts.size()), 16 * 3 * kL) << dir;
+    EXPECT_EQ(a.drafts_no_logits, a.drafts) << dir;
+    EXPECT_EQ(c.drafts_no_logits, c.drafts) << dir;
+    // Every target step but the prefill and every draft round but the first one after the
+    // prefill ran fixed.
+    EXPECT_GE(cpu->fixed_steps(), 15 + 16 * kL - 1) << dir;
+  }
+}
+
+// The CPU backend's greedy_rows (the device drafter's pick, on host logits) vs the step's logits.
+TEST(FixedVerifyPlan, CpuGreedyRowsMatchLogits) {
+  const std::string dir = golden_dir("tiny");
+  if (!std::filesystem::exists(dir + "/config.json")) GTEST_SKIP() << "fixture absent";
+  auto m = v4::DeepseekV4Model::load(dir, {});
+  m->allocate_cache_for(1, 512);
+  ForwardBatch b;
+  b.seqs.push_back({.cache_slot = 0, .block_table = slot_block_table(m->cache_geometry(), 0), .num_computed_tokens = 0,
+                    .num_new_tokens = 9});
+  for (int32_t t = 0; t < 9; ++t) b.token_ids.push_back(3 + 7 * t), b.logits_indices.push_back(t);
+  const ForwardOutput o = m->run(b, {});
+  std::vector<int32_t> tok(9);
+  std::vector<float> lp(9);
+  m->backend().greedy_rows(9, tok.data(), lp.data());
+  const int64_t V = m->vocab_size();
+  for (int64_t r = 0; r < 9; ++r) {
+    const float* row = o.logits.data<float>() + r * V;
+    const int64_t want = std::max_element(row, row + V) - row;
+    double sum = 0;
+    for (int64_t v = 0; v < V; ++v) sum += std::exp(double(row[v]) - double(row[want]));
+    EXPECT_EQ(tok[size_t(r)], want) << r;
+    EXPECT_NEAR(lp[size_t(r)], -std::log(sum), 1e-6) << r;
+  }
+  EXPECT_THROW(m->backend().greedy_rows(10, tok.data(), lp.data()), std::exception);  // more rows than the step
+}
+}  // namespace
 }  // namespace deepinfer::model

@@ -1,6 +1,7 @@
 #include "model/deepseek/cpu/cpu_backend.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "core/check.h"
@@ -21,8 +22,12 @@
 namespace deepinfer::model::ds {
 namespace oc = ops::cpu;
 
-CpuBackend::CpuBackend(const Arch& arch, std::vector<kv::LayerCacheSpec> specs, std::unique_ptr<CpuWeightStore> w)
-    : arch_(arch), specs_(std::move(specs)), store_(std::move(w)) {
+CpuBackend::CpuBackend(const Arch& arch, std::vector<kv::LayerCacheSpec> specs, std::unique_ptr<CpuWeightStore> w,
+                       const CpuBackendOptions& options)
+    : arch_(arch),
+      gemm_(options.batch_invariant ? oc::GemmKind::kFixedOrder : oc::GemmKind::kFast),
+      specs_(std::move(specs)),
+      store_(std::move(w)) {
   DI_CHECK(store_ != nullptr, "CpuBackend without weights");
 }
 
@@ -82,6 +87,7 @@ std::optional<ModelBackend::FixedShape> CpuBackend::fixed_shape(const ForwardBat
 
 void CpuBackend::begin_step(StepPlan plan) {
   plan_ = std::move(plan);
+  fixed_steps_ += plan_.fixed ? 1 : 0;
   const StepPlan& p = plan_;
   StepIndex& ix = index_;
   ix = StepIndex{};
@@ -130,7 +136,21 @@ ForwardOutput CpuBackend::end_step(const ForwardOptions& options, int64_t rows, 
   return out;
 }
 
-const float* CpuBackend::stage_hidden(const HiddenRows& rows, const RowRanges& ranges) {
+void CpuBackend::greedy_rows(int64_t rows, int32_t* tokens, float* logprobs) {
+  const int64_t V = arch_.dims.vocab;
+  DI_CHECK(rows >= 0 && rows <= plan_.T, "greedy_rows: ", rows, " rows of a ", plan_.T, "-token step");
+  const float* L = static_cast<const float*>(buf(Buf::kLogits));
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = L + r * V;
+    const int64_t tok = std::max_element(row, row + V) - row;  // first maximum: lowest id
+    double sum = 0;
+    for (int64_t v = 0; v < V; ++v) sum += std::exp(double(row[v]) - double(row[tok]));
+    tokens[r] = int32_t(tok);
+    logprobs[r] = float(-std::log(sum));
+  }
+}
+
+const float* CpuBackend::stage_hidden(const HiddenRows& rows, const RowRanges& ranges, int64_t padded_rows) {
   DI_CHECK(rows.host.defined() && rows.host.dtype() == DType::kF32, "stage_hidden: the CPU needs host hidden rows");
   const Tensor h = rows.host.contiguous();
   const int64_t e = rows.row_elems;
@@ -140,6 +160,9 @@ const float* CpuBackend::stage_hidden(const HiddenRows& rows, const RowRanges& r
              ") of ", rows.rows);
     staged_hidden_.insert(staged_hidden_.end(), h.data<float>() + first * e, h.data<float>() + (first + count) * e);
   }
+  DI_CHECK(padded_rows == 0 || int64_t(staged_hidden_.size()) <= padded_rows * e, "stage_hidden: ",
+           staged_hidden_.size() / size_t(e), " rows staged for a ", padded_rows, "-row step");
+  if (padded_rows > 0) staged_hidden_.resize(size_t(padded_rows * e), 0.f);
   return staged_hidden_.data();
 }
 
@@ -161,8 +184,8 @@ void CpuBackend::linear(const LinearRef& W, const void* x, int64_t ldx, int64_t 
     return;
   }
   DI_CHECK(W.dtype == DType::kF32 && W.w, "cpu linear: weight not prepared as f32");
-  oc::gemm(M, W.out, W.in, static_cast<const float*>(x), ldx, static_cast<const float*>(W.w), W.in, /*trans_b=*/true,
-           static_cast<float*>(y), ldy);
+  oc::gemm(gemm_, M, W.out, W.in, static_cast<const float*>(x), ldx, static_cast<const float*>(W.w), W.in,
+           /*trans_b=*/true, static_cast<float*>(y), ldy);
 }
 
 void CpuBackend::linear_grouped(const LinearRef& W, int64_t groups, const void* x, int64_t ldx, int64_t M, void* y,
@@ -172,7 +195,7 @@ void CpuBackend::linear_grouped(const LinearRef& W, int64_t groups, const void* 
   const float* wf = static_cast<const float*>(W.w);
   float* yf = static_cast<float*>(y);
   for (int64_t g = 0; g < groups; ++g)
-    oc::gemm(M, R, gin, xf + g * gin, ldx, wf + g * R * gin, gin, true, yf + g * R, ldy);
+    oc::gemm(gemm_, M, R, gin, xf + g * gin, ldx, wf + g * R * gin, gin, true, yf + g * R, ldy);
 }
 
 void CpuBackend::rmsnorm(const NormArgs& a) {
@@ -237,10 +260,15 @@ void CpuBackend::sparse_attention(const AttentionArgs& a) {
                         .out = static_cast<float*>(a.out)});
 }
 
+oc::HcSpec CpuBackend::hc_spec() const {
+  const Dims& g = arch_.dims;
+  return {.n = g.streams, .dim = g.hidden, .sinkhorn_iters = g.sinkhorn_iters, .rms_eps = g.eps, .hc_eps = g.hc_eps,
+          .gemm = gemm_};
+}
+
 void CpuBackend::hc_site(const HcSiteArgs& a) {
   const Dims& g = arch_.dims;
-  const oc::HcSpec spec{.n = g.streams, .dim = g.hidden, .sinkhorn_iters = g.sinkhorn_iters, .rms_eps = g.eps,
-                        .hc_eps = g.hc_eps};
+  const oc::HcSpec spec = hc_spec();
   if (a.head) {
     oc::hc_head(a.x, a.tokens, spec, a.w->fn.p, a.w->base.p, a.w->scale.p, a.u);
     return;
@@ -257,8 +285,7 @@ void CpuBackend::hc_site(const HcSiteArgs& a) {
 
 void CpuBackend::hc_post(const HcPostArgs& a) {
   const Dims& g = arch_.dims;
-  const oc::HcSpec spec{.n = g.streams, .dim = g.hidden, .sinkhorn_iters = g.sinkhorn_iters, .rms_eps = g.eps,
-                        .hc_eps = g.hc_eps};
+  const oc::HcSpec spec = hc_spec();
   oc::hc_post(a.x, a.y, a.mix, a.mix + a.tokens * g.streams, a.tokens, spec, a.out);
 }
 
@@ -341,7 +368,7 @@ void CpuBackend::moe_experts(const MoeRef& M) {
     const float* w = static_cast<const float*>(w13.w);
     const oc::ExpertF32 ex{w, w + I * D, static_cast<const float*>(M.experts[size_t(e)].w2.w)};
     oc::expert_forward(moe_x_.data() + a0 * D, n, D, I, ex, g.swiglu_limit, moe_g_.data(), moe_u_.data(),
-                       moe_out_.data() + a0 * D);
+                       moe_out_.data() + a0 * D, gemm_);
   }
 }
 
@@ -351,7 +378,7 @@ void CpuBackend::moe_shared(const MoeRef& M) {
   const float* w = static_cast<const float*>(M.shared.w13.w);
   std::vector<float> gs(static_cast<size_t>(T * I)), us(size_t(T * I));
   oc::expert_forward(at<float>(Buf::kH), T, D, I, {w, w + I * D, static_cast<const float*>(M.shared.w2.w)},
-                     g.swiglu_limit, gs.data(), us.data(), at<float>(Buf::kShared));
+                     g.swiglu_limit, gs.data(), us.data(), at<float>(Buf::kShared), gemm_);
 }
 
 // y = Σ routed in expert order (pairs of one expert in token order), weighted, then + shared.

@@ -7,11 +7,13 @@
 #include <memory>
 #include <vector>
 
+#include "core/check.h"
 #include "kv/kv_cache.h"
 #include "model/deepseek/backend.h"
 #include "model/deepseek/expert_parallel.h"
 #include "model/deepseek/forward.h"
 #include "ops/cpu/gemm.h"
+#include "ops/cpu/hc.h"
 
 namespace deepinfer::model::ds {
 
@@ -25,13 +27,21 @@ struct CpuWeightStore {
   ModelRef refs;
 };
 
+struct CpuBackendOptions {
+  // DEEPINFER_BATCH_INVARIANT: every product through the fixed-order kernel (ops/cpu/gemm.h
+  // gemm_fixed; the lm head's packed panels already sum in order), so a token's logits do not
+  // depend on its batch. Everything else on the CPU is computed per row in a fixed order already.
+  bool batch_invariant = false;
+};
+
 class CpuBackend final : public ModelBackend {
  public:
-  CpuBackend(const Arch& arch, std::vector<kv::LayerCacheSpec> specs, std::unique_ptr<CpuWeightStore> weights);
+  CpuBackend(const Arch& arch, std::vector<kv::LayerCacheSpec> specs, std::unique_ptr<CpuWeightStore> weights,
+             const CpuBackendOptions& options = {});
   ~CpuBackend() override;
 
   // ---- ModelBackend ----
-  std::string describe() const override { return "cpu fp32"; }
+  std::string describe() const override { return gemm_ == ops::cpu::GemmKind::kFixedOrder ? "cpu fp32 (batch-invariant)" : "cpu fp32"; }
   const ModelRef& weights() const override { return store_->refs; }
   kv::CacheGeometry plan_cache(size_t budget_bytes, int64_t max_slots) const override;
   void allocate_cache(const kv::CacheGeometry& geometry) override;
@@ -40,13 +50,17 @@ class CpuBackend final : public ModelBackend {
   void reset_slot(int32_t slot) override { cache_.reset_slot(slot); }
   SlotSnapshot save_slot(int32_t slot, int64_t num_tokens) override;
   void restore_slot(int32_t slot, const SlotSnapshot& snapshot) override;
+  void set_device_inputs(std::span<const DeviceInput> inputs, const int32_t*) override {
+    DI_CHECK(inputs.empty(), "the CPU backend has no device inputs");
+  }
   size_t paged_block_bytes() const override { return cache_.geometry().bytes_per_block; }
   void copy_blocks_to_host(std::span<const HostBlockCopy> copies) override;
   void copy_blocks_from_host(std::span<const HostBlockCopy> copies) override;
   void begin_step(StepPlan plan) override;
-  void launch(const std::function<void()>& body) override { body(); }
+  void launch(const std::function<void()>& body, int32_t /*graph*/) override { body(); }
   ForwardOutput end_step(const ForwardOptions& options, int64_t rows, int64_t hidden_rows) override;
-  const float* stage_hidden(const HiddenRows& rows, const RowRanges& ranges) override;
+  const float* stage_hidden(const HiddenRows& rows, const RowRanges& ranges, int64_t padded_rows) override;
+  void greedy_rows(int64_t rows, int32_t* tokens, float* logprobs) override;
   kv::KvCache& cache() { return cache_; }
   bool joins_collectives() const override { return ep_ != nullptr; }
   // Main layers' routed experts run expert-parallel over `ep` from now on (between steps only).
@@ -57,6 +71,7 @@ class CpuBackend final : public ModelBackend {
   // batch it accepts, with candidate caps for contexts up to `max_context` tokens.
   void use_fixed_shapes(int64_t max_context, const FixedLimits& limits);
   std::optional<FixedShape> fixed_shape(const ForwardBatch& batch) const override;
+  int64_t fixed_steps() const { return fixed_steps_; }  // steps that ran a fixed plan (tests)
 
   // ---- Backend ----
   DType act() const override { return DType::kF32; }
@@ -92,11 +107,14 @@ class CpuBackend final : public ModelBackend {
 
  private:
   void size_buffers();
+  ops::cpu::HcSpec hc_spec() const;
 
   Arch arch_;
+  ops::cpu::GemmKind gemm_ = ops::cpu::GemmKind::kFast;
   std::vector<kv::LayerCacheSpec> specs_;
   std::unique_ptr<CpuWeightStore> store_;
   bool fixed_ = false;           // use_fixed_shapes
+  int64_t fixed_steps_ = 0;
   FixedLimits fixed_limits_;
   std::vector<int64_t> fixed_caps_;
   kv::KvCache cache_;

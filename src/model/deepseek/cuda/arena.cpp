@@ -32,7 +32,10 @@ ArenaLayout layout_arena(const Dims& g, const ArenaSizes& s) {
   }
   L.hc_ws = a.take(int64_t(ops::cuda::hc_pre_workspace_bytes(std::max<int64_t>(T, 1), int(n), D, ops::cuda::HcMode::kLayer)), 1);
   L.attn_ws = a.take(
-      s.attn_splits > 1 ? int64_t(ops::cuda::sparse_attention_workspace_bytes(T, H, d, int(s.attn_splits))) : 1, 1);
+      s.attn_splits > 1 ? int64_t(ops::cuda::sparse_attention_workspace_bytes(s.attn_tokens > 0 ? std::min(T, s.attn_tokens) : T, H, d,
+                                                                               int(s.attn_splits)))
+                        : 1,
+      1);
   L.scores = a.take(T * std::max<int64_t>(s.max_cand, 1), 4);
   L.xe = a.take(TK * D, A);
   L.gu = a.take(std::max(TK, T) * 2 * I, A);

@@ -16,6 +16,7 @@ struct ArenaSizes {
   StepSizes step;              // the named buffers' sizes
   int64_t max_cand = 0;        // max candidates of a token (indexer scores)
   int64_t attn_splits = 1;     // split-KV splits of the attention
+  int64_t attn_tokens = 0;     // tokens of one attention launch (its workspace); 0 = all T
   size_t act_bytes = 2;        // activation element size (2 bf16, 4 exact)
   // Dense FP8 linears kept FP8: the largest K-split workspace (tokens <= kDenseFp8PrefillM) or
   // bf16 scratch (above) any of them needs at this step size (0: no FP8 linears).

@@ -32,6 +32,15 @@ CudaBackend::CudaBackend(const Arch& arch, std::vector<kv::LayerCacheSpec> specs
       fp8_workspace_(std::move(fp8_workspace)), stream_(std::move(stream)), blas_(size_t(32) << 20, options.device),
       info_(dc::device_info(options.device)), act_(storage_dtype(options.storage_numerics())) {
   cand_caps_ = fixed_candidate_caps(specs_, opts_.max_context);
+  if (opts_.batch_invariant) {
+    const Dims& g = arch_.dims;
+    if (act_ != DType::kBF16)
+      DI_THROW(InvalidArgument, "DEEPINFER_BATCH_INVARIANT=1 needs bf16 or production numerics on the GPU (exact "
+                                "numerics' fp32 cuBLASLt products pick their order by batch size)");
+    if (opts_.experts == ExpertPath::kHostRouted || g.moe_inter % 32 || g.hidden % 32)
+      DI_THROW(InvalidArgument, "DEEPINFER_BATCH_INVARIANT=1 needs the grouped expert GEMM (hidden ", g.hidden,
+               " and moe_intermediate_size ", g.moe_inter, " multiples of 32, experts not host-routed)");
+  }
 }
 
 CudaBackend::~CudaBackend() = default;
@@ -45,7 +54,7 @@ std::string CudaBackend::describe() const {
                                              : "bf16 (production: the model's cache formats)")
      << ", decode "
      << (opts_.decode == DecodePath::kGraph ? "graphs" : opts_.decode == DecodePath::kFixed ? "fixed" : "general")
-     << " on " << info_.name << " (cuda:" << opts_.device << ")";
+     << (opts_.batch_invariant ? ", batch-invariant" : "") << " on " << info_.name << " (cuda:" << opts_.device << ")";
   return os.str();
 }
 
@@ -197,7 +206,14 @@ ArenaSizes CudaBackend::arena_sizes(const StepPlan& p, oc::AttnSplit* split) con
     sz.max_cand = std::max(sz.max_cand, k.max_count);
     max_cmp = std::max(max_cmp, k.overlap ? std::min<int64_t>(k.max_count, g.index_topk) : k.max_count);
   }
-  *split = oc::choose_attention_split(p.T, g.heads, p.max_window + max_cmp, info_.num_sms);
+  const int64_t max_keys = p.max_window + max_cmp;
+  if (opts_.batch_invariant) {  // splits of a fixed key count, whatever the batch
+    const int64_t splits = (max_keys + kInvariantSplitKeys - 1) / kInvariantSplitKeys;
+    *split = splits > 1 ? oc::AttnSplit{int(splits), kInvariantSplitKeys} : oc::AttnSplit{};
+    sz.attn_tokens = std::max<int64_t>(1, kInvariantSplitPartials / std::max<int64_t>(splits, 1));
+  } else {
+    *split = oc::choose_attention_split(p.T, g.heads, max_keys, info_.num_sms);
+  }
   sz.attn_splits = std::max(1, split->num_splits);
   if (act_ == DType::kBF16 && fp8_workspace_) {
     // Dense linears run over T rows, and the MTP block's h_proj over T x streams rows: size for both.
@@ -226,28 +242,64 @@ void CudaBackend::ensure_fixed_buffers() {
     const MetaOffsets o = pack_meta(m, buf);
     size_t pool = 0;
     for (int64_t cap : cand_caps_) pool += size_t(P * cap) * sizeof(int32_t);
-    meta = std::max(meta, o.pool + pool + 256);
+    // + the device-input patch list, packed after the pool: at most one entry per token.
+    meta = std::max(meta, o.pool + pool + 256 + size_t(P) * 8 + 256);
   }
   fixed_arena_ = dc::DeviceBuffer(arena, opts_.device);
   fixed_meta_ = dc::DeviceBuffer(meta, opts_.device);
 }
 
+void CudaBackend::set_device_inputs(std::span<const DeviceInput> inputs, const int32_t* sampled_ids) {
+  DI_CHECK(inputs.empty() || sampled_ids, "device inputs without sampled ids");
+  input_patch_.clear();
+  for (const DeviceInput& d : inputs) {
+    input_patch_.push_back(d.token_index);
+    input_patch_.push_back(d.sample_row);
+  }
+  sampled_ids_ = sampled_ids;
+}
+
 void CudaBackend::begin_step(StepPlan plan) {
   plan_ = std::move(plan);
   const cudaStream_t st = stream_.get();
-  const MetaOffsets mo = pack_meta(plan_, meta_h_);
+  const MetaOffsets mo = pack_meta(plan_, meta_pack_);
+  const size_t patch_off = Packer{meta_pack_}.add(input_patch_);
   dc::DeviceBuffer* meta = &meta_;
   if (plan_.fixed) {
     ensure_fixed_buffers();
-    DI_CHECK(meta_h_.size() <= fixed_meta_.size_bytes(), "fixed decode metadata ", meta_h_.size(), " > buffer ",
+    DI_CHECK(meta_pack_.size() <= fixed_meta_.size_bytes(), "fixed decode metadata ", meta_pack_.size(), " > buffer ",
              fixed_meta_.size_bytes());
     meta = &fixed_meta_;
   } else {
-    ensure(meta_, meta_h_.size(), opts_.device);
+    ensure(meta_, meta_pack_.size(), opts_.device);
   }
-  // The one H2D copy of the step (stream-ordered after the previous step's reads).
-  dc::copy_h2d(meta->data(), meta_h_.data(), meta_h_.size(), st, false);
+  // The one H2D copy of the step (stream-ordered after the previous step's reads), from pinned
+  // memory so that it never waits for the stream.
+  if (profiling_) {
+    if (!profile_open_) profile_.emplace_back(dc::Event(true), dc::Event(true));
+    profile_.back().first.record(st);
+    profile_open_ = true;
+  }
+  const int turn = meta_turn_;
+  meta_turn_ ^= 1;
+  meta_copied_[turn].synchronize();  // the copy out of this buffer two steps ago has run
+  if (meta_h_[turn].size_bytes() < meta_pack_.size()) {
+    meta_h_[turn] = dc::PinnedBuffer();
+    meta_h_[turn] = dc::PinnedBuffer(meta_pack_.size() + meta_pack_.size() / 4);
+  }
+  std::memcpy(meta_h_[turn].data(), meta_pack_.data(), meta_pack_.size());
+  dc::copy_h2d(meta->data(), meta_h_[turn].data(), meta_pack_.size(), st, false);
+  meta_copied_[turn].record(st);
   index_ = device_index(plan_, mo, meta->as<const char>());
+  if (!input_patch_.empty()) {  // the previous step's sampled ids, on the device (asynchronous scheduling)
+    cuda::patch_input_tokens({.patch = reinterpret_cast<const int32_t*>(meta->as<const char>() + patch_off),
+                              .count = int64_t(input_patch_.size() / 2), .sampled = sampled_ids_,
+                              .token_ids = const_cast<int32_t*>(index_.token_ids),
+                              .embed_src = const_cast<int64_t*>(index_.embed_src), .n_streams = plan_.n_streams},
+                             st);
+    input_patch_.clear();
+    sampled_ids_ = nullptr;
+  }
   L_ = layout_arena(arch_.dims, arena_sizes(plan_, &split_));
   if (plan_.fixed) {
     DI_CHECK(L_.total <= fixed_arena_.size_bytes(), "fixed decode arena ", L_.total, " > ", fixed_arena_.size_bytes());
@@ -258,13 +310,13 @@ void CudaBackend::begin_step(StepPlan plan) {
   }
 }
 
-void CudaBackend::launch(const std::function<void()>& body) {
+void CudaBackend::launch(const std::function<void()>& body, int32_t graph) {
   if (!plan_.fixed || opts_.decode != DecodePath::kGraph) {
     body();
     return;
   }
   const cudaStream_t st = stream_.get();
-  const std::pair<int64_t, bool> key{plan_.T, !plan_.hidden_rows.empty()};
+  const GraphKey key{plan_.T, !plan_.hidden_rows.empty(), graph};
   dc::CudaGraph& g = graphs_[key];
   if (g.ready()) {
     g.replay(st);
@@ -315,7 +367,7 @@ ForwardOutput CudaBackend::end_step(const ForwardOptions& options, int64_t rows,
   return out;
 }
 
-const float* CudaBackend::stage_hidden(const HiddenRows& rows, const RowRanges& ranges) {
+const float* CudaBackend::stage_hidden(const HiddenRows& rows, const RowRanges& ranges, int64_t padded_rows) {
   const int64_t e = rows.row_elems;
   int64_t total = 0;
   for (const auto& [first, count] : ranges) {
@@ -323,13 +375,27 @@ const float* CudaBackend::stage_hidden(const HiddenRows& rows, const RowRanges& 
              ") of ", rows.rows);
     total += count;
   }
-  ensure(staged_hidden_, std::max<size_t>(size_t(total * e) * sizeof(float), 16), opts_.device);
+  dc::DeviceBuffer* staged = &staged_hidden_;
+  if (padded_rows > 0) {
+    const int64_t most = fixed_limits().max_tokens;
+    DI_CHECK(total <= padded_rows && padded_rows <= most, "stage_hidden: ", total, " rows for a fixed step of ",
+             padded_rows, " (at most ", most, ")");
+    if (fixed_staged_hidden_.size_bytes() == 0)
+      fixed_staged_hidden_ = dc::DeviceBuffer(size_t(most * e) * sizeof(float), opts_.device);
+    staged = &fixed_staged_hidden_;
+    // The padded rows run through the block too: zeros keep them finite.
+    if (padded_rows > total)
+      DI_CUDA_CHECK(cudaMemsetAsync(staged->as<float>() + total * e, 0, size_t((padded_rows - total) * e) * sizeof(float),
+                                    stream_.get()));
+  } else {
+    ensure(staged_hidden_, std::max<size_t>(size_t(total * e) * sizeof(float), 16), opts_.device);
+  }
   const Tensor h = rows.device ? Tensor() : rows.host.contiguous();
   DI_CHECK(rows.device || h.defined(), "stage_hidden: rows in neither host nor device memory");
   int64_t at = 0;
   for (const auto& [first, count] : ranges) {
     const size_t bytes = size_t(count * e) * sizeof(float);
-    float* dst = staged_hidden_.as<float>() + at * e;
+    float* dst = staged->as<float>() + at * e;
     if (rows.device)
       DI_CUDA_CHECK(cudaMemcpyAsync(dst, rows.device + first * e, bytes, cudaMemcpyDeviceToDevice, stream_.get()));
     else
@@ -337,7 +403,51 @@ const float* CudaBackend::stage_hidden(const HiddenRows& rows, const RowRanges& 
     at += count;
   }
   if (!rows.device) DI_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));  // the host tensor may go away
-  return staged_hidden_.as<const float>();
+  return staged->as<const float>();
+}
+
+void CudaBackend::greedy_rows(int64_t rows, int32_t* tokens, float* logprobs) {
+  DI_CHECK(rows >= 0 && rows <= plan_.T, "greedy_rows: ", rows, " rows of a ", plan_.T, "-token step");
+  if (rows == 0) return;
+  const size_t bytes = size_t(rows) * (sizeof(int32_t) + sizeof(float));
+  ensure(greedy_out_, bytes, opts_.device);
+  int32_t* d_tok = greedy_out_.as<int32_t>();
+  float* d_lp = reinterpret_cast<float*>(d_tok + rows);
+  const cudaStream_t st = stream_.get();
+  cuda::greedy_rows(at<float>(L_.buf[size_t(Buf::kLogits)]), arch_.dims.vocab, rows, arch_.dims.vocab, d_tok,
+                        d_lp, st);
+  greedy_h_.resize(bytes);
+  dc::copy_d2h(greedy_h_.data(), d_tok, bytes, st, false);
+  DI_CUDA_CHECK(cudaStreamSynchronize(st));
+  std::memcpy(tokens, greedy_h_.data(), size_t(rows) * sizeof(int32_t));
+  std::memcpy(logprobs, greedy_h_.data() + size_t(rows) * sizeof(int32_t), size_t(rows) * sizeof(float));
+}
+
+void CudaBackend::set_profiling(bool on) {
+  profiling_ = on;
+  if (!on) {
+    profile_.clear();
+    profile_open_ = false;
+  }
+}
+
+void CudaBackend::mark_step_end() {
+  if (!profiling_ || !profile_open_) return;
+  profile_.back().second.record(stream_.get());
+  profile_open_ = false;
+}
+
+CausalLM::StepProfile CudaBackend::take_profile() {
+  CausalLM::StepProfile p;
+  if (profile_open_) profile_.pop_back();  // never ended
+  profile_open_ = false;
+  stream_.synchronize();
+  for (size_t i = 0; i < profile_.size(); ++i) {
+    p.busy_ms.push_back(profile_[i].second.elapsed_ms_since(profile_[i].first));
+    p.idle_ms.push_back(i == 0 ? 0.0 : profile_[i].first.elapsed_ms_since(profile_[i - 1].second));
+  }
+  profile_.clear();
+  return p;
 }
 
 void CudaBackend::set_decode_path(DecodePath p) {
@@ -368,7 +478,7 @@ void CudaBackend::linear_fp8(const LinearRef& W, const void* x, int64_t ldx, int
                              DType y_dtype, int64_t ldy, int64_t bsy, int64_t n, int64_t k, int64_t batch) {
   DI_CHECK(act_ == DType::kBF16, "linear: FP8 weights need bf16 activations");
   const cudaStream_t st = stream_.get();
-  if (M > kDenseFp8PrefillM && L_.wdq_bytes >= size_t(W.out * W.in) * 2) {
+  if (M > kDenseFp8PrefillM && !opts_.batch_invariant && L_.wdq_bytes >= size_t(W.out * W.in) * 2) {
     void* wd = at<void>(L_.wdq);
     oc::dequant_fp8w_bf16({.w = static_cast<const uint8_t*>(W.w), .scale = static_cast<const uint8_t*>(W.scale),
                            .out = wd, .N = W.out, .K = W.in, .scale_rows = W.scale_rows},
@@ -396,9 +506,23 @@ void CudaBackend::linear(const LinearRef& W, const void* x, int64_t ldx, int64_t
     return;
   }
   DI_CHECK(W.dtype == DType::kBF16 || y_dtype == DType::kF32, "linear: f32 weights need an f32 output");
+  if (opts_.batch_invariant) {
+    linear_bf16_fixed(W.w, x, ldx, 0, M, y, y_dtype, ldy, 0, W.out, W.in, 1);
+    return;
+  }
   blas_.gemm({.x = x, .ldx = ldx, .w = W.w, .ldw = W.in, .y = y, .ldy = ldy, .in_dtype = W.dtype,
               .out_dtype = y_dtype, .M = M, .N = W.out, .K = W.in},
              stream_.get());
+}
+
+// Batch-invariant bf16 product: gemm_fp8w's bf16-weight path (K split fixed by the shape, each row
+// reduced alone) instead of cuBLASLt, whose algorithm and split depend on M.
+void CudaBackend::linear_bf16_fixed(const void* w, const void* x, int64_t ldx, int64_t bsx, int64_t M, void* y,
+                                    DType y_dtype, int64_t ldy, int64_t bsy, int64_t n, int64_t k, int64_t batch) {
+  oc::gemm_fp8w({.x = x, .ldx = ldx, .w_bf16 = w, .y = y, .ldy = ldy, .out_dtype = y_dtype, .M = M, .N = n, .K = k,
+                 .batch = batch, .batch_stride_x = bsx, .batch_stride_y = bsy, .workspace = at<float>(L_.fp8_ws),
+                 .workspace_bytes = L_.fp8_ws_bytes, .num_sms = info_.num_sms},
+                stream_.get());
 }
 
 void CudaBackend::linear_grouped(const LinearRef& W, int64_t groups, const void* x, int64_t ldx, int64_t M, void* y,
@@ -407,6 +531,10 @@ void CudaBackend::linear_grouped(const LinearRef& W, int64_t groups, const void*
   const int64_t R = W.out / groups, gin = W.in;
   if (W.dtype == DType::kF8E4M3) {
     linear_fp8(W, x, ldx, gin, M, y, act_, ldy, R, R, gin, groups);
+    return;
+  }
+  if (opts_.batch_invariant) {
+    linear_bf16_fixed(W.w, x, ldx, gin, M, y, act_, ldy, R, R, gin, groups);
     return;
   }
   blas_.gemm({.x = x, .ldx = ldx, .w = W.w, .ldw = gin, .y = y, .ldy = ldy, .in_dtype = W.dtype, .out_dtype = act_,
@@ -504,7 +632,27 @@ void CudaBackend::sparse_attention(const AttentionArgs& a) {
     sp.split_keys = split_.split_keys;
     sp.workspace = at<float>(L_.attn_ws);
   }
-  oc::sparse_attention(sp, stream_.get());
+  if (!opts_.batch_invariant || split_.num_splits <= 1) {
+    oc::sparse_attention(sp, stream_.get());
+    return;
+  }
+  // Batch-invariant splits: launches of at most kInvariantSplitPartials (token x split) partials
+  // reuse one workspace; a token's result does not depend on which launch computes it.
+  const int64_t chunk = std::max<int64_t>(1, kInvariantSplitPartials / split_.num_splits);
+  const size_t elem = act_ == DType::kF32 ? 4 : 2;
+  for (int64_t t0 = 0; t0 < a.num_tokens; t0 += chunk) {
+    oc::SparseAttnParams c = sp;
+    c.num_tokens = std::min(chunk, a.num_tokens - t0);
+    c.q = static_cast<const char*>(a.q) + t0 * a.q_stride * int64_t(elem);
+    c.out = static_cast<char*>(a.out) + t0 * a.out_stride * int64_t(elem);
+    c.win_begin = a.win_begin + t0;
+    c.win_count = a.win_count + t0;
+    if (a.cmp_count) {
+      c.cmp_offset = a.cmp_offset + t0;
+      c.cmp_count = a.cmp_count + t0;
+    }
+    oc::sparse_attention(c, stream_.get());
+  }
 }
 
 void CudaBackend::hc_site(const HcSiteArgs& a) {
@@ -547,8 +695,10 @@ oc::ExpertFormat expert_format(DType d) {
 CudaBackend::MoePath CudaBackend::moe_path(const MoeRef& M) const {
   const Dims& g = arch_.dims;
   // Fixed plans: moe_decode up to its size, above it the grouped path (fixed_limits() allows
-  // larger fixed steps only when that path exists).
-  if (plan_.fixed && plan_.T <= kMoeDecodeMaxTokens) return MoePath::kFixed;
+  // larger fixed steps only when that path exists). Batch-invariant: decode's experts go through
+  // the grouped GEMM as prefill's do (moe_decode sums in another order), so a token's result does
+  // not depend on the step's path.
+  if (plan_.fixed && !opts_.batch_invariant && plan_.T <= kMoeDecodeMaxTokens) return MoePath::kFixed;
   if (act_ == DType::kBF16 && !M.host_routed && g.moe_inter % 32 == 0 && g.hidden % 32 == 0) return MoePath::kGrouped;
   DI_CHECK(!plan_.fixed, "fixed-shape step of ", plan_.T, " tokens without the grouped MoE path");
   return MoePath::kHostRouted;

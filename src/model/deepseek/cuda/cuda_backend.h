@@ -11,6 +11,7 @@
 #pragma once
 #include <array>
 #include <map>
+#include <tuple>
 #include <memory>
 #include <vector>
 
@@ -57,13 +58,19 @@ class CudaBackend final : public ModelBackend {
   void copy_blocks_from_host(std::span<const HostBlockCopy> copies) override;
   std::shared_ptr<uint8_t> allocate_host_memory(size_t bytes) override;
   std::optional<FixedShape> fixed_shape(const ForwardBatch& batch) const override;
+  void set_device_inputs(std::span<const DeviceInput> inputs, const int32_t* sampled_ids) override;
   // Expert parallelism, host-staged through the group (cuda_expert_parallel.cpp).
   bool joins_collectives() const override { return ep_ != nullptr; }
   void set_expert_parallel(std::shared_ptr<ExpertParallel> ep) override;
   void begin_step(StepPlan plan) override;
-  void launch(const std::function<void()>& body) override;
+  void launch(const std::function<void()>& body, int32_t graph) override;
   ForwardOutput end_step(const ForwardOptions& options, int64_t rows, int64_t hidden_rows) override;
-  const float* stage_hidden(const HiddenRows& rows, const RowRanges& ranges) override;
+  const float* stage_hidden(const HiddenRows& rows, const RowRanges& ranges, int64_t padded_rows) override;
+  // One kernel over the logits buffer, then one small copy back (4 + 4 bytes per row).
+  void greedy_rows(int64_t rows, int32_t* tokens, float* logprobs) override;
+  void set_profiling(bool on) override;
+  void mark_step_end() override;
+  CausalLM::StepProfile take_profile() override;
 
   // What the fixed-shape path takes: up to 384 tokens (decode and verify steps) when the grouped
   // MoE path exists, else moe_decode's 64.
@@ -113,6 +120,8 @@ class CudaBackend final : public ModelBackend {
   bool grouped_moe() const;  // the device-permutation grouped MoE path exists (bf16, native or dequantised experts)
   void linear_fp8(const LinearRef& W, const void* x, int64_t ldx, int64_t bsx, int64_t M, void* y, DType y_dtype,
                   int64_t ldy, int64_t bsy, int64_t n, int64_t k, int64_t batch);
+  void linear_bf16_fixed(const void* w, const void* x, int64_t ldx, int64_t bsx, int64_t M, void* y, DType y_dtype,
+                         int64_t ldy, int64_t bsy, int64_t n, int64_t k, int64_t batch);
   void swiglu_rows(void* gu, void* act, const float* row_weight, int64_t rows);
   void ep_dispatch(const MoeRef& M);
   void ep_experts(const MoeRef& M);
@@ -143,10 +152,29 @@ class CudaBackend final : public ModelBackend {
   // General steps: growable buffers. Fixed-shape steps: buffers sized once for the largest bucket
   // (graphs capture their addresses, so they are never reallocated).
   deepinfer::cuda::DeviceBuffer arena_, meta_, fixed_arena_, fixed_meta_;
-  std::vector<char> meta_h_;
-  std::map<std::pair<int64_t, bool>, deepinfer::cuda::CudaGraph> graphs_;  // (padded size, hidden rows)
-  std::map<std::pair<int64_t, bool>, bool> warmed_;
-  deepinfer::cuda::DeviceBuffer staged_hidden_;
+  // The step's packed index lists in pinned memory (an async H2D copy from pageable memory may
+  // wait for the stream, which would stall asynchronous scheduling): two buffers used in turn,
+  // each reused only after the copy out of it two steps ago has run (meta_copied_).
+  std::vector<char> meta_pack_;
+  deepinfer::cuda::PinnedBuffer meta_h_[2];
+  deepinfer::cuda::Event meta_copied_[2];
+  int meta_turn_ = 0;
+  // Profiling (set_profiling): timing events at each step's first upload and at mark_step_end;
+  // a begin without an end (a drafter step) is replaced by the next begin.
+  bool profiling_ = false;
+  std::vector<std::pair<deepinfer::cuda::Event, deepinfer::cuda::Event>> profile_;
+  bool profile_open_ = false;  // profile_.back() has a begin and no end yet
+  // Tokens of the next step read from device memory (set_device_inputs): [2k] (token, row).
+  std::vector<int32_t> input_patch_;
+  const int32_t* sampled_ids_ = nullptr;
+  using GraphKey = std::tuple<int64_t, bool, int32_t>;  // (padded size, hidden rows, launch's graph)
+  std::map<GraphKey, deepinfer::cuda::CudaGraph> graphs_;
+  std::map<GraphKey, bool> warmed_;
+  // Staged target streams of MTP steps: general steps grow it; fixed-shape steps use the fixed
+  // one, sized once for the largest bucket (graphs capture its address).
+  deepinfer::cuda::DeviceBuffer staged_hidden_, fixed_staged_hidden_;
+  deepinfer::cuda::DeviceBuffer greedy_out_;  // greedy_rows: tokens then logprobs
+  std::vector<char> greedy_h_;
   // Exact-numerics MoE: the routing read back and the host permutation.
   std::vector<int32_t> moe_ids_;
   std::vector<float> moe_wts_, moe_perm_w_;

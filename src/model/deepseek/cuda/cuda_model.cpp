@@ -128,6 +128,7 @@ CudaModelOptions engine_cuda_options(const ModelLoadOptions& l) {
   o.max_batch_tokens = l.limits.max_num_batched_tokens;
   if (l.limits.max_model_len > 0) o.max_context = l.limits.max_model_len;
   o.max_rollback = l.limits.max_rollback;
+  o.batch_invariant = l.env.batch_invariant;
   return o;
 }
 

@@ -154,4 +154,76 @@ void add_streams(float* x, const float* v, int64_t tokens, int64_t streams, int6
   DI_CUDA_CHECK_LAUNCH();
 }
 
+namespace {
+__global__ void patch_input_kernel(const __grid_constant__ ops::cpu::InputPatchArgs p) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= p.count) return;
+  const int64_t t = p.patch[2 * i];
+  const int32_t id = p.sampled[p.patch[2 * i + 1]];
+  p.token_ids[t] = id;
+  for (int64_t j = 0; j < p.n_streams; ++j) p.embed_src[t * p.n_streams + j] = id;
+}
+}  // namespace
+
+void patch_input_tokens(const ops::cpu::InputPatchArgs& p, cudaStream_t stream) {
+  ops::cpu::validate_input_patch(p);
+  if (p.count == 0) return;
+  patch_input_kernel<<<unsigned(ceil_div(p.count, 128)), 128, 0, stream>>>(p);
+  DI_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace deepinfer::model::ds::cuda
+
+namespace deepinfer::model::ds::cuda {
+namespace {
+// One block per row: argmax (lowest id on ties, as std::max_element) then Σ exp(l - max) in fp64,
+// in a fixed order (per-thread strided sums, then a tree), so results do not depend on the run.
+__global__ void greedy_rows_kernel(const float* logits, int64_t stride, int64_t vocab, int32_t* tokens,
+                                   float* logprobs) {
+  __shared__ float best_v[kThreads];
+  __shared__ int64_t best_i[kThreads];
+  __shared__ double sums[kThreads];
+  const float* row = logits + int64_t(blockIdx.x) * stride;
+  float bv = -INFINITY;
+  int64_t bi = vocab;
+  for (int64_t v = threadIdx.x; v < vocab; v += blockDim.x)
+    if (row[v] > bv || (bi == vocab && !(row[v] < bv))) bv = row[v], bi = v;  // strided: first max per thread
+  best_v[threadIdx.x] = bv, best_i[threadIdx.x] = bi;
+  __syncthreads();
+  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (int(threadIdx.x) < s) {
+      const float ov = best_v[threadIdx.x + s];
+      const int64_t oi = best_i[threadIdx.x + s];
+      if (ov > best_v[threadIdx.x] || (ov == best_v[threadIdx.x] && oi < best_i[threadIdx.x]))
+        best_v[threadIdx.x] = ov, best_i[threadIdx.x] = oi;
+    }
+    __syncthreads();
+  }
+  const double mx = double(best_v[0]);
+  double sum = 0;
+  for (int64_t v = threadIdx.x; v < vocab; v += blockDim.x) sum += exp(double(row[v]) - mx);
+  sums[threadIdx.x] = sum;
+  __syncthreads();
+  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (int(threadIdx.x) < s) sums[threadIdx.x] += sums[threadIdx.x + s];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    tokens[blockIdx.x] = int32_t(best_i[0] < vocab ? best_i[0] : 0);
+    logprobs[blockIdx.x] = float(-log(sums[0]));
+  }
+}
+}  // namespace
+
+void greedy_rows(const float* logits, int64_t row_stride, int64_t rows, int64_t vocab, int32_t* tokens,
+                 float* logprobs, cudaStream_t stream) {
+  if (rows < 0 || vocab <= 0 || row_stride < vocab)
+    DI_THROW(InvalidArgument, "greedy_rows: bad shape rows=", rows, " vocab=", vocab, " row_stride=", row_stride);
+  if (rows == 0) return;
+  if (!logits || !tokens || !logprobs) DI_THROW(InvalidArgument, "greedy_rows: null logits, tokens or logprobs");
+  if (rows > 65535) DI_THROW(InvalidArgument, "greedy_rows: ", rows, " rows > 65535");
+  greedy_rows_kernel<<<unsigned(rows), kThreads, 0, stream>>>(logits, row_stride, vocab, tokens, logprobs);
+  DI_CUDA_CHECK_LAUNCH();
+}
+
 }  // namespace deepinfer::model::ds::cuda

@@ -20,5 +20,11 @@ void moe_combine(const ops::cpu::MoeCombineArgs& p, cudaStream_t stream);
 void decode_pool(const ops::cpu::DecodePoolArgs& p, cudaStream_t stream);
 // x[t, j, :] += v[t, :] for every stream j (f32).
 void add_streams(float* x, const float* v, int64_t tokens, int64_t streams, int64_t dim, cudaStream_t stream);
+// Per row of logits [rows, row_stride] f32 (device): the argmax over the first `vocab` entries
+// (lowest id on ties) and its log-softmax value, into device tokens[rows] / logprobs[rows].
+void greedy_rows(const float* logits, int64_t row_stride, int64_t rows, int64_t vocab, int32_t* tokens,
+                 float* logprobs, cudaStream_t stream);
+// Sampled ids into a step's device token list and embedding rows (ops::cpu::patch_input_tokens).
+void patch_input_tokens(const ops::cpu::InputPatchArgs& p, cudaStream_t stream);
 
 }  // namespace deepinfer::model::ds::cuda

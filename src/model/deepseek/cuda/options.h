@@ -46,6 +46,13 @@ enum class DensePath {
 // size up to a fixture's length: so 512, which costs steps of 65..512 new tokens.
 constexpr int64_t kDenseFp8PrefillM = 512;
 
+// Keys per split-KV split in batch-invariant mode: a token's keys are always cut at multiples of
+// this (one split when it has no more), so its attention never depends on the batch.
+constexpr int kInvariantSplitKeys = 128;
+// Batch-invariant attention runs in launches of at most this many (token x split) partials, which
+// bounds its workspace like the adaptive split's (a token's result does not depend on the launch).
+constexpr int64_t kInvariantSplitPartials = 2048;
+
 struct CudaModelOptions {
   Numerics numerics = Numerics::kExact;  // tests; the engine loads kProduction
   bool progress = true;               // weight upload progress bar on stderr
@@ -63,6 +70,13 @@ struct CudaModelOptions {
   // activations, caches, fp32 GEMMs) and add only the production round trips, so a reference
   // applying the same FP8/FP4 roundings in fp32 can be matched tightly.
   bool f32_storage = false;
+  // DEEPINFER_BATCH_INVARIANT (bf16 / production numerics): every reduction order fixed per
+  // token, so a token's logits do not depend on its batch, chunking or decode path (general,
+  // fixed, graph): all dense products through gemm_fp8w (its K split depends on the weight's
+  // shape only; bf16 weights through its w_bf16 path), split-KV attention in splits of
+  // kInvariantSplitKeys keys whatever the batch, and the fixed decode path's experts through the
+  // grouped GEMM as prefill's (docs/DETERMINISM.md). Exact numerics (cuBLASLt fp32) is refused.
+  bool batch_invariant = false;
   // The numerics whose storage dtype the buffers use.
   Numerics storage_numerics() const { return f32_storage ? Numerics::kExact : numerics; }
 };

@@ -396,8 +396,16 @@ size_t v4_device_weight_bytes(const v4::DeepseekV4Config& cfg, const v4::TensorT
 void v4_fp8_workspace(const v4::DeepseekV4Config& cfg, const v4::TensorTable& table, const CudaModelOptions& o,
                       int64_t tokens, size_t* fp8_ws_bytes, size_t* wdq_bytes) {
   *fp8_ws_bytes = *wdq_bytes = 0;
-  if (tokens <= 0 || !v4_dense_fp8(cfg, o.storage_numerics(), o.dense)) return;
   constexpr int kMaxSms = 256;  // SM count the K-split workspace is sized for
+  if (tokens > 0 && o.batch_invariant) {  // every product through gemm_fp8w, any M (64-row chunks)
+    for (const TensorEntry& e : table.entries) {
+      if (e.kind != EntryKind::kLinear || e.role == LinearRole::kExpert || e.role == LinearRole::kEmbed) continue;
+      *fp8_ws_bytes = std::max(*fp8_ws_bytes,
+                               ops::cuda::fp8w_workspace_bytes(tokens, e.rows() / e.groups, e.cols(), e.groups, kMaxSms));
+    }
+    return;
+  }
+  if (tokens <= 0 || !v4_dense_fp8(cfg, o.storage_numerics(), o.dense)) return;
   for (const TensorEntry& e : table.entries) {
     if (e.kind != EntryKind::kLinear || e.role != LinearRole::kDense) continue;
     const int64_t n = e.rows() / e.groups, k = e.cols();

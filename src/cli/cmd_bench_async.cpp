@@ -1,0 +1,261 @@
+// `deepinfer bench-async`: what asynchronous scheduling and batch-invariant mode cost or gain
+// (issue #12, docs/PERFORMANCE.md). For each configuration an engine is built on the model
+// (default: the bundled default model), B greedy requests of --prompt-len tokens are prefilled,
+// --warmup-steps decode steps run, then --decode-steps pure decode steps are timed (nobody
+// finishes inside the window, so each step emits B tokens): decode tokens/s over the window's
+// wall time and, on a device backend, each step's device busy time and the device's idle time
+// before it (CUDA events at the step's first upload and after its sampling was queued:
+// CausalLM::set_profiling). Configurations: async on/off at each --async-batches B, and
+// batch-invariant off/on (async on) at each --invariant-batches B.
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include "cli/command.h"
+#include "core/check.h"
+#include "engine/engine.h"
+#include "engine/model_loader.h"
+
+namespace {
+using namespace deepinfer;
+using namespace deepinfer::engine;
+using Clock = std::chrono::steady_clock;
+
+struct Config {
+  std::string model;
+  int64_t prompt_len = 64, warm = 8, steps = 64;
+  EnvConfig env;
+};
+
+struct Result {
+  std::string what;
+  int64_t B = 0;
+  bool async = false, invariant = false;
+  double tok_s = 0, step_ms = 0, busy_ms = 0, idle_ms = 0, idle_max_ms = 0;
+  int64_t profiled = 0;
+  std::string backend;
+};
+
+double mean(const std::vector<double>& v, size_t from = 0) {
+  if (v.size() <= from) return 0;
+  double s = 0;
+  for (size_t i = from; i < v.size(); ++i) s += v[i];
+  return s / double(v.size() - from);
+}
+
+std::vector<int32_t> prompt(int64_t P, int64_t vocab, int64_t salt) {
+  std::vector<int32_t> p;
+  for (int64_t i = 0; i < P; ++i) p.push_back(int32_t(3 + (i * 131 + salt * 977) % (vocab - 3)));
+  return p;
+}
+
+Result run_one(const Config& c, int64_t B, bool async, bool invariant) {
+  EnvConfig env = c.env;
+  env.async_scheduling = async;
+  env.batch_invariant = invariant;
+  const int64_t max_len = c.prompt_len + c.warm + c.steps + 16;
+  const int64_t budget = std::max<int64_t>(B * c.prompt_len, 256);
+  EngineConfig ec;
+  ec.env = env;
+  ec.scheduler.max_num_seqs = B;
+  ec.scheduler.max_num_batched_tokens = budget;
+  ec.scheduler.max_model_len = max_len;
+  ec.scheduler.prefix_cache.enabled = false;  // its steps are synchronous; distinct prompts anyway
+  ec.num_speculative_tokens = 0;
+  auto model = load_model(c.model, {.env = env,
+                                    .limits = {.max_num_seqs = B, .max_num_batched_tokens = budget, .max_model_len = max_len},
+                                    .progress = false});
+  Engine eng(ec, std::move(model), nullptr);
+  Result r{.what = "", .B = B, .async = eng.async_scheduling(), .invariant = invariant, .backend = eng.model().describe()};
+  SamplingParams sp;
+  sp.temperature = 0;
+  sp.ignore_eos = true;
+  sp.max_tokens = int(c.warm + c.steps + 8);
+  const int64_t vocab = eng.model().vocab_size();
+  for (int64_t i = 0; i < B; ++i)
+    eng.add_request("b" + std::to_string(i), PromptInput::from_token_ids(prompt(c.prompt_len, vocab, i)), sp, 0);
+  // Prefill until every request has its first token, then the warm-up decode steps.
+  std::vector<size_t> have(size_t(B), 0);
+  auto emitted = [&](const std::vector<RequestOutput>& outs) {
+    int64_t n = 0;
+    for (const RequestOutput& o : outs) {
+      const size_t i = size_t(std::stoll(o.request_id.substr(1)));
+      const size_t now = o.outputs.empty() ? 0 : o.outputs[0].token_ids.size();
+      n += int64_t(now - have[i]);
+      have[i] = now;
+    }
+    return n;
+  };
+  for (int guard = 0; *std::min_element(have.begin(), have.end()) == 0; ++guard) {
+    DI_CHECK(guard < 100000, "bench-async: prefill made no progress");
+    emitted(eng.step());
+  }
+  for (int64_t i = 0; i < c.warm; ++i) emitted(eng.step());
+  eng.model().set_profiling(true);
+  int64_t tokens = 0;
+  const auto t0 = Clock::now();
+  for (int64_t i = 0; i < c.steps; ++i) tokens += emitted(eng.step());
+  const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
+  const model::CausalLM::StepProfile prof = eng.model().take_profile();
+  eng.model().set_profiling(false);
+  r.tok_s = double(tokens) / wall;
+  r.step_ms = wall * 1e3 / double(c.steps);
+  r.profiled = int64_t(prof.busy_ms.size());
+  r.busy_ms = mean(prof.busy_ms);
+  r.idle_ms = mean(prof.idle_ms, 1);  // the first step has no predecessor inside the window
+  for (size_t i = 1; i < prof.idle_ms.size(); ++i) r.idle_max_ms = std::max(r.idle_max_ms, prof.idle_ms[i]);
+  return r;
+}
+
+// One greedy and one seeded request (logprobs 4) alone, then inside `n` neighbours of random
+// lengths arriving over the first steps, with batch invariance on (async on): its token ids and
+// logprob bits must be identical. Returns the cases that differ.
+struct Trace {
+  std::vector<int32_t> ids;
+  std::vector<float> lps;
+  bool operator==(const Trace& o) const {
+    return ids == o.ids && lps.size() == o.lps.size() &&
+           std::equal(lps.begin(), lps.end(), o.lps.begin(),
+                      [](float a, float b) { return std::memcmp(&a, &b, 4) == 0; });
+  }
+};
+
+Trace trace_in_batch(const Config& c, bool seeded, int64_t n, int64_t budget, uint64_t seed) {
+  EnvConfig env = c.env;
+  env.async_scheduling = true;
+  env.batch_invariant = true;
+  EngineConfig ec;
+  ec.env = env;
+  ec.scheduler.max_num_seqs = 256;
+  ec.scheduler.max_num_batched_tokens = budget;
+  ec.scheduler.max_model_len = 256;
+  ec.scheduler.prefix_cache.enabled = false;  // asynchronous steps
+  ec.num_speculative_tokens = 0;
+  auto model = load_model(c.model, {.env = env,
+                                    .limits = {.max_num_seqs = 256, .max_num_batched_tokens = budget, .max_model_len = 256},
+                                    .progress = false});
+  Engine eng(ec, std::move(model), nullptr);
+  const int64_t vocab = eng.model().vocab_size();
+  SamplingParams tp;
+  tp.max_tokens = 16;
+  tp.ignore_eos = true;
+  tp.logprobs = 4;
+  tp.temperature = seeded ? 0.9f : 0.f;
+  if (seeded) tp.seed = 987654321;
+  std::mt19937_64 rng(seed);
+  std::vector<std::pair<int, int64_t>> arrivals;  // (step, neighbour)
+  for (int64_t i = 0; i < n; ++i) arrivals.push_back({int(rng() % 5), i});
+  Trace t;
+  bool done = false;
+  for (int step = 0; !done; ++step) {
+    DI_CHECK(step < 100000, "bench-async: invariance run made no progress");
+    if (step == 1) eng.add_request("target", PromptInput::from_token_ids(prompt(37, vocab, 4242)), tp, 0);
+    for (auto [at, i] : arrivals) {
+      if (at != step) continue;
+      SamplingParams sp;
+      sp.max_tokens = 1 + int(rng() % 24);
+      sp.ignore_eos = true;
+      sp.temperature = rng() % 2 ? 0.8f : 0.f;
+      sp.seed = rng();
+      eng.add_request("n" + std::to_string(i), PromptInput::from_token_ids(prompt(1 + int64_t(rng() % 150), vocab, i)),
+                      sp, 0);
+    }
+    for (const RequestOutput& o : eng.step()) {
+      if (o.request_id != "target" || !o.finished) continue;
+      const CompletionOutput& co = o.outputs.at(0);
+      t.ids = co.token_ids;
+      if (co.logprobs)
+        for (const auto& pos : *co.logprobs)
+          for (const auto& [id, lp] : pos) {
+            t.ids.push_back(id);
+            t.lps.push_back(lp.logprob);
+          }
+      done = true;
+    }
+  }
+  return t;
+}
+
+int check_invariance(const Config& c, const std::vector<int64_t>& sizes) {
+  int bad = 0;
+  for (bool seeded : {false, true}) {
+    const Trace alone = trace_in_batch(c, seeded, 0, 2048, 1);
+    uint64_t seed = 2;
+    for (int64_t n : sizes)
+      for (int64_t budget : {int64_t(61), int64_t(2048)}) {
+        const bool same = trace_in_batch(c, seeded, n, budget, seed++) == alone;
+        bad += !same;
+        std::printf("invariance %s: %ld neighbours, budget %ld: %s\n", seeded ? "seeded" : "greedy", long(n),
+                    long(budget), same ? "identical" : "DIFFERS");
+      }
+  }
+  return bad;
+}
+
+std::vector<int64_t> parse_list(const std::string& s) {
+  std::vector<int64_t> v;
+  std::stringstream ss(s);
+  for (std::string x; std::getline(ss, x, ',');)
+    if (!x.empty()) v.push_back(std::stoll(x));
+  return v;
+}
+
+int run_bench_async(int argc, char** argv) {
+  CLI::App app{"Time decode with asynchronous scheduling on/off and batch-invariant mode on/off"};
+  Config c;
+  std::string async_b = "64", inv_b = "1,32,128", json_path, accelerator;
+  app.add_option("-m,--model", c.model, "checkpoint folder (default: the bundled default model)");
+  app.add_option("--prompt-len", c.prompt_len, "prompt tokens")->capture_default_str();
+  app.add_option("--warmup-steps", c.warm, "decode steps before timing")->capture_default_str();
+  app.add_option("--decode-steps", c.steps, "timed decode steps")->capture_default_str();
+  app.add_option("--async-batches", async_b, "batch sizes timed with async on and off (empty: none)")->capture_default_str();
+  app.add_option("--invariant-batches", inv_b, "batch sizes timed with batch invariance off and on")->capture_default_str();
+  app.add_option("--accelerator", accelerator, "cpu | nvidia (default: $DEEPINFER_ACCELERATOR)");
+  app.add_option("--json", json_path, "also write the results as JSON lines here");
+  std::string check_s;
+  app.add_option("--check-invariance", check_s,
+                 "neighbour counts: check that one request's ids and logprobs are bit-identical alone and in such "
+                 "batches (batch invariance on); exit 1 when one differs");
+  CLI11_PARSE(app, argc, argv);
+  if (c.model.empty()) c.model = default_model_dir();
+  if (c.model.empty()) DI_THROW(InvalidArgument, "bench-async: no --model and no bundled default model");
+  DI_CHECK(c.prompt_len >= 1 && c.steps >= 1 && c.warm >= 0, "bench-async: bad --prompt-len/--decode-steps/--warmup-steps");
+  c.env = EnvConfig::from_environment();
+  if (accelerator == "cpu") c.env.accelerator = Accelerator::kCPU;
+  else if (accelerator == "nvidia") c.env.accelerator = Accelerator::kNvidia;
+  else if (!accelerator.empty()) DI_THROW(InvalidArgument, "--accelerator '", accelerator, "': cpu or nvidia");
+
+  if (!check_s.empty()) {
+    const int bad = check_invariance(c, parse_list(check_s));
+    std::printf("invariance: %d case(s) differ\n", bad);
+    if (bad) return 1;
+  }
+  std::vector<Result> rows;
+  for (int64_t B : parse_list(async_b))
+    for (bool a : {false, true}) rows.push_back(run_one(c, B, a, false)), rows.back().what = "async";
+  for (int64_t B : parse_list(inv_b))
+    for (bool inv : {false, true}) rows.push_back(run_one(c, B, true, inv)), rows.back().what = "invariant";
+  if (!rows.empty()) std::printf("backend: %s\n", rows[0].backend.c_str());
+  std::printf("%-9s %5s %5s %9s %10s %9s %9s %9s %9s\n", "what", "B", "async", "invariant", "tok/s", "step ms",
+              "busy ms", "idle ms", "idle max");
+  for (const Result& r : rows)
+    std::printf("%-9s %5ld %5d %9d %10.1f %9.3f %9.3f %9.3f %9.3f\n", r.what.c_str(), long(r.B), int(r.async),
+                int(r.invariant), r.tok_s, r.step_ms, r.busy_ms, r.idle_ms, r.idle_max_ms);
+  if (!json_path.empty()) {
+    std::ofstream f(json_path);
+    DI_CHECK(bool(f), "--json '", json_path, "' cannot be written");
+    for (const Result& r : rows)
+      f << "{\"what\":\"" << r.what << "\",\"B\":" << r.B << ",\"async\":" << r.async << ",\"invariant\":" << r.invariant
+        << ",\"tok_s\":" << r.tok_s << ",\"step_ms\":" << r.step_ms << ",\"busy_ms\":" << r.busy_ms
+        << ",\"idle_ms\":" << r.idle_ms << ",\"idle_max_ms\":" << r.idle_max_ms << ",\"profiled\":" << r.profiled
+        << "}\n";
+  }
+  return 0;
+}
+}  // namespace
+DI_REGISTER_COMMAND("bench-async", "time async scheduling on/off and batch-invariant mode on/off", run_bench_async);
