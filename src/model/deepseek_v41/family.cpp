@@ -13,7 +13,8 @@ std::unique_ptr<CausalLM> load(const std::string& dir, const ModelLoadOptions& o
              "DEEPINFER_ACCELERATOR=cpu");
   if (o.env.accelerator == Accelerator::kAscend)
     DI_THROW(InvalidArgument, "DEEPINFER_ACCELERATOR=ascend is reserved; this build runs on nvidia or cpu");
-  return DeepseekV41Model::load(dir, {.progress = o.progress, .max_rollback = o.limits.max_rollback});
+  return DeepseekV41Model::load(dir, {.progress = o.progress, .max_rollback = o.limits.max_rollback,
+                                      .batch_invariant = o.env.batch_invariant});
 }
 }  // namespace
 

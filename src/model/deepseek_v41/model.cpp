@@ -50,7 +50,8 @@ std::unique_ptr<DeepseekV41Model> DeepseekV41Model::load(const std::string& dir,
   std::vector<kv::LayerCacheSpec> specs =
       model::cache_specs(arch.plan, {.head_dim = cfg.head_dim, .index_head_dim = cfg.index_head_dim});
   auto store = v41_prepare_cpu(cfg, arch.plan, w);
-  auto be = std::make_unique<ds::CpuBackend>(arch, specs, std::move(store));
+  auto be = std::make_unique<ds::CpuBackend>(arch, specs, std::move(store),
+                                             ds::CpuBackendOptions{.batch_invariant = o.batch_invariant});
   ds::ModelInfo info = v41_model_info(cfg);
   return std::unique_ptr<DeepseekV41Model>(new DeepseekV41Model(std::move(info), std::move(arch), std::move(specs),
                                                                 std::move(be), w.keepalive, std::move(cfg),

@@ -20,6 +20,7 @@ struct ModelOptions {
   bool progress = false;
   int64_t max_rollback = 0;  // ring slack for rollback (ModelLimits::max_rollback)
   bool qat = true;           // tests only: false drops the QAT roundings (V41PlanOptions::qat)
+  bool batch_invariant = false;  // DEEPINFER_BATCH_INVARIANT: fixed-order products (ds::CpuBackendOptions)
 };
 
 class DeepseekV41Model final : public ds::DeepseekModel {

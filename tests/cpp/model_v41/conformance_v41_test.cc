@@ -14,6 +14,20 @@
 namespace deepinfer::testing {
 namespace {
 
+// The model's own numerics (QAT on) with DEEPINFER_BATCH_INVARIANT's fixed-order products: a row's
+// result no longer depends on its chunk or batch, so every path agrees bit for bit, roundings and all.
+ConformanceCase v41_invariant_case(const std::string& fixture) {
+  return {.name = fixture + "/cpu/fp32-batch-invariant",
+          .fixture = fixture,
+          .load = [](const std::string& dir, int64_t rollback) -> std::unique_ptr<model::ds::DeepseekModel> {
+            return model::v41::DeepseekV41Model::load(dir, {.max_rollback = rollback, .batch_invariant = true});
+          },
+          .bit_exact_paths = true,
+          .bit_exact_rollback = true,
+          .tol = 1e-5,
+          .sequence = "t161"};
+}
+
 ConformanceCase v41_case(const std::string& fixture) {
   return {.name = fixture + "/cpu/fp32-noqat",
           .fixture = fixture,
@@ -27,6 +41,9 @@ ConformanceCase v41_case(const std::string& fixture) {
 }
 
 INSTANTIATE_TEST_SUITE_P(V41Cpu, CausalLMConformance, ::testing::Values(v41_case("v41_a"), v41_case("v41_b")),
+                         [](const auto& info) { return info.param.fixture; });
+INSTANTIATE_TEST_SUITE_P(V41CpuInvariant, CausalLMConformance,
+                         ::testing::Values(v41_invariant_case("v41_a"), v41_invariant_case("v41_b")),
                          [](const auto& info) { return info.param.fixture; });
 
 }  // namespace

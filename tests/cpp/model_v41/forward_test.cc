@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -111,6 +112,33 @@ TEST_P(V41Golden, FullChunkedTokenByTokenMatchTheReference) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, V41Golden,
                          ::testing::Values("v41_a", "v41_b", "v41_a_release", "v41_b_release"));
+
+// With fixed-order products (DEEPINFER_BATCH_INVARIANT) the three paths are one computation: chunked
+// and token by token equal the full forward bit for bit, QAT roundings included.
+TEST(V41Golden, BatchInvariantPathsAreBitIdentical) {
+  for (const char* f : {"v41_a", "v41_b"}) {
+    const std::string dir = v41_test::golden(f).string();
+    auto m = DeepseekV41Model::load(dir, {.batch_invariant = true});
+    m->allocate_cache_for(1, 256);
+    const int64_t V = m->vocab_size();
+    for (const auto& [name, ids] : deepinfer::testing::read_inputs(dir)) {
+      const int64_t T = int64_t(ids.size());
+      const deepinfer::testing::Npy want = deepinfer::testing::read_npy(dir + "/logits_" + name + ".npy");
+      const Tensor full = model::run_sequence(*m, m->cache_geometry(), ids, {T});
+      const Tensor chunked = model::run_sequence(*m, m->cache_geometry(), ids, odd_chunks(T));
+      const Tensor decode = model::run_sequence(*m, m->cache_geometry(), ids, std::vector<int64_t>(size_t(T), 1));
+      const size_t bytes = size_t(T * V) * sizeof(float);
+      EXPECT_EQ(std::memcmp(full.raw_data(), chunked.raw_data(), bytes), 0) << f << " " << name << " chunked";
+      EXPECT_EQ(std::memcmp(full.raw_data(), decode.raw_data(), bytes), 0) << f << " " << name << " token by token";
+      const Diff g = diff(full.data<float>(), want.data.data(), T, V);
+      // Reported, not asserted: the fixed-order sums round differently from OpenBLAS and the reference,
+      // so other QAT steps flip (v41_b t161: 0.54, 111 of 161 rows, one argmax); the default
+      // numerics are held to the goldens above.
+      std::printf("[v41 golden, batch-invariant] %s %s (T=%lld): max|d| vs golden %.3g (%lld rows > 1e-4, %lld argmax)\n",
+                  f, name.c_str(), (long long)T, g.max, (long long)g.rows_over, (long long)g.flips);
+    }
+  }
+}
 
 TEST(V41Model, BothNamingsGiveTheSameLogits) {
   auto hf = DeepseekV41Model::load(v41_test::golden("v41_b").string());
