@@ -1,23 +1,71 @@
 #!/usr/bin/env bash
-# Sanitizer builds of the CPU test suite (issue #20). Not part of .ci/run: together they take
-# longer than CI's budget on 2 cores (figures in docs/HARDENING.md); run them before landing
-# changes to parsers, the engine's threading or the CPU ops.
-#   tools/sanitizers.sh asan   every C++ test (ctest) built with ASan + UBSan (gcc; UB aborts);
-#                              ASAN_TESTS="io_test core_test ..." builds and runs only those
-#   tools/sanitizers.sh tsan   the threaded parts with TSan (clang + libomp + Archer, so OpenMP's
-#                              parallel_for regions are checked too): concurrent LLM::generate
-#                              (llm_hardening_test), tokenizer encode_batch, the structured
-#                              mask workers (parallel mask computation), the CPU ops
-#   tools/sanitizers.sh        both
-# BUILD_ROOT (default: the checkout) holds build-asan/ and build-tsan/; JOBS (default 2).
+# Sanitizer builds of the CPU tests (issue #20). Figures and the CI decision: docs/HARDENING.md.
+#   tools/sanitizers.sh ci     the CI job (.ci/run, after the fuzz stage): the unit tests of core,
+#                              io, tokenizer, structured and the server's request parsing with
+#                              ASan + UBSan, linked against the libraries the fuzz targets already
+#                              compiled (FUZZ_DIR, clang), so only the test sources are extra
+#   tools/sanitizers.sh tsan-lite  TSan (clang + LLVM's OpenMP + Archer) on the threaded parts that
+#                              build without the engine: tokenizer encode_batch, the structured mask
+#                              workers (parallel mask computation), the CPU ops' parallel_for
+#   tools/sanitizers.sh asan   every C++ test (ctest) built with gcc ASan + UBSan (UB aborts, leaks
+#                              checked); ASAN_TESTS="io_test core_test ..." builds and runs only those
+#   tools/sanitizers.sh tsan   the engine-level threads with TSan: concurrent LLM::generate, aborts
+#                              and cancellation (llm_hardening_test LlmThreads.*), the server's
+#                              engine loop and I/O threads (server_http_test), the scheduler tests
+#   tools/sanitizers.sh full   asan + tsan-lite + tsan (.ci/sanitize: too long for CI's 30 minutes)
+# BUILD_ROOT (default: the checkout) holds build-asan/, build-tsan/, build-tsan-lite/; FUZZ_DIR
+# (default build-fuzz) the ASan libraries shared with tests/fuzz/run.sh; JOBS (default 2).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 BUILD_ROOT=${BUILD_ROOT:-$ROOT}
+FUZZ_DIR=${FUZZ_DIR:-$ROOT/build-fuzz}
 JOBS=${JOBS:-2}
-WHAT=${1:-all}
+WHAT=${1:-ci}
 export DEEPINFER_SHARED_DIR=${DEEPINFER_SHARED_DIR:-$ROOT/../shared}
+export DEEPINFER_SOURCE_DIR=$ROOT
 COMMON=(-DDEEPINFER_ENABLE_CUDA=OFF -DDEEPINFER_BUILD_PYTHON=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo)
+CLANGXX=$(command -v clang++-14 || command -v clang++ || true)
+CLANG=$(command -v clang-14 || command -v clang || true)
+LLVM_LIB=$( [ -n "$CLANGXX" ] && echo "$(dirname "$(readlink -f "$CLANGXX")")/../lib" )
+ASAN_ENV=(ASAN_OPTIONS=detect_leaks=1:strict_string_checks=1:detect_stack_use_after_return=1
+          UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 OMP_NUM_THREADS=2)
+# Archer (LLVM's OpenMP data-race tool) tells TSan about OpenMP's synchronisation.
+TSAN_ENV=(OMP_TOOL_LIBRARIES=${OMP_TOOL_LIBRARIES:-$LLVM_LIB/libarcher.so}
+          TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:ignore_noninstrumented_modules=1}
+          OMP_NUM_THREADS=2)
+
+need_clang() {
+  [ -n "$CLANGXX" ] || { echo "sanitizers: clang++ not found (apt-get install clang-14 libclang-rt-14-dev libomp-14-dev)" >&2; exit 1; }
+}
+
+run_ci() {
+  need_clang
+  local t
+  # ASan + UBSan: reuses FUZZ_DIR's compiled libraries (the fuzz stage built them).
+  mkdir -p "$FUZZ_DIR"
+  cmake -S tests/fuzz -B "$FUZZ_DIR" -DCMAKE_CXX_COMPILER="$CLANGXX" -DCMAKE_C_COMPILER="$CLANG" -DDI_UNIT_TESTS=ON \
+    >"$FUZZ_DIR/san-configure.log" 2>&1 || { cat "$FUZZ_DIR/san-configure.log"; return 1; }
+  nice -n 10 cmake --build "$FUZZ_DIR" -j "$JOBS" --target san_tests
+  for t in core_test io_test tokenizer_test structured_test structured_basic_test server_test; do
+    echo "sanitizers: ASan+UBSan $t"
+    env "${ASAN_ENV[@]}" "$FUZZ_DIR/san_$t" --gtest_brief=1 || return 1
+  done
+}
+
+run_tsan_lite() {
+  need_clang
+  local b=$BUILD_ROOT/build-tsan-lite
+  mkdir -p "$b"
+  cmake -S tests/fuzz -B "$b" -DCMAKE_CXX_COMPILER="$CLANGXX" -DCMAKE_C_COMPILER="$CLANG" -DDI_UNIT_TESTS=ON \
+    -DDI_SAN_MODE=thread >"$b/configure.log" 2>&1 || { cat "$b/configure.log"; return 1; }
+  nice -n 10 cmake --build "$b" -j "$JOBS" --target san_tokenizer_test san_structured_test san_ops_cpu_test
+  echo "sanitizers: TSan tokenizer encode_batch, structured workers, CPU ops (OpenMP + Archer)"
+  env "${TSAN_ENV[@]}" "$b/san_tokenizer_test" --gtest_brief=1 \
+    --gtest_filter='Tokenizer.CloneAndBatchAgree:Tokenizer.BpeFastPathMatchesReference'
+  env "${TSAN_ENV[@]}" "$b/san_structured_test" --gtest_brief=1 --gtest_filter='Workers.*'
+  env "${TSAN_ENV[@]}" "$b/san_ops_cpu_test" --gtest_brief=1
+}
 
 run_asan() {
   local b=$BUILD_ROOT/build-asan
@@ -26,9 +74,7 @@ run_asan() {
   cmake -S "$ROOT" -B "$b" "${COMMON[@]}" -DCMAKE_CXX_COMPILER=g++ -DCMAKE_C_COMPILER=gcc \
     -DCMAKE_CXX_FLAGS="$san" -DCMAKE_EXE_LINKER_FLAGS="$san" -DCMAKE_SHARED_LINKER_FLAGS="$san" >"$b/configure.log" 2>&1 ||
     { cat "$b/configure.log"; return 1; }
-  local opts=(ASAN_OPTIONS=detect_leaks=1:strict_string_checks=1:detect_stack_use_after_return=1
-              UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-              DEEPINFER_SOURCE_DIR="$ROOT" DEEPINFER_BINARY_DIR="$b" OMP_NUM_THREADS=2)
+  local opts=("${ASAN_ENV[@]}" DEEPINFER_BINARY_DIR="$b")
   # Leaks are checked; static singletons are reachable and not reported.
   if [ -z "${ASAN_TESTS:-}" ]; then
     nice -n 10 cmake --build "$b" -j "$JOBS"
@@ -45,30 +91,25 @@ run_asan() {
 }
 
 run_tsan() {
+  need_clang
   local b=$BUILD_ROOT/build-tsan
   mkdir -p "$b"
-  local cxx cc llvm_lib
-  cxx=$(command -v clang++-14 || command -v clang++)
-  cc=$(command -v clang-14 || command -v clang)
-  llvm_lib=$(dirname "$(readlink -f "$cxx")")/../lib
-  cmake -S "$ROOT" -B "$b" "${COMMON[@]}" -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_C_COMPILER="$cc" \
+  cmake -S "$ROOT" -B "$b" "${COMMON[@]}" -DCMAKE_CXX_COMPILER="$CLANGXX" -DCMAKE_C_COMPILER="$CLANG" \
     -DCMAKE_CXX_FLAGS="-fsanitize=thread -fno-omit-frame-pointer" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=thread" \
     >"$b/configure.log" 2>&1 || { cat "$b/configure.log"; return 1; }
-  nice -n 10 cmake --build "$b" -j "$JOBS" --target llm_hardening_test tokenizer_test structured_tracked_test ops_cpu_test
-  # Archer (LLVM's OpenMP data-race tool) tells TSan about OpenMP's synchronisation.
-  export OMP_TOOL_LIBRARIES=${OMP_TOOL_LIBRARIES:-$llvm_lib/libarcher.so}
-  export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:ignore_noninstrumented_modules=1}
-  export OMP_NUM_THREADS=2 DEEPINFER_SOURCE_DIR="$ROOT" DEEPINFER_BINARY_DIR="$b"
-  "$b/tests/cpp/hardening/llm_hardening_test" --gtest_filter='LlmThreads.*'
-  "$b/tests/cpp/tokenizer/tokenizer_test" --gtest_filter='Tokenizer.CloneAndBatchAgree:Tokenizer.BpeFastPathMatchesReference'
-  "$b/tests/cpp/structured/structured_tracked_test" --gtest_filter='Workers.*'
-  "$b/tests/cpp/ops/ops_cpu_test"
+  nice -n 10 cmake --build "$b" -j "$JOBS" --target llm_hardening_test server_http_test engine_test
+  export DEEPINFER_BINARY_DIR="$b"
+  env "${TSAN_ENV[@]}" "$b/tests/cpp/hardening/llm_hardening_test" --gtest_filter='LlmThreads.*'
+  env "${TSAN_ENV[@]}" "$b/tests/cpp/server/server_http_test"
+  env "${TSAN_ENV[@]}" "$b/tests/cpp/engine/engine_test" --gtest_filter='*Async*:*Scheduler*:*Thread*'
 }
 
 case "$WHAT" in
+  ci) run_ci ;;
+  tsan-lite) run_tsan_lite ;;
   asan) run_asan ;;
   tsan) run_tsan ;;
-  all) run_asan && run_tsan ;;
-  *) sed -n 2,10p "$0"; exit 2 ;;
+  full) run_asan && run_tsan_lite && run_tsan ;;
+  *) sed -n 2,19p "$0"; exit 2 ;;
 esac
 echo "sanitizers ($WHAT): clean"

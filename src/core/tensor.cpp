@@ -222,7 +222,7 @@ Tensor Tensor::clone() const {
   if (c.storage_ != storage_) return c;
   Tensor out = empty(shape_, dtype_, device());
   DI_CHECK(device().is_cpu(), "clone() on ", device().str());
-  std::memcpy(out.raw_data(), raw_data(), nbytes());
+  if (nbytes() > 0) std::memcpy(out.raw_data(), raw_data(), nbytes());  // an empty tensor may have no buffer
   return out;
 }
 

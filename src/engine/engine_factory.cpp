@@ -54,11 +54,12 @@ void apply_accelerator(const LLMConfig& config, EnvConfig& env) {
   check_env_knobs(env, {});
 }
 
-LoadedParts load_parts(const LLMConfig& config, const EnvConfig& env, int device) {
+LoadedParts load_parts(const LLMConfig& config, const EnvConfig& env, int device,
+                       std::optional<parallel::ExpertShard> shard) {
   LoadedParts p;
   p.path = resolve_model_path(config, env);
   p.model = load_model(p.path, model::ModelLoadOptions{.env = env, .limits = model_limits_for(config, env),
-                                                       .device = device});
+                                                       .device = device, .expert_shard = shard});
   p.codec = load_codec(config, p.path, p.model->vocab_size());
   p.grammar = make_grammar_compiler(p.codec.get(), p.model->vocab_size(), p.model->eos_token_id());
   return p;

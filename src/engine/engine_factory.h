@@ -30,7 +30,9 @@ struct LoadedParts {
 };
 // `device`: the accelerator index (a data-parallel rank passes its local rank; device backends
 // take it modulo the visible devices, so several ranks may share one GPU).
-LoadedParts load_parts(const LLMConfig& config, const EnvConfig& env, int device = 0);
+// `shard`: the routed experts to prepare (expert parallelism without EPLB; empty = all).
+LoadedParts load_parts(const LLMConfig& config, const EnvConfig& env, int device = 0,
+                       std::optional<parallel::ExpertShard> shard = std::nullopt);
 std::unique_ptr<Engine> make_engine(const LLMConfig& config, const EnvConfig& env, LoadedParts parts);
 
 }  // namespace deepinfer::engine

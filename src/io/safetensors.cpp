@@ -179,7 +179,14 @@ Tensor SafetensorsFile::tensor(const std::string& name) const {
 }
 
 Tensor SafetensorsFile::tensor(const TensorInfo& ti) const {
-  return Tensor(mapping_, size_t(data_start_ + ti.begin), ti.shape, contiguous_strides(ti.shape), ti.dtype);
+  Tensor view(mapping_, size_t(data_start_ + ti.begin), ti.shape, contiguous_strides(ti.shape), ti.dtype);
+  // The format pads only the header (to 8 bytes, and not every writer does) and forbids holes
+  // between tensors, so a spec-valid file can place a tensor off its element alignment (an I64
+  // after 15 bytes of F8). Reading it through data<T>() would be undefined behaviour (UBSan found
+  // it); such a tensor is copied once into aligned memory instead of viewed.
+  const size_t align = std::max<size_t>(1, size_t(dtype_bits(ti.dtype)) / 8);
+  const auto addr = reinterpret_cast<uintptr_t>(mapping_->data()) + uintptr_t(data_start_ + ti.begin);
+  return addr % align == 0 || view.numel() == 0 ? view : view.clone();
 }
 
 // ---------------------------------------------------------------------------------------------

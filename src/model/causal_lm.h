@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "core/env.h"
 #include "core/tensor.h"
 #include "kv/kv_cache.h"
+#include "parallel/eplb.h"
 #include "model/forward_batch.h"
 
 namespace deepinfer::parallel {
@@ -91,6 +93,9 @@ struct ModelLoadOptions {
   int device = 0;               // accelerator index for device backends (taken modulo the visible devices:
                                 // data-parallel ranks pass their local rank and may share a GPU)
   bool progress = true;         // load progress on stderr
+  // Expert parallelism without weight moves: prepare only this rank's routed experts of the main
+  // layers (MTP blocks keep all theirs). Empty: every expert.
+  std::optional<parallel::ExpertShard> expert_shard;
 };
 
 // A slot's fixed state (window rings, compressor partials, drafter rings) at a sequence length,

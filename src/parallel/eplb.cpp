@@ -454,4 +454,12 @@ Rebalance plan_rebalance(const ExpertPlacement& current, std::span<const double>
   return out;
 }
 
+std::vector<bool> ExpertShard::held(int32_t experts) const {
+  const ExpertPlacement p = placement(experts);
+  const int32_t S = p.slots_per_rank;
+  std::vector<bool> out(static_cast<size_t>(experts), false);
+  for (int32_t s = 0; s < S; ++s) out[size_t(p.physical_to_logical[size_t(rank * S + s)])] = true;
+  return out;
+}
+
 }  // namespace deepinfer::parallel

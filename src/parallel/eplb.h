@@ -35,6 +35,19 @@ struct ExpertPlacement {  // one MoE layer
 // then the redundant slots repeat experts 0, 1, ...).
 ExpertPlacement contiguous_placement(int32_t num_logical, int32_t num_ranks, int32_t slots_per_rank);
 
+// One rank's share of the placement expert parallelism starts from (contiguous ranges, the
+// `num_redundant` spare slots repeating experts from the start): what a rank loads when expert
+// weights never move (EPLB off). Every layer has the same placement before any load is known.
+struct ExpertShard {
+  int32_t rank = 0, size = 1, num_redundant = 0;
+  int32_t slots_per_rank(int32_t experts) const { return (experts + num_redundant + size - 1) / size; }
+  ExpertPlacement placement(int32_t experts) const {
+    return contiguous_placement(experts, size, slots_per_rank(experts));
+  }
+  // [experts]: whether this rank holds each logical expert.
+  std::vector<bool> held(int32_t experts) const;
+};
+
 // Balanced placement for `load` [E] (tokens per logical expert, >= 0, finite):
 //  1. replication, several candidates: minimax (each redundant slot to the expert with the
 //     highest load per replica; ties: fewer replicas, then lower index) and "target" ones (just

@@ -262,6 +262,76 @@ def so_args_seeds(c):
     add("ebnf_chain", "ebnf", "root ::= r0\n" + "".join(f"r{i} ::= r{i + 1}\n" for i in range(DEEP)) + f'r{DEEP} ::= "a"\n')
 
 
+# ---- server request bodies -----------------------------------------------------------------
+
+def server_request_seeds(c):
+    """POST bodies for /v1/completions (first byte 0) and /v1/chat/completions (1; +2 = V4.1):
+    what tests/python/test_server*.py send, and the bad inputs of issues #17 and #20."""
+    t = "server_request"
+    msgs = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi"}]
+    tool = {"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+                           "required": ["city"]}}}
+    history = msgs + [{"role": "assistant", "content": "", "reasoning_content": "think",
+                       "tool_calls": [{"id": "c1", "type": "function",
+                                       "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+                      {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]
+    completions = {
+        "text": {"model": "tiny", "prompt": "Hello", "max_tokens": 8, "temperature": 0},
+        "ids": {"prompt": [1, 2, 3], "max_tokens": 4, "echo": True, "logprobs": 2},
+        "batch": {"prompt": ["a", "b"], "n": 2, "best_of": 3, "seed": 7, "stop": ["\n"], "logit_bias": {"5": -100}},
+        "id_batch": {"prompt": [[5, 6], [7]], "top_k": 5, "top_p": 0.9, "min_p": 0.1, "repetition_penalty": 1.1},
+        "stream": {"prompt": "x", "stream": True, "stream_options": {"include_usage": True}},
+        "so_regex": {"prompt": "x", "so_args": {"regex": "[a-z]{3}"}},
+        "so_schema": {"prompt": "x", "response_format": {"type": "json_schema", "json_schema": {
+            "name": "n", "schema": {"type": "object", "properties": {"a": {"type": "number"}}}}}},
+        "token_ids": {"prompt": "x", "return_token_ids": True, "max_tokens": None},
+        # refused with a 400 naming the field
+        "best_of_below_n": {"prompt": "x", "n": 3, "best_of": 2},
+        "best_of_stream": {"prompt": "x", "n": 1, "best_of": 2, "stream": True},
+        "suffix": {"prompt": "def f(", "suffix": "return x"},
+        "float_max_tokens": {"prompt": "x", "max_tokens": 8.0},
+        "id_past_vocab": {"prompt": [1, 99999]},
+        "unknown_field": {"prompt": "x", "frobnicate": 1},
+        "wrong_model": {"model": "other", "prompt": "x"},
+    }
+    for name, body in completions.items():
+        c.add(t, "cmpl_" + name, b"\x00" + json.dumps(body).encode())
+    chats = {
+        "plain": {"messages": msgs, "max_tokens": 4},
+        "thinking": {"messages": msgs, "reasoning_effort": "high", "logprobs": True, "top_logprobs": 2},
+        "kwargs": {"messages": msgs, "chat_template_kwargs": {"thinking": True}, "max_completion_tokens": 3},
+        "tools_auto": {"messages": msgs, "tools": [tool]},
+        "tools_required": {"messages": msgs, "tools": [tool], "tool_choice": "required", "parallel_tool_calls": False},
+        "tools_named": {"messages": msgs, "tools": [tool],
+                        "tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
+        "history": {"messages": history, "tools": [tool]},
+        "parts": {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]},
+        "json_object": {"messages": msgs, "response_format": {"type": "json_object"}},
+        "token_ids": {"messages": msgs, "return_token_ids": True},
+        "bad_role": {"messages": [{"role": "robot", "content": "x"}]},
+        "image_part": {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+        "named_missing": {"messages": msgs, "tools": [tool], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+        "effort_bad": {"messages": msgs, "reasoning_effort": "extreme"},
+        "empty": {"messages": []},
+    }
+    for name, body in chats.items():
+        text = json.dumps(body).encode()
+        c.add(t, "chat_" + name, b"\x01" + text)
+        c.add(t, "chat41_" + name, b"\x03" + text)
+    # Raw bytes: numbers past double's range (HARDENING finding 4's shape in a body), a body
+    # nested 100,000 deep, invalid UTF-8, not an object, truncated.
+    c.add(t, "num_overflow", b'\x00{"prompt": "x", "temperature": 1e999}')
+    c.add(t, "num_overflow_so_args", b'\x00{"prompt": "x", "so_args": {"json_schema": {"type": "number", "minimum": 1e999}}}')
+    c.add(t, "num_overflow_schema_text", b'\x01{"messages": [{"role": "user", "content": "x"}], "so_args": {"json": "1e999"}}')
+    c.add(t, "deep_body", b"\x01" + ('{"messages": ' + deep_list(DEEP) + "}").encode())
+    c.add(t, "deep_so_args", b"\x00" + ('{"prompt": "x", "so_args": {"json_schema": ' + '{"a": ' * DEEP + "1" + "}" * DEEP + "}}").encode())
+    c.add(t, "invalid_utf8", b'\x01{"messages": [{"role": "user", "content": "\xff\xfe caf\xc3"}]}')
+    c.add(t, "not_object", b"\x00[1, 2, 3]")
+    c.add(t, "truncated", b'\x01{"messages": [{"role": "us')
+    c.add(t, "type_confusion", b'\x01{"messages": [{"role": "user", "content": 5}], "tools": {"a": 1}, "n": "2"}')
+
+
 def main():
     out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "build-fuzz", "seeds")
     c = Corpus(out)
@@ -269,6 +339,7 @@ def main():
     config_seeds(c)
     tokenizer_seeds(c)
     so_args_seeds(c)
+    server_request_seeds(c)
     for target, n in sorted(c.count.items()):
         print(f"{target}: {n} seeds")
 

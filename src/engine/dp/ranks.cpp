@@ -79,6 +79,16 @@ void wait_workers_ready(const std::string& dir, parallel::WorkerProcesses& worke
   }
 }
 
+// What rank `rank` prepares: its expert shard when experts are sharded and never move (no EPLB),
+// else every expert (the CPU backend re-routes on an EPLB re-placement; weights stay).
+std::optional<parallel::ExpertShard> expert_shard_for(const LLMConfig& config, const EnvConfig& env, int rank) {
+  const parallel::ParallelConfig pc = parallel_config(config, env);
+  if (pc.expert_parallel_size <= 1 || config.enable_eplb) return std::nullopt;
+  const parallel::RankPlace place = parallel::place_rank(pc, rank);
+  return parallel::ExpertShard{.rank = place.ep_rank, .size = pc.expert_parallel_size,
+                               .num_redundant = config.num_redundant_experts};
+}
+
 // Every rank after its model is loaded: the groups, expert parallelism, the engine.
 void connect(RankRuntime& rt, const LLMConfig& config, const EnvConfig& env, LoadedParts parts,
              const std::string& dir, const std::string& host) {
@@ -146,7 +156,7 @@ std::unique_ptr<RankRuntime> start_driver(const LLMConfig& config, const EnvConf
     DI_INFO("data-parallel: started ", rt->world_size - 1, " worker rank(s), rendezvous ", dir);
   }
   // The workers load theirs meanwhile. GPU ranks: rank r on device local_rank mod visible devices.
-  LoadedParts parts = load_parts(config, env, launched ? launched->local_rank : 0);
+  LoadedParts parts = load_parts(config, env, launched ? launched->local_rank : 0, expert_shard_for(config, env, 0));
   if (rt->workers) wait_workers_ready(dir, *rt->workers, rt->world_size);
   connect(*rt, config, env, std::move(parts), dir, host);
   rt->driver = std::make_unique<Driver>(*rt->engine, *rt->world);
@@ -171,7 +181,7 @@ void serve_worker(const parallel::RankEnv& launched, const LLMConfig* given) {
     const EnvConfig env = resolve_env(config);
     RankRuntime rt;
     rt.rank = launched.rank, rt.world_size = launched.world_size;
-    LoadedParts parts = load_parts(config, env, launched.local_rank);
+    LoadedParts parts = load_parts(config, env, launched.local_rank, expert_shard_for(config, env, launched.rank));
     if (!given) write_file(ready_file(dir, launched.rank), "");
     connect(rt, config, env, std::move(parts), dir, launched.host);
     RankLoop(*rt.engine, *rt.world).serve();

@@ -116,6 +116,9 @@ StepPlan DeepseekModel::plan_step(const ForwardBatch& batch, bool allow_fixed) c
 
 ForwardOutput DeepseekModel::run(const ForwardBatch& batch, const ForwardOptions& options) {
   validate_forward_batch(batch, be_->cache_geometry(), be_->cache_allocated(), arch_.dims.vocab);
+  if (shard_ && !be_->joins_collectives())
+    DI_THROW(InvalidArgument, describe(), ": holds only the routed experts of rank ", shard_->rank, " of ",
+             shard_->size, "; it runs inside an expert-parallel group (enable_expert_parallel) only");
   const int64_t R = int64_t(batch.logits_indices.size()), Rh = int64_t(batch.hidden_indices.size());
   if (options.logits_on_device && !be_->logits_on_device())
     DI_THROW(InternalError, describe(), ": logits_on_device on a backend without device logits");
@@ -178,9 +181,18 @@ void DeepseekModel::enable_expert_parallel(parallel::ProcessGroup& group, const 
   if (options.num_redundant_experts < 0)
     DI_THROW(InvalidArgument, "LLMConfig.num_redundant_experts must be >= 0, got ", options.num_redundant_experts);
   // Before any load is known: experts dealt out in contiguous ranges, the spare slots repeating
-  // experts from the start; EPLB re-places them by load.
-  const int32_t slots = (E + options.num_redundant_experts + n - 1) / n;
-  std::vector<parallel::ExpertPlacement> layers(size_t(arch_.plan.num_layers()), parallel::contiguous_placement(E, n, slots));
+  // experts from the start (parallel::ExpertShard); EPLB re-places them by load.
+  const parallel::ExpertShard start{.rank = group.rank(), .size = n, .num_redundant = options.num_redundant_experts};
+  if (shard_) {
+    if (shard_->rank != start.rank || shard_->size != start.size || shard_->num_redundant != start.num_redundant)
+      DI_THROW(InvalidArgument, "expert parallelism: this model holds the experts of rank ", shard_->rank, " of ",
+               shard_->size, " (", shard_->num_redundant, " redundant), but joins rank ", start.rank, " of ", start.size,
+               " (", start.num_redundant, " redundant)");
+    if (options.enable_eplb)
+      DI_THROW(InvalidArgument, "expert parallelism: EPLB re-places experts, but this model holds only its shard "
+                                "(moving weights between ranks is not built); load every expert to use EPLB");
+  }
+  std::vector<parallel::ExpertPlacement> layers(size_t(arch_.plan.num_layers()), start.placement(E));
   const EplbOptions eplb{.enabled = options.enable_eplb, .window_steps = options.eplb_window_size,
                          .step_interval = options.eplb_step_interval};
   be_->set_expert_parallel(std::make_shared<ExpertParallel>(group, std::move(layers), eplb));

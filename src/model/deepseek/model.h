@@ -5,6 +5,7 @@
 // drafter (mtp_drafter.h).
 #pragma once
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -80,6 +81,10 @@ class DeepseekModel : public CausalLM {
 
   const Arch& arch() const { return arch_; }
   ModelBackend& backend() { return *be_; }
+  // The routed experts the loader prepared (ModelLoadOptions::expert_shard; empty = all):
+  // enable_expert_parallel then needs the shard's placement and no EPLB (weights do not move).
+  void set_expert_shard(std::optional<parallel::ExpertShard> shard) { shard_ = shard; }
+  const std::optional<parallel::ExpertShard>& expert_shard() const { return shard_; }
   const std::vector<kv::LayerCacheSpec>& cache_specs() const { return specs_; }
 
  private:
@@ -95,6 +100,7 @@ class DeepseekModel : public CausalLM {
     int64_t length = 0, written_end = 0;
   };
   std::vector<SlotExtent> slot_extent_;  // [num_slots]
+  std::optional<parallel::ExpertShard> shard_;
 
   ModelInfo info_;
   Arch arch_;

@@ -10,7 +10,7 @@ std::unique_ptr<CausalLM> load(const std::string& dir, const ModelLoadOptions& o
   if (o.env.accelerator == Accelerator::kAscend)
     DI_THROW(InvalidArgument, "DEEPINFER_ACCELERATOR=ascend is reserved; this build runs on nvidia or cpu");
   return DeepseekV4Model::load(dir, {.load_mtp = true, .progress = o.progress, .max_rollback = o.limits.max_rollback,
-                                     .batch_invariant = o.env.batch_invariant});
+                                     .batch_invariant = o.env.batch_invariant, .expert_shard = o.expert_shard});
 }
 }  // namespace
 

@@ -31,11 +31,13 @@ std::unique_ptr<DeepseekV4Model> DeepseekV4Model::load(const std::string& dir, c
   ds::Arch arch = v4_arch(cfg, {.formats = V4Formats::kPlain, .num_mtp = num_mtp, .max_rollback = options.max_rollback});
   std::vector<kv::LayerCacheSpec> specs = model::cache_specs(arch.plan, {.head_dim = cfg.head_dim,
                                                                   .index_head_dim = cfg.index_head_dim});
-  auto store = prepare_cpu(cfg, arch.plan, w);
+  auto store = prepare_cpu(cfg, arch.plan, w, options.expert_shard);
   auto be = std::make_unique<ds::CpuBackend>(arch, specs, std::move(store),
                                              ds::CpuBackendOptions{.batch_invariant = options.batch_invariant});
-  return std::unique_ptr<DeepseekV4Model>(
+  auto m = std::unique_ptr<DeepseekV4Model>(
       new DeepseekV4Model(v4_model_info(cfg), std::move(arch), std::move(specs), std::move(be), w.keepalive, cfg));
+  m->set_expert_shard(options.expert_shard);
+  return m;
 }
 
 kv::KvCache& DeepseekV4Model::cache() { return static_cast<ds::CpuBackend&>(backend()).cache(); }

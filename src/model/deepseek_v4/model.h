@@ -22,6 +22,7 @@ struct ModelOptions {
   bool progress = false;      // loader progress lines
   int64_t max_rollback = 0;   // ring slack for rollback (ModelLimits::max_rollback)
   bool batch_invariant = false;  // DEEPINFER_BATCH_INVARIANT: fixed-order products (ds::CpuBackendOptions)
+  std::optional<parallel::ExpertShard> expert_shard;  // ModelLoadOptions::expert_shard
 };
 
 class DeepseekV4Model final : public ds::DeepseekModel {

@@ -38,10 +38,12 @@ std::vector<float> inv_freq_main(const DeepseekV4Config& c) { return inv_freq_fo
 std::vector<float> inv_freq_compress(const DeepseekV4Config& c) { return inv_freq_for(c.compress_rope, c.rope_head_dim); }
 
 std::unique_ptr<ds::CpuWeightStore> prepare_cpu(const DeepseekV4Config& cfg, const ModelPlan& plan,
-                                                const DeepseekV4Weights& canon) {
+                                                const DeepseekV4Weights& canon,
+                                                const std::optional<parallel::ExpertShard>& shard) {
   auto store = std::make_unique<ds::CpuWeightStore>();
   // The table points into the canonical views (read only here) and the store's refs.
-  const TensorTable table = v4_tensor_table(cfg, plan, const_cast<DeepseekV4Weights*>(&canon), &store->refs);
+  TensorTable table = v4_tensor_table(cfg, plan, const_cast<DeepseekV4Weights*>(&canon), &store->refs);
+  if (shard) keep_expert_shard(table, *shard, int32_t(cfg.n_routed_experts), int64_t(plan.layers.size()));
   for (const TensorEntry& e : table.entries) {
     switch (e.kind) {
       case EntryKind::kLinear: {

@@ -235,4 +235,11 @@ TensorTable v4_tensor_table(const DeepseekV4Config& cfg, const ModelPlan& plan, 
   return t;
 }
 
+void keep_expert_shard(TensorTable& table, const parallel::ExpertShard& shard, int32_t experts, int64_t main_layers) {
+  const std::vector<bool> held = shard.held(experts);
+  std::erase_if(table.entries, [&](const TensorEntry& e) {
+    return e.role == LinearRole::kExpert && e.layer >= 0 && e.layer < main_layers && !held.at(size_t(e.expert));
+  });
+}
+
 }  // namespace deepinfer::model::v4

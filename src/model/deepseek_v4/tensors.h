@@ -12,6 +12,7 @@
 #include "core/tensor.h"
 #include "model/deepseek/prepared.h"
 #include "model/deepseek_v4/config.h"
+#include "parallel/eplb.h"
 #include "model/deepseek_v4/weights.h"
 #include "model/plan/layer_plan.h"
 
@@ -68,5 +69,10 @@ struct TensorTable {
 // plan needs neither).
 TensorTable v4_tensor_table(const DeepseekV4Config& cfg, const ModelPlan& plan, DeepseekV4Weights* canon,
                             ds::ModelRef* prep);
+
+// Drops the main layers' routed-expert entries that `shard` does not hold (expert parallelism
+// without weight moves): what is not in the table is neither planned nor prepared nor uploaded.
+// MTP blocks keep every expert (drafting is not expert-parallel).
+void keep_expert_shard(TensorTable& table, const parallel::ExpertShard& shard, int32_t experts, int64_t main_layers);
 
 }  // namespace deepinfer::model::v4

@@ -28,8 +28,9 @@ struct RankWork {
   std::vector<float> logits;       // [ids, V]
 };
 
-std::unique_ptr<model::v4::DeepseekV4Model> load(const std::string& dir) {
-  auto m = model::v4::DeepseekV4Model::load(dir, {.max_rollback = 5});
+std::unique_ptr<model::v4::DeepseekV4Model> load(const std::string& dir,
+                                                 std::optional<parallel::ExpertShard> shard = std::nullopt) {
+  auto m = model::v4::DeepseekV4Model::load(dir, {.max_rollback = 5, .expert_shard = shard});
   m->allocate_cache_for(2, 512);
   return m;
 }
@@ -78,9 +79,11 @@ void expect_close(const std::vector<float>& a, const std::vector<float>& b, int6
 // replicated: a balanced EPLB placement of a skewed load with one redundant slot per rank, so hot
 // experts have replicas on several ranks. eplb: runtime rebalancing every 2 steps over a 3-step
 // window (any gain taken), so the placement changes while sequences are mid-flight.
+// sharded: each rank's model prepares only its contiguous share of the routed experts
+// (ModelLoadOptions::expert_shard), as the data-parallel engine loads them without EPLB.
 struct EpCase {
   int n;
-  bool replicated, eplb;
+  bool replicated, eplb, sharded = false;
 };
 class ExpertParallelCpu : public ::testing::TestWithParam<EpCase> {};
 
@@ -97,7 +100,7 @@ parallel::ExpertPlacement placement_for(int32_t experts, int n, bool replicated,
 TEST_P(ExpertParallelCpu, RanksMatchSingleRank) {
   const std::string dir = golden_dir("tiny");
   if (!std::filesystem::exists(dir + "/config.json")) GTEST_SKIP() << "fixture " << dir << " absent";
-  const auto [n, replicated, eplb] = GetParam();
+  const auto [n, replicated, eplb, sharded] = GetParam();
   const auto inputs = read_inputs(dir);
   const std::vector<int32_t> ids = inputs.count("long") ? inputs.at("long") : inputs.begin()->second;
   // Rank r: a different slice of the ids, different chunking; rank 1 idles for the first steps and
@@ -137,9 +140,19 @@ TEST_P(ExpertParallelCpu, RanksMatchSingleRank) {
       try {
         auto pg = parallel::make_gloo_group({.rendezvous_dir = rdv.path(), .name = "ep", .rank = r, .size = n,
                                              .timeout = std::chrono::milliseconds(60000)});
-        auto m = load(dir);
+        auto m = sharded ? load(dir, parallel::ExpertShard{.rank = r, .size = n}) : load(dir);
         auto& be = static_cast<model::ds::CpuBackend&>(m->backend());
         const auto& g = m->arch().dims;
+        if (sharded) {  // exactly this rank's experts are prepared, in every main layer
+          const std::vector<bool> mine = parallel::ExpertShard{.rank = r, .size = n}.held(int32_t(g.experts));
+          const int64_t slots = (g.experts + n - 1) / n;
+          EXPECT_LE(std::count(mine.begin(), mine.end(), true), slots);
+          for (const auto& L : m->backend().weights().layers)
+            for (int64_t e = 0; e < g.experts; ++e) {
+              const auto& ex = L.ffn.experts[size_t(e)];
+              EXPECT_EQ(ex.w13.defined() && ex.w2.defined(), bool(mine[size_t(e)])) << "rank " << r << " expert " << e;
+            }
+        }
         std::vector<parallel::ExpertPlacement> layouts;
         for (int64_t l = 0; l < m->arch().plan.num_layers(); ++l)
           layouts.push_back(placement_for(int32_t(g.experts), n, replicated, l));
@@ -181,7 +194,31 @@ TEST_P(ExpertParallelCpu, RanksMatchSingleRank) {
 
 INSTANTIATE_TEST_SUITE_P(Ranks, ExpertParallelCpu,
                          ::testing::Values(EpCase{2, false, false}, EpCase{3, false, false}, EpCase{3, true, false},
-                                           EpCase{3, true, true}));
+                                           EpCase{3, true, true}, EpCase{2, false, false, true},
+                                           EpCase{3, false, false, true}));
+
+// A model holding only its shard refuses EPLB (weights would have to move) and another rank's seat.
+TEST(ExpertParallelCpu, ShardedModelRefusesEplbAndAnotherRank) {
+  const std::string dir = golden_dir("tiny");
+  if (!std::filesystem::exists(dir + "/config.json")) GTEST_SKIP() << "fixture " << dir << " absent";
+  auto pg = parallel::make_single_rank_group();
+  auto m = load(dir, parallel::ExpertShard{.rank = 0, .size = 1});
+  try {
+    m->enable_expert_parallel(*pg, {.enable_eplb = true});
+    FAIL() << "EPLB accepted on a sharded model";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("EPLB"), std::string::npos) << e.what();
+  }
+  auto other = load(dir, parallel::ExpertShard{.rank = 1, .size = 2});
+  try {
+    other->enable_expert_parallel(*pg, {});
+    FAIL() << "a rank-1-of-2 shard joined a one-rank group";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 1 of 2"), std::string::npos) << e.what();
+  }
+  m->enable_expert_parallel(*pg, {});  // its own seat, no EPLB: fine
+  EXPECT_TRUE(m->joins_collectives());
+}
 
 // A placement whose rank count is not the group's is refused, naming both.
 TEST(ExpertParallelCpu, PlacementForAnotherGroupSizeRefused) {

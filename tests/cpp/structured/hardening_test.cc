@@ -127,5 +127,32 @@ TEST(Hardening, ErrorTextIsValidUtf8) {
   EXPECT_TRUE(valid_utf8(m)) << m;
 }
 
+// Found by fuzz_so_args (tests/fuzz/regressions/so_args/raw_number_overflow): a number past
+// double's range made nlohmann throw out_of_range, which escaped compile() untyped. Now a
+// GrammarError naming the field, whether in so_args itself or in a schema given as text.
+TEST(Hardening, NumberPastDoubleRangeIsANamedGrammarError) {
+  GrammarCompiler c(byte_vocab());
+  auto message = [&](const std::string& args) -> std::string {
+    try {
+      c.compile(args);
+    } catch (const GrammarError& e) {
+      return e.what();
+    } catch (const std::exception& e) {
+      return std::string("untyped: ") + e.what();
+    }
+    return "accepted";
+  };
+  std::string m = message(R"({"json_schema": {"type": "number", "maximum": 1e999}})");
+  EXPECT_NE(m.find("field 'json_schema.maximum'"), std::string::npos) << m;
+  EXPECT_NE(m.find("outside the range of a double"), std::string::npos) << m;
+  m = message(json{{"json_schema", R"({"type": "number", "minimum": -1e999})"}}.dump());
+  EXPECT_NE(m.find("json_schema: field 'minimum'"), std::string::npos) << m;
+  m = message(json{{"json_schema", "1e999"}}.dump());  // the Python API's so_args={"json": "1e999"}
+  EXPECT_NE(m.find("outside the range of a double"), std::string::npos) << m;
+  EXPECT_TRUE(valid_utf8(m)) << m;
+  // Within range: compiles.
+  EXPECT_NO_THROW(c.compile(R"({"json_schema": {"type": "number", "maximum": 1e3}})"));
+}
+
 }  // namespace
 }  // namespace deepinfer::structured::test

@@ -72,7 +72,9 @@ CudaHostPlan CudaHostPlan::make(const DeepseekV4Config& cfg, const CudaModelOpti
   CudaHostPlan p;
   p.plan = v4_plan(cfg, plan_options(o, num_mtp));
   p.cache_specs = model::cache_specs(p.plan, {.head_dim = cfg.head_dim, .index_head_dim = cfg.index_head_dim});
-  const TensorTable table = v4_tensor_table(cfg, p.plan, nullptr, nullptr);
+  TensorTable table = v4_tensor_table(cfg, p.plan, nullptr, nullptr);
+  if (o.expert_shard)
+    keep_expert_shard(table, *o.expert_shard, int32_t(cfg.n_routed_experts), int64_t(p.plan.layers.size()));
   const size_t e = storage_bytes(o.storage_numerics());
   p.weight_bytes = v4_device_weight_bytes(cfg, table, o);
   p.activation_bytes = v4::activation_bytes(cfg, v4_dims(cfg), table, o);
@@ -113,8 +115,10 @@ std::unique_ptr<DeepseekV4CudaModel> DeepseekV4CudaModel::load(const std::string
   auto be = std::make_unique<CudaBackend>(arch, plan.cache_specs, std::move(store), o, mem, std::move(fp8),
                                           std::move(stream));
   ds::ModelInfo model_info = v4_model_info(cfg);  // before cfg moves into the model
-  return std::unique_ptr<DeepseekV4CudaModel>(new DeepseekV4CudaModel(
+  auto m = std::unique_ptr<DeepseekV4CudaModel>(new DeepseekV4CudaModel(
       std::move(model_info), std::move(arch), plan.cache_specs, std::move(be), w.keepalive, std::move(cfg)));
+  m->set_expert_shard(o.expert_shard);
+  return m;
 }
 
 CudaModelOptions engine_cuda_options(const ModelLoadOptions& l) {
@@ -129,6 +133,7 @@ CudaModelOptions engine_cuda_options(const ModelLoadOptions& l) {
   if (l.limits.max_model_len > 0) o.max_context = l.limits.max_model_len;
   o.max_rollback = l.limits.max_rollback;
   o.batch_invariant = l.env.batch_invariant;
+  o.expert_shard = l.expert_shard;
   return o;
 }
 

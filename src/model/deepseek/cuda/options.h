@@ -4,8 +4,10 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 
 #include "core/dtype.h"
+#include "parallel/eplb.h"
 
 namespace deepinfer::model::ds::cuda {
 
@@ -62,6 +64,7 @@ struct CudaModelOptions {
   int64_t max_rollback = 0;           // ring slack for rollback (ModelLimits::max_rollback)
   double utilization = 0.92;          // share of the card the engine may take
   int device = 0;
+  std::optional<parallel::ExpertShard> expert_shard;  // ModelLoadOptions::expert_shard
   DecodePath decode = DecodePath::kGeneral;  // prefill and larger batches always take the general path
   ExpertPath experts = ExpertPath::kNative;
   DensePath dense = DensePath::kNative;

@@ -422,7 +422,9 @@ std::unique_ptr<GpuWeightStore> upload_v4(const v4::DeepseekV4Config& cfg, const
   auto st = std::make_unique<GpuWeightStore>();
   Uploader u(planned_bytes, o.progress, o.device, stream);
   // The table points into the canonical views (read only here) and the store's refs.
-  const v4::TensorTable both = v4::v4_tensor_table(cfg, plan, const_cast<v4::DeepseekV4Weights*>(&canon), &st->refs);
+  v4::TensorTable both = v4::v4_tensor_table(cfg, plan, const_cast<v4::DeepseekV4Weights*>(&canon), &st->refs);
+  if (o.expert_shard)  // another rank's experts stay undefined (null in the device pointer tables)
+    v4::keep_expert_shard(both, *o.expert_shard, int32_t(cfg.n_routed_experts), int64_t(plan.layers.size()));
   std::vector<ds::MoeRef*> moes;
   for (auto& L : st->refs.layers) moes.push_back(&L.ffn);
   for (auto& M : st->refs.mtp) moes.push_back(&M.block.ffn);
