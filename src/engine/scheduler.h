@@ -104,6 +104,10 @@ class Scheduler {
   const SchedulerConfig& config() const { return config_; }
   const PrefixCache& prefix_cache() const { return prefix_; }
   const HostBlockTier& host_tier() const { return host_; }
+  // Prefill/decode disaggregation (Engine::export_prefix / import_prefix): the longest cached
+  // prefix of a prompt (device blocks only, no stats counted) and a checkpoint brought in.
+  PrefixMatch match_prefix(std::span<const int32_t> prompt) { return prefix_.match(cache_, prompt, {}, false, nullptr); }
+  void put_checkpoint(const SavedCheckpoint& c) { prefix_.put(c); }
 
  private:
   bool schedule_running(SchedulerOutput& out, int64_t& budget);
