@@ -76,12 +76,13 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<model::CausalLM> mode
                                                                  .sampled_drafts = config_.sampled_drafts,
                                                                  .block_tokens = g.block_tokens,
                                                                  .host_blocks = sc.prefix_cache.host_blocks});
-  // Drafts for step N+1 come from step N's verification, and prefix caching saves a step's slot
-  // checkpoints right after it (before the next step writes the slot): such steps run synchronously.
-  async_ = config_.env.async_scheduling.value_or(true) && sc.num_speculative_tokens == 0 && !sc.prefix_cache.enabled;
+  // Drafts for step N+1 come from step N's verification (which tokens it accepted): with drafting
+  // on, steps run synchronously. Prefix caching runs asynchronously (the runner saves a step's
+  // checkpoints before the next step writes its slots; update() keys those whose block ends in
+  // the token that step sampled).
+  async_ = config_.env.async_scheduling.value_or(true) && sc.num_speculative_tokens == 0;
   if (config_.env.async_scheduling.value_or(false) && !async_)
-    DI_WARN("DEEPINFER_ASYNC_SCHEDULING=1: ", sc.num_speculative_tokens ? "speculative decoding" : "prefix caching",
-            " is on, its steps run synchronously");
+    DI_WARN("DEEPINFER_ASYNC_SCHEDULING=1: speculative decoding is on, its steps run synchronously");
   outputs_ = std::make_unique<OutputProcessor>(codec_.get());
 }
 

@@ -29,6 +29,7 @@
 #include "engine/kv_cache_manager.h"
 #include "engine/model_runner.h"
 #include "engine/output_processor.h"
+#include "engine/kv_transfer.h"
 #include "engine/scheduler.h"
 #include "engine/spec_budget.h"
 #include "model/causal_lm.h"
@@ -117,6 +118,14 @@ class Engine {
   const KVCacheManager& cache() const { return *cache_; }
   const ModelRunner& runner() const { return *runner_; }
   int64_t max_model_len() const { return config_.scheduler.max_model_len; }
+
+  // Prefill/decode disaggregation (engine/kv_transfer.h). Between steps only (the engine thread).
+  // The blocks and checkpoint of `prompt`'s longest cached prefix (empty without one).
+  KvBundle export_prefix(std::span<const int32_t> prompt);
+  // Makes a bundle's prefix a prefix-cache entry here: the tokens imported, 0 for an empty
+  // bundle or prefix caching off, -1 when the cache has no room now. InvalidArgument for a
+  // bundle of another model, numerics or block layout.
+  int64_t import_prefix(const KvBundle& bundle);
 
  private:
   std::vector<int32_t> tokenize(const PromptInput& prompt) const;
