@@ -119,7 +119,7 @@ TEST(GrammarAsync, SlowCompileDoesNotDelayOtherRequests) {
   if (!solo.available()) GTEST_SKIP() << "structured module not in this build";
   std::map<std::string, RequestOutput> alone;
   solo.eng->add_request("b", prompt("hello"), greedy(12, regex("(ab)+c?")), 0);
-  const int64_t b_steps = solo.run(alone);
+  const int64_t b_steps = solo.run(alone, "b");  // steps until its output is final (async: one may still be in flight)
   ASSERT_TRUE(alone.count("b") && alone["b"].error.empty());
 
   // A's grammar is held compiling; B runs beside it in exactly as many steps.
