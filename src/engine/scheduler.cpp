@@ -314,7 +314,10 @@ void Scheduler::drain_evictions(SchedulerOutput& out) {
 
 std::vector<SeqGrammarMasks> Scheduler::grammar_masks(const SchedulerOutput& out) {
   const size_t words = size_t((vocab_size_ + 31) / 32);
+  // One job per sampling sequence (rows after drafts[0, i)), filled together: in parallel on
+  // the grammar compiler's workers when it has them.
   std::vector<SeqGrammarMasks> masks;
+  std::vector<GrammarMaskJob> jobs;
   for (const ScheduledSeq& s : out.scheduled) {
     auto it = requests_.find(s.seq_id);
     // Finished (or preempted) after it was scheduled: its row is dropped, no mask needed.
@@ -323,18 +326,13 @@ std::vector<SeqGrammarMasks> Scheduler::grammar_masks(const SchedulerOutput& out
     if (!s.samples || !r.grammar) continue;
     DI_CHECK(r.inflight_samples == 1, "seq ", s.seq_id, ": grammar mask asked with ", r.inflight_samples,
              " samples in flight (the previous step must be applied first)");
-    SeqGrammarMasks m{s.seq_id, std::vector<std::vector<uint32_t>>(size_t(s.num_sample_rows()))};
-    const int32_t n_drafts = int32_t(s.draft_tokens.size());
-    for (int32_t i = 0; i <= n_drafts; ++i) {
-      m.rows[size_t(i)].assign(words, 0);
-      r.grammar->fill_bitmask(m.rows[size_t(i)]);
-      if (i < n_drafts)
-        DI_CHECK(r.grammar->accept_token(s.draft_tokens[size_t(i)]), "seq ", s.seq_id, ": draft ", i,
-                 " was checked against the grammar but is rejected now");
-    }
-    if (n_drafts > 0) r.grammar->rollback(n_drafts);
-    masks.push_back(std::move(m));
+    masks.push_back({s.seq_id, std::vector<std::vector<uint32_t>>(size_t(s.num_sample_rows()), std::vector<uint32_t>(words, 0))});
+    jobs.push_back({r.grammar.get(), s.draft_tokens, nullptr});
   }
+  for (size_t i = 0; i < jobs.size(); ++i) jobs[i].rows = &masks[i].rows;
+  if (grammar_compiler_) grammar_compiler_->fill_bitmasks(jobs);
+  else
+    for (const GrammarMaskJob& j : jobs) j.matcher->fill_bitmasks(j.drafts, *j.rows);
   return masks;
 }
 

@@ -87,6 +87,9 @@ class Scheduler {
   // Bitmasks of `out`'s sampling sequences with a grammar (rows after drafts[0, i)). Call after
   // update() applied every step before `out`, so each matcher has accepted its tokens.
   std::vector<SeqGrammarMasks> grammar_masks(const SchedulerOutput& out);
+  // Grammar masks are filled through `c` (its fill_bitmasks: in parallel on its workers); null
+  // = one matcher after another. The compiler outlives the scheduler.
+  void set_grammar_compiler(GrammarCompiler* c) { grammar_compiler_ = c; }
   // Applies step `out`'s results (`result` answers it; `stops` are the output processor's
   // stop-string / text-error events on result's tokens) and completes the step for the cache.
   // Returns one update per scheduled sequence that was still running.
@@ -146,6 +149,7 @@ class Scheduler {
   PrefixCache prefix_;
   HostBlockTier host_;
   int64_t vocab_size_;
+  GrammarCompiler* grammar_compiler_ = nullptr;
   std::unordered_map<int64_t, std::unique_ptr<Request>> requests_;
   std::deque<Request*> waiting_;   // arrival order
   std::vector<Request*> running_;  // arrival order
