@@ -17,6 +17,9 @@ struct StructuredOutputsParams {
   std::optional<std::vector<std::string>> choice;  // one of these strings
   std::optional<std::string> grammar;              // EBNF grammar text
   bool json_object = false;                        // any JSON object
+  // A DSML tool-call block (so_args.tool_calls as JSON text: format v4 | v41, tools, mode
+  // required | auto, parallel, function; docs/STRUCTURED.md).
+  std::optional<std::string> tool_calls;
   // DeepInfer's trigger (so_args trigger_token_ids / bound_token_id): tokens are free until
   // this token sequence has appeared, then the constraint applies; once bound_token_id is
   // generated before that, the rest of the trigger is forced. Empty: constrained from the start.
@@ -24,7 +27,7 @@ struct StructuredOutputsParams {
   std::optional<int32_t> bound_token_id;           // needs a non-empty trigger_token_ids
   int num_set() const {
     return int(json.has_value()) + int(regex.has_value()) + int(choice.has_value()) + int(grammar.has_value()) +
-           int(json_object);
+           int(json_object) + int(tool_calls.has_value());
   }
 };
 

@@ -93,6 +93,8 @@ class GrammarCompiler {
   GrammarCompiler(std::shared_ptr<const TokenVocabulary> vocab, CompilerOptions options = {});
   // Cached by the canonical text of so_args. Thread-safe.
   std::shared_ptr<const CompiledGrammar> compile(std::string_view so_args_json);
+  // The cached grammar for so_args, or null (not compiled yet, or bad text: compile() says why).
+  std::shared_ptr<const CompiledGrammar> find_cached(std::string_view so_args_json);
   // Without the cache (benchmarks measure this).
   std::shared_ptr<const CompiledGrammar> compile_uncached(std::string_view so_args_json) const;
   const std::shared_ptr<const TokenVocabulary>& vocabulary() const { return vocab_; }
@@ -152,6 +154,16 @@ class GrammarMatcher {
 //   fill_next_token_bitmasks: one batch's masks in parallel (rows of row_words words, row i
 //     for matchers[i]; distinct matchers, each touched by one thread), the calling thread
 //     working too; returns when every row is filled. Rethrows the first matcher error.
+//   fill_bitmasks: the same for jobs with drafts (speculative decoding): each job's rows are
+//     its matcher's fill_draft_bitmasks, `filled` the rows it filled.
+struct MaskJob {
+  GrammarMatcher* matcher = nullptr;
+  std::span<const int32_t> draft;  // empty: one row, the next token's mask
+  std::span<int32_t> words;        // (draft.size() + 1) * row_words words
+  size_t row_words = 0;
+  int32_t filled = 0;              // out: 1 + the draft tokens accepted
+};
+
 class StructuredWorkers {
  public:
   explicit StructuredWorkers(int threads);
@@ -163,6 +175,7 @@ class StructuredWorkers {
                                                                          std::string so_args_json);
   void fill_next_token_bitmasks(std::span<GrammarMatcher* const> matchers, std::span<int32_t> words,
                                 size_t row_words);
+  void fill_bitmasks(std::span<MaskJob> jobs);
 
  private:
   struct Impl;

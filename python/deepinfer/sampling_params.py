@@ -35,12 +35,15 @@ class StructuredOutputsParams:
     DeepInfer's own so_args forms are accepted too: {"schema_type": "json" | "regex" | "ebnf",
     "schema": ...}, and the names json_schema (= json) and ebnf (= grammar). trigger_token_ids:
     tokens are free until this sequence has appeared, then the constraint applies;
-    bound_token_id (needs trigger_token_ids): once generated, the rest of the trigger is forced."""
+    bound_token_id (needs trigger_token_ids): once generated, the rest of the trigger is forced.
+    tool_calls: a DSML tool-call block, {"format": "v4" | "v41", "tools": [...], "mode":
+    "required" | "auto", "parallel": bool, "function": name} (dict or JSON text)."""
     json: Optional[Union[str, Dict[str, Any]]] = None
     regex: Optional[str] = None
     choice: Optional[List[str]] = None
     grammar: Optional[str] = None
     json_object: Optional[bool] = None
+    tool_calls: Optional[Union[str, Dict[str, Any]]] = None
     trigger_token_ids: Optional[List[int]] = None
     bound_token_id: Optional[int] = None
 
@@ -92,6 +95,17 @@ class StructuredOutputsParams:
             s.choice = [as_str(f"so_args.choice[{i}]", c) for i, c in enumerate(self.choice)]
         if self.grammar is not None:
             s.grammar = as_str("so_args.grammar", self.grammar)
+        if self.tool_calls is not None:
+            if isinstance(self.tool_calls, str):
+                s.tool_calls = as_str("so_args.tool_calls", self.tool_calls)
+            elif isinstance(self.tool_calls, dict):
+                check_json_depth("so_args.tool_calls", self.tool_calls)
+                try:
+                    s.tool_calls = _json.dumps(self.tool_calls)
+                except (TypeError, ValueError) as e:
+                    raise ValueError(f"so_args.tool_calls is not JSON-serialisable: {e}") from None
+            else:
+                raise ValueError(f"so_args.tool_calls must be a dict or JSON text, got {type(self.tool_calls).__name__}")
         s.json_object = False if self.json_object is None else as_bool("so_args.json_object", self.json_object)
         trig = self.trigger_token_ids or []
         if not isinstance(trig, (list, tuple)) or any(type(t) is not int or t < 0 for t in trig):

@@ -24,6 +24,7 @@ void bind_params(nb::module_& m) {
       .def_rw("choice", &StructuredOutputsParams::choice)
       .def_rw("grammar", &StructuredOutputsParams::grammar)
       .def_rw("json_object", &StructuredOutputsParams::json_object)
+      .def_rw("tool_calls", &StructuredOutputsParams::tool_calls)
       .def_rw("trigger_token_ids", &StructuredOutputsParams::trigger_token_ids)
       .def_rw("bound_token_id", &StructuredOutputsParams::bound_token_id);
   nb::enum_<OutputKind>(m, "OutputKind")

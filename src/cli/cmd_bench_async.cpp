@@ -6,7 +6,10 @@
 // wall time and, on a device backend, each step's device busy time and the device's idle time
 // before it (CUDA events at the step's first upload and after its sampling was queued:
 // CausalLM::set_profiling). Configurations: async on/off at each --async-batches B, and
-// batch-invariant off/on (async on) at each --invariant-batches B.
+// batch-invariant off/on (async on) at each --invariant-batches B; prefix caching as the engine
+// defaults (on; --prefix-cache 0 turns it off). --check-invariance / --check-prefix-invariance
+// check bit-identity of one request alone, in batches, and (the latter) served from the prefix
+// cache against the cache off, with batch invariance on.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -29,6 +32,7 @@ using Clock = std::chrono::steady_clock;
 struct Config {
   std::string model;
   int64_t prompt_len = 64, warm = 8, steps = 64;
+  bool prefix_cache = true;  // in the timed engines (the engine's default; distinct prompts: no hits)
   EnvConfig env;
 };
 
@@ -65,7 +69,7 @@ Result run_one(const Config& c, int64_t B, bool async, bool invariant) {
   ec.scheduler.max_num_seqs = B;
   ec.scheduler.max_num_batched_tokens = budget;
   ec.scheduler.max_model_len = max_len;
-  ec.scheduler.prefix_cache.enabled = false;  // its steps are synchronous; distinct prompts anyway
+  ec.scheduler.prefix_cache.enabled = c.prefix_cache;
   ec.num_speculative_tokens = 0;
   auto model = load_model(c.model, {.env = env,
                                     .limits = {.max_num_seqs = B, .max_num_batched_tokens = budget, .max_model_len = max_len},
@@ -125,36 +129,72 @@ struct Trace {
   }
 };
 
-Trace trace_in_batch(const Config& c, bool seeded, int64_t n, int64_t budget, uint64_t seed) {
+// One traced run: the target inside `neighbours` random requests arriving over its first steps.
+// shared > 0: the target's prompt is a shared prefix of that many tokens + its own 17, and half
+// the neighbours start with a piece of the prefix; with the cache on, a request with the prefix
+// and another tail runs to the end first, so the target starts from its cached blocks.
+struct TraceRun {
+  bool seeded = false;
+  int64_t neighbours = 0, budget = 2048;
+  uint64_t seed = 1;
+  bool prefix_cache = false;
+  int64_t shared = 0;
+};
+
+Trace trace_in_batch(const Config& c, const TraceRun& tr, int64_t* cached = nullptr) {
   EnvConfig env = c.env;
   env.async_scheduling = true;
   env.batch_invariant = true;
+  const int64_t max_len = tr.shared + 256;
   EngineConfig ec;
   ec.env = env;
   ec.scheduler.max_num_seqs = 256;
-  ec.scheduler.max_num_batched_tokens = budget;
-  ec.scheduler.max_model_len = 256;
-  ec.scheduler.prefix_cache.enabled = false;  // asynchronous steps
+  ec.scheduler.max_num_batched_tokens = tr.budget;
+  ec.scheduler.max_model_len = max_len;
+  ec.scheduler.prefix_cache.enabled = tr.prefix_cache;
   ec.num_speculative_tokens = 0;
   auto model = load_model(c.model, {.env = env,
-                                    .limits = {.max_num_seqs = 256, .max_num_batched_tokens = budget, .max_model_len = 256},
+                                    .limits = {.max_num_seqs = 256, .max_num_batched_tokens = tr.budget, .max_model_len = max_len},
                                     .progress = false});
   Engine eng(ec, std::move(model), nullptr);
+  DI_CHECK(eng.async_scheduling(), "bench-async: the traced engine is not asynchronous");
   const int64_t vocab = eng.model().vocab_size();
+  const std::vector<int32_t> shared = prompt(tr.shared, vocab, 31337);
+  auto with_shared = [&](int64_t len, std::vector<int32_t> tail) {
+    std::vector<int32_t> p(shared.begin(), shared.begin() + len);
+    p.insert(p.end(), tail.begin(), tail.end());
+    return p;
+  };
   SamplingParams tp;
   tp.max_tokens = 16;
   tp.ignore_eos = true;
   tp.logprobs = 4;
-  tp.temperature = seeded ? 0.9f : 0.f;
-  if (seeded) tp.seed = 987654321;
-  std::mt19937_64 rng(seed);
-  std::vector<std::pair<int, int64_t>> arrivals;  // (step, neighbour)
-  for (int64_t i = 0; i < n; ++i) arrivals.push_back({int(rng() % 5), i});
+  tp.temperature = tr.seeded ? 0.9f : 0.f;
+  if (tr.seeded) tp.seed = 987654321;
+  std::mt19937_64 rng(tr.seed);
+  std::vector<std::pair<int, int64_t>> arrivals;  // (step offset, neighbour)
+  for (int64_t i = 0; i < tr.neighbours; ++i) arrivals.push_back({int(rng() % 5), i});
+  // The request that fills the cache with the prefix first (cache on only).
+  int target_at = 1;
+  if (tr.prefix_cache && tr.shared > 0) {
+    SamplingParams wp;
+    wp.max_tokens = 3;
+    wp.ignore_eos = true;
+    wp.temperature = 0;
+    eng.add_request("warm", PromptInput::from_token_ids(with_shared(tr.shared, prompt(9, vocab, 777))), wp, 0);
+    for (int guard = 0; eng.has_unfinished(); ++guard) {
+      DI_CHECK(guard < 100000, "bench-async: the prefix run made no progress");
+      eng.step();
+    }
+  }
   Trace t;
   bool done = false;
   for (int step = 0; !done; ++step) {
     DI_CHECK(step < 100000, "bench-async: invariance run made no progress");
-    if (step == 1) eng.add_request("target", PromptInput::from_token_ids(prompt(37, vocab, 4242)), tp, 0);
+    if (step == target_at) {
+      const std::vector<int32_t> own = prompt(tr.shared > 0 ? 17 : 37, vocab, 4242);
+      eng.add_request("target", PromptInput::from_token_ids(tr.shared > 0 ? with_shared(tr.shared, own) : own), tp, 0);
+    }
     for (auto [at, i] : arrivals) {
       if (at != step) continue;
       SamplingParams sp;
@@ -162,11 +202,14 @@ Trace trace_in_batch(const Config& c, bool seeded, int64_t n, int64_t budget, ui
       sp.ignore_eos = true;
       sp.temperature = rng() % 2 ? 0.8f : 0.f;
       sp.seed = rng();
-      eng.add_request("n" + std::to_string(i), PromptInput::from_token_ids(prompt(1 + int64_t(rng() % 150), vocab, i)),
-                      sp, 0);
+      std::vector<int32_t> np = prompt(1 + int64_t(rng() % 150), vocab, i);
+      if (tr.shared > 0 && rng() % 2) np = with_shared(1 + int64_t(rng() % uint64_t(tr.shared)), np);
+      eng.add_request("n" + std::to_string(i), PromptInput::from_token_ids(np), sp, 0);
     }
     for (const RequestOutput& o : eng.step()) {
       if (o.request_id != "target" || !o.finished) continue;
+      DI_CHECK(o.error.empty(), "bench-async: the traced request failed: ", o.error);
+      if (cached) *cached = o.num_cached_tokens;
       const CompletionOutput& co = o.outputs.at(0);
       t.ids = co.token_ids;
       if (co.logprobs)
@@ -184,14 +227,39 @@ Trace trace_in_batch(const Config& c, bool seeded, int64_t n, int64_t budget, ui
 int check_invariance(const Config& c, const std::vector<int64_t>& sizes) {
   int bad = 0;
   for (bool seeded : {false, true}) {
-    const Trace alone = trace_in_batch(c, seeded, 0, 2048, 1);
+    const Trace alone = trace_in_batch(c, {.seeded = seeded});
     uint64_t seed = 2;
     for (int64_t n : sizes)
       for (int64_t budget : {int64_t(61), int64_t(2048)}) {
-        const bool same = trace_in_batch(c, seeded, n, budget, seed++) == alone;
+        const bool same = trace_in_batch(c, {.seeded = seeded, .neighbours = n, .budget = budget, .seed = seed++}) == alone;
         bad += !same;
         std::printf("invariance %s: %ld neighbours, budget %ld: %s\n", seeded ? "seeded" : "greedy", long(n),
                     long(budget), same ? "identical" : "DIFFERS");
+      }
+  }
+  return bad;
+}
+
+// Prefix caching with batch invariance on: the target (a shared prefix + its own tail) alone with
+// the cache off, against the cache on after another request cached the prefix, alone and inside
+// neighbours (half of them sharing part of the prefix), chunked (budget 61) and not.
+int check_prefix_invariance(const Config& c, const std::vector<int64_t>& sizes, int64_t shared) {
+  int bad = 0;
+  std::vector<int64_t> counts = {0};
+  counts.insert(counts.end(), sizes.begin(), sizes.end());
+  for (bool seeded : {false, true}) {
+    const Trace off = trace_in_batch(c, {.seeded = seeded, .shared = shared});
+    uint64_t seed = 100;
+    for (int64_t n : counts)
+      for (int64_t budget : {int64_t(61), int64_t(2048)}) {
+        int64_t cached = 0;
+        const bool same = trace_in_batch(c, {.seeded = seeded, .neighbours = n, .budget = budget, .seed = seed++,
+                                             .prefix_cache = true, .shared = shared},
+                                         &cached) == off;
+        bad += !same || cached == 0;
+        std::printf("prefix invariance %s: cache on (%ld of %ld prompt tokens cached), %ld neighbours, budget %ld: %s\n",
+                    seeded ? "seeded" : "greedy", long(cached), long(shared + 17), long(n), long(budget),
+                    !same ? "DIFFERS" : cached == 0 ? "NO HIT" : "identical to the cache off");
       }
   }
   return bad;
@@ -221,6 +289,14 @@ int run_bench_async(int argc, char** argv) {
   app.add_option("--check-invariance", check_s,
                  "neighbour counts: check that one request's ids and logprobs are bit-identical alone and in such "
                  "batches (batch invariance on); exit 1 when one differs");
+  std::string prefix_check_s;
+  int64_t shared = 600;
+  app.add_option("--check-prefix-invariance", prefix_check_s,
+                 "neighbour counts: check that a request hitting the prefix cache gives the ids and logprobs it gives "
+                 "with the cache off (batch invariance on), alone and in such batches; exit 1 when one differs");
+  app.add_option("--shared-prefix", shared, "shared prefix tokens of --check-prefix-invariance")->capture_default_str();
+  app.add_option("--prefix-cache", c.prefix_cache, "prefix caching in the timed engines (1: the engine's default)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   if (c.model.empty()) c.model = default_model_dir();
   if (c.model.empty()) DI_THROW(InvalidArgument, "bench-async: no --model and no bundled default model");
@@ -233,6 +309,12 @@ int run_bench_async(int argc, char** argv) {
   if (!check_s.empty()) {
     const int bad = check_invariance(c, parse_list(check_s));
     std::printf("invariance: %d case(s) differ\n", bad);
+    if (bad) return 1;
+  }
+  if (!prefix_check_s.empty()) {
+    DI_CHECK(shared > 0, "bench-async: --shared-prefix must be > 0");
+    const int bad = check_prefix_invariance(c, parse_list(prefix_check_s), shared);
+    std::printf("prefix invariance: %d case(s) differ or missed the cache\n", bad);
     if (bad) return 1;
   }
   std::vector<Result> rows;

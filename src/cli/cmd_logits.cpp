@@ -1,4 +1,5 @@
-// `deepinfer logits`: logits of every position of one token sequence through the CPU forward,
+// `deepinfer logits`: logits of every position of one token sequence through a DeepSeek-family forward
+// (V4 or V4.1, by config.json `architectures`; CPU fp32 by default, --accelerator nvidia for the GPU),
 // written as a float32 .npy [T, vocab]. --mode picks the path (full forward, chunked prefill,
 // token-by-token decode) so the three can be compared against each other and a reference.
 #include <CLI/CLI.hpp>
@@ -10,7 +11,10 @@
 
 #include "cli/command.h"
 #include "deepinfer/error.h"
-#include "model/deepseek_v4/model.h"
+#include "core/env.h"
+#include "model/deepseek/model.h"
+#include "model/registry.h"
+#include "model/sequence_runner.h"
 
 namespace {
 using namespace deepinfer;
@@ -57,24 +61,31 @@ void write_npy_f32(const std::string& path, const float* data, int64_t rows, int
 }
 
 int run_logits(int argc, char** argv) {
-  CLI::App app{"Logits of every position of a token sequence (CPU fp32 forward), as float32 .npy [T, vocab]"};
-  std::string model_dir, ids_str, out, mode = "full";
+  CLI::App app{"Logits of every position of a token sequence (DeepSeek V4 / V4.1 forward), as float32 .npy [T, vocab]"};
+  std::string model_dir, ids_str, out, mode = "full", accelerator = "cpu";
   int64_t chunk = 16;
   app.add_option("--model", model_dir, "checkpoint folder (config.json + safetensors)")->required();
   app.add_option("--ids", ids_str, "comma-separated token ids, e.g. 5,17,42")->required();
   app.add_option("--out", out, "output .npy path")->required();
   app.add_option("--mode", mode, "full | chunked | decode")->check(CLI::IsMember({"full", "chunked", "decode"}));
   app.add_option("--chunk", chunk, "chunk size for --mode chunked")->check(CLI::PositiveNumber);
+  app.add_option("--accelerator", accelerator, "cpu | nvidia (the model family's backend)")
+      ->check(CLI::IsMember({"cpu", "nvidia"}));
   CLI11_PARSE(app, argc, argv);
   try {
     const std::vector<int32_t> ids = parse_ids(ids_str);
-    auto model = model::v4::DeepseekV4Model::load(model_dir);
+    model::ModelLoadOptions o;
+    o.env.accelerator = accelerator == "nvidia" ? Accelerator::kNvidia : Accelerator::kCPU;
+    o.progress = false;
+    std::unique_ptr<model::CausalLM> lm = model::load_model(model_dir, o);  // V4 or V4.1 by `architectures`
+    auto* model = dynamic_cast<model::ds::DeepseekModel*>(lm.get());
+    if (!model) DI_THROW(InvalidArgument, model_dir, ": not a DeepSeek-family model");
     const int64_t T = int64_t(ids.size());
     model->allocate_cache_for(1, T);
     std::vector<int64_t> chunks;
     const int64_t step = mode == "full" ? T : mode == "decode" ? 1 : chunk;
     for (int64_t done = 0; done < T; done += step) chunks.push_back(std::min(step, T - done));
-    Tensor logits = model::v4::run_sequence(*model, ids, chunks);
+    Tensor logits = model::run_sequence(*model, model->cache_geometry(), ids, chunks);
     write_npy_f32(out, logits.data<float>(), logits.size(0), logits.size(1));
     std::fprintf(stderr, "wrote %s: [%lld, %lld] (%s)\n", out.c_str(), (long long)logits.size(0),
                  (long long)logits.size(1), mode.c_str());
@@ -85,4 +96,4 @@ int run_logits(int argc, char** argv) {
   return 0;
 }
 }  // namespace
-DI_REGISTER_COMMAND("logits", "write logits of every position of --ids as .npy (CPU forward)", run_logits);
+DI_REGISTER_COMMAND("logits", "write logits of every position of --ids as .npy (DeepSeek V4 / V4.1)", run_logits);

@@ -34,7 +34,18 @@ int run_serve(int argc, char** argv) {
   app.add_option("--prep-threads", o.prep_threads, "threads that parse, tokenize and compile grammars")->default_str("2");
   app.add_option("--max-body-mib", max_body_mib, "largest request body (MiB); larger ones get 413")->default_str("32");
   app.add_option("--api-key", o.api_key, "require 'Authorization: Bearer KEY' on /v1 (default: $DEEPINFER_API_KEY)");
+  std::string kv_peers;
+  app.add_option("--kv-role", o.kv.role, "prefill/decode disaggregation: prefill | decode (docs/ROUTER.md)");
+  app.add_option("--kv-rendezvous", o.kv.rendezvous_dir, "directory where prefill and decode servers meet (fresh per deployment)");
+  app.add_option("--kv-name", o.kv.name, "this server's name among them (letters, digits, - _)");
+  app.add_option("--kv-peers", kv_peers, "the other side's names, comma-separated");
+  app.add_option("--kv-wait-s", o.kv_wait_s, "decode: longest wait for a request's KV transfer")->default_str("10");
   CLI11_PARSE(app, argc, argv);
+  for (size_t p = 0; p < kv_peers.size();) {
+    const size_t e = std::min(kv_peers.find(',', p), kv_peers.size());
+    if (e > p) o.kv.peers.push_back(kv_peers.substr(p, e - p));
+    p = e + 1;
+  }
   o.llm.kv_cache_memory_bytes = size_t(kv_cache_gib * double(size_t(1) << 30));
   o.http.max_body_bytes = size_t(max_body_mib * double(1 << 20));
   if (o.api_key.empty())

@@ -1,5 +1,7 @@
 #include "engine/adapters.h"
 
+#include <exception>
+
 #include "core/check.h"
 #include "deepinfer/llm.h"
 
@@ -56,6 +58,57 @@ size_t complete_utf8_prefix(std::string_view s) {
 
 void GrammarMatcher::rollback(int32_t n) {
   DI_THROW(InternalError, "this grammar matcher cannot roll back (asked for ", n, " tokens)");
+}
+
+void GrammarMatcher::fill_bitmasks(std::span<const int32_t> drafts, std::vector<std::vector<uint32_t>>& rows) {
+  DI_CHECK(rows.size() == drafts.size() + 1, "fill_bitmasks: ", rows.size(), " rows for ", drafts.size(), " drafts");
+  DI_CHECK(drafts.empty() || supports_rollback(), "fill_bitmasks: drafts for a matcher that cannot roll back");
+  int32_t accepted = 0;
+  for (size_t i = 0; i <= drafts.size(); ++i) {
+    fill_bitmask(rows[i]);
+    if (i == drafts.size()) break;
+    if (!accept_token(drafts[i])) {
+      if (accepted > 0) rollback(accepted);
+      DI_THROW(InternalError, "draft ", i, " (token ", drafts[i], ") was checked against the grammar but is rejected now");
+    }
+    ++accepted;
+  }
+  if (accepted > 0) rollback(accepted);
+}
+
+namespace {
+// compile_async's default: compiled (or failed) at once.
+class ReadyGrammar final : public PendingGrammar {
+ public:
+  ReadyGrammar(GrammarCompiler& c, const StructuredOutputsParams& spec) : compiler_(c), spec_(spec) {
+    try {
+      first_ = c.compile(spec);
+    } catch (...) {
+      error_ = std::current_exception();
+    }
+  }
+  bool ready() const override { return true; }
+  bool wait_for(double) const override { return true; }
+  std::unique_ptr<GrammarMatcher> make_matcher() const override {
+    if (error_) std::rethrow_exception(error_);
+    if (first_) return std::move(first_);
+    return compiler_.compile(spec_);  // cached: a fresh matcher over the same grammar
+  }
+
+ private:
+  GrammarCompiler& compiler_;
+  StructuredOutputsParams spec_;
+  mutable std::unique_ptr<GrammarMatcher> first_;
+  std::exception_ptr error_;
+};
+}  // namespace
+
+std::shared_ptr<PendingGrammar> GrammarCompiler::compile_async(const StructuredOutputsParams& spec) {
+  return std::make_shared<ReadyGrammar>(*this, spec);
+}
+
+void GrammarCompiler::fill_bitmasks(std::span<const GrammarMaskJob> jobs) {
+  for (const GrammarMaskJob& j : jobs) j.matcher->fill_bitmasks(j.drafts, *j.rows);
 }
 
 std::string TextCodec::decode(const std::vector<int32_t>& ids, bool skip_special_tokens) const {

@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -60,6 +61,31 @@ class GrammarMatcher {
   // using one is never given drafts (supports_rollback() false).
   virtual bool supports_rollback() const { return false; }
   virtual void rollback(int32_t n);
+  // A sampling step's masks for speculative decoding: rows[i] (each pre-sized to ceil(vocab/32)
+  // words, rows.size() == drafts.size() + 1) is the mask after accepting drafts[0, i); the state
+  // is unchanged on return. The drafts were checked (Scheduler::plan_drafts): one the grammar
+  // rejects now is an InternalError. The default accepts, fills and rolls back.
+  virtual void fill_bitmasks(std::span<const int32_t> drafts, std::vector<std::vector<uint32_t>>& rows);
+};
+
+// One sequence's masks in a step (GrammarCompiler::fill_bitmasks).
+struct GrammarMaskJob {
+  GrammarMatcher* matcher = nullptr;
+  std::span<const int32_t> drafts;                    // the step's drafts for it (may be empty)
+  std::vector<std::vector<uint32_t>>* rows = nullptr;  // drafts.size() + 1 pre-sized rows
+};
+
+// A grammar that may still be compiling (GrammarCompiler::compile_async).
+class PendingGrammar {
+ public:
+  virtual ~PendingGrammar() = default;
+  // True once compiled or failed: make_matcher() then returns (or throws) without blocking.
+  virtual bool ready() const = 0;
+  // Waits up to `seconds` (0: just looks); returns ready().
+  virtual bool wait_for(double seconds) const = 0;
+  // A fresh matcher over the grammar, blocking until it is compiled; throws the compile's
+  // GrammarError / InvalidArgument.
+  virtual std::unique_ptr<GrammarMatcher> make_matcher() const = 0;
 };
 
 class GrammarCompiler {
@@ -68,12 +94,20 @@ class GrammarCompiler {
   // Throws GrammarError / InvalidArgument for a spec that does not compile.
   // Identical specs share one compiled grammar (the compiler caches by canonical so_args).
   virtual std::unique_ptr<GrammarMatcher> compile(const StructuredOutputsParams& spec) = 0;
+  // Starts compiling `spec` off the caller's thread (a request waits for it while others step);
+  // the same cache as compile(). The default compiles at once.
+  virtual std::shared_ptr<PendingGrammar> compile_async(const StructuredOutputsParams& spec);
+  // Fills every job's rows (distinct matchers), in parallel where the compiler has worker
+  // threads (the calling thread works too); returns when all are filled. Default: in turn.
+  virtual void fill_bitmasks(std::span<const GrammarMaskJob> jobs);
   // How many different compiled grammars compile() has handed out (observes the cache).
   virtual int64_t num_distinct_grammars() const = 0;
 };
 // nullptr when the grammar module is not built or `codec` is null (structured requests are
 // then rejected). The vocabulary is ids [0, vocab_size) with `eos_token_id` as the stop token.
-std::unique_ptr<GrammarCompiler> make_grammar_compiler(const TextCodec* codec, int64_t vocab_size, int64_t eos_token_id);
+// `threads`: worker threads for compile_async and fill_bitmasks (0: half the cores, 1..8).
+std::unique_ptr<GrammarCompiler> make_grammar_compiler(const TextCodec* codec, int64_t vocab_size, int64_t eos_token_id,
+                                                       int threads = 0);
 
 // Replaces invalid UTF-8 sequences with U+FFFD (bindings need valid UTF-8).
 std::string sanitize_utf8(std::string_view bytes);

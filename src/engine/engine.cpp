@@ -70,17 +70,19 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<model::CausalLM> mode
   const size_t block_bytes = model_->paged_block_bytes();
   sc.prefix_cache.host_blocks = block_bytes ? int64_t(config_.prefix_host_bytes / block_bytes) : 0;
   scheduler_ = std::make_unique<Scheduler>(sc, *cache_, model_->vocab_size());
+  scheduler_->set_grammar_compiler(grammar_.get());
   runner_ = std::make_unique<ModelRunner>(*model_, RunnerOptions{.device_sampling = config_.device_sampling,
                                                                  .num_speculative_tokens = sc.num_speculative_tokens,
                                                                  .sampled_drafts = config_.sampled_drafts,
                                                                  .block_tokens = g.block_tokens,
                                                                  .host_blocks = sc.prefix_cache.host_blocks});
-  // Drafts for step N+1 come from step N's verification, and prefix caching saves a step's slot
-  // checkpoints right after it (before the next step writes the slot): such steps run synchronously.
-  async_ = config_.env.async_scheduling.value_or(true) && sc.num_speculative_tokens == 0 && !sc.prefix_cache.enabled;
+  // Drafts for step N+1 come from step N's verification (which tokens it accepted): with drafting
+  // on, steps run synchronously. Prefix caching runs asynchronously (the runner saves a step's
+  // checkpoints before the next step writes its slots; update() keys those whose block ends in
+  // the token that step sampled).
+  async_ = config_.env.async_scheduling.value_or(true) && sc.num_speculative_tokens == 0;
   if (config_.env.async_scheduling.value_or(false) && !async_)
-    DI_WARN("DEEPINFER_ASYNC_SCHEDULING=1: ", sc.num_speculative_tokens ? "speculative decoding" : "prefix caching",
-            " is on, its steps run synchronously");
+    DI_WARN("DEEPINFER_ASYNC_SCHEDULING=1: speculative decoding is on, its steps run synchronously");
   outputs_ = std::make_unique<OutputProcessor>(codec_.get());
 }
 
@@ -144,9 +146,18 @@ void Engine::add_request(const std::string& request_id, const PromptInput& promp
              config_.scheduler.max_num_batched_tokens, " with chunked prefill off");
   if (params.structured_outputs && !grammar_)
     DI_THROW(InvalidArgument, "request '", request_id, "': structured outputs (so_args) need the grammar module, which this build lacks");
+  // The grammar compiles on the compiler's workers. One done within grammar_compile_wait_s
+  // behaves as a synchronous compile (its error throws here); a longer one leaves the request
+  // pending (step() admits it once compiled) while the other requests keep stepping.
   std::vector<std::unique_ptr<GrammarMatcher>> matchers;
-  if (params.structured_outputs)
-    for (int i = 0; i < params.n; ++i) matchers.push_back(grammar_->compile(*params.structured_outputs));
+  std::shared_ptr<PendingGrammar> compiling;
+  if (params.structured_outputs) {
+    compiling = grammar_->compile_async(*params.structured_outputs);
+    if (compiling->wait_for(config_.grammar_compile_wait_s)) {
+      for (int i = 0; i < params.n; ++i) matchers.push_back(compiling->make_matcher());
+      compiling.reset();
+    }
+  }
 
   // Everything validated: commit.
   auto sp = std::make_shared<const SamplingParams>(params);
@@ -154,6 +165,7 @@ void Engine::add_request(const std::string& request_id, const PromptInput& promp
   uint64_t seed = params.seed ? *params.seed : splitmix(config_.seed ^ splitmix(uint64_t(arrival)));
   int64_t room = max_len - int64_t(ids->size());
   std::vector<int64_t> seq_ids;
+  std::vector<std::unique_ptr<Request>> held;  // while the grammar compiles
   for (int i = 0; i < params.n; ++i) {
     auto r = std::make_unique<Request>();
     r->seq_id = next_seq_id_++;
@@ -166,10 +178,74 @@ void Engine::add_request(const std::string& request_id, const PromptInput& promp
     r->eos_token_id = model_->eos_token_id();
     if (!matchers.empty()) r->grammar = std::move(matchers[size_t(i)]);
     seq_ids.push_back(r->seq_id);
-    scheduler_->add(std::move(r));
+    if (compiling) held.push_back(std::move(r));
+    else scheduler_->add(std::move(r));
   }
+  if (compiling) compiling_.push_back({request_id, std::move(compiling), std::move(held)});
   outputs_->add(request_id, prompt.is_token_ids ? "" : prompt.text, ids, sp, seq_ids, arrival_time);
   request_seqs_[request_id] = seq_ids;
+}
+
+std::vector<RequestOutput> Engine::end_unscheduled(const std::string& request_id, const std::vector<int64_t>& seq_ids,
+                                                   const std::string& error) {
+  std::vector<SeqUpdate> updates;
+  for (int64_t id : seq_ids) {
+    SeqUpdate u;
+    u.seq_id = id;
+    u.finished = true;
+    u.finish_reason = int(FinishReason::kAbort);
+    updates.push_back(u);
+  }
+  OutputProcessor::Result out = outputs_->process(updates, now_seconds());
+  request_seqs_.erase(request_id);
+  for (RequestOutput& o : out.outputs)
+    if (!error.empty()) {
+      o.error = error;
+      o.outputs.clear();  // a rejected request has no completions (outputs.h)
+    }
+  return std::move(out.outputs);
+}
+
+std::vector<RequestOutput> Engine::admit_compiled() {
+  std::vector<RequestOutput> failed;
+  for (size_t i = 0; i < compiling_.size();) {
+    Compiling& c = compiling_[i];
+    if (!c.grammar->ready()) {
+      ++i;
+      continue;
+    }
+    std::string error;
+    try {
+      for (auto& r : c.seqs) r->grammar = c.grammar->make_matcher();
+    } catch (const Error& e) {
+      error = e.what();
+    } catch (const std::exception& e) {
+      error = std::string("internal error: ") + e.what();
+    }
+    std::vector<int64_t> ids;
+    for (auto& r : c.seqs) {
+      ids.push_back(r->seq_id);
+      if (error.empty()) scheduler_->add(std::move(r));
+    }
+    if (!error.empty()) {
+      std::vector<RequestOutput> o = end_unscheduled(c.request_id, ids, error);
+      failed.insert(failed.end(), std::make_move_iterator(o.begin()), std::make_move_iterator(o.end()));
+    }
+    compiling_.erase(compiling_.begin() + long(i));
+  }
+  return failed;
+}
+
+std::vector<RequestOutput> Engine::step() {
+  std::vector<RequestOutput> out = admit_compiled();
+  if (!scheduler_->has_unfinished() && !inflight_) {
+    // Only compiles left: no step to run; wait a little for one (callers loop on has_unfinished).
+    if (out.empty() && !compiling_.empty() && compiling_.front().grammar->wait_for(0.01)) out = admit_compiled();
+    if (!scheduler_->has_unfinished()) return out;
+  }
+  std::vector<RequestOutput> now = run_step();
+  out.insert(out.end(), std::make_move_iterator(now.begin()), std::make_move_iterator(now.end()));
+  return out;
 }
 
 std::vector<RequestOutput> Engine::finish(const SchedulerOutput& plan) {
@@ -182,7 +258,7 @@ std::vector<RequestOutput> Engine::finish(const SchedulerOutput& plan) {
   return std::move(out.outputs);
 }
 
-std::vector<RequestOutput> Engine::step() {
+std::vector<RequestOutput> Engine::run_step() {
   auto plan = std::make_unique<SchedulerOutput>(scheduler_->schedule());
   if (plan->empty() && !inflight_ && scheduler_->has_unfinished() && scheduler_->num_running() == 0)
     DI_THROW(InternalError, "scheduler made no progress with ", scheduler_->num_waiting(), " waiting sequences");
@@ -207,6 +283,12 @@ std::vector<RequestOutput> Engine::step() {
 std::vector<RequestOutput> Engine::abort(const std::string& request_id) {
   auto it = request_seqs_.find(request_id);
   if (it == request_seqs_.end()) return {};
+  for (size_t i = 0; i < compiling_.size(); ++i)
+    if (compiling_[i].request_id == request_id) {  // its grammar still compiles: never scheduled
+      compiling_.erase(compiling_.begin() + long(i));
+      std::vector<int64_t> ids = it->second;
+      return end_unscheduled(request_id, ids, "");
+    }
   std::vector<SeqUpdate> updates;
   for (int64_t id : it->second) {
     if (!scheduler_->get(id)) continue;

@@ -29,6 +29,7 @@
 #include "engine/kv_cache_manager.h"
 #include "engine/model_runner.h"
 #include "engine/output_processor.h"
+#include "engine/kv_transfer.h"
 #include "engine/scheduler.h"
 #include "engine/spec_budget.h"
 #include "model/causal_lm.h"
@@ -68,6 +69,11 @@ struct EngineConfig {
   size_t prefix_host_bytes = 0;
   int max_n = 1024;
   int max_logprobs = 20;
+  // add_request waits this long for a request's grammar (GrammarCompiler::compile_async); a
+  // compile done by then is as if synchronous (its error throws from add_request), a longer
+  // one continues on the compiler's workers while other requests step, and a compile error
+  // found later ends the request with RequestOutput.error.
+  double grammar_compile_wait_s = 0.05;
 };
 
 constexpr size_t kHostCacheCap = size_t(1) << 30;
@@ -97,8 +103,10 @@ class Engine {
   // Ends a queued or running request; returns its final output (finished, finish_reason
   // "abort" for the samples still running), or nothing for an unknown id.
   std::vector<RequestOutput> abort(const std::string& request_id);
-  bool has_unfinished() const { return scheduler_->has_unfinished() || inflight_ != nullptr; }
+  bool has_unfinished() const { return !compiling_.empty() || scheduler_->has_unfinished() || inflight_ != nullptr; }
   bool async_scheduling() const { return async_; }
+  // Requests whose grammar is still compiling (not yet given to the scheduler).
+  int64_t num_compiling() const { return int64_t(compiling_.size()); }
 
   model::CausalLM& model() { return *model_; }
   const TextCodec* codec() const { return codec_.get(); }
@@ -111,12 +119,32 @@ class Engine {
   const ModelRunner& runner() const { return *runner_; }
   int64_t max_model_len() const { return config_.scheduler.max_model_len; }
 
+  // Prefill/decode disaggregation (engine/kv_transfer.h). Between steps only (the engine thread).
+  // The blocks and checkpoint of `prompt`'s longest cached prefix (empty without one).
+  KvBundle export_prefix(std::span<const int32_t> prompt);
+  // Makes a bundle's prefix a prefix-cache entry here: the tokens imported, 0 for an empty
+  // bundle or prefix caching off, -1 when the cache has no room now. InvalidArgument for a
+  // bundle of another model, numerics or block layout.
+  int64_t import_prefix(const KvBundle& bundle);
+
  private:
   std::vector<int32_t> tokenize(const PromptInput& prompt) const;
   int32_t speculative_tokens(int32_t asked) const;  // what the model's drafter and rollback allow
   std::string cache_identity() const;               // seeds the cache's block hashes
   // Collects a launched and sampled step and applies it (scan_stops, update, process).
   std::vector<RequestOutput> finish(const SchedulerOutput& plan);
+  std::vector<RequestOutput> run_step();            // one scheduled step
+  // Gives requests whose grammar compiled to the scheduler; those that failed end with the error.
+  std::vector<RequestOutput> admit_compiled();
+  // Final outputs of a request never scheduled (aborted, or `error`: its grammar failed).
+  std::vector<RequestOutput> end_unscheduled(const std::string& request_id, const std::vector<int64_t>& seq_ids,
+                                             const std::string& error);
+
+  struct Compiling {
+    std::string request_id;
+    std::shared_ptr<PendingGrammar> grammar;
+    std::vector<std::unique_ptr<Request>> seqs;  // their matchers come from `grammar`
+  };
 
   EngineConfig config_;
   std::unique_ptr<model::CausalLM> model_;
@@ -129,6 +157,7 @@ class Engine {
   std::unordered_map<std::string, std::vector<int64_t>> request_seqs_;
   bool async_ = false;
   std::unique_ptr<SchedulerOutput> inflight_;  // launched and sampled, not yet applied (async)
+  std::vector<Compiling> compiling_;  // in add_request order
   int64_t next_seq_id_ = 0, next_arrival_ = 0;
 };
 

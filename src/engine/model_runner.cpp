@@ -385,10 +385,17 @@ void ModelRunner::launch(const SchedulerOutput& out) {
   DI_CHECK(steps_.size() < 2 && (steps_.empty() || steps_.back().sampled), "model runner: step ", out.step_id,
            " launched with ", steps_.size(), " steps not collected (the last one sampled: ",
            !steps_.empty() && steps_.back().sampled, ")");
-  DI_CHECK((!drafter_ && out.checkpoints.empty() && out.block_spills.empty() && out.block_loads.empty()) ||
-               steps_.empty(),
-           "model runner: drafting, checkpointing and host-tier steps run synchronously");
-  copy_host_tier(out);  // before anything of this step writes the blocks
+  DI_CHECK(!drafter_ || steps_.empty(), "model runner: step ", out.step_id,
+           " launched while a drafting step is in flight (drafting steps run synchronously)");
+  if (!steps_.empty() && !steps_.back().checkpoints_saved) {
+    // The step in flight's slot checkpoints, before this step changes or writes any slot.
+    Step& prev = steps_.back();
+    save_checkpoints(*prev.out, prev.result);
+    prev.checkpoints_saved = true;
+  }
+  // Before anything of this step writes the blocks. A step in flight uses neither kind: spilled
+  // blocks were free, loaded ones are fresh (and the copies are ordered after it on the device).
+  copy_host_tier(out);
   apply_state_changes(out);
   Step step;
   step.out = &out;
@@ -450,7 +457,7 @@ ModelRunnerOutput ModelRunner::collect(const SchedulerOutput& out) {
     stats_.verify_time_s += seconds_since(step.launched_at);
   }
   if (drafter_) propose_drafts(step.slices, step.forward.hidden, result);
-  save_checkpoints(out, result);
+  if (!step.checkpoints_saved) save_checkpoints(out, result);
   return result;
 }
 
@@ -469,8 +476,8 @@ void ModelRunner::save_checkpoints(const SchedulerOutput& out, ModelRunnerOutput
       result.num_unsaveable_checkpoints++;
       continue;
     }
-    result.checkpoints.push_back(
-        {c.key, std::make_shared<const model::SlotSnapshot>(model_.save_slot(s.slot, c.num_tokens))});
+    result.checkpoints.push_back({c.key, std::make_shared<const model::SlotSnapshot>(model_.save_slot(s.slot, c.num_tokens)),
+                                  c.seq_id, c.num_tokens, c.deferred});
     stats_.checkpoints_saved++;
   }
 }

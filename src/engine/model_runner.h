@@ -154,7 +154,8 @@ class ModelRunner {
     bool sampled = false;                     // sample() ran (host: drawn is filled)
     SampleSet set;
     std::vector<SampleResult> drawn;
-    ModelRunnerOutput result;                 // prompt logprobs so far
+    ModelRunnerOutput result;                 // prompt logprobs (and saved checkpoints) so far
+    bool checkpoints_saved = false;           // save_checkpoints ran (at the next launch or at collect)
   };
 
   void apply_state_changes(const SchedulerOutput& out);
@@ -173,6 +174,8 @@ class ModelRunner {
   // Whether the sequence's scheduled drafts were sampled (verified from host probabilities).
   bool has_sampled_drafts(const ScheduledSeq& sch) const;
   // Saves the slot checkpoints `out` asks for that the step committed and the model can save.
+  // Right after the step: at the next step's launch (before it writes any slot; a device backend
+  // waits for the step) or, with none launched, at collect.
   void save_checkpoints(const SchedulerOutput& out, ModelRunnerOutput& result);
   // The host tier's copies of a step: spills (device -> host) first, then loads.
   void copy_host_tier(const SchedulerOutput& out);

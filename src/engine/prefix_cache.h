@@ -67,10 +67,14 @@ struct PrefixMatch {
 
 // A checkpoint the scheduler asks for: the slot of `seq_id` at `num_tokens` positions (a block
 // boundary the step reaches), stored under `key` (the hash of the block ending there).
+// deferred: the block's last token is the one a step in flight samples (asynchronous scheduling:
+// a decode step whose input is that token), so the key is unknown when the step is planned; the
+// scheduler computes it from the sequence's tokens when it applies the step (key 0 until then).
 struct CheckpointRequest {
   int64_t seq_id = 0;
   int64_t num_tokens = 0;
   uint64_t key = 0;
+  bool deferred = false;
 };
 
 // A paged block copied between the device cache and a host-tier slot (HostBlockTier).
@@ -82,6 +86,9 @@ struct BlockCopy {
 struct SavedCheckpoint {
   uint64_t key = 0;
   std::shared_ptr<const model::SlotSnapshot> snapshot;
+  // What CheckpointRequest asked (the scheduler keys a deferred one when it applies the step).
+  int64_t seq_id = -1, num_tokens = 0;
+  bool deferred = false;
 };
 
 class PrefixCache {

@@ -42,7 +42,7 @@ void SamplingParams::validate(int64_t vocab_size) const {
   if (structured_outputs) {
     int k = structured_outputs->num_set();
     require(k == 1, "structured_outputs",
-            str_cat("exactly one of json, regex, choice, grammar, json_object must be set, got ", k));
+            str_cat("exactly one of json, regex, choice, grammar, json_object, tool_calls must be set, got ", k));
     if (structured_outputs->choice) require(!structured_outputs->choice->empty(), "structured_outputs.choice", "is empty");
     for (int32_t t : structured_outputs->trigger_token_ids)
       require(t >= 0 && t < vocab_size, "structured_outputs.trigger_token_ids",

@@ -231,16 +231,25 @@ int64_t Scheduler::chunk_tokens(const Request& r, int64_t n, int64_t from) const
 
 void Scheduler::plan_checkpoints(const Request& r, int64_t n, std::span<const int32_t> drafts,
                                  SchedulerOutput& out) const {
-  const int64_t bt = cache_.geometry().block_tokens, from = r.num_computed_tokens;
+  const int64_t bt = cache_.geometry().block_tokens, from = r.scheduled_computed();
   const int64_t end = from + n + int64_t(drafts.size());
   if (!prefix_.enabled() || end / bt <= from / bt) return;  // no block boundary in (from, end]
+  if (from + n > r.num_tokens()) {
+    // Its input is the token a step in flight samples (asynchronous scheduling, a decode step):
+    // the block's key is known once that step is applied; update() keys the saved checkpoint then.
+    DI_CHECK(drafts.empty() && n == 1, "seq ", r.seq_id, ": ", n, " positions and ", drafts.size(),
+             " drafts scheduled after a token in flight");
+    out.checkpoints.push_back({r.seq_id, end, 0, /*deferred=*/true});
+    return;
+  }
   const int64_t first = (from / bt) * bt;
   uint64_t parent = cache_.hash_seed();
   if (first > 0) {
     const SeqCache* c = cache_.get(r.seq_id);
     const std::optional<uint64_t> h = cache_.content_hash(c->block_ids[size_t(first / bt - 1)]);
-    if (!h) return;  // the block before is not hashed yet: no key to save under
-    parent = *h;
+    // Not hashed yet while the step that fills it is in flight (update() hashes it): the same
+    // hash from the tokens.
+    parent = h ? *h : chain_hash(r, first / bt);
   }
   std::vector<int32_t> tokens;
   tokens.reserve(size_t(end - first));
@@ -249,9 +258,46 @@ void Scheduler::plan_checkpoints(const Request& r, int64_t n, std::span<const in
   prefix_.plan_checkpoints(r.seq_id, first, from, parent, tokens, out.checkpoints);
 }
 
-void Scheduler::store_checkpoints(const ModelRunnerOutput& result) {
-  for (const SavedCheckpoint& c : result.checkpoints) prefix_.put(c);
-  prefix_.note_unsaveable(result.num_unsaveable_checkpoints);
+uint64_t Scheduler::chain_hash(const Request& r, int64_t blocks) const {
+  const int64_t bt = cache_.geometry().block_tokens;
+  DI_CHECK(blocks >= 0 && blocks * bt <= r.num_tokens(), "seq ", r.seq_id, ": hash of ", blocks, " blocks of ",
+           r.num_tokens(), " tokens");
+  std::vector<int32_t> t(static_cast<size_t>(bt));
+  uint64_t h = cache_.hash_seed();
+  for (int64_t b = 0; b < blocks; ++b) {
+    for (int64_t j = 0; j < bt; ++j) t[size_t(j)] = r.token_at(b * bt + j);
+    h = block_hash(h, t);
+  }
+  return h;
+}
+
+std::vector<SavedCheckpoint> Scheduler::keyed_checkpoints(const ModelRunnerOutput& result) const {
+  std::vector<SavedCheckpoint> saved;
+  saved.reserve(result.checkpoints.size());
+  for (const SavedCheckpoint& c : result.checkpoints) {
+    if (!c.deferred) {
+      saved.push_back(c);
+      continue;
+    }
+    // The step that sampled the block's last token was applied before this one: the request
+    // holds it, unless it ended there (this step's row is dropped, and so is its checkpoint).
+    auto it = requests_.find(c.seq_id);
+    if (it == requests_.end() || it->second->status == RequestStatus::kFinished ||
+        it->second->num_tokens() < c.num_tokens)
+      continue;
+    DI_CHECK(c.num_tokens % cache_.geometry().block_tokens == 0, "deferred checkpoint of seq ", c.seq_id, " at ",
+             c.num_tokens, " positions, not a block boundary");
+    SavedCheckpoint k = c;
+    k.key = chain_hash(*it->second, c.num_tokens / cache_.geometry().block_tokens);
+    k.deferred = false;
+    saved.push_back(std::move(k));
+  }
+  return saved;
+}
+
+void Scheduler::store_checkpoints(std::span<const SavedCheckpoint> saved, int64_t unsaveable) {
+  for (const SavedCheckpoint& c : saved) prefix_.put(c);
+  prefix_.note_unsaveable(unsaveable);
 }
 
 void Scheduler::drain_evictions(SchedulerOutput& out) {
@@ -268,7 +314,10 @@ void Scheduler::drain_evictions(SchedulerOutput& out) {
 
 std::vector<SeqGrammarMasks> Scheduler::grammar_masks(const SchedulerOutput& out) {
   const size_t words = size_t((vocab_size_ + 31) / 32);
+  // One job per sampling sequence (rows after drafts[0, i)), filled together: in parallel on
+  // the grammar compiler's workers when it has them.
   std::vector<SeqGrammarMasks> masks;
+  std::vector<GrammarMaskJob> jobs;
   for (const ScheduledSeq& s : out.scheduled) {
     auto it = requests_.find(s.seq_id);
     // Finished (or preempted) after it was scheduled: its row is dropped, no mask needed.
@@ -277,18 +326,13 @@ std::vector<SeqGrammarMasks> Scheduler::grammar_masks(const SchedulerOutput& out
     if (!s.samples || !r.grammar) continue;
     DI_CHECK(r.inflight_samples == 1, "seq ", s.seq_id, ": grammar mask asked with ", r.inflight_samples,
              " samples in flight (the previous step must be applied first)");
-    SeqGrammarMasks m{s.seq_id, std::vector<std::vector<uint32_t>>(size_t(s.num_sample_rows()))};
-    const int32_t n_drafts = int32_t(s.draft_tokens.size());
-    for (int32_t i = 0; i <= n_drafts; ++i) {
-      m.rows[size_t(i)].assign(words, 0);
-      r.grammar->fill_bitmask(m.rows[size_t(i)]);
-      if (i < n_drafts)
-        DI_CHECK(r.grammar->accept_token(s.draft_tokens[size_t(i)]), "seq ", s.seq_id, ": draft ", i,
-                 " was checked against the grammar but is rejected now");
-    }
-    if (n_drafts > 0) r.grammar->rollback(n_drafts);
-    masks.push_back(std::move(m));
+    masks.push_back({s.seq_id, std::vector<std::vector<uint32_t>>(size_t(s.num_sample_rows()), std::vector<uint32_t>(words, 0))});
+    jobs.push_back({r.grammar.get(), s.draft_tokens, nullptr});
   }
+  for (size_t i = 0; i < jobs.size(); ++i) jobs[i].rows = &masks[i].rows;
+  if (grammar_compiler_) grammar_compiler_->fill_bitmasks(jobs);
+  else
+    for (const GrammarMaskJob& j : jobs) j.matcher->fill_bitmasks(j.drafts, *j.rows);
   return masks;
 }
 
@@ -375,6 +419,7 @@ bool Scheduler::commit_tokens(Request& r, const SampledSeq& s, int32_t n, const 
 std::vector<SeqUpdate> Scheduler::update(const SchedulerOutput& out, const ModelRunnerOutput& result,
                                          std::span<const StopEvent> stops) {
   DI_CHECK(result.step_id == out.step_id, "runner output of step ", result.step_id, " applied to step ", out.step_id);
+  const std::vector<SavedCheckpoint> saved = keyed_checkpoints(result);  // before any request changes
   std::unordered_map<int64_t, const SampledSeq*> sampled;
   for (const SampledSeq& s : result.sampled) sampled[s.seq_id] = &s;
   std::unordered_map<int64_t, std::vector<const PromptLogprobsChunk*>> prompt_lp;
@@ -447,7 +492,7 @@ std::vector<SeqUpdate> Scheduler::update(const SchedulerOutput& out, const Model
   for (const SeqUpdate& u : updates)
     if (u.finished) requests_.erase(u.seq_id);
   cache_.complete_step(out.step_id);
-  store_checkpoints(result);
+  store_checkpoints(saved, result.num_unsaveable_checkpoints);
   return updates;
 }
 

@@ -87,6 +87,9 @@ class Scheduler {
   // Bitmasks of `out`'s sampling sequences with a grammar (rows after drafts[0, i)). Call after
   // update() applied every step before `out`, so each matcher has accepted its tokens.
   std::vector<SeqGrammarMasks> grammar_masks(const SchedulerOutput& out);
+  // Grammar masks are filled through `c` (its fill_bitmasks: in parallel on its workers); null
+  // = one matcher after another. The compiler outlives the scheduler.
+  void set_grammar_compiler(GrammarCompiler* c) { grammar_compiler_ = c; }
   // Applies step `out`'s results (`result` answers it; `stops` are the output processor's
   // stop-string / text-error events on result's tokens) and completes the step for the cache.
   // Returns one update per scheduled sequence that was still running.
@@ -104,6 +107,10 @@ class Scheduler {
   const SchedulerConfig& config() const { return config_; }
   const PrefixCache& prefix_cache() const { return prefix_; }
   const HostBlockTier& host_tier() const { return host_; }
+  // Prefill/decode disaggregation (Engine::export_prefix / import_prefix): the longest cached
+  // prefix of a prompt (device blocks only, no stats counted) and a checkpoint brought in.
+  PrefixMatch match_prefix(std::span<const int32_t> prompt) { return prefix_.match(cache_, prompt, {}, false, nullptr); }
+  void put_checkpoint(const SavedCheckpoint& c) { prefix_.put(c); }
 
  private:
   bool schedule_running(SchedulerOutput& out, int64_t& budget);
@@ -122,7 +129,13 @@ class Scheduler {
   // Asks for slot checkpoints at the block boundaries `r`'s step of n committed tokens + drafts reaches.
   void plan_checkpoints(const Request& r, int64_t n, std::span<const int32_t> drafts, SchedulerOutput& out) const;
   // Stores the checkpoints a step saved.
-  void store_checkpoints(const ModelRunnerOutput& result);
+  // Stores what the runner saved; a deferred checkpoint is keyed first (keyed_checkpoints).
+  void store_checkpoints(std::span<const SavedCheckpoint> saved, int64_t unsaveable);
+  // result's checkpoints with the deferred ones keyed from their sequence's tokens (call before
+  // update() changes any request; one whose sequence ended before its step is dropped).
+  std::vector<SavedCheckpoint> keyed_checkpoints(const ModelRunnerOutput& result) const;
+  // The chain hash of r's first `blocks` blocks (what KVCacheManager hashes them as).
+  uint64_t chain_hash(const Request& r, int64_t blocks) const;
   // Blocks whose hash left the device cache this step: spilled to the host tier, or their
   // checkpoints dropped (a checkpoint is of no use without its blocks).
   void drain_evictions(SchedulerOutput& out);
@@ -136,6 +149,7 @@ class Scheduler {
   PrefixCache prefix_;
   HostBlockTier host_;
   int64_t vocab_size_;
+  GrammarCompiler* grammar_compiler_ = nullptr;
   std::unordered_map<int64_t, std::unique_ptr<Request>> requests_;
   std::deque<Request*> waiting_;   // arrival order
   std::vector<Request*> running_;  // arrival order

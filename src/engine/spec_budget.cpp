@@ -7,29 +7,50 @@
 #include "core/check.h"
 #include "deepinfer/error.h"
 #include "model/causal_lm.h"
+#include "model/drafter.h"
 
 namespace deepinfer::engine {
 
-StepCostModel::StepCostModel(std::vector<std::pair<int64_t, double>> points) : points_(std::move(points)) {
-  std::sort(points_.begin(), points_.end());
-  for (size_t i = 0; i < points_.size(); ++i) {
-    if (points_[i].first <= 0 || !(points_[i].second > 0) || !std::isfinite(points_[i].second))
-      DI_THROW(InvalidArgument, "step cost point ", i, ": ", points_[i].first, " tokens, ", points_[i].second,
-               " s (tokens and time must be positive)");
-    if (i > 0 && points_[i].first == points_[i - 1].first)
-      DI_THROW(InvalidArgument, "step cost points: two for ", points_[i].first, " tokens");
+namespace {
+void check_points(std::vector<std::pair<int64_t, double>>& points, const char* what, bool zero_ok) {
+  std::sort(points.begin(), points.end());
+  for (size_t i = 0; i < points.size(); ++i) {
+    if (points[i].first <= 0 || !std::isfinite(points[i].second) || points[i].second < 0 ||
+        (!zero_ok && points[i].second == 0))
+      DI_THROW(InvalidArgument, what, " point ", i, ": ", points[i].first, ", ", points[i].second,
+               " s (counts must be positive, times ", zero_ok ? "non-negative" : "positive", ")");
+    if (i > 0 && points[i].first == points[i - 1].first)
+      DI_THROW(InvalidArgument, what, " points: two for ", points[i].first);
   }
+}
+
+// Piecewise linear through sorted points, flat before the first, extended after the last.
+double interpolate(const std::vector<std::pair<int64_t, double>>& points, int64_t x) {
+  if (points.size() == 1 || x <= points.front().first) return points.front().second;
+  size_t hi = 1;
+  while (hi + 1 < points.size() && points[hi].first < x) ++hi;
+  const auto [x0, c0] = points[hi - 1];
+  const auto [x1, c1] = points[hi];
+  return c0 + (c1 - c0) * double(x - x0) / double(x1 - x0);
+}
+}  // namespace
+
+StepCostModel::StepCostModel(std::vector<std::pair<int64_t, double>> points) : points_(std::move(points)) {
+  check_points(points_, "step cost", false);
 }
 
 double StepCostModel::predict(int64_t tokens) const {
   if (points_.empty()) return 1.0;
-  if (points_.size() == 1 || tokens <= points_.front().first) return points_.front().second;
-  size_t hi = 1;
-  while (hi + 1 < points_.size() && points_[hi].first < tokens) ++hi;
-  const auto [t0, c0] = points_[hi - 1];
-  const auto [t1, c1] = points_[hi];
-  const double c = c0 + (c1 - c0) * double(tokens - t0) / double(t1 - t0);
-  return std::max(c, points_.front().second * 1e-3);  // a noisy falling segment never goes to 0
+  return std::max(interpolate(points_, tokens), points_.front().second * 1e-3);  // never 0 on a noisy fall
+}
+
+void StepCostModel::set_draft_rounds(std::vector<std::pair<int64_t, double>> points) {
+  check_points(points, "draft round cost", true);
+  draft_points_ = std::move(points);
+}
+
+double StepCostModel::predict_draft_round(int64_t seqs) const {
+  return draft_points_.empty() ? 0.0 : std::max(interpolate(draft_points_, seqs), 0.0);
 }
 
 int AcceptanceModel::bin(float p) {
@@ -72,11 +93,21 @@ std::vector<int32_t> choose_draft_lengths(const std::vector<DraftCandidate>& can
   std::stable_sort(gains.begin(), gains.end(), [](const Gain& a, const Gain& b) { return a.value > b.value; });
   const int64_t n_max = std::min<int64_t>(int64_t(gains.size()), std::max<int64_t>(max_extra, 0));
   const double base_value = double(candidates.size());
-  double value = base_value, best_rate = base_value / cost.predict(base_tokens);
-  int64_t best_n = 0;
+  // Drafter rounds the choice asks for next step: the longest verified run l asks for
+  // min(l + 1, max drafts) drafts, i.e. that many rounds minus the first (always run: it feeds).
+  int64_t max_drafts = 0;
+  for (const DraftCandidate& c : candidates) max_drafts = std::max<int64_t>(max_drafts, int64_t(c.accept.size()));
+  const double round = cost.predict_draft_round(int64_t(candidates.size()));
+  auto step_time = [&](int64_t n, int64_t longest) {
+    return cost.predict(base_tokens + n) + round * double(std::max<int64_t>(std::min(longest + 1, max_drafts) - 1, 0));
+  };
+  double value = base_value, best_rate = base_value / step_time(0, 0);
+  int64_t best_n = 0, longest = 0;
   for (int64_t n = 1; n <= n_max; ++n) {
-    value += gains[size_t(n - 1)].value;
-    const double rate = value / cost.predict(base_tokens + n);
+    const Gain& g = gains[size_t(n - 1)];
+    value += g.value;
+    longest = std::max<int64_t>(longest, g.index + 1);
+    const double rate = value / step_time(n, longest);
     if (rate > best_rate * (1 + 1e-12)) best_rate = rate, best_n = n;
   }
   std::vector<int32_t> lengths(candidates.size(), 0);
@@ -87,6 +118,50 @@ std::vector<int32_t> choose_draft_lengths(const std::vector<DraftCandidate>& can
   }
   return lengths;
 }
+
+namespace {
+// Seconds of one further drafter round after a 1-token step of B sequences (B = 1 and max_seqs):
+// (time of a proposal of 3 drafts - time of 1 draft) / 2, best of `repeats`. Empty without a
+// drafter that drafts 3, or when the cache cannot hold the sequences.
+std::vector<std::pair<int64_t, double>> measure_draft_rounds(model::CausalLM& m, const kv::CacheGeometry& g,
+                                                             int64_t max_seqs, bool device_logits, int repeats) {
+  model::Drafter* d = m.drafter();
+  std::vector<std::pair<int64_t, double>> out;
+  if (!d || d->max_draft_tokens() < 3 || m.max_rollback() < 3) return out;
+  const int64_t most = std::min({std::max<int64_t>(max_seqs, 1), g.num_slots, g.num_blocks});
+  for (int64_t B : {int64_t(1), most}) {
+    if (!out.empty() && B <= out.back().first) break;
+    model::ForwardBatch b;
+    for (int64_t s = 0; s < B; ++s) {
+      b.seqs.push_back({.cache_slot = int32_t(s), .block_table = {int32_t(s)}, .num_computed_tokens = 0,
+                        .num_new_tokens = 1});
+      b.token_ids.push_back(int32_t((s * 131 + 3) % m.vocab_size()));
+      b.hidden_indices.push_back(int32_t(s));
+      b.logits_indices.push_back(int32_t(s));
+    }
+    double t[2] = {0, 0};
+    for (int r = 0; r < std::max(repeats, 1); ++r)
+      for (int k = 0; k < 2; ++k) {
+        for (int64_t s = 0; s < B; ++s) m.reset_slot(int32_t(s));
+        const model::ForwardOutput o = m.run(b, {.logits_on_device = device_logits, .hidden_to_host = !device_logits});
+        model::DraftBatch db;
+        db.target_hidden = o.hidden;
+        for (int64_t s = 0; s < B; ++s)
+          db.seqs.push_back({.cache_slot = int32_t(s), .block_table = {int32_t(s)}, .first_position = 0,
+                             .num_positions = 1, .next_tokens = {int32_t((s * 17 + 5) % m.vocab_size())},
+                             .num_drafts = k == 0 ? 1 : 3, .first_hidden_row = s});
+        m.synchronize();
+        const auto t0 = std::chrono::steady_clock::now();
+        d->propose(db);
+        m.synchronize();
+        const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        t[k] = r == 0 ? dt : std::min(t[k], dt);
+      }
+    out.push_back({B, std::max((t[1] - t[0]) / 2, 0.0)});
+  }
+  return out;
+}
+}  // namespace
 
 StepCostModel measure_step_cost(model::CausalLM& m, const kv::CacheGeometry& g, int64_t max_tokens, int64_t max_seqs,
                                 bool device_logits, int repeats) {
@@ -123,8 +198,10 @@ StepCostModel measure_step_cost(model::CausalLM& m, const kv::CacheGeometry& g, 
     }
     points.push_back({T, std::max(best, 1e-9)});
   }
+  StepCostModel cost(std::move(points));
+  cost.set_draft_rounds(measure_draft_rounds(m, g, max_seqs, device_logits, repeats));
   for (int64_t s = 0; s < std::min<int64_t>(std::max<int64_t>(max_seqs, 1), g.num_slots); ++s) m.reset_slot(int32_t(s));
-  return StepCostModel(std::move(points));
+  return cost;
 }
 
 }  // namespace deepinfer::engine

@@ -39,9 +39,15 @@ class StepCostModel {
   double predict(int64_t tokens) const;
   const std::vector<std::pair<int64_t, double>>& points() const { return points_; }
   bool empty() const { return points_.empty(); }
+  // The drafter's cost: seconds of one further draft round (one more draft for every drafting
+  // sequence) with `seqs` sequences drafting, piecewise linear through (seqs, seconds) points
+  // (same rules as above, times >= 0). None set: drafting is free (0).
+  void set_draft_rounds(std::vector<std::pair<int64_t, double>> points);
+  double predict_draft_round(int64_t seqs) const;
+  const std::vector<std::pair<int64_t, double>>& draft_points() const { return draft_points_; }
 
  private:
-  std::vector<std::pair<int64_t, double>> points_;
+  std::vector<std::pair<int64_t, double>> points_, draft_points_;
 };
 
 // Calibrated acceptance probability of a draft from the drafter's raw probability of it.
@@ -72,13 +78,18 @@ struct DraftCandidate {
 
 // Draft lengths [candidates] maximising expected committed tokens per predicted step time for a
 // step whose other tokens number `base_tokens` (every candidate's own token included), using at
-// most `max_extra` draft tokens in all (the token budget left).
+// most `max_extra` draft tokens in all (the token budget left). The step time counts the drafter
+// rounds the choice asks for next (varlen asks each sequence for one draft more than it verified,
+// so the longest verified run l costs min(l + 1, max drafts) - 1 rounds beyond the first), at
+// cost.predict_draft_round(candidates).
 std::vector<int32_t> choose_draft_lengths(const std::vector<DraftCandidate>& candidates, int64_t base_tokens,
                                           int64_t max_extra, const StepCostModel& cost);
 
 // Measures the model's step time for verify-shaped steps of up to `max_tokens` tokens (1, 2, 4,
 // ... and max_tokens), the tokens spread over up to `max_seqs` sequences starting at position 0,
-// every row's logits and hidden rows asked for (as a verify step with drafting asks), best of
+// every row's logits and hidden rows asked for (as a verify step with drafting asks), and, when
+// the model has a drafter, the cost of a further draft round after 1-token steps of 1 and
+// max_seqs sequences (proposals of 1 and 3 drafts timed), best of
 // `repeats` (the first warms up: a device backend captures its graphs on later ones). Runs before the engine hands out any cache: it writes slots and blocks of
 // `geometry` and resets the slots it used. `device_logits`: leave logits on the device (the
 // engine samples there).

@@ -6,11 +6,12 @@
 
 #include "deepinfer/error.h"
 #include "model/deepseek_v4/family.h"
+#include "model/deepseek_v41/family.h"
 
 namespace deepinfer::model {
 
 const std::vector<ModelFamily>& model_families() {
-  static const std::vector<ModelFamily> families = {v4::family()};
+  static const std::vector<ModelFamily> families = {v4::family(), v41::family()};
   return families;
 }
 

@@ -160,6 +160,7 @@ void handle_chat(ServerState& st, const HttpRequest& req, std::shared_ptr<Respon
   po.new_call_id = [id, k = 0]() mutable { return "call_" + id.substr(9) + "_" + std::to_string(k++); };
   auto job = std::make_shared<ChatJob>(st, resp, id, r.common, r.params.n, po, r.top_logprobs,
                                        r.return_token_ids ? std::optional<std::vector<int32_t>>(r.prompt) : std::nullopt);
+  job->set_kv(req);
   std::vector<std::vector<int32_t>> prompts;
   prompts.push_back(std::move(r.prompt));
   job->submit(std::move(prompts), r.params, received);

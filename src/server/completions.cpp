@@ -162,6 +162,7 @@ void handle_completions(ServerState& st, const HttpRequest& req, std::shared_ptr
     bad_request(e.what());
   }
   auto job = std::make_shared<CompletionJob>(st, resp, st.new_id("cmpl"), r);
+  job->set_kv(req);
   job->submit(std::move(r.prompts), r.params, received);
 }
 

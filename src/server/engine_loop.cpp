@@ -1,16 +1,25 @@
 #include "server/engine_loop.h"
 
 #include <algorithm>
+#include <chrono>
+#include <optional>
 
 #include "core/check.h"
 #include "core/logging.h"
 #include "engine/engine.h"
+#include "server/kv_transport.h"
 #include "server/protocol.h"
 
 namespace deepinfer::server {
 EngineLoop::EngineLoop(std::unique_ptr<engine::Engine> engine, EngineLoopOptions options, ServerMetrics& metrics)
     : engine_(std::move(engine)), options_(options), metrics_(metrics) {
   DI_CHECK(engine_ != nullptr, "EngineLoop needs an engine");
+  if (options_.kv && options_.kv->is_decode())
+    options_.kv->set_on_arrival([this] {
+      std::lock_guard<std::mutex> lock(mu_);
+      kv_arrived_ = true;
+      cv_.notify_one();
+    });
   publish();
   thread_ = std::thread([this] { run(); });
 }
@@ -53,7 +62,13 @@ void EngineLoop::abort(const std::string& id) {
   cv_.notify_one();
 }
 
+KvCounters EngineLoop::kv_counters() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return kv_counters_;
+}
+
 void EngineLoop::stop() {
+  if (options_.kv) options_.kv->set_on_arrival(nullptr);
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stop_ && !thread_.joinable()) return;
@@ -64,10 +79,29 @@ void EngineLoop::stop() {
 }
 
 void EngineLoop::admit(Submission& s) {
+  if (!s.kv_recv_id.empty() && options_.kv && options_.kv->is_decode()) {
+    std::optional<engine::KvBundle> b = options_.kv->take(s.kv_recv_id);
+    if (!b) {
+      parked_.push_back({std::move(s), engine::now_seconds() + options_.kv_wait_s});
+      return;
+    }
+    int64_t n = -1;
+    try {
+      n = engine_->import_prefix(*b);
+    } catch (const Error& e) {
+      DI_WARN("server: KV transfer ", s.kv_recv_id, " refused, computing the prompt here: ", e.what());
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    kv_counters_.received++;
+    if (n < 0) kv_counters_.import_failed++;
+    else kv_counters_.imported_tokens += n;
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     reserved_ -= s.reserved;
   }
+  std::vector<int32_t> kv_prompt;
+  if (!s.kv_send_id.empty() && options_.kv && options_.kv->is_prefill()) kv_prompt = s.prompt_ids;
   try {
     engine_->add_request(s.request_id, PromptInput::from_token_ids(std::move(s.prompt_ids)), s.params,
                          engine::now_seconds());
@@ -76,7 +110,64 @@ void EngineLoop::admit(Submission& s) {
     return;
   }
   s.sink->on_admitted();
-  tracked_[s.request_id] = Tracked{std::move(s.sink), s.received_time, 0, 0};
+  tracked_[s.request_id] = Tracked{std::move(s.sink), s.received_time, 0, 0, std::move(kv_prompt), s.kv_send_id, s.kv_send_to};
+}
+
+void EngineLoop::admit_parked(bool stopping, const std::vector<std::string>& aborts) {
+  if (parked_.empty()) return;
+  const double now = engine::now_seconds();
+  std::vector<Parked> keep;
+  std::vector<Submission> ready;
+  for (Parked& p : parked_) {
+    if (stopping) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        reserved_ -= p.s.reserved;
+      }
+      p.s.sink->on_rejected("the server is shutting down", true);
+      continue;
+    }
+    if (std::find(aborts.begin(), aborts.end(), p.s.request_id) != aborts.end()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      reserved_ -= p.s.reserved;  // its client left before it ran: nothing to answer
+      continue;
+    }
+    const bool due = now >= p.deadline;
+    if (!due && !options_.kv->has(p.s.kv_recv_id)) {
+      keep.push_back(std::move(p));
+      continue;
+    }
+    if (due) {
+      DI_WARN("server: KV transfer ", p.s.kv_recv_id, " did not arrive in ", options_.kv_wait_s,
+              " s, computing the prompt here");
+      std::lock_guard<std::mutex> lock(mu_);
+      kv_counters_.timed_out++;
+      p.s.kv_recv_id.clear();
+    }
+    ready.push_back(std::move(p.s));
+  }
+  parked_ = std::move(keep);
+  for (Submission& s : ready) admit(s);  // its bundle is there (or it computes the prompt)
+}
+
+void EngineLoop::export_kv(Tracked& t, const RequestOutput& o) {
+  bool sent = false;
+  int64_t n = 0;
+  try {
+    engine::KvBundle b = engine_->export_prefix(t.kv_prompt);
+    n = b.num_tokens();
+    sent = options_.kv->send(t.kv_send_to, t.kv_send_id, std::move(b));
+    if (!sent) DI_WARN("server: KV transfer ", t.kv_send_id, ": '", t.kv_send_to, "' is not a connected decode peer");
+  } catch (const Error& e) {
+    DI_WARN("server: KV export of ", o.request_id, " failed: ", e.what());
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (sent) {
+    kv_counters_.sent++;
+    kv_counters_.exported_tokens += n;
+  } else {
+    kv_counters_.send_failed++;
+  }
 }
 
 void EngineLoop::deliver(std::vector<RequestOutput>&& outs) {
@@ -101,6 +192,8 @@ void EngineLoop::deliver(std::vector<RequestOutput>&& outs) {
     const double span = o.metrics.last_token_time - o.metrics.first_token_time;
     metrics_.finished(reasons, t.prompt_tokens, gen, cached_prompt_tokens(o), t.first_token - t.received,
                       n0 > 1 ? span / double(n0 - 1) : 0.0, now - t.received, t.first_token > 0, n0 > 1);
+    // Before the answer: the decode request the router sends next finds the bundle on its way.
+    if (!t.kv_send_id.empty() && o.error.empty()) export_kv(t, o);
     std::shared_ptr<OutputSink> sink = std::move(t.sink);
     tracked_.erase(it);
     sink->on_output(std::move(o));
@@ -133,8 +226,11 @@ void EngineLoop::publish() {
   EngineGauges g;
   const engine::Scheduler& s = engine_->scheduler();
   const engine::KVCacheManager& c = engine_->cache();
-  g.num_running = int64_t(s.num_running());
-  g.num_waiting = int64_t(s.num_waiting());
+  const engine::SchedulerLoad load = s.load();
+  g.num_running = load.running_seqs;
+  g.num_waiting = load.waiting_seqs;
+  g.running_tokens = load.running_tokens;
+  g.waiting_tokens = load.waiting_tokens;
   g.kv_blocks_total = c.geometry().num_blocks;
   g.kv_blocks_free = c.num_free_blocks();
   g.kv_blocks_cached = c.num_cached_blocks();
@@ -161,7 +257,15 @@ void EngineLoop::run() {
     bool stopping = false;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stop_ || busy_ || !inbox_.empty() || !aborts_.empty(); });
+      auto ready = [&] { return stop_ || busy_ || kv_arrived_ || !inbox_.empty() || !aborts_.empty(); };
+      if (parked_.empty()) {
+        cv_.wait(lock, ready);
+      } else {
+        double first = parked_.front().deadline;
+        for (const Parked& p : parked_) first = std::min(first, p.deadline);
+        cv_.wait_for(lock, std::chrono::duration<double>(std::max(0.0, first - engine::now_seconds())), ready);
+      }
+      kv_arrived_ = false;
       subs.swap(inbox_);
       aborts.swap(aborts_);
       stopping = stop_;
@@ -173,6 +277,7 @@ void EngineLoop::run() {
       }
       admit(s);
     }
+    admit_parked(stopping, aborts);
     if (stopping) {
       for (const auto& [id, t] : tracked_) aborts.push_back(id);
     }

@@ -50,10 +50,25 @@ struct Submission {
   std::shared_ptr<OutputSink> sink;
   double received_time = 0;  // seconds since the epoch, when the HTTP request arrived
   int64_t reserved = 0;      // sequences reserved with try_reserve (released at admission)
+  // Prefill/decode disaggregation (server/kv_transport.h), single-prompt n = 1 requests only.
+  // Prefill side: when the request finishes, its prompt's cached prefix goes to decode server
+  // `kv_send_to` as transfer `kv_send_id`. Decode side: admission waits (up to kv_wait_s) for
+  // transfer `kv_recv_id` and imports it first; without it the prompt is simply computed here.
+  std::string kv_send_id, kv_send_to, kv_recv_id;
 };
+
+class KvTransport;
 
 struct EngineLoopOptions {
   int64_t max_waiting = 512;  // sequences accepted but not yet running
+  KvTransport* kv = nullptr;  // disaggregation (outlives the loop), null = off
+  double kv_wait_s = 10;      // longest wait of a decode request for its transfer
+};
+
+struct KvCounters {
+  int64_t sent = 0, send_failed = 0, exported_tokens = 0;    // prefill side
+  int64_t received = 0, timed_out = 0, imported_tokens = 0;  // decode side
+  int64_t import_failed = 0;                                 // refused or no room
 };
 
 class EngineLoop {
@@ -77,15 +92,25 @@ class EngineLoop {
   // (whose compile() is thread-safe) and the model's limits.
   const engine::Engine& engine() const { return *engine_; }
   int64_t num_waiting() const;
+  KvCounters kv_counters() const;
 
  private:
   struct Tracked {
     std::shared_ptr<OutputSink> sink;
     double received = 0, first_token = 0;
     int64_t prompt_tokens = 0;
+    std::vector<int32_t> kv_prompt;  // prefill side: the prompt whose prefix is sent at the end
+    std::string kv_send_id, kv_send_to;
+  };
+  struct Parked {  // a decode request waiting for its transfer
+    Submission s;
+    double deadline = 0;
   };
   void run();
   void admit(Submission& s);
+  // Decode side: admits the parked requests whose transfer arrived or whose wait ran out.
+  void admit_parked(bool stopping, const std::vector<std::string>& aborts);
+  void export_kv(Tracked& t, const RequestOutput& o);
   void deliver(std::vector<RequestOutput>&& outs);
   void fail_all(const std::string& why);
   void publish();
@@ -101,6 +126,9 @@ class EngineLoop {
   int64_t engine_waiting_ = 0;  // the scheduler's waiting sequences after the last step
   bool busy_ = false;           // the engine has unfinished requests
   bool stop_ = false;
+  bool kv_arrived_ = false;     // a transfer arrived since the loop last looked
+  KvCounters kv_counters_;
+  std::vector<Parked> parked_;  // engine thread only
   std::unordered_map<std::string, Tracked> tracked_;  // engine thread only
   std::thread thread_;
 };

@@ -22,6 +22,23 @@ Job::Job(ServerState& st, std::shared_ptr<Responder> resp, std::string path, std
          int n)
     : st_(st), resp_(std::move(resp)), path_(std::move(path)), id_(std::move(id)), common_(common), n_(n) {}
 
+void Job::set_kv(const HttpRequest& req) {
+  if (!st_.kv) return;
+  const std::string h = req.header("X-Deepinfer-Kv");
+  auto field = [&](const std::string& key) {
+    const size_t p = h.find(key + "=");
+    if (p == std::string::npos || (p > 0 && h[p - 1] != ';')) return std::string();
+    const size_t e = h.find(';', p);
+    return h.substr(p + key.size() + 1, e == std::string::npos ? std::string::npos : e - p - key.size() - 1);
+  };
+  if (st_.kv->is_prefill()) {
+    kv_send_id_ = field("send");
+    kv_send_to_ = field("to");
+  } else {
+    kv_recv_id_ = field("recv");
+  }
+}
+
 bool Job::submit(std::vector<std::vector<int32_t>> prompts, const SamplingParams& params, double received) {
   const int64_t k = int64_t(prompts.size());
   const int64_t seqs = k * params.n;
@@ -55,6 +72,11 @@ bool Job::submit(std::vector<std::vector<int32_t>> prompts, const SamplingParams
     s.sink = std::make_shared<SubSink>(shared_from_this(), int(i));
     s.received_time = received;
     s.reserved = params.n;
+    if (k == 1 && params.n == 1) {
+      s.kv_send_id = kv_send_id_;
+      s.kv_send_to = kv_send_to_;
+      s.kv_recv_id = kv_recv_id_;
+    }
     st_.loop->submit(std::move(s));
   }
   // After the submissions: an abort can then never overtake the request it ends.

@@ -25,6 +25,9 @@ class Job : public std::enable_shared_from_this<Job> {
   // Reserves the sequences (503 when the waiting queue is full: false), then hands one engine
   // request per prompt to the loop and arranges the abort on disconnect.
   bool submit(std::vector<std::vector<int32_t>> prompts, const SamplingParams& params, double received);
+  // Disaggregation (router-internal header "X-Deepinfer-Kv: send=ID;to=PEER" or "recv=ID"):
+  // applied to a single-prompt n = 1 request when this server has a KV transport, else ignored.
+  void set_kv(const HttpRequest& req);
 
   void admitted(int k);
   void output(int k, RequestOutput&& o);
@@ -59,6 +62,7 @@ class Job : public std::enable_shared_from_this<Job> {
   int n_ = 1;
   std::mutex mu_;
   std::vector<std::string> engine_ids_;
+  std::string kv_send_id_, kv_send_to_, kv_recv_id_;
   std::vector<int64_t> prompt_tokens_, cached_tokens_;
   std::vector<bool> done_, choice_done_;
   int admitted_ = 0, finished_ = 0;

@@ -30,6 +30,8 @@ class Histogram {
 struct EngineGauges {
   int64_t num_running = 0, num_waiting = 0;   // sequences in the scheduler
   int64_t num_queued = 0;                     // requests accepted, not yet in the engine
+  int64_t running_tokens = 0;                 // tokens of the running sequences (their cache)
+  int64_t waiting_tokens = 0;                 // prompt tokens of waiting sequences not yet computed
   int64_t kv_blocks_total = 0, kv_blocks_free = 0, kv_blocks_cached = 0;
   int64_t kv_slots_total = 0, kv_slots_free = 0;
   double kv_usage = 0;                        // fraction of blocks held or pending release

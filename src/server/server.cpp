@@ -86,6 +86,31 @@ ChatFormat chat_format_for(const std::string& flag, const std::string& model_pat
   return arch.find("V41") != std::string::npos ? ChatFormat::kV41 : ChatFormat::kV4;
 }
 
+// GET /load: what a router balances on (router/pool.h), lighter than /metrics' text. Queued
+// requests (accepted, not yet in the engine) count as waiting; their tokens are not known yet.
+json load_body(const ServerState& st) {
+  const EngineGauges g = st.metrics.gauges();
+  return {{"num_requests_running", g.num_running},
+          {"num_requests_waiting", g.num_waiting + g.num_queued},
+          {"running_tokens", g.running_tokens},
+          {"waiting_tokens", g.waiting_tokens},
+          {"kv_cache_usage", g.kv_usage},
+          {"kv_blocks_free", g.kv_blocks_free},
+          {"kv_blocks_total", g.kv_blocks_total}};
+}
+
+// GET /load's disaggregation part: this server's role and name, and its transfer counters.
+void add_kv_load(const ServerState& st, json& j) {
+  if (!st.kv) return;
+  const KvCounters c = st.loop->kv_counters();
+  j["kv_role"] = st.kv->options().role;
+  j["kv_name"] = st.kv->options().name;
+  j["kv_peers_connected"] = st.kv->num_connected();
+  j["kv_transfers"] = {{"sent", c.sent},         {"send_failed", c.send_failed}, {"exported_tokens", c.exported_tokens},
+                       {"received", c.received}, {"timed_out", c.timed_out},     {"imported_tokens", c.imported_tokens},
+                       {"import_failed", c.import_failed}};
+}
+
 json models_body(const ServerState& st) {
   return {{"object", "list"},
           {"data",
@@ -123,13 +148,18 @@ void route(ServerState& st, HttpRequest&& req, std::shared_ptr<Responder> resp) 
   if (path == "/v1/completions") return post_only(handle_completions);
   if (path == "/v1/chat/completions") return post_only(handle_chat);
   const bool get = req.method == "GET" || req.method == "HEAD";
-  if (path == "/health" || path == "/v1/models" || path == "/metrics" || path == "/version") {
+  if (path == "/health" || path == "/v1/models" || path == "/metrics" || path == "/version" || path == "/load") {
     if (!get) return send_error(st, *resp, path, ApiError(405, "use GET for " + path));
     if (path == "/health") {
       st.metrics.count_http(path, 200);
       return resp->send(200, "application/json", "{}");
     }
     if (path == "/version") return send_json(st, *resp, path, 200, {{"version", "0.1.0"}});
+    if (path == "/load") {
+      json j = load_body(st);
+      add_kv_load(st, j);
+      return send_json(st, *resp, path, 200, j);
+    }
     if (path == "/v1/models") return send_json(st, *resp, path, 200, models_body(st));
     st.metrics.count_http(path, 200);
     return resp->send(200, "text/plain; version=0.0.4", st.metrics.render(st.model_name));
@@ -183,7 +213,9 @@ void Server::init(ServeOptions options, std::unique_ptr<engine::Engine> eng, std
   }
   st.created = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
   if (st.opt.max_waiting < 1) DI_THROW(InvalidArgument, "--max-waiting must be >= 1, got ", st.opt.max_waiting);
-  st.loop = std::make_unique<EngineLoop>(std::move(eng), EngineLoopOptions{st.opt.max_waiting}, st.metrics);
+  if (!st.opt.kv.role.empty()) st.kv = std::make_unique<KvTransport>(st.opt.kv);
+  st.loop = std::make_unique<EngineLoop>(std::move(eng), EngineLoopOptions{st.opt.max_waiting, st.kv.get(), st.opt.kv_wait_s},
+                                         st.metrics);
   st.prep = std::make_unique<WorkQueue>(st.opt.prep_threads);
   ServerState* s = st_.get();
   http_ = std::make_unique<HttpServer>(
@@ -202,6 +234,7 @@ void Server::stop() {
   if (http_) http_->stop();  // no new requests; responses in flight are dropped
   if (st_->prep) st_->prep.reset();
   if (st_->loop) st_->loop->stop();
+  if (st_->kv) st_->kv->stop();
 }
 
 int64_t Server::kv_blocks_free() const { return st_->metrics.gauges().kv_blocks_free; }

@@ -16,6 +16,7 @@
 
 #include "deepinfer/llm.h"
 #include "server/http.h"
+#include "server/kv_transport.h"
 
 namespace deepinfer::engine {
 class Engine;
@@ -31,6 +32,8 @@ struct ServeOptions {
   std::string chat_format = "auto";  // v4 | v41 | auto (from config.json's architecture)
   int prep_threads = 2;            // tokenization and grammar compilation
   std::string api_key;             // "" = none; else "Authorization: Bearer <key>" is required on /v1
+  KvTransportOptions kv;           // prefill/decode disaggregation (role "" = off)
+  double kv_wait_s = 10;           // decode side: longest wait for a request's KV transfer
 };
 
 struct ServerState;

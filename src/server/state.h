@@ -43,6 +43,7 @@ class WorkQueue {
 struct ServerState {
   ServeOptions opt;
   ServerMetrics metrics;
+  std::unique_ptr<KvTransport> kv;  // disaggregation, null = off; outlives the loop
   std::unique_ptr<EngineLoop> loop;
   std::unique_ptr<WorkQueue> prep;
   std::string model_name, model_path;

@@ -10,6 +10,8 @@
 #include "structured/ebnf.h"
 #include "structured/json_schema.h"
 #include "structured/regex.h"
+#include "structured/tool_calls.h"
+#include "structured/vocab.h"
 
 namespace deepinfer::structured {
 namespace {
@@ -159,8 +161,8 @@ Grammar lower_so_args_unsafe(std::string_view text, std::chrono::steady_clock::t
   int kinds = 0;
   for (const char* k : {"regex", "json_schema", "json_object", "ebnf", "choice"}) kinds += a.contains(k) ? 1 : 0;
   if (kinds != 1)
-    DI_THROW(InvalidArgument, "so_args needs exactly one of regex, json_schema, json_object, ebnf, choice "
-                              "(or schema_type with schema)");
+    DI_THROW(InvalidArgument, "so_args needs exactly one of regex, json_schema, json_object, ebnf, choice, "
+                              "tool_calls (or schema_type with schema)");
   if (a.contains("regex")) {
     if (!a["regex"].is_string()) DI_THROW(InvalidArgument, "so_args.regex must be a string");
     GrammarBuilder b;
@@ -264,6 +266,15 @@ GrammarCompiler::GrammarCompiler(std::shared_ptr<const TokenVocabulary> vocab, C
 std::shared_ptr<const CompiledGrammar> GrammarCompiler::compile_uncached(std::string_view so_args_json) const {
   auto t0 = std::chrono::steady_clock::now();
   auto impl = std::make_shared<CompiledGrammarImpl>();
+  // Forms that need the vocabulary (tool_calls: the DSML token's id) become plain so_args first.
+  std::string expanded;
+  try {
+    json a = parse_so_args(so_args_json);
+    if (a.is_object() && a.contains("tool_calls")) expanded = expand_tool_calls(a, *vocab_).dump();
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(utf8_safe(e.what()));
+  }
+  if (!expanded.empty()) so_args_json = expanded;
   impl->grammar = lower_so_args(so_args_json, options_.time_limit_ms);
   for (int32_t id : impl->grammar.special_terminals)
     if (!vocab_->is_terminal(id))
@@ -304,6 +315,19 @@ std::shared_ptr<const CompiledGrammar> GrammarCompiler::compile(std::string_view
     }
   }
   return g;
+}
+
+std::shared_ptr<const CompiledGrammar> GrammarCompiler::find_cached(std::string_view so_args_json) {
+  if (json_nesting_depth(so_args_json) > kMaxJsonDepth) return nullptr;
+  std::string key;
+  try {
+    key = nlohmann::ordered_json::parse(so_args_json).dump();
+  } catch (const nlohmann::json::exception&) {
+    return nullptr;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = cache_.find(key);
+  return it == cache_.end() ? nullptr : it->second;
 }
 
 }  // namespace deepinfer::structured

@@ -38,6 +38,12 @@ int utf8_step(int s, uint8_t b) {
 
 }  // namespace
 
+std::optional<int32_t> TokenVocabulary::terminal_named(std::string_view text) const {
+  for (const auto& [t, id] : terminal_texts_)
+    if (t == text) return id;
+  return std::nullopt;
+}
+
 bool TokenVocabulary::is_terminal(int32_t id) const {
   return std::binary_search(terminals_.begin(), terminals_.end(), id);
 }
@@ -64,6 +70,7 @@ TokenVocabulary::TokenVocabulary(TokenizerInfo info) : info_(std::move(info)) {
         DI_THROW(InvalidArgument, "terminal token id ", id, " outside vocabulary of ", n);
       if (kind_[id] == kStop) DI_THROW(InvalidArgument, "terminal token id ", id, " is a stop token");
       kind_[id] = kNormal;
+      if (!info_.token_bytes[id].empty()) terminal_texts_.emplace_back(info_.token_bytes[id], id);
       info_.token_bytes[id] = special_token_bytes(id);
     }
     terminals_ = info_.terminal_ids;

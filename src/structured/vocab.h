@@ -65,6 +65,9 @@ class TokenVocabulary {
   // A special token offered as a grammar terminal (its bytes are special_token_bytes(id)).
   bool is_terminal(int32_t id) const;
   const std::vector<int32_t>& terminal_ids() const { return terminals_; }
+  // The terminal whose token text (TokenizerInfo::token_bytes before the engine respelled it)
+  // is `text`, e.g. "｜DSML｜"; nullopt when none is.
+  std::optional<int32_t> terminal_named(std::string_view text) const;
   const std::vector<int32_t>& stop_ids() const { return info_.stop_ids; }
 
   // Trie nodes, [num_nodes]; node 0 is the root (empty prefix, byte unused).
@@ -114,6 +117,7 @@ class TokenVocabulary {
   mutable std::unordered_map<std::string, int32_t> key_ids_;
   std::vector<uint8_t> kind_;  // [vocab_size]
   std::vector<int32_t> terminals_;  // sorted TokenizerInfo::terminal_ids
+  std::vector<std::pair<std::string, int32_t>> terminal_texts_;  // their given bytes
 };
 
 // Longest-match tokenization over grammar tokens (not the model's BPE: any split of the same

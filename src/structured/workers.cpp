@@ -60,6 +60,13 @@ int StructuredWorkers::num_threads() const { return static_cast<int>(impl_->thre
 
 std::shared_future<std::shared_ptr<const CompiledGrammar>> StructuredWorkers::compile_async(GrammarCompiler& compiler,
                                                                                           std::string so_args_json) {
+  // Already compiled (a server compiles a request's grammar on its own thread first): ready now,
+  // not queued behind another compile.
+  if (auto g = compiler.find_cached(so_args_json)) {
+    std::promise<std::shared_ptr<const CompiledGrammar>> p;
+    p.set_value(std::move(g));
+    return p.get_future().share();
+  }
   auto task = std::make_shared<std::packaged_task<std::shared_ptr<const CompiledGrammar>()>>(
       [&compiler, args = std::move(so_args_json)] { return compiler.compile(args); });
   std::shared_future<std::shared_ptr<const CompiledGrammar>> f = task->get_future().share();
@@ -71,7 +78,18 @@ void StructuredWorkers::fill_next_token_bitmasks(std::span<GrammarMatcher* const
                                                  size_t row_words) {
   if (words.size() < matchers.size() * row_words)
     DI_THROW(InvalidArgument, "bitmask batch has ", words.size(), " words, need ", matchers.size() * row_words);
-  // Rows are handed out one at a time (masks differ a lot in cost). The caller works too and
+  std::vector<MaskJob> jobs(matchers.size());
+  for (size_t i = 0; i < matchers.size(); ++i)
+    jobs[i] = {matchers[i], {}, words.subspan(i * row_words, row_words), row_words, 0};
+  fill_bitmasks(jobs);
+}
+
+void StructuredWorkers::fill_bitmasks(std::span<MaskJob> jobs) {
+  for (const MaskJob& j : jobs)
+    if (!j.matcher || j.words.size() < (j.draft.size() + 1) * j.row_words)
+      DI_THROW(InvalidArgument, "mask job has ", j.words.size(), " words for ", j.draft.size() + 1, " rows of ",
+               j.row_words, (j.matcher ? "" : " (and no matcher)"));
+  // Jobs are handed out one at a time (masks differ a lot in cost). The caller works too and
   // waits only for helpers that did start: one queued behind a long compilation finds the
   // batch closed when it runs and returns at once, so a compile never delays a step.
   struct Batch {
@@ -81,13 +99,17 @@ void StructuredWorkers::fill_next_token_bitmasks(std::span<GrammarMatcher* const
     int active = 0;
     bool closed = false;
     std::exception_ptr error;
-    std::span<GrammarMatcher* const> matchers;
-    std::span<int32_t> words;
-    size_t row_words = 0;
+    std::span<MaskJob> jobs;
     void work() {
-      for (size_t i; (i = next.fetch_add(1)) < matchers.size();) {
+      for (size_t i; (i = next.fetch_add(1)) < jobs.size();) {
+        MaskJob& j = jobs[i];
         try {
-          matchers[i]->fill_next_token_bitmask(words.subspan(i * row_words, row_words));
+          if (j.draft.empty()) {
+            j.matcher->fill_next_token_bitmask(j.words.first(j.row_words));
+            j.filled = 1;
+          } else {
+            j.filled = j.matcher->fill_draft_bitmasks(j.draft, j.words, j.row_words);
+          }
         } catch (...) {
           std::lock_guard<std::mutex> lock(mu);
           if (!error) error = std::current_exception();
@@ -96,10 +118,8 @@ void StructuredWorkers::fill_next_token_bitmasks(std::span<GrammarMatcher* const
     }
   };
   auto b = std::make_shared<Batch>();
-  b->matchers = matchers;
-  b->words = words;
-  b->row_words = row_words;
-  const size_t helpers = std::min<size_t>(impl_->threads.size(), matchers.empty() ? 0 : matchers.size() - 1);
+  b->jobs = jobs;
+  const size_t helpers = std::min<size_t>(impl_->threads.size(), jobs.empty() ? 0 : jobs.size() - 1);
   for (size_t h = 0; h < helpers; ++h)
     impl_->post([b] {
       {

@@ -63,3 +63,35 @@ def test_so_check_deep_so_args_is_an_error_not_a_crash(tmp_path):
     rows = [json.loads(x) for x in out.stdout.splitlines()]
     assert "nests deeper than 512 levels" in rows[0]["error"]
     assert rows[1]["accepted"] is True
+
+
+def test_tool_calls_generate_on_default_model():
+    """so_args.tool_calls through LLM.generate on the bundled model (its tokenizer has the DSML
+    token): a named function in V4 tags, greedy, parameters an enum and a boolean (the tiny model
+    was never trained on DSML: free-text values would run to max_tokens); then "auto" with the
+    DSML token forced by logit_bias: the grammar writes the rest of the block."""
+    import re as _re
+    llm = LLM()
+    dsml = llm.encode("｜DSML｜")[len(llm.encode("")):]  # encode may put BOS first
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"enum": ["Paris", "Oslo"]}, "hourly": {"type": "boolean"}},
+        "required": ["city", "hourly"]}}}]
+    named = SamplingParams(temperature=0, max_tokens=600, skip_special_tokens=False,
+                           so_args={"tool_calls": {"format": "v4", "tools": tools, "function": "get_weather"}})
+    bad = SamplingParams(temperature=0, max_tokens=8, so_args={"tool_calls": {"format": "v9", "tools": tools}})
+    prompt = "<｜User｜>Weather in Paris?<｜Assistant｜></think>"
+    outs = llm.generate([prompt, prompt], [named, bad], use_tqdm=False)
+    if outs[0].error and "grammar module" in outs[0].error:
+        pytest.skip(outs[0].error)
+    m = "｜DSML｜"
+    text = outs[0].outputs[0].text
+    want = (rf"\n{{0,2}}<{m}tool_calls>\n<{m}invoke name=\"get_weather\">\n<{m}parameter name=\"city\" string=\"true\">"
+            rf"(Paris|Oslo)</{m}parameter>\n<{m}parameter name=\"hourly\" string=\"false\">\s*(true|false)\s*"
+            rf"</{m}parameter>\n\n?</{m}invoke>\n</{m}tool_calls>(<｜end▁of▁sentence｜>)?")  # skip_special_tokens off
+    assert _re.fullmatch(want, text), text
+    assert "so_args.tool_calls.format" in outs[1].error
+    assert len(dsml) == 1, dsml
+    auto = SamplingParams(temperature=0, max_tokens=600, skip_special_tokens=False, logit_bias={dsml[0]: 100.0},
+                          so_args={"tool_calls": {"format": "v4", "tools": tools, "mode": "auto", "parallel": False}})
+    (o,) = llm.generate([prompt], auto, use_tqdm=False)
+    assert _re.fullmatch(want.replace(rf"\n{{0,2}}<{m}tool_calls", f"{m}tool_calls"), o.outputs[0].text), o.outputs[0].text

@@ -11,8 +11,8 @@ using parallel::WireWriter;
 // A struct that grows a field must grow its codec too (these sizes are libstdc++ x86-64's).
 static_assert(sizeof(RequestMetrics) == 128, "RequestMetrics changed: update engine/dp/codec.cpp");
 static_assert(sizeof(Logprob) == 40, "Logprob changed: update engine/dp/codec.cpp");
-static_assert(sizeof(StructuredOutputsParams) == 192, "StructuredOutputsParams changed: update engine/dp/codec.cpp");
-static_assert(sizeof(SamplingParams) == 368, "SamplingParams changed: update engine/dp/codec.cpp");
+static_assert(sizeof(StructuredOutputsParams) == 232, "StructuredOutputsParams changed: update engine/dp/codec.cpp");
+static_assert(sizeof(SamplingParams) == 408, "SamplingParams changed: update engine/dp/codec.cpp");
 static_assert(sizeof(CompletionOutput) == 192, "CompletionOutput changed: update engine/dp/codec.cpp");
 static_assert(sizeof(RequestOutput) == 320, "RequestOutput changed: update engine/dp/codec.cpp");
 static_assert(sizeof(LLMConfig) == 232, "LLMConfig changed: update engine/dp/codec.cpp");
@@ -50,6 +50,7 @@ void put_structured(WireWriter& w, const StructuredOutputsParams& s) {
   w.put_opt(s.choice, [&](const std::vector<std::string>& v) { w.put_strs(v); });
   w.put_opt(s.grammar, str);
   w.put_bool(s.json_object);
+  w.put_opt(s.tool_calls, str);
   w.put_vec(s.trigger_token_ids);
   w.put_opt(s.bound_token_id, [&](int32_t v) { w.put<int32_t>(v); });
 }
@@ -61,6 +62,7 @@ StructuredOutputsParams get_structured(WireReader& r) {
   s.choice = r.get_opt("so choice", [&] { return r.get_strs("so choice"); });
   s.grammar = r.get_opt("so grammar", [&] { return r.get_str("so grammar"); });
   s.json_object = r.get_bool("so json_object");
+  s.tool_calls = r.get_opt("so tool_calls", [&] { return r.get_str("so tool_calls"); });
   s.trigger_token_ids = r.get_vec<int32_t>("so trigger_token_ids");
   s.bound_token_id = r.get_opt("so bound_token_id", [&] { return r.get<int32_t>("so bound_token_id"); });
   return s;

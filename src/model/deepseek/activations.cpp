@@ -28,7 +28,7 @@ BufferSize buffer_size(Buf b, const Dims& g, const StepSizes& s, size_t A) {
   switch (b) {
     case Buf::kX: case Buf::kX2: return {T * n * D, 4};
     case Buf::kU: return {T * D, 4};
-    case Buf::kMix: return {T * g.mix_dim(), 4};
+    case Buf::kMix: case Buf::kMix2: return {T * g.mix_dim(), 4};
     case Buf::kH: return {T * D, A};
     case Buf::kY: return {T * D, 4};
     case Buf::kQa: return {T * r, 4};
@@ -46,10 +46,13 @@ BufferSize buffer_size(Buf b, const Dims& g, const StepSizes& s, size_t A) {
     case Buf::kIaz: return {T * 2 * iw, 4};
     case Buf::kIstage: return {s.stage_rows * 2 * iw, 4};
     case Buf::kIent: return {s.entries * di, 4};
+    case Buf::kEntAct: return {s.entries * d, A};
     case Buf::kQi: return {T * Hi * di, A};
     case Buf::kIw: return {T * Hi, 4};
     case Buf::kSelRows: return {T * topk, 4};
     case Buf::kSelCount: return {T, 4};
+    case Buf::kCandBlocks: return {T * std::max<int64_t>(g.candidate_topk_blocks, 1), 4};
+    case Buf::kEngramKv: return {g.engram ? T * (n + 1) * D : 1, 4};
     case Buf::kRouterLogits: return {T * E, 4};
     case Buf::kIds: case Buf::kWts: return {T * K, 4};
     case Buf::kShared: return {T * D, 4};

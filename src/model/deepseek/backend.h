@@ -33,6 +33,7 @@ enum class Buf : uint8_t {
   kX, kX2,            // f32 [T, n, D] residual streams (ping-pong)
   kU,                 // f32 [T, D] collapsed block input
   kMix,               // f32 [T, (2+n)n] mHC site mixes
+  kMix2,              // f32 [T, (2+n)n] single-pass mHC: the FFN site's mixes (its pre feeds the next site)
   kH,                 // act [T, D] normed block input
   kY,                 // f32 [T, D] block output
   kQa,                // f32 [T, r]
@@ -46,9 +47,12 @@ enum class Buf : uint8_t {
   kWin,               // act [win rows, d] staged window keys
   kAz, kStage, kEnt,  // f32 compressor: [T, 2c], [stage rows, 2c], [entries, d]
   kIaz, kIstage, kIent,  // f32 key compressor
+  kEntAct,            // act [entries, d] entries as linear input (keys from the latent; act != f32 only)
   kQi,                // act [T, Hi*di] indexer queries
   kIw,                // f32 [T, Hi] indexer head weights
   kSelRows, kSelCount,// i32 [T, topk], [T] selected entries
+  kCandBlocks,        // i32 [T, candidate_topk_blocks] the candidate source's blocks (two-level top-k)
+  kEngramKv,          // f32 [T, (n+1)D] Engram rows through wkv (key n·D, value D)
   kRouterLogits,      // f32 [T, E]
   kIds, kWts,         // i32 / f32 [T, K] routing
   kShared,            // f32 [T, D] shared expert output
@@ -234,6 +238,15 @@ class Backend {
   virtual void hc_collapse(const float* x, const float* prev_mix, float* u, int64_t tokens) = 0;
   // x[t, j, :] += v[t, :] for every stream j (the MTP block's embedding term).
   virtual void add_streams(float* x, const float* v, int64_t tokens, int64_t streams, int64_t dim) = 0;
+  // V4.1 Engram: the step's table rows of main layer `layer`, [T, columns·head_dim] in act(), as
+  // ModelBackend::stage_engram_rows staged them; and the gated injection X[t, k] += gate_k · value
+  // (ops engram_inject) from kv [T, (n+1)D] f32 and w = q_weight ⊙ k_weight [n, D].
+  virtual const void* engram_rows(int64_t layer) const {
+    DI_THROW(InvalidArgument, "this backend does not run Engram layers yet (layer ", layer, ")");
+  }
+  virtual void engram_inject(float* x, const float* kv, const float* w, int64_t tokens) {
+    DI_THROW(InvalidArgument, "this backend does not run Engram layers yet");
+  }
 
   // ---- MoE seam: route -> dispatch -> experts -> combine (expert parallelism plugs into
   // dispatch/combine; a rank with no local tokens still calls every step) ----
@@ -264,6 +277,11 @@ class ModelBackend : public Backend {
     DI_THROW(InvalidArgument, describe(), ": expert parallelism is not implemented on this backend yet");
   }
   virtual void synchronize() {}                              // waits for the step stream (timing)
+  // V4.1 Engram rows of the next step, per main layer ([T, columns·head_dim] f32 host rows; empty
+  // for layers without Engram), gathered by the model once the step's tokens are known.
+  virtual void stage_engram_rows(std::vector<std::vector<float>> rows) {
+    DI_THROW(InvalidArgument, describe(), ": Engram layers are not implemented on this backend yet");
+  }
 
   // Cache storage for the model's layer specs (fixed at construction).
   virtual kv::CacheGeometry plan_cache(size_t budget_bytes, int64_t max_slots) const = 0;

@@ -28,13 +28,42 @@ struct CompressorIo {
   float* state = nullptr;   // f32 partial ring of the owner [slots*S, 2c]
   void* pool = nullptr;     // act paged pool [blocks*epb, dd]
   RowFormat format = RowFormat::kPlain;
+  // Index keys projected from the normed, pre-rope entries (IndexKeyKind::kFromLatent): the
+  // layer's wk / k_norm, the key pool and its format. Null: the layer has no such keys.
+  const AttentionRef* latent_keys = nullptr;
+  void* key_pool = nullptr;
+  RowFormat key_format = RowFormat::kPlain;
 };
 
-// az = h·[Wkv;Wgate]ᵀ (+ape on the gate half); pooled blocks -> norm -> rope -> cache format ->
-// paged pool rows; the newest rows go to the slot's partial ring.
-void run_compressor(Backend& be, const Dims& g, const CompressorRef& C, bool overlap, const KindIndex& K,
+// Index keys of the step's entries from their latent (V4.1): norm(latent·Wkᵀ) -> rope at the
+// entry's position -> key format -> the key pool rows of the entries.
+void keys_from_latent(Backend& be, const Dims& g, const CompressorIo& io, const float* ent, int64_t dd, int64_t E,
+                      const KindIndex& K, const float* inv_freq) {
+  const AttentionRef& A = *io.latent_keys;
+  const int64_t di = g.index_dim;
+  const void* x = ent;
+  if (be.act() != DType::kF32) {  // linear inputs are act rows
+    be.gather({.src_a = ent, .a_stride = dd, .src_dtype = DType::kF32, .dst = be.buf(Buf::kEntAct), .dst_stride = dd,
+               .dst_dtype = be.act(), .rows = E, .width = dd});
+    x = be.buf(Buf::kEntAct);
+  }
+  float* k = be.at<float>(Buf::kIent);
+  be.linear(A.index_wk, x, dd, E, k, DType::kF32, di);
+  norm(be, g, k, DType::kF32, di, A.index_k_norm.p, k, DType::kF32, di, E, di);
+  rope(be, g, k, DType::kF32, di, E, 1, di, K.entry_pos, inv_freq);
+  be.round_trip(k, DType::kF32, di, E, di, io.key_format);
+  be.gather({.src_a = k, .a_stride = di, .src_dtype = DType::kF32, .dst = io.key_pool, .dst_stride = di,
+             .dst_dtype = be.act(), .dst_index = K.entry_dst, .rows = E, .width = di});
+}
+
+// az = h·[Wkv;Wgate]ᵀ (+ape on the gate half); pooled blocks -> norm -> (index keys from the
+// latent) -> rope -> cache format -> paged pool rows; the newest rows go to the slot's partial ring.
+// kProject (ratio 1, no gate): every token completes its own entry and the step lists stage nothing
+// (no partial ring): entry i is projection row i.
+void run_compressor(Backend& be, const Dims& g, const CompressorRef& C, CompressorKind kind, const KindIndex& K,
                     const CompressorIo& io, const int64_t* pos, const float* inv_freq) {
   const StepPlan& P = be.plan();
+  const bool overlap = kind == CompressorKind::kOverlap;
   const int64_t T = P.T, D = g.hidden, cw = C.width, w2 = 2 * cw, m = C.ratio;
   const int64_t dd = overlap ? cw / 2 : cw;
   const CompressPlan& H = *K.host;
@@ -45,19 +74,26 @@ void run_compressor(Backend& be, const Dims& g, const CompressorRef& C, bool ove
   if (E > 0) {
     float* stage = be.at<float>(io.stage);
     float* ent = be.at<float>(io.ent);
-    be.gather({.src_a = io.state, .a_stride = w2, .src_b = az, .b_stride = w2, .src_dtype = DType::kF32,
-               .src_index = K.stage_src, .dst = stage, .dst_stride = w2, .dst_dtype = DType::kF32,
-               .dst_index = K.stage_dst, .rows = int64_t(H.stage_src.size()), .width = w2});
-    if (P.fixed)  // one block per token at most; which block is read from the index lists
-      be.decode_pool({.stage = stage, .ld = w2, .block = K.block, .tokens = T, .rows_per_token = H.rows_per_token,
-                      .width = cw, .ratio = m, .overlap = overlap, .out = ent});
-    for (const auto& l : H.launches) {
-      const float* a = stage + l.stage_row0 * w2;
-      be.compressor_pool({.a = a, .z = a + cw, .row0 = l.lo, .n_rows = l.n_rows, .width = cw, .row_stride = w2,
-                          .ratio = m, .overlap = overlap, .first_block = l.first_block, .n_blocks = l.n_blocks,
-                          .out = ent + l.entry0 * dd});
+    if (kind == CompressorKind::kProject) {
+      DI_CHECK(E == T, "ratio-1 compressor: ", E, " entries for ", T, " tokens");
+      be.gather({.src_a = az, .a_stride = w2, .src_dtype = DType::kF32, .dst = ent, .dst_stride = dd,
+                 .dst_dtype = DType::kF32, .rows = E, .width = cw});
+    } else {
+      be.gather({.src_a = io.state, .a_stride = w2, .src_b = az, .b_stride = w2, .src_dtype = DType::kF32,
+                 .src_index = K.stage_src, .dst = stage, .dst_stride = w2, .dst_dtype = DType::kF32,
+                 .dst_index = K.stage_dst, .rows = int64_t(H.stage_src.size()), .width = w2});
+      if (P.fixed)  // one block per token at most; which block is read from the index lists
+        be.decode_pool({.stage = stage, .ld = w2, .block = K.block, .tokens = T, .rows_per_token = H.rows_per_token,
+                        .width = cw, .ratio = m, .overlap = overlap, .out = ent});
+      for (const auto& l : H.launches) {
+        const float* a = stage + l.stage_row0 * w2;
+        be.compressor_pool({.a = a, .z = a + cw, .row0 = l.lo, .n_rows = l.n_rows, .width = cw, .row_stride = w2,
+                            .ratio = m, .overlap = overlap, .first_block = l.first_block, .n_blocks = l.n_blocks,
+                            .out = ent + l.entry0 * dd});
+      }
     }
     norm(be, g, ent, DType::kF32, dd, C.norm.p, ent, DType::kF32, dd, E, dd);
+    if (io.latent_keys) keys_from_latent(be, g, io, ent, dd, E, K, inv_freq);
     rope(be, g, ent, DType::kF32, dd, E, 1, dd, K.entry_pos, inv_freq);
     be.round_trip(ent, DType::kF32, dd, E, dd, io.format);
     be.gather({.src_a = ent, .a_stride = dd, .src_dtype = DType::kF32, .dst = io.pool, .dst_stride = dd,
@@ -97,12 +133,20 @@ void compressed_keys(Backend& be, const Dims& g, const ModelPlan& plan, const La
       rope(be, g, qi, be.act(), Hi * di, T, Hi, di, ix.pos, A.inv_freq);
       be.round_trip(qi, be.act(), di, T * Hi, di, p.key_format);
       be.linear(A.index_weights, be.buf(Buf::kH), D, T, be.buf(Buf::kIw), DType::kF32, Hi);
-      be.indexer_topk({.q = qi, .w = be.at<float>(Buf::kIw), .k_pool = be.cache(p.key_source).keys,
-                       .cand_rows = K.cand_rows, .cand_offset = K.cand_offset, .cand_count = K.cand_count,
-                       .num_tokens = T, .num_heads = Hi, .head_dim = di,
-                       .qk_scale = 1.0f / std::sqrt(float(di)), .w_scale = 1.0f / std::sqrt(float(Hi)),
-                       .topk = g.index_topk, .max_candidates = K.host->max_count,
-                       .out_rows = be.at<int32_t>(Buf::kSelRows), .out_count = be.at<int32_t>(Buf::kSelCount)});
+      IndexerArgs ia{.q = qi, .w = be.at<float>(Buf::kIw), .k_pool = be.cache(p.key_source).keys,
+                     .cand_rows = K.cand_rows, .cand_offset = K.cand_offset, .cand_count = K.cand_count,
+                     .num_tokens = T, .num_heads = Hi, .head_dim = di,
+                     .qk_scale = 1.0f / std::sqrt(float(di)), .w_scale = 1.0f / std::sqrt(float(Hi)),
+                     .topk = g.index_topk, .max_candidates = K.host->max_count,
+                     .out_rows = be.at<int32_t>(Buf::kSelRows), .out_count = be.at<int32_t>(Buf::kSelCount)};
+      // Two-level top-k: the candidate source publishes its blocks, later index sources score inside them.
+      if (g.candidate_block_size > 0 && (p.candidate_source || p.uses_candidates)) {
+        ia.block_size = g.candidate_block_size;
+        ia.topk_blocks = g.candidate_topk_blocks;
+        if (p.candidate_source) ia.out_blocks = be.at<int32_t>(Buf::kCandBlocks);
+        else ia.in_blocks = be.at<int32_t>(Buf::kCandBlocks);
+      }
+      be.indexer_topk(ia);
       [[fallthrough]];
     }
     case SelectKind::kReuse:  // the selection of the most recent scoring layer is still in kSel*
@@ -144,19 +188,20 @@ void attention_block(Backend& be, const Dims& g, const ModelPlan& plan, const La
   if (p.owns_entries()) {
     DI_CHECK(A.comp.has_value(), "layer ", p.index, " compresses without compressor weights");
     const bool overlap = p.compressor == CompressorKind::kOverlap;
-    run_compressor(be, g, *A.comp, overlap, kind_index(be, p.ratio, overlap),
+    const bool latent = p.index_keys == IndexKeyKind::kFromLatent;
+    DI_CHECK(!latent || A.index_wk.defined(), "layer ", p.index, " projects index keys without indexer.wk");
+    run_compressor(be, g, *A.comp, p.compressor, kind_index(be, p.ratio, overlap),
                    {.az = Buf::kAz, .stage = Buf::kStage, .ent = Buf::kEnt, .state = own.state, .pool = own.entries,
-                    .format = p.entry_format},
+                    .format = p.entry_format, .latent_keys = latent ? &A : nullptr, .key_pool = own.keys,
+                    .key_format = p.key_format},
                    ix.pos, A.inv_freq);
   }
   if (p.index_keys == IndexKeyKind::kOwnCompressor) {
     DI_CHECK(A.icomp.has_value(), "layer ", p.index, " owns index keys without a key compressor");
-    run_compressor(be, g, *A.icomp, true, kind_index(be, p.ratio, true),
+    run_compressor(be, g, *A.icomp, CompressorKind::kOverlap, kind_index(be, p.ratio, true),
                    {.az = Buf::kIaz, .stage = Buf::kIstage, .ent = Buf::kIent, .state = own.index_state,
                     .pool = own.keys, .format = p.key_format},
                    ix.pos, A.inv_freq);
-  } else if (p.index_keys == IndexKeyKind::kFromLatent) {
-    DI_THROW(InternalError, "layer ", p.index, ": index keys from the latent (V4.1) are not implemented");
   }
   if (p.attends_compressed()) compressed_keys(be, g, plan, p, A, sp);
   // Window keys: ring rows of earlier positions + this step's kv, one contiguous run per token.
@@ -186,37 +231,68 @@ void moe_block(Backend& be, const Dims& g, const MoeRef& M) {
   be.moe_combine(M);
 }
 
-// mHC site: collapse the streams into the block input and its normed copy h (Buf::kH).
-void hc_site(Backend& be, const Dims& g, const HcRef& hc, const float* X, const VecRef& norm_w) {
+// mHC site: the site's mixes into `mix`, the streams collapsed into the block input (Buf::kU) and
+// its normed copy h (Buf::kH). Per-site wiring (V4) collapses with the site's own pre weights; the
+// single pass (V4.1) with the previous site's, kept in `prev_mix` (null: stream 0, the start).
+void hc_site(Backend& be, const Dims& g, HcWiring wiring, const HcRef& hc, const float* X, const VecRef& norm_w,
+             Buf mix, const float* prev_mix) {
   const int64_t T = be.plan().T, D = g.hidden;
-  be.hc_site({.x = X, .w = &hc, .u = be.at<float>(Buf::kU), .mix = be.at<float>(Buf::kMix), .tokens = T});
+  if (wiring == HcWiring::kPerSite) {
+    be.hc_site({.x = X, .w = &hc, .u = be.at<float>(Buf::kU), .mix = be.at<float>(mix), .tokens = T});
+  } else {
+    be.hc_site({.x = X, .w = &hc, .u = nullptr, .mix = be.at<float>(mix), .tokens = T});
+    be.hc_collapse(X, prev_mix, be.at<float>(Buf::kU), T);
+  }
   norm(be, g, be.buf(Buf::kU), DType::kF32, D, norm_w.p, be.buf(Buf::kH), be.act(), D, T, D);
 }
 
-void hc_merge(Backend& be, const float* X, float* out) {
-  be.hc_post({.x = X, .y = be.at<float>(Buf::kY), .mix = be.at<float>(Buf::kMix), .out = out, .tokens = be.plan().T});
+void hc_merge(Backend& be, const float* X, float* out, Buf mix) {
+  be.hc_post({.x = X, .y = be.at<float>(Buf::kY), .mix = be.at<float>(mix), .out = out, .tokens = be.plan().T});
 }
 
-// One decoder layer on the f32 streams X in place (X2 as scratch).
+// Engram (V4.1) before the layer's block: the step's table rows of this layer through wkv, then
+// the gated per-stream injection into X.
+void engram_block(Backend& be, const Dims& g, const LayerPlan& p, const EngramRef& E, float* X) {
+  const int64_t T = be.plan().T, n = g.streams, D = g.hidden;
+  DI_CHECK(E.wkv.defined() && E.w.defined(), "layer ", p.index, " injects Engram without its weights");
+  float* kv = be.at<float>(Buf::kEngramKv);
+  be.linear(E.wkv, be.engram_rows(p.index), E.wkv.in, T, kv, DType::kF32, (n + 1) * D);
+  be.engram_inject(X, kv, E.w.p, T);
+}
+
+// One decoder layer on the f32 streams X in place (X2 as scratch). The attention site's mixes go to
+// kMix, the FFN site's to kMix2 in the single pass (per site: kMix, reused): each site then
+// collapses with the previous one's (`prev_mix`: the last FFN site's, null at the first layer).
 void decoder_layer(Backend& be, const Dims& g, const ModelPlan& plan, const LayerPlan& p, const LayerRef& L, float* X,
-                   float* X2) {
-  hc_site(be, g, L.hc_attn, X, L.attn_norm);
+                   float* X2, const float* prev_mix) {
+  const HcWiring w = plan.hc;
+  const Buf ffn_mix = w == HcWiring::kPerSite ? Buf::kMix : Buf::kMix2;
+  if (p.engram) engram_block(be, g, p, L.engram, X);
+  hc_site(be, g, w, L.hc_attn, X, L.attn_norm, Buf::kMix, prev_mix);
   attention_block(be, g, plan, p, L.attn);
-  hc_merge(be, X, X2);
-  hc_site(be, g, L.hc_ffn, X2, L.ffn_norm);
+  hc_merge(be, X, X2, Buf::kMix);
+  hc_site(be, g, w, L.hc_ffn, X2, L.ffn_norm, ffn_mix, be.at<float>(Buf::kMix));
   moe_block(be, g, L.ffn);
-  hc_merge(be, X2, X);
+  hc_merge(be, X2, X, ffn_mix);
 }
 
-// Final collapse of `rows` rows of X (gathered by `row_index`) -> norm -> head logits.
-void head(Backend& be, const Dims& g, const HcRef& hc, const VecRef& norm_w, const LinearRef& head_w, const float* X,
-          const int64_t* row_index, int64_t rows) {
+// Final collapse of `rows` rows of X (gathered by `row_index`) -> norm -> head logits. Per-site
+// wiring: hc_head's own weights on the gathered rows; single pass: every row collapsed with the
+// last FFN site's pre weights (`last_mix`), then the rows gathered.
+void head(Backend& be, const Dims& g, HcWiring wiring, const HcRef& hc, const VecRef& norm_w, const LinearRef& head_w,
+          const float* X, const int64_t* row_index, int64_t rows, const float* last_mix) {
   if (rows == 0) return;
   const int64_t D = g.hidden, n = g.streams;
-  float* sel = be.at<float>(Buf::kSel);
-  be.gather({.src_a = X, .a_stride = n * D, .src_dtype = DType::kF32, .src_index = row_index, .dst = sel,
-             .dst_stride = n * D, .dst_dtype = DType::kF32, .rows = rows, .width = n * D});
-  be.hc_site({.x = sel, .w = &hc, .u = be.at<float>(Buf::kHu), .mix = nullptr, .tokens = rows, .head = true});
+  if (wiring == HcWiring::kPerSite) {
+    float* sel = be.at<float>(Buf::kSel);
+    be.gather({.src_a = X, .a_stride = n * D, .src_dtype = DType::kF32, .src_index = row_index, .dst = sel,
+               .dst_stride = n * D, .dst_dtype = DType::kF32, .rows = rows, .width = n * D});
+    be.hc_site({.x = sel, .w = &hc, .u = be.at<float>(Buf::kHu), .mix = nullptr, .tokens = rows, .head = true});
+  } else {
+    be.hc_collapse(X, last_mix, be.at<float>(Buf::kU), be.plan().T);
+    be.gather({.src_a = be.buf(Buf::kU), .a_stride = D, .src_dtype = DType::kF32, .src_index = row_index,
+               .dst = be.buf(Buf::kHu), .dst_stride = D, .dst_dtype = DType::kF32, .rows = rows, .width = D});
+  }
   norm(be, g, be.buf(Buf::kHu), DType::kF32, D, norm_w.p, be.buf(Buf::kHh), be.act(), D, rows, D);
   be.linear(head_w, be.buf(Buf::kHh), D, rows, be.buf(Buf::kLogits), DType::kF32, g.vocab);
 }
@@ -237,10 +313,12 @@ void forward_step(Backend& be, const Arch& arch, const ModelRef& w, int64_t rows
              .dst_stride = D, .dst_dtype = DType::kF32, .rows = T * n, .width = D});
   DI_CHECK(int64_t(w.layers.size()) == arch.plan.num_layers(), "weights of ", w.layers.size(), " layers for ",
            arch.plan.num_layers(), " layer plans");
+  const float* last_ffn_mix = be.at<float>(Buf::kMix2);  // single pass: the previous layer's FFN site
   for (int64_t l = 0; l < arch.plan.num_layers(); ++l)
-    decoder_layer(be, g, arch.plan, arch.plan.layers[size_t(l)], w.layers[size_t(l)], X, be.at<float>(Buf::kX2));
+    decoder_layer(be, g, arch.plan, arch.plan.layers[size_t(l)], w.layers[size_t(l)], X, be.at<float>(Buf::kX2),
+                  l == 0 ? nullptr : last_ffn_mix);
   gather_hidden(be, g, hidden_rows);
-  head(be, g, w.hc_head, w.norm, w.head, X, be.index().logits_rows, rows);
+  head(be, g, arch.plan.hc, w.hc_head, w.norm, w.head, X, be.index().logits_rows, rows, last_ffn_mix);
 }
 
 void collectives_step(Backend& be, const Arch& arch, const ModelRef& w) {
@@ -273,9 +351,10 @@ void mtp_step(Backend& be, const Arch& arch, const ModelRef& w, int64_t k, const
   float* X = be.at<float>(Buf::kX);
   be.linear(M.h_proj, be.buf(Buf::kHs), D, T * n, X, DType::kF32, D);
   be.add_streams(X, be.at<float>(Buf::kY), T, n, D);
-  decoder_layer(be, g, arch.plan, arch.plan.drafter[size_t(k)], M.block, X, be.at<float>(Buf::kX2));
+  DI_CHECK(arch.plan.hc == HcWiring::kPerSite, "mtp_step: the V4 MTP block needs per-site mHC wiring");
+  decoder_layer(be, g, arch.plan, arch.plan.drafter[size_t(k)], M.block, X, be.at<float>(Buf::kX2), nullptr);
   gather_hidden(be, g, hidden_rows);
-  head(be, g, M.hc_head, M.norm, w.head, X, be.index().logits_rows, rows);
+  head(be, g, HcWiring::kPerSite, M.hc_head, M.norm, w.head, X, be.index().logits_rows, rows, nullptr);
 }
 
 }  // namespace deepinfer::model::ds

@@ -38,6 +38,7 @@ struct Dims {
   float gate_temp = 1.f;              // router logits are divided by it (V4.1; 1 in V4)
   int64_t candidate_block_size = 0;   // two-level top-k (V4.1): entries per candidate block, 0 = none
   int64_t candidate_topk_blocks = 0;  // candidate blocks kept per token
+  bool engram = false;                // some layer injects Engram (V4.1): sizes its step buffer
   int64_t mix_dim() const { return (2 + streams) * streams; }
 };
 

@@ -134,6 +134,7 @@ ForwardOutput DeepseekModel::run(const ForwardBatch& batch, const ForwardOptions
     return be_->end_step(options, 0, 0);
   }
   note_writes(batch, /*target=*/true);
+  before_step(batch);
   StepPlan plan = plan_step(batch, /*allow_fixed=*/true);
   be_->set_device_inputs(batch.device_inputs, batch.sampled_ids);
   // A fixed-shape step computes every padded row (its launches must not depend on the batch).

@@ -93,6 +93,12 @@ class DeepseekModel : public CausalLM {
   void note_writes(const ForwardBatch& batch, bool target);
   void check_blocks(std::span<const HostBlockCopy> copies, const char* what) const;
 
+ protected:
+  // Host work of a family once a step's tokens are known, before it is planned (V4.1: Engram rows).
+  virtual void before_step(const ForwardBatch& batch) {}
+
+ private:
+
   // Per slot, what its fixed state holds (can_save_slot): `length` = positions of the target's
   // sequence (after rollbacks); `written_end` = one past the furthest position any ring (target
   // or drafter) was written since the slot was reset or restored.

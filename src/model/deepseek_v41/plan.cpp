@@ -64,6 +64,7 @@ ModelPlan v41_plan(const DeepseekV41Config& c, const V41PlanOptions& o) {
     LayerPlan p = base_plan(int32_t(l), c);
     p.engram = r.engram;
     if (r.ratio > 0) compressed(p, r);
+    if (!o.qat) p.window_format = p.entry_format = p.key_format = RowFormat::kPlain;
     plan.layers.push_back(p);
   }
   plan.validate(c.origin);
@@ -94,6 +95,7 @@ ds::Dims v41_dims(const DeepseekV41Config& c) {
   d.routed_scale = float(c.routed_scaling_factor);
   d.norm_topk = c.routing_normalized();
   d.gate_temp = float(c.gate_temp);
+  d.engram = !c.engram.layer_ids.empty();
   if (c.candidates_enabled()) {
     d.candidate_block_size = c.candidate_block_size;
     d.candidate_topk_blocks = c.candidate_topk_blocks;

@@ -22,6 +22,9 @@ namespace deepinfer::model::v41 {
 
 struct V41PlanOptions {
   int64_t max_rollback = 0;  // ring slack for rollback (ModelLimits::max_rollback)
+  // false: every row format plain. NOT the model (its QAT roundings are part of its numerics); for
+  // path-consistency tests, where the roundings turn last-bit differences into whole FP4 steps.
+  bool qat = true;
 };
 
 ModelPlan v41_plan(const DeepseekV41Config& cfg, const V41PlanOptions& options);

@@ -76,15 +76,21 @@ DI_HD int32_t pow2ceil_exponent(float t) {
   const uint32_t b = f32_to_bits(t);
   return int32_t((b >> 23) & 0xffu) - 127 + ((b & 0x7fffffu) != 0 ? 1 : 0);
 }
-// torch's float -> float8_e4m3fn: round to nearest even; |v| > 464 (or NaN/Inf) -> NaN (0x7f | sign).
+// torch's float -> float8_e4m3fn: round to nearest even; |v| > 464 or ±Inf -> NaN (0x7f | sign).
+// A NaN input gives 0x7f whatever its sign bit: the sign of a NaN is not data, and the host and the
+// GPU make NaNs with different signs (x86's inf/inf is 0xffc00000, CUDA's is 0x7fffffff), so the
+// canonical code keeps packed rows byte-identical between the CPU and CUDA kernels.
 DI_HD uint8_t e4m3_cast(float v) {
+  if (v != v) return 0x7f;
   const uint8_t sign = uint8_t((f32_to_bits(v) >> 24) & 0x80u);
   const float a = fabsf(v);
   if (!(a <= 464.0f)) return uint8_t(sign | 0x7f);
   return f32_to_fp8e4m3(v);  // RNE, exact up to 464 (where it would start to saturate)
 }
-// The reference's e2m1 code of a value already clamped to [-6, 6]; NaN gives code 0 (| sign).
+// The reference's e2m1 code of a value already clamped to [-6, 6]; NaN gives code 0 (sign dropped,
+// see e4m3_cast: e2m1 has no NaN, the block's scale byte carries it and the block decodes to NaN).
 DI_HD uint8_t e2m1_code(float q) {
+  if (q != q) return 0;
   const float a = fabsf(q);
   const uint8_t code = uint8_t((a > 0.25f) + (a >= 0.75f) + (a > 1.25f) + (a >= 1.75f) + (a > 2.5f) +
                                (a >= 3.5f) + (a > 5.0f));

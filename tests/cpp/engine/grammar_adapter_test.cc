@@ -3,6 +3,8 @@
 // the compiled-grammar cache, typed errors, and constrained greedy generation end to end.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <filesystem>
 #include <regex>
 
 #include "deepinfer/error.h"
@@ -127,4 +129,61 @@ TEST(GrammarAdapter, TriggerAndBoundEndToEnd) {
   ASSERT_EQ(outs[1].error, "");
   EXPECT_TRUE(std::regex_match(outs[1].outputs[0].text, std::regex("@#![0-9]{3}"))) << outs[1].outputs[0].text;
   EXPECT_NE(outs[2].error.find("bound_token_id"), std::string::npos) << outs[2].error;
+}
+
+// so_args.tool_calls end to end on the bundled default model (a real tokenizer with the DSML
+// token), greedy: the named function's block in V4 and V4.1 tags with its parameters under the
+// schema (an enum and a boolean: the tiny model was never trained on DSML, so free text values
+// would run to max_tokens); "auto" with logit_bias forcing the DSML token first: the rest of the
+// block follows.
+TEST(GrammarAdapter, DsmlToolCallsEndToEnd) {
+  const char* src = std::getenv("DEEPINFER_SOURCE_DIR");
+  const std::string model = std::string(src ? src : ".") + "/assets/default-model";
+  if (!std::filesystem::exists(model + "/config.json")) GTEST_SKIP() << "default model absent";
+  LLMConfig c;
+  c.model = model;
+  LLM llm(c);
+  const std::string tools = R"([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+      "properties": {"city": {"enum": ["Paris", "Oslo"]}, "hourly": {"type": "boolean"}}, "required": ["city", "hourly"]}}},
+      {"name": "now", "parameters": {"type": "object", "properties": {}}}])";
+  auto params = [&](const std::string& format, const std::string& mode) {
+    SamplingParams p;
+    p.temperature = 0;
+    p.max_tokens = 600;  // greedy under the mask may split the tags into short tokens
+    p.skip_special_tokens = false;
+    p.structured_outputs.emplace();
+    p.structured_outputs->tool_calls = R"({"format": ")" + format + R"(", "mode": ")" + mode + R"(", "tools": )" + tools +
+                                       (mode == "required" ? R"(, "function": "get_weather"})" : R"(, "parallel": false})");
+    return p;
+  };
+  SamplingParams autop = params("v4", "auto");
+  // The marker is one special token (encode may put BOS first).
+  const std::vector<int32_t> dsml = llm.encode("｜DSML｜"), bos = llm.encode("");
+  ASSERT_EQ(dsml.size(), bos.size() + 1) << "the DSML marker is one special token";
+  autop.logit_bias = {{dsml.back(), 100.0f}};
+  SamplingParams bad = params("v4", "required");
+  bad.structured_outputs->tool_calls = R"({"format": "v9", "tools": [{"name": "f"}]})";
+  const PromptInput prompt = PromptInput::from_text("<｜User｜>Weather in Paris?<｜Assistant｜></think>");
+  auto outs = llm.generate({prompt, prompt, prompt, prompt}, {params("v4", "required"), params("v41", "required"), autop, bad});
+  if (outs[0].error.find("grammar module") != std::string::npos) GTEST_SKIP() << outs[0].error;
+  const std::string m = "｜DSML｜";
+  auto block = [&](const std::string& calls, const std::string& invoke, const std::string& param) {
+    return "<" + m + calls + ">\n<" + m + invoke + " name=\"get_weather\">\n<" + m + param +
+           " name=\"city\" string=\"true\">(Paris|Oslo)</" + m + param + ">\n<" + m + param +
+           " name=\"hourly\" string=\"false\">\\s*(true|false)\\s*</" + m + param + ">\n\n?</" + m + invoke + ">\n</" + m +
+           calls + ">";
+  };
+  for (int i = 0; i < 3; ++i) ASSERT_EQ(outs[size_t(i)].error, "") << i;
+  const std::string v4 = outs[0].outputs[0].text, v41 = outs[1].outputs[0].text, au = outs[2].outputs[0].text;
+  const std::string eos = "(<｜end▁of▁sentence｜>)?";
+  EXPECT_TRUE(std::regex_match(v4, std::regex("\n{0,2}" + block("tool_calls", "invoke", "parameter") + eos))) << v4;
+  EXPECT_TRUE(std::regex_match(v41, std::regex("\n{0,2}" + block(" calls", " invoke", " parameter") + eos))) << v41;
+  EXPECT_EQ(outs[0].outputs[0].finish_reason, "stop");
+  // auto: the forced marker opened the block (no '<' before it: free text), the grammar the rest.
+  // (The end-of-sentence token may show: skip_special_tokens is off.)
+  EXPECT_TRUE(std::regex_match(au, std::regex("(" + block("tool_calls", "invoke", "parameter").substr(1) + "|" +
+                                              "｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"now\">\n\n?</｜DSML｜invoke>\n</｜DSML｜tool_calls>)"
+                                              "(<｜end▁of▁sentence｜>)?")))
+      << au;
+  EXPECT_NE(outs[3].error.find("so_args.tool_calls.format"), std::string::npos) << outs[3].error;
 }

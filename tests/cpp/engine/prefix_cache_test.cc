@@ -28,6 +28,7 @@ struct PrefixSetup {
   int32_t drafts = 0;
   bool grammar = false;
   int64_t host_blocks = 0;     // host tier
+  std::optional<bool> async;   // DEEPINFER_ASYNC_SCHEDULING (unset: the default, on)
 };
 
 struct PrefixRun {
@@ -35,6 +36,7 @@ struct PrefixRun {
   PrefixCacheStats prefix;
   int64_t restores = 0, evictions = 0, forward_tokens = 0;
   int64_t to_host = 0, from_host = 0;  // host-tier block copies
+  bool async = false;                  // the engine ran asynchronously
 };
 
 // Runs the requests; `waves` splits them: each wave is added when the previous one finished
@@ -54,10 +56,12 @@ PrefixRun run_waves(const PrefixSetup& s, const std::vector<std::vector<int32_t>
   ec.kv_cache_memory_bytes = s.num_blocks ? size_t(s.max_seqs) * 24 + size_t(s.num_blocks) * kBT * 4 : 0;
   ec.num_speculative_tokens = s.drafts;
   ec.prefix_host_bytes = size_t(s.host_blocks) * kBT * 4;
+  ec.env.async_scheduling = s.async;
   auto codec = make_toy_codec(tc.vocab_size);
   auto grammar = s.grammar ? make_grammar_compiler(codec.get(), tc.vocab_size, 1) : nullptr;
   Engine eng(ec, std::move(model), std::move(codec), std::move(grammar));
   PrefixRun r;
+  r.async = eng.async_scheduling();
   size_t next = 0;
   for (size_t w = 0; w <= waves.size(); ++w) {
     const size_t end = w < waves.size() ? waves[w] : prompts.size();
@@ -337,6 +341,63 @@ TEST(PrefixCache, HostTierRoundTripIsExact) {
   // A host tier too small for the prefix: some blocks are lost, outputs still exact.
   host.host_blocks = 2;
   expect_same(a, run_waves(host, prompts, params, waves), "tiny host tier");
+}
+
+// Asynchronous scheduling with the cache on: the runner saves a step's checkpoints before the next
+// step writes its slots, and a decode boundary's key (its block ends in the token the step in
+// flight samples) is computed when that step is applied. Outputs, hits and checkpoints are those
+// of synchronous steps: every boundary, decode boundaries (multi-turn), a small cache that
+// evicts and preempts, a host tier, chunked prefill cut at boundaries.
+TEST(PrefixCache, AsyncOnAndOffIdenticalWithHits) {
+  const std::vector<int32_t> base = tokens(6, 5 * kBT + 3);
+  std::vector<std::vector<int32_t>> prompts = {base};
+  for (int64_t shared : {int64_t(1), kBT - 1, kBT, kBT + 1, 3 * kBT + 7, 5 * kBT + 3})
+    prompts.push_back(cat(std::vector<int32_t>(base.begin(), base.begin() + shared), tokens(uint32_t(shared), 20)));
+  std::vector<size_t> waves;
+  for (size_t i = 1; i < prompts.size(); ++i) waves.push_back(i);
+  SamplingParams greedy = sampled(3 * kBT, 0);
+  greedy.temperature = 0;
+  for (const auto& [what, setup] : std::vector<std::pair<std::string, PrefixSetup>>{
+           {"one at a time", {}},
+           {"small chunks", {.max_batched = 11}},
+           {"small cache + host tier", {.max_batched = 40, .max_seqs = 2, .num_blocks = 14, .host_blocks = 16}},
+           {"checkpoints at the prompt's end only", {.interval = 0}}}) {
+    for (const std::vector<SamplingParams>& params :
+         std::vector<std::vector<SamplingParams>>{{sampled(2 * kBT + 3, 21)}, {greedy}}) {
+      PrefixSetup sync = setup, async = setup;
+      sync.async = false;
+      async.async = true;
+      const PrefixRun a = run_waves(sync, prompts, params, waves);
+      const PrefixRun b = run_waves(async, prompts, params, waves);
+      ASSERT_FALSE(a.async);
+      ASSERT_TRUE(b.async) << "prefix caching keeps asynchronous scheduling on";
+      expect_same(a, b, what);
+      for (const auto& [id, o] : a.out)
+        EXPECT_EQ(o.num_cached_tokens, b.out.at(id).num_cached_tokens) << what << ", request " << id;
+      EXPECT_GT(b.prefix.num_hits, 0) << what;
+      EXPECT_EQ(a.prefix.hit_tokens, b.prefix.hit_tokens) << what;
+      EXPECT_EQ(a.prefix.checkpoints_saved, b.prefix.checkpoints_saved) << what;
+      EXPECT_EQ(a.restores, b.restores) << what;
+      EXPECT_EQ(a.to_host, b.to_host) << what;
+      EXPECT_EQ(a.from_host, b.from_host) << what;
+      // And both equal the cache off.
+      PrefixSetup off = setup;
+      off.prefix = false;
+      expect_same(run_waves(off, prompts, params, waves), b, what + " vs cache off");
+    }
+  }
+  // Decode boundaries (deferred keys): turn 2 = turn 1's prompt + its answer + a message hits at
+  // the answer's last boundary, asynchronously as synchronously.
+  constexpr int kAnswer = 2 * kBT + 3;
+  const SamplingParams p = sampled(kAnswer, 21, false);
+  const PrefixRun first = run_waves({.async = true}, {base}, {p}, {});
+  const std::vector<int32_t> turn2 = cat(cat(base, first.out.at("0").outputs[0].token_ids), tokens(8, 7));
+  const PrefixRun a = run_waves({.async = false}, {base, turn2}, {p}, {1});
+  const PrefixRun b = run_waves({.async = true}, {base, turn2}, {p}, {1});
+  expect_same(a, b, "multi-turn");
+  const int64_t prev_end = int64_t(base.size()) + kAnswer - 1;  // positions turn 1 computed
+  EXPECT_EQ(b.out.at("1").num_cached_tokens, (prev_end / kBT) * kBT);
+  EXPECT_EQ(a.out.at("1").num_cached_tokens, b.out.at("1").num_cached_tokens);
 }
 
 TEST(PrefixCacheUnit, HostTierSlotsBusyWhileLoading) {

@@ -8,6 +8,7 @@
 
 #include "deepinfer/error.h"
 #include "engine/spec_budget.h"
+#include "engine/toy_drafter.h"
 #include "engine/toy_model.h"
 
 using namespace deepinfer;
@@ -103,6 +104,22 @@ TEST(ChooseDraftLengths, FreeDraftsAreAllTakenAndCostlyOnesNone) {
   EXPECT_EQ(choose_draft_lengths({{{0.0, 1.0}}}, 1, 10, StepCostModel()), (std::vector<int32_t>{0}));
 }
 
+// The drafter's rounds count in the step time: a longer verified run asks for more rounds next.
+TEST(ChooseDraftLengths, DraftRoundCostCounts) {
+  const std::vector<DraftCandidate> c = {{{0.9, 0.8, 0.7}}, {{0.5, 0.1, 0.05}}};
+  StepCostModel cost({{1, 1.0}, {64, 1.0}});  // verifying is free
+  cost.set_draft_rounds({{1, 10.0}, {64, 10.0}});
+  EXPECT_EQ(choose_draft_lengths(c, 2, 100, cost), (std::vector<int32_t>{0, 0}));  // 2 rounds cost 21x
+  cost.set_draft_rounds({{2, 0.5}});
+  EXPECT_EQ(choose_draft_lengths(c, 2, 100, cost), (std::vector<int32_t>{3, 3}));  // 4.68 / 2 > 2 / 1
+  cost.set_draft_rounds({{1, 0.1}, {64, 0.7}});
+  EXPECT_NEAR(cost.predict_draft_round(32), 0.1 + 0.6 * 31.0 / 63.0, 1e-12);
+  EXPECT_DOUBLE_EQ(cost.predict_draft_round(200), 0.1 + 0.6 * 199.0 / 63.0);
+  EXPECT_DOUBLE_EQ(StepCostModel().predict_draft_round(8), 0.0);
+  EXPECT_THROW(cost.set_draft_rounds({{4, -1.0}}), InvalidArgument);
+  EXPECT_THROW(cost.set_draft_rounds({{0, 1.0}}), InvalidArgument);
+}
+
 TEST(MeasureStepCost, ToyModelCurveCoversTheVerifySizes) {
   ToyModelConfig tc;
   tc.max_rollback = 6;
@@ -117,4 +134,12 @@ TEST(MeasureStepCost, ToyModelCurveCoversTheVerifySizes) {
     EXPECT_GT(s, 0);
   }
   EXPECT_EQ(sizes, (std::vector<int64_t>{1, 2, 4, 8, 16, 32, 48}));
+  EXPECT_TRUE(c.draft_points().empty());  // no drafter: drafting costs nothing
+  // With a drafter: one further round's cost at 1 and 8 sequences.
+  m.set_drafter(std::make_unique<ToyDrafter>(tc, 4, [](int64_t) { return 4; }));
+  const StepCostModel d = measure_step_cost(m, g, 48, 8, false, 2);
+  ASSERT_EQ(d.draft_points().size(), 2u);
+  EXPECT_EQ(d.draft_points()[0].first, 1);
+  EXPECT_EQ(d.draft_points()[1].first, 8);
+  for (const auto& [n, sec] : d.draft_points()) EXPECT_GE(sec, 0.0) << n;
 }

@@ -104,6 +104,7 @@ struct SpecSetup {
   int64_t max_batched = 2048, max_seqs = 16;
   int64_t cache_blocks = 0;       // > 0: a cache of max_seqs slots and this many paged blocks
   bool varlen = false;
+  bool measured_cost = false;  // varlen with the cost curve the engine measures at start-up
   const std::vector<std::vector<int32_t>>* oracle = nullptr;  // oracle drafter over these sequences
   std::function<int32_t(int64_t)> pattern;
   bool grammar = false;
@@ -137,7 +138,7 @@ SpecRun run(const SpecSetup& s, const std::vector<std::vector<int32_t>>& prompts
   }
   ec.num_speculative_tokens = s.drafts;
   ec.varlen_drafts = s.varlen;
-  if (s.varlen) ec.step_cost = StepCostModel({{1, 1.0}, {16, 1.2}, {64, 2.0}, {256, 6.0}});
+  if (s.varlen && !s.measured_cost) ec.step_cost = StepCostModel({{1, 1.0}, {16, 1.2}, {64, 2.0}, {256, 6.0}});
   Engine eng(ec, std::move(m), std::move(codec), std::move(grammar));
   for (size_t i = 0; i < prompts.size(); ++i)
     eng.add_request(std::to_string(i), PromptInput::from_token_ids(prompts[i]),
@@ -293,6 +294,11 @@ TEST_F(SpecDefaultModel, GrammarAndVarlenIdentical) {
   const SpecRun var = run(v, prompts, p);
   EXPECT_EQ(var.tokens, plain2.tokens) << "varlen";
   EXPECT_GT(var.stats.num_accepted_drafts, 0);
+  // The engine's own measurement (verify steps and the MTP drafter's rounds on this CPU).
+  SpecSetup vm;
+  vm.varlen = true;
+  vm.measured_cost = true;
+  EXPECT_EQ(run(vm, prompts, p).tokens, plain2.tokens) << "varlen, measured cost";
 }
 
 // Requests whose prompt + max_tokens ends just before, at and just past a 256-token block boundary

@@ -41,6 +41,7 @@ struct ConformanceCase {
   bool bit_exact_rollback = true;  // rollback == the same cuts without the rejected tokens, bit for bit
   double tol = 1e-5;             // otherwise: max |Δlogit| relative to the largest |logit| of the row set
   bool argmax_exact = true;      // greedy tokens must agree
+  std::string sequence;          // inputs.json key of the sequence ("": "long", else the first)
 };
 inline std::ostream& operator<<(std::ostream& os, const ConformanceCase& c) { return os << c.name; }
 
@@ -53,7 +54,8 @@ class CausalLMConformance : public ::testing::TestWithParam<ConformanceCase> {
     if (!model_) GTEST_SKIP() << GetParam().name << ": backend unavailable";
     model_->allocate_cache_for(4, 1024);
     const auto in = read_inputs(dir_);
-    ids_ = in.count("long") ? in.at("long") : in.begin()->second;
+    const std::string key = !GetParam().sequence.empty() ? GetParam().sequence : in.count("long") ? "long" : "";
+    ids_ = key.empty() ? in.begin()->second : in.at(key);
   }
   static constexpr int64_t kRollback = 5;
 

@@ -215,6 +215,32 @@ TEST(V41Qat, EdgeCases) {
   }
 }
 
+TEST(V41Qat, NanCodesAreCanonical) {
+  // NaN elements pack to one code whatever the NaN's sign bit (x86 makes -inf/inf = 0xffc00000, CUDA
+  // 0x7fffffff): FP8 0x7f, FP4 code 0; the block's scale byte marks the NaN and decodes it.
+  const float neg_nan = bits_to_f32(0xffc00000u), inf = std::numeric_limits<float>::infinity();
+  for (QatFormat f : {QatFormat::kFp8Ue8m0Block32, QatFormat::kFp4Ue8m0Block32, QatFormat::kFp4E4m3Block16}) {
+    const int64_t n = 32;
+    std::vector<float> x(size_t(3 * n), 1.0f);
+    x[0] = -inf;      // row 0: -inf / inf scale -> NaN
+    x[size_t(n)] = neg_nan;  // row 1: a NaN with the sign bit set
+    x[size_t(2 * n) + 3] = bits_to_f32(0x7fc00000u);  // row 2: a positive NaN
+    std::vector<uint8_t> p(size_t(3 * qat_packed_row_bytes(f, n)));
+    qat_pack(f, x.data(), 3, n, n, p.data());
+    const int64_t rb = qat_packed_row_bytes(f, n);
+    const auto code = [&](int64_t r, int64_t j) {
+      const uint8_t* row = p.data() + r * rb;
+      return qat_is_fp8(f) ? row[j] : uint8_t((row[j / 2] >> (4 * (j % 2))) & 0xf);
+    };
+    EXPECT_EQ(code(1, 0), qat_is_fp8(f) ? 0x7f : 0) << qat_format_name(f);
+    EXPECT_EQ(code(2, 3), qat_is_fp8(f) ? 0x7f : 0) << qat_format_name(f);
+    if (f != QatFormat::kFp4E4m3Block16) EXPECT_EQ(code(0, 0), qat_is_fp8(f) ? 0x7f : 0) << qat_format_name(f);
+    std::vector<float> y(x.size());
+    qat_unpack(f, p.data(), 3, n, y.data(), n);
+    for (int64_t r = 0; r < 3; ++r) EXPECT_TRUE(std::isnan(y[size_t(r * n + (r == 2 ? 3 : 0))])) << r;
+  }
+}
+
 TEST(V41Qat, PackedLayout) {
   // amax 448 / 6 give scale 1 exactly (448*fl(1/448) == 6*fl(1/6) == 1): codes are the values'.
   std::vector<float> x(32, 0.0f);

@@ -25,6 +25,13 @@ TEST(Workers, CompileAsyncMatchesCompileAndCarriesErrors) {
   EXPECT_FALSE(matches(g, "ax"));
   EXPECT_THROW(bad.get(), GrammarError);
   EXPECT_EQ(w.compile_async(c, kArgs[1]).get(), g);  // the compiler's cache
+  // A cached grammar is ready at once (never queued behind another compile).
+  auto again = w.compile_async(c, kArgs[1]);
+  EXPECT_EQ(again.wait_for(std::chrono::seconds(0)), std::future_status::ready);
+  EXPECT_EQ(again.get(), g);
+  EXPECT_EQ(c.find_cached(kArgs[1]), g);
+  EXPECT_EQ(c.find_cached(kArgs[0]), nullptr);
+  EXPECT_EQ(c.find_cached("{not json"), nullptr);
 }
 
 TEST(Workers, ParallelMasksEqualSequential) {
@@ -69,6 +76,44 @@ TEST(Workers, DraftMasksEqualStepByStep) {
     if (k + 1 < rows) ASSERT_TRUE(step.accept_token(draft[k]));
   }
   EXPECT_FALSE(step.accept_token('q'));
+}
+
+// Jobs with drafts (the engine's speculative steps) on the workers: each job's rows equal its
+// matcher's own fill_draft_bitmasks, `filled` says how many, the matchers are unchanged.
+TEST(Workers, DraftJobsEqualSequential) {
+  auto v = byte_vocab();
+  GrammarCompiler c(v);
+  StructuredWorkers w(2);
+  const size_t row = static_cast<size_t>(v->vocab_size() + 31) / 32;
+  const char* prefixes[] = {"{", "a", "[", "("};
+  const char* drafts[] = {"\"a\":12q", "bc", "true,fal", "((z"};
+  std::vector<GrammarMatcher> ms;
+  std::vector<std::vector<int32_t>> ds;
+  for (int rep = 0; rep < 3; ++rep)
+    for (int i = 0; i < 4; ++i) {
+      ms.emplace_back(c.compile(kArgs[i]));
+      ASSERT_TRUE(ms.back().accept_bytes(prefixes[i]));
+      const std::string d = rep == 0 ? "" : std::string(drafts[i]).substr(0, size_t(rep) * 3);
+      ds.emplace_back(d.begin(), d.end());
+    }
+  std::vector<std::vector<int32_t>> words(ms.size()), ref(ms.size());
+  std::vector<MaskJob> jobs;
+  for (size_t i = 0; i < ms.size(); ++i) {
+    words[i].assign((ds[i].size() + 1) * row, -1);
+    ref[i].assign((ds[i].size() + 1) * row, -1);
+    jobs.push_back({&ms[i], ds[i], words[i], row, 0});
+  }
+  w.fill_bitmasks(jobs);
+  for (size_t i = 0; i < ms.size(); ++i) {
+    const int32_t n = ds[i].empty() ? (ms[i].fill_next_token_bitmask(std::span<int32_t>(ref[i]).first(row)), 1)
+                                    : ms[i].fill_draft_bitmasks(ds[i], ref[i], row);
+    EXPECT_EQ(jobs[i].filled, n) << "job " << i;
+    EXPECT_TRUE(std::equal(ref[i].begin(), ref[i].begin() + long(size_t(n) * row), words[i].begin())) << "job " << i;
+    EXPECT_EQ(ms[i].num_accepted(), 1) << "job " << i << " moved its matcher";
+  }
+  ASSERT_FALSE(ds[5].empty());
+  std::vector<MaskJob> small = {{&ms[5], ds[5], std::span<int32_t>(words[5]).first(row), row, 0}};
+  EXPECT_THROW(w.fill_bitmasks(small), InvalidArgument);
 }
 
 }  // namespace

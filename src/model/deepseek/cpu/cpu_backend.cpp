@@ -9,6 +9,7 @@
 #include "model/deepseek/activations.h"
 #include "ops/cpu/attention.h"
 #include "ops/cpu/compressor.h"
+#include "ops/cpu/engram.h"
 #include "ops/cpu/hc.h"
 #include "ops/cpu/indexer.h"
 #include "ops/cpu/moe.h"
@@ -298,6 +299,20 @@ void CpuBackend::hc_collapse(const float* x, const float* prev_mix, float* u, in
 
 void CpuBackend::add_streams(float* x, const float* v, int64_t tokens, int64_t streams, int64_t dim) {
   oc::add_streams(x, v, tokens, streams, dim);
+}
+
+const void* CpuBackend::engram_rows(int64_t layer) const {
+  const std::vector<float>* r = size_t(layer) < engram_rows_.size() ? &engram_rows_[size_t(layer)] : nullptr;
+  if (!r || r->empty() || int64_t(r->size()) % std::max<int64_t>(plan_.T, 1) != 0)
+    DI_THROW(InternalError, "cpu backend: no Engram rows staged for layer ", layer, " in this ", plan_.T,
+             "-token step");
+  return r->data();
+}
+
+void CpuBackend::engram_inject(float* x, const float* kv, const float* w, int64_t tokens) {
+  const Dims& g = arch_.dims;
+  oc::engram_inject({.x = x, .kv = kv, .w = w, .dead = nullptr, .tokens = tokens, .n = g.streams, .dim = g.hidden,
+                     .eps = g.eps});
 }
 
 // ---- MoE: the local implementation of the seam ----

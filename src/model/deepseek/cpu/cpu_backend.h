@@ -96,6 +96,9 @@ class CpuBackend final : public ModelBackend {
   void hc_post(const HcPostArgs& a) override;
   void hc_collapse(const float* x, const float* prev_mix, float* u, int64_t tokens) override;
   void add_streams(float* x, const float* v, int64_t tokens, int64_t streams, int64_t dim) override;
+  const void* engram_rows(int64_t layer) const override;
+  void engram_inject(float* x, const float* kv, const float* w, int64_t tokens) override;
+  void stage_engram_rows(std::vector<std::vector<float>> rows) override { engram_rows_ = std::move(rows); }
   void moe_route(const MoeRef& M, const float* logits, int32_t* ids, float* wts) override;
   void moe_dispatch(const MoeRef& M) override;
   void moe_experts(const MoeRef& M) override;
@@ -120,6 +123,7 @@ class CpuBackend final : public ModelBackend {
   std::vector<uint64_t> arena_;                    // the step's named buffers (8-byte aligned)
   std::array<size_t, size_t(Buf::kCount)> off_{};  // element offsets (in uint64 words) into arena_
   std::vector<float> staged_hidden_;
+  std::vector<std::vector<float>> engram_rows_;  // per main layer: the step's Engram table rows
   // MoE dispatch state: (token, k) pairs grouped by expert, their gathered rows and outputs.
   std::vector<int64_t> moe_start_, moe_pairs_;
   std::vector<float> moe_x_, moe_g_, moe_u_, moe_out_;

@@ -1,0 +1,155 @@
+// The KV bundle's wire codec and Engine::export_prefix / import_prefix (engine/kv_transfer.h).
+#include "engine/kv_transfer.h"
+
+#include <cstring>
+#include <limits>
+
+#include "core/check.h"
+#include "deepinfer/error.h"
+#include "engine/engine.h"
+
+namespace deepinfer::engine {
+namespace {
+constexpr char kMagic[8] = {'D', 'I', 'K', 'V', 'B', 'N', 'D', '1'};
+
+template <class T>
+void put(std::vector<uint8_t>& out, const T& v) {
+  const auto* p = reinterpret_cast<const uint8_t*>(&v);
+  out.insert(out.end(), p, p + sizeof(T));
+}
+
+struct Reader {
+  std::span<const uint8_t> b;
+  size_t off = 0;
+  template <class T>
+  T get(const char* field) {
+    if (b.size() - off < sizeof(T))
+      DI_THROW(InvalidArgument, "KV bundle: truncated at field '", field, "' (offset ", off, " of ", b.size(), " bytes)");
+    T v;
+    std::memcpy(&v, b.data() + off, sizeof(T));
+    off += sizeof(T);
+    return v;
+  }
+  void bytes(void* dst, size_t n, const char* field) {
+    if (b.size() - off < n)
+      DI_THROW(InvalidArgument, "KV bundle: field '", field, "' needs ", n, " bytes, ", b.size() - off, " left");
+    if (n) std::memcpy(dst, b.data() + off, n);
+    off += n;
+  }
+};
+
+// Keeps a hostile length from allocating the whole address space: no field outgrows the message.
+uint64_t bounded(Reader& r, uint64_t n, size_t elem, const char* field) {
+  if (elem && n > (r.b.size() - r.off) / elem)
+    DI_THROW(InvalidArgument, "KV bundle: field '", field, "' claims ", n, " elements, more than the message holds");
+  return n;
+}
+}  // namespace
+
+std::vector<uint8_t> encode_kv_bundle(const KvBundle& b) {
+  std::vector<uint8_t> out(kMagic, kMagic + sizeof kMagic);
+  out.reserve(64 + b.tokens.size() * 4 + b.blocks.size() + b.checkpoint.bytes.size());
+  put(out, b.hash_seed);
+  put(out, b.block_tokens);
+  put(out, uint64_t(b.block_bytes));
+  put(out, uint64_t(b.tokens.size()));
+  const auto* t = reinterpret_cast<const uint8_t*>(b.tokens.data());
+  out.insert(out.end(), t, t + b.tokens.size() * sizeof(int32_t));
+  put(out, uint64_t(b.blocks.size()));
+  out.insert(out.end(), b.blocks.begin(), b.blocks.end());
+  put(out, b.checkpoint.num_tokens);
+  put(out, uint64_t(b.checkpoint.bytes.size()));
+  out.insert(out.end(), b.checkpoint.bytes.begin(), b.checkpoint.bytes.end());
+  return out;
+}
+
+KvBundle decode_kv_bundle(std::span<const uint8_t> bytes) {
+  Reader r{bytes};
+  char magic[sizeof kMagic];
+  r.bytes(magic, sizeof magic, "magic");
+  if (std::memcmp(magic, kMagic, sizeof magic) != 0) DI_THROW(InvalidArgument, "KV bundle: bad magic (not a DIKVBND1 message)");
+  KvBundle b;
+  b.hash_seed = r.get<uint64_t>("hash_seed");
+  b.block_tokens = r.get<int64_t>("block_tokens");
+  b.block_bytes = size_t(r.get<uint64_t>("block_bytes"));
+  b.tokens.resize(bounded(r, r.get<uint64_t>("tokens.size"), sizeof(int32_t), "tokens"));
+  r.bytes(b.tokens.data(), b.tokens.size() * sizeof(int32_t), "tokens");
+  b.blocks.resize(bounded(r, r.get<uint64_t>("blocks.size"), 1, "blocks"));
+  r.bytes(b.blocks.data(), b.blocks.size(), "blocks");
+  b.checkpoint.num_tokens = r.get<int64_t>("checkpoint.num_tokens");
+  b.checkpoint.bytes.resize(bounded(r, r.get<uint64_t>("checkpoint.size"), 1, "checkpoint"));
+  r.bytes(b.checkpoint.bytes.data(), b.checkpoint.bytes.size(), "checkpoint");
+  if (r.off != bytes.size()) DI_THROW(InvalidArgument, "KV bundle: ", bytes.size() - r.off, " trailing bytes");
+  if (b.empty()) return b;
+  if (b.block_tokens <= 0 || b.num_tokens() % b.block_tokens != 0)
+    DI_THROW(InvalidArgument, "KV bundle: ", b.num_tokens(), " tokens is not a whole number of ", b.block_tokens,
+             "-token blocks");
+  if (b.blocks.size() != size_t(b.num_tokens() / b.block_tokens) * b.block_bytes)
+    DI_THROW(InvalidArgument, "KV bundle: blocks hold ", b.blocks.size(), " bytes, expected ",
+             b.num_tokens() / b.block_tokens, " x ", b.block_bytes);
+  if (b.checkpoint.num_tokens != b.num_tokens())
+    DI_THROW(InvalidArgument, "KV bundle: checkpoint at ", b.checkpoint.num_tokens, " tokens, the prefix has ",
+             b.num_tokens());
+  return b;
+}
+
+KvBundle Engine::export_prefix(std::span<const int32_t> prompt) {
+  KvBundle b;
+  b.hash_seed = cache_->hash_seed();
+  b.block_tokens = cache_->geometry().block_tokens;
+  b.block_bytes = model_->paged_block_bytes();
+  if (b.block_bytes == 0 || !scheduler_->prefix_cache().enabled()) return b;  // nothing exportable
+  const PrefixMatch m = scheduler_->match_prefix(prompt);
+  if (!m.checkpoint || m.blocks.empty()) return b;
+  const int64_t n = int64_t(m.blocks.size()) * b.block_tokens;
+  DI_CHECK(n == m.num_tokens && m.checkpoint->num_tokens == n, "export_prefix: match of ", m.num_tokens,
+           " tokens over ", m.blocks.size(), " blocks");
+  b.tokens.assign(prompt.begin(), prompt.begin() + n);
+  b.blocks.resize(m.blocks.size() * b.block_bytes);
+  std::vector<model::HostBlockCopy> copies;
+  for (size_t i = 0; i < m.blocks.size(); ++i) copies.push_back({m.blocks[i], b.blocks.data() + i * b.block_bytes});
+  model_->copy_blocks_to_host(copies);
+  b.checkpoint = *m.checkpoint;
+  return b;
+}
+
+int64_t Engine::import_prefix(const KvBundle& b) {
+  if (b.empty()) return 0;
+  const int64_t bt = cache_->geometry().block_tokens;
+  if (b.hash_seed != cache_->hash_seed())
+    DI_THROW(InvalidArgument, "KV bundle from another model or numerics (block hash seed ", b.hash_seed, ", this engine's ",
+             cache_->hash_seed(), ")");
+  if (b.block_tokens != bt || b.block_bytes != model_->paged_block_bytes())
+    DI_THROW(InvalidArgument, "KV bundle of ", b.block_tokens, "-token blocks of ", b.block_bytes,
+             " bytes; this engine's blocks have ", bt, " tokens and ", model_->paged_block_bytes(), " bytes");
+  if (!scheduler_->prefix_cache().enabled()) return 0;
+  const int64_t n = b.num_tokens(), nblocks = n / bt;
+  // Blocks this cache already holds (same hash, parent and ids) are shared, not copied again.
+  std::vector<int32_t> have;
+  uint64_t parent = cache_->hash_seed();
+  for (int64_t i = 0; i < nblocks; ++i) {
+    std::span<const int32_t> ids(b.tokens.data() + i * bt, size_t(bt));
+    const uint64_t h = block_hash(parent, ids);
+    const int32_t blk = cache_->find_cached(h, parent, ids);
+    if (blk < 0) break;
+    have.push_back(blk);
+    parent = h;
+  }
+  // A transient sequence holds the blocks while they are written and hashed, then leaves them
+  // in the free list with their hashes: cached, as a finished request leaves its prompt.
+  constexpr int64_t kImportSeq = std::numeric_limits<int64_t>::max() - 1;
+  if (!cache_->allocate_with_prefix(kImportSeq, have, n)) return -1;  // no room (or no free slot) now
+  const SeqCache* sc = cache_->get(kImportSeq);
+  std::vector<model::HostBlockCopy> copies;
+  for (size_t i = have.size(); i < size_t(nblocks); ++i)
+    copies.push_back({sc->block_ids[i], const_cast<uint8_t*>(b.blocks.data() + i * b.block_bytes)});
+  if (!copies.empty()) model_->copy_blocks_from_host(copies);
+  cache_->hash_full_blocks(kImportSeq, b.tokens, {}, n);
+  const std::optional<uint64_t> key = cache_->content_hash(sc->block_ids[size_t(nblocks - 1)]);
+  DI_CHECK(key.has_value(), "import_prefix: block ", sc->block_ids[size_t(nblocks - 1)], " not hashed");
+  cache_->free(kImportSeq, cache_->last_completed_step());
+  scheduler_->put_checkpoint({*key, std::make_shared<model::SlotSnapshot>(b.checkpoint)});
+  return n;
+}
+
+}  // namespace deepinfer::engine

@@ -1,0 +1,87 @@
+#include "model/deepseek_v41/model.h"
+
+#include <cstdio>
+#include <sstream>
+
+#include "deepinfer/error.h"
+#include "model/deepseek/cpu/cpu_backend.h"
+#include "model/deepseek_v41/plan.h"
+#include "model/deepseek_v41/prepare.h"
+#include "model/deepseek_v41/weights.h"
+#include "model/plan/cache_specs.h"
+
+namespace deepinfer::model::v41 {
+
+ds::ModelInfo v41_model_info(const DeepseekV41Config& c) {
+  std::ostringstream os;
+  os << c.num_layers << " layers [" << c.schedule_str() << "], D=" << c.hidden_size << ", H=" << c.num_heads << "x"
+     << c.head_dim << ", experts " << c.n_routed_experts << " top-" << c.num_experts_per_tok << ", Engram "
+     << c.engram.layer_ids.size() << " layers";
+  return {.architecture = "DeepseekV41ForCausalLM", .summary = os.str(), .max_model_len = c.max_position_embeddings,
+          .eos_token_id = c.eos_token_id, .bos_token_id = c.bos_token_id};
+}
+
+DeepseekV41Model::DeepseekV41Model(ds::ModelInfo info, ds::Arch arch, std::vector<kv::LayerCacheSpec> specs,
+                                   std::unique_ptr<ds::ModelBackend> be, std::shared_ptr<void> keepalive,
+                                   DeepseekV41Config cfg, std::optional<EngramHasher> hasher)
+    : DeepseekModel(std::move(info), std::move(arch), std::move(specs), std::move(be), std::move(keepalive)),
+      cfg_(std::move(cfg)), hasher_(std::move(hasher)) {
+  if (!hasher_) return;
+  engram_ = std::make_unique<EngramSlots>(*hasher_, max_rollback());
+  const ds::ModelRef& w = backend().weights();
+  for (int64_t i = 0; i < hasher_->num_layers(); ++i) {
+    const ds::EngramRef& g = w.layers.at(size_t(hasher_->layer_id(i))).engram;
+    if (!g.defined()) DI_THROW(InternalError, cfg_.origin, ": Engram layer ", hasher_->layer_id(i), " has no table");
+    tables_.push_back(&g);
+  }
+}
+
+DeepseekV41Model::~DeepseekV41Model() = default;
+
+std::unique_ptr<DeepseekV41Model> DeepseekV41Model::load(const std::string& dir, const ModelOptions& o) {
+  DeepseekV41Config cfg = DeepseekV41Config::from_file(dir);
+  V41Weights w = V41Weights::load(dir, cfg, o.progress);
+  if (!w.skipped.empty() && o.progress)
+    std::fprintf(stderr, "deepinfer: %s: %zu tensors not run (vision tower / DSpark stages), e.g. %s\n", dir.c_str(),
+                 w.skipped.size(), w.skipped.front().c_str());
+  std::optional<EngramHasher> hasher;
+  if (!cfg.engram.layer_ids.empty()) hasher.emplace(EngramHasher::load(cfg, dir));
+  ds::Arch arch = v41_arch(cfg, {.max_rollback = o.max_rollback, .qat = o.qat});
+  std::vector<kv::LayerCacheSpec> specs =
+      model::cache_specs(arch.plan, {.head_dim = cfg.head_dim, .index_head_dim = cfg.index_head_dim});
+  auto store = v41_prepare_cpu(cfg, arch.plan, w);
+  auto be = std::make_unique<ds::CpuBackend>(arch, specs, std::move(store),
+                                             ds::CpuBackendOptions{.batch_invariant = o.batch_invariant});
+  ds::ModelInfo info = v41_model_info(cfg);
+  return std::unique_ptr<DeepseekV41Model>(new DeepseekV41Model(std::move(info), std::move(arch), std::move(specs),
+                                                                std::move(be), w.keepalive, std::move(cfg),
+                                                                std::move(hasher)));
+}
+
+void DeepseekV41Model::before_step(const ForwardBatch& batch) {
+  if (!engram_) return;
+  std::vector<std::vector<float>> rows = engram_->step(batch, tables_);
+  std::vector<std::vector<float>> by_layer(size_t(arch().plan.num_layers()));
+  for (int64_t i = 0; i < hasher_->num_layers(); ++i) by_layer[size_t(hasher_->layer_id(i))] = std::move(rows[size_t(i)]);
+  backend().stage_engram_rows(std::move(by_layer));
+}
+
+void DeepseekV41Model::reset_slot(int32_t slot) {
+  DeepseekModel::reset_slot(slot);
+  if (engram_) engram_->reset(slot);
+}
+
+SlotSnapshot DeepseekV41Model::save_slot(int32_t slot, int64_t n) {
+  SlotSnapshot s = DeepseekModel::save_slot(slot, n);
+  if (engram_) engram_->append_snapshot(slot, n, s.bytes);
+  return s;
+}
+
+void DeepseekV41Model::restore_slot(int32_t slot, const SlotSnapshot& snapshot) {
+  if (!engram_) return DeepseekModel::restore_slot(slot, snapshot);
+  SlotSnapshot s = snapshot;
+  engram_->take_snapshot(slot, s.bytes);
+  DeepseekModel::restore_slot(slot, s);
+}
+
+}  // namespace deepinfer::model::v41

@@ -1,0 +1,54 @@
+// DeepSeek-V4.1 (`DeepseekV41ForCausalLM`) on the shared DeepSeek core: V4.1's config -> layer plans
+// (plan.h) -> weights from either layout (weights.h) -> the CPU backend (fp32 reference, the QAT
+// round trips included) -> ds::DeepseekModel running the one shared forward. What V4.1 adds beyond
+// the plans is host state per slot: the Engram history (engram_slots.h), whose rows are gathered
+// for a step's tokens before the step runs and staged into the backend. No DSpark drafter yet.
+#pragma once
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "model/deepseek/model.h"
+#include "model/deepseek_v41/config.h"
+#include "model/deepseek_v41/engram.h"
+#include "model/deepseek_v41/engram_slots.h"
+
+namespace deepinfer::model::v41 {
+
+struct ModelOptions {
+  bool progress = false;
+  int64_t max_rollback = 0;  // ring slack for rollback (ModelLimits::max_rollback)
+  bool qat = true;           // tests only: false drops the QAT roundings (V41PlanOptions::qat)
+  bool batch_invariant = false;  // DEEPINFER_BATCH_INVARIANT: fixed-order products (ds::CpuBackendOptions)
+};
+
+class DeepseekV41Model final : public ds::DeepseekModel {
+ public:
+  // Parses <dir>/config.json, maps the weights (release or transformers names), prepares f32 copies
+  // and, with Engram layers, loads <dir>/engram_sidecar.json. Throws ConfigError / CheckpointError.
+  static std::unique_ptr<DeepseekV41Model> load(const std::string& dir, const ModelOptions& options = {});
+  ~DeepseekV41Model() override;
+
+  const DeepseekV41Config& config() const { return cfg_; }
+
+  void reset_slot(int32_t slot) override;
+  SlotSnapshot save_slot(int32_t slot, int64_t num_tokens) override;
+  void restore_slot(int32_t slot, const SlotSnapshot& snapshot) override;
+
+ protected:
+  void before_step(const ForwardBatch& batch) override;
+
+ private:
+  DeepseekV41Model(ds::ModelInfo info, ds::Arch arch, std::vector<kv::LayerCacheSpec> specs,
+                   std::unique_ptr<ds::ModelBackend> be, std::shared_ptr<void> keepalive, DeepseekV41Config cfg,
+                   std::optional<EngramHasher> hasher);
+  DeepseekV41Config cfg_;
+  std::optional<EngramHasher> hasher_;     // present when the config has Engram layers
+  std::unique_ptr<EngramSlots> engram_;    // over hasher_
+  std::vector<const ds::EngramRef*> tables_;  // hasher order
+};
+
+ds::ModelInfo v41_model_info(const DeepseekV41Config& cfg);
+
+}  // namespace deepinfer::model::v41
