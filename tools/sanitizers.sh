@@ -33,7 +33,7 @@ ASAN_ENV=(ASAN_OPTIONS=detect_leaks=1:strict_string_checks=1:detect_stack_use_af
 # Archer (LLVM's OpenMP data-race tool) tells TSan about OpenMP's synchronisation.
 TSAN_ENV=(OMP_TOOL_LIBRARIES=${OMP_TOOL_LIBRARIES:-$LLVM_LIB/libarcher.so}
           TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:ignore_noninstrumented_modules=1}
-          OMP_NUM_THREADS=2)
+          OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=1)
 
 need_clang() {
   [ -n "$CLANGXX" ] || { echo "sanitizers: clang++ not found (apt-get install clang-14 libclang-rt-14-dev libomp-14-dev)" >&2; exit 1; }

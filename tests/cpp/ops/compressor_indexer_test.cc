@@ -107,7 +107,7 @@ TEST(Indexer, TwoLevelCandidateBlocksMatchNaive) {
   const float qs = 1 / std::sqrt(float(di)), ws = 1 / std::sqrt(float(Hi));
   auto k = randn(rows * di, 23);
   auto naive_scores = [&](const std::vector<float>& q, const std::vector<float>& w, int64_t t) {
-    std::vector<double> sc(size_t(cnt[t]));
+    std::vector<double> sc(static_cast<size_t>(cnt[t]));  // not size_t(...): clang reads that as a function declaration
     for (int64_t j = 0; j < cnt[t]; ++j)
       for (int64_t h = 0; h < Hi; ++h) {
         double dot = 0;
