@@ -411,7 +411,10 @@ void ModelRunner::launch(const SchedulerOutput& out) {
       step.verifies = step.verifies || !sch.draft_tokens.empty();
       on_device = on_device && !has_sampled_drafts(sch);  // rejection sampling reads host probabilities
     }
-    DI_CHECK(on_device || batch.device_inputs.empty(), "model runner: a host-sampled step cannot take device inputs");
+    // A host-sampled step (prompt logprobs, drafts to reject, params the device sampler lacks)
+    // may still take its inputs from the previous device-sampled step: the gather runs on the
+    // device before this forward, and the host sampling of this step runs after the previous
+    // step is collected (sample()), so its history is complete.
     step.on_device = on_device;
     step.num_logits_rows = int64_t(batch.logits_indices.size());
     step.forward = model_.run(batch, {.logits_on_device = on_device, .hidden_to_host = !on_device});
