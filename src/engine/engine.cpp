@@ -238,7 +238,8 @@ std::vector<RequestOutput> Engine::admit_compiled() {
 
 std::vector<RequestOutput> Engine::step() {
   std::vector<RequestOutput> out = admit_compiled();
-  if (!scheduler_->has_unfinished() && !inflight_) {
+  // An expert-parallel rank always steps (an empty step joins its peers' MoE exchanges).
+  if (!scheduler_->has_unfinished() && !inflight_ && !model_->joins_collectives()) {
     // Only compiles left: no step to run; wait a little for one (callers loop on has_unfinished).
     if (out.empty() && !compiling_.empty() && compiling_.front().grammar->wait_for(0.01)) out = admit_compiled();
     if (!scheduler_->has_unfinished()) return out;
