@@ -191,12 +191,13 @@ StepIndex device_index(const StepPlan& m, const MetaOffsets& o, const char* mb) 
   return d;
 }
 
+}  // namespace
+
 void ensure(dc::DeviceBuffer& b, size_t bytes, int device) {
   if (b.size_bytes() >= bytes) return;
   b = dc::DeviceBuffer();  // release before growing (peak = the new size)
   b = dc::DeviceBuffer(bytes + bytes / 4, device);
 }
-}  // namespace
 
 ArenaSizes CudaBackend::arena_sizes(const StepPlan& p, oc::AttnSplit* split) const {
   const Dims& g = arch_.dims;

@@ -30,6 +30,8 @@ namespace deepinfer::model::ds::cuda {
 
 // The grouped GEMM's format of an expert table's dtype (FP4, FP8 or plain bf16).
 ops::cuda::ExpertFormat expert_format(DType d);
+// Grows `b` to at least `bytes` (+25% slack), releasing the old buffer first; never shrinks.
+void ensure(deepinfer::cuda::DeviceBuffer& b, size_t bytes, int device);
 
 // Sizes the backend's workspace for a step (the family's dense-FP8 needs).
 using Fp8Workspace = std::function<void(int64_t tokens, size_t* fp8_ws_bytes, size_t* wdq_bytes)>;

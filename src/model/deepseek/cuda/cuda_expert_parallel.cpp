@@ -30,12 +30,7 @@ namespace dc = deepinfer::cuda;
 namespace oc = ops::cuda;
 
 namespace {
-void grow(dc::DeviceBuffer& b, size_t bytes, int device) {
-  bytes = std::max<size_t>(bytes, 256);
-  if (b.size_bytes() >= bytes) return;
-  b = dc::DeviceBuffer();
-  b = dc::DeviceBuffer(bytes + bytes / 4, device);
-}
+void grow(dc::DeviceBuffer& b, size_t bytes, int device) { ensure(b, std::max<size_t>(bytes, 256), device); }
 
 // Rows of the activation dtype (bf16 or f32) to f32 and back; bf16 -> f32 -> bf16 is exact.
 void to_f32(const std::vector<char>& src, DType dt, int64_t n, std::vector<float>& out) {
