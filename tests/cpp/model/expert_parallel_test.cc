@@ -215,7 +215,8 @@ INSTANTIATE_TEST_SUITE_P(Ranks, ExpertParallelCpu,
                          ::testing::Values(EpCase{2, false, false}, EpCase{3, false, false}, EpCase{3, true, false},
                                            EpCase{3, true, true}, EpCase{2, false, false, true},
                                            EpCase{3, false, false, true}, EpCase{2, false, true, true},
-                                           EpCase{3, false, true, true}));
+                                           EpCase{3, false, true, true}, EpCase{4, false, false, true},
+                                           EpCase{4, false, true, true}));
 
 // A sharded model refuses another rank's seat; on the CPU it takes EPLB (its weights can move).
 // A store missing an expert of its slots is refused by the expert-parallel layer, naming it.
