@@ -24,6 +24,7 @@
 
 namespace deepinfer::model::ds {
 class ExpertParallel;  // expert_parallel.h
+class ExpertWeightStore;  // expert_weights.h
 
 
 // Named activation buffers of one step (sizes: activations.h). "act" buffers are in the backend's
@@ -276,6 +277,9 @@ class ModelBackend : public Backend {
   virtual void set_expert_parallel(std::shared_ptr<ExpertParallel> ep) {
     DI_THROW(InvalidArgument, describe(), ": expert parallelism is not implemented on this backend yet");
   }
+  // The routed-expert weights as a store EPLB can move between ranks (expert_weights.h); null on a
+  // backend that cannot move them (a sharded model then refuses EPLB).
+  virtual ExpertWeightStore* expert_weight_store() { return nullptr; }
   virtual void synchronize() {}                              // waits for the step stream (timing)
   // V4.1 Engram rows of the next step, per main layer ([T, columns·head_dim] f32 host rows; empty
   // for layers without Engram), gathered by the model once the step's tokens are known.
