@@ -20,6 +20,7 @@
 #include <sstream>
 
 #include "cli/command.h"
+#include "cli/lists.h"
 #include "core/check.h"
 #include "engine/engine.h"
 #include "engine/model_loader.h"
@@ -265,14 +266,6 @@ int check_prefix_invariance(const Config& c, const std::vector<int64_t>& sizes, 
   return bad;
 }
 
-std::vector<int64_t> parse_list(const std::string& s) {
-  std::vector<int64_t> v;
-  std::stringstream ss(s);
-  for (std::string x; std::getline(ss, x, ',');)
-    if (!x.empty()) v.push_back(std::stoll(x));
-  return v;
-}
-
 int run_bench_async(int argc, char** argv) {
   CLI::App app{"Time decode with asynchronous scheduling on/off and batch-invariant mode on/off"};
   Config c;
@@ -307,20 +300,20 @@ int run_bench_async(int argc, char** argv) {
   else if (!accelerator.empty()) DI_THROW(InvalidArgument, "--accelerator '", accelerator, "': cpu or nvidia");
 
   if (!check_s.empty()) {
-    const int bad = check_invariance(c, parse_list(check_s));
+    const int bad = check_invariance(c, cli::parse_int_list(check_s, "--check-invariance"));
     std::printf("invariance: %d case(s) differ\n", bad);
     if (bad) return 1;
   }
   if (!prefix_check_s.empty()) {
     DI_CHECK(shared > 0, "bench-async: --shared-prefix must be > 0");
-    const int bad = check_prefix_invariance(c, parse_list(prefix_check_s), shared);
+    const int bad = check_prefix_invariance(c, cli::parse_int_list(prefix_check_s, "--check-prefix-invariance"), shared);
     std::printf("prefix invariance: %d case(s) differ or missed the cache\n", bad);
     if (bad) return 1;
   }
   std::vector<Result> rows;
-  for (int64_t B : parse_list(async_b))
+  for (int64_t B : cli::parse_int_list(async_b, "--async-batches"))
     for (bool a : {false, true}) rows.push_back(run_one(c, B, a, false)), rows.back().what = "async";
-  for (int64_t B : parse_list(inv_b))
+  for (int64_t B : cli::parse_int_list(inv_b, "--invariant-batches"))
     for (bool inv : {false, true}) rows.push_back(run_one(c, B, true, inv)), rows.back().what = "invariant";
   if (!rows.empty()) std::printf("backend: %s\n", rows[0].backend.c_str());
   std::printf("%-9s %5s %5s %9s %10s %9s %9s %9s %9s\n", "what", "B", "async", "invariant", "tok/s", "step ms",
