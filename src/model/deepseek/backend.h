@@ -61,6 +61,7 @@ enum class Buf : uint8_t {
   kLogits,            // f32 [R, V]
   kHidden,            // f32 [Rh, n, D] hidden rows returned
   kHs,                // act [T, n, D] MTP: normed target streams
+  kTaps,              // f32 [T, taps·D] DSpark taps (V4.1): stream means at the tap layers' inputs
   kCount
 };
 
@@ -237,6 +238,10 @@ class Backend {
   // Single-pass mHC (V4.1): u [T, D] = Σ_k pre_k X_k with the pre weights of the site whose mixes
   // are in `prev_mix` (an hc_site with u null), or u = X stream 0 when prev_mix is null.
   virtual void hc_collapse(const float* x, const float* prev_mix, float* u, int64_t tokens) = 0;
+  // out[t * out_stride + c] = mean over the n streams of x[t, :, c] (DSpark taps, V4.1).
+  virtual void stream_mean(const float* x, float* out, int64_t out_stride, int64_t tokens) {
+    DI_THROW(InvalidArgument, "this backend does not compute DSpark taps yet");
+  }
   // x[t, j, :] += v[t, :] for every stream j (the MTP block's embedding term).
   virtual void add_streams(float* x, const float* v, int64_t tokens, int64_t streams, int64_t dim) = 0;
   // V4.1 Engram: the step's table rows of main layer `layer`, [T, columns·head_dim] in act(), as

@@ -104,6 +104,7 @@ class CpuBackend final : public ModelBackend, public ExpertWeightStore {
   void hc_site(const HcSiteArgs& a) override;
   void hc_post(const HcPostArgs& a) override;
   void hc_collapse(const float* x, const float* prev_mix, float* u, int64_t tokens) override;
+  void stream_mean(const float* x, float* out, int64_t out_stride, int64_t tokens) override;
   void add_streams(float* x, const float* v, int64_t tokens, int64_t streams, int64_t dim) override;
   const void* engram_rows(int64_t layer) const override;
   void engram_inject(float* x, const float* kv, const float* w, int64_t tokens) override;
