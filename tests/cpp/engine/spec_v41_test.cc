@@ -40,6 +40,7 @@ struct Setup {
   int64_t max_batched = 2048, max_seqs = 8;
   int64_t cache_blocks = 0;  // > 0: this many paged blocks (forces preemption)
   bool varlen = false;
+  bool measured_cost = false;  // varlen with the curve the engine measures at start-up (DSpark rounds too)
   const std::vector<std::vector<int32_t>>* oracle = nullptr;
   std::function<int32_t(int64_t)> pattern;
 };
@@ -76,7 +77,7 @@ V41Run run(const Setup& s, const std::vector<std::vector<int32_t>>& prompts, con
   }
   ec.num_speculative_tokens = s.drafts;
   ec.varlen_drafts = s.varlen;
-  if (s.varlen) ec.step_cost = StepCostModel({{1, 1.0}, {8, 1.1}, {32, 1.6}, {128, 4.0}});
+  if (s.varlen && !s.measured_cost) ec.step_cost = StepCostModel({{1, 1.0}, {8, 1.1}, {32, 1.6}, {128, 4.0}});
   Engine eng(ec, std::move(m), nullptr, nullptr);
   for (size_t i = 0; i < prompts.size(); ++i)
     eng.add_request(std::to_string(i), PromptInput::from_token_ids(prompts[i]), params, 0);
@@ -140,6 +141,7 @@ TEST(SpecV41, GreedyDSparkIdenticalAloneBatchedChunkedPreemptedVarlen) {
   const V41Run var = run({.varlen = true}, ps, p);
   EXPECT_EQ(var.tokens, plain.tokens) << "varlen (confidence head)";
   EXPECT_GT(var.stats.num_draft_tokens, 0);
+  EXPECT_EQ(run({.varlen = true, .measured_cost = true}, ps, p).tokens, plain.tokens) << "varlen, measured cost";
   // Forced preemption: three prompts just under a 256-token block and three blocks, so the
   // sequences crossing into a second block preempt one another.
   const auto lp = long_prompts(3, 245);
