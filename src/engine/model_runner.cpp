@@ -301,7 +301,7 @@ void ModelRunner::propose_drafts(const std::vector<SeqSlice>& slices, const mode
   db.target_hidden = hidden;
   std::vector<RequestDraftPicker::Target> targets;
   for (const SeqSlice& slice : slices) {
-    SeqState& s = seqs_.at(slice.sched->seq_id);  // drafting steps are synchronous: nothing was dropped
+    SeqState& s = seqs_.at(slice.sched->seq_id);  // drafting: collected before the next launch, nothing dropped
     model::DraftSeq d;
     d.cache_slot = s.slot;
     d.block_table = s.block_table;
@@ -386,7 +386,7 @@ void ModelRunner::launch(const SchedulerOutput& out) {
            " launched with ", steps_.size(), " steps not collected (the last one sampled: ",
            !steps_.empty() && steps_.back().sampled, ")");
   DI_CHECK(!drafter_ || steps_.empty(), "model runner: step ", out.step_id,
-           " launched while a drafting step is in flight (drafting steps run synchronously)");
+           " launched while a drafting step is in flight (a drafting step is collected before the next is launched)");
   if (!steps_.empty() && !steps_.back().checkpoints_saved) {
     // The step in flight's slot checkpoints, before this step changes or writes any slot.
     Step& prev = steps_.back();

@@ -39,7 +39,11 @@ struct Dims {
   int64_t candidate_block_size = 0;   // two-level top-k (V4.1): entries per candidate block, 0 = none
   int64_t candidate_topk_blocks = 0;  // candidate blocks kept per token
   bool engram = false;                // some layer injects Engram (V4.1): sizes its step buffer
+  // DSpark tap layers (V4.1, MODEL-DEEPSEEK-V41.md §7): > 0 makes the hidden rows a step returns
+  // the stream means at those layers' inputs, [taps·D] per row, instead of the final streams.
+  int64_t taps = 0;
   int64_t mix_dim() const { return (2 + streams) * streams; }
+  int64_t hidden_elems() const { return taps > 0 ? taps * hidden : streams * hidden; }
 };
 
 // A model as the forward sees it: dimensions and the layer plans.

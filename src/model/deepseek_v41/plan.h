@@ -25,6 +25,9 @@ struct V41PlanOptions {
   // false: every row format plain. NOT the model (its QAT roundings are part of its numerics); for
   // path-consistency tests, where the roundings turn last-bit differences into whole FP4 steps.
   bool qat = true;
+  // The DSpark drafter runs (its stages are in the checkpoint): the tap layers record their input's
+  // stream mean and the hidden rows a step returns are those taps (Dims::taps).
+  bool dspark = false;
 };
 
 ModelPlan v41_plan(const DeepseekV41Config& cfg, const V41PlanOptions& options);

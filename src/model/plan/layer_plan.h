@@ -91,6 +91,7 @@ struct LayerPlan {
   // ---- FFN and residual ----
   MoeKind moe = MoeKind::kBiased;
   bool engram = false;          // Engram injection before the block (V4.1)
+  int32_t tap = -1;             // DSpark tap slot: the stream mean of this layer's input (after Engram)
 
   bool owns_entries() const { return compressor != CompressorKind::kNone; }
   bool owns_keys() const { return index_keys != IndexKeyKind::kNone; }

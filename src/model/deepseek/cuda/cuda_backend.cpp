@@ -348,11 +348,12 @@ ForwardOutput CudaBackend::end_step(const ForwardOptions& options, int64_t rows,
   if (hidden_rows > 0) {
     out.hidden.device = at<float>(L_.buf[size_t(Buf::kHidden)]);
     out.hidden.rows = hidden_rows;
-    out.hidden.row_elems = g.streams * g.hidden;
+    out.hidden.row_elems = g.hidden_elems();
     out.hidden.stream = st;
     out.hidden.device_index = opts_.device;
     if (options.hidden_to_host) {
-      out.hidden.host = Tensor::empty({hidden_rows, g.streams, g.hidden}, DType::kF32);
+      out.hidden.host = g.taps > 0 ? Tensor::empty({hidden_rows, g.hidden_elems()}, DType::kF32)
+                                   : Tensor::empty({hidden_rows, g.streams, g.hidden}, DType::kF32);
       dc::copy_d2h(out.hidden.host.raw_data(), out.hidden.device, out.hidden.host.nbytes(), st, false);
     }
   }
