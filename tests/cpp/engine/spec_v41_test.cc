@@ -212,7 +212,7 @@ TEST(SpecV41, BenchDSparkAgainstPlain) {
   if (!std::getenv("DEEPINFER_SPEC_V41_BENCH")) GTEST_SKIP() << "set DEEPINFER_SPEC_V41_BENCH=1";
   const SamplingParams p = greedy(48);
   std::printf("| batch | plain tok/s | DSpark L=4 tok/s | speedup | varlen tok/s | accept len | per-position acceptance "
-              "| oracle L=4 tok/s | oracle speedup |\n");
+              "| oracle L=4 tok/s | oracle speedup | DSpark draft s / verify s |\n");
   for (int b : {1, 8, 32}) {
     const auto ps = prompts(b);
     const V41Run plain = run({.drafts = 0, .max_seqs = 32}, ps, p);
@@ -231,9 +231,9 @@ TEST(SpecV41, BenchDSparkAgainstPlain) {
     for (size_t i = 0; i < spec.stats.draft_verified_at.size(); ++i)
       per += std::to_string(double(spec.stats.draft_accepted_at[i]) /
                             double(std::max<int64_t>(spec.stats.draft_verified_at[i], 1))).substr(0, 5) + " ";
-    std::printf("| %d | %.1f | %.1f | %.2fx | %.1f | %.2f | %s| %.1f | %.2fx |\n", b, n / plain.seconds,
-                n / spec.seconds, plain.seconds / spec.seconds, n / var.seconds,
+    std::printf("| %d | %.1f | %.1f | %.2fx | %.1f | %.2f | %s| %.1f | %.2fx | %.2f / %.2f |\n", b,
+                n / plain.seconds, n / spec.seconds, plain.seconds / spec.seconds, n / var.seconds,
                 1.0 + double(spec.stats.num_accepted_drafts) / vs, per.c_str(), n / oracle.seconds,
-                plain.seconds / oracle.seconds);
+                plain.seconds / oracle.seconds, spec.runner.draft_time_s, spec.runner.verify_time_s);
   }
 }
