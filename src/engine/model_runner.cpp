@@ -142,7 +142,11 @@ model::ForwardBatch ModelRunner::build_batch(const SchedulerOutput& out, Step& s
     for (int64_t p = s.num_computed; p < s.num_computed + committed; ++p)
       b.token_ids.push_back(input_token(s, p, b, int64_t(b.token_ids.size())));
     b.token_ids.insert(b.token_ids.end(), sch.draft_tokens.begin(), sch.draft_tokens.end());
-    b.seqs.push_back({s.slot, s.block_table, s.num_computed, sch.num_tokens});
+    // Bounded replay: the later layers run over the prompt's last replay_keep() positions only,
+    // unless prompt logprobs need every position's logits (full prefill then).
+    const int64_t keep = model_.replay_keep();
+    const int64_t decoder_from = keep > 0 && !s.params->prompt_logprobs ? std::max<int64_t>(0, np - keep) : 0;
+    b.seqs.push_back({s.slot, s.block_table, s.num_computed, sch.num_tokens, decoder_from});
     // Logits at position p give the logprob of prompt token p+1.
     if (s.params->prompt_logprobs) {
       int64_t lo = s.num_computed, hi = std::min(s.num_computed + committed, np - 1);

@@ -178,6 +178,12 @@ class CausalLM {
 
   // Positions a slot can roll back (see the contract above); 0 = no rollback.
   virtual int64_t max_rollback() const { return 0; }
+  // Bounded replay (DeepSeek-V4.1 compact prefill, DEEPINFER_YOCO_PREFILL_*): the kept tail of a
+  // prompt whose later layers run, 0 = full prefill. When > 0 the runner sets
+  // SeqInBatch::decoder_from = max(0, prompt length - replay_keep()) for requests without prompt
+  // logprobs, and prefix-cache hits end at or before it (the later layers' window rows before a
+  // tail depend on where that tail starts).
+  virtual int64_t replay_keep() const { return 0; }
   // The sequence in `slot` goes back from `num_tokens` cached positions to `keep`. Throws
   // InvalidArgument when more than max_rollback() positions would be dropped.
   virtual void rollback(int32_t slot, int64_t num_tokens, int64_t keep) {

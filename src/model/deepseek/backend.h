@@ -77,6 +77,7 @@ struct StepIndex {
   const int64_t *pos = nullptr, *embed_src = nullptr, *win_src = nullptr, *win_store_src = nullptr,
                 *win_store_dst = nullptr, *sel_offset = nullptr, *logits_rows = nullptr, *hidden_rows = nullptr;
   const int32_t *win_begin = nullptr, *win_count = nullptr;
+  const int32_t *tail_win_begin = nullptr, *tail_win_count = nullptr;  // null: the replay_tail layers use win_*
   const int64_t *win_dst = nullptr, *comb_rows = nullptr;  // fixed shape only
   std::vector<KindIndex> kinds;                             // parallel to StepPlan::kinds
 };

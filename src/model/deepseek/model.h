@@ -56,6 +56,7 @@ class DeepseekModel : public CausalLM {
   void synchronize() override { be_->synchronize(); }
 
   int64_t max_rollback() const override { return arch_.plan.max_rollback; }
+  int64_t replay_keep() const override { return arch_.plan.replay_keep; }
   void rollback(int32_t slot, int64_t num_tokens, int64_t keep) override;
   // save_slot throws InvalidArgument unless can_save_slot (the slot may not hold that state).
   SlotSnapshot save_slot(int32_t slot, int64_t num_tokens) override;
@@ -89,6 +90,14 @@ class DeepseekModel : public CausalLM {
 
  private:
   StepPlan plan_step(const ForwardBatch& batch, bool allow_fixed) const;
+  // The validated batch on the backend: before_step, plan, forward, outputs.
+  ForwardOutput run_planned(const ForwardBatch& batch, const ForwardOptions& options);
+  // Bounded replay: the positions of `batch` before their sequences' tails as their own batch
+  // (nullopt: none) and the rest into `tail` (left empty when nothing remains). Refuses logits,
+  // hidden rows and device inputs before a tail.
+  std::optional<ForwardBatch> split_replay(const ForwardBatch& batch, std::optional<ForwardBatch>& tail) const;
+  // Whether some token's window reaches before its sequence's tail (the general plan then).
+  bool needs_tail_windows(const ForwardBatch& batch) const;
   // Records what a batch writes into each slot (target or drafter rings).
   void note_writes(const ForwardBatch& batch, bool target);
   void check_blocks(std::span<const HostBlockCopy> copies, const char* what) const;

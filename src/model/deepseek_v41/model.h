@@ -21,6 +21,8 @@ struct ModelOptions {
   int64_t max_rollback = 0;  // ring slack for rollback (ModelLimits::max_rollback)
   bool qat = true;           // tests only: false drops the QAT roundings (V41PlanOptions::qat)
   bool batch_invariant = false;  // DEEPINFER_BATCH_INVARIANT: fixed-order products (ds::CpuBackendOptions)
+  int64_t replay_keep = 0;       // bounded replay's keep length, 0 = full prefill (V41PlanOptions)
+  std::optional<parallel::ExpertShard> expert_shard;  // ModelLoadOptions::expert_shard (v41_prepare_cpu)
 };
 
 class DeepseekV41Model final : public ds::DeepseekModel {

@@ -111,7 +111,9 @@ FixedLimits CudaBackend::fixed_limits() const {
 
 std::optional<ModelBackend::FixedShape> CudaBackend::fixed_shape(const ForwardBatch& b) const {
   // Expert parallelism exchanges host-sized messages every MoE layer: no fixed shapes, no graphs.
-  if (ep_ || opts_.decode == DecodePath::kGeneral || !fixed_eligible(specs_, b, cand_caps_, fixed_limits()))
+  // Engram rows (V4.1) are staged into buffers that grow with the step: not graph-stable yet.
+  if (ep_ || arch_.dims.engram || opts_.decode == DecodePath::kGeneral ||
+      !fixed_eligible(specs_, b, cand_caps_, fixed_limits()))
     return std::nullopt;
   return FixedShape{.padded = fixed_token_bucket(b.num_tokens()), .caps = &cand_caps_};
 }
@@ -135,7 +137,7 @@ struct Packer {
 // last) has a length fixed by the padded size, so the offsets (and the device pointers a graph
 // captured) do not change between steps.
 struct MetaOffsets {
-  size_t tok, pos, emb, ws, wb, wc, wss, wsd, sel, lr, hr, wdst, comb, pool;
+  size_t tok, pos, emb, ws, wb, wc, wss, wsd, sel, lr, hr, wdst, comb, twb, twc, pool;
   struct Kind { size_t stage, epos, edst, ssrc, sdst, crows, coff, ccount, stdst, block; };
   std::vector<Kind> kinds;
 };
@@ -149,6 +151,7 @@ MetaOffsets pack_meta(const StepPlan& m, std::vector<char>& buf) {
   o.wss = pk.add(m.win_store_src), o.wsd = pk.add(m.win_store_dst);
   o.sel = pk.add(m.sel_offset), o.lr = pk.add(m.logits_rows), o.hr = pk.add(m.hidden_rows);
   o.wdst = pk.add(m.win_dst), o.comb = pk.add(m.comb_rows);
+  o.twb = pk.add(m.tail_win_begin), o.twc = pk.add(m.tail_win_count);  // empty in fixed plans
   for (const auto& k : m.kinds)
     o.kinds.push_back({pk.add(k.stage_src), pk.add(k.entry_pos), pk.add(k.entry_dst), pk.add(k.state_src),
                        pk.add(k.state_dst), pk.add(k.cand_rows), pk.add(k.cand_offset), pk.add(k.cand_count),
@@ -167,6 +170,10 @@ StepIndex device_index(const StepPlan& m, const MetaOffsets& o, const char* mb) 
   d.win_src = P64(o.ws);
   d.win_begin = P32(o.wb);
   d.win_count = P32(o.wc);
+  if (!m.tail_win_begin.empty()) {
+    d.tail_win_begin = P32(o.twb);
+    d.tail_win_count = P32(o.twc);
+  }
   d.win_store_src = P64(o.wss);
   d.win_store_dst = P64(o.wsd);
   d.sel_offset = P64(o.sel);
@@ -612,13 +619,15 @@ void CudaBackend::decode_pool(const DecodePoolArgs& a) {
 }
 
 void CudaBackend::indexer_topk(const IndexerArgs& a) {
-  if (a.out_blocks || a.in_blocks)  // the kernels exist (ops/cuda/indexer.h); the block workspace is not planned
-    DI_THROW(InternalError, "cuda backend: the two-level candidate top-k is not wired yet");
+  // Two-level top-k (V4.1): the publisher's per-block maxima live in the arena's block_scores
+  // (sized from the step's candidates and Dims::candidate_block_size). NOT yet run on a GPU.
   oc::indexer_topk({.q = a.q, .w = a.w, .k_pool = a.k_pool, .dtype = act_, .cand_rows = a.cand_rows,
                     .cand_offset = a.cand_offset, .cand_count = a.cand_count, .num_tokens = a.num_tokens,
                     .num_heads = a.num_heads, .head_dim = a.head_dim, .qk_scale = a.qk_scale, .w_scale = a.w_scale,
                     .topk = a.topk, .max_candidates = a.max_candidates, .scores = at<float>(L_.scores),
-                    .out_rows = a.out_rows, .out_count = a.out_count},
+                    .out_rows = a.out_rows, .out_count = a.out_count, .block_size = a.block_size,
+                    .topk_blocks = a.topk_blocks, .out_blocks = a.out_blocks, .in_blocks = a.in_blocks,
+                    .block_scores = a.out_blocks ? at<float>(L_.block_scores) : nullptr},
                    stream_.get());
 }
 

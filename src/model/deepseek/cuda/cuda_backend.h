@@ -110,6 +110,11 @@ class CudaBackend final : public ModelBackend {
   void hc_post(const HcPostArgs& a) override;
   void hc_collapse(const float* x, const float* prev_mix, float* u, int64_t tokens) override;
   void add_streams(float* x, const float* v, int64_t tokens, int64_t streams, int64_t dim) override;
+  // V4.1 Engram (cuda_backend_v41.cpp): the step's rows uploaded in act() per layer, the gated
+  // injection by ops/cuda/engram. Compiled, NOT yet run on a GPU (the registry refuses V4.1 there).
+  void stage_engram_rows(std::vector<std::vector<float>> rows) override;
+  const void* engram_rows(int64_t layer) const override;
+  void engram_inject(float* x, const float* kv, const float* w, int64_t tokens) override;
   void moe_route(const MoeRef& M, const float* logits, int32_t* ids, float* wts) override;
   void moe_dispatch(const MoeRef& M) override;
   void moe_experts(const MoeRef& M) override;
@@ -176,6 +181,10 @@ class CudaBackend final : public ModelBackend {
   // one, sized once for the largest bucket (graphs capture its address).
   deepinfer::cuda::DeviceBuffer staged_hidden_, fixed_staged_hidden_;
   deepinfer::cuda::DeviceBuffer greedy_out_;  // greedy_rows: tokens then logprobs
+  // V4.1 Engram rows of the current step per main layer (empty buffer: no Engram there), and the
+  // host copies in act() they were uploaded from (kept until the next step's staging).
+  std::vector<deepinfer::cuda::DeviceBuffer> engram_dev_;
+  std::vector<std::vector<char>> engram_host_;
   std::vector<char> greedy_h_;
   // Exact-numerics MoE: the routing read back and the host permutation.
   std::vector<int32_t> moe_ids_;
