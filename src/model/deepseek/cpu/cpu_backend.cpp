@@ -460,7 +460,7 @@ void CpuBackend::ep_experts(const MoeRef& M) {
     }
     const float* w = static_cast<const float*>(ex.w13.w);
     oc::expert_forward(x.data(), n, D, I, {w, w + I * D, static_cast<const float*>(ex.w2.w)}, g.swiglu_limit,
-                       moe_g_.data(), moe_u_.data(), y.data(), oc::GemmKind::kFast,
+                       moe_g_.data(), moe_u_.data(), y.data(), gemm_,  // fixed order under batch invariance, as one rank
                        g.route_before_w2 ? scale.data() : nullptr);
     for (int64_t i = 0; i < n; ++i) std::copy_n(y.data() + i * D, D, ep_out_.data() + order[size_t(a0 + i)] * D);
   }
