@@ -13,11 +13,9 @@ import http.client
 import importlib.util
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -28,24 +26,10 @@ serve_mod = importlib.util.module_from_spec(_spec)  # the launcher alone (no nat
 _spec.loader.exec_module(serve_mod)
 
 
-def start(exe, args, env):
-    proc = subprocess.Popen([exe, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
-    log, port, ready = [], [], threading.Event()
-
-    def pump():
-        for line in proc.stderr:
-            log.append(line)
-            m = re.search(r"listening on http://[^:]+:(\d+)", line)
-            if m and not port:
-                port.append(int(m.group(1)))
-                ready.set()
-        ready.set()
-
-    threading.Thread(target=pump, daemon=True).start()
-    if not ready.wait(180) or not port:
-        proc.kill()
-        raise RuntimeError("".join(log))
-    return proc, port[0]
+def start(args, env):
+    """`deepinfer ARGS` (serve or router) listening: (process, port)."""
+    srv = serve_mod.start_command(args[0], args[1:], timeout=180, env=env)
+    return srv.proc, srv.port
 
 
 def stream_one(port, body):
@@ -89,7 +73,7 @@ def workload(n):
     return out
 
 
-def run_mode(exe, model, mode, args, env):
+def run_mode(model, mode, args, env):
     procs = []
     base = ["serve", "--model", model, "--served-model-name", "m", "--max-num-seqs", "8", "--max-model-len", "1024",
             "--port", "0"]
@@ -97,19 +81,19 @@ def run_mode(exe, model, mode, args, env):
         if mode == "colocated":
             ports = []
             for _ in range(2):
-                p, port = start(exe, base, env)
+                p, port = start(base, env)
                 procs.append(p)
                 ports.append(port)
             rargs = ["router", "--backends", ",".join(f"http://127.0.0.1:{p}" for p in ports)]
         else:
             rdv = tempfile.mkdtemp(prefix="di_kv_bench_")
-            p1, pp = start(exe, base + ["--kv-role", "prefill", "--kv-rendezvous", rdv, "--kv-name", "p0",
+            p1, pp = start(base + ["--kv-role", "prefill", "--kv-rendezvous", rdv, "--kv-name", "p0",
                                         "--kv-peers", "d0"], env)
-            p2, dp = start(exe, base + ["--kv-role", "decode", "--kv-rendezvous", rdv, "--kv-name", "d0",
+            p2, dp = start(base + ["--kv-role", "decode", "--kv-rendezvous", rdv, "--kv-name", "d0",
                                         "--kv-peers", "p0"], env)
             procs += [p1, p2]
             rargs = ["router", "--prefill", f"http://127.0.0.1:{pp}", "--decode", f"http://127.0.0.1:{dp}"]
-        rp, rport = start(exe, rargs + ["--port", "0", "--health-interval-s", "0.2"], env)
+        rp, rport = start(rargs + ["--port", "0", "--health-interval-s", "0.2"], env)
         procs.append(rp)
         time.sleep(1.0)  # the KV pair connects, the router's first polls see the names
         stream_one(rport, dict(workload(1)[0], max_tokens=4))  # warm-up
@@ -139,9 +123,9 @@ def main():
     ap.add_argument("--requests", type=int, default=16)
     ap.add_argument("--concurrency", type=int, default=4)
     args = ap.parse_args()
-    exe = serve_mod.find_executable()
+    serve_mod.find_executable()  # fails early, naming where it looked
     env = dict(os.environ, OMP_NUM_THREADS="1", DEEPINFER_USE_NEXTN_DECODE="0")
-    rows = [run_mode(exe, args.model, m, args, env) for m in ("colocated", "disaggregated")]
+    rows = [run_mode(args.model, m, args, env) for m in ("colocated", "disaggregated")]
     for r in rows:
         print(json.dumps(r))
     keys = [k for k in rows[0] if k != "mode"]

@@ -47,7 +47,8 @@ run_ci() {
   cmake -S tests/fuzz -B "$FUZZ_DIR" -DCMAKE_CXX_COMPILER="$CLANGXX" -DCMAKE_C_COMPILER="$CLANG" -DDI_UNIT_TESTS=ON \
     >"$FUZZ_DIR/san-configure.log" 2>&1 || { cat "$FUZZ_DIR/san-configure.log"; return 1; }
   nice -n 10 cmake --build "$FUZZ_DIR" -j "$JOBS" --target san_tests
-  for t in core_test io_test tokenizer_test structured_test structured_basic_test server_test; do
+  # Every san_ test tests/fuzz/unit_tests.cmake defines (listed at configure time).
+  for t in $(cat "$FUZZ_DIR/san_tests.txt"); do
     echo "sanitizers: ASan+UBSan $t"
     env "${ASAN_ENV[@]}" "$FUZZ_DIR/san_$t" --gtest_brief=1 || return 1
   done

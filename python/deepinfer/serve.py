@@ -69,24 +69,25 @@ class ServerProcess:
         self.stop()
 
 
-def launch(args: Sequence[str] = (), host: str = "127.0.0.1", timeout: float = 120,
-           env: Optional[dict] = None) -> ServerProcess:
-    """Starts ``deepinfer serve ARGS --host HOST --port 0`` and waits until it listens.
+def start_command(command: str, args: Sequence[str] = (), timeout: float = 120,
+                  env: Optional[dict] = None) -> ServerProcess:
+    """Starts ``deepinfer COMMAND ARGS`` -- a command that prints ``listening on http://HOST:PORT``
+    (``serve``, ``router``) -- and waits until it listens; its stderr is kept in ``.log``.
 
-    RuntimeError with the server's output when it exits or does not listen within `timeout`."""
+    RuntimeError with the command's output when it exits or does not listen within `timeout`."""
     exe = find_executable()
-    proc = subprocess.Popen([exe, "serve", *args, "--host", host, "--port", "0"], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen([exe, command, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env=env)
     log: List[str] = []
-    port: List[int] = []
+    found: List[re.Match] = []
     ready = threading.Event()
 
-    def pump() -> None:  # keeps reading stderr so the server never blocks on a full pipe
+    def pump() -> None:  # keeps reading stderr so the process never blocks on a full pipe
         for line in proc.stderr:
             log.append(line)
-            m = re.search(r"listening on http://[^:]+:(\d+)", line)
-            if m and not port:
-                port.append(int(m.group(1)))
+            m = re.search(r"listening on http://([^:\s]+):(\d+)", line)
+            if m and not found:
+                found.append(m)
                 ready.set()
         ready.set()
 
@@ -95,11 +96,19 @@ def launch(args: Sequence[str] = (), host: str = "127.0.0.1", timeout: float = 1
     while not ready.wait(0.1):
         if time.time() > deadline:
             proc.kill()
-            raise RuntimeError("deepinfer serve did not start listening in time:\n" + "".join(log))
-    if not port:
+            raise RuntimeError(f"deepinfer {command} did not start listening in time:\n" + "".join(log))
+    if not found:
         proc.wait()
-        raise RuntimeError(f"deepinfer serve exited with {proc.returncode}:\n" + "".join(log))
-    return ServerProcess(proc, host, port[0], log)
+        raise RuntimeError(f"deepinfer {command} exited with {proc.returncode}:\n" + "".join(log))
+    return ServerProcess(proc, found[0].group(1), int(found[0].group(2)), log)
+
+
+def launch(args: Sequence[str] = (), host: str = "127.0.0.1", timeout: float = 120,
+           env: Optional[dict] = None) -> ServerProcess:
+    """Starts ``deepinfer serve ARGS --host HOST --port 0`` and waits until it listens.
+
+    RuntimeError with the server's output when it exits or does not listen within `timeout`."""
+    return start_command("serve", [*args, "--host", host, "--port", "0"], timeout, env)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:

@@ -7,7 +7,8 @@
 // before it (CUDA events at the step's first upload and after its sampling was queued:
 // CausalLM::set_profiling). Configurations: async on/off at each --async-batches B, and
 // batch-invariant off/on (async on) at each --invariant-batches B; prefix caching as the engine
-// defaults (on; --prefix-cache 0 turns it off). --check-invariance / --check-prefix-invariance
+// defaults (on; --prefix-cache 0 turns it off); --drafts L times speculative decoding instead
+// (async on: pipelined drafting steps, docs/DETERMINISM.md). --check-invariance / --check-prefix-invariance
 // check bit-identity of one request alone, in batches, and (the latter) served from the prefix
 // cache against the cache off, with batch invariance on.
 #include <CLI/CLI.hpp>
@@ -20,6 +21,7 @@
 #include <sstream>
 
 #include "cli/command.h"
+#include "cli/lists.h"
 #include "core/check.h"
 #include "engine/engine.h"
 #include "engine/model_loader.h"
@@ -33,6 +35,7 @@ struct Config {
   std::string model;
   int64_t prompt_len = 64, warm = 8, steps = 64;
   bool prefix_cache = true;  // in the timed engines (the engine's default; distinct prompts: no hits)
+  int32_t drafts = 0;        // speculative tokens in the timed engines (async on = pipelined drafting steps)
   EnvConfig env;
 };
 
@@ -40,6 +43,8 @@ struct Result {
   std::string what;
   int64_t B = 0;
   bool async = false, invariant = false;
+  int32_t drafts = 0;
+  double tokens_per_step = 0;  // per sequence (1 + accepted drafts with drafting)
   double tok_s = 0, step_ms = 0, busy_ms = 0, idle_ms = 0, idle_max_ms = 0;
   int64_t profiled = 0;
   std::string backend;
@@ -62,7 +67,9 @@ Result run_one(const Config& c, int64_t B, bool async, bool invariant) {
   EnvConfig env = c.env;
   env.async_scheduling = async;
   env.batch_invariant = invariant;
-  const int64_t max_len = c.prompt_len + c.warm + c.steps + 16;
+  // A verify step commits up to 1 + drafts tokens per sequence: nobody may finish in the window.
+  const int64_t max_out = (c.warm + c.steps + 8) * (1 + c.drafts);
+  const int64_t max_len = c.prompt_len + max_out + 16;
   const int64_t budget = std::max<int64_t>(B * c.prompt_len, 256);
   EngineConfig ec;
   ec.env = env;
@@ -70,16 +77,18 @@ Result run_one(const Config& c, int64_t B, bool async, bool invariant) {
   ec.scheduler.max_num_batched_tokens = budget;
   ec.scheduler.max_model_len = max_len;
   ec.scheduler.prefix_cache.enabled = c.prefix_cache;
-  ec.num_speculative_tokens = 0;
+  ec.num_speculative_tokens = c.drafts;
   auto model = load_model(c.model, {.env = env,
-                                    .limits = {.max_num_seqs = B, .max_num_batched_tokens = budget, .max_model_len = max_len},
+                                    .limits = {.max_num_seqs = B, .max_num_batched_tokens = budget, .max_model_len = max_len,
+                                               .max_rollback = c.drafts > 0 ? c.drafts + 1 : 0},
                                     .progress = false});
   Engine eng(ec, std::move(model), nullptr);
-  Result r{.what = "", .B = B, .async = eng.async_scheduling(), .invariant = invariant, .backend = eng.model().describe()};
+  Result r{.what = "", .B = B, .async = eng.async_scheduling(), .invariant = invariant, .drafts = c.drafts,
+           .backend = eng.model().describe()};
   SamplingParams sp;
   sp.temperature = 0;
   sp.ignore_eos = true;
-  sp.max_tokens = int(c.warm + c.steps + 8);
+  sp.max_tokens = int(max_out);
   const int64_t vocab = eng.model().vocab_size();
   for (int64_t i = 0; i < B; ++i)
     eng.add_request("b" + std::to_string(i), PromptInput::from_token_ids(prompt(c.prompt_len, vocab, i)), sp, 0);
@@ -109,6 +118,7 @@ Result run_one(const Config& c, int64_t B, bool async, bool invariant) {
   eng.model().set_profiling(false);
   r.tok_s = double(tokens) / wall;
   r.step_ms = wall * 1e3 / double(c.steps);
+  r.tokens_per_step = double(tokens) / double(c.steps * B);
   r.profiled = int64_t(prof.busy_ms.size());
   r.busy_ms = mean(prof.busy_ms);
   r.idle_ms = mean(prof.idle_ms, 1);  // the first step has no predecessor inside the window
@@ -265,14 +275,6 @@ int check_prefix_invariance(const Config& c, const std::vector<int64_t>& sizes, 
   return bad;
 }
 
-std::vector<int64_t> parse_list(const std::string& s) {
-  std::vector<int64_t> v;
-  std::stringstream ss(s);
-  for (std::string x; std::getline(ss, x, ',');)
-    if (!x.empty()) v.push_back(std::stoll(x));
-  return v;
-}
-
 int run_bench_async(int argc, char** argv) {
   CLI::App app{"Time decode with asynchronous scheduling on/off and batch-invariant mode on/off"};
   Config c;
@@ -297,43 +299,49 @@ int run_bench_async(int argc, char** argv) {
   app.add_option("--shared-prefix", shared, "shared prefix tokens of --check-prefix-invariance")->capture_default_str();
   app.add_option("--prefix-cache", c.prefix_cache, "prefix caching in the timed engines (1: the engine's default)")
       ->capture_default_str();
+  app.add_option("--drafts", c.drafts,
+                 "speculative tokens in the timed engines (the model's drafter; async on = pipelined drafting steps)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   if (c.model.empty()) c.model = default_model_dir();
   if (c.model.empty()) DI_THROW(InvalidArgument, "bench-async: no --model and no bundled default model");
   DI_CHECK(c.prompt_len >= 1 && c.steps >= 1 && c.warm >= 0, "bench-async: bad --prompt-len/--decode-steps/--warmup-steps");
+  DI_CHECK(c.drafts >= 0, "bench-async: --drafts must be >= 0");
   c.env = EnvConfig::from_environment();
   if (accelerator == "cpu") c.env.accelerator = Accelerator::kCPU;
   else if (accelerator == "nvidia") c.env.accelerator = Accelerator::kNvidia;
   else if (!accelerator.empty()) DI_THROW(InvalidArgument, "--accelerator '", accelerator, "': cpu or nvidia");
 
   if (!check_s.empty()) {
-    const int bad = check_invariance(c, parse_list(check_s));
+    const int bad = check_invariance(c, cli::parse_int_list(check_s, "--check-invariance"));
     std::printf("invariance: %d case(s) differ\n", bad);
     if (bad) return 1;
   }
   if (!prefix_check_s.empty()) {
     DI_CHECK(shared > 0, "bench-async: --shared-prefix must be > 0");
-    const int bad = check_prefix_invariance(c, parse_list(prefix_check_s), shared);
+    const int bad = check_prefix_invariance(c, cli::parse_int_list(prefix_check_s, "--check-prefix-invariance"), shared);
     std::printf("prefix invariance: %d case(s) differ or missed the cache\n", bad);
     if (bad) return 1;
   }
   std::vector<Result> rows;
-  for (int64_t B : parse_list(async_b))
+  for (int64_t B : cli::parse_int_list(async_b, "--async-batches"))
     for (bool a : {false, true}) rows.push_back(run_one(c, B, a, false)), rows.back().what = "async";
-  for (int64_t B : parse_list(inv_b))
+  for (int64_t B : cli::parse_int_list(inv_b, "--invariant-batches"))
     for (bool inv : {false, true}) rows.push_back(run_one(c, B, true, inv)), rows.back().what = "invariant";
   if (!rows.empty()) std::printf("backend: %s\n", rows[0].backend.c_str());
-  std::printf("%-9s %5s %5s %9s %10s %9s %9s %9s %9s\n", "what", "B", "async", "invariant", "tok/s", "step ms",
-              "busy ms", "idle ms", "idle max");
+  std::printf("%-9s %5s %5s %9s %6s %10s %9s %9s %9s %9s %9s\n", "what", "B", "async", "invariant", "drafts", "tok/s",
+              "step ms", "tok/step", "busy ms", "idle ms", "idle max");
   for (const Result& r : rows)
-    std::printf("%-9s %5ld %5d %9d %10.1f %9.3f %9.3f %9.3f %9.3f\n", r.what.c_str(), long(r.B), int(r.async),
-                int(r.invariant), r.tok_s, r.step_ms, r.busy_ms, r.idle_ms, r.idle_max_ms);
+    std::printf("%-9s %5ld %5d %9d %6d %10.1f %9.3f %9.3f %9.3f %9.3f %9.3f\n", r.what.c_str(), long(r.B), int(r.async),
+                int(r.invariant), int(r.drafts), r.tok_s, r.step_ms, r.tokens_per_step, r.busy_ms, r.idle_ms,
+                r.idle_max_ms);
   if (!json_path.empty()) {
     std::ofstream f(json_path);
     DI_CHECK(bool(f), "--json '", json_path, "' cannot be written");
     for (const Result& r : rows)
       f << "{\"what\":\"" << r.what << "\",\"B\":" << r.B << ",\"async\":" << r.async << ",\"invariant\":" << r.invariant
-        << ",\"tok_s\":" << r.tok_s << ",\"step_ms\":" << r.step_ms << ",\"busy_ms\":" << r.busy_ms
+        << ",\"drafts\":" << r.drafts << ",\"tokens_per_step\":" << r.tokens_per_step << ",\"tok_s\":" << r.tok_s
+        << ",\"step_ms\":" << r.step_ms << ",\"busy_ms\":" << r.busy_ms
         << ",\"idle_ms\":" << r.idle_ms << ",\"idle_max_ms\":" << r.idle_max_ms << ",\"profiled\":" << r.profiled
         << "}\n";
   }

@@ -23,6 +23,7 @@
 #include <sstream>
 
 #include "cli/command.h"
+#include "cli/lists.h"
 #include "core/env.h"
 #include "core/logging.h"
 #include "deepinfer/llm.h"
@@ -181,14 +182,6 @@ RunResult run(LLM& llm, int64_t B, int64_t P, int64_t warm, int64_t steps, int64
   return r;
 }
 
-std::vector<int64_t> parse_list(const std::string& s) {
-  std::vector<int64_t> v;
-  std::stringstream ss(s);
-  for (std::string x; std::getline(ss, x, ',');)
-    if (!x.empty()) v.push_back(std::stoll(x));
-  return v;
-}
-
 int run_bench_flash(int argc, char** argv) {
   CLI::App app{"Time prefill and decode of the engine on a checkpoint against the bandwidth/compute floors"};
   std::string model, batches_s = "1,8,32", json_path, accelerator;
@@ -206,7 +199,7 @@ int run_bench_flash(int argc, char** argv) {
   bool floors_only = false;
   app.add_flag("--floors-only", floors_only, "print the floors from config.json and exit (no engine)");
   CLI11_PARSE(app, argc, argv);
-  const std::vector<int64_t> batches = parse_list(batches_s);
+  const std::vector<int64_t> batches = cli::parse_int_list(batches_s, "--batches");
   const int64_t maxB = batches.empty() ? 1 : *std::max_element(batches.begin(), batches.end());
   const DeepseekV4Config cfg = DeepseekV4Config::from_file(model);
   const CostModel cm{cfg};

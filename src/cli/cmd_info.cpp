@@ -2,11 +2,14 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <map>
+#include <regex>
 
 #include "cli/command.h"
 #include "core/logging.h"
 #include "io/safetensors.h"
 #include "model/deepseek_v4/weights.h"
+#include "parallel/eplb.h"
+#include "parallel/topology.h"
 
 namespace {
 using namespace deepinfer;
@@ -51,12 +54,52 @@ CacheCost cache_cost(const DeepseekV4Config& c, int64_t num_mtp_blocks) {
   return k;
 }
 
+// Stored bytes of the main layers' routed experts (both layouts: official
+// `layers.L.ffn.experts.E.*`, transformers' stacked `model.layers.L.mlp.experts.*`); MTP blocks'
+// experts are not sharded and count with the rest.
+uint64_t main_routed_bytes(const io::Checkpoint& ck, int64_t num_layers) {
+  static const std::regex routed(R"(^(?:model\.)?layers\.(\d+)\.(?:ffn|mlp)\.experts\.)");
+  uint64_t bytes = 0;
+  std::smatch m;
+  for (const auto& f : ck.files())
+    for (const auto& t : f->tensors())
+      if (std::regex_search(t.name, m, routed) && std::stoll(m[1].str()) < num_layers) bytes += t.end - t.begin;
+  return bytes;
+}
+
+// What each rank of a data/expert-parallel layout holds (docs/PARALLEL.md): every weight but the
+// main routed experts on every rank, and the experts of its slots (ceil((E + redundant) / ep) per
+// layer). With EPLB on the GPU every rank holds every expert (its re-placements only re-route).
+void print_layout(const io::Checkpoint& ck, const DeepseekV4Config& cfg, int dp, int ep_flag, int redundant, bool eplb_gpu) {
+  const parallel::ParallelConfig pc{.data_parallel_size = dp, .expert_parallel_size = ep_flag > 0 ? ep_flag : dp};
+  pc.validate();
+  if (redundant < 0) DI_THROW(InvalidArgument, "--num-redundant-experts=", redundant, ": must be >= 0");
+  const int32_t E = int32_t(cfg.n_routed_experts);
+  const double routed = double(main_routed_bytes(ck, cfg.num_layers)), total = double(ck.total_bytes());
+  const int32_t slots = pc.expert_parallel_size > 1 && !eplb_gpu
+                            ? parallel::ExpertShard{.size = pc.expert_parallel_size, .num_redundant = redundant}.slots_per_rank(E)
+                            : E;
+  const double mine = routed * double(slots) / double(E);
+  std::printf("layout %s: per rank %s = replicated %s + routed experts %s (%d of %d per layer%s)%s\n",
+              pc.describe().c_str(), human_bytes(total - routed + mine).c_str(), human_bytes(total - routed).c_str(),
+              human_bytes(mine).c_str(), slots, E, redundant > 0 ? ", with the redundant slots" : "",
+              eplb_gpu ? "; GPU EPLB: every expert on every rank" : "");
+  std::printf("  as stored in the checkpoint (production numerics keep these formats; bf16/exact widen), plus each "
+              "rank's KV cache budget\n");
+}
+
 int run_info(int argc, char** argv) {
   CLI::App app{"Describe a DeepSeek-V4 checkpoint: config, layer schedule, parameters, bytes, cache cost"};
   std::string dir;
   int64_t context = 0;
   app.add_option("--model", dir, "checkpoint folder (config.json + *.safetensors)")->required();
   app.add_option("--context", context, "also print the cache bytes of one sequence of this many tokens");
+  int dp = 1, ep = 0, redundant = 0;
+  bool eplb_gpu = false;
+  app.add_option("--data-parallel-size", dp, "also print the weight bytes per rank of this many ranks");
+  app.add_option("--expert-parallel-size", ep, "ranks the routed experts are sharded over (0 = all)");
+  app.add_option("--num-redundant-experts", redundant, "spare expert slots (EPLB replicas) over the group");
+  app.add_flag("--eplb-gpu", eplb_gpu, "EPLB on GPU ranks (each holds every expert)");
   app.footer(
       "Schedule letters: S sliding-window only, C compressed sparse attention (CSA, indexer top-k),\n"
       "H heavily compressed attention (HCA); MoE marks: h hash-routed, m bias-routed.\n"
@@ -103,6 +146,7 @@ int run_info(int argc, char** argv) {
               human_bytes(k.csa_partial).c_str());
   if (context > 0)
     std::printf("cache for %ld tokens: %s\n", long(context), human_bytes(fixed + k.per_token * double(context)).c_str());
+  if (dp > 1 || ep > 1) print_layout(*ck, cfg, dp, ep, redundant, eplb_gpu);
   return 0;
 }
 }  // namespace

@@ -2,21 +2,15 @@
 // (docs/ROUTER.md). Runs until SIGINT or SIGTERM. With --port 0 the bound port is printed
 // ("listening on http://HOST:PORT"), as `serve` does.
 #include <CLI/CLI.hpp>
-#include <csignal>
 #include <cstdio>
-#include <sstream>
 
 #include "cli/command.h"
+#include "cli/lists.h"
+#include "cli/service.h"
 #include "router/router.h"
 
 namespace {
-std::vector<std::string> split_urls(const std::string& list) {
-  std::vector<std::string> out;
-  std::stringstream ss(list);
-  for (std::string u; std::getline(ss, u, ',');)
-    if (!u.empty()) out.push_back(u);
-  return out;
-}
+using deepinfer::cli::split_list;
 
 int run_router(int argc, char** argv) {
   CLI::App app{"Route OpenAI-compatible requests over several deepinfer serve replicas", argv[0]};
@@ -40,22 +34,16 @@ int run_router(int argc, char** argv) {
   app.add_option("--upstream-timeout-s", o.timeouts.read_s, "longest silence of a replica during a response")
       ->default_str("600");
   CLI11_PARSE(app, argc, argv);
-  o.backends = split_urls(backends);
-  o.prefill = split_urls(prefill);
-  o.decode = split_urls(decode);
+  o.backends = split_list(backends);
+  o.prefill = split_list(prefill);
+  o.decode = split_list(decode);
   if (o.backends.empty() && o.decode.empty()) {
     std::fprintf(stderr, "deepinfer router: give --backends URL,... (or --prefill URL,... --decode URL,...)\n");
     return 2;
   }
   o.pool.policy = deepinfer::router::parse_policy(policy);
 
-  sigset_t sigs;
-  sigemptyset(&sigs);
-  sigaddset(&sigs, SIGINT);
-  sigaddset(&sigs, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
-  std::signal(SIGPIPE, SIG_IGN);
-
+  const sigset_t sigs = deepinfer::cli::block_stop_signals();
   deepinfer::router::Router router(o);
   router.start();
   if (router.prefill_pool())
@@ -66,9 +54,7 @@ int run_router(int argc, char** argv) {
     std::fprintf(stderr, "deepinfer router: %zu backends (%d up), policy %s, listening on http://%s:%d\n",
                  o.backends.size(), router.pool().num_up(), policy.c_str(), o.http.host.c_str(), router.port());
   std::fflush(stderr);
-  int sig = 0;
-  sigwait(&sigs, &sig);
-  std::fprintf(stderr, "deepinfer router: %s, stopping\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+  deepinfer::cli::wait_for_stop(sigs, "deepinfer router");
   router.stop();
   return 0;
 }

@@ -6,6 +6,8 @@
 #include <cstdio>
 
 #include "cli/command.h"
+#include "cli/lists.h"
+#include "cli/service.h"
 #include "server/server.h"
 
 namespace {
@@ -41,32 +43,20 @@ int run_serve(int argc, char** argv) {
   app.add_option("--kv-peers", kv_peers, "the other side's names, comma-separated");
   app.add_option("--kv-wait-s", o.kv_wait_s, "decode: longest wait for a request's KV transfer")->default_str("10");
   CLI11_PARSE(app, argc, argv);
-  for (size_t p = 0; p < kv_peers.size();) {
-    const size_t e = std::min(kv_peers.find(',', p), kv_peers.size());
-    if (e > p) o.kv.peers.push_back(kv_peers.substr(p, e - p));
-    p = e + 1;
-  }
+  o.kv.peers = deepinfer::cli::split_list(kv_peers);
   o.llm.kv_cache_memory_bytes = size_t(kv_cache_gib * double(size_t(1) << 30));
   o.http.max_body_bytes = size_t(max_body_mib * double(1 << 20));
   if (o.api_key.empty())
     if (const char* k = std::getenv("DEEPINFER_API_KEY")) o.api_key = k;
 
-  // Every thread started below inherits this mask; the main thread takes the signals with sigwait.
-  sigset_t sigs;
-  sigemptyset(&sigs);
-  sigaddset(&sigs, SIGINT);
-  sigaddset(&sigs, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
-  std::signal(SIGPIPE, SIG_IGN);
+  const sigset_t sigs = deepinfer::cli::block_stop_signals();  // before any thread starts
 
   deepinfer::server::Server server(o);
   server.start();
   std::fprintf(stderr, "deepinfer serve: model '%s', listening on http://%s:%d\n", server.model_name().c_str(),
                o.http.host.c_str(), server.port());
   std::fflush(stderr);
-  int sig = 0;
-  sigwait(&sigs, &sig);
-  std::fprintf(stderr, "deepinfer serve: %s, stopping\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+  deepinfer::cli::wait_for_stop(sigs, "deepinfer serve");
   server.stop();
   return 0;
 }

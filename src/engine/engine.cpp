@@ -59,6 +59,10 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<model::CausalLM> mode
   sc.max_num_seqs = std::min(sc.max_num_seqs, g.num_slots);
   sc.replay_keep = model_->replay_keep();
   sc.num_speculative_tokens = speculative_tokens(config_.num_speculative_tokens);
+  if (sc.num_speculative_tokens > 0 && model_->replay_keep() > 0)
+    DI_THROW(InvalidArgument, "DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE=compact with speculative decoding is not built ",
+             "(the drafter reads the target's rows at every prompt position; bounded replay computes the tail's "
+             "only): set DEEPINFER_USE_NEXTN_DECODE=0 or use full prefill");
   sc.varlen_drafts = sc.num_speculative_tokens > 0 && config_.varlen_drafts.value_or(config_.env.enable_mtp_varlen);
   model_->allocate_cache(g);
   if (sc.varlen_drafts) {
@@ -78,13 +82,15 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<model::CausalLM> mode
                                                                  .sampled_drafts = config_.sampled_drafts,
                                                                  .block_tokens = g.block_tokens,
                                                                  .host_blocks = sc.prefix_cache.host_blocks});
-  // Drafts for step N+1 come from step N's verification (which tokens it accepted): with drafting
-  // on, steps run synchronously. Prefix caching runs asynchronously (the runner saves a step's
-  // checkpoints before the next step writes its slots; update() keys those whose block ends in
-  // the token that step sampled).
-  async_ = config_.env.async_scheduling.value_or(true) && sc.num_speculative_tokens == 0;
-  if (config_.env.async_scheduling.value_or(false) && !async_)
-    DI_WARN("DEEPINFER_ASYNC_SCHEDULING=1: speculative decoding is on, its steps run synchronously");
+  // Plain steps: N+1 is planned and launched before N is applied. Drafting steps: N+1's inputs
+  // and drafts come from N's verification (which tokens it accepted) and its drafter pass, so N
+  // is collected and applied first; what overlaps N+1's forward is N's output processing, the
+  // caller's handling of it and N+1's grammar masks (pipelined_). Prefix caching runs
+  // asynchronously (the runner saves a step's checkpoints before the next step writes its
+  // slots; update() keys those whose block ends in the token that step sampled).
+  const bool overlap = config_.env.async_scheduling.value_or(true);
+  async_ = overlap && sc.num_speculative_tokens == 0;
+  pipelined_ = overlap && sc.num_speculative_tokens > 0;
   outputs_ = std::make_unique<OutputProcessor>(codec_.get());
 }
 
@@ -104,9 +110,15 @@ std::string Engine::cache_identity() const {
 
 int32_t Engine::speculative_tokens(int32_t asked) const {
   model::Drafter* d = model_->drafter();
+  const bool from_knob = asked < 0 && config_.env.use_nextn_decode.has_value();
   if (asked < 0) asked = config_.env.use_nextn_decode.value_or(d ? kDefaultNextnDecode : 0);
   if (asked == 0) return 0;
   if (!d) DI_THROW(InvalidArgument, "num_speculative_tokens=", asked, ": ", model_->describe(), " has no drafter");
+  // The knob asks for more drafts than one drafter round makes (DSpark: its block size): refused
+  // with both numbers rather than silently lowered. The default (unset) is capped below.
+  if (from_knob && asked > d->max_draft_tokens())
+    DI_THROW(InvalidArgument, "DEEPINFER_USE_NEXTN_DECODE=", asked, " is above the ", d->max_draft_tokens(),
+             " drafts one round of ", d->describe(), " proposes; set it to at most ", d->max_draft_tokens());
   int64_t n = std::min<int64_t>({asked, d->max_draft_tokens(), model_->max_rollback()});
   if (n < asked)
     DI_WARN("speculative decoding: ", asked, " drafts asked, ", n, " used (", d->describe(), " drafts at most ",
@@ -255,10 +267,13 @@ std::vector<RequestOutput> Engine::step() {
   return out;
 }
 
-std::vector<RequestOutput> Engine::finish(const SchedulerOutput& plan) {
+std::vector<SeqUpdate> Engine::apply(const SchedulerOutput& plan) {
   ModelRunnerOutput result = runner_->collect(plan);
   std::vector<StopEvent> stops = outputs_->scan_stops(result);
-  std::vector<SeqUpdate> updates = scheduler_->update(plan, result, stops);
+  return scheduler_->update(plan, result, stops);
+}
+
+std::vector<RequestOutput> Engine::report(const std::vector<SeqUpdate>& updates) {
   OutputProcessor::Result out = outputs_->process(updates, now_seconds());
   for (const RequestOutput& o : out.outputs)
     if (o.finished) request_seqs_.erase(o.request_id);
@@ -266,19 +281,28 @@ std::vector<RequestOutput> Engine::finish(const SchedulerOutput& plan) {
 }
 
 std::vector<RequestOutput> Engine::run_step() {
+  // Drafting (pipelined): the step in flight is applied before the next is planned (its
+  // acceptance and drafts are the next step's inputs); its outputs wait until that one launched.
+  std::vector<SeqUpdate> applied;
+  if (pipelined_ && inflight_) {
+    applied = apply(*inflight_);
+    inflight_.reset();
+  }
   auto plan = std::make_unique<SchedulerOutput>(scheduler_->schedule());
   if (plan->empty() && !inflight_ && scheduler_->has_unfinished() && scheduler_->num_running() == 0)
     DI_THROW(InternalError, "scheduler made no progress with ", scheduler_->num_waiting(), " waiting sequences");
   runner_->launch(*plan);  // the device starts on it (the CPU runs it)
   std::vector<RequestOutput> out;
-  if (inflight_) {  // the previous step, while this one runs
+  if (pipelined_) {
+    out = report(applied);
+  } else if (inflight_) {  // the previous step, while this one runs
     out = finish(*inflight_);
     inflight_.reset();
   }
   // Its rows are drawn once every earlier step is applied: masks and penalties see those tokens.
   plan->grammar_masks = scheduler_->grammar_masks(*plan);
   runner_->sample(*plan);
-  if (async_ && !plan->empty()) {
+  if ((async_ || pipelined_) && !plan->empty()) {
     inflight_ = std::move(plan);
     return out;
   }

@@ -3,7 +3,7 @@
 // OutputProcessor::scan_stops -> Scheduler::update (the one place request state changes) ->
 // OutputProcessor::process.
 //
-// Asynchronous scheduling (DEEPINFER_ASYNC_SCHEDULING, on by default; off while drafting): a
+// Asynchronous scheduling (DEEPINFER_ASYNC_SCHEDULING, on by default): a
 // step() plans and launches step N+1 before it applies step N, so the host schedules, plans and
 // uploads N+1 while the device still runs N:
 //   schedule(N+1) -> launch(N+1) -> collect(N) -> scan_stops/update/process(N)
@@ -17,6 +17,10 @@
 // sequence's extra row, one step later admissions), so outputs are identical on and off whenever
 // the model's logits do not depend on the batch (DEEPINFER_BATCH_INVARIANT=1). With the CPU
 // backend every call finishes before it returns: the same steps simply run in order.
+// Drafting steps are pipelined instead (N's acceptance and drafts are N+1's inputs):
+//   collect(N) -> scan_stops/update(N) -> schedule(N+1) -> launch(N+1) -> process(N)
+//     -> grammar masks(N+1) -> sample(N+1) -> return N's outputs
+// so the plans are the synchronous ones and outputs are identical on and off for any model.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -104,7 +108,10 @@ class Engine {
   // "abort" for the samples still running), or nothing for an unknown id.
   std::vector<RequestOutput> abort(const std::string& request_id);
   bool has_unfinished() const { return !compiling_.empty() || scheduler_->has_unfinished() || inflight_ != nullptr; }
-  bool async_scheduling() const { return async_; }
+  // Steps overlap the device: plain steps fully (N+1 planned while N runs), drafting steps
+  // pipelined (N applied first, its outputs processed while N+1 runs). DEEPINFER_ASYNC_SCHEDULING=0: neither.
+  bool async_scheduling() const { return async_ || pipelined_; }
+  bool pipelined_drafting() const { return pipelined_; }
   // Requests whose grammar is still compiling (not yet given to the scheduler).
   int64_t num_compiling() const { return int64_t(compiling_.size()); }
 
@@ -131,8 +138,11 @@ class Engine {
   std::vector<int32_t> tokenize(const PromptInput& prompt) const;
   int32_t speculative_tokens(int32_t asked) const;  // what the model's drafter and rollback allow
   std::string cache_identity() const;               // seeds the cache's block hashes
-  // Collects a launched and sampled step and applies it (scan_stops, update, process).
-  std::vector<RequestOutput> finish(const SchedulerOutput& plan);
+  // Collects a launched and sampled step and applies it (scan_stops, update): the updates.
+  std::vector<SeqUpdate> apply(const SchedulerOutput& plan);
+  // The outputs of applied updates (OutputProcessor::process); finished requests are forgotten.
+  std::vector<RequestOutput> report(const std::vector<SeqUpdate>& updates);
+  std::vector<RequestOutput> finish(const SchedulerOutput& plan) { return report(apply(plan)); }
   std::vector<RequestOutput> run_step();            // one scheduled step
   // Gives requests whose grammar compiled to the scheduler; those that failed end with the error.
   std::vector<RequestOutput> admit_compiled();
@@ -155,8 +165,9 @@ class Engine {
   std::unique_ptr<ModelRunner> runner_;
   std::unique_ptr<OutputProcessor> outputs_;
   std::unordered_map<std::string, std::vector<int64_t>> request_seqs_;
-  bool async_ = false;
-  std::unique_ptr<SchedulerOutput> inflight_;  // launched and sampled, not yet applied (async)
+  bool async_ = false;      // plain steps: N+1 launched before N is collected
+  bool pipelined_ = false;  // drafting steps: N applied before N+1 is planned, reported after it launched
+  std::unique_ptr<SchedulerOutput> inflight_;  // launched and sampled, not yet applied (async / pipelined)
   std::vector<Compiling> compiling_;  // in add_request order
   int64_t next_seq_id_ = 0, next_arrival_ = 0;
 };

@@ -1,6 +1,7 @@
 #include "engine/model_runner.h"
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 
 #include "core/check.h"
@@ -305,7 +306,7 @@ void ModelRunner::propose_drafts(const std::vector<SeqSlice>& slices, const mode
   db.target_hidden = hidden;
   std::vector<RequestDraftPicker::Target> targets;
   for (const SeqSlice& slice : slices) {
-    SeqState& s = seqs_.at(slice.sched->seq_id);  // drafting steps are synchronous: nothing was dropped
+    SeqState& s = seqs_.at(slice.sched->seq_id);  // drafting: collected before the next launch, nothing dropped
     model::DraftSeq d;
     d.cache_slot = s.slot;
     d.block_table = s.block_table;
@@ -355,7 +356,13 @@ void ModelRunner::propose_drafts(const std::vector<SeqSlice>& slices, const mode
       s.pending_drafts = t;
       s.pending_q.assign(t.size(), {});
     }
-    if (!t.empty()) result.drafts.push_back({slices[i].sched->seq_id, t, proposals[i].logprobs});
+    if (t.empty()) continue;
+    // What varlen reads as each draft's acceptance estimate (log): the drafter's confidence when it
+    // has one (V4.1 DSpark: sigma(c_i)), else its raw probability of the draft (V4 MTP).
+    std::vector<float> estimate = proposals[i].logprobs;
+    if (proposals[i].confidence.size() == t.size())
+      for (size_t j = 0; j < t.size(); ++j) estimate[j] = std::log(std::max(proposals[i].confidence[j], 1e-30f));
+    result.drafts.push_back({slices[i].sched->seq_id, t, std::move(estimate)});
   }
 }
 
@@ -390,7 +397,7 @@ void ModelRunner::launch(const SchedulerOutput& out) {
            " launched with ", steps_.size(), " steps not collected (the last one sampled: ",
            !steps_.empty() && steps_.back().sampled, ")");
   DI_CHECK(!drafter_ || steps_.empty(), "model runner: step ", out.step_id,
-           " launched while a drafting step is in flight (drafting steps run synchronously)");
+           " launched while a drafting step is in flight (a drafting step is collected before the next is launched)");
   if (!steps_.empty() && !steps_.back().checkpoints_saved) {
     // The step in flight's slot checkpoints, before this step changes or writes any slot.
     Step& prev = steps_.back();

@@ -131,7 +131,8 @@ bool Scheduler::schedule_running(SchedulerOutput& out, int64_t& budget) {
     DI_CHECK(remaining > 0, "running seq ", r->seq_id, " has nothing to compute");
     int64_t n = chunk_tokens(*r, std::min(remaining, budget), done);
     if (!config_.enable_chunked_prefill && n < remaining) { ++i; continue; }
-    // Drafts come from the drafter after update(): only with nothing in flight (synchronous steps).
+    // Drafts come from the drafter after update(): only with nothing in flight (drafting steps are
+    // applied before the next is planned).
     const auto cap = caps.find(r->seq_id);
     std::vector<int32_t> drafts = n == remaining && r->inflight_samples == 0
                                       ? plan_drafts(*r, budget - n, cap == caps.end() ? -1 : cap->second)

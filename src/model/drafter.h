@@ -1,5 +1,5 @@
 // A model's own drafter for speculative decoding: DeepSeek-V4's MTP block (applied recursively)
-// and, later, DeepSeek-V4.1's DSpark block drafter. The engine drives it after each target step:
+// and DeepSeek-V4.1's DSpark block drafter (model/deepseek_v41/dspark.h). The engine drives it after each target step:
 // the drafter first consumes the positions the target just committed (their final hidden rows and
 // the token that follows each), which keeps its own per-slot state (the MTP window ring) in step
 // with the target, then proposes up to `num_drafts` tokens after the last of them.
@@ -47,7 +47,8 @@ class DraftPicker {
 
 struct DraftBatch {
   std::vector<DraftSeq> seqs;
-  // Target final streams of the step, [rows, n, D], holding every fed position at its
+  // The target step's hidden rows (V4: final streams [rows, n, D]; V4.1 DSpark: taps
+  // [rows, taps*D], Dims::hidden_elems), holding every fed position at its
   // sequence's first_hidden_row (host tensor for host backends; device pointer for device ones).
   HiddenRows target_hidden;
   DraftPicker* picker = nullptr;  // null: greedy drafts
@@ -58,6 +59,9 @@ struct DraftProposal {
   // [tokens.size()] log-probability of each draft under the drafter's raw softmax (temperature
   // 1, no processing): its confidence, which variable-length verification reads.
   std::vector<float> logprobs;
+  // [tokens.size()] or empty: the drafter's own estimate that each draft is accepted given the
+  // earlier ones were (V4.1 DSpark: sigma(c_i) of its confidence head). V4's MTP has none.
+  std::vector<float> confidence;
 };
 
 class Drafter {

@@ -10,6 +10,7 @@
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/transport/tcp/device.h>
 
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 
@@ -110,8 +111,12 @@ class GlooGroup final : public ProcessGroup {
     DI_CHECK(a == size_t(o_.size) && b == size_t(o_.size), what, ": per-rank sizes for ", a, "/", b,
              " ranks in a group of ", o_.size);
   }
-  // gloo wants non-null pointers even for zero bytes.
-  void* nonnull(const void* p) { return p ? const_cast<void*>(p) : static_cast<void*>(&dummy_); }
+  // gloo wants non-null pointers even for zero bytes. Bytes, not void*: gloo's setInput<T> and
+  // setOutput<T> take sizeof(T) as the element size, which for void is a GCC extension (1) that
+  // clang refuses (it could not build this file, so no clang/TSan build of the engine linked).
+  uint8_t* nonnull(const void* p) {
+    return static_cast<uint8_t*>(p ? const_cast<void*>(p) : static_cast<void*>(&dummy_));
+  }
   uint32_t next_tag() { return tag_++ & 0x7fffffff; }
   template <typename F>
   void guarded(const char* what, F&& f) {

@@ -4,7 +4,12 @@
 #   tests/fuzz/run.sh                 bounded run: SECONDS_PER_TARGET (default 10) each (CI)
 #   RUNS=1000000 tests/fuzz/run.sh    long run: that many executions per target, under nice -n 10;
 #                                     logs and final stats in $FUZZ_DIR/long/<target>.log
-#   TARGETS="config_v4 so_args" ...   a subset; MAX_LEN (default 8192) caps generated inputs
+#   TARGETS="config_v4 so_args" ...   a subset (all of them are still built: FUZZ_BUILD below);
+#                                     MAX_LEN (default 8192) caps generated inputs
+# One `cmake --build` builds every fuzz target, the link guard of every fz_ library and (with
+# FUZZ_UNIT_TESTS=ON, the default) the san_ unit tests tools/sanitizers.sh ci runs, so a target
+# that no longer links fails here even when it is not among TARGETS. FUZZ_BUILD=selected builds
+# only the TARGETS' binaries (quicker, skips that check).
 # Exit status is non-zero when any target crashes, leaks, hangs past -timeout or fails a
 # FUZZ_ASSERT; the input is saved under $FUZZ_DIR/artifacts/<target>/ (copy it to
 # tests/fuzz/regressions/<target>/ and add a unit test for the fix).
@@ -14,8 +19,6 @@ ROOT=$(pwd)
 FUZZ_DIR=${FUZZ_DIR:-$ROOT/build-fuzz}
 SECONDS_PER_TARGET=${SECONDS_PER_TARGET:-10}
 RUNS=${RUNS:-}
-ALL_TARGETS="safetensors_header safetensors_index config_v4 config_v41 tokenizer_files tokenizer_text chat_template so_args server_request"
-TARGETS=${TARGETS:-$ALL_TARGETS}
 JOBS=${JOBS:-2}
 export DEEPINFER_SHARED_DIR=${DEEPINFER_SHARED_DIR:-$ROOT/../shared}
 
@@ -27,11 +30,25 @@ if [ -z "$CXX" ] || ! echo 'extern "C" int LLVMFuzzerTestOneInput(const char*, u
   exit 1
 fi
 mkdir -p "$FUZZ_DIR"
-cmake -S tests/fuzz -B "$FUZZ_DIR" -DCMAKE_CXX_COMPILER="$CXX" -DCMAKE_C_COMPILER="$CC" >"$FUZZ_DIR/configure.log" 2>&1 ||
+cmake -S tests/fuzz -B "$FUZZ_DIR" -DCMAKE_CXX_COMPILER="$CXX" -DCMAKE_C_COMPILER="$CC" \
+  -DDI_UNIT_TESTS="${FUZZ_UNIT_TESTS:-ON}" >"$FUZZ_DIR/configure.log" 2>&1 ||
   { cat "$FUZZ_DIR/configure.log"; exit 1; }
-build_targets=""
-for t in $TARGETS; do build_targets="$build_targets fuzz_$t"; done
-nice -n 10 cmake --build "$FUZZ_DIR" -j "$JOBS" --target $build_targets
+# The targets tests/fuzz/CMakeLists.txt defines (it writes the list at configure time).
+ALL_TARGETS=$(tr '\n' ' ' <"$FUZZ_DIR/fuzz_targets.txt")
+TARGETS=${TARGETS:-$ALL_TARGETS}
+for t in $TARGETS; do
+  case " $ALL_TARGETS " in *" $t "*) ;; *) echo "fuzz: no target '$t' (targets: $ALL_TARGETS)" >&2; exit 2 ;; esac
+done
+if [ "${FUZZ_BUILD:-all}" = selected ]; then
+  build_targets=()
+  for t in $TARGETS; do build_targets+=("fuzz_$t"); done
+  nice -n 10 cmake --build "$FUZZ_DIR" -j "$JOBS" --target "${build_targets[@]}"
+elif ! nice -n 10 cmake --build "$FUZZ_DIR" -j "$JOBS" >"$FUZZ_DIR/build.log" 2>&1; then
+  # Name what did not build (a fuzz target, a link_check_fz_* library guard or a san_ test).
+  grep -E "error|undefined reference|Error [0-9]" "$FUZZ_DIR/build.log" | head -40
+  echo "fuzz: the build of tests/fuzz failed (full log: $FUZZ_DIR/build.log)" >&2
+  exit 1
+fi
 python3 tests/fuzz/make_seeds.py "$FUZZ_DIR/seeds" >/dev/null
 
 # UBSan reports are errors; libFuzzer's own limits keep each input bounded.

@@ -3,6 +3,7 @@
 ranks. Greedy and seeded outputs equal the one-rank LLM's; a bad layout is a ValueError naming the
 field; the CLI's --data-parallel-size gives the same text."""
 import glob
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -66,3 +67,48 @@ def test_cli_data_parallel(reference):
     assert par.returncode == 0, par.stderr
     assert reference[0][0][0] in one.stdout
     assert reference[0][0][0] in par.stdout
+
+
+def _safetensors_sizes(folder):
+    import struct
+    sizes = {}
+    for f in glob.glob(os.path.join(folder, "*.safetensors")):
+        with open(f, "rb") as fh:
+            n = struct.unpack("<Q", fh.read(8))[0]
+            header = json.loads(fh.read(n))
+        for name, t in header.items():
+            if name != "__metadata__":
+                sizes[name] = t["data_offsets"][1] - t["data_offsets"][0]
+    return sizes
+
+
+@pytest.mark.parametrize("layout", ["official", "hf"])
+def test_info_memory_per_rank(layout):
+    """`deepinfer info --data-parallel-size`: every weight but the main layers' routed experts on every
+    rank, plus ceil((E + redundant) / ep) experts per layer; a bad layout is named."""
+    import re
+    cli = _cli()
+    if not cli:
+        pytest.skip("deepinfer CLI not built (set DEEPINFER_CLI)")
+    model = ROOT / "tests" / "data" / "golden" / ("tiny_official" if layout == "official" else "tiny")
+    sizes = _safetensors_sizes(model)
+    routed = sum(v for k, v in sizes.items() if re.match(r"^(model\.)?layers\.\d+\.(ffn|mlp)\.experts\.", k))
+    assert 0 < routed < sum(sizes.values())
+    experts = json.loads((model / "config.json").read_text())["n_routed_experts"]
+    out = subprocess.run([cli, "info", "--model", str(model), "--data-parallel-size", "4", "--num-redundant-experts", "2"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    m = re.search(r"per rank ([\d.]+) (KiB|MiB) = replicated ([\d.]+) (KiB|MiB) \+ routed experts ([\d.]+) (KiB|MiB) "
+                  r"\((\d+) of (\d+) per layer", out.stdout)
+    assert m, out.stdout
+    unit = {"KiB": 1024, "MiB": 1024 ** 2}
+    slots = -(-(experts + 2) // 4)
+    assert (int(m.group(7)), int(m.group(8))) == (slots, experts)
+    expect = {"total": sum(sizes.values()) - routed + routed * slots / experts, "replicated": sum(sizes.values()) - routed,
+              "routed": routed * slots / experts}
+    for key, value, u in [("total", m.group(1), m.group(2)), ("replicated", m.group(3), m.group(4)),
+                          ("routed", m.group(5), m.group(6))]:
+        assert abs(float(value) * unit[u] - expect[key]) <= 0.01 * unit[u], (key, out.stdout)
+    bad = subprocess.run([cli, "info", "--model", str(model), "--data-parallel-size", "3", "--expert-parallel-size", "2"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "expert_parallel_size=2 must divide" in bad.stderr, bad.stderr

@@ -6,10 +6,7 @@ import http.client
 import importlib.util
 import json
 import os
-import re
 import signal
-import subprocess
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -34,23 +31,8 @@ ENV = dict(os.environ, DEEPINFER_USE_NEXTN_DECODE="0", OMP_NUM_THREADS="1")
 
 
 def start(args, kind="serve"):
-    exe = serve.find_executable()
-    proc = subprocess.Popen([exe, kind, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV)
-    log, port, ready = [], [], threading.Event()
-
-    def pump():
-        for line in proc.stderr:
-            log.append(line)
-            m = re.search(r"listening on http://[^:]+:(\d+)", line)
-            if m and not port:
-                port.append(int(m.group(1)))
-                ready.set()
-        ready.set()
-
-    threading.Thread(target=pump, daemon=True).start()
-    assert ready.wait(120), "".join(log)
-    assert port, f"{kind} exited with {proc.poll()}:\n" + "".join(log)
-    return proc, port[0], log
+    srv = serve.start_command(kind, args, env=ENV)
+    return srv.proc, srv.port, srv.log
 
 
 def get(port, path):

@@ -14,6 +14,7 @@
 #include "core/logging.h"
 #include "engine/dp/codec.h"
 #include "engine/engine_factory.h"
+#include "model/registry.h"
 #include "parallel/gloo_group.h"
 
 namespace deepinfer::engine::dp {
@@ -79,11 +80,15 @@ void wait_workers_ready(const std::string& dir, parallel::WorkerProcesses& worke
   }
 }
 
-// What rank `rank` prepares: its expert shard when experts are sharded and never move (no EPLB),
-// else every expert (the CPU backend re-routes on an EPLB re-placement; weights stay).
+// What rank `rank` prepares: its expert shard whenever experts are sharded, except with EPLB on a
+// backend that cannot move expert weights between ranks (the CUDA backend, host-staged: it holds
+// every expert then and a re-placement only re-routes). On the CPU, EPLB moves the gained experts.
 std::optional<parallel::ExpertShard> expert_shard_for(const LLMConfig& config, const EnvConfig& env, int rank) {
   const parallel::ParallelConfig pc = parallel_config(config, env);
-  if (pc.expert_parallel_size <= 1 || config.enable_eplb) return std::nullopt;
+  if (pc.expert_parallel_size <= 1) return std::nullopt;
+  const bool on_cpu = env.accelerator == Accelerator::kCPU ||
+                      (env.accelerator == Accelerator::kAuto && model::accelerator_count() == 0);
+  if (config.enable_eplb && !on_cpu) return std::nullopt;
   const parallel::RankPlace place = parallel::place_rank(pc, rank);
   return parallel::ExpertShard{.rank = place.ep_rank, .size = pc.expert_parallel_size,
                                .num_redundant = config.num_redundant_experts};

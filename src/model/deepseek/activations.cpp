@@ -60,8 +60,9 @@ BufferSize buffer_size(Buf b, const Dims& g, const StepSizes& s, size_t A) {
     case Buf::kHu: return {s.R * D, 4};
     case Buf::kHh: return {s.R * D, A};
     case Buf::kLogits: return {s.R * g.vocab, 4};
-    case Buf::kHidden: return {s.Rh * n * D, 4};
+    case Buf::kHidden: return {s.Rh * g.hidden_elems(), 4};
     case Buf::kHs: return {T * n * D, A};
+    case Buf::kTaps: return {g.taps > 0 ? T * g.taps * D : 1, 4};
     case Buf::kCount: break;
   }
   DI_CHECK(false, "buffer_size of an unknown buffer ", int(b));

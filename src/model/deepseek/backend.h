@@ -24,6 +24,7 @@
 
 namespace deepinfer::model::ds {
 class ExpertParallel;  // expert_parallel.h
+class ExpertWeightStore;  // expert_weights.h
 
 
 // Named activation buffers of one step (sizes: activations.h). "act" buffers are in the backend's
@@ -60,6 +61,7 @@ enum class Buf : uint8_t {
   kLogits,            // f32 [R, V]
   kHidden,            // f32 [Rh, n, D] hidden rows returned
   kHs,                // act [T, n, D] MTP: normed target streams
+  kTaps,              // f32 [T, taps·D] DSpark taps (V4.1): stream means at the tap layers' inputs
   kCount
 };
 
@@ -237,6 +239,10 @@ class Backend {
   // Single-pass mHC (V4.1): u [T, D] = Σ_k pre_k X_k with the pre weights of the site whose mixes
   // are in `prev_mix` (an hc_site with u null), or u = X stream 0 when prev_mix is null.
   virtual void hc_collapse(const float* x, const float* prev_mix, float* u, int64_t tokens) = 0;
+  // out[t * out_stride + c] = mean over the n streams of x[t, :, c] (DSpark taps, V4.1).
+  virtual void stream_mean(const float* x, float* out, int64_t out_stride, int64_t tokens) {
+    DI_THROW(InvalidArgument, "this backend does not compute DSpark taps yet");
+  }
   // x[t, j, :] += v[t, :] for every stream j (the MTP block's embedding term).
   virtual void add_streams(float* x, const float* v, int64_t tokens, int64_t streams, int64_t dim) = 0;
   // V4.1 Engram: the step's table rows of main layer `layer`, [T, columns·head_dim] in act(), as
@@ -277,6 +283,9 @@ class ModelBackend : public Backend {
   virtual void set_expert_parallel(std::shared_ptr<ExpertParallel> ep) {
     DI_THROW(InvalidArgument, describe(), ": expert parallelism is not implemented on this backend yet");
   }
+  // The routed-expert weights as a store EPLB can move between ranks (expert_weights.h); null on a
+  // backend that cannot move them (a sharded model then refuses EPLB).
+  virtual ExpertWeightStore* expert_weight_store() { return nullptr; }
   virtual void synchronize() {}                              // waits for the step stream (timing)
   // V4.1 Engram rows of the next step, per main layer ([T, columns·head_dim] f32 host rows; empty
   // for layers without Engram), gathered by the model once the step's tokens are known.

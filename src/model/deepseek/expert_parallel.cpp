@@ -63,9 +63,73 @@ void ExpertParallel::rebalance() {
     parallel::Rebalance r = parallel::plan_rebalance(layers_[size_t(l)], load, eplb_.min_gain);
     if (!r.worth_it) continue;
     moved += r.slots_changed;
+    if (store_) move_weights(l, layers_[size_t(l)], r.placement);
     layers_[size_t(l)] = std::move(r.placement);
   }
   if (moved > 0) ++rebalances_, slots_moved_ += moved;
+}
+
+void ExpertParallel::set_weight_store(ExpertWeightStore* store) {
+  if (store)
+    for (size_t l = 0; l < layers_.size(); ++l)
+      for (int32_t e : layers_[l].local_logical(rank()))
+        if (!store->holds_expert(int64_t(l), e))
+          DI_THROW(InvalidArgument, "expert parallelism: rank ", rank(), " serves expert ", e, " of layer ", l,
+                   " but does not hold its weights");
+  store_ = store;
+}
+
+namespace {
+// [rank][logical]: whether the rank's slots hold the expert.
+std::vector<std::vector<bool>> holders(const parallel::ExpertPlacement& p) {
+  std::vector<std::vector<bool>> h(static_cast<size_t>(p.num_ranks), std::vector<bool>(static_cast<size_t>(p.num_logical), false));
+  for (int32_t q = 0; q < p.num_ranks; ++q)
+    for (int32_t e : p.local_logical(q)) h[size_t(q)][size_t(e)] = true;
+  return h;
+}
+}  // namespace
+
+// Every rank derives the same transfer list from the two placements (no counts exchanged): rank r
+// gains e when e is in its new slots and not its old ones; the lowest old holder sends it. Sends
+// to each rank go in ascending expert order, so the receiver knows where each one starts.
+void ExpertParallel::move_weights(int64_t layer, const parallel::ExpertPlacement& before,
+                                  const parallel::ExpertPlacement& after) {
+  const int n = size(), me = rank();
+  const int32_t E = before.num_logical;
+  const std::vector<std::vector<bool>> had = holders(before), will = holders(after);
+  auto source = [&](int32_t e) -> int {
+    for (int q = 0; q < n; ++q)
+      if (had[size_t(q)][size_t(e)]) return q;
+    DI_THROW(InternalError, "EPLB: layer ", layer, " expert ", e, " had no replica");
+  };
+  const int64_t B = store_->expert_bytes(layer);
+  std::vector<int64_t> send_bytes(static_cast<size_t>(n), 0), recv_bytes(static_cast<size_t>(n), 0);
+  std::vector<std::vector<int32_t>> to(static_cast<size_t>(n)), from(static_cast<size_t>(n));
+  for (int q = 0; q < n; ++q)
+    for (int32_t e = 0; e < E; ++e) {
+      if (!will[size_t(q)][size_t(e)] || had[size_t(q)][size_t(e)]) continue;
+      const int src = source(e);
+      if (src == me) to[size_t(q)].push_back(e), send_bytes[size_t(q)] += B;
+      if (q == me) from[size_t(src)].push_back(e), recv_bytes[size_t(src)] += B;
+    }
+  int64_t total_send = 0, total_recv = 0;
+  for (int q = 0; q < n; ++q) total_send += send_bytes[size_t(q)], total_recv += recv_bytes[size_t(q)];
+  std::vector<std::byte> send(static_cast<size_t>(total_send)), recv(static_cast<size_t>(total_recv));
+  int64_t at = 0;
+  for (int q = 0; q < n; ++q)
+    for (int32_t e : to[size_t(q)]) {
+      store_->pack_expert(layer, e, std::span<std::byte>(send.data() + at, size_t(B)));
+      at += B;
+    }
+  group_.all_to_all_v(send.data(), send_bytes, recv.data(), recv_bytes);
+  at = 0;
+  for (int q = 0; q < n; ++q)
+    for (int32_t e : from[size_t(q)]) {
+      store_->adopt_expert(layer, e, std::span<const std::byte>(recv.data() + at, size_t(B)));
+      at += B, ++experts_received_, bytes_received_ += B;
+    }
+  for (int32_t e = 0; e < E; ++e)
+    if (had[size_t(me)][size_t(e)] && !will[size_t(me)][size_t(e)]) store_->release_expert(layer, e), ++experts_released_;
 }
 
 void ExpertParallel::dispatch(int64_t layer, const float* h, int64_t T, int64_t D, const int32_t* ids, int64_t K,

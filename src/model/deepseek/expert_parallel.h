@@ -16,6 +16,7 @@
 #include <span>
 #include <vector>
 
+#include "model/deepseek/expert_weights.h"
 #include "parallel/eplb.h"
 #include "parallel/process_group.h"
 
@@ -25,7 +26,9 @@ namespace deepinfer::model::ds {
 // per-expert token counts of the last `window_steps` forward steps; every `step_interval` steps
 // the ranks sum them (one all-reduce) and re-place each layer whose balance ratio improves by more
 // than `min_gain` (parallel::plan_rebalance). Identical inputs give every rank the same placement.
-// On the CPU backend every rank holds every expert's weights, so a re-placement only re-routes.
+// A rank holding every expert only re-routes at a re-placement; a rank holding only its slots'
+// experts (a sharded model: set_weight_store) also receives the experts it gains from a rank that
+// held them and frees the ones it no longer serves (expert_weights.h).
 struct EplbOptions {
   bool enabled = false;
   int32_t window_steps = 1000;
@@ -66,8 +69,19 @@ class ExpertParallel {
   int64_t num_rebalances() const { return rebalances_; }        // rounds that moved something
   int64_t num_slots_moved() const { return slots_moved_; }      // physical slots re-assigned, all layers
 
+  // A sharded rank's weights (the backend's): from now on a re-placement moves expert weights
+  // (rebalance). The store must hold every expert of this rank's slots in every layer now
+  // (InvalidArgument naming the first missing one). Every rank of the group sets one or none.
+  void set_weight_store(ExpertWeightStore* store);
+  int64_t num_experts_received() const { return experts_received_; }  // this rank, all rounds
+  int64_t num_experts_released() const { return experts_released_; }
+  int64_t bytes_received() const { return bytes_received_; }
+
  private:
   void rebalance();
+  // Copies the experts each rank gains in `layer` from `before` to `after` (from the lowest rank
+  // that held each), then frees what this rank no longer serves. A collective.
+  void move_weights(int64_t layer, const parallel::ExpertPlacement& before, const parallel::ExpertPlacement& after);
 
   parallel::ProcessGroup& group_;
   std::vector<parallel::ExpertPlacement> layers_;
@@ -76,6 +90,8 @@ class ExpertParallel {
   std::unique_ptr<parallel::ExpertLoadWindow> window_;
   std::vector<std::vector<int64_t>> since_window_;  // this rank's counts since the last window step
   int64_t steps_ = 0, rebalances_ = 0, slots_moved_ = 0;
+  ExpertWeightStore* store_ = nullptr;  // the backend's (outlives this object's use of it)
+  int64_t experts_received_ = 0, experts_released_ = 0, bytes_received_ = 0;
   // The step in flight.
   int64_t D_ = 0, pairs_ = 0, row_ = 0;  // row_: floats per sent row ([slot][weight?][D values])
   std::vector<int64_t> send_order_;   // [pairs] pair index of each sent row, in send order

@@ -271,6 +271,7 @@ void decoder_layer(Backend& be, const Dims& g, const ModelPlan& plan, const Laye
   const HcWiring w = plan.hc;
   const Buf ffn_mix = w == HcWiring::kPerSite ? Buf::kMix : Buf::kMix2;
   if (p.engram) engram_block(be, g, p, L.engram, X);
+  if (p.tap >= 0) be.stream_mean(X, be.at<float>(Buf::kTaps) + p.tap * g.hidden, g.taps * g.hidden, be.plan().T);
   hc_site(be, g, w, L.hc_attn, X, L.attn_norm, Buf::kMix, prev_mix);
   attention_block(be, g, plan, p, L.attn);
   hc_merge(be, X, X2, Buf::kMix);
@@ -300,10 +301,11 @@ void head(Backend& be, const Dims& g, HcWiring wiring, const HcRef& hc, const Ve
   be.linear(head_w, be.buf(Buf::kHh), D, rows, be.buf(Buf::kLogits), DType::kF32, g.vocab);
 }
 
+// The hidden rows a drafter reads: the final streams (V4 MTP) or the DSpark taps (V4.1).
 void gather_hidden(Backend& be, const Dims& g, int64_t rows) {
   if (rows == 0) return;
-  const int64_t e = g.streams * g.hidden;
-  be.gather({.src_a = be.buf(Buf::kX), .a_stride = e, .src_dtype = DType::kF32, .src_index = be.index().hidden_rows,
+  const int64_t e = g.hidden_elems();
+  be.gather({.src_a = be.buf(g.taps > 0 ? Buf::kTaps : Buf::kX), .a_stride = e, .src_dtype = DType::kF32, .src_index = be.index().hidden_rows,
              .dst = be.buf(Buf::kHidden), .dst_stride = e, .dst_dtype = DType::kF32, .rows = rows, .width = e});
 }
 }  // namespace

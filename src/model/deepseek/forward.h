@@ -43,7 +43,11 @@ struct Dims {
   // (V4.1's reference, and the CUDA backend's kernels for both families); false = w2's output in
   // the combine (V4 on the CPU backend, kept bit for bit).
   bool route_before_w2 = false;
+  // DSpark tap layers (V4.1, MODEL-DEEPSEEK-V41.md §7): > 0 makes the hidden rows a step returns
+  // the stream means at those layers' inputs, [taps·D] per row, instead of the final streams.
+  int64_t taps = 0;
   int64_t mix_dim() const { return (2 + streams) * streams; }
+  int64_t hidden_elems() const { return taps > 0 ? taps * hidden : streams * hidden; }
 };
 
 // A model as the forward sees it: dimensions and the layer plans.

@@ -272,14 +272,17 @@ void DeepseekModel::enable_expert_parallel(parallel::ProcessGroup& group, const 
       DI_THROW(InvalidArgument, "expert parallelism: this model holds the experts of rank ", shard_->rank, " of ",
                shard_->size, " (", shard_->num_redundant, " redundant), but joins rank ", start.rank, " of ", start.size,
                " (", start.num_redundant, " redundant)");
-    if (options.enable_eplb)
-      DI_THROW(InvalidArgument, "expert parallelism: EPLB re-places experts, but this model holds only its shard "
-                                "(moving weights between ranks is not built); load every expert to use EPLB");
+    if (options.enable_eplb && be_->expert_weight_store() == nullptr)
+      DI_THROW(InvalidArgument, "expert parallelism: EPLB re-places experts, but this model holds only its shard and ",
+               be_->describe(), " cannot move expert weights between ranks; load every expert to use EPLB");
   }
   std::vector<parallel::ExpertPlacement> layers(size_t(arch_.plan.num_layers()), start.placement(E));
   const EplbOptions eplb{.enabled = options.enable_eplb, .window_steps = options.eplb_window_size,
                          .step_interval = options.eplb_step_interval};
-  be_->set_expert_parallel(std::make_shared<ExpertParallel>(group, std::move(layers), eplb));
+  auto ep = std::make_shared<ExpertParallel>(group, std::move(layers), eplb);
+  // A sharded model's re-placements move weights (the gained experts from their old holders).
+  if (shard_ && options.enable_eplb) ep->set_weight_store(be_->expert_weight_store());
+  be_->set_expert_parallel(std::move(ep));
 }
 
 }  // namespace deepinfer::model::ds

@@ -83,7 +83,8 @@ class DeepseekModel : public CausalLM {
   const Arch& arch() const { return arch_; }
   ModelBackend& backend() { return *be_; }
   // The routed experts the loader prepared (ModelLoadOptions::expert_shard; empty = all):
-  // enable_expert_parallel then needs the shard's placement and no EPLB (weights do not move).
+  // enable_expert_parallel then needs the shard's placement, and EPLB a backend that moves expert
+  // weights (ModelBackend::expert_weight_store).
   void set_expert_shard(std::optional<parallel::ExpertShard> shard) { shard_ = shard; }
   const std::optional<parallel::ExpertShard>& expert_shard() const { return shard_; }
   const std::vector<kv::LayerCacheSpec>& cache_specs() const { return specs_; }

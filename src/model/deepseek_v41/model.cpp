@@ -23,9 +23,10 @@ ds::ModelInfo v41_model_info(const DeepseekV41Config& c) {
 
 DeepseekV41Model::DeepseekV41Model(ds::ModelInfo info, ds::Arch arch, std::vector<kv::LayerCacheSpec> specs,
                                    std::unique_ptr<ds::ModelBackend> be, std::shared_ptr<void> keepalive,
-                                   DeepseekV41Config cfg, std::optional<EngramHasher> hasher)
+                                   DeepseekV41Config cfg, std::optional<EngramHasher> hasher,
+                                   std::unique_ptr<DSparkDrafter> dspark)
     : DeepseekModel(std::move(info), std::move(arch), std::move(specs), std::move(be), std::move(keepalive)),
-      cfg_(std::move(cfg)), hasher_(std::move(hasher)) {
+      cfg_(std::move(cfg)), hasher_(std::move(hasher)), dspark_(std::move(dspark)) {
   if (!hasher_) return;
   engram_ = std::make_unique<EngramSlots>(*hasher_, max_rollback());
   const ds::ModelRef& w = backend().weights();
@@ -43,15 +44,20 @@ std::unique_ptr<DeepseekV41Model> DeepseekV41Model::load(const std::string& dir,
   V41Weights w = V41Weights::load(dir, cfg, o.progress);
   std::optional<EngramHasher> hasher;
   if (!cfg.engram.layer_ids.empty()) hasher.emplace(EngramHasher::load(cfg, dir));
-  ds::Arch arch = v41_arch(cfg, {.max_rollback = o.max_rollback, .qat = o.qat, .replay_keep = o.replay_keep});
+  const bool dspark = w.num_dspark > 0;
+  ds::Arch arch = v41_arch(cfg, {.max_rollback = o.max_rollback, .qat = o.qat, .replay_keep = o.replay_keep,
+                                 .dspark = dspark});
   std::vector<kv::LayerCacheSpec> specs =
       model::cache_specs(arch.plan, {.head_dim = cfg.head_dim, .index_head_dim = cfg.index_head_dim});
   auto store = v41_prepare_cpu(cfg, arch.plan, w, o.expert_shard);
+  std::unique_ptr<DSparkDrafter> drafter;
+  if (dspark) drafter = std::make_unique<DSparkDrafter>(cfg, w, DSparkOptions{.max_rollback = o.max_rollback, .qat = o.qat});
   auto be = std::make_unique<ds::CpuBackend>(arch, specs, std::move(store),
                                              ds::CpuBackendOptions{.batch_invariant = o.batch_invariant});
   ds::ModelInfo info = v41_model_info(cfg);
   std::unique_ptr<DeepseekV41Model> m(new DeepseekV41Model(std::move(info), std::move(arch), std::move(specs),
-                                                           std::move(be), w.keepalive, std::move(cfg), std::move(hasher)));
+                                                           std::move(be), w.keepalive, std::move(cfg), std::move(hasher),
+                                                           std::move(drafter)));
   m->set_expert_shard(o.expert_shard);
   return m;
 }
@@ -67,18 +73,28 @@ void DeepseekV41Model::before_step(const ForwardBatch& batch) {
 void DeepseekV41Model::reset_slot(int32_t slot) {
   DeepseekModel::reset_slot(slot);
   if (engram_) engram_->reset(slot);
+  if (dspark_) dspark_->reset_slot(slot);
 }
 
+void DeepseekV41Model::rollback(int32_t slot, int64_t num_tokens, int64_t keep) {
+  DeepseekModel::rollback(slot, num_tokens, keep);
+  if (dspark_) dspark_->rollback(slot, keep);
+}
+
+// Snapshot bytes: the shared state, then the Engram tail, then the DSpark rings (taken back in
+// the reverse order).
 SlotSnapshot DeepseekV41Model::save_slot(int32_t slot, int64_t n) {
   SlotSnapshot s = DeepseekModel::save_slot(slot, n);
   if (engram_) engram_->append_snapshot(slot, n, s.bytes);
+  if (dspark_) dspark_->append_snapshot(slot, n, s.bytes);
   return s;
 }
 
 void DeepseekV41Model::restore_slot(int32_t slot, const SlotSnapshot& snapshot) {
-  if (!engram_) return DeepseekModel::restore_slot(slot, snapshot);
+  if (!engram_ && !dspark_) return DeepseekModel::restore_slot(slot, snapshot);
   SlotSnapshot s = snapshot;
-  engram_->take_snapshot(slot, s.bytes);
+  if (dspark_) dspark_->take_snapshot(slot, s.bytes);
+  if (engram_) engram_->take_snapshot(slot, s.bytes);
   DeepseekModel::restore_slot(slot, s);
 }
 

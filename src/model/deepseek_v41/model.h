@@ -2,7 +2,9 @@
 // (plan.h) -> weights from either layout (weights.h) -> the CPU backend (fp32 reference, the QAT
 // round trips included) -> ds::DeepseekModel running the one shared forward. What V4.1 adds beyond
 // the plans is host state per slot: the Engram history (engram_slots.h), whose rows are gathered
-// for a step's tokens before the step runs and staged into the backend. No DSpark drafter yet.
+// for a step's tokens before the step runs and staged into the backend. With DSpark stages in the
+// checkpoint the model's drafter is the DSpark block drafter (dspark.h): the forward returns the
+// tap rows as its hidden rows, and the drafter's rings follow the slot lifecycle below.
 #pragma once
 #include <memory>
 #include <optional>
@@ -11,6 +13,7 @@
 
 #include "model/deepseek/model.h"
 #include "model/deepseek_v41/config.h"
+#include "model/deepseek_v41/dspark.h"
 #include "model/deepseek_v41/engram.h"
 #include "model/deepseek_v41/engram_slots.h"
 
@@ -35,8 +38,11 @@ class DeepseekV41Model final : public ds::DeepseekModel {
   const DeepseekV41Config& config() const { return cfg_; }
 
   void reset_slot(int32_t slot) override;
+  void rollback(int32_t slot, int64_t num_tokens, int64_t keep) override;
   SlotSnapshot save_slot(int32_t slot, int64_t num_tokens) override;
   void restore_slot(int32_t slot, const SlotSnapshot& snapshot) override;
+  Drafter* drafter() override { return dspark_.get(); }
+  DSparkDrafter* dspark() { return dspark_.get(); }
 
  protected:
   void before_step(const ForwardBatch& batch) override;
@@ -44,11 +50,12 @@ class DeepseekV41Model final : public ds::DeepseekModel {
  private:
   DeepseekV41Model(ds::ModelInfo info, ds::Arch arch, std::vector<kv::LayerCacheSpec> specs,
                    std::unique_ptr<ds::ModelBackend> be, std::shared_ptr<void> keepalive, DeepseekV41Config cfg,
-                   std::optional<EngramHasher> hasher);
+                   std::optional<EngramHasher> hasher, std::unique_ptr<DSparkDrafter> dspark);
   DeepseekV41Config cfg_;
   std::optional<EngramHasher> hasher_;     // present when the config has Engram layers
   std::unique_ptr<EngramSlots> engram_;    // over hasher_
   std::vector<const ds::EngramRef*> tables_;  // hasher order
+  std::unique_ptr<DSparkDrafter> dspark_;     // when the checkpoint has the DSpark stages
 };
 
 ds::ModelInfo v41_model_info(const DeepseekV41Config& cfg);

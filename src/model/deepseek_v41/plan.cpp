@@ -63,6 +63,9 @@ ModelPlan v41_plan(const DeepseekV41Config& c, const V41PlanOptions& o) {
     const LayerRoles& r = c.roles[size_t(l)];
     LayerPlan p = base_plan(int32_t(l), c);
     p.engram = r.engram;
+    if (r.dspark_target && o.dspark)  // tap slot = the layer's place in dspark_target_layer_ids (main_proj's input order)
+      for (size_t k = 0; k < c.dspark.target_layer_ids.size(); ++k)
+        if (c.dspark.target_layer_ids[k] == l) p.tap = int32_t(k);
     if (r.ratio > 0) compressed(p, r);
     if (!o.qat) p.window_format = p.entry_format = p.key_format = RowFormat::kPlain;
     p.replay_tail = o.replay_keep > 0 && l > c.candidate_source_layer_id;
@@ -108,6 +111,7 @@ ds::Dims v41_dims(const DeepseekV41Config& c) {
   d.gate_temp = float(c.gate_temp);
   d.route_before_w2 = true;  // the reference weights the SwiGLU output before w2 (notes §7)
   d.engram = !c.engram.layer_ids.empty();
+  if (c.dspark.num_stages > 0) d.taps = int64_t(c.dspark.target_layer_ids.size());
   if (c.candidates_enabled()) {
     d.candidate_block_size = c.candidate_block_size;
     d.candidate_topk_blocks = c.candidate_topk_blocks;
@@ -115,6 +119,10 @@ ds::Dims v41_dims(const DeepseekV41Config& c) {
   return d;
 }
 
-ds::Arch v41_arch(const DeepseekV41Config& c, const V41PlanOptions& o) { return {v41_dims(c), v41_plan(c, o)}; }
+ds::Arch v41_arch(const DeepseekV41Config& c, const V41PlanOptions& o) {
+  ds::Arch a{v41_dims(c), v41_plan(c, o)};
+  if (!o.dspark) a.dims.taps = 0;
+  return a;
+}
 
 }  // namespace deepinfer::model::v41

@@ -29,6 +29,9 @@ struct V41PlanOptions {
   // prefill: the layers after the candidate source become replay_tail layers. Refused (naming
   // both numbers) below window + max_rollback, and without a candidate source.
   int64_t replay_keep = 0;
+  // The DSpark drafter runs (its stages are in the checkpoint): the tap layers record their input's
+  // stream mean and the hidden rows a step returns are those taps (Dims::taps).
+  bool dspark = false;
 };
 
 // The keep length the knobs ask of this config: 0 unless DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE

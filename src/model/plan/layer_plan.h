@@ -95,6 +95,7 @@ struct LayerPlan {
   // prefill this layer runs only over each sequence's kept tail (SeqInBatch::decoder_from on),
   // and its window starts no earlier than the tail: rows before it do not exist for it.
   bool replay_tail = false;
+  int32_t tap = -1;             // DSpark tap slot: the stream mean of this layer's input (after Engram)
 
   bool owns_entries() const { return compressor != CompressorKind::kNone; }
   bool owns_keys() const { return index_keys != IndexKeyKind::kNone; }

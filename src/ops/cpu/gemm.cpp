@@ -7,6 +7,7 @@
 #include "core/check.h"
 #include "core/parallel.h"
 #include "ops/cpu/parallel_grain.h"
+#include "ops/cpu/target_clones.h"
 
 #if defined(DEEPINFER_HAVE_BLAS)
 #include <cblas.h>
@@ -14,11 +15,7 @@
 
 // The packed kernel is compiled for AVX-512, AVX2+FMA and baseline x86-64 and picked at load
 // time (GCC/Clang ifunc), so one binary runs anywhere and uses the wide units where present.
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
-#define DI_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define DI_CPU_CLONES
-#endif
+#define DI_CPU_CLONES DI_TARGET_CLONES
 
 namespace deepinfer::ops::cpu {
 

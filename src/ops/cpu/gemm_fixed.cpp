@@ -8,12 +8,9 @@
 #include "core/parallel.h"
 #include "ops/cpu/gemm.h"
 #include "ops/cpu/parallel_grain.h"
+#include "ops/cpu/target_clones.h"
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
-#define DI_FIXED_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define DI_FIXED_CLONES
-#endif
+#define DI_FIXED_CLONES DI_TARGET_CLONES
 
 namespace deepinfer::ops::cpu {
 namespace {

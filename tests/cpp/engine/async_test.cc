@@ -2,7 +2,8 @@
 // launched before step N is applied; outputs (ids, text, finish reasons, stop strings, logprobs,
 // prompt logprobs) are identical with it on and off under batching, chunking, preemption, stop
 // strings found a step late, EOS / stop ids, max_tokens, grammars, n > 1 and aborts; caches come
-// back only after the last step that used them and the books balance every step.
+// back only after the last step that used them and the books balance every step. Drafting steps
+// (ToyDrafter) are pipelined: the same outputs, drafts and acceptance with it on and off.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -21,6 +22,7 @@ struct Cfg {
   size_t cache_bytes = 0;
   int64_t max_seqs = 64;
   bool prefix = false;  // prefix caching (the engine's default is on)
+  int32_t drafts = 0;   // speculative tokens (ToyDrafter, acceptance 0..3 by position)
 };
 
 std::unique_ptr<Engine> toy_engine(bool async, const Cfg& c = {}) {
@@ -30,9 +32,14 @@ std::unique_ptr<Engine> toy_engine(bool async, const Cfg& c = {}) {
   ec.scheduler.prefix_cache.enabled = c.prefix;
   ec.scheduler.max_num_seqs = c.max_seqs;
   ec.kv_cache_memory_bytes = c.cache_bytes;
+  ec.num_speculative_tokens = c.drafts;
+  ToyModelConfig tc;
+  if (c.drafts > 0) tc.max_rollback = 4;
+  auto model = std::make_unique<ToyModel>(tc);
+  if (c.drafts > 0) model->set_drafter(std::make_unique<ToyDrafter>(tc, 3, [](int64_t p) { return int32_t(p % 4); }));
   auto codec = make_toy_codec(320);
   auto grammar = make_grammar_compiler(codec.get(), 320, 1);
-  return std::make_unique<Engine>(ec, std::make_unique<ToyModel>(), std::move(codec), std::move(grammar));
+  return std::make_unique<Engine>(ec, std::move(model), std::move(codec), std::move(grammar));
 }
 
 std::vector<int32_t> prompt_ids(int i, int len) {
@@ -159,7 +166,58 @@ TEST(AsyncScheduling, OnByDefaultAndOffOnRequest) {
   drafting->set_drafter(std::make_unique<ToyDrafter>(tc, 3, [](int64_t) { return 1; }));
   ec.num_speculative_tokens = 3;
   Engine spec(ec, std::move(drafting), nullptr);
-  EXPECT_FALSE(spec.async_scheduling());
+  EXPECT_TRUE(spec.async_scheduling());
+  EXPECT_TRUE(spec.pipelined_drafting()) << "drafting steps are pipelined, not fully overlapped";
+  EXPECT_FALSE(on.pipelined_drafting());
+  ec.env.async_scheduling = false;
+  auto drafting_off = std::make_unique<ToyModel>(tc);
+  drafting_off->set_drafter(std::make_unique<ToyDrafter>(tc, 3, [](int64_t) { return 1; }));
+  Engine spec_off(ec, std::move(drafting_off), nullptr);
+  EXPECT_FALSE(spec_off.async_scheduling());
+  EXPECT_FALSE(spec_off.pipelined_drafting());
+}
+
+// Drafting steps are pipelined: a step() applies the step in flight, launches the next (its
+// drafts from the applied one) and returns the applied step's outputs, so the last forward is
+// always in flight when step() returns and the outputs come one call later.
+TEST(AsyncScheduling, DraftingStepsReturnThePreviousStepAfterLaunchingTheNext) {
+  for (bool async : {false, true}) {
+    EngineConfig ec;
+    ec.scheduler.prefix_cache.enabled = false;
+    ec.env.async_scheduling = async;
+    ec.num_speculative_tokens = 3;
+    ToyModelConfig tc;
+    tc.max_rollback = 4;
+    auto m = std::make_unique<ToyModel>(tc);
+    ToyModel* toy = m.get();
+    m->set_drafter(std::make_unique<ToyDrafter>(tc, 3, [](int64_t p) { return int32_t(p % 3); }));
+    Engine eng(ec, std::move(m), nullptr);
+    ASSERT_EQ(eng.pipelined_drafting(), async);
+    SamplingParams p;
+    p.temperature = 0;
+    p.max_tokens = 20;
+    p.ignore_eos = true;
+    eng.add_request("a", PromptInput::from_token_ids(prompt_ids(1, 7)), p, 0);
+    int calls = 0, reported = 0;
+    size_t tokens = 0;
+    bool finished = false;
+    while (eng.has_unfinished()) {
+      const std::vector<RequestOutput> outs = eng.step();
+      ++calls;
+      for (const RequestOutput& o : outs) {
+        tokens = o.outputs[0].token_ids.size();
+        finished = o.finished;
+      }
+      reported += outs.empty() ? 0 : 1;
+      // Every step of this lone request samples: sync reports each call's own step, pipelined the
+      // previous call's (its own forward still in flight).
+      if (!finished) EXPECT_EQ(reported + (async ? 1 : 0), toy->num_forward_calls()) << "call " << calls;
+    }
+    EXPECT_EQ(tokens, 20u);
+    EXPECT_TRUE(finished);
+    EXPECT_EQ(calls, toy->num_forward_calls() + (async ? 1 : 0)) << "pipelined: one last call applies the last step";
+    EXPECT_GT(eng.scheduler().stats().num_accepted_drafts, 0);
+  }
 }
 
 // The pipeline is real: a step() returns the previous step's tokens, after launching the next.
@@ -230,6 +288,41 @@ TEST(AsyncScheduling, OutputsIdenticalOnAndOff) {
     }
     // The stop-string, EOS and grammar requests did stop early: their late rows were dropped.
     EXPECT_NE(a.at("r1").find("|stop|"), std::string::npos) << a.at("r1");
+    EXPECT_NE(a.at("r3").find("|stop|"), std::string::npos) << a.at("r3");
+  }
+}
+
+// Speculative decoding with the pipeline on vs off: identical outputs (greedy and seeded drafts,
+// rejection sampling, grammars, stop strings inside an accepted run, EOS / stop ids, max_tokens,
+// n > 1, prompt logprobs) under batching, chunking, preemption and prefix caching.
+TEST(AsyncScheduling, DraftingOutputsIdenticalOnAndOff) {
+  const Workload w = mixed_workload();
+  const size_t small = 6 * 24 + 14 * 64;
+  const std::vector<std::pair<const char*, Cfg>> cfgs = {
+      {"batched", {.drafts = 3}},
+      {"chunked", {.budget = 7, .drafts = 3}},
+      {"chunked+preempted", {.budget = 13, .cache_bytes = small, .max_seqs = 6, .drafts = 3}},
+      {"batched+prefix", {.prefix = true, .drafts = 3}},
+      {"preempted+prefix", {.budget = 64, .cache_bytes = small, .max_seqs = 6, .prefix = true, .drafts = 3}}};
+  for (const auto& [name, cfg] : cfgs) {
+    auto sync = toy_engine(false, cfg);
+    auto pipelined = toy_engine(true, cfg);
+    ASSERT_TRUE(pipelined->pipelined_drafting()) << name;
+    const auto a = run_all(*sync, w.prompts, w.params, w.arrival);
+    const auto b = run_all(*pipelined, w.prompts, w.params, w.arrival);
+    ASSERT_EQ(a.size(), w.prompts.size()) << name;
+    for (const auto& [id, s] : a) EXPECT_EQ(b.at(id), s) << name << " " << id;
+    const SchedulerStats &x = sync->scheduler().stats(), &y = pipelined->scheduler().stats();
+    EXPECT_GT(y.num_accepted_drafts, 0) << name;
+    EXPECT_EQ(x.num_draft_tokens, y.num_draft_tokens) << name << ": the same drafts were verified";
+    EXPECT_EQ(x.num_accepted_drafts, y.num_accepted_drafts) << name;
+    EXPECT_EQ(x.num_preemptions, y.num_preemptions) << name << ": the plans are the synchronous ones";
+    if (std::string(name).find("preempted") != std::string::npos) EXPECT_GT(y.num_preemptions, 0) << name;
+    if (cfg.prefix) {
+      EXPECT_EQ(sync->scheduler().prefix_cache().stats().checkpoints_saved,
+                pipelined->scheduler().prefix_cache().stats().checkpoints_saved)
+          << name;
+    }
     EXPECT_NE(a.at("r3").find("|stop|"), std::string::npos) << a.at("r3");
   }
 }

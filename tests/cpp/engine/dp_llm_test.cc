@@ -111,7 +111,8 @@ TEST_P(DataParallelLLM, MatchesOneRank) {
   EXPECT_EQ(streamed, ref[0].outputs[0].token_ids);
 }
 
-INSTANTIATE_TEST_SUITE_P(Layouts, DataParallelLLM, ::testing::Values(Layout{2, 0}, Layout{3, 3}, Layout{2, 1}, Layout{3, 0, true}),
+INSTANTIATE_TEST_SUITE_P(Layouts, DataParallelLLM, ::testing::Values(Layout{2, 0}, Layout{3, 3}, Layout{2, 1}, Layout{3, 0, true},
+                                           Layout{4, 2}, Layout{4, 0, true}),
                          [](const auto& info) {
                            return "dp" + std::to_string(info.param.dp) + "_ep" + std::to_string(info.param.ep) +
                                   (info.param.eplb ? "_eplb" : "");

@@ -4,9 +4,11 @@
 // works inside an add_request/step loop. (Also the TSan target of tools/sanitizers.sh.)
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <future>
+#include <map>
 #include <set>
 #include <thread>
 
@@ -176,4 +178,68 @@ TEST(LlmThreads, ConcurrentStructuredRequestsShareGrammars) {
     });
   for (auto& th : threads) th.join();
   for (const auto& f : failures) EXPECT_TRUE(f.empty()) << f;
+}
+
+TEST(LlmThreads, StreamGenerateAndAbortAtOnce) {
+  // Every entry point at once (the engine-level TSan case of tools/sanitizers.sh tsan): one
+  // thread drives an add_request/step stream, two threads call generate(), a fourth aborts half
+  // of the streamed requests while they run and polls has_unfinished(). Each output equals its
+  // run alone; an aborted request ends finished with a prefix of it (or, when the abort came
+  // after its end, the whole of it).
+  LLM llm(toy());
+  constexpr int kStreamed = 4, kCalls = 4, kTokens = 16;
+  std::vector<std::vector<int32_t>> want(kStreamed + kCalls);
+  for (int i = 0; i < kStreamed + kCalls; ++i)
+    want[i] = llm.generate({prompt(i)}, {seeded(kTokens, 200 + i)})[0].outputs[0].token_ids;
+  std::vector<std::string> stream_ids;
+  std::map<std::string, RequestOutput> last;
+  std::promise<void> queued;
+  std::thread streamer([&] {
+    for (int i = 0; i < kStreamed; ++i) stream_ids.push_back(llm.add_request(prompt(i), seeded(kTokens, 200 + i)));
+    queued.set_value();
+    int done = 0;
+    for (int steps = 0; done < kStreamed && steps < 10000; ++steps)
+      for (const RequestOutput& r : llm.step()) {
+        last[r.request_id] = r;
+        done += r.finished;
+      }
+  });
+  queued.get_future().wait();
+  std::thread aborter([&] {
+    for (int i = 0; i < kStreamed; i += 2) {
+      llm.abort_request(stream_ids[i]);
+      (void)llm.has_unfinished();
+      std::this_thread::yield();
+    }
+  });
+  std::vector<std::string> failures(2);
+  std::vector<std::thread> callers;
+  for (int c = 0; c < 2; ++c)
+    callers.emplace_back([&, c] {
+      for (int k = 0; k < kCalls / 2; ++k) {
+        const int i = kStreamed + 2 * c + k;
+        RequestOutput o = llm.generate({prompt(i)}, {seeded(kTokens, 200 + i)})[0];
+        if (!o.finished || o.outputs.empty() || o.outputs[0].token_ids != want[i])
+          failures[c] += "request " + std::to_string(i) + " differs; ";
+      }
+    });
+  for (auto& th : callers) th.join();
+  aborter.join();
+  streamer.join();
+  for (const auto& f : failures) EXPECT_TRUE(f.empty()) << f;
+  ASSERT_EQ(last.size(), size_t(kStreamed));
+  for (int i = 0; i < kStreamed; ++i) {
+    const RequestOutput& r = last.at(stream_ids[i]);
+    ASSERT_TRUE(r.finished) << i;
+    ASSERT_EQ(r.outputs.size(), 1u) << i;
+    const auto& got = r.outputs[0].token_ids;
+    if (i % 2 == 0 && r.outputs[0].finish_reason == "abort") {
+      ASSERT_LE(got.size(), want[i].size()) << i;
+      EXPECT_TRUE(std::equal(got.begin(), got.end(), want[i].begin())) << "aborted request " << i << " is not a prefix";
+    } else {
+      EXPECT_EQ(r.outputs[0].finish_reason, "length") << i;
+      EXPECT_EQ(got, want[i]) << "request " << i;
+    }
+  }
+  EXPECT_FALSE(llm.has_unfinished());
 }

@@ -138,6 +138,7 @@ TEST_P(ExpertParallelCpu, RanksMatchSingleRank) {
   std::vector<std::exception_ptr> errors(static_cast<size_t>(n));
   std::vector<std::thread> threads;
   std::vector<std::vector<std::vector<int64_t>>> loads(static_cast<size_t>(n));
+  std::vector<int64_t> received(static_cast<size_t>(n), 0);
   for (int r = 0; r < n; ++r)
     threads.emplace_back([&, r] {
       try {
@@ -159,14 +160,26 @@ TEST_P(ExpertParallelCpu, RanksMatchSingleRank) {
         std::vector<parallel::ExpertPlacement> layouts;
         for (int64_t l = 0; l < m->arch().plan.num_layers(); ++l)
           layouts.push_back(placement_for(int32_t(g.experts), n, replicated, l));
-        be.set_expert_parallel(std::make_shared<ExpertParallel>(
-            *pg, layouts, model::ds::EplbOptions{.enabled = eplb, .window_steps = 3, .step_interval = 2, .min_gain = 0.0}));
+        auto ep = std::make_shared<ExpertParallel>(
+            *pg, layouts, model::ds::EplbOptions{.enabled = eplb, .window_steps = 3, .step_interval = 2, .min_gain = 0.0});
+        if (sharded && eplb) ep->set_weight_store(be.expert_weight_store());  // re-placements move weights
+        be.set_expert_parallel(ep);
         EXPECT_TRUE(m->joins_collectives());
         run_rank(*m, m->cache_geometry(), work[size_t(r)]);
         loads[size_t(r)] = be.expert_parallel()->take_load();
         if (eplb) {
           EXPECT_GT(be.expert_parallel()->num_rebalances(), 0) << "rank " << r;
           EXPECT_GT(be.expert_parallel()->num_slots_moved(), 0) << "rank " << r;
+        }
+        if (sharded && eplb) {  // after the moves a rank holds exactly the experts of its slots, no more
+          received[size_t(r)] = ep->num_experts_received();
+          EXPECT_EQ(ep->num_experts_received(), ep->num_experts_released()) << "rank " << r;  // slots stay full
+          for (int64_t l = 0; l < m->arch().plan.num_layers(); ++l) {
+            const std::vector<int32_t> local = ep->layout(l).local_logical(r);
+            for (int32_t e = 0; e < int32_t(g.experts); ++e)
+              EXPECT_EQ(be.holds_expert(l, e), std::find(local.begin(), local.end(), e) != local.end())
+                  << "rank " << r << " layer " << l << " expert " << e;
+          }
         }
       } catch (...) {
         errors[size_t(r)] = std::current_exception();
@@ -185,6 +198,12 @@ TEST_P(ExpertParallelCpu, RanksMatchSingleRank) {
     }
   }
   if (failed) return;
+  if (sharded && eplb) {  // the placements changed, so some rank gained experts it did not load
+    int64_t total = 0;
+    for (int64_t c : received) total += c;
+    std::printf("[expert-parallel] sharded EPLB: %lld experts moved between ranks\n", (long long)total);
+    EXPECT_GT(total, 0);
+  }
   const int64_t V = 0 + int64_t(work[0].logits.size() / work[0].ids.size());
   for (int r = 0; r < n; ++r) expect_close(alone[size_t(r)], work[size_t(r)].logits, V, "rank " + std::to_string(r));
   // Every assignment was counted once, on the rank that routed it: tokens x top-k per layer.
@@ -198,20 +217,52 @@ TEST_P(ExpertParallelCpu, RanksMatchSingleRank) {
 INSTANTIATE_TEST_SUITE_P(Ranks, ExpertParallelCpu,
                          ::testing::Values(EpCase{2, false, false}, EpCase{3, false, false}, EpCase{3, true, false},
                                            EpCase{3, true, true}, EpCase{2, false, false, true},
-                                           EpCase{3, false, false, true}));
+                                           EpCase{3, false, false, true}, EpCase{2, false, true, true},
+                                           EpCase{3, false, true, true}, EpCase{4, false, false, true},
+                                           EpCase{4, false, true, true}));
 
-// A model holding only its shard refuses EPLB (weights would have to move) and another rank's seat.
-TEST(ExpertParallelCpu, ShardedModelRefusesEplbAndAnotherRank) {
+// A sharded model refuses another rank's seat; on the CPU it takes EPLB (its weights can move).
+// A store missing an expert of its slots is refused by the expert-parallel layer, naming it.
+TEST(ExpertParallelCpu, ShardedModelRefusesAnotherRankAndMissingExperts) {
   const std::string dir = golden_dir("tiny");
   if (!std::filesystem::exists(dir + "/config.json")) GTEST_SKIP() << "fixture " << dir << " absent";
   auto pg = parallel::make_single_rank_group();
-  auto m = load(dir, parallel::ExpertShard{.rank = 0, .size = 1});
-  try {
-    m->enable_expert_parallel(*pg, {.enable_eplb = true});
-    FAIL() << "EPLB accepted on a sharded model";
-  } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("EPLB"), std::string::npos) << e.what();
+  {
+    auto half = load(dir, parallel::ExpertShard{.rank = 0, .size = 2});  // experts of rank 0 of 2 only
+    auto& be = static_cast<model::ds::CpuBackend&>(half->backend());
+    const int32_t E = int32_t(half->arch().dims.experts);
+    ExpertParallel ep(*pg, {parallel::contiguous_placement(E, 1, E)});
+    try {
+      ep.set_weight_store(be.expert_weight_store());
+      FAIL() << "a store missing experts was accepted";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("does not hold its weights"), std::string::npos) << e.what();
+    }
+    try {  // adopting a held expert, or bytes of the wrong size, is refused
+      std::vector<std::byte> bytes(size_t(be.expert_bytes(0)));
+      be.pack_expert(0, 0, bytes);
+      be.adopt_expert(0, 0, bytes);
+      FAIL() << "adopted an expert held already";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("held already"), std::string::npos) << e.what();
+    }
+    const int32_t last = E - 1;  // rank 1's: not held here
+    ASSERT_FALSE(be.holds_expert(0, last));
+    std::vector<std::byte> small(16);
+    EXPECT_THROW(be.adopt_expert(0, last, small), InvalidArgument);
+    // A round trip: pack expert 0, free it, adopt it back as expert `last`'s slot would.
+    std::vector<std::byte> bytes(size_t(be.expert_bytes(0)));
+    be.pack_expert(0, 0, bytes);
+    be.release_expert(0, 0);
+    EXPECT_FALSE(be.holds_expert(0, 0));
+    be.adopt_expert(0, 0, bytes);
+    std::vector<std::byte> again(bytes.size());
+    be.pack_expert(0, 0, again);
+    EXPECT_EQ(bytes, again);
   }
+  auto m = load(dir, parallel::ExpertShard{.rank = 0, .size = 1});
+  m->enable_expert_parallel(*pg, {.enable_eplb = true});
+  EXPECT_TRUE(m->joins_collectives());
   auto other = load(dir, parallel::ExpertShard{.rank = 1, .size = 2});
   try {
     other->enable_expert_parallel(*pg, {});
@@ -219,8 +270,6 @@ TEST(ExpertParallelCpu, ShardedModelRefusesEplbAndAnotherRank) {
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("rank 1 of 2"), std::string::npos) << e.what();
   }
-  m->enable_expert_parallel(*pg, {});  // its own seat, no EPLB: fine
-  EXPECT_TRUE(m->joins_collectives());
 }
 
 // DeepSeek-V4.1 (v41_a, v41_b: Engram, two-level top-k, QAT formats, the routed weight before w2)

@@ -131,8 +131,9 @@ ForwardOutput CpuBackend::end_step(const ForwardOptions& options, int64_t rows, 
   out.logits = Tensor::empty({rows, g.vocab}, DType::kF32);
   if (rows > 0) std::memcpy(out.logits.raw_data(), buf(Buf::kLogits), size_t(rows * g.vocab) * sizeof(float));
   if (hidden_rows > 0) {
-    const int64_t e = g.streams * g.hidden;
-    out.hidden.host = Tensor::empty({hidden_rows, g.streams, g.hidden}, DType::kF32);
+    const int64_t e = g.hidden_elems();
+    out.hidden.host = g.taps > 0 ? Tensor::empty({hidden_rows, e}, DType::kF32)
+                                 : Tensor::empty({hidden_rows, g.streams, g.hidden}, DType::kF32);
     std::memcpy(out.hidden.host.raw_data(), buf(Buf::kHidden), size_t(hidden_rows * e) * sizeof(float));
     out.hidden.rows = hidden_rows;
     out.hidden.row_elems = e;
@@ -299,6 +300,16 @@ void CpuBackend::hc_collapse(const float* x, const float* prev_mix, float* u, in
                         .hc_eps = g.hc_eps};
   const int64_t n = g.streams;
   oc::hc_collapse(x, tokens, spec, prev_mix ? prev_mix + tokens * n * (n + 1) : nullptr, u);
+}
+
+void CpuBackend::stream_mean(const float* x, float* out, int64_t out_stride, int64_t tokens) {
+  const int64_t n = arch_.dims.streams, D = arch_.dims.hidden;
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t c = 0; c < D; ++c) {
+      float s = 0.f;  // in stream order, then one division (torch's mean over the stream axis)
+      for (int64_t k = 0; k < n; ++k) s += x[(t * n + k) * D + c];
+      out[t * out_stride + c] = s / float(n);
+    }
 }
 
 void CpuBackend::add_streams(float* x, const float* v, int64_t tokens, int64_t streams, int64_t dim) {

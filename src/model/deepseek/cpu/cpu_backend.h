@@ -34,7 +34,7 @@ struct CpuBackendOptions {
   bool batch_invariant = false;
 };
 
-class CpuBackend final : public ModelBackend {
+class CpuBackend final : public ModelBackend, public ExpertWeightStore {
  public:
   CpuBackend(const Arch& arch, std::vector<kv::LayerCacheSpec> specs, std::unique_ptr<CpuWeightStore> weights,
              const CpuBackendOptions& options = {});
@@ -64,14 +64,23 @@ class CpuBackend final : public ModelBackend {
   kv::KvCache& cache() { return cache_; }
   bool joins_collectives() const override { return ep_ != nullptr; }
   // Main layers' routed experts run expert-parallel over `ep` from now on (between steps only).
-  // Every rank's store holds every expert, so any placement (EPLB's too) can be served.
+  // A store holding every expert serves any placement; a sharded one is moved by EPLB through
+  // expert_weight_store().
   void set_expert_parallel(std::shared_ptr<ExpertParallel> ep) override;
+  ExpertWeightStore* expert_weight_store() override { return this; }
   ExpertParallel* expert_parallel() { return ep_.get(); }
   // Tests: take the fixed-shape path (the CUDA backend's plans, padded to token buckets) for every
   // batch it accepts, with candidate caps for contexts up to `max_context` tokens.
   void use_fixed_shapes(int64_t max_context, const FixedLimits& limits);
   std::optional<FixedShape> fixed_shape(const ForwardBatch& batch) const override;
   int64_t fixed_steps() const { return fixed_steps_; }  // steps that ran a fixed plan (tests)
+
+  // ---- ExpertWeightStore (cpu_expert_store.cpp): an expert packs as its f32 w13 then w2 ----
+  bool holds_expert(int64_t layer, int32_t expert) const override;
+  int64_t expert_bytes(int64_t layer) const override;
+  void pack_expert(int64_t layer, int32_t expert, std::span<std::byte> dst) const override;
+  void adopt_expert(int64_t layer, int32_t expert, std::span<const std::byte> src) override;
+  void release_expert(int64_t layer, int32_t expert) override;
 
   // ---- Backend ----
   DType act() const override { return DType::kF32; }
@@ -95,6 +104,7 @@ class CpuBackend final : public ModelBackend {
   void hc_site(const HcSiteArgs& a) override;
   void hc_post(const HcPostArgs& a) override;
   void hc_collapse(const float* x, const float* prev_mix, float* u, int64_t tokens) override;
+  void stream_mean(const float* x, float* out, int64_t out_stride, int64_t tokens) override;
   void add_streams(float* x, const float* v, int64_t tokens, int64_t streams, int64_t dim) override;
   const void* engram_rows(int64_t layer) const override;
   void engram_inject(float* x, const float* kv, const float* w, int64_t tokens) override;
@@ -133,6 +143,8 @@ class CpuBackend final : public ModelBackend {
   std::vector<float> ep_out_;       // outputs of the received rows, arrival order
   void ep_experts(const MoeRef& M);
   void ep_combine();
+  const ExpertRef& expert_ref(int64_t layer, int32_t expert) const;
+  void free_tensor(const void* data);  // drops the store's tensor holding `data`
 };
 
 }  // namespace deepinfer::model::ds

@@ -355,11 +355,12 @@ ForwardOutput CudaBackend::end_step(const ForwardOptions& options, int64_t rows,
   if (hidden_rows > 0) {
     out.hidden.device = at<float>(L_.buf[size_t(Buf::kHidden)]);
     out.hidden.rows = hidden_rows;
-    out.hidden.row_elems = g.streams * g.hidden;
+    out.hidden.row_elems = g.hidden_elems();
     out.hidden.stream = st;
     out.hidden.device_index = opts_.device;
     if (options.hidden_to_host) {
-      out.hidden.host = Tensor::empty({hidden_rows, g.streams, g.hidden}, DType::kF32);
+      out.hidden.host = g.taps > 0 ? Tensor::empty({hidden_rows, g.hidden_elems()}, DType::kF32)
+                                   : Tensor::empty({hidden_rows, g.streams, g.hidden}, DType::kF32);
       dc::copy_d2h(out.hidden.host.raw_data(), out.hidden.device, out.hidden.host.nbytes(), st, false);
     }
   }
@@ -689,6 +690,10 @@ void CudaBackend::hc_collapse(const float* x, const float* prev_mix, float* u, i
   oc::hc_collapse({.x = x, .x_stride = nD, .w = prev_mix, .w_stride = g.mix_dim(), .u = u, .u_stride = g.hidden,
                    .dtype = DType::kF32, .tokens = tokens, .n = int(g.streams), .dim = g.hidden},
                   stream_.get());
+}
+
+void CudaBackend::stream_mean(const float* x, float* out, int64_t out_stride, int64_t tokens) {
+  cuda::stream_mean(x, out, out_stride, tokens, arch_.dims.streams, arch_.dims.hidden, stream_.get());
 }
 
 void CudaBackend::add_streams(float* x, const float* v, int64_t tokens, int64_t streams, int64_t dim) {

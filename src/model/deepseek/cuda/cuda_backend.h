@@ -115,6 +115,7 @@ class CudaBackend final : public ModelBackend {
   void stage_engram_rows(std::vector<std::vector<float>> rows) override;
   const void* engram_rows(int64_t layer) const override;
   void engram_inject(float* x, const float* kv, const float* w, int64_t tokens) override;
+  void stream_mean(const float* x, float* out, int64_t out_stride, int64_t tokens) override;
   void moe_route(const MoeRef& M, const float* logits, int32_t* ids, float* wts) override;
   void moe_dispatch(const MoeRef& M) override;
   void moe_experts(const MoeRef& M) override;
