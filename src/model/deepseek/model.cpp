@@ -149,6 +149,7 @@ std::optional<ForwardBatch> DeepseekModel::split_replay(const ForwardBatch& batc
   auto remap = [&](const std::vector<int32_t>& rows, const char* what) {
     std::vector<int32_t> out;
     for (int32_t r : rows) {
+      if (r < 0 || r >= T) DI_THROW(InvalidArgument, describe(), ": ", what, " row index ", r, " outside [0, ", T, ")");
       if (to_tail[size_t(r)] < 0)
         DI_THROW(InvalidArgument, describe(), ": ", what, " row of token ", r, " lies before its sequence's kept tail ",
                  "(bounded replay computes only the tail there; prompt logprobs need full prefill)");
@@ -159,6 +160,8 @@ std::optional<ForwardBatch> DeepseekModel::split_replay(const ForwardBatch& batc
   rest.logits_indices = remap(batch.logits_indices, "a logits");
   rest.hidden_indices = remap(batch.hidden_indices, "a hidden");
   for (const DeviceInput& d : batch.device_inputs) {
+    if (d.token_index < 0 || d.token_index >= T)
+      DI_THROW(InvalidArgument, describe(), ": device input at token ", d.token_index, " outside [0, ", T, ")");
     if (to_tail[size_t(d.token_index)] < 0)
       DI_THROW(InvalidArgument, describe(), ": a device input at token ", d.token_index, " before its kept tail");
     rest.device_inputs.push_back({to_tail[size_t(d.token_index)], d.sample_row});

@@ -23,14 +23,14 @@ std::string fixture() {
   return std::string(s ? s : DEEPINFER_TEST_SOURCE_DIR) + "/tests/data/golden/v41_a";
 }
 
-struct Run {
+struct ReplayRun {
   std::vector<std::vector<int32_t>> tokens;
   int64_t hit_tokens = 0, forward_tokens = 0;
   uint64_t seed = 0;  // the cache's block-hash seed (from the cache identity)
 };
 
 // Two waves: every prompt, then every prompt again (the second wave may hit the first's cache).
-Run run(std::optional<std::string> mode, std::optional<int> keep, const std::vector<std::vector<int32_t>>& prompts,
+ReplayRun run_engine(std::optional<std::string> mode, std::optional<int> keep, const std::vector<std::vector<int32_t>>& prompts,
         bool prompt_logprobs = false) {
   EnvConfig env;
   env.accelerator = Accelerator::kCPU;
@@ -50,7 +50,7 @@ Run run(std::optional<std::string> mode, std::optional<int> keep, const std::vec
                                                  .max_model_len = 1024, .max_rollback = 6},
                                       .progress = false});
   Engine eng(ec, std::move(model), nullptr);
-  Run r;
+  ReplayRun r;
   r.seed = eng.cache().hash_seed();
   SamplingParams p;
   p.temperature = 0.f;
@@ -81,8 +81,8 @@ TEST(V41ReplayEngine, CompactGenerationsPrefixHitsAndCacheIdentity) {
   std::vector<int32_t> ids(600);
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t((i * 37 + 11) % 300);
   const std::vector<std::vector<int32_t>> prompts = {ids, std::vector<int32_t>(ids.begin(), ids.begin() + 530)};
-  const Run full = run(std::nullopt, std::nullopt, prompts);
-  const Run compact = run("compact", std::nullopt, prompts);
+  const ReplayRun full = run_engine(std::nullopt, std::nullopt, prompts);
+  const ReplayRun compact = run_engine("compact", std::nullopt, prompts);
   EXPECT_EQ(compact.tokens, full.tokens);
   EXPECT_NE(compact.seed, full.seed);  // compact and full never share blocks or checkpoints
   // Full prefill hits 512 tokens of either prompt; compact hits end at or before the tail
@@ -94,8 +94,8 @@ TEST(V41ReplayEngine, CompactGenerationsPrefixHitsAndCacheIdentity) {
   EXPECT_EQ(compact.hit_tokens % 256, 0);
   EXPECT_GT(full.hit_tokens, compact.hit_tokens);
   // The smallest keep allowed: deterministic, and the tails are what the model computes.
-  const Run small = run("compact", 14, prompts);
-  const Run small2 = run("compact", 14, prompts);
+  const ReplayRun small = run_engine("compact", 14, prompts);
+  const ReplayRun small2 = run_engine("compact", 14, prompts);
   EXPECT_EQ(small.tokens, small2.tokens);
   EXPECT_GT(small.hit_tokens, compact.hit_tokens);  // tails at 586 and 516: two blocks
   size_t same = 0;
@@ -104,14 +104,14 @@ TEST(V41ReplayEngine, CompactGenerationsPrefixHitsAndCacheIdentity) {
               full.tokens[0].size());
   EXPECT_EQ(small.tokens.size(), full.tokens.size());
   // Prompt logprobs need every position: those requests run full prefill under compact mode.
-  const Run logprobs = run("compact", 14, prompts, /*prompt_logprobs=*/true);
+  const ReplayRun logprobs = run_engine("compact", 14, prompts, /*prompt_logprobs=*/true);
   EXPECT_EQ(logprobs.tokens, full.tokens);
 }
 
 TEST(V41ReplayEngine, KeepBelowWindowPlusRollbackIsRefused) {
   if (!std::filesystem::exists(fixture() + "/config.json")) GTEST_SKIP() << "fixture absent";
   try {
-    run("compact", 13, {{5, 6, 7}});
+    run_engine("compact", 13, {{5, 6, 7}});
     ADD_FAILURE() << "keep 13 < window 8 + rollback 6 accepted";
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("DEEPINFER_YOCO_PREFILL_KEEP_TOKENS=13"), std::string::npos) << e.what();
