@@ -101,9 +101,15 @@ std::string Engine::cache_identity() const {
 
 int32_t Engine::speculative_tokens(int32_t asked) const {
   model::Drafter* d = model_->drafter();
+  const bool from_knob = asked < 0 && config_.env.use_nextn_decode.has_value();
   if (asked < 0) asked = config_.env.use_nextn_decode.value_or(d ? kDefaultNextnDecode : 0);
   if (asked == 0) return 0;
   if (!d) DI_THROW(InvalidArgument, "num_speculative_tokens=", asked, ": ", model_->describe(), " has no drafter");
+  // The knob asks for more drafts than one drafter round makes (DSpark: its block size): refused
+  // with both numbers rather than silently lowered. The default (unset) is capped below.
+  if (from_knob && asked > d->max_draft_tokens())
+    DI_THROW(InvalidArgument, "DEEPINFER_USE_NEXTN_DECODE=", asked, " is above the ", d->max_draft_tokens(),
+             " drafts one round of ", d->describe(), " proposes; set it to at most ", d->max_draft_tokens());
   int64_t n = std::min<int64_t>({asked, d->max_draft_tokens(), model_->max_rollback()});
   if (n < asked)
     DI_WARN("speculative decoding: ", asked, " drafts asked, ", n, " used (", d->describe(), " drafts at most ",

@@ -99,7 +99,9 @@ struct SampledSeq {
 struct SeqDrafts {
   int64_t seq_id = 0;
   std::vector<int32_t> tokens;
-  std::vector<float> logprobs;  // [tokens.size()] the drafter's raw log-probability of each (confidence)
+  // [tokens.size()] log of the drafter's estimate that each is accepted (varlen's input): V4.1
+  // DSpark's confidence head sigma(c_i), else (V4 MTP) the drafter's raw probability of the draft.
+  std::vector<float> logprobs;
 };
 
 // Prompt logprobs of positions [first_position, first_position + entries.size()).

@@ -1,6 +1,7 @@
 #include "engine/model_runner.h"
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 
 #include "core/check.h"
@@ -351,7 +352,13 @@ void ModelRunner::propose_drafts(const std::vector<SeqSlice>& slices, const mode
       s.pending_drafts = t;
       s.pending_q.assign(t.size(), {});
     }
-    if (!t.empty()) result.drafts.push_back({slices[i].sched->seq_id, t, proposals[i].logprobs});
+    if (t.empty()) continue;
+    // What varlen reads as each draft's acceptance estimate (log): the drafter's confidence when it
+    // has one (V4.1 DSpark: sigma(c_i)), else its raw probability of the draft (V4 MTP).
+    std::vector<float> estimate = proposals[i].logprobs;
+    if (proposals[i].confidence.size() == t.size())
+      for (size_t j = 0; j < t.size(); ++j) estimate[j] = std::log(std::max(proposals[i].confidence[j], 1e-30f));
+    result.drafts.push_back({slices[i].sched->seq_id, t, std::move(estimate)});
   }
 }
 

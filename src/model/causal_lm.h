@@ -53,14 +53,16 @@ struct DeviceLogits {
   int device = 0;
 };
 
-// Final residual streams [rows, hc_mult, hidden] f32 of the rows a batch asked for
-// (ForwardBatch::hidden_indices). Host backends fill `host`; device backends leave them in device
-// memory (`device`, valid like DeviceLogits) and fill `host` only when asked to copy.
+// What the model's drafter reads of the rows a batch asked for (ForwardBatch::hidden_indices): the
+// final residual streams [rows, hc_mult, hidden] f32 (V4's MTP), or DeepSeek-V4.1's DSpark taps
+// [rows, taps * hidden] (the stream means at its target layers' inputs). Host backends fill
+// `host`; device backends leave them in device memory (`device`, valid like DeviceLogits) and fill
+// `host` only when asked to copy.
 struct HiddenRows {
-  Tensor host;                   // f32 [rows, n, D] or undefined
-  const float* device = nullptr; // f32 [rows, n, D] contiguous, or null
+  Tensor host;                   // f32 [rows, n, D] (or [rows, taps*D]) or undefined
+  const float* device = nullptr; // f32 rows of row_elems, contiguous, or null
   int64_t rows = 0;
-  int64_t row_elems = 0;         // n * D
+  int64_t row_elems = 0;         // n * D (taps * D)
   void* stream = nullptr;
   int device_index = 0;
 };

@@ -149,6 +149,26 @@ TEST(GlueKernels, GreedyRowsMatchHost) {
   EXPECT_EQ(tok[5], 0);
 }
 
+// DSpark taps: the stream mean at a layer's input, written at a column offset of a wider row (the
+// tap buffer holds several layers' taps per token), bit for bit the CPU backend's formula.
+TEST(GlueKernels, StreamMeanMatchesHostBitForBit) {
+  REQUIRE_GPU();
+  for (int64_t T : {1, 7, 133}) {
+    const int64_t n = 4, D = 37, stride = 3 * D + 5, col = D;
+    const std::vector<float> x = randn(size_t(T * n * D), 31 + uint32_t(T));
+    std::vector<float> want(size_t(T * stride), -7.f);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t c = 0; c < D; ++c) {
+        float s = 0.f;
+        for (int64_t k = 0; k < n; ++k) s += x[size_t((t * n + k) * D + c)];
+        want[size_t(t * stride + col + c)] = s / float(n);
+      }
+    cuda::DeviceBuffer dx = up(x), dout = up(std::vector<float>(size_t(T * stride), -7.f));
+    ds::cuda::stream_mean(dx.as<float>(), dout.as<float>() + col, stride, T, n, D, nullptr);
+    EXPECT_EQ(down<float>(dout, size_t(T * stride)), want) << "T=" << T;  // other columns untouched
+  }
+}
+
 TEST(GlueKernels, BadArgumentsAreTyped) {  // no GPU needed: validation runs before any CUDA call
   GatherRowsArgs p{.src_dtype = DType::kI32, .rows = 1, .width = 4};
   EXPECT_THROW(ds::cuda::gather_rows(p, nullptr), InvalidArgument);
@@ -163,6 +183,8 @@ TEST(GlueKernels, BadArgumentsAreTyped) {  // no GPU needed: validation runs bef
   int32_t t = 0;
   EXPECT_THROW(ds::cuda::greedy_rows(&f, 4, 1, 8, &t, &f, nullptr), InvalidArgument);  // stride < vocab
   EXPECT_THROW(ds::cuda::greedy_rows(nullptr, 8, 1, 8, &t, &f, nullptr), InvalidArgument);
+  EXPECT_THROW(ds::cuda::stream_mean(&f, &f, 2, 1, 4, 8, nullptr), InvalidArgument);  // stride < dim
+  EXPECT_THROW(ds::cuda::stream_mean(nullptr, &f, 8, 1, 4, 8, nullptr), InvalidArgument);
 }
 
 }  // namespace

@@ -139,6 +139,20 @@ TEST(EnvKnobs, EngineAndLLMRefuseAtConstruction) {
     Engine eng(ec, std::move(m), nullptr);
     EXPECT_EQ(eng.scheduler().config().num_speculative_tokens, 3);
   }
+  {  // above the drafts one drafter round proposes (DSpark: its block): refused with both numbers
+    ToyModelConfig tc;
+    tc.max_rollback = 8;
+    auto m = std::make_unique<ToyModel>(tc);
+    m->set_drafter(std::make_unique<ToyDrafter>(tc, 2, [](int64_t) { return 1; }));
+    try {
+      Engine eng(ec, std::move(m), nullptr);
+      ADD_FAILURE() << "3 drafts accepted from a drafter of 2";
+    } catch (const InvalidArgument& e) {
+      const std::string w = e.what();
+      EXPECT_NE(w.find("DEEPINFER_USE_NEXTN_DECODE=3"), std::string::npos) << w;
+      EXPECT_NE(w.find("the 2 drafts"), std::string::npos) << w;
+    }
+  }
   LLMConfig c;
   c.model = "builtin:toy";
   for (auto [name, value] : std::vector<std::pair<const char*, const char*>>{

@@ -15,9 +15,12 @@
 #include "engine/engine.h"
 #include "engine/model_loader.h"
 #include "model/drafter.h"
+#include "spec_test_util.h"
 
 using namespace deepinfer;
 using namespace deepinfer::engine;
+using spec_test::DrafterSwap;
+using spec_test::OracleDrafter;
 
 namespace {
 constexpr int32_t kL = 5;
@@ -28,76 +31,6 @@ std::filesystem::path source_dir() {
   if (const char* d = std::getenv("DEEPINFER_SOURCE_DIR"); d && *d) return d;
   return std::filesystem::path(__FILE__).parent_path().parent_path().parent_path().parent_path();
 }
-
-// Forwards everything to `inner` but drafts with `drafter` (null: no drafter).
-class DrafterSwap final : public model::CausalLM {
- public:
-  DrafterSwap(std::unique_ptr<model::CausalLM> inner, std::unique_ptr<model::Drafter> d)
-      : inner_(std::move(inner)), drafter_(std::move(d)) {}
-  int64_t vocab_size() const override { return inner_->vocab_size(); }
-  int64_t max_model_len() const override { return inner_->max_model_len(); }
-  int64_t eos_token_id() const override { return inner_->eos_token_id(); }
-  int64_t bos_token_id() const override { return inner_->bos_token_id(); }
-  std::string describe() const override { return inner_->describe(); }
-  kv::CacheGeometry plan_cache(size_t b, int64_t s) const override { return inner_->plan_cache(b, s); }
-  void allocate_cache(const kv::CacheGeometry& g) override { inner_->allocate_cache(g); }
-  void reset_slot(int32_t slot) override { inner_->reset_slot(slot); }
-  model::ForwardOutput run(const model::ForwardBatch& b, const model::ForwardOptions& o) override {
-    return inner_->run(b, o);
-  }
-  int64_t max_rollback() const override { return inner_->max_rollback(); }
-  void rollback(int32_t slot, int64_t n, int64_t keep) override { inner_->rollback(slot, n, keep); }
-  model::Drafter* drafter() override { return drafter_.get(); }
-
- private:
-  std::unique_ptr<model::CausalLM> inner_;
-  std::unique_ptr<model::Drafter> drafter_;
-};
-
-// Knows every request's plain greedy sequence (prompt + output); proposes, after the anchor at
-// position p, pattern(p) tokens of it and then a token it is not (so exactly that many can be
-// accepted). Which sequence a slot holds is found from the tokens fed to it.
-class OracleDrafter final : public model::Drafter {
- public:
-  OracleDrafter(std::vector<std::vector<int32_t>> sequences, int64_t vocab, std::function<int32_t(int64_t)> pattern)
-      : seqs_(std::move(sequences)), vocab_(vocab), pattern_(std::move(pattern)) {}
-  std::string describe() const override { return "oracle"; }
-  int64_t max_draft_tokens() const override { return kL; }
-  std::vector<model::DraftProposal> propose(const model::DraftBatch& batch, Tensor*) override {
-    std::vector<model::DraftProposal> out;
-    for (const model::DraftSeq& s : batch.seqs) {
-      std::vector<int32_t>& fed = fed_[s.cache_slot];
-      if (s.first_position == 0) fed.clear();
-      fed.resize(size_t(s.first_position));  // positions after a rollback were never fed
-      fed.insert(fed.end(), s.next_tokens.begin(), s.next_tokens.end());  // tokens at positions 1..
-      model::DraftProposal p;
-      const std::vector<int32_t>* seq = find(fed);
-      const int64_t anchor = s.first_position + s.num_positions;  // position of the anchor token
-      const int32_t good = std::clamp<int32_t>(pattern_(anchor), 0, s.num_drafts);
-      for (int32_t i = 0; i < s.num_drafts && seq; ++i) {
-        const size_t pos = size_t(anchor + 1 + i);
-        if (pos >= seq->size()) break;
-        const int32_t right = (*seq)[pos];
-        p.tokens.push_back(i < good ? right : int32_t((right + 1 + i) % vocab_));
-        p.logprobs.push_back(i < good ? -0.1f : -3.f);
-        if (i >= good) break;
-      }
-      out.push_back(std::move(p));
-    }
-    return out;
-  }
-
- private:
-  const std::vector<int32_t>* find(const std::vector<int32_t>& fed) const {
-    for (const auto& s : seqs_)
-      if (s.size() > fed.size() && std::equal(fed.begin(), fed.end(), s.begin() + 1)) return &s;
-    return nullptr;
-  }
-  std::vector<std::vector<int32_t>> seqs_;
-  int64_t vocab_;
-  std::function<int32_t(int64_t)> pattern_;
-  std::map<int32_t, std::vector<int32_t>> fed_;
-};
 
 struct SpecSetup {
   int32_t drafts = kL;            // 0: plain decoding
@@ -125,7 +58,7 @@ SpecRun run(const SpecSetup& s, const std::vector<std::vector<int32_t>>& prompts
   std::unique_ptr<model::CausalLM> m = load_model(model_dir(), lo);
   const int64_t vocab = m->vocab_size();
   if (s.oracle)
-    m = std::make_unique<DrafterSwap>(std::move(m), std::make_unique<OracleDrafter>(*s.oracle, vocab, s.pattern));
+    m = std::make_unique<DrafterSwap>(std::move(m), std::make_unique<OracleDrafter>(*s.oracle, vocab, s.pattern, kL));
   LLMConfig lc;
   std::unique_ptr<TextCodec> codec = s.grammar ? load_codec(lc, model_dir(), vocab) : nullptr;
   std::unique_ptr<GrammarCompiler> grammar = s.grammar ? make_grammar_compiler(codec.get(), vocab, 1) : nullptr;

@@ -40,11 +40,10 @@ ConformanceCase v41_case(const std::string& fixture) {
           .sequence = "t161"};
 }
 
-// v41_a_release holds the DSpark stages: its instances also run the drafter tests (the DSpark rings
-// fed step by step with rollbacks == fed at once).
-INSTANTIATE_TEST_SUITE_P(V41Cpu, CausalLMConformance,
-                         ::testing::Values(v41_case("v41_a"), v41_case("v41_b"), v41_case("v41_a_release")),
+INSTANTIATE_TEST_SUITE_P(V41Cpu, CausalLMConformance, ::testing::Values(v41_case("v41_a"), v41_case("v41_b")),
                          [](const auto& info) { return info.param.fixture; });
+// v41_a_release holds the DSpark stages: its instance also runs the drafter tests (the DSpark rings
+// fed step by step with rollbacks == fed at once, bit for bit with the model's QAT numerics).
 INSTANTIATE_TEST_SUITE_P(V41CpuInvariant, CausalLMConformance,
                          ::testing::Values(v41_invariant_case("v41_a"), v41_invariant_case("v41_b"),
                                            v41_invariant_case("v41_a_release")),

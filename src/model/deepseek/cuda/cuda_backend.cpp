@@ -733,6 +733,10 @@ void CudaBackend::hc_collapse(const float* x, const float* prev_mix, float* u, i
                   stream_.get());
 }
 
+void CudaBackend::stream_mean(const float* x, float* out, int64_t out_stride, int64_t tokens) {
+  cuda::stream_mean(x, out, out_stride, tokens, arch_.dims.streams, arch_.dims.hidden, stream_.get());
+}
+
 void CudaBackend::add_streams(float* x, const float* v, int64_t tokens, int64_t streams, int64_t dim) {
   cuda::add_streams(x, v, tokens, streams, dim, stream_.get());
 }

@@ -113,6 +113,7 @@ class CudaBackend final : public ModelBackend {
   void hc_post(const HcPostArgs& a) override;
   void hc_collapse(const float* x, const float* prev_mix, float* u, int64_t tokens) override;
   void add_streams(float* x, const float* v, int64_t tokens, int64_t streams, int64_t dim) override;
+  void stream_mean(const float* x, float* out, int64_t out_stride, int64_t tokens) override;
   void moe_route(const MoeRef& M, const float* logits, int32_t* ids, float* wts) override;
   void moe_dispatch(const MoeRef& M) override;
   void moe_experts(const MoeRef& M) override;

@@ -155,6 +155,29 @@ void add_streams(float* x, const float* v, int64_t tokens, int64_t streams, int6
 }
 
 namespace {
+__global__ void stream_mean_kernel(const float* x, float* out, int64_t out_stride, int64_t tokens, int64_t streams,
+                                   int64_t dim) {
+  for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x)
+    for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) {
+      float s = 0.f;
+      for (int64_t k = 0; k < streams; ++k) s = __fadd_rn(s, x[(t * streams + k) * dim + c]);
+      out[t * out_stride + c] = __fdiv_rn(s, float(streams));
+    }
+}
+}  // namespace
+
+void stream_mean(const float* x, float* out, int64_t out_stride, int64_t tokens, int64_t streams, int64_t dim,
+                 cudaStream_t stream) {
+  if (tokens < 0 || streams <= 0 || dim <= 0 || out_stride < dim)
+    DI_THROW(InvalidArgument, "stream_mean: bad shape tokens=", tokens, " streams=", streams, " dim=", dim,
+             " out_stride=", out_stride);
+  if (tokens == 0) return;
+  if (!x || !out) DI_THROW(InvalidArgument, "stream_mean: null x or out");
+  stream_mean_kernel<<<grid_for(tokens), kThreads, 0, stream>>>(x, out, out_stride, tokens, streams, dim);
+  DI_CUDA_CHECK_LAUNCH();
+}
+
+namespace {
 __global__ void patch_input_kernel(const __grid_constant__ ops::cpu::InputPatchArgs p) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= p.count) return;

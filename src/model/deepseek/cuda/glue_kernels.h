@@ -20,6 +20,10 @@ void moe_combine(const ops::cpu::MoeCombineArgs& p, cudaStream_t stream);
 void decode_pool(const ops::cpu::DecodePoolArgs& p, cudaStream_t stream);
 // x[t, j, :] += v[t, :] for every stream j (f32).
 void add_streams(float* x, const float* v, int64_t tokens, int64_t streams, int64_t dim, cudaStream_t stream);
+// DSpark taps (V4.1): out[t * out_stride + c] = (x[t,0,c] + ... + x[t,n-1,c]) / n, f32, summed in
+// stream order and divided once (the CPU backend's stream_mean, bit for bit).
+void stream_mean(const float* x, float* out, int64_t out_stride, int64_t tokens, int64_t streams, int64_t dim,
+                 cudaStream_t stream);
 // Per row of logits [rows, row_stride] f32 (device): the argmax over the first `vocab` entries
 // (lowest id on ties) and its log-softmax value, into device tokens[rows] / logprobs[rows].
 void greedy_rows(const float* logits, int64_t row_stride, int64_t rows, int64_t vocab, int32_t* tokens,
