@@ -79,11 +79,13 @@ namespace {
 class CudaSlotSaves final : public PendingSlotSaves {
  public:
   CudaSlotSaves(std::shared_ptr<uint8_t> pool, std::shared_ptr<deepinfer::cuda::Event> done,
-                std::shared_ptr<bool> busy, std::vector<SlotSave> saves, size_t each)
-      : pool_(std::move(pool)), done_(std::move(done)), busy_(std::move(busy)), saves_(std::move(saves)), each_(each) {}
+                std::shared_ptr<uint64_t> owner, uint64_t id, std::vector<SlotSave> saves, size_t each)
+      : pool_(std::move(pool)), done_(std::move(done)), owner_(std::move(owner)), id_(id), saves_(std::move(saves)),
+        each_(each) {}
   ~CudaSlotSaves() override {
-    if (!waited_) cudaEventSynchronize(done_->get());  // the staging must be idle before reuse
-    *busy_ = false;
+    if (waited_) return;
+    cudaEventSynchronize(done_->get());  // the staging must be idle before it is reused
+    release();
   }
   std::vector<SlotSnapshot> wait() override {
     DI_CHECK(!waited_, "queued slot saves waited for twice");
@@ -95,13 +97,18 @@ class CudaSlotSaves final : public PendingSlotSaves {
       const uint8_t* p = pool_.get() + i * each_;
       out.push_back({.num_tokens = saves_[i].num_tokens, .bytes = std::vector<uint8_t>(p, p + each_)});
     }
+    release();  // copied out: the staging is free for the next queue_save_slots
     return out;
   }
 
  private:
+  void release() {
+    if (*owner_ == id_) *owner_ = 0;
+  }
   std::shared_ptr<uint8_t> pool_;
   std::shared_ptr<deepinfer::cuda::Event> done_;
-  std::shared_ptr<bool> busy_;
+  std::shared_ptr<uint64_t> owner_;
+  uint64_t id_ = 0;
   std::vector<SlotSave> saves_;
   size_t each_ = 0;
   bool waited_ = false;
@@ -110,7 +117,7 @@ class CudaSlotSaves final : public PendingSlotSaves {
 
 std::unique_ptr<PendingSlotSaves> CudaBackend::queue_save_slots(std::span<const SlotSave> saves) {
   if (saves.empty()) return std::make_unique<ReadySlotSaves>(std::vector<SlotSnapshot>{});
-  DI_CHECK(!*save_busy_, "queue_save_slots: the previous saves were not waited for");
+  DI_CHECK(*save_owner_ == 0, "queue_save_slots: the previous saves were neither waited for nor dropped");
   const size_t each = cache_.slot_bytes(), need = each * saves.size();
   if (need > save_pool_bytes_) {
     save_pool_bytes_ = need + need / 4;
@@ -119,8 +126,8 @@ std::unique_ptr<PendingSlotSaves> CudaBackend::queue_save_slots(std::span<const 
   if (!save_done_) save_done_ = std::make_shared<deepinfer::cuda::Event>();
   for (size_t i = 0; i < saves.size(); ++i) cache_.queue_save_slot(saves[i].slot, save_pool_.get() + i * each, stream_.get());
   save_done_->record(stream_.get());
-  *save_busy_ = true;
-  return std::make_unique<CudaSlotSaves>(save_pool_, save_done_, save_busy_,
+  *save_owner_ = ++save_handles_;
+  return std::make_unique<CudaSlotSaves>(save_pool_, save_done_, save_owner_, *save_owner_,
                                          std::vector<SlotSave>(saves.begin(), saves.end()), each);
 }
 

@@ -122,12 +122,13 @@ class CudaBackend final : public ModelBackend {
 
  private:
   enum class MoePath { kFixed, kGrouped, kHostRouted };
-  // queue_save_slots' staging: pinned bytes, their size, the event after the copies, and whether
-  // a handle is still out (shared with it: one outstanding handle at a time).
+  // queue_save_slots' staging: pinned bytes, their size, the event after the copies, and which
+  // handle still holds them (0: none; shared with the handles: one outstanding at a time).
   std::shared_ptr<uint8_t> save_pool_;
   size_t save_pool_bytes_ = 0;
   std::shared_ptr<deepinfer::cuda::Event> save_done_;
-  std::shared_ptr<bool> save_busy_ = std::make_shared<bool>(false);
+  std::shared_ptr<uint64_t> save_owner_ = std::make_shared<uint64_t>(0);
+  uint64_t save_handles_ = 0;
   MoePath moe_path(const MoeRef& M) const;
   bool grouped_moe() const;  // the device-permutation grouped MoE path exists (bf16, native or dequantised experts)
   void linear_fp8(const LinearRef& W, const void* x, int64_t ldx, int64_t bsx, int64_t M, void* y, DType y_dtype,
