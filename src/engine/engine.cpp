@@ -81,7 +81,8 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<model::CausalLM> mode
                                                                  .num_speculative_tokens = sc.num_speculative_tokens,
                                                                  .sampled_drafts = config_.sampled_drafts,
                                                                  .block_tokens = g.block_tokens,
-                                                                 .host_blocks = sc.prefix_cache.host_blocks});
+                                                                 .host_blocks = sc.prefix_cache.host_blocks,
+                                                                 .async_checkpoints = config_.async_checkpoint_copies});
   // Plain steps: N+1 is planned and launched before N is applied. Drafting steps: N+1's inputs
   // and drafts come from N's verification (which tokens it accepted) and its drafter pass, so N
   // is collected and applied first; what overlaps N+1's forward is N's output processing, the

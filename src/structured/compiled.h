@@ -22,22 +22,35 @@
 
 namespace deepinfer::structured {
 
+// Tokens by byte-order rank (positions in TokenVocabulary::tok_ids_): [lo, hi).
+struct RankRange {
+  int32_t lo, hi;
+  bool operator==(const RankRange&) const = default;
+};
+
 struct StateMaskCache {
   std::vector<uint32_t> accepted_bits;  // [ceil(vocab/32)] when many tokens are accepted, else empty
   std::vector<int32_t> accepted_ids;    // otherwise: the accepted token ids
-  std::vector<int32_t> uncertain;       // token ids in byte-sorted order
-  std::vector<int32_t> uncertain_lcp;   // [uncertain.size()] common prefix with the previous one
+  // Uncertain tokens as rank ranges: increasing, disjoint, never adjacent. They come in whole
+  // trie subtrees, so a state whose every token is uncertain (a final state of a called rule
+  // that any byte may leave) holds a handful of ranges rather than 128k ids.
+  std::vector<RankRange> uncertain;
+  int64_t num_uncertain() const {
+    int64_t n = 0;
+    for (const RankRange& r : uncertain) n += r.hi - r.lo;
+    return n;
+  }
 };
 
 // A root child's subtree walked from a given state (mask_walk.cpp): what any state whose first
 // byte leads there gets for that subtree. Accepted tokens as rank bits in the words
-// [w0, w0 + words.size()) of the rank bitmap (only the subtree's bits set); uncertain ids in
+// [w0, w0 + words.size()) of the rank bitmap (only the subtree's bits set); uncertain ranks in
 // trie preorder.
 struct SubtreeResult {
   int32_t w0 = 0;
   std::vector<uint64_t> words;
   int64_t count = 0;
-  std::vector<int32_t> uncertain;
+  std::vector<RankRange> uncertain;  // in rank order, possibly adjacent
 };
 
 // so_args "trigger_token_ids" / "bound_token_id" (DeepInfer's semantics): tokens are free until
@@ -67,7 +80,7 @@ struct CompiledGrammarImpl {
   // Empty when the reachable part is too large to be worth sharing.
   std::string shared_key(int32_t state) const;
   // The walks behind state_cache (mask_walk.cpp), uncached: the fast one and its plain twin.
-  // Equal results (accepted as a set, uncertain in order); tests compare them.
+  // Equal results (accepted as a set, uncertain ranges); tests compare them.
   std::shared_ptr<const StateMaskCache> compute_state_cache(int32_t state) const;
   std::shared_ptr<const StateMaskCache> compute_state_cache_reference(int32_t state) const;
 

@@ -19,9 +19,10 @@
 namespace deepinfer::structured {
 namespace {
 
-// accepted_bits: [ceil(vocab/32)] accepted token bits; uncertain in trie preorder.
+// accepted_bits: [ceil(vocab/32)] accepted token bits; uncertain: rank ranges in trie
+// preorder (increasing, possibly adjacent), merged here.
 std::shared_ptr<const StateMaskCache> finish_cache(const TokenVocabulary& v, std::vector<uint32_t> accepted_bits,
-                                                   size_t num_accepted, std::vector<int32_t> uncertain) {
+                                                   size_t num_accepted, const std::vector<RankRange>& uncertain) {
   auto c = std::make_shared<StateMaskCache>();
   const int32_t vs = v.vocab_size();
   if (num_accepted * 32 > static_cast<size_t>(vs)) {
@@ -32,18 +33,14 @@ std::shared_ptr<const StateMaskCache> finish_cache(const TokenVocabulary& v, std
       for (uint32_t x = accepted_bits[w]; x; x &= x - 1)
         c->accepted_ids.push_back(static_cast<int32_t>(w * 32 + __builtin_ctz(x)));
   }
-  // The walks visit the trie in preorder, so `uncertain` is already byte-sorted: the common
-  // prefix of two of them is the least common prefix of the sorted neighbours in between
-  // (mostly none: uncertain tokens come in whole subtrees).
-  c->uncertain_lcp.resize(uncertain.size(), 0);
-  const int32_t* lcp_prev = v.lcp_prev_.data();
-  for (size_t j = 1; j < uncertain.size(); ++j) {
-    const int32_t ka = v.rank_[uncertain[j - 1]], kb = v.rank_[uncertain[j]];
-    int32_t l = lcp_prev[kb];
-    for (int32_t k = ka + 1; k < kb; ++k) l = std::min(l, lcp_prev[k]);
-    c->uncertain_lcp[j] = l;
+  for (const RankRange& r : uncertain) {
+    if (r.lo >= r.hi) continue;
+    if (!c->uncertain.empty() && c->uncertain.back().hi >= r.lo) {
+      c->uncertain.back().hi = std::max(c->uncertain.back().hi, r.hi);
+    } else {
+      c->uncertain.push_back(r);
+    }
   }
-  c->uncertain = std::move(uncertain);
   return c;
 }
 
@@ -362,7 +359,7 @@ std::shared_ptr<const StateMaskCache> CompiledGrammarImpl::compute_state_cache(i
     std::fill(accepted_rank.begin() + w0 + 1, accepted_rank.begin() + w1, ~0ull);
     accepted_rank[w1] |= m1;
   };
-  std::vector<int32_t> uncertain;
+  std::vector<RankRange> uncertain;  // rank ranges, preorder
   // The per-state facts of the states this walk meets (few: a string body, its chain), kept
   // here so a visited node costs no shared-array loads (direct-mapped by state).
   struct Local {
@@ -470,7 +467,7 @@ std::shared_ptr<const StateMaskCache> CompiledGrammarImpl::compute_state_cache(i
     }
     esc[d] = esc[d - 1] | static_cast<uint8_t>(e);
     if (!alive) {
-      if (esc[d]) uncertain.insert(uncertain.end(), tok_ids + tok_begin[i], tok_ids + tok_begin[end[i]]);
+      if (esc[d]) uncertain.push_back({tok_begin[i], tok_begin[end[i]]});
       i = end[i];
       continue;
     }
@@ -555,7 +552,7 @@ std::shared_ptr<const StateMaskCache> CompiledGrammarImpl::compute_state_cache(i
     }
     if (single[d] < 0 && tok_begin[i] < tok_begin[i + 1] && !unguarded(pool, frames[d])) {
       // Alive only past a key-set check: the real set decides.
-      uncertain.insert(uncertain.end(), tok_ids + tok_begin[i], tok_ids + tok_begin[i + 1]);
+      uncertain.push_back({tok_begin[i], tok_begin[i + 1]});
     } else {
       accept_range(tok_begin[i], tok_begin[i + 1]);
     }
@@ -574,7 +571,7 @@ std::shared_ptr<const StateMaskCache> CompiledGrammarImpl::compute_state_cache(i
       accepted[t >> 5] ^= 1u << (t & 31);  // set (from 0) or clear (from the grammar set)
     }
   }
-  return finish_cache(v, std::move(accepted), num_accepted, std::move(uncertain));
+  return finish_cache(v, std::move(accepted), num_accepted, uncertain);
 }
 
 std::shared_ptr<const StateMaskCache> CompiledGrammarImpl::compute_state_cache_reference(int32_t state) const {
@@ -590,7 +587,7 @@ std::shared_ptr<const StateMaskCache> CompiledGrammarImpl::compute_state_cache_r
   frames[0] = {{state, called ? kBottom : kRootParent, kUnknownSet}};
   std::vector<uint32_t> accepted((v.vocab_size() + 31) / 32, 0);
   size_t num_accepted = 0;
-  std::vector<int32_t> uncertain;
+  std::vector<RankRange> uncertain;
   const size_t n = v.num_nodes();
   for (size_t i = 1; i < n;) {
     const int32_t d = v.depth_[i];
@@ -599,7 +596,7 @@ std::shared_ptr<const StateMaskCache> CompiledGrammarImpl::compute_state_cache_r
     esc[d] = esc[d - 1] | static_cast<uint8_t>(e);
     if (frames[d].empty()) {
       if (esc[d])
-        for (int32_t k = v.tok_begin_[i]; k < v.tok_begin_[v.end_[i]]; ++k) uncertain.push_back(v.tok_ids_[k]);
+        for (int32_t k = v.tok_begin_[i]; k < v.tok_begin_[v.end_[i]]; ++k) uncertain.push_back({k, k + 1});
       i = v.end_[i];
       continue;
     }
@@ -607,7 +604,7 @@ std::shared_ptr<const StateMaskCache> CompiledGrammarImpl::compute_state_cache_r
     for (int32_t k = v.tok_begin_[i]; k < v.tok_begin_[i + 1]; ++k) {
       const int32_t t = v.tok_ids_[k];
       if (!sure) {
-        uncertain.push_back(t);
+        uncertain.push_back({k, k + 1});
         continue;
       }
       accepted[t >> 5] |= 1u << (t & 31);
@@ -615,7 +612,7 @@ std::shared_ptr<const StateMaskCache> CompiledGrammarImpl::compute_state_cache_r
     }
     ++i;
   }
-  return finish_cache(v, std::move(accepted), num_accepted, std::move(uncertain));
+  return finish_cache(v, std::move(accepted), num_accepted, uncertain);
 }
 
 }  // namespace deepinfer::structured

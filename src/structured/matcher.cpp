@@ -33,37 +33,52 @@ struct MatcherState {
   const std::vector<Frame>& cur() const { return history.back(); }
   void fill_mask(std::vector<uint32_t>& bits);
   void walk_uncertain(const StateMaskCache& c, Frame f, std::vector<uint32_t>& bits);
-  void walk_list(const int32_t* ids, const int32_t* lcps, size_t n, Frame f, std::vector<uint32_t>& bits);
+  void walk_ranks(const RankRange* r, size_t n, Frame f, std::vector<uint32_t>& bits);
   bool advance(std::string_view bytes, std::vector<Frame>& out);
 };
 
 void MatcherState::walk_uncertain(const StateMaskCache& c, Frame f, std::vector<uint32_t>& bits) {
-  walk_list(c.uncertain.data(), c.uncertain_lcp.data(), c.uncertain.size(), f, bits);
+  walk_ranks(c.uncertain.data(), c.uncertain.size(), f, bits);
 }
 
-// Walks tokens ids[0..n) (byte-sorted; lcp[j]: common prefix of ids[j-1] and ids[j]) from the
-// real frame f, setting the bits of those that stay alive.
-void MatcherState::walk_list(const int32_t* ids, const int32_t* lcps, size_t n, Frame f, std::vector<uint32_t>& bits) {
+// Walks the tokens of rank ranges r[0..n) (increasing) from the real frame f, setting the bits
+// of those that stay alive. Consecutive tokens share the frames of their common prefix; a token
+// that dies after d bytes skips, in O(1), every later token with the same d-byte prefix (the
+// rest of its trie ancestor's subtree at depth d).
+void MatcherState::walk_ranks(const RankRange* r, size_t n, Frame f, std::vector<uint32_t>& bits) {
   const TokenVocabulary& v = *g->vocab;
+  const int32_t* tok_ids = v.tok_ids_.data();
   Stepper stepper(g->pda, pool, true);
   std::vector<std::vector<Frame>> frames(1, std::vector<Frame>{f});  // [depth]
-  int32_t dead = -1;  // the previous token died after this many bytes
+  std::string_view prev;  // the last walked token; frames[0..valid] hold its prefix
+  size_t valid = 0;
+  int32_t k = 0;
   for (size_t j = 0; j < n; ++j) {
-    const int32_t lcp = j == 0 ? 0 : lcps[j];
-    if (dead >= 0 && lcp >= dead) continue;  // shares the dead prefix
-    dead = -1;
-    const std::string& s = v.bytes(ids[j]);
-    if (frames.size() < s.size() + 1) frames.resize(s.size() + 1);
-    size_t k = static_cast<size_t>(lcp);
-    for (; k < s.size(); ++k) {
-      stepper.step(frames[k], static_cast<uint8_t>(s[k]), frames[k + 1], nullptr);
-      if (frames[k + 1].empty()) break;
-    }
-    if (k == s.size()) {
-      int32_t t = ids[j];
-      bits[t >> 5] |= 1u << (t & 31);
-    } else {
-      dead = static_cast<int32_t>(k + 1);
+    for (k = std::max(k, r[j].lo); k < r[j].hi;) {
+      const int32_t id = tok_ids[k];
+      const std::string& s = v.bytes(id);
+      size_t l = 0;
+      const size_t lmax = std::min({prev.size(), s.size(), valid});
+      while (l < lmax && prev[l] == s[l]) ++l;
+      if (frames.size() < s.size() + 1) frames.resize(s.size() + 1);
+      size_t d = l;
+      for (; d < s.size(); ++d) {
+        stepper.step(frames[d], static_cast<uint8_t>(s[d]), frames[d + 1], nullptr);
+        if (frames[d + 1].empty()) break;
+      }
+      prev = s;
+      if (d == s.size()) {
+        bits[id >> 5] |= 1u << (id & 31);
+        valid = s.size();
+        ++k;
+        continue;
+      }
+      // Died on byte d: skip the subtree of the trie node for s[0..d] (depth d + 1).
+      valid = d;
+      int32_t node = v.node_of_[id];
+      for (int32_t depth = static_cast<int32_t>(s.size()); depth > static_cast<int32_t>(d) + 1; --depth)
+        node = v.parent_[node];
+      k = v.tok_begin_[v.end_[node]];
     }
   }
 }
@@ -83,7 +98,8 @@ void MatcherState::fill_mask(std::vector<uint32_t>& bits) {
   const int32_t slack = v.max_depth_ * (g->pda.max_call_chain + 1) + 1;
   for (const Frame& f : cur()) {
     if (pool.depth(f.parent) + slack >= NodePool::kMaxDepth) {
-      walk_list(v.tok_ids_.data(), v.lcp_prev_.data(), v.tok_ids_.size(), f, bits);
+      const RankRange all{0, static_cast<int32_t>(v.tok_ids_.size())};
+      walk_ranks(&all, 1, f, bits);
       continue;
     }
     auto c = g->state_cache(f.state);

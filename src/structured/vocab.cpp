@@ -138,6 +138,7 @@ TokenVocabulary::TokenVocabulary(TokenizerInfo info) : info_(std::move(info)) {
   below_bytes_.assign(byte_.size(), {0, 0, 0, 0});
   utf8_below_.assign(byte_.size(), 0xFF);
   height_.assign(byte_.size(), 0);
+  parent_ = parent;
   for (size_t i = byte_.size() - 1; i >= 1; --i) {
     height_[parent[i]] = std::max(height_[parent[i]], height_[i] + 1);
     auto& up = below_bytes_[parent[i]];

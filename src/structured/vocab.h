@@ -75,6 +75,7 @@ class TokenVocabulary {
   std::vector<uint8_t> byte_;      // byte on the edge into the node
   std::vector<int32_t> depth_;     // prefix length
   std::vector<int32_t> end_;       // one past the last node of the subtree
+  std::vector<int32_t> parent_;    // [num_nodes] parent node (-1 for the root)
   std::vector<int32_t> tok_begin_; // [num_nodes + 1]: tokens ending at node i are
   std::vector<int32_t> tok_ids_;   //   tok_ids_[tok_begin_[i] .. tok_begin_[i+1])
   std::vector<int32_t> node_of_;   // [vocab_size] trie node of a grammar token, else -1

@@ -301,6 +301,12 @@ class ModelBackend : public Backend {
   virtual void reset_slot(int32_t slot) = 0;
   virtual SlotSnapshot save_slot(int32_t slot, int64_t num_tokens) = 0;
   virtual void restore_slot(int32_t slot, const SlotSnapshot& snapshot) = 0;
+  // CausalLM::queue_save_slots (the model validated every save). Default: each save_slot now.
+  virtual std::unique_ptr<PendingSlotSaves> queue_save_slots(std::span<const SlotSave> saves) {
+    std::vector<SlotSnapshot> out;
+    for (const SlotSave& s : saves) out.push_back(save_slot(s.slot, s.num_tokens));
+    return std::make_unique<ReadySlotSaves>(std::move(out));
+  }
   // Prefix caching's host tier (CausalLM::copy_blocks_*): every layer's rows of a paged block as
   // paged_block_bytes() bytes; copies are complete on return.
   virtual size_t paged_block_bytes() const = 0;

@@ -66,13 +66,21 @@ bool DeepseekModel::can_save_slot(int32_t slot, int64_t n) const {
   return n >= 0 && n <= e.length && e.written_end - n <= max_rollback();
 }
 
+void DeepseekModel::check_saveable(int32_t slot, int64_t n) const {
+  if (can_save_slot(slot, n)) return;
+  const SlotExtent e = size_t(slot) < slot_extent_.size() ? slot_extent_[size_t(slot)] : SlotExtent{};
+  DI_THROW(InvalidArgument, describe(), ": slot ", slot, " cannot be saved at ", n, " positions (it holds ",
+           e.length, ", rings written to ", e.written_end, ", rollback ", max_rollback(), ")");
+}
+
 SlotSnapshot DeepseekModel::save_slot(int32_t slot, int64_t n) {
-  if (!can_save_slot(slot, n)) {
-    const SlotExtent e = size_t(slot) < slot_extent_.size() ? slot_extent_[size_t(slot)] : SlotExtent{};
-    DI_THROW(InvalidArgument, describe(), ": slot ", slot, " cannot be saved at ", n, " positions (it holds ",
-             e.length, ", rings written to ", e.written_end, ", rollback ", max_rollback(), ")");
-  }
+  check_saveable(slot, n);
   return be_->save_slot(slot, n);
+}
+
+std::unique_ptr<PendingSlotSaves> DeepseekModel::queue_save_slots(std::span<const SlotSave> saves) {
+  for (const SlotSave& s : saves) check_saveable(s.slot, s.num_tokens);
+  return be_->queue_save_slots(saves);
 }
 
 void DeepseekModel::restore_slot(int32_t slot, const SlotSnapshot& snap) {

@@ -62,6 +62,7 @@ class DeepseekModel : public CausalLM {
   SlotSnapshot save_slot(int32_t slot, int64_t num_tokens) override;
   void restore_slot(int32_t slot, const SlotSnapshot& s) override;
   bool can_save_slot(int32_t slot, int64_t num_tokens) const override;
+  std::unique_ptr<PendingSlotSaves> queue_save_slots(std::span<const SlotSave> saves) override;
   size_t paged_block_bytes() const override { return be_->paged_block_bytes(); }
   void copy_blocks_to_host(std::span<const HostBlockCopy> copies) override;
   void copy_blocks_from_host(std::span<const HostBlockCopy> copies) override;
@@ -102,6 +103,7 @@ class DeepseekModel : public CausalLM {
   // Records what a batch writes into each slot (target or drafter rings).
   void note_writes(const ForwardBatch& batch, bool target);
   void check_blocks(std::span<const HostBlockCopy> copies, const char* what) const;
+  void check_saveable(int32_t slot, int64_t num_tokens) const;  // InvalidArgument unless can_save_slot
 
  protected:
   // Host work of a family once a step's tokens are known, before it is planned (V4.1: Engram rows).

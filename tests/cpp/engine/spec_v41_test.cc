@@ -40,6 +40,7 @@ struct Setup {
   int64_t max_batched = 2048, max_seqs = 8;
   int64_t cache_blocks = 0;  // > 0: this many paged blocks (forces preemption)
   bool varlen = false;
+  bool measured_cost = false;  // varlen with the curve the engine measures at start-up (DSpark rounds too)
   const std::vector<std::vector<int32_t>>* oracle = nullptr;
   std::function<int32_t(int64_t)> pattern;
 };
@@ -76,7 +77,7 @@ V41Run run(const Setup& s, const std::vector<std::vector<int32_t>>& prompts, con
   }
   ec.num_speculative_tokens = s.drafts;
   ec.varlen_drafts = s.varlen;
-  if (s.varlen) ec.step_cost = StepCostModel({{1, 1.0}, {8, 1.1}, {32, 1.6}, {128, 4.0}});
+  if (s.varlen && !s.measured_cost) ec.step_cost = StepCostModel({{1, 1.0}, {8, 1.1}, {32, 1.6}, {128, 4.0}});
   Engine eng(ec, std::move(m), nullptr, nullptr);
   for (size_t i = 0; i < prompts.size(); ++i)
     eng.add_request(std::to_string(i), PromptInput::from_token_ids(prompts[i]), params, 0);
@@ -140,6 +141,7 @@ TEST(SpecV41, GreedyDSparkIdenticalAloneBatchedChunkedPreemptedVarlen) {
   const V41Run var = run({.varlen = true}, ps, p);
   EXPECT_EQ(var.tokens, plain.tokens) << "varlen (confidence head)";
   EXPECT_GT(var.stats.num_draft_tokens, 0);
+  EXPECT_EQ(run({.varlen = true, .measured_cost = true}, ps, p).tokens, plain.tokens) << "varlen, measured cost";
   // Forced preemption: three prompts just under a 256-token block and three blocks, so the
   // sequences crossing into a second block preempt one another.
   const auto lp = long_prompts(3, 245);
@@ -210,7 +212,7 @@ TEST(SpecV41, BenchDSparkAgainstPlain) {
   if (!std::getenv("DEEPINFER_SPEC_V41_BENCH")) GTEST_SKIP() << "set DEEPINFER_SPEC_V41_BENCH=1";
   const SamplingParams p = greedy(48);
   std::printf("| batch | plain tok/s | DSpark L=4 tok/s | speedup | varlen tok/s | accept len | per-position acceptance "
-              "| oracle L=4 tok/s | oracle speedup |\n");
+              "| oracle L=4 tok/s | oracle speedup | DSpark draft s / verify s |\n");
   for (int b : {1, 8, 32}) {
     const auto ps = prompts(b);
     const V41Run plain = run({.drafts = 0, .max_seqs = 32}, ps, p);
@@ -229,9 +231,9 @@ TEST(SpecV41, BenchDSparkAgainstPlain) {
     for (size_t i = 0; i < spec.stats.draft_verified_at.size(); ++i)
       per += std::to_string(double(spec.stats.draft_accepted_at[i]) /
                             double(std::max<int64_t>(spec.stats.draft_verified_at[i], 1))).substr(0, 5) + " ";
-    std::printf("| %d | %.1f | %.1f | %.2fx | %.1f | %.2f | %s| %.1f | %.2fx |\n", b, n / plain.seconds,
-                n / spec.seconds, plain.seconds / spec.seconds, n / var.seconds,
+    std::printf("| %d | %.1f | %.1f | %.2fx | %.1f | %.2f | %s| %.1f | %.2fx | %.2f / %.2f |\n", b,
+                n / plain.seconds, n / spec.seconds, plain.seconds / spec.seconds, n / var.seconds,
                 1.0 + double(spec.stats.num_accepted_drafts) / vs, per.c_str(), n / oracle.seconds,
-                plain.seconds / oracle.seconds);
+                plain.seconds / oracle.seconds, spec.runner.draft_time_s, spec.runner.verify_time_s);
   }
 }

@@ -56,14 +56,12 @@ void expect_fast_equals_reference(const std::shared_ptr<const TokenVocabulary>& 
     auto ref = impl.compute_state_cache_reference(s);
     ASSERT_EQ(accepted_of(*fast), accepted_of(*ref)) << args << " state " << s;
     ASSERT_EQ(fast->uncertain, ref->uncertain) << args << " state " << s;
-    ASSERT_EQ(fast->uncertain_lcp, ref->uncertain_lcp) << args << " state " << s;
-    // uncertain_lcp[j]: common prefix of uncertain tokens j-1 and j (by the bytes).
-    for (size_t j = 1; j < fast->uncertain.size(); ++j) {
-      const std::string& a = v->bytes(fast->uncertain[j - 1]);
-      const std::string& b = v->bytes(fast->uncertain[j]);
-      int32_t l = 0;
-      while (l < static_cast<int32_t>(std::min(a.size(), b.size())) && a[l] == b[l]) ++l;
-      ASSERT_EQ(fast->uncertain_lcp[j], l) << args << " state " << s << " uncertain " << j;
+    // Uncertain ranks: non-empty ranges, increasing, never adjacent (merged), in range.
+    for (size_t j = 0; j < fast->uncertain.size(); ++j) {
+      const RankRange& r = fast->uncertain[j];
+      ASSERT_LT(r.lo, r.hi) << args << " state " << s << " range " << j;
+      ASSERT_GE(r.lo, j == 0 ? 0 : fast->uncertain[j - 1].hi + 1) << args << " state " << s << " range " << j;
+      ASSERT_LE(r.hi, static_cast<int32_t>(v->tok_ids_.size())) << args << " state " << s << " range " << j;
     }
   }
 }
@@ -124,6 +122,21 @@ bool json_text(const std::string& s) {
     k += n;
   }
   return true;
+}
+
+// parent_: the node one byte up, whose subtree holds the node (walk_ranks climbs it to skip
+// every token sharing a dead prefix).
+TEST(MaskWalkRandom, Parents) {
+  auto v = random_vocab(13, 500, 10);
+  ASSERT_EQ(v->parent_.size(), v->num_nodes());
+  ASSERT_EQ(v->parent_[0], -1);
+  for (size_t i = 1; i < v->num_nodes(); ++i) {
+    const int32_t p = v->parent_[i];
+    ASSERT_GE(p, 0) << "node " << i;
+    ASSERT_LT(p, static_cast<int32_t>(i)) << "node " << i;
+    ASSERT_EQ(v->depth_[p] + 1, v->depth_[i]) << "node " << i;
+    ASSERT_GE(v->end_[p], v->end_[i]) << "node " << i;
+  }
 }
 
 // text_run_end_ / text_run_height_ against the tokens: a node is text when every token below

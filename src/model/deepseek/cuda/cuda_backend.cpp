@@ -74,6 +74,63 @@ SlotSnapshot CudaBackend::save_slot(int32_t slot, int64_t num_tokens) {
   return {.num_tokens = num_tokens, .bytes = cache_.save_slot(slot, stream_.get())};
 }
 
+namespace {
+// Snapshots copied into pinned staging by queue_save_slots, cut out once the event has passed.
+class CudaSlotSaves final : public PendingSlotSaves {
+ public:
+  CudaSlotSaves(std::shared_ptr<uint8_t> pool, std::shared_ptr<deepinfer::cuda::Event> done,
+                std::shared_ptr<uint64_t> owner, uint64_t id, std::vector<SlotSave> saves, size_t each)
+      : pool_(std::move(pool)), done_(std::move(done)), owner_(std::move(owner)), id_(id), saves_(std::move(saves)),
+        each_(each) {}
+  ~CudaSlotSaves() override {
+    if (waited_) return;
+    cudaEventSynchronize(done_->get());  // the staging must be idle before it is reused
+    release();
+  }
+  std::vector<SlotSnapshot> wait() override {
+    DI_CHECK(!waited_, "queued slot saves waited for twice");
+    done_->synchronize();
+    waited_ = true;
+    std::vector<SlotSnapshot> out;
+    out.reserve(saves_.size());
+    for (size_t i = 0; i < saves_.size(); ++i) {
+      const uint8_t* p = pool_.get() + i * each_;
+      out.push_back({.num_tokens = saves_[i].num_tokens, .bytes = std::vector<uint8_t>(p, p + each_)});
+    }
+    release();  // copied out: the staging is free for the next queue_save_slots
+    return out;
+  }
+
+ private:
+  void release() {
+    if (*owner_ == id_) *owner_ = 0;
+  }
+  std::shared_ptr<uint8_t> pool_;
+  std::shared_ptr<deepinfer::cuda::Event> done_;
+  std::shared_ptr<uint64_t> owner_;
+  uint64_t id_ = 0;
+  std::vector<SlotSave> saves_;
+  size_t each_ = 0;
+  bool waited_ = false;
+};
+}  // namespace
+
+std::unique_ptr<PendingSlotSaves> CudaBackend::queue_save_slots(std::span<const SlotSave> saves) {
+  if (saves.empty()) return std::make_unique<ReadySlotSaves>(std::vector<SlotSnapshot>{});
+  DI_CHECK(*save_owner_ == 0, "queue_save_slots: the previous saves were neither waited for nor dropped");
+  const size_t each = cache_.slot_bytes(), need = each * saves.size();
+  if (need > save_pool_bytes_) {
+    save_pool_bytes_ = need + need / 4;
+    save_pool_ = allocate_host_memory(save_pool_bytes_);
+  }
+  if (!save_done_) save_done_ = std::make_shared<deepinfer::cuda::Event>();
+  for (size_t i = 0; i < saves.size(); ++i) cache_.queue_save_slot(saves[i].slot, save_pool_.get() + i * each, stream_.get());
+  save_done_->record(stream_.get());
+  *save_owner_ = ++save_handles_;
+  return std::make_unique<CudaSlotSaves>(save_pool_, save_done_, save_owner_, *save_owner_,
+                                         std::vector<SlotSave>(saves.begin(), saves.end()), each);
+}
+
 void CudaBackend::restore_slot(int32_t slot, const SlotSnapshot& s) { cache_.restore_slot(slot, s.bytes, stream_.get()); }
 
 void CudaBackend::copy_blocks_to_host(std::span<const HostBlockCopy> copies) {

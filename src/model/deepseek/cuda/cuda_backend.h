@@ -54,6 +54,9 @@ class CudaBackend final : public ModelBackend {
   const kv::CacheGeometry& cache_geometry() const override { return cache_.geometry(); }
   void reset_slot(int32_t slot) override { cache_.reset_slot(slot, stream_.get()); }
   SlotSnapshot save_slot(int32_t slot, int64_t num_tokens) override;
+  // Stream-ordered copies into one pinned staging buffer (grown as needed), an event after them;
+  // the handle's wait() synchronises on the event and cuts the snapshots out.
+  std::unique_ptr<PendingSlotSaves> queue_save_slots(std::span<const SlotSave> saves) override;
   void restore_slot(int32_t slot, const SlotSnapshot& snapshot) override;
   size_t paged_block_bytes() const override { return cache_.block_bytes(); }
   void copy_blocks_to_host(std::span<const HostBlockCopy> copies) override;
@@ -124,6 +127,13 @@ class CudaBackend final : public ModelBackend {
 
  private:
   enum class MoePath { kFixed, kGrouped, kHostRouted };
+  // queue_save_slots' staging: pinned bytes, their size, the event after the copies, and which
+  // handle still holds them (0: none; shared with the handles: one outstanding at a time).
+  std::shared_ptr<uint8_t> save_pool_;
+  size_t save_pool_bytes_ = 0;
+  std::shared_ptr<deepinfer::cuda::Event> save_done_;
+  std::shared_ptr<uint64_t> save_owner_ = std::make_shared<uint64_t>(0);
+  uint64_t save_handles_ = 0;
   MoePath moe_path(const MoeRef& M) const;
   bool grouped_moe() const;  // the device-permutation grouped MoE path exists (bf16, native or dequantised experts)
   void linear_fp8(const LinearRef& W, const void* x, int64_t ldx, int64_t bsx, int64_t M, void* y, DType y_dtype,
