@@ -1,5 +1,6 @@
 // `deepinfer generate`: offline generation for one or many prompts, with a progress bar and
-// a summary (requests, tokens, TTFT, TPOT, tokens/s).
+// a summary (requests, tokens, TTFT, TPOT, tokens/s). --chat renders each prompt as a user turn in
+// the model's chat format (LLM::chat_prompt: V4's, or V4.1's for a DeepseekV41ForCausalLM folder).
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <fstream>
@@ -15,8 +16,12 @@ int run_generate(int argc, char** argv) {
   flags.add_to(app);
   std::vector<std::string> prompts;
   std::string prompts_file;
-  bool quiet = false;
+  bool quiet = false, chat = false, thinking = false;
   app.add_option("-p,--prompt", prompts, "prompt text (repeatable)");
+  app.add_flag("--chat", chat,
+               "each prompt is one user message, rendered in the model's chat format (DeepSeek-V4 or V4.1, "
+               "from config.json's architecture)");
+  app.add_flag("--thinking", thinking, "with --chat: thinking mode instead of chat mode");
   app.add_option("--prompts-file", prompts_file, "file with one prompt per line");
   app.add_flag("-q,--quiet", quiet, "print only the summary");
   CLI11_PARSE(app, argc, argv);
@@ -31,7 +36,15 @@ int run_generate(int argc, char** argv) {
   deepinfer::LLM llm(flags.llm_config());
   std::fprintf(stderr, "%s\n", llm.describe().c_str());
   std::vector<deepinfer::PromptInput> inputs;
-  for (auto& p : prompts) inputs.push_back(deepinfer::PromptInput::from_text(p));
+  for (auto& p : prompts) {
+    if (!chat) {
+      inputs.push_back(deepinfer::PromptInput::from_text(p));
+      continue;
+    }
+    deepinfer::ChatTemplateOptions co;
+    co.thinking = thinking;
+    inputs.push_back(deepinfer::PromptInput::from_text(llm.chat_prompt({{"user", p}}, co)));
+  }
   deepinfer::GenerateOptions opts;
   opts.progress_bar = prompts.size() > 1;
   auto outs = llm.generate(inputs, {flags.sampling()}, opts);

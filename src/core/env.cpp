@@ -70,15 +70,27 @@ const EnvKnob kKnobs[] = {
      }},
     {"DEEPINFER_ASYNC_SCHEDULING", "plan step N+1 while the device runs step N (default 1; 0 = synchronous)",
      [](EnvConfig& e, const char* n, const char* v) { e.async_scheduling = parse_bool(n, v); }, none},
-    {"DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE", "DeepSeek-V4.1 bounded-replay prefill mode",
-     [](EnvConfig& e, const char*, const char* v) { e.yoco_truncation_mode = v; },
-     [](const EnvConfig& e, const KnobContext&) -> std::string {
-       return e.yoco_truncation_mode ? "applies to DeepSeek-V4.1 only, which deepinfer cannot load yet; unset it" : "";
+    {"DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE",
+     "DeepSeek-V4.1 bounded replay: compact runs the layers after the candidate source over the last KEEP_TOKENS "
+     "prompt positions only (full = every layer over every position, the default)",
+     [](EnvConfig& e, const char* name, const char* v) {
+       const std::string s(v);
+       if (s != "compact" && s != "full") DI_THROW(InvalidArgument, name, "='", s, "' is not one of: compact, full");
+       e.yoco_truncation_mode = s;
+     },
+     [](const EnvConfig& e, const KnobContext& c) -> std::string {
+       if (e.yoco_truncation_mode != "compact" || c.model_replays != false) return "";
+       return c.model + " has no bounded replay (DeepSeek-V4.1 with a candidate source only); unset it";
      }},
-    {"DEEPINFER_YOCO_PREFILL_KEEP_TOKENS", "DeepSeek-V4.1 bounded-replay keep length",
+    {"DEEPINFER_YOCO_PREFILL_KEEP_TOKENS",
+     "DeepSeek-V4.1 bounded replay: prompt positions the later layers run over (default 140; at least the "
+     "sliding window + the maximum rollback)",
      [](EnvConfig& e, const char* n, const char* v) { e.yoco_keep_tokens = parse_int(n, v, 0, 1 << 20); },
-     [](const EnvConfig& e, const KnobContext&) -> std::string {
-       return e.yoco_keep_tokens ? "applies to DeepSeek-V4.1 only, which deepinfer cannot load yet; unset it" : "";
+     [](const EnvConfig& e, const KnobContext& c) -> std::string {
+       if (!e.yoco_keep_tokens) return "";
+       if (e.yoco_truncation_mode != "compact")
+         return "has an effect only with DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE=compact; set that or unset this";
+       return c.model_replays == false ? c.model + " has no bounded replay; unset it" : "";
      }},
     {"DEEPINFER_CUDA_GRAPHS", "GPU decode through captured CUDA graphs (0 = eager); no effect on the CPU backend",
      [](EnvConfig& e, const char* n, const char* v) { e.cuda_graphs = parse_bool(n, v); }, none},

@@ -45,6 +45,7 @@ struct EnvConfig {
 // What decides whether a knob's value can be honoured, known once the model is loaded.
 struct KnobContext {
   std::optional<bool> model_has_drafter;  // CausalLM::drafter() != null; unset = not loaded yet
+  std::optional<bool> model_replays;      // CausalLM::replay_keep() > 0 (V4.1 compact prefill); unset = not loaded
   std::string model;                      // CausalLM::describe(), for messages
 };
 

@@ -169,7 +169,7 @@ class ToyCodec final : public TextCodec {
 #if defined(DEEPINFER_HAVE_TOKENIZER)
 class TokenizerCodec final : public TextCodec {
  public:
-  explicit TokenizerCodec(Tokenizer tok) : tok_(std::move(tok)) {}
+  TokenizerCodec(Tokenizer tok, ChatFormat chat) : tok_(std::move(tok)), chat_(chat) {}
   bool known(int32_t id) const { return id >= 0 && id < tok_.vocab_size(); }
   std::vector<int32_t> encode(std::string_view text) const override {
     std::vector<int32_t> ids = tok_.encode(text, /*add_special_tokens=*/false);
@@ -189,6 +189,12 @@ class TokenizerCodec final : public TextCodec {
       x.content = c.content;
       m.push_back(std::move(x));
     }
+    if (chat_ == ChatFormat::kV41) {
+      ChatOptionsV41 co;
+      co.add_generation_prompt = o.add_generation_prompt;
+      co.thinking = o.thinking;
+      return tok_.apply_chat_template_v41(m, co);
+    }
     ChatOptions co;
     co.add_generation_prompt = o.add_generation_prompt;
     co.thinking = o.thinking;
@@ -198,16 +204,18 @@ class TokenizerCodec final : public TextCodec {
 
  private:
   Tokenizer tok_;
+  ChatFormat chat_;
 };
 #endif
 }  // namespace
 
 std::unique_ptr<TextCodec> make_toy_codec(int64_t vocab) { return std::make_unique<ToyCodec>(vocab); }
 
-std::unique_ptr<TextCodec> load_tokenizer_codec(const std::string& path) {
+std::unique_ptr<TextCodec> load_tokenizer_codec(const std::string& path, ChatFormat chat) {
 #if defined(DEEPINFER_HAVE_TOKENIZER)
-  return std::make_unique<TokenizerCodec>(Tokenizer::from_file(path));
+  return std::make_unique<TokenizerCodec>(Tokenizer::from_file(path), chat);
 #else
+  (void)chat;
   DI_THROW(TokenizerError, "cannot load the tokenizer at '", path,
            "': this build has no tokenizer module (use skip_tokenizer_init and token-id prompts)");
 #endif

@@ -36,9 +36,14 @@ class TextCodec {
   virtual const Tokenizer* tokenizer() const { return nullptr; }
 };
 
+// Which chat format a tokenizer codec renders conversations in (chat_prompt): DeepSeek-V4's, or
+// DeepSeek-V4.1's (Tokenizer::apply_chat_template_v41: <｜System｜>, spaced DSML tags, numeric
+// reasoning effort), chosen from the model's config.json architecture.
+enum class ChatFormat { kV4, kV41 };
+
 // Loads the tokenizer from a tokenizer.json / folder. Throws TokenizerError when the
 // tokenizer module is not built or the files are bad.
-std::unique_ptr<TextCodec> load_tokenizer_codec(const std::string& path);
+std::unique_ptr<TextCodec> load_tokenizer_codec(const std::string& path, ChatFormat chat = ChatFormat::kV4);
 // The byte-level codec of the built-in toy model: 0 = BOS, 1 = EOS, 2 + b = byte b,
 // further ids are fixed two-letter pieces.
 std::unique_ptr<TextCodec> make_toy_codec(int64_t vocab_size);

@@ -40,7 +40,8 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<model::CausalLM> mode
                std::unique_ptr<GrammarCompiler> grammar)
     : config_(config), model_(std::move(model)), codec_(std::move(codec)), grammar_(std::move(grammar)) {
   DI_CHECK(model_, "Engine needs a model");
-  check_env_knobs(config_.env, {.model_has_drafter = model_->drafter() != nullptr, .model = model_->describe()});
+  check_env_knobs(config_.env, {.model_has_drafter = model_->drafter() != nullptr,
+                                .model_replays = model_->replay_keep() > 0, .model = model_->describe()});
   SchedulerConfig& sc = config_.scheduler;
   if (sc.max_model_len <= 0 || sc.max_model_len > model_->max_model_len()) sc.max_model_len = model_->max_model_len();
   if (config_.kv_cache_memory_bytes == 0)
@@ -56,7 +57,12 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<model::CausalLM> mode
     sc.max_model_len = cap;
   }
   sc.max_num_seqs = std::min(sc.max_num_seqs, g.num_slots);
+  sc.replay_keep = model_->replay_keep();
   sc.num_speculative_tokens = speculative_tokens(config_.num_speculative_tokens);
+  if (sc.num_speculative_tokens > 0 && model_->replay_keep() > 0)
+    DI_THROW(InvalidArgument, "DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE=compact with speculative decoding is not built ",
+             "(the drafter reads the target's rows at every prompt position; bounded replay computes the tail's "
+             "only): set DEEPINFER_USE_NEXTN_DECODE=0 or use full prefill");
   sc.varlen_drafts = sc.num_speculative_tokens > 0 && config_.varlen_drafts.value_or(config_.env.enable_mtp_varlen);
   model_->allocate_cache(g);
   if (sc.varlen_drafts) {
@@ -75,7 +81,8 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<model::CausalLM> mode
                                                                  .num_speculative_tokens = sc.num_speculative_tokens,
                                                                  .sampled_drafts = config_.sampled_drafts,
                                                                  .block_tokens = g.block_tokens,
-                                                                 .host_blocks = sc.prefix_cache.host_blocks});
+                                                                 .host_blocks = sc.prefix_cache.host_blocks,
+                                                                 .async_checkpoints = config_.async_checkpoint_copies});
   // Plain steps: N+1 is planned and launched before N is applied. Drafting steps: N+1's inputs
   // and drafts come from N's verification (which tokens it accepted) and its drafter pass, so N
   // is collected and applied first; what overlaps N+1's forward is N's output processing, the
@@ -93,7 +100,11 @@ Engine::~Engine() = default;
 std::string Engine::cache_identity() const {
   // Prefill mode: V4.1's bounded replay (its truncation mode and keep length) leaves different
   // cache contents for the same tokens, so it is part of the identity.
+  // The model's own keep length names it (a compact run and a full one never share blocks or
+  // checkpoints); V4 and full prefill keep the string they always had.
   const EnvConfig& e = config_.env;
+  if (const int64_t keep = model_->replay_keep(); keep > 0)
+    return detail::str_cat(config_.model_identity, "\n", model_->describe(), "\nprefill compact/", keep);
   return detail::str_cat(config_.model_identity, "\n", model_->describe(), "\nprefill ",
                          e.yoco_truncation_mode.value_or("full"), "/", e.yoco_keep_tokens.value_or(-1));
 }

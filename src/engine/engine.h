@@ -71,6 +71,8 @@ struct EngineConfig {
   // at admission, naming the field.
   // Prefix caching's host tier for evicted blocks (pinned host memory on a device), 0 = none.
   size_t prefix_host_bytes = 0;
+  // RunnerOptions::async_checkpoints (stream-ordered slot checkpoint copies; off until verified on a GPU).
+  bool async_checkpoint_copies = false;
   int max_n = 1024;
   int max_logprobs = 20;
   // add_request waits this long for a request's grammar (GrammarCompiler::compile_async); a

@@ -70,7 +70,14 @@ std::unique_ptr<TextCodec> load_codec(const LLMConfig& config, const std::string
   if (config.skip_tokenizer_init) return nullptr;
   if (model_path == kToy && config.tokenizer.empty()) return make_toy_codec(vocab_size);
   std::string tok = config.tokenizer.empty() ? model_path : config.tokenizer;
-  return load_tokenizer_codec(tok);
+  ChatFormat chat = ChatFormat::kV4;
+#if defined(DEEPINFER_HAVE_MODEL)
+  // A DeepSeek-V4.1 checkpoint (config.json architectures) chats in V4.1's format.
+  if (fs::exists(fs::path(model_path) / "config.json") &&
+      model::config_architecture(model_path).find("V41") != std::string::npos)
+    chat = ChatFormat::kV41;
+#endif
+  return load_tokenizer_codec(tok, chat);
 }
 
 std::unique_ptr<Engine> build_engine(const LLMConfig& config, EnvConfig& env) {

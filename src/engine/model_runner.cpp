@@ -143,7 +143,11 @@ model::ForwardBatch ModelRunner::build_batch(const SchedulerOutput& out, Step& s
     for (int64_t p = s.num_computed; p < s.num_computed + committed; ++p)
       b.token_ids.push_back(input_token(s, p, b, int64_t(b.token_ids.size())));
     b.token_ids.insert(b.token_ids.end(), sch.draft_tokens.begin(), sch.draft_tokens.end());
-    b.seqs.push_back({s.slot, s.block_table, s.num_computed, sch.num_tokens});
+    // Bounded replay: the later layers run over the prompt's last replay_keep() positions only,
+    // unless prompt logprobs need every position's logits (full prefill then).
+    const int64_t keep = model_.replay_keep();
+    const int64_t decoder_from = keep > 0 && !s.params->prompt_logprobs ? std::max<int64_t>(0, np - keep) : 0;
+    b.seqs.push_back({s.slot, s.block_table, s.num_computed, sch.num_tokens, decoder_from});
     // Logits at position p give the logprob of prompt token p+1.
     if (s.params->prompt_logprobs) {
       int64_t lo = s.num_computed, hi = std::min(s.num_computed + committed, np - 1);
@@ -397,7 +401,7 @@ void ModelRunner::launch(const SchedulerOutput& out) {
   if (!steps_.empty() && !steps_.back().checkpoints_saved) {
     // The step in flight's slot checkpoints, before this step changes or writes any slot.
     Step& prev = steps_.back();
-    save_checkpoints(*prev.out, prev.result);
+    save_checkpoints(*prev.out, prev, prev.result);
     prev.checkpoints_saved = true;
   }
   // Before anything of this step writes the blocks. A step in flight uses neither kind: spilled
@@ -461,13 +465,17 @@ ModelRunnerOutput ModelRunner::collect(const SchedulerOutput& out) {
   result.step_id = out.step_id;
   if (out.empty()) return result;
   if (step.on_device) step.drawn = device_sampler_->wait();
+  take_checkpoints(step, result);  // queued at the next launch, after these draws on the stream
   commit(step.slices, step.set, step.drawn, result);
   if (step.verifies) {
     stats_.verify_steps++;
     stats_.verify_time_s += seconds_since(step.launched_at);
   }
   if (drafter_) propose_drafts(step.slices, step.forward.hidden, result);
-  if (!step.checkpoints_saved) save_checkpoints(out, result);
+  if (!step.checkpoints_saved) {
+    save_checkpoints(out, step, result);
+    take_checkpoints(step, result);
+  }
   return result;
 }
 
@@ -478,7 +486,8 @@ ModelRunnerOutput ModelRunner::execute(const SchedulerOutput& out) {
 }
 
 // After the step (and its drafting, whose ring writes count against the rollback slack).
-void ModelRunner::save_checkpoints(const SchedulerOutput& out, ModelRunnerOutput& result) {
+void ModelRunner::save_checkpoints(const SchedulerOutput& out, Step& step, ModelRunnerOutput& result) {
+  std::vector<model::SlotSave> saves;
   for (const CheckpointRequest& c : out.checkpoints) {
     const SeqState& s = seqs_.at(c.seq_id);
     if (c.num_tokens > s.num_computed) continue;  // a boundary inside rejected drafts
@@ -486,10 +495,31 @@ void ModelRunner::save_checkpoints(const SchedulerOutput& out, ModelRunnerOutput
       result.num_unsaveable_checkpoints++;
       continue;
     }
+    if (options_.async_checkpoints) {
+      saves.push_back({s.slot, c.num_tokens});
+      step.saving.push_back(&c);
+      continue;
+    }
     result.checkpoints.push_back({c.key, std::make_shared<const model::SlotSnapshot>(model_.save_slot(s.slot, c.num_tokens)),
                                   c.seq_id, c.num_tokens, c.deferred});
     stats_.checkpoints_saved++;
   }
+  if (!saves.empty()) step.pending_saves = model_.queue_save_slots(saves);
+}
+
+void ModelRunner::take_checkpoints(Step& step, ModelRunnerOutput& result) {
+  if (!step.pending_saves) return;
+  std::vector<model::SlotSnapshot> snaps = step.pending_saves->wait();
+  step.pending_saves.reset();
+  DI_CHECK(snaps.size() == step.saving.size(), model_.describe(), ": ", snaps.size(), " slot snapshots for ",
+           step.saving.size(), " queued saves");
+  for (size_t i = 0; i < snaps.size(); ++i) {
+    const CheckpointRequest& c = *step.saving[i];
+    result.checkpoints.push_back({c.key, std::make_shared<const model::SlotSnapshot>(std::move(snaps[i])), c.seq_id,
+                                  c.num_tokens, c.deferred});
+    stats_.checkpoints_saved++;
+  }
+  step.saving.clear();
 }
 
 }  // namespace deepinfer::engine

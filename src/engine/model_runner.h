@@ -63,6 +63,10 @@ struct RunnerOptions {
   // sequence's blocks cover (0: no cap).
   int64_t block_tokens = 0;
   int64_t host_blocks = 0;             // host-tier slots (prefix caching), paged_block_bytes() each
+  // Slot checkpoints through CausalLM::queue_save_slots: those of step N taken at N+1's launch are
+  // copied stream-ordered (a device backend does not wait for N there) and collected with N's
+  // results. Off (the default until an H200 run verified it): save_slot each, at once.
+  bool async_checkpoints = false;
 };
 
 class ModelRunner {
@@ -156,6 +160,9 @@ class ModelRunner {
     std::vector<SampleResult> drawn;
     ModelRunnerOutput result;                 // prompt logprobs (and saved checkpoints) so far
     bool checkpoints_saved = false;           // save_checkpoints ran (at the next launch or at collect)
+    // async_checkpoints: the queued saves and the requests they answer (in out->checkpoints).
+    std::unique_ptr<model::PendingSlotSaves> pending_saves;
+    std::vector<const CheckpointRequest*> saving;
   };
 
   void apply_state_changes(const SchedulerOutput& out);
@@ -176,7 +183,9 @@ class ModelRunner {
   // Saves the slot checkpoints `out` asks for that the step committed and the model can save.
   // Right after the step: at the next step's launch (before it writes any slot; a device backend
   // waits for the step) or, with none launched, at collect.
-  void save_checkpoints(const SchedulerOutput& out, ModelRunnerOutput& result);
+  void save_checkpoints(const SchedulerOutput& out, Step& step, ModelRunnerOutput& result);
+  // The checkpoints queued for `step` (async_checkpoints), waited for, into `result`.
+  void take_checkpoints(Step& step, ModelRunnerOutput& result);
   // The host tier's copies of a step: spills (device -> host) first, then loads.
   void copy_host_tier(const SchedulerOutput& out);
 

@@ -13,12 +13,13 @@ PrefixCache::PrefixCache(const PrefixCacheConfig& config, int64_t block_tokens)
 }
 
 PrefixMatch PrefixCache::match(const KVCacheManager& kv, std::span<const int32_t> prompt,
-                               std::span<const int32_t> output, bool count, const HostBlockTier* host) {
+                               std::span<const int32_t> output, bool count, const HostBlockTier* host,
+                               int64_t max_tokens) {
   PrefixMatch m;
   if (!config_.enabled) return m;
   const int64_t np = int64_t(prompt.size()), total = np + int64_t(output.size()), bt = block_tokens_;
   // Blocks [0, i) may hit only while a token is left after them.
-  const int64_t max_blocks = (total - 1) / bt;
+  const int64_t max_blocks = std::min((total - 1) / bt, max_tokens / bt);
   std::vector<int32_t> tokens(static_cast<size_t>(bt));
   std::vector<int32_t> chain, host_chain;
   uint64_t parent = kv.hash_seed();

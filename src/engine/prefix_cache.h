@@ -100,8 +100,9 @@ class PrefixCache {
   // compute). Counts a lookup in the stats when `count` (else count_lookup does, once the
   // sequence is admitted).
   // Blocks missing on the device may come from `host` (then every later one does too).
+  // At most `max_tokens` tokens hit (bounded replay: the request's tail start).
   PrefixMatch match(const KVCacheManager& kv, std::span<const int32_t> prompt, std::span<const int32_t> output,
-                    bool count = true, const HostBlockTier* host = nullptr);
+                    bool count = true, const HostBlockTier* host = nullptr, int64_t max_tokens = INT64_MAX);
   // How many of `n` tokens after `num_computed` a prefill chunk of a `num_tokens`-token
   // sequence schedules: cut at the first checkpoint boundary it would cross.
   int64_t cut_chunk(int64_t num_computed, int64_t n, int64_t num_tokens) const;

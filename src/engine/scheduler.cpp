@@ -181,8 +181,10 @@ void Scheduler::schedule_waiting(SchedulerOutput& out, int64_t& budget) {
     Request* r = waiting_.front();
     // Prompt logprobs need the logits of every prompt position: such requests recompute all.
     const bool lookup = prefix_.enabled() && !r->params->prompt_logprobs;
+    const int64_t np = int64_t(r->prompt_ids->size());
+    const int64_t max_hit = config_.replay_keep > 0 ? std::max<int64_t>(0, np - config_.replay_keep) : INT64_MAX;
     PrefixMatch hit = lookup ? prefix_.match(cache_, *r->prompt_ids, r->output_ids, /*count=*/false,
-                                             host_.capacity() ? &host_ : nullptr)
+                                             host_.capacity() ? &host_ : nullptr, max_hit)
                              : PrefixMatch{};
     const int64_t start = hit.num_tokens, remaining = r->num_tokens() - start;
     int64_t n = chunk_tokens(*r, std::min(remaining, budget), start);

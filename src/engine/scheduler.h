@@ -49,6 +49,10 @@ struct SchedulerConfig {
   bool varlen_drafts = false;
   StepCostModel step_cost;                // the engine's measured cost curve (varlen only)
   PrefixCacheConfig prefix_cache;         // prefix reuse (on by default)
+  // Bounded replay (CausalLM::replay_keep(), V4.1 compact prefill): a prefix hit ends at or before
+  // the request's tail start (prompt length - replay_keep), since the later layers' window rows
+  // there depend on where that tail starts. 0 = full prefill.
+  int64_t replay_keep = 0;
 };
 
 struct SchedulerStats {

@@ -107,6 +107,30 @@ struct SlotSnapshot {
   std::vector<uint8_t> bytes;
 };
 
+// One slot checkpoint to take (CausalLM::queue_save_slots).
+struct SlotSave {
+  int32_t slot = -1;
+  int64_t num_tokens = 0;
+};
+
+// Checkpoints queued by CausalLM::queue_save_slots: wait() returns them in the order asked once
+// their copies are done (call it once). Dropping the handle without wait() waits for the copies.
+class PendingSlotSaves {
+ public:
+  virtual ~PendingSlotSaves() = default;
+  virtual std::vector<SlotSnapshot> wait() = 0;
+};
+
+// Snapshots already taken (backends whose copies are synchronous).
+class ReadySlotSaves final : public PendingSlotSaves {
+ public:
+  explicit ReadySlotSaves(std::vector<SlotSnapshot> snapshots) : snapshots_(std::move(snapshots)) {}
+  std::vector<SlotSnapshot> wait() override { return std::move(snapshots_); }
+
+ private:
+  std::vector<SlotSnapshot> snapshots_;
+};
+
 // One paged block copied to or from host memory (prefix caching's host tier): every layer's rows
 // of block `block` (compressed entries, index keys) as paged_block_bytes() backend-private bytes.
 struct HostBlockCopy {
@@ -180,6 +204,12 @@ class CausalLM {
 
   // Positions a slot can roll back (see the contract above); 0 = no rollback.
   virtual int64_t max_rollback() const { return 0; }
+  // Bounded replay (DeepSeek-V4.1 compact prefill, DEEPINFER_YOCO_PREFILL_*): the kept tail of a
+  // prompt whose later layers run, 0 = full prefill. When > 0 the runner sets
+  // SeqInBatch::decoder_from = max(0, prompt length - replay_keep()) for requests without prompt
+  // logprobs, and prefix-cache hits end at or before it (the later layers' window rows before a
+  // tail depend on where that tail starts).
+  virtual int64_t replay_keep() const { return 0; }
   // The sequence in `slot` goes back from `num_tokens` cached positions to `keep`. Throws
   // InvalidArgument when more than max_rollback() positions would be dropped.
   virtual void rollback(int32_t slot, int64_t num_tokens, int64_t keep) {
@@ -202,6 +232,16 @@ class CausalLM {
   // can_save_slot says whether save_slot(slot, N) would be such a state; false when the model
   // keeps no snapshots. A restored snapshot continues exactly at snapshot.num_tokens.
   virtual bool can_save_slot(int32_t slot, int64_t num_tokens) const { return false; }
+  // save_slot of several slots, queued after the work queued so far: a device backend copies
+  // them stream-ordered into pinned host memory without waiting (work queued after this call may
+  // write the slots: the copies come first), and the handle's wait() gives the snapshots. At most
+  // one handle may be outstanding (wait for it or drop it before the next call). Default: each
+  // save_slot now.
+  virtual std::unique_ptr<PendingSlotSaves> queue_save_slots(std::span<const SlotSave> saves) {
+    std::vector<SlotSnapshot> out;
+    for (const SlotSave& s : saves) out.push_back(save_slot(s.slot, s.num_tokens));
+    return std::make_unique<ReadySlotSaves>(std::move(out));
+  }
 
   // Block copies for the host tier: paged_block_bytes() per block (0 = not supported). The
   // copies are complete when the call returns (a device backend synchronises its stream), so the

@@ -15,6 +15,7 @@ void validate_forward_batch(const ForwardBatch& b, const kv::CacheGeometry& g, b
     const SeqInBatch& s = b.seqs[i];
     if (s.num_new_tokens < 0 || s.num_computed_tokens < 0)
       DI_THROW(InvalidArgument, "forward: seqs[", i, "] has negative token counts");
+    if (s.decoder_from < 0) DI_THROW(InvalidArgument, "forward: seqs[", i, "].decoder_from ", s.decoder_from, " < 0");
     if (s.cache_slot < 0 || s.cache_slot >= g.num_slots)
       DI_THROW(InvalidArgument, "forward: seqs[", i, "].cache_slot ", s.cache_slot, " outside [0,", g.num_slots, ")");
     if (!slots.insert(s.cache_slot).second)

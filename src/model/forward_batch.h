@@ -14,6 +14,11 @@ struct SeqInBatch {
   std::vector<int32_t> block_table;   // paged compressed-entry / indexer-key blocks, in order
   int64_t num_computed_tokens = 0;    // tokens already in the cache before this chunk (= first position)
   int32_t num_new_tokens = 0;         // tokens of this sequence in this batch
+  // Bounded replay (CausalLM::replay_keep() > 0, V4.1 compact prefill): the first position of the
+  // kept tail. Positions before it run only the layers up to the candidate source (no logits or
+  // hidden rows there); the later layers run from it on and their windows start at it. The same
+  // value for every step of a sequence; 0 = every layer over every position.
+  int64_t decoder_from = 0;
 };
 
 // A token whose id the previous step sampled on the device and the host does not know yet

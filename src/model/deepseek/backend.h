@@ -79,6 +79,7 @@ struct StepIndex {
   const int64_t *pos = nullptr, *embed_src = nullptr, *win_src = nullptr, *win_store_src = nullptr,
                 *win_store_dst = nullptr, *sel_offset = nullptr, *logits_rows = nullptr, *hidden_rows = nullptr;
   const int32_t *win_begin = nullptr, *win_count = nullptr;
+  const int32_t *tail_win_begin = nullptr, *tail_win_count = nullptr;  // null: the replay_tail layers use win_*
   const int64_t *win_dst = nullptr, *comb_rows = nullptr;  // fixed shape only
   std::vector<KindIndex> kinds;                             // parallel to StepPlan::kinds
 };
@@ -300,6 +301,12 @@ class ModelBackend : public Backend {
   virtual void reset_slot(int32_t slot) = 0;
   virtual SlotSnapshot save_slot(int32_t slot, int64_t num_tokens) = 0;
   virtual void restore_slot(int32_t slot, const SlotSnapshot& snapshot) = 0;
+  // CausalLM::queue_save_slots (the model validated every save). Default: each save_slot now.
+  virtual std::unique_ptr<PendingSlotSaves> queue_save_slots(std::span<const SlotSave> saves) {
+    std::vector<SlotSnapshot> out;
+    for (const SlotSave& s : saves) out.push_back(save_slot(s.slot, s.num_tokens));
+    return std::make_unique<ReadySlotSaves>(std::move(out));
+  }
   // Prefix caching's host tier (CausalLM::copy_blocks_*): every layer's rows of a paged block as
   // paged_block_bytes() bytes; copies are complete on return.
   virtual size_t paged_block_bytes() const = 0;

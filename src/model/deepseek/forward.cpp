@@ -180,8 +180,11 @@ void attention_block(Backend& be, const Dims& g, const ModelPlan& plan, const La
   rope(be, g, be.buf(Buf::kKv), act, d, T, 1, d, ix.pos, A.inv_freq);
   be.round_trip(be.buf(Buf::kKv), act, d, T, d, p.window_format);
 
+  // Bounded replay: a tail layer's window starts no earlier than its sequence's tail.
+  const bool tail = p.replay_tail && ix.tail_win_begin;
   AttentionArgs sp{.q = be.buf(Buf::kQ), .q_stride = H * d, .win_kv = be.buf(Buf::kWin), .kv_stride = d,
-                   .win_begin = ix.win_begin, .win_count = ix.win_count, .sink = A.sink.p,
+                   .win_begin = tail ? ix.tail_win_begin : ix.win_begin,
+                   .win_count = tail ? ix.tail_win_count : ix.win_count, .sink = A.sink.p,
                    .scale = 1.0f / std::sqrt(float(d)), .out = be.buf(Buf::kO), .out_stride = H * d,
                    .num_tokens = T, .num_heads = H, .head_dim = d};
   const LayerCacheRef own = be.cache(p.index);
@@ -307,7 +310,9 @@ void gather_hidden(Backend& be, const Dims& g, int64_t rows) {
 }
 }  // namespace
 
-void forward_step(Backend& be, const Arch& arch, const ModelRef& w, int64_t rows, int64_t hidden_rows) {
+namespace {
+// Embedding, then the main layers [0, end).
+void trunk(Backend& be, const Arch& arch, const ModelRef& w, int64_t end) {
   const Dims& g = arch.dims;
   const int64_t T = be.plan().T, D = g.hidden, n = g.streams;
   float* X = be.at<float>(Buf::kX);
@@ -316,11 +321,27 @@ void forward_step(Backend& be, const Arch& arch, const ModelRef& w, int64_t rows
   DI_CHECK(int64_t(w.layers.size()) == arch.plan.num_layers(), "weights of ", w.layers.size(), " layers for ",
            arch.plan.num_layers(), " layer plans");
   const float* last_ffn_mix = be.at<float>(Buf::kMix2);  // single pass: the previous layer's FFN site
-  for (int64_t l = 0; l < arch.plan.num_layers(); ++l)
+  for (int64_t l = 0; l < end; ++l)
     decoder_layer(be, g, arch.plan, arch.plan.layers[size_t(l)], w.layers[size_t(l)], X, be.at<float>(Buf::kX2),
                   l == 0 ? nullptr : last_ffn_mix);
-  gather_hidden(be, g, hidden_rows);
-  head(be, g, arch.plan.hc, w.hc_head, w.norm, w.head, X, be.index().logits_rows, rows, last_ffn_mix);
+}
+}  // namespace
+
+void forward_step(Backend& be, const Arch& arch, const ModelRef& w, int64_t rows, int64_t hidden_rows) {
+  trunk(be, arch, w, arch.plan.num_layers());
+  gather_hidden(be, arch.dims, hidden_rows);
+  head(be, arch.dims, arch.plan.hc, w.hc_head, w.norm, w.head, be.at<float>(Buf::kX), be.index().logits_rows, rows,
+       be.at<float>(Buf::kMix2));
+}
+
+int64_t replay_encoder_layers(const ModelPlan& plan) {
+  int64_t end = 0;
+  while (end < plan.num_layers() && !plan.layers[size_t(end)].replay_tail) ++end;
+  return end;
+}
+
+void encoder_step(Backend& be, const Arch& arch, const ModelRef& w) {
+  trunk(be, arch, w, replay_encoder_layers(arch.plan));
 }
 
 void collectives_step(Backend& be, const Arch& arch, const ModelRef& w) {

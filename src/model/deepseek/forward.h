@@ -39,6 +39,10 @@ struct Dims {
   int64_t candidate_block_size = 0;   // two-level top-k (V4.1): entries per candidate block, 0 = none
   int64_t candidate_topk_blocks = 0;  // candidate blocks kept per token
   bool engram = false;                // some layer injects Engram (V4.1): sizes its step buffer
+  // Where the routed weight multiplies an expert's output: true = its SwiGLU output before w2
+  // (V4.1's reference, and the CUDA backend's kernels for both families); false = w2's output in
+  // the combine (V4 on the CPU backend, kept bit for bit).
+  bool route_before_w2 = false;
   // DSpark tap layers (V4.1, MODEL-DEEPSEEK-V41.md §7): > 0 makes the hidden rows a step returns
   // the stream means at those layers' inputs, [taps·D] per row, instead of the final streams.
   int64_t taps = 0;
@@ -55,6 +59,13 @@ struct Arch {
 // One target step over the backend's current StepPlan: embedding -> layers -> (hidden rows) ->
 // head logits of the plan's `rows` logits rows into Buf::kLogits. rows = 0 skips the head.
 void forward_step(Backend& be, const Arch& arch, const ModelRef& w, int64_t rows, int64_t hidden_rows);
+
+// Bounded replay (LayerPlan::replay_tail): the layers before the tail layers, i.e. the encoder
+// side that runs over every position of a prompt (num_layers when no layer is a tail layer).
+int64_t replay_encoder_layers(const ModelPlan& plan);
+// The encoder side of a step over the backend's current StepPlan (positions before their
+// sequence's kept tail): embedding and the layers [0, replay_encoder_layers); no head.
+void encoder_step(Backend& be, const Arch& arch, const ModelRef& w);
 
 // A step with no tokens on a rank whose MoE layers are expert-parallel: only the MoE exchanges
 // (dispatch -> experts -> combine of every expert-parallel layer, in layer order), so this rank

@@ -66,13 +66,21 @@ bool DeepseekModel::can_save_slot(int32_t slot, int64_t n) const {
   return n >= 0 && n <= e.length && e.written_end - n <= max_rollback();
 }
 
+void DeepseekModel::check_saveable(int32_t slot, int64_t n) const {
+  if (can_save_slot(slot, n)) return;
+  const SlotExtent e = size_t(slot) < slot_extent_.size() ? slot_extent_[size_t(slot)] : SlotExtent{};
+  DI_THROW(InvalidArgument, describe(), ": slot ", slot, " cannot be saved at ", n, " positions (it holds ",
+           e.length, ", rings written to ", e.written_end, ", rollback ", max_rollback(), ")");
+}
+
 SlotSnapshot DeepseekModel::save_slot(int32_t slot, int64_t n) {
-  if (!can_save_slot(slot, n)) {
-    const SlotExtent e = size_t(slot) < slot_extent_.size() ? slot_extent_[size_t(slot)] : SlotExtent{};
-    DI_THROW(InvalidArgument, describe(), ": slot ", slot, " cannot be saved at ", n, " positions (it holds ",
-             e.length, ", rings written to ", e.written_end, ", rollback ", max_rollback(), ")");
-  }
+  check_saveable(slot, n);
   return be_->save_slot(slot, n);
+}
+
+std::unique_ptr<PendingSlotSaves> DeepseekModel::queue_save_slots(std::span<const SlotSave> saves) {
+  for (const SlotSave& s : saves) check_saveable(s.slot, s.num_tokens);
+  return be_->queue_save_slots(saves);
 }
 
 void DeepseekModel::restore_slot(int32_t slot, const SlotSnapshot& snap) {
@@ -105,6 +113,72 @@ std::shared_ptr<uint8_t> DeepseekModel::allocate_host_memory(size_t bytes) {
   return CausalLM::allocate_host_memory(bytes);
 }
 
+bool DeepseekModel::needs_tail_windows(const ForwardBatch& batch) const {
+  if (arch_.plan.replay_keep == 0) return false;
+  const int64_t W = arch_.plan.layers.empty() ? 0 : arch_.plan.layers.front().window;
+  for (const SeqInBatch& s : batch.seqs)
+    if (s.num_new_tokens > 0 && s.decoder_from > std::max<int64_t>(0, s.num_computed_tokens - W + 1)) return true;
+  return false;
+}
+
+std::optional<ForwardBatch> DeepseekModel::split_replay(const ForwardBatch& batch,
+                                                        std::optional<ForwardBatch>& tail) const {
+  bool split = false;
+  for (size_t i = 0; i < batch.seqs.size(); ++i) {
+    const SeqInBatch& s = batch.seqs[i];
+    if (s.decoder_from > 0 && arch_.plan.replay_keep == 0)
+      DI_THROW(InvalidArgument, describe(), ": seqs[", i, "].decoder_from ", s.decoder_from,
+               " but the model runs no bounded replay (replay_keep() = 0)");
+    split = split || (s.num_new_tokens > 0 && s.decoder_from > s.num_computed_tokens);
+  }
+  if (!split) return std::nullopt;
+  // Token i of the batch -> its index in the head (encoder-only) or tail batch, -1 where absent.
+  const int64_t T = batch.num_tokens();
+  std::vector<int32_t> to_tail(size_t(T), -1);
+  ForwardBatch head, rest;
+  int64_t t = 0;
+  for (size_t i = 0; i < batch.seqs.size(); ++i) {
+    const SeqInBatch& s = batch.seqs[i];
+    const int64_t a = s.num_computed_tokens, b = a + s.num_new_tokens;
+    const int64_t cut = std::clamp(s.decoder_from, a, b);
+    if (cut > a) {
+      head.seqs.push_back({s.cache_slot, s.block_table, a, int32_t(cut - a), 0});
+      head.token_ids.insert(head.token_ids.end(), batch.token_ids.begin() + t, batch.token_ids.begin() + t + (cut - a));
+    }
+    if (b > cut) {
+      rest.seqs.push_back({s.cache_slot, s.block_table, cut, int32_t(b - cut), s.decoder_from});
+      for (int64_t p = cut; p < b; ++p) {
+        to_tail[size_t(t + p - a)] = int32_t(rest.token_ids.size());
+        rest.token_ids.push_back(batch.token_ids[size_t(t + p - a)]);
+      }
+    }
+    t += b - a;
+  }
+  auto remap = [&](const std::vector<int32_t>& rows, const char* what) {
+    std::vector<int32_t> out;
+    for (int32_t r : rows) {
+      if (r < 0 || r >= T) DI_THROW(InvalidArgument, describe(), ": ", what, " row index ", r, " outside [0, ", T, ")");
+      if (to_tail[size_t(r)] < 0)
+        DI_THROW(InvalidArgument, describe(), ": ", what, " row of token ", r, " lies before its sequence's kept tail ",
+                 "(bounded replay computes only the tail there; prompt logprobs need full prefill)");
+      out.push_back(to_tail[size_t(r)]);
+    }
+    return out;
+  };
+  rest.logits_indices = remap(batch.logits_indices, "a logits");
+  rest.hidden_indices = remap(batch.hidden_indices, "a hidden");
+  for (const DeviceInput& d : batch.device_inputs) {
+    if (d.token_index < 0 || d.token_index >= T)
+      DI_THROW(InvalidArgument, describe(), ": device input at token ", d.token_index, " outside [0, ", T, ")");
+    if (to_tail[size_t(d.token_index)] < 0)
+      DI_THROW(InvalidArgument, describe(), ": a device input at token ", d.token_index, " before its kept tail");
+    rest.device_inputs.push_back({to_tail[size_t(d.token_index)], d.sample_row});
+  }
+  rest.sampled_ids = batch.sampled_ids;
+  if (!rest.token_ids.empty()) tail = std::move(rest);
+  return head;
+}
+
 StepPlan DeepseekModel::plan_step(const ForwardBatch& batch, bool allow_fixed) const {
   const StepPlanDims dims{.n_streams = arch_.dims.streams, .index_topk = arch_.dims.index_topk,
                           .topk_experts = arch_.dims.topk};
@@ -119,7 +193,6 @@ ForwardOutput DeepseekModel::run(const ForwardBatch& batch, const ForwardOptions
   if (shard_ && !be_->joins_collectives())
     DI_THROW(InvalidArgument, describe(), ": holds only the routed experts of rank ", shard_->rank, " of ",
              shard_->size, "; it runs inside an expert-parallel group (enable_expert_parallel) only");
-  const int64_t R = int64_t(batch.logits_indices.size()), Rh = int64_t(batch.hidden_indices.size());
   if (options.logits_on_device && !be_->logits_on_device())
     DI_THROW(InternalError, describe(), ": logits_on_device on a backend without device logits");
   if (!batch.device_inputs.empty() && !supports_device_inputs())
@@ -133,9 +206,30 @@ ForwardOutput DeepseekModel::run(const ForwardBatch& batch, const ForwardOptions
     }
     return be_->end_step(options, 0, 0);
   }
+  std::optional<ForwardBatch> tail;
+  if (std::optional<ForwardBatch> head = split_replay(batch, tail)) {
+    // Bounded replay: the positions before their tails through the encoder side first (an
+    // ordinary chunk of those sequences), then the rest of the batch through every layer.
+    if (be_->joins_collectives())
+      DI_THROW(InvalidArgument, describe(), ": bounded replay (DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE=compact) with "
+               "expert parallelism is not built (the ranks' MoE exchanges would not pair up); use full prefill");
+    note_writes(*head, /*target=*/true);
+    before_step(*head);
+    be_->set_device_inputs({}, nullptr);
+    be_->begin_step(plan_step(*head, /*allow_fixed=*/false));
+    be_->launch([&] { encoder_step(*be_, arch_, be_->weights()); }, ModelBackend::kTargetGraph);
+    if (!tail) return be_->end_step(options, 0, 0);
+    be_->end_step({}, 0, 0);
+    return run_planned(*tail, options);
+  }
+  return run_planned(batch, options);
+}
+
+ForwardOutput DeepseekModel::run_planned(const ForwardBatch& batch, const ForwardOptions& options) {
+  const int64_t R = int64_t(batch.logits_indices.size()), Rh = int64_t(batch.hidden_indices.size());
   note_writes(batch, /*target=*/true);
   before_step(batch);
-  StepPlan plan = plan_step(batch, /*allow_fixed=*/true);
+  StepPlan plan = plan_step(batch, /*allow_fixed=*/!needs_tail_windows(batch));
   be_->set_device_inputs(batch.device_inputs, batch.sampled_ids);
   // A fixed-shape step computes every padded row (its launches must not depend on the batch).
   const int64_t R_run = plan.fixed ? plan.T : R;

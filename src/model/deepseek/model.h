@@ -56,11 +56,13 @@ class DeepseekModel : public CausalLM {
   void synchronize() override { be_->synchronize(); }
 
   int64_t max_rollback() const override { return arch_.plan.max_rollback; }
+  int64_t replay_keep() const override { return arch_.plan.replay_keep; }
   void rollback(int32_t slot, int64_t num_tokens, int64_t keep) override;
   // save_slot throws InvalidArgument unless can_save_slot (the slot may not hold that state).
   SlotSnapshot save_slot(int32_t slot, int64_t num_tokens) override;
   void restore_slot(int32_t slot, const SlotSnapshot& s) override;
   bool can_save_slot(int32_t slot, int64_t num_tokens) const override;
+  std::unique_ptr<PendingSlotSaves> queue_save_slots(std::span<const SlotSave> saves) override;
   size_t paged_block_bytes() const override { return be_->paged_block_bytes(); }
   void copy_blocks_to_host(std::span<const HostBlockCopy> copies) override;
   void copy_blocks_from_host(std::span<const HostBlockCopy> copies) override;
@@ -90,9 +92,18 @@ class DeepseekModel : public CausalLM {
 
  private:
   StepPlan plan_step(const ForwardBatch& batch, bool allow_fixed) const;
+  // The validated batch on the backend: before_step, plan, forward, outputs.
+  ForwardOutput run_planned(const ForwardBatch& batch, const ForwardOptions& options);
+  // Bounded replay: the positions of `batch` before their sequences' tails as their own batch
+  // (nullopt: none) and the rest into `tail` (left empty when nothing remains). Refuses logits,
+  // hidden rows and device inputs before a tail.
+  std::optional<ForwardBatch> split_replay(const ForwardBatch& batch, std::optional<ForwardBatch>& tail) const;
+  // Whether some token's window reaches before its sequence's tail (the general plan then).
+  bool needs_tail_windows(const ForwardBatch& batch) const;
   // Records what a batch writes into each slot (target or drafter rings).
   void note_writes(const ForwardBatch& batch, bool target);
   void check_blocks(std::span<const HostBlockCopy> copies, const char* what) const;
+  void check_saveable(int32_t slot, int64_t num_tokens) const;  // InvalidArgument unless can_save_slot
 
  protected:
   // Host work of a family once a step's tokens are known, before it is planned (V4.1: Engram rows).

@@ -42,24 +42,24 @@ DeepseekV41Model::~DeepseekV41Model() = default;
 std::unique_ptr<DeepseekV41Model> DeepseekV41Model::load(const std::string& dir, const ModelOptions& o) {
   DeepseekV41Config cfg = DeepseekV41Config::from_file(dir);
   V41Weights w = V41Weights::load(dir, cfg, o.progress);
-  if (!w.skipped.empty() && o.progress)
-    std::fprintf(stderr, "deepinfer: %s: %zu tensors not run (vision tower / DSpark stages), e.g. %s\n", dir.c_str(),
-                 w.skipped.size(), w.skipped.front().c_str());
   std::optional<EngramHasher> hasher;
   if (!cfg.engram.layer_ids.empty()) hasher.emplace(EngramHasher::load(cfg, dir));
   const bool dspark = w.num_dspark > 0;
-  ds::Arch arch = v41_arch(cfg, {.max_rollback = o.max_rollback, .qat = o.qat, .dspark = dspark});
+  ds::Arch arch = v41_arch(cfg, {.max_rollback = o.max_rollback, .qat = o.qat, .replay_keep = o.replay_keep,
+                                 .dspark = dspark});
   std::vector<kv::LayerCacheSpec> specs =
       model::cache_specs(arch.plan, {.head_dim = cfg.head_dim, .index_head_dim = cfg.index_head_dim});
-  auto store = v41_prepare_cpu(cfg, arch.plan, w);
+  auto store = v41_prepare_cpu(cfg, arch.plan, w, o.expert_shard);
   std::unique_ptr<DSparkDrafter> drafter;
   if (dspark) drafter = std::make_unique<DSparkDrafter>(cfg, w, DSparkOptions{.max_rollback = o.max_rollback, .qat = o.qat});
   auto be = std::make_unique<ds::CpuBackend>(arch, specs, std::move(store),
                                              ds::CpuBackendOptions{.batch_invariant = o.batch_invariant});
   ds::ModelInfo info = v41_model_info(cfg);
-  return std::unique_ptr<DeepseekV41Model>(new DeepseekV41Model(std::move(info), std::move(arch), std::move(specs),
-                                                                std::move(be), w.keepalive, std::move(cfg),
-                                                                std::move(hasher), std::move(drafter)));
+  std::unique_ptr<DeepseekV41Model> m(new DeepseekV41Model(std::move(info), std::move(arch), std::move(specs),
+                                                           std::move(be), w.keepalive, std::move(cfg), std::move(hasher),
+                                                           std::move(drafter)));
+  m->set_expert_shard(o.expert_shard);
+  return m;
 }
 
 void DeepseekV41Model::before_step(const ForwardBatch& batch) {

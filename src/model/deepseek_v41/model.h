@@ -24,6 +24,8 @@ struct ModelOptions {
   int64_t max_rollback = 0;  // ring slack for rollback (ModelLimits::max_rollback)
   bool qat = true;           // tests only: false drops the QAT roundings (V41PlanOptions::qat)
   bool batch_invariant = false;  // DEEPINFER_BATCH_INVARIANT: fixed-order products (ds::CpuBackendOptions)
+  int64_t replay_keep = 0;       // bounded replay's keep length, 0 = full prefill (V41PlanOptions)
+  std::optional<parallel::ExpertShard> expert_shard;  // ModelLoadOptions::expert_shard (v41_prepare_cpu)
 };
 
 class DeepseekV41Model final : public ds::DeepseekModel {
@@ -38,6 +40,10 @@ class DeepseekV41Model final : public ds::DeepseekModel {
   void reset_slot(int32_t slot) override;
   void rollback(int32_t slot, int64_t num_tokens, int64_t keep) override;
   SlotSnapshot save_slot(int32_t slot, int64_t num_tokens) override;
+  // Its snapshots carry the Engram history too: each save_slot now (not the backend's queue).
+  std::unique_ptr<PendingSlotSaves> queue_save_slots(std::span<const SlotSave> saves) override {
+    return CausalLM::queue_save_slots(saves);
+  }
   void restore_slot(int32_t slot, const SlotSnapshot& snapshot) override;
   Drafter* drafter() override { return dspark_.get(); }
   DSparkDrafter* dspark() { return dspark_.get(); }

@@ -68,7 +68,18 @@ ModelPlan v41_plan(const DeepseekV41Config& c, const V41PlanOptions& o) {
         if (c.dspark.target_layer_ids[k] == l) p.tap = int32_t(k);
     if (r.ratio > 0) compressed(p, r);
     if (!o.qat) p.window_format = p.entry_format = p.key_format = RowFormat::kPlain;
+    p.replay_tail = o.replay_keep > 0 && l > c.candidate_source_layer_id;
     plan.layers.push_back(p);
+  }
+  if (o.replay_keep > 0) {
+    if (!c.candidates_enabled())
+      DI_THROW(InvalidArgument, c.origin, ": DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE=compact needs a candidate source ",
+               "(candidate_source_layer_id): the layers after it are the ones bounded replay runs over the tail");
+    if (o.replay_keep < c.sliding_window + o.max_rollback)
+      DI_THROW(InvalidArgument, c.origin, ": DEEPINFER_YOCO_PREFILL_KEEP_TOKENS=", o.replay_keep, " is below the ",
+               "sliding window (", c.sliding_window, ") + the maximum rollback (", o.max_rollback, ") = ",
+               c.sliding_window + o.max_rollback, "; decode would read window rows the replay never computed");
+    plan.replay_keep = o.replay_keep;
   }
   plan.validate(c.origin);
   return plan;
@@ -98,6 +109,7 @@ ds::Dims v41_dims(const DeepseekV41Config& c) {
   d.routed_scale = float(c.routed_scaling_factor);
   d.norm_topk = c.routing_normalized();
   d.gate_temp = float(c.gate_temp);
+  d.route_before_w2 = true;  // the reference weights the SwiGLU output before w2 (notes §7)
   d.engram = !c.engram.layer_ids.empty();
   if (c.dspark.num_stages > 0) d.taps = int64_t(c.dspark.target_layer_ids.size());
   if (c.candidates_enabled()) {

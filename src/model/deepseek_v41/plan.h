@@ -25,10 +25,18 @@ struct V41PlanOptions {
   // false: every row format plain. NOT the model (its QAT roundings are part of its numerics); for
   // path-consistency tests, where the roundings turn last-bit differences into whole FP4 steps.
   bool qat = true;
+  // Bounded replay's keep length (DEEPINFER_YOCO_PREFILL_KEEP_TOKENS under compact mode), 0 = full
+  // prefill: the layers after the candidate source become replay_tail layers. Refused (naming
+  // both numbers) below window + max_rollback, and without a candidate source.
+  int64_t replay_keep = 0;
   // The DSpark drafter runs (its stages are in the checkpoint): the tap layers record their input's
   // stream mean and the hidden rows a step returns are those taps (Dims::taps).
   bool dspark = false;
 };
+
+// The keep length the knobs ask of this config: 0 unless DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE
+// is "compact", then DEEPINFER_YOCO_PREFILL_KEEP_TOKENS (default 140).
+constexpr int64_t kDefaultReplayKeep = 140;
 
 ModelPlan v41_plan(const DeepseekV41Config& cfg, const V41PlanOptions& options);
 // eps = rms_norm_eps (also the mHC streams' RMS: notes §6), norm_topk = routing_normalized(),

@@ -7,6 +7,7 @@
 // V4.1's final collapse uses the last FFN site's weights.
 #pragma once
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "model/deepseek/cpu/cpu_backend.h"
@@ -16,7 +17,10 @@ namespace deepinfer::model::v41 {
 
 std::vector<float> v41_inv_freq(const RopeParams& p, int64_t rope_dim);
 
+// `shard` (ModelLoadOptions::expert_shard): only that rank's routed experts of the main layers are
+// prepared; the others stay undefined refs (the expert-parallel seam never runs them here).
 std::unique_ptr<ds::CpuWeightStore> v41_prepare_cpu(const DeepseekV41Config& cfg, const ModelPlan& plan,
-                                                    const V41Weights& weights);
+                                                    const V41Weights& weights,
+                                                    const std::optional<parallel::ExpertShard>& shard = std::nullopt);
 
 }  // namespace deepinfer::model::v41

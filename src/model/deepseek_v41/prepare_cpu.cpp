@@ -17,8 +17,9 @@ std::vector<float> v41_inv_freq(const RopeParams& p, int64_t rope_dim) {
 namespace {
 class Preparer {
  public:
-  Preparer(const DeepseekV41Config& c, const ModelPlan& plan, const V41Weights& w, ds::CpuWeightStore& s)
-      : c_(c), plan_(plan), w_(w), s_(s) {}
+  Preparer(const DeepseekV41Config& c, const ModelPlan& plan, const V41Weights& w, ds::CpuWeightStore& s,
+           std::vector<bool> held)
+      : c_(c), plan_(plan), w_(w), s_(s), held_(std::move(held)) {}
 
   void entry(size_t i) {
     const V41Entry& e = w_.table.entries[i];
@@ -30,6 +31,7 @@ class Preparer {
     if (e.store == V41Store::kEngramTable) return engram_table(i, L.engram);
     if (e.store == V41Store::kExpert) {
       L.ffn.experts.resize(size_t(c_.n_routed_experts));
+      if (!held_.empty() && !held_.at(size_t(e.expert))) return;  // another rank's expert
       ds::ExpertRef& x = L.ffn.experts[size_t(e.expert)];
       return lin(i, e.expert_w13 ? x.w13 : x.w2);
     }
@@ -149,16 +151,18 @@ class Preparer {
   const ModelPlan& plan_;
   const V41Weights& w_;
   ds::CpuWeightStore& s_;
+  std::vector<bool> held_;  // routed experts this rank prepares (empty: all)
   Tensor q_weight_;
 };
 }  // namespace
 
 std::unique_ptr<ds::CpuWeightStore> v41_prepare_cpu(const DeepseekV41Config& cfg, const ModelPlan& plan,
-                                                    const V41Weights& weights) {
+                                                    const V41Weights& weights,
+                                                    const std::optional<parallel::ExpertShard>& shard) {
   auto store = std::make_unique<ds::CpuWeightStore>();
   store->keepalive = weights.keepalive;
   store->refs.layers.assign(size_t(plan.num_layers()), ds::LayerRef{});
-  Preparer p(cfg, plan, weights, *store);
+  Preparer p(cfg, plan, weights, *store, shard ? shard->held(int32_t(cfg.n_routed_experts)) : std::vector<bool>{});
   for (size_t i = 0; i < weights.table.entries.size(); ++i) p.entry(i);
   p.rope();
   return store;

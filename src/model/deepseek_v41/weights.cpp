@@ -124,8 +124,14 @@ V41Weights V41Weights::load(const std::string& dir, const DeepseekV41Config& cfg
                "' (not part of DeepSeek-V4.1 as this engine knows it)");
     w.skipped.push_back(n);
   }
-  if (!w.skipped.empty())
-    DI_INFO(dir, ": ", w.skipped.size(), " tensor(s) of parts not run here skipped (vision), e.g. ", w.skipped[0]);
+  // The vision tower is not run: say so once, loudly (a user may expect images to work).
+  size_t vision = 0;
+  for (const std::string& n : w.skipped) vision += n.find("mtp.") == std::string::npos;
+  if (vision > 0)
+    DI_WARN(dir, ": the vision tower is not run: ", vision, " tensor(s) (vision.*, aligner.*, image_*) skipped, e.g. ",
+            w.skipped[0], "; prompts are text only");
+  if (w.skipped.size() > vision)
+    DI_INFO(dir, ": ", w.skipped.size() - vision, " DSpark (mtp.*) tensor(s) not listed for this load skipped");
   w.keepalive = ck;
   return w;
 }

@@ -72,6 +72,19 @@ void ModelPlan::validate(const std::string& origin) const {
                  ", which selects from another KV source's entries");
     }
   }
+  // Bounded replay: the tail layers are a suffix and own no paged state (what they would write
+  // there is not computed for the positions before a sequence's tail).
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const LayerPlan& p = layers[i];
+    if (!p.replay_tail) continue;
+    if (i + 1 < layers.size() && !layers[i + 1].replay_tail)
+      DI_THROW(ConfigError, origin, ": bounded replay: layer ", i, " runs over the kept tail only but layer ", i + 1,
+               " after it over every position");
+    if (p.owns_entries() || p.owns_keys())
+      DI_THROW(ConfigError, origin, ": bounded replay: layer ", i, " runs over the kept tail only but owns ",
+               "compressed entries or index keys, which every later position reads");
+  }
+  if (replay_keep < 0) DI_THROW(ConfigError, origin, ": bounded replay keep ", replay_keep, " < 0");
   for (const LayerPlan& p : drafter)
     if (p.attends_compressed() || p.owns_entries())
       DI_THROW(ConfigError, origin, ": drafter block ", p.index, " with compressed attention is not supported");

@@ -91,6 +91,10 @@ struct LayerPlan {
   // ---- FFN and residual ----
   MoeKind moe = MoeKind::kBiased;
   bool engram = false;          // Engram injection before the block (V4.1)
+  // Bounded replay (V4.1 YOCO decoder, the layers after the candidate source): under compact
+  // prefill this layer runs only over each sequence's kept tail (SeqInBatch::decoder_from on),
+  // and its window starts no earlier than the tail: rows before it do not exist for it.
+  bool replay_tail = false;
   int32_t tap = -1;             // DSpark tap slot: the stream mean of this layer's input (after Engram)
 
   bool owns_entries() const { return compressor != CompressorKind::kNone; }
@@ -105,6 +109,9 @@ struct ModelPlan {
   std::vector<LayerPlan> drafter;  // drafter blocks (V4 MTP: sliding only)
   HcWiring hc = HcWiring::kPerSite;
   int64_t max_rollback = 0;        // extra ring positions every per-slot ring keeps (causal_lm.h)
+  // Bounded replay's keep length (CausalLM::replay_keep): 0 = full prefill. When > 0 the
+  // replay_tail layers are a suffix of `layers` (validate checks it).
+  int64_t replay_keep = 0;
 
   const LayerPlan& layer(int32_t i) const;
   int64_t num_layers() const { return int64_t(layers.size()); }

@@ -42,6 +42,7 @@ namespace {
 struct Seq {
   int64_t tok0, n, pos0, slot;
   const std::vector<int32_t>* table;
+  int64_t decoder_from = 0;  // SeqInBatch::decoder_from
 };
 
 // Window ring geometry shared by every layer (checked: one W and one ring size).
@@ -52,6 +53,24 @@ void window_geometry(const std::vector<kv::LayerCacheSpec>& specs, int64_t* W, i
   for (const auto& s : specs)
     DI_CHECK(s.window == *W && s.ring_rows == *ring, "layers with different windows (", s.window, "/", s.ring_rows,
              " vs ", *W, "/", *ring, ") are not supported by the step planner");
+}
+
+// Bounded replay: the replay_tail layers' runs of a sequence, from the same staged rows (the
+// sequence's staging starts at `off`, position `first`) but never before its decoder_from. The
+// lists exist only once some token's window reaches before its sequence's tail.
+void tail_windows(StepPlan& m, const Seq& s, int64_t off, int64_t first) {
+  const int64_t W = m.window;
+  for (int64_t j = 0; j < s.n; ++j) {
+    const int64_t p = s.pos0 + j, lo = std::max<int64_t>(0, p - W + 1), tlo = std::max(lo, s.decoder_from);
+    if (tlo == lo && m.tail_win_begin.empty()) continue;
+    if (m.tail_win_begin.empty()) {  // first clamped token: the earlier ones keep the shared runs
+      m.tail_win_begin = m.win_begin;
+      m.tail_win_count = m.win_count;
+    }
+    DI_CHECK(tlo <= p, "bounded replay: position ", p, " before its tail at ", s.decoder_from, " runs a tail layer");
+    m.tail_win_begin[size_t(s.tok0 + j)] = int32_t(off + tlo - first);
+    m.tail_win_count[size_t(s.tok0 + j)] = int32_t(p - tlo + 1);
+  }
 }
 
 void build_window(StepPlan& m, const std::vector<Seq>& seqs) {
@@ -70,6 +89,7 @@ void build_window(StepPlan& m, const std::vector<Seq>& seqs) {
       m.max_window = std::max<int64_t>(m.max_window, p - lo + 1);
     }
     off += prev + s.n;
+    tail_windows(m, s, off - prev - s.n, first);
     // Every new row enters the ring when it fits (the ring is larger than W by the rollback slack,
     // and rows older than the ring are overwritten in position order anyway).
     for (int64_t p = std::max(s.pos0, s.pos0 + s.n - S); p < s.pos0 + s.n; ++p) {
@@ -143,7 +163,7 @@ StepPlan build_step_plan(const std::vector<kv::LayerCacheSpec>& specs, const Ste
   std::vector<Seq> seqs;
   int64_t t = 0;
   for (const SeqInBatch& s : b.seqs) {
-    seqs.push_back({t, s.num_new_tokens, s.num_computed_tokens, s.cache_slot, &s.block_table});
+    seqs.push_back({t, s.num_new_tokens, s.num_computed_tokens, s.cache_slot, &s.block_table, s.decoder_from});
     for (int64_t j = 0; j < s.num_new_tokens; ++j) m.pos[size_t(t + j)] = s.num_computed_tokens + j;
     t += s.num_new_tokens;
   }

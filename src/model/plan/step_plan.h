@@ -73,6 +73,10 @@ struct StepPlan {
   std::vector<int32_t> win_begin, win_count;  // [T]
   std::vector<int64_t> win_store_src, win_store_dst;  // kv rows -> ring rows
   int64_t max_window = 0;            // max win_count
+  // Bounded replay: the runs of the replay_tail layers (starting no earlier than each sequence's
+  // decoder_from, inside the same staged rows); empty when they equal win_begin / win_count.
+  // General plans only (a fixed-shape batch needs none: its windows never reach before a tail).
+  std::vector<int32_t> tail_win_begin, tail_win_count;  // [T]
   std::vector<CompressPlan> kinds;   // one per distinct (ratio, overlap, state rows) of the layers
   std::vector<int64_t> sel_offset;   // [T] t * index_topk (selection lists)
   std::vector<int64_t> logits_rows;  // [R]

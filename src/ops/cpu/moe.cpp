@@ -26,10 +26,13 @@ void clamped_swiglu(float* g, const float* u, int64_t count, float L) {
 }  // namespace
 
 void expert_forward(const float* x, int64_t n, int64_t D, int64_t I, const ExpertF32& e, float L, float* g, float* u,
-                    float* out, GemmKind kind) {
+                    float* out, GemmKind kind, const float* row_scale) {
   linear(x, n, D, e.w1, I, g, kind);
   linear(x, n, D, e.w3, I, u, kind);
   clamped_swiglu(g, u, n * I, L);
+  if (row_scale)
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t i = 0; i < I; ++i) g[r * I + i] *= row_scale[r];
   linear(g, n, I, e.w2, D, out, kind);
 }
 

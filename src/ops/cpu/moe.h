@@ -15,8 +15,10 @@ struct ExpertF32 {
 };
 
 // out [n, D] = E(x [n, D]); g, u are [n, I] scratch. `kind`: the products' kernel (gemm.h).
+// `row_scale` [n] (optional): row r's SwiGLU output is multiplied by row_scale[r] before w2 (the
+// routed weight where the reference applies it: DeepSeek-V4.1, V41-REFERENCE-NOTES.md §7).
 void expert_forward(const float* x, int64_t n, int64_t D, int64_t I, const ExpertF32& e, float swiglu_limit, float* g,
-                    float* u, float* out, GemmKind kind = GemmKind::kFast);
+                    float* u, float* out, GemmKind kind = GemmKind::kFast, const float* row_scale = nullptr);
 // y[t] (+)= E(x[t]) for all T tokens (the shared expert). x [T, D], y [T, D].
 void swiglu_mlp(const float* x, int64_t T, int64_t D, int64_t I, const ExpertF32& e, float swiglu_limit, float* y,
                 bool accumulate);

@@ -359,6 +359,69 @@ TEST_F(GpuEngine, SamplerAtV4VocabDeviceVsHost) {
   }
 }
 
+// Prefix caching with slot checkpoints queued at the next launch (EngineConfig::
+// async_checkpoint_copies: stream-ordered copies into pinned memory, the host does not wait before
+// the next step's forward) vs save_slot at once: the same outputs bit for bit (same schedules),
+// the same checkpoints saved, hits and restores. Prompts around the 256-token block boundary:
+// some checkpoints are prefill chunk ends, the others decode boundaries (those are queued).
+struct WaveRun {
+  EngineRun run;
+  PrefixCacheStats prefix;
+};
+
+WaveRun run_prefix_waves(bool queued_copies, const std::vector<std::vector<int32_t>>& prompts, const SamplingParams& sp) {
+  auto m = DeepseekV4CudaModel::load(fixture(), model::v4::engine_cuda_options({}));
+  EngineConfig ec;
+  ec.scheduler.max_num_seqs = 8;
+  ec.scheduler.max_num_batched_tokens = 512;
+  ec.kv_cache_memory_bytes = size_t(64) << 20;
+  ec.async_checkpoint_copies = queued_copies;
+  Engine eng(ec, std::move(m), nullptr);
+  WaveRun r;
+  r.run.outputs.resize(prompts.size());
+  const auto t0 = std::chrono::steady_clock::now();
+  for (size_t wave = 0; wave < 2; ++wave) {  // the first prompt alone, then the rest hit it
+    for (size_t i = wave ? 1 : 0; i < (wave ? prompts.size() : 1); ++i)
+      eng.add_request(std::to_string(i), PromptInput::from_token_ids(prompts[i]), sp, 0);
+    while (eng.has_unfinished())
+      for (RequestOutput& o : eng.step())
+        if (o.finished) r.run.outputs[std::stoul(o.request_id)] = std::move(o);
+  }
+  r.run.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.run.runner = eng.runner().stats();
+  r.prefix = eng.scheduler().prefix_cache().stats();
+  return r;
+}
+
+TEST_F(GpuEngine, QueuedCheckpointCopiesEqualSaveSlot) {
+  std::mt19937 g(5);
+  std::vector<int32_t> shared(300);
+  for (int32_t& t : shared) t = int32_t(3 + g() % 500);
+  std::vector<std::vector<int32_t>> prompts = {shared};
+  for (size_t n : {230, 256, 270, 300}) {
+    std::vector<int32_t> p(shared.begin(), shared.begin() + ptrdiff_t(n));
+    for (int j = 0; j < 7; ++j) p.push_back(int32_t(3 + g() % 500));
+    prompts.push_back(std::move(p));
+  }
+  SamplingParams sp;
+  sp.temperature = 0.8f;
+  sp.seed = 99;
+  sp.max_tokens = 48;  // the 230-token prompts cross the boundary while decoding
+  sp.ignore_eos = true;
+  sp.logprobs = 2;
+  run_prefix_waves(false, prompts, sp);  // warm-up: graphs, cuBLASLt
+  const WaveRun a = run_prefix_waves(false, prompts, sp), b = run_prefix_waves(true, prompts, sp);
+  expect_same(a.run, b.run, 0, "queued checkpoint copies vs save_slot");
+  EXPECT_GT(b.run.runner.checkpoints_saved, 0);
+  EXPECT_EQ(a.run.runner.checkpoints_saved, b.run.runner.checkpoints_saved);
+  EXPECT_EQ(a.run.runner.restores, b.run.runner.restores);
+  EXPECT_GT(b.run.runner.restores, 0);
+  EXPECT_EQ(a.prefix.hit_tokens, b.prefix.hit_tokens);
+  EXPECT_GT(b.prefix.hit_tokens, 0);
+  std::printf("[gpu-engine] queued checkpoint copies: %lld checkpoints, %lld restores, %.3f s vs save_slot %.3f s\n",
+              (long long)b.run.runner.checkpoints_saved, (long long)b.run.runner.restores, b.run.seconds, a.run.seconds);
+}
+
 }  // namespace
 }  // namespace deepinfer::engine
 #endif  // DEEPINFER_TEST_HAVE_ENGINE

@@ -42,7 +42,7 @@ std::unique_ptr<Engine> make_engine(const Setup& s) {
   ec.scheduler.max_num_seqs = 256;
   ec.scheduler.max_num_batched_tokens = s.budget;
   ec.scheduler.max_model_len = 160;
-  ec.scheduler.prefix_cache.enabled = !s.async;  // prefix caching steps are synchronous
+  ec.scheduler.prefix_cache.enabled = !s.async;  // both kinds of step: sync runs cache on, async off
   ec.num_speculative_tokens = s.drafts;
   ec.seed = 7;
   auto model = load_model(s.model, {.env = env,

@@ -25,9 +25,9 @@ EnvConfig parse(const std::map<std::string, std::string>& vars) {
 }
 
 // The message check_env_knobs gives for `vars` on a model with/without a drafter ("" = accepted).
-std::string refusal(const std::map<std::string, std::string>& vars, bool has_drafter = false) {
+std::string refusal(const std::map<std::string, std::string>& vars, bool has_drafter = false, bool replays = false) {
   try {
-    check_env_knobs(parse(vars), {.model_has_drafter = has_drafter, .model = "TestModel"});
+    check_env_knobs(parse(vars), {.model_has_drafter = has_drafter, .model_replays = replays, .model = "TestModel"});
   } catch (const InvalidArgument& e) {
     return e.what();
   }
@@ -118,6 +118,16 @@ TEST(EnvKnobs, UnbuiltFeaturesAreRefusedNamingTheKnob) {
   EXPECT_NE(pair.find("DEEPINFER_BATCH_INVARIANT: cannot be deterministic"), std::string::npos) << pair;
   // Drafting is honoured for a model with a drafter; two refusals are both named.
   EXPECT_EQ(refusal({{"DEEPINFER_USE_NEXTN_DECODE", "2"}}, /*has_drafter=*/true), "");
+  // Bounded replay is honoured by a model that runs it (V4.1 with a candidate source); the keep
+  // length alone does nothing and is refused, as is a mode that is not one.
+  EXPECT_EQ(refusal({{"DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE", "compact"}}, false, /*replays=*/true), "");
+  EXPECT_EQ(refusal({{"DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE", "compact"}, {"DEEPINFER_YOCO_PREFILL_KEEP_TOKENS", "140"}},
+                    false, /*replays=*/true),
+            "");
+  EXPECT_EQ(refusal({{"DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE", "full"}}), "");
+  const std::string alone = refusal({{"DEEPINFER_YOCO_PREFILL_KEEP_TOKENS", "140"}}, false, /*replays=*/true);
+  EXPECT_NE(alone.find("only with DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE=compact"), std::string::npos) << alone;
+  EXPECT_THROW(parse({{"DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE", "bounded"}}), InvalidArgument);
   const std::string two = refusal({{"DEEPINFER_YOCO_PREFILL_KEEP_TOKENS", "140"}, {"DEEPINFER_ACCELERATOR", "ascend"}});
   EXPECT_NE(two.find("DEEPINFER_YOCO_PREFILL_KEEP_TOKENS"), std::string::npos) << two;
   EXPECT_NE(two.find("DEEPINFER_ACCELERATOR"), std::string::npos) << two;

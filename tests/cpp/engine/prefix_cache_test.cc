@@ -29,6 +29,7 @@ struct PrefixSetup {
   bool grammar = false;
   int64_t host_blocks = 0;     // host tier
   std::optional<bool> async;   // DEEPINFER_ASYNC_SCHEDULING (unset: the default, on)
+  bool async_copies = false;   // EngineConfig::async_checkpoint_copies
 };
 
 struct PrefixRun {
@@ -57,6 +58,7 @@ PrefixRun run_waves(const PrefixSetup& s, const std::vector<std::vector<int32_t>
   ec.num_speculative_tokens = s.drafts;
   ec.prefix_host_bytes = size_t(s.host_blocks) * kBT * 4;
   ec.env.async_scheduling = s.async;
+  ec.async_checkpoint_copies = s.async_copies;
   auto codec = make_toy_codec(tc.vocab_size);
   auto grammar = s.grammar ? make_grammar_compiler(codec.get(), tc.vocab_size, 1) : nullptr;
   Engine eng(ec, std::move(model), std::move(codec), std::move(grammar));
@@ -398,6 +400,35 @@ TEST(PrefixCache, AsyncOnAndOffIdenticalWithHits) {
   const int64_t prev_end = int64_t(base.size()) + kAnswer - 1;  // positions turn 1 computed
   EXPECT_EQ(b.out.at("1").num_cached_tokens, (prev_end / kBT) * kBT);
   EXPECT_EQ(a.out.at("1").num_cached_tokens, b.out.at("1").num_cached_tokens);
+}
+
+// Checkpoints through CausalLM::queue_save_slots (EngineConfig::async_checkpoint_copies: queued at
+// the next launch, taken when the step is collected): the same checkpoints, hits, restores and
+// outputs as save_slot at once, with steps asynchronous and synchronous, drafting on and off.
+TEST(PrefixCache, QueuedCheckpointCopiesIdentical) {
+  const std::vector<int32_t> base = tokens(9, 4 * kBT + 5);
+  std::vector<std::vector<int32_t>> prompts = {base};
+  for (int64_t shared : {kBT - 1, kBT, 2 * kBT + 3, 4 * kBT + 5})
+    prompts.push_back(cat(std::vector<int32_t>(base.begin(), base.begin() + shared), tokens(uint32_t(shared + 50), 11)));
+  const std::vector<size_t> waves = {1, 3};
+  const std::vector<SamplingParams> params = {sampled(2 * kBT + 1, 31)};
+  for (const auto& [what, setup] : std::vector<std::pair<std::string, PrefixSetup>>{
+           {"async", {.async = true}},
+           {"sync", {.async = false}},
+           {"async, chunks, small cache + host tier",
+            {.max_batched = 13, .max_seqs = 2, .num_blocks = 14, .host_blocks = 16, .async = true}},
+           {"drafting", {.drafts = kL}}}) {
+    PrefixSetup queued = setup;
+    queued.async_copies = true;
+    const PrefixRun a = run_waves(setup, prompts, params, waves);
+    const PrefixRun b = run_waves(queued, prompts, params, waves);
+    expect_same(a, b, what);
+    EXPECT_GT(b.prefix.num_hits, 0) << what;
+    EXPECT_EQ(a.prefix.hit_tokens, b.prefix.hit_tokens) << what;
+    EXPECT_EQ(a.prefix.checkpoints_saved, b.prefix.checkpoints_saved) << what;
+    EXPECT_EQ(a.restores, b.restores) << what;
+    for (const auto& [id, o] : a.out) EXPECT_EQ(o.num_cached_tokens, b.out.at(id).num_cached_tokens) << what << " " << id;
+  }
 }
 
 TEST(PrefixCacheUnit, HostTierSlotsBusyWhileLoading) {

@@ -337,6 +337,43 @@ TEST_P(CausalLMConformance, BlockCopiesAndCheckpointRule) {
   expect_same(original, copied, int64_t(rest.size()), "copied blocks + restored slot", true);
 }
 
+TEST_P(CausalLMConformance, QueuedSlotSavesEqualSaveSlot) {
+  // queue_save_slots gives the snapshots save_slot takes, of two slots at different lengths, even
+  // with a forward that writes both slots queued before wait() (a device backend copies them
+  // stream-ordered, ahead of that forward); a second round reuses the staging.
+  const int64_t T = int64_t(ids_.size()), cut = std::min<int64_t>(T - 1, 53), cut2 = std::max<int64_t>(cut - 9, 1);
+  const kv::CacheGeometry& g = model_->cache_geometry();
+  const std::vector<int32_t> t1 = model::slot_block_table(g, 1), t2 = model::slot_block_table(g, 2);
+  auto run = [&](int64_t from1, int64_t to1, int64_t from2, int64_t to2) {
+    model::ForwardBatch b;
+    b.token_ids.assign(ids_.begin() + from1, ids_.begin() + to1);
+    b.token_ids.insert(b.token_ids.end(), ids_.begin() + from2, ids_.begin() + to2);
+    b.seqs = {{.cache_slot = 1, .block_table = t1, .num_computed_tokens = from1, .num_new_tokens = int32_t(to1 - from1)},
+              {.cache_slot = 2, .block_table = t2, .num_computed_tokens = from2, .num_new_tokens = int32_t(to2 - from2)}};
+    model_->forward(b);
+  };
+  model_->reset_slot(1);
+  model_->reset_slot(2);
+  run(0, cut, 0, cut2);
+  const model::SlotSnapshot want1 = model_->save_slot(1, cut), want2 = model_->save_slot(2, cut2);
+  const std::vector<model::SlotSave> saves = {{1, cut}, {2, cut2}};
+  std::unique_ptr<model::PendingSlotSaves> pending = model_->queue_save_slots(saves);
+  run(cut, T, cut2, T);  // writes both slots' rings before the copies are waited for
+  const std::vector<model::SlotSnapshot> got = pending->wait();
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0].num_tokens, cut);
+  EXPECT_EQ(got[1].num_tokens, cut2);
+  EXPECT_TRUE(got[0].bytes == want1.bytes) << "slot 1's queued snapshot differs from save_slot's";
+  EXPECT_TRUE(got[1].bytes == want2.bytes) << "slot 2's queued snapshot differs from save_slot's";
+  EXPECT_FALSE(model_->save_slot(1, T).bytes == want1.bytes) << "the second forward did not change slot 1";
+  // Again (staging reused), and a dropped handle does not block the next round.
+  model_->queue_save_slots(std::vector<model::SlotSave>{{1, T}});
+  const std::vector<model::SlotSnapshot> again = model_->queue_save_slots(std::vector<model::SlotSave>{{1, T}})->wait();
+  ASSERT_EQ(again.size(), 1u);
+  EXPECT_TRUE(again[0].bytes == model_->save_slot(1, T).bytes);
+  EXPECT_THROW(model_->queue_save_slots(std::vector<model::SlotSave>{{1, T + 1}}), InvalidArgument);
+}
+
 TEST_P(CausalLMConformance, DrafterMatchesReference) {
   model::Drafter* drafter = model_->drafter();
   if (!drafter) GTEST_SKIP() << GetParam().name << " has no drafter";

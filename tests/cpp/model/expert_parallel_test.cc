@@ -6,7 +6,9 @@
 // greedy tokens.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <thread>
 
@@ -14,6 +16,7 @@
 #include "model/deepseek/cpu/cpu_backend.h"
 #include "model/deepseek/expert_parallel.h"
 #include "model/deepseek_v4/model.h"
+#include "model/deepseek_v41/model.h"
 #include "model/sequence_runner.h"
 #include "parallel/gloo_group.h"
 #include "parallel/launcher.h"
@@ -266,6 +269,72 @@ TEST(ExpertParallelCpu, ShardedModelRefusesAnotherRankAndMissingExperts) {
     FAIL() << "a rank-1-of-2 shard joined a one-rank group";
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("rank 1 of 2"), std::string::npos) << e.what();
+  }
+}
+
+// DeepSeek-V4.1 (v41_a, v41_b: Engram, two-level top-k, QAT formats, the routed weight before w2)
+// with each rank preparing only its shard of the routed experts: every rank's logits equal its
+// sequence alone on one rank. Fixed-order products (DEEPINFER_BATCH_INVARIANT) make an expert's
+// rows independent of which other rows share its GEMM, so the QAT roundings cannot flip and the
+// logits must be bit-identical.
+TEST(ExpertParallelCpu, V41ShardedRanksMatchSingleRankBitForBit) {
+  for (const char* fixture : {"v41_a", "v41_b"}) {
+    const std::string dir = golden_dir(fixture);
+    if (!std::filesystem::exists(dir + "/config.json")) GTEST_SKIP() << "fixture " << dir << " absent";
+    auto load41 = [&](std::optional<parallel::ExpertShard> shard) {
+      auto m = model::v41::DeepseekV41Model::load(dir, {.max_rollback = 4, .batch_invariant = true,
+                                                        .expert_shard = shard});
+      m->allocate_cache_for(1, 256);
+      return m;
+    };
+    const std::vector<int32_t> ids = read_inputs(dir).at("t161");
+    const int n = 2;
+    std::vector<RankWork> work(static_cast<size_t>(n));
+    for (int r = 0; r < n; ++r) {  // rank 0: 3 steps, rank 1: idles the first step, then 2
+      RankWork& w = work[size_t(r)];
+      w.ids.assign(ids.begin() + 7 * r, ids.begin() + 7 * r + 90 + 31 * r);
+      const int64_t len = int64_t(w.ids.size());
+      w.chunks = r == 0 ? std::vector<int64_t>{37, 41, len - 78} : std::vector<int64_t>{0, 57, len - 57};
+    }
+    std::vector<std::vector<float>> alone(static_cast<size_t>(n));
+    {
+      auto m = load41(std::nullopt);
+      for (int r = 0; r < n; ++r) {
+        RankWork w = work[size_t(r)];
+        w.chunks.erase(std::remove(w.chunks.begin(), w.chunks.end(), 0), w.chunks.end());
+        run_rank(*m, m->cache_geometry(), w);
+        alone[size_t(r)] = w.logits;
+      }
+    }
+    parallel::RendezvousDir rdv;
+    std::vector<std::string> errors(static_cast<size_t>(n));
+    std::vector<std::thread> threads;
+    for (int r = 0; r < n; ++r)
+      threads.emplace_back([&, r] {
+        try {
+          auto pg = parallel::make_gloo_group({.rendezvous_dir = rdv.path(), .name = "ep41", .rank = r, .size = n,
+                                               .timeout = std::chrono::milliseconds(60000)});
+          const parallel::ExpertShard shard{.rank = r, .size = n};
+          auto m = load41(shard);
+          const std::vector<bool> mine = shard.held(int32_t(m->arch().dims.experts));
+          for (const auto& L : m->backend().weights().layers)
+            for (size_t e = 0; e < mine.size(); ++e)
+              if (L.ffn.experts.at(e).w13.defined() != bool(mine[e])) errors[size_t(r)] += "expert held wrongly; ";
+          m->enable_expert_parallel(*pg, {});
+          run_rank(*m, m->cache_geometry(), work[size_t(r)]);
+        } catch (const std::exception& e) {
+          errors[size_t(r)] += e.what();
+        }
+      });
+    for (auto& t : threads) t.join();
+    for (int r = 0; r < n; ++r) ASSERT_EQ(errors[size_t(r)], "") << fixture << " rank " << r;
+    for (int r = 0; r < n; ++r) {
+      const std::vector<float>& a = alone[size_t(r)];
+      const std::vector<float>& b = work[size_t(r)].logits;
+      ASSERT_EQ(a.size(), b.size());
+      EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << fixture << " rank " << r;
+      expect_close(a, b, int64_t(a.size() / work[size_t(r)].ids.size()), std::string(fixture) + " rank " + std::to_string(r));
+    }
   }
 }
 

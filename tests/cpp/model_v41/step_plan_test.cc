@@ -94,3 +94,49 @@ TEST(V41StepPlan, SpecsKindsPairsAndCandidates) {
 
 }  // namespace
 }  // namespace deepinfer::model
+
+namespace deepinfer::model {
+namespace {
+// Bounded replay: the tail layers' window runs start at each sequence's decoder_from, inside the
+// shared staging; where no window reaches before a tail the lists stay empty (win_* serve).
+TEST(V41StepPlan, TailWindowsStartAtTheTail) {
+  const v41::DeepseekV41Config c = v41::DeepseekV41Config::from_file((v41_test::golden("v41_a") / "config.json").string());
+  const ModelPlan plan = v41::v41_plan(c, {.max_rollback = 4, .replay_keep = 12});
+  for (const LayerPlan& p : plan.layers) EXPECT_EQ(p.replay_tail, p.index > c.candidate_source_layer_id) << p.index;
+  EXPECT_EQ(plan.replay_keep, 12);
+  const auto specs = cache_specs(plan, {.head_dim = c.head_dim, .index_head_dim = c.index_head_dim});
+  const StepPlanDims dims{.n_streams = c.hc_mult, .index_topk = c.index_topk, .topk_experts = c.num_experts_per_tok};
+  const kv::CacheGeometry g = kv::plan_cache_geometry(
+      specs, kv::cache_slot_bytes(specs, 4) * 2 + kv::cache_block_bytes(specs, kv::default_block_tokens(specs), 4) * 8,
+      2, 4, "test");
+  const int64_t W = c.sliding_window;  // 8
+  ForwardBatch b;  // seq 0: positions 9..14 of a tail starting at 9; seq 1: positions 3..4, no tail
+  b.seqs.push_back({.cache_slot = 1, .block_table = {3}, .num_computed_tokens = 9, .num_new_tokens = 6,
+                    .decoder_from = 9});
+  b.seqs.push_back({.cache_slot = 0, .block_table = {5}, .num_computed_tokens = 3, .num_new_tokens = 2});
+  for (int i = 0; i < 8; ++i) b.token_ids.push_back(int32_t(10 + i));
+  validate_forward_batch(b, g, true, c.vocab_size);
+  const StepPlan m = build_step_plan(specs, dims, g, b);
+  ASSERT_EQ(m.tail_win_begin.size(), 8u);
+  // Seq 0 stages positions 2..14 (W-1 ring rows, then its 6 new rows); position p's tail run is
+  // [max(9, p-W+1), p].
+  for (int64_t j = 0; j < 6; ++j) {
+    const int64_t p = 9 + j, lo = std::max<int64_t>(9, p - W + 1);
+    EXPECT_EQ(m.tail_win_begin[size_t(j)], lo - 2) << p;
+    EXPECT_EQ(m.tail_win_count[size_t(j)], p - lo + 1) << p;
+    EXPECT_EQ(m.win_count[size_t(j)], W) << p;  // the encoder side's full windows
+  }
+  for (size_t t = 6; t < 8; ++t) {  // no tail: the same runs
+    EXPECT_EQ(m.tail_win_begin[t], m.win_begin[t]);
+    EXPECT_EQ(m.tail_win_count[t], m.win_count[t]);
+  }
+  // A step whose windows all lie inside their tails (decode after the prompt) needs no lists.
+  ForwardBatch d;
+  d.seqs.push_back({.cache_slot = 1, .block_table = {3}, .num_computed_tokens = 17, .num_new_tokens = 1,
+                    .decoder_from = 9});
+  d.token_ids = {7};
+  validate_forward_batch(d, g, true, c.vocab_size);
+  EXPECT_TRUE(build_step_plan(specs, dims, g, d).tail_win_begin.empty());
+}
+}  // namespace
+}  // namespace deepinfer::model

@@ -102,6 +102,10 @@ void CpuBackend::begin_step(StepPlan plan) {
   ix.hidden_rows = p.hidden_rows.data();
   ix.win_begin = p.win_begin.data();
   ix.win_count = p.win_count.data();
+  if (!p.tail_win_begin.empty()) {
+    ix.tail_win_begin = p.tail_win_begin.data();
+    ix.tail_win_count = p.tail_win_count.data();
+  }
   if (p.fixed) {
     ix.win_dst = p.win_dst.data();
     ix.comb_rows = p.comb_rows.data();
@@ -346,7 +350,7 @@ void CpuBackend::moe_dispatch(const MoeRef& M) {
   ep_step_ = ep_ && M.ep_layer >= 0;
   if (ep_step_) {
     if (M.ep_layer == 0) ep_->begin_step();  // once per main forward, on every rank alike
-    ep_->dispatch(M.ep_layer, at<float>(Buf::kH), T, D, ids, K);
+    ep_->dispatch(M.ep_layer, at<float>(Buf::kH), T, D, ids, K, g.route_before_w2 ? at<float>(Buf::kWts) : nullptr);
     return;
   }
   moe_start_.assign(size_t(E + 1), 0);
@@ -372,14 +376,21 @@ void CpuBackend::moe_experts(const MoeRef& M) {
   moe_g_.resize(size_t(max_n * I));
   moe_u_.resize(size_t(max_n * I));
   moe_out_.resize(size_t(T * K * D));
+  // Routed weight before w2 (route_before_w2): each pair's weight, in the expert's row order.
+  const float* wts = at<float>(Buf::kWts);
+  std::vector<float> scale;
   for (int64_t e = 0; e < E; ++e) {
     const int64_t a0 = moe_start_[size_t(e)], n = moe_start_[size_t(e + 1)] - a0;
     if (n == 0) continue;
     const LinearRef& w13 = M.experts[size_t(e)].w13;
     const float* w = static_cast<const float*>(w13.w);
     const oc::ExpertF32 ex{w, w + I * D, static_cast<const float*>(M.experts[size_t(e)].w2.w)};
+    if (g.route_before_w2) {
+      scale.resize(size_t(n));
+      for (int64_t i = 0; i < n; ++i) scale[size_t(i)] = wts[moe_pairs_[size_t(a0 + i)]];
+    }
     oc::expert_forward(moe_x_.data() + a0 * D, n, D, I, ex, g.swiglu_limit, moe_g_.data(), moe_u_.data(),
-                       moe_out_.data() + a0 * D, gemm_);
+                       moe_out_.data() + a0 * D, gemm_, g.route_before_w2 ? scale.data() : nullptr);
   }
 }
 
@@ -403,9 +414,13 @@ void CpuBackend::moe_combine(const MoeRef& M) {
   for (int64_t e = 0; e < E; ++e)
     for (int64_t a = moe_start_[size_t(e)]; a < moe_start_[size_t(e + 1)]; ++a) {
       const int64_t pair = moe_pairs_[size_t(a)];
-      const float w = wts[pair];
       float* yt = y + (pair / K) * D;
       const float* o = moe_out_.data() + a * D;
+      if (g.route_before_w2) {  // weighted inside the expert
+        for (int64_t d = 0; d < D; ++d) yt[d] += o[d];
+        continue;
+      }
+      const float w = wts[pair];
       for (int64_t d = 0; d < D; ++d) yt[d] += w * o[d];
     }
   const float* sh = at<float>(Buf::kShared);
@@ -436,7 +451,9 @@ void CpuBackend::ep_experts(const MoeRef& M) {
   for (int64_t j = 0; j < m; ++j) order[size_t(fill[size_t(got.slot[size_t(j)])]++)] = j;
   int64_t max_n = 0;
   for (int64_t s = 0; s < S; ++s) max_n = std::max(max_n, start[size_t(s + 1)] - start[size_t(s)]);
-  std::vector<float> x(static_cast<size_t>(max_n * D)), y(size_t(max_n * D));
+  std::vector<float> x(static_cast<size_t>(max_n * D)), y(size_t(max_n * D)), scale(static_cast<size_t>(max_n));
+  DI_CHECK(!g.route_before_w2 || got.weight.size() == size_t(m), "expert-parallel rank ", ep_->rank(), ": ",
+           got.weight.size(), " routed weights for ", m, " received rows");
   moe_g_.resize(size_t(max_n * I));
   moe_u_.resize(size_t(max_n * I));
   ep_out_.resize(size_t(m * D));
@@ -448,11 +465,14 @@ void CpuBackend::ep_experts(const MoeRef& M) {
     if (!ex.w13.defined() || !ex.w2.defined())
       DI_THROW(InternalError, "expert-parallel rank ", ep_->rank(), ": layer ", M.ep_layer, " slot ", s, " names expert ",
                e, " whose weights this rank does not hold");
-    for (int64_t i = 0; i < n; ++i)
+    for (int64_t i = 0; i < n; ++i) {
       std::copy_n(got.rows.data() + order[size_t(a0 + i)] * D, D, x.data() + i * D);
+      if (g.route_before_w2) scale[size_t(i)] = got.weight[size_t(order[size_t(a0 + i)])];
+    }
     const float* w = static_cast<const float*>(ex.w13.w);
     oc::expert_forward(x.data(), n, D, I, {w, w + I * D, static_cast<const float*>(ex.w2.w)}, g.swiglu_limit,
-                       moe_g_.data(), moe_u_.data(), y.data());
+                       moe_g_.data(), moe_u_.data(), y.data(), gemm_,  // fixed order under batch invariance, as one rank
+                       g.route_before_w2 ? scale.data() : nullptr);
     for (int64_t i = 0; i < n; ++i) std::copy_n(y.data() + i * D, D, ep_out_.data() + order[size_t(a0 + i)] * D);
   }
   moe_out_.resize(size_t(T * K * D));
@@ -474,8 +494,12 @@ void CpuBackend::ep_combine() {
     std::stable_sort(ks.begin(), ks.end(), [&](int64_t a, int64_t b) { return ids[t * K + a] < ids[t * K + b]; });
     float* yt = y + t * D;
     for (int64_t k : ks) {
-      const float w = wts[t * K + k];
       const float* o = moe_out_.data() + (t * K + k) * D;
+      if (g.route_before_w2) {  // weighted on the expert's rank
+        for (int64_t d = 0; d < D; ++d) yt[d] += o[d];
+        continue;
+      }
+      const float w = wts[t * K + k];
       for (int64_t d = 0; d < D; ++d) yt[d] += w * o[d];
     }
   }

@@ -5,6 +5,7 @@
 #include "ops/cuda/attention.h"
 #include "ops/cuda/grouped_gemm.h"
 #include "ops/cuda/hc.h"
+#include "ops/cuda/indexer.h"
 #include "ops/cuda/moe_route.h"
 
 namespace deepinfer::model::ds::cuda {
@@ -37,6 +38,10 @@ ArenaLayout layout_arena(const Dims& g, const ArenaSizes& s) {
                         : 1,
       1);
   L.scores = a.take(T * std::max<int64_t>(s.max_cand, 1), 4);
+  L.block_scores = a.take(g.candidate_block_size > 0
+                              ? T * ops::cuda::indexer_max_blocks(std::max<int64_t>(s.max_cand, 1), g.candidate_block_size)
+                              : 1,
+                          4);
   L.xe = a.take(TK * D, A);
   L.gu = a.take(std::max(TK, T) * 2 * I, A);
   L.act = a.take(std::max(TK, T) * I, A);

@@ -26,6 +26,7 @@ struct ArenaSizes {
 struct ArenaLayout {
   std::array<size_t, size_t(Buf::kCount)> buf{};  // byte offsets of the named buffers
   size_t hc_ws, attn_ws, scores;                  // mHC partials (layer sites), split-KV, indexer scores
+  size_t block_scores;                            // two-level top-k (V4.1): per-block maxima of the publisher
   size_t xe, gu, act, ye, perm_src, comb_rows, perm_w;  // MoE
   size_t moe_seg, moe_tiles, moe_ntiles;          // device permutation: i32 [E+1], [max tiles], [1]
   size_t head_ws;                                 // mHC partials of the final collapse

@@ -74,6 +74,63 @@ SlotSnapshot CudaBackend::save_slot(int32_t slot, int64_t num_tokens) {
   return {.num_tokens = num_tokens, .bytes = cache_.save_slot(slot, stream_.get())};
 }
 
+namespace {
+// Snapshots copied into pinned staging by queue_save_slots, cut out once the event has passed.
+class CudaSlotSaves final : public PendingSlotSaves {
+ public:
+  CudaSlotSaves(std::shared_ptr<uint8_t> pool, std::shared_ptr<deepinfer::cuda::Event> done,
+                std::shared_ptr<uint64_t> owner, uint64_t id, std::vector<SlotSave> saves, size_t each)
+      : pool_(std::move(pool)), done_(std::move(done)), owner_(std::move(owner)), id_(id), saves_(std::move(saves)),
+        each_(each) {}
+  ~CudaSlotSaves() override {
+    if (waited_) return;
+    cudaEventSynchronize(done_->get());  // the staging must be idle before it is reused
+    release();
+  }
+  std::vector<SlotSnapshot> wait() override {
+    DI_CHECK(!waited_, "queued slot saves waited for twice");
+    done_->synchronize();
+    waited_ = true;
+    std::vector<SlotSnapshot> out;
+    out.reserve(saves_.size());
+    for (size_t i = 0; i < saves_.size(); ++i) {
+      const uint8_t* p = pool_.get() + i * each_;
+      out.push_back({.num_tokens = saves_[i].num_tokens, .bytes = std::vector<uint8_t>(p, p + each_)});
+    }
+    release();  // copied out: the staging is free for the next queue_save_slots
+    return out;
+  }
+
+ private:
+  void release() {
+    if (*owner_ == id_) *owner_ = 0;
+  }
+  std::shared_ptr<uint8_t> pool_;
+  std::shared_ptr<deepinfer::cuda::Event> done_;
+  std::shared_ptr<uint64_t> owner_;
+  uint64_t id_ = 0;
+  std::vector<SlotSave> saves_;
+  size_t each_ = 0;
+  bool waited_ = false;
+};
+}  // namespace
+
+std::unique_ptr<PendingSlotSaves> CudaBackend::queue_save_slots(std::span<const SlotSave> saves) {
+  if (saves.empty()) return std::make_unique<ReadySlotSaves>(std::vector<SlotSnapshot>{});
+  DI_CHECK(*save_owner_ == 0, "queue_save_slots: the previous saves were neither waited for nor dropped");
+  const size_t each = cache_.slot_bytes(), need = each * saves.size();
+  if (need > save_pool_bytes_) {
+    save_pool_bytes_ = need + need / 4;
+    save_pool_ = allocate_host_memory(save_pool_bytes_);
+  }
+  if (!save_done_) save_done_ = std::make_shared<deepinfer::cuda::Event>();
+  for (size_t i = 0; i < saves.size(); ++i) cache_.queue_save_slot(saves[i].slot, save_pool_.get() + i * each, stream_.get());
+  save_done_->record(stream_.get());
+  *save_owner_ = ++save_handles_;
+  return std::make_unique<CudaSlotSaves>(save_pool_, save_done_, save_owner_, *save_owner_,
+                                         std::vector<SlotSave>(saves.begin(), saves.end()), each);
+}
+
 void CudaBackend::restore_slot(int32_t slot, const SlotSnapshot& s) { cache_.restore_slot(slot, s.bytes, stream_.get()); }
 
 void CudaBackend::copy_blocks_to_host(std::span<const HostBlockCopy> copies) {
@@ -111,7 +168,9 @@ FixedLimits CudaBackend::fixed_limits() const {
 
 std::optional<ModelBackend::FixedShape> CudaBackend::fixed_shape(const ForwardBatch& b) const {
   // Expert parallelism exchanges host-sized messages every MoE layer: no fixed shapes, no graphs.
-  if (ep_ || opts_.decode == DecodePath::kGeneral || !fixed_eligible(specs_, b, cand_caps_, fixed_limits()))
+  // Engram rows (V4.1) are staged into buffers that grow with the step: not graph-stable yet.
+  if (ep_ || arch_.dims.engram || opts_.decode == DecodePath::kGeneral ||
+      !fixed_eligible(specs_, b, cand_caps_, fixed_limits()))
     return std::nullopt;
   return FixedShape{.padded = fixed_token_bucket(b.num_tokens()), .caps = &cand_caps_};
 }
@@ -135,7 +194,7 @@ struct Packer {
 // last) has a length fixed by the padded size, so the offsets (and the device pointers a graph
 // captured) do not change between steps.
 struct MetaOffsets {
-  size_t tok, pos, emb, ws, wb, wc, wss, wsd, sel, lr, hr, wdst, comb, pool;
+  size_t tok, pos, emb, ws, wb, wc, wss, wsd, sel, lr, hr, wdst, comb, twb, twc, pool;
   struct Kind { size_t stage, epos, edst, ssrc, sdst, crows, coff, ccount, stdst, block; };
   std::vector<Kind> kinds;
 };
@@ -149,6 +208,7 @@ MetaOffsets pack_meta(const StepPlan& m, std::vector<char>& buf) {
   o.wss = pk.add(m.win_store_src), o.wsd = pk.add(m.win_store_dst);
   o.sel = pk.add(m.sel_offset), o.lr = pk.add(m.logits_rows), o.hr = pk.add(m.hidden_rows);
   o.wdst = pk.add(m.win_dst), o.comb = pk.add(m.comb_rows);
+  o.twb = pk.add(m.tail_win_begin), o.twc = pk.add(m.tail_win_count);  // empty in fixed plans
   for (const auto& k : m.kinds)
     o.kinds.push_back({pk.add(k.stage_src), pk.add(k.entry_pos), pk.add(k.entry_dst), pk.add(k.state_src),
                        pk.add(k.state_dst), pk.add(k.cand_rows), pk.add(k.cand_offset), pk.add(k.cand_count),
@@ -167,6 +227,10 @@ StepIndex device_index(const StepPlan& m, const MetaOffsets& o, const char* mb) 
   d.win_src = P64(o.ws);
   d.win_begin = P32(o.wb);
   d.win_count = P32(o.wc);
+  if (!m.tail_win_begin.empty()) {
+    d.tail_win_begin = P32(o.twb);
+    d.tail_win_count = P32(o.twc);
+  }
   d.win_store_src = P64(o.wss);
   d.win_store_dst = P64(o.wsd);
   d.sel_offset = P64(o.sel);
@@ -613,13 +677,15 @@ void CudaBackend::decode_pool(const DecodePoolArgs& a) {
 }
 
 void CudaBackend::indexer_topk(const IndexerArgs& a) {
-  if (a.out_blocks || a.in_blocks)  // the kernels exist (ops/cuda/indexer.h); the block workspace is not planned
-    DI_THROW(InternalError, "cuda backend: the two-level candidate top-k is not wired yet");
+  // Two-level top-k (V4.1): the publisher's per-block maxima live in the arena's block_scores
+  // (sized from the step's candidates and Dims::candidate_block_size). NOT yet run on a GPU.
   oc::indexer_topk({.q = a.q, .w = a.w, .k_pool = a.k_pool, .dtype = act_, .cand_rows = a.cand_rows,
                     .cand_offset = a.cand_offset, .cand_count = a.cand_count, .num_tokens = a.num_tokens,
                     .num_heads = a.num_heads, .head_dim = a.head_dim, .qk_scale = a.qk_scale, .w_scale = a.w_scale,
                     .topk = a.topk, .max_candidates = a.max_candidates, .scores = at<float>(L_.scores),
-                    .out_rows = a.out_rows, .out_count = a.out_count},
+                    .out_rows = a.out_rows, .out_count = a.out_count, .block_size = a.block_size,
+                    .topk_blocks = a.topk_blocks, .out_blocks = a.out_blocks, .in_blocks = a.in_blocks,
+                    .block_scores = a.out_blocks ? at<float>(L_.block_scores) : nullptr},
                    stream_.get());
 }
 

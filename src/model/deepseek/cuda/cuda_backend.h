@@ -54,6 +54,9 @@ class CudaBackend final : public ModelBackend {
   const kv::CacheGeometry& cache_geometry() const override { return cache_.geometry(); }
   void reset_slot(int32_t slot) override { cache_.reset_slot(slot, stream_.get()); }
   SlotSnapshot save_slot(int32_t slot, int64_t num_tokens) override;
+  // Stream-ordered copies into one pinned staging buffer (grown as needed), an event after them;
+  // the handle's wait() synchronises on the event and cuts the snapshots out.
+  std::unique_ptr<PendingSlotSaves> queue_save_slots(std::span<const SlotSave> saves) override;
   void restore_slot(int32_t slot, const SlotSnapshot& snapshot) override;
   size_t paged_block_bytes() const override { return cache_.block_bytes(); }
   void copy_blocks_to_host(std::span<const HostBlockCopy> copies) override;
@@ -110,6 +113,11 @@ class CudaBackend final : public ModelBackend {
   void hc_post(const HcPostArgs& a) override;
   void hc_collapse(const float* x, const float* prev_mix, float* u, int64_t tokens) override;
   void add_streams(float* x, const float* v, int64_t tokens, int64_t streams, int64_t dim) override;
+  // V4.1 Engram (cuda_backend_v41.cpp): the step's rows uploaded in act() per layer, the gated
+  // injection by ops/cuda/engram. Compiled, NOT yet run on a GPU (the registry refuses V4.1 there).
+  void stage_engram_rows(std::vector<std::vector<float>> rows) override;
+  const void* engram_rows(int64_t layer) const override;
+  void engram_inject(float* x, const float* kv, const float* w, int64_t tokens) override;
   void stream_mean(const float* x, float* out, int64_t out_stride, int64_t tokens) override;
   void moe_route(const MoeRef& M, const float* logits, int32_t* ids, float* wts) override;
   void moe_dispatch(const MoeRef& M) override;
@@ -119,6 +127,13 @@ class CudaBackend final : public ModelBackend {
 
  private:
   enum class MoePath { kFixed, kGrouped, kHostRouted };
+  // queue_save_slots' staging: pinned bytes, their size, the event after the copies, and which
+  // handle still holds them (0: none; shared with the handles: one outstanding at a time).
+  std::shared_ptr<uint8_t> save_pool_;
+  size_t save_pool_bytes_ = 0;
+  std::shared_ptr<deepinfer::cuda::Event> save_done_;
+  std::shared_ptr<uint64_t> save_owner_ = std::make_shared<uint64_t>(0);
+  uint64_t save_handles_ = 0;
   MoePath moe_path(const MoeRef& M) const;
   bool grouped_moe() const;  // the device-permutation grouped MoE path exists (bf16, native or dequantised experts)
   void linear_fp8(const LinearRef& W, const void* x, int64_t ldx, int64_t bsx, int64_t M, void* y, DType y_dtype,
@@ -177,6 +192,10 @@ class CudaBackend final : public ModelBackend {
   // one, sized once for the largest bucket (graphs capture its address).
   deepinfer::cuda::DeviceBuffer staged_hidden_, fixed_staged_hidden_;
   deepinfer::cuda::DeviceBuffer greedy_out_;  // greedy_rows: tokens then logprobs
+  // V4.1 Engram rows of the current step per main layer (empty buffer: no Engram there), and the
+  // host copies in act() they were uploaded from (kept until the next step's staging).
+  std::vector<deepinfer::cuda::DeviceBuffer> engram_dev_;
+  std::vector<std::vector<char>> engram_host_;
   std::vector<char> greedy_h_;
   // Exact-numerics MoE: the routing read back and the host permutation.
   std::vector<int32_t> moe_ids_;

@@ -68,6 +68,20 @@ std::vector<uint8_t> GpuCache::save_slot(int32_t slot, cudaStream_t stream) cons
   return out;
 }
 
+size_t GpuCache::slot_bytes() const {
+  size_t n = 0;
+  if (geometry_.num_slots > 0) for_each_slot_range(0, [&](char*, size_t bytes) { n += bytes; });
+  return n;
+}
+
+void GpuCache::queue_save_slot(int32_t slot, uint8_t* dst, cudaStream_t stream) const {
+  size_t off = 0;
+  for_each_slot_range(slot, [&](char* p, size_t n) {
+    deepinfer::cuda::copy_d2h(dst + off, p, n, stream, /*sync=*/false);
+    off += n;
+  });
+}
+
 void GpuCache::restore_slot(int32_t slot, const std::vector<uint8_t>& bytes, cudaStream_t stream) {
   size_t off = 0;
   for_each_slot_range(slot, [&](char* p, size_t n) {

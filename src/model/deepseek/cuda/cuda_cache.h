@@ -38,6 +38,10 @@ class GpuCache {
   // The slot's fixed state as host bytes (every layer's window ring and partials; synchronous),
   // and its restore.
   std::vector<uint8_t> save_slot(int32_t slot, cudaStream_t stream) const;
+  // save_slot's bytes of one slot, and its copies into `dst` (slot_bytes() of pinned host memory)
+  // queued on `stream` without waiting.
+  size_t slot_bytes() const;
+  void queue_save_slot(int32_t slot, uint8_t* dst, cudaStream_t stream) const;
   void restore_slot(int32_t slot, const std::vector<uint8_t>& bytes, cudaStream_t stream);
   // Bytes of one paged block (every layer's entries, then its index keys), and copies of blocks
   // to (to_host) or from host memory of that size each; synchronous (the stream is synchronised).

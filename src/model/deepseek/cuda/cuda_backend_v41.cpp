@@ -1,0 +1,58 @@
+// The CUDA backend's DeepSeek-V4.1 pieces beyond the shared ops: the Engram rows a step gathers on
+// the host (DeepseekV41Model::before_step -> stage_engram_rows), uploaded in the activation dtype
+// (the wkv linear reads act() rows), and the gated injection (ops/cuda/engram.h, CPU twin
+// ops/cpu/engram.h). Compiled here; NOT yet run on a GPU (model/deepseek_v41/family.cpp still
+// refuses DEEPINFER_ACCELERATOR=nvidia for V4.1 until a GPU run checks it against the CPU).
+#include <cstring>
+
+#include "core/check.h"
+#include "core/numeric.h"
+#include "deepinfer/error.h"
+#include "model/deepseek/cuda/cuda_backend.h"
+#include "ops/cuda/engram.h"
+
+namespace deepinfer::model::ds::cuda {
+namespace dc = deepinfer::cuda;
+
+
+void CudaBackend::stage_engram_rows(std::vector<std::vector<float>> rows) {
+  const size_t L = rows.size();
+  engram_dev_.resize(std::max(engram_dev_.size(), L));
+  engram_host_.resize(std::max(engram_host_.size(), L));
+  const size_t elem = act_ == DType::kF32 ? 4 : 2;
+  for (size_t l = 0; l < L; ++l) {
+    std::vector<char>& h = engram_host_[l];
+    if (rows[l].empty()) {
+      h.clear();
+      continue;
+    }
+    h.resize(rows[l].size() * elem);
+    if (act_ == DType::kF32) {
+      std::memcpy(h.data(), rows[l].data(), h.size());
+    } else {
+      DI_CHECK(act_ == DType::kBF16, "engram rows in ", dtype_name(act_));
+      uint16_t* o = reinterpret_cast<uint16_t*>(h.data());
+      for (size_t i = 0; i < rows[l].size(); ++i) o[i] = f32_to_bf16(rows[l][i]);
+    }
+    ensure(engram_dev_[l], h.size(), opts_.device);
+    // Stream-ordered after the previous step's reads; pageable source, so the call returns once
+    // the bytes are staged (the host copy may change afterwards).
+    dc::copy_h2d(engram_dev_[l].data(), h.data(), h.size(), stream_.get(), false);
+  }
+}
+
+const void* CudaBackend::engram_rows(int64_t layer) const {
+  if (layer < 0 || size_t(layer) >= engram_host_.size() || engram_host_[size_t(layer)].empty())
+    DI_THROW(InternalError, "cuda backend: no Engram rows staged for layer ", layer);
+  return engram_dev_[size_t(layer)].data();
+}
+
+void CudaBackend::engram_inject(float* x, const float* kv, const float* w, int64_t tokens) {
+  const Dims& g = arch_.dims;
+  ops::cuda::engram_inject({.x = x, .x_stride = g.streams * g.hidden, .kv = kv, .kv_stride = (g.streams + 1) * g.hidden,
+                            .w = w, .dead = nullptr, .tokens = tokens, .n = int(g.streams), .dim = g.hidden,
+                            .eps = g.eps},
+                           stream_.get());
+}
+
+}  // namespace deepinfer::model::ds::cuda
