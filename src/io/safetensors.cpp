@@ -231,7 +231,16 @@ Checkpoint Checkpoint::open(const std::string& path, bool progress) {
   const fs::path index = fs::path(path) / "model.safetensors.index.json";
   std::vector<std::string> shards;
   std::map<std::string, std::string> weight_map;
-  if (fs::exists(index)) {
+  // The non-throwing filesystem calls: a name the OS refuses (too long, a bad component) is a
+  // CheckpointError naming it, never a std::filesystem_error escaping the loader.
+  auto exists = [](const fs::path& p, const std::string& what) {
+    std::error_code err;
+    const bool found = fs::exists(p, err);
+    if (err && err != std::errc::no_such_file_or_directory)
+      DI_THROW(CheckpointError, what, ": ", err.message());
+    return found;
+  };
+  if (exists(index, index.string())) {
     const json j = parse_json_or_throw<CheckpointError>(read_regular_file_or_throw<CheckpointError>(index.string()),
                                                         index.string());
     if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
@@ -250,14 +259,18 @@ Checkpoint Checkpoint::open(const std::string& path, bool progress) {
     }
     std::sort(shards.begin(), shards.end());
     for (const auto& s : shards)
-      if (!fs::exists(fs::path(path) / s))
+      if (!exists(fs::path(path) / s, index.string() + ": shard " + s.substr(0, 200) + (s.size() > 200 ? "..." : "")))
         DI_THROW(CheckpointError, index.string(), ": shard ", s, " (holding tensor '", first_tensor[s],
                  "') does not exist in ", path);
-  } else if (fs::exists(fs::path(path) / "model.safetensors")) {
+  } else if (exists(fs::path(path) / "model.safetensors", path + "/model.safetensors")) {
     shards.push_back("model.safetensors");
   } else {
-    for (const auto& e : fs::directory_iterator(path))
-      if (e.path().extension() == ".safetensors") shards.push_back(e.path().filename().string());
+    fs::directory_iterator it(path, ec);
+    if (ec) DI_THROW(CheckpointError, path, ": cannot list the folder: ", ec.message());
+    for (; it != fs::directory_iterator(); it.increment(ec)) {
+      if (ec) DI_THROW(CheckpointError, path, ": cannot list the folder: ", ec.message());
+      if (it->path().extension() == ".safetensors") shards.push_back(it->path().filename().string());
+    }
     std::sort(shards.begin(), shards.end());
   }
   if (shards.empty())

@@ -119,6 +119,17 @@ TEST(SafetensorsHostile, NamedPipeIndexAndShardOutsideTheFolder) {
   EXPECT_HAS(e, "model.safetensors.index.json: not valid JSON: nested deeper than 256 levels");
 }
 
+// Found by fuzz_safetensors_index (tests/fuzz/regressions/safetensors_index): a shard name longer
+// than the OS allows threw std::filesystem_error out of Checkpoint::open (terminate in the fuzzer).
+TEST(SafetensorsHostile, ShardNameTooLongIsACheckpointError) {
+  fs::path d = fresh_dir("long_shard");
+  const std::string shard = "model-00002-of-00002.safe" + std::string(5000, '[') + "tensors";
+  std::ofstream(d / "model.safetensors.index.json") << R"({"weight_map": {"a": ")" + shard + R"("}})";
+  std::string e = checkpoint_error([&] { Checkpoint::open(d.string()); });
+  EXPECT_HAS(e, "model.safetensors.index.json: shard model-00002-of-00002.safe[[[");
+  EXPECT_HAS(e, "File name too long");
+}
+
 TEST(SafetensorsHostile, ProcessSurvivesAndGoodFilesStillOpen) {
   // After every failure above, a well-formed file in the same process opens normally.
   fs::path d = fresh_dir("after");
