@@ -14,6 +14,8 @@
 #include "engine/toy_drafter.h"
 #include "engine/toy_model.h"
 
+#include "spec_test_util.h"
+
 using namespace deepinfer;
 using namespace deepinfer::engine;
 
@@ -26,13 +28,7 @@ std::vector<int32_t> prompt_ids(int i, int len) {
   return p;
 }
 
-SamplingParams greedy(int n) {
-  SamplingParams p;
-  p.temperature = 0;
-  p.max_tokens = n;
-  p.ignore_eos = true;
-  return p;
-}
+using spec_test::greedy;
 
 SamplingParams seeded(int n, uint64_t seed) {
   SamplingParams p = greedy(n);

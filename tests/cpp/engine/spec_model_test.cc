@@ -65,10 +65,7 @@ SpecRun run(const SpecSetup& s, const std::vector<std::vector<int32_t>>& prompts
   EngineConfig ec;
   ec.scheduler.max_num_batched_tokens = s.max_batched;
   ec.scheduler.max_num_seqs = s.max_seqs;
-  if (s.cache_blocks > 0) {
-    const kv::CacheGeometry g = m->plan_cache(size_t(1) << 32, s.max_seqs);
-    ec.kv_cache_memory_bytes = g.bytes_per_slot * size_t(s.max_seqs) + g.bytes_per_block * size_t(s.cache_blocks);
-  }
+  if (s.cache_blocks > 0) ec.kv_cache_memory_bytes = spec_test::cache_bytes(*m, s.max_seqs, s.cache_blocks);
   ec.num_speculative_tokens = s.drafts;
   ec.varlen_drafts = s.varlen;
   if (s.varlen && !s.measured_cost) ec.step_cost = StepCostModel({{1, 1.0}, {16, 1.2}, {64, 2.0}, {256, 6.0}});
@@ -110,13 +107,7 @@ std::vector<std::vector<int32_t>> heldout_prompts(int n, size_t first = 9, size_
   return out;
 }
 
-SamplingParams greedy(int n) {
-  SamplingParams p;
-  p.temperature = 0;
-  p.max_tokens = n;
-  p.ignore_eos = true;
-  return p;
-}
+using spec_test::greedy;
 
 class SpecDefaultModel : public ::testing::Test {
  protected:

@@ -8,9 +8,26 @@
 #include <vector>
 
 #include "model/causal_lm.h"
+#include "deepinfer/sampling_params.h"
 #include "model/drafter.h"
 
 namespace deepinfer::engine::spec_test {
+
+// Greedy decoding of exactly n tokens (EOS ignored), the requests the identity tests compare.
+inline SamplingParams greedy(int n) {
+  SamplingParams p;
+  p.temperature = 0;
+  p.max_tokens = n;
+  p.ignore_eos = true;
+  return p;
+}
+
+// A KV budget of `seqs` slots and exactly `blocks` paged blocks (forces eviction / preemption).
+inline size_t cache_bytes(const model::CausalLM& m, int seqs, int blocks) {
+  const kv::CacheGeometry g = m.plan_cache(size_t(1) << 32, seqs);
+  return g.bytes_per_slot * size_t(seqs) + g.bytes_per_block * size_t(blocks);
+}
+
 
 // Forwards everything to `inner` but drafts with `drafter` (null: no drafter).
 class DrafterSwap final : public model::CausalLM {

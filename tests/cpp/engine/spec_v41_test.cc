@@ -71,10 +71,7 @@ V41Run run(const Setup& s, const std::vector<std::vector<int32_t>>& prompts, con
   EngineConfig ec;
   ec.scheduler.max_num_batched_tokens = s.max_batched;
   ec.scheduler.max_num_seqs = s.max_seqs;
-  if (s.cache_blocks > 0) {
-    const kv::CacheGeometry g = m->plan_cache(size_t(1) << 32, s.max_seqs);
-    ec.kv_cache_memory_bytes = g.bytes_per_slot * size_t(s.max_seqs) + g.bytes_per_block * size_t(s.cache_blocks);
-  }
+  if (s.cache_blocks > 0) ec.kv_cache_memory_bytes = spec_test::cache_bytes(*m, s.max_seqs, s.cache_blocks);
   ec.num_speculative_tokens = s.drafts;
   ec.varlen_drafts = s.varlen;
   if (s.varlen && !s.measured_cost) ec.step_cost = StepCostModel({{1, 1.0}, {8, 1.1}, {32, 1.6}, {128, 4.0}});
@@ -117,13 +114,7 @@ std::vector<std::vector<int32_t>> long_prompts(int n, size_t len) {
   return out;
 }
 
-SamplingParams greedy(int n) {
-  SamplingParams p;
-  p.temperature = 0;
-  p.max_tokens = n;
-  p.ignore_eos = true;
-  return p;
-}
+using spec_test::greedy;
 }  // namespace
 
 TEST(SpecV41, GreedyDSparkIdenticalAloneBatchedChunkedPreemptedVarlen) {
