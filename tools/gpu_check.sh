@@ -133,7 +133,8 @@ fi
 # ---- data-parallel ranks on the GPU (processes sharing it; experts sharded): tokens == one rank ----
 DP=skipped
 DP_BIN=""
-[ -n "${BUILD:-}" ] && DP_BIN=$(find "$BUILD" -name engine_dp_test -type f -perm -u+x 2>/dev/null | head -1)
+if [ -n "$PREBUILT" ] && [ -x "$PREBUILT/engine_dp_test" ]; then DP_BIN=$PREBUILT/engine_dp_test
+elif [ -n "${BUILD:-}" ]; then DP_BIN=$(find "$BUILD" -name engine_dp_test -type f -perm -u+x 2>/dev/null | head -1); fi
 if [ -n "$DP_BIN" ] && [ "$BUILD_ONLY" = 0 ]; then
   step "data-parallel / expert-parallel GPU ranks (engine_dp_test, DEEPINFER_TEST_ACCELERATOR=nvidia)"
   DEEPINFER_TEST_ACCELERATOR=nvidia timeout 180 "$DP_BIN" --gtest_filter='*DataParallel*' >"$LOG_DIR/dp_gpu.log" 2>&1 \
