@@ -3,7 +3,7 @@
 # shared libraries the GPU image lacks, into one folder to carry to the device, so a device call
 # runs tests instead of spending its minutes on a build:
 #   tools/pack_prebuilt.sh [BUILD_DIR] [OUT_DIR]      (defaults: build-prebuilt, build-prebuilt/pack)
-# It also writes build-pack/pack.tar.xz (~8 MB): the tracked tree is ~38 MiB of the 64 MiB carry
+# It also writes build-pack/pack.tar.xz (~17 MB): the tracked tree is ~38 MiB of the 64 MiB carry
 # limit, so the uncompressed pack (~35 MB) and .gpudeps (25 MB) no longer fit beside it. Then,
 # through the device tool:
 #   run: tar xJf build-pack/pack.tar.xz -C build-pack && tools/gpu_check.sh --prebuilt build-pack/pack
@@ -25,11 +25,12 @@ for t in cuda_ops_test cuda_model_test engine_dp_test; do
 done
 strip -o "$PACK/deepinfer" "$BUILD/deepinfer"  # the CLI: generate / bench-flash on the GPU
 # Libraries the device image does not ship (its CUDA, libstdc++ and OpenBLAS are used as they are).
-# PCRE2, gloo and gloo's own dependencies come from Debian packages the image lacks.
+# PCRE2, gloo and its dependencies come from Debian packages the image lacks; OpenBLAS (and its
+# Fortran runtime) is packed too, so the binaries do not depend on which build the image carries.
 for bin in "$PACK"/cuda_model_test "$PACK"/engine_dp_test "$PACK"/deepinfer; do
   ldd "$bin" | awk '$3 ~ /^\// { print $1, $3 }' |
     while read -r name path; do
-      case "$name" in libpcre2*|libgloo*|libhiredis*|libibverbs*|libnl-*|librdmacm*) cp -Ln "$path" "$PACK/lib/" ;; esac
+      case "$name" in libpcre2*|libgloo*|libhiredis*|libibverbs*|libnl-*|librdmacm*|libopenblas*|libgfortran*|libquadmath*) cp -Ln "$path" "$PACK/lib/" ;; esac
     done
 done
 du -sh "$PACK"
