@@ -133,7 +133,9 @@ fi
 # ---- data-parallel ranks on the GPU (processes sharing it; experts sharded): tokens == one rank ----
 DP=skipped
 DP_BIN=""
-if [ -n "$PREBUILT" ] && [ -x "$PREBUILT/engine_dp_test" ]; then DP_BIN=$PREBUILT/engine_dp_test
+# The test starts its worker ranks as `deepinfer rank-worker`; its baked-in CLI path is this
+# machine's build folder, so a prebuilt pack points it at the pack's CLI.
+if [ -n "$PREBUILT" ] && [ -x "$PREBUILT/engine_dp_test" ]; then DP_BIN=$PREBUILT/engine_dp_test; export DEEPINFER_CLI=$PREBUILT/deepinfer
 elif [ -n "${BUILD:-}" ]; then DP_BIN=$(find "$BUILD" -name engine_dp_test -type f -perm -u+x 2>/dev/null | head -1); fi
 if [ -n "$DP_BIN" ] && [ "$BUILD_ONLY" = 0 ]; then
   step "data-parallel / expert-parallel GPU ranks (engine_dp_test, DEEPINFER_TEST_ACCELERATOR=nvidia)"

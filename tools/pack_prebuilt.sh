@@ -24,7 +24,7 @@ for t in cuda_ops_test cuda_model_test engine_dp_test; do
   strip -o "$PACK/$t" "$bin"
 done
 strip -o "$PACK/deepinfer" "$BUILD/deepinfer"  # the CLI: generate / bench-flash on the GPU
-# Libraries the device image does not ship (its CUDA, libstdc++ and OpenBLAS are used as they are).
+# Libraries the device image does not ship (its CUDA and libstdc++ are used as they are).
 # PCRE2, gloo and its dependencies come from Debian packages the image lacks; OpenBLAS (and its
 # Fortran runtime) is packed too, so the binaries do not depend on which build the image carries.
 for bin in "$PACK"/cuda_model_test "$PACK"/engine_dp_test "$PACK"/deepinfer; do
