@@ -89,6 +89,10 @@ class TextChain {
     while (verified() < chars && !broken_) extend();
     return verified() >= chars;
   }
+  // The configuration after `chars` characters of text; holds(chars) must be true.
+  const std::vector<Frame>& config(int32_t chars) const {
+    return static_cast<size_t>(chars) < c_.size() ? c_[chars] : c_.back();
+  }
 
  private:
   int32_t verified() const { return periodic_ ? INT32_MAX : static_cast<int32_t>(c_.size()) - 1; }
@@ -196,10 +200,9 @@ void MatcherState::walk_ranks(const RankRange* r, size_t n, Frame f, std::vector
       while (l < lmax && prev[l] == s[l]) ++l;
       if (frames.size() < s.size() + 1) frames.resize(s.size() + 1);
       // Depths d in [l, top] may start an accepted text run (prefix s[0..d) ASCII text).
-      size_t top = 0;
+      size_t top = 0, p = 0;  // p: leading ASCII text bytes of s
       bool try_text = false;
       if (text_ok) {
-        size_t p = 0;
         while (p < s.size() && ascii_text(static_cast<uint8_t>(s[p]))) ++p;
         if (l <= p && l < s.size()) {
           try_text = true;
@@ -224,6 +227,11 @@ void MatcherState::walk_ranks(const RankRange* r, size_t n, Frame f, std::vector
             }
             if (!chain.holds(1)) text_ok = false;  // no text at all from f: stop trying
           }
+        }
+        // Along a text prefix the configuration is the chain's (no stepping).
+        if (try_text && d < p && chain.holds(static_cast<int32_t>(d) + 1)) {
+          frames[d + 1] = chain.config(static_cast<int32_t>(d) + 1);
+          continue;
         }
         stepper.step(frames[d], static_cast<uint8_t>(s[d]), frames[d + 1], nullptr);
         if (frames[d + 1].empty()) break;
