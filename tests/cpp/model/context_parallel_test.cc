@@ -119,6 +119,7 @@ struct CpCase {
   std::vector<int64_t> chunks;  // prefill chunks (a first short one: a cached prefix)
   int64_t min_tokens = 16;
 };
+void PrintTo(const CpCase& c, std::ostream* os) { *os << c.fixture << " cp " << c.cp << " len " << c.len; }
 class ContextParallelCpu : public ::testing::TestWithParam<CpCase> {};
 
 TEST_P(ContextParallelCpu, PrefillMatchesOneRankThenOwnerDecodes) {
