@@ -144,6 +144,20 @@ if [ -n "$DP_BIN" ] && [ "$BUILD_ONLY" = 0 ]; then
   grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]" "$LOG_DIR/dp_gpu.log" | head -10
 fi
 
+# ---- the engine's bit-identity checks on the GPU (issues #12, #16): the CPU suites' cases, run
+# with DEEPINFER_TEST_ACCELERATOR=nvidia (batch invariance vs 1..255 neighbours, prefix-cache hits,
+# eviction, host tier, chunking, drafting and grammars: tokens and logprob bits) ----
+INV=skipped
+INV_BIN=""
+if [ -n "$PREBUILT" ] && [ -x "$PREBUILT/engine_test" ]; then INV_BIN=$PREBUILT/engine_test
+elif [ -n "${BUILD:-}" ]; then INV_BIN=$(find "$BUILD" -name engine_test -type f -perm -u+x 2>/dev/null | head -1); fi
+if [ -n "$INV_BIN" ] && [ "$BUILD_ONLY" = 0 ]; then
+  step "engine bit-identity on the GPU (engine_test PrefixCacheInvariance.*, BatchInvariance.*)"
+  DEEPINFER_TEST_ACCELERATOR=nvidia timeout 300 "$INV_BIN" --gtest_filter='PrefixCacheInvariance.*:BatchInvariance.*' \
+    >"$LOG_DIR/invariance_gpu.log" 2>&1 && INV=pass || INV=FAIL
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[       OK |^\[  FAILED  \]" "$LOG_DIR/invariance_gpu.log" | head -20
+fi
+
 echo
 echo "op                   cases  max_rel_err  tolerance  result"
 grep '^DI_CUDA_ERR|' "$LOG_DIR/cuda_tests.log" | awk -F'|' '
@@ -156,5 +170,5 @@ echo
 echo "kernel          shape                     median_us  rate"
 grep '^DI_CUDA_TIME|' "$LOG_DIR/cuda_tests.log" | awk -F'|' '{ printf "%-15s %-25s %9s  %s\n", $2, $3, $4, $5 }'
 echo
-echo "tests rc=$TEST_RC  sanitizer=$SAN_RC  golden=$GOLD  model=$MODEL  smoke=$SMOKE  dp=$DP  total $(( $(date +%s) - T0 ))s"
-[ "$TEST_RC" = 0 ] && { [ "$SAN_RC" = skipped ] || [ "$SAN_RC" = 0 ]; } && [ "$MODEL" != FAIL ] && [ "$SMOKE" != FAIL ] && [ "$DP" != FAIL ]
+echo "tests rc=$TEST_RC  sanitizer=$SAN_RC  golden=$GOLD  model=$MODEL  smoke=$SMOKE  dp=$DP  invariance=$INV  total $(( $(date +%s) - T0 ))s"
+[ "$TEST_RC" = 0 ] && { [ "$SAN_RC" = skipped ] || [ "$SAN_RC" = 0 ]; } && [ "$MODEL" != FAIL ] && [ "$SMOKE" != FAIL ] && [ "$DP" != FAIL ] && [ "$INV" != FAIL ]

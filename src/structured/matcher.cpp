@@ -6,6 +6,7 @@
 #include "core/check.h"
 #include "structured/compiled.h"
 #include "structured/stack.h"
+#include "structured/text_chain.h"
 
 namespace deepinfer::structured {
 
@@ -29,6 +30,10 @@ struct MatcherState {
   // Masks of recently seen configurations (a configuration repeats often, e.g. inside a string).
   std::map<std::vector<Frame>, std::vector<uint32_t>> mask_memo;
   static constexpr size_t kMaxMemo = 64;
+  // Text chain steps (walk_ranks): configuration -> the one every text character steps it to
+  // (empty: none). Interned in the persistent pool, so they stay valid across masks and the
+  // next position's chain reuses this one's.
+  std::map<std::vector<Frame>, std::vector<Frame>> chain_memo;
 
   const std::vector<Frame>& cur() const { return history.back(); }
   void fill_mask(std::vector<uint32_t>& bits);
@@ -41,14 +46,29 @@ void MatcherState::walk_uncertain(const StateMaskCache& c, Frame f, std::vector<
   walk_ranks(c.uncertain.data(), c.uncertain.size(), f, bits);
 }
 
+
+namespace {
+// Uncertain walks over fewer tokens than this step them all rather than build a text chain.
+constexpr int64_t kMinChainWalk = 2048;
+}  // namespace
+
 // Walks the tokens of rank ranges r[0..n) (increasing) from the real frame f, setting the bits
 // of those that stay alive. Consecutive tokens share the frames of their common prefix; a token
 // that dies after d bytes skips, in O(1), every later token with the same d-byte prefix (the
-// rest of its trie ancestor's subtree at depth d).
+// rest of its trie ancestor's subtree at depth d). Below an ASCII-text prefix of d bytes, a run
+// of text trie siblings (vocab.h) of height h is accepted whole when the text chain from f
+// holds for d + h characters (a string body, counted or not, even across called blocks).
 void MatcherState::walk_ranks(const RankRange* r, size_t n, Frame f, std::vector<uint32_t>& bits) {
   const TokenVocabulary& v = *g->vocab;
   const int32_t* tok_ids = v.tok_ids_.data();
   Stepper stepper(g->pda, pool, true);
+  TextChain chain(g->pda, pool, chain_memo, f, v.max_depth_);
+  // The chain may still hold (false once it failed for one character). Only worth building
+  // for walks over many tokens (a block's end in a counted string: nearly all of them).
+  int64_t walked = 0;
+  for (size_t j = 0; j < n; ++j) walked += r[j].hi - r[j].lo;
+  bool text_ok = walked >= kMinChainWalk;
+  std::vector<int32_t> anc;  // [depth] trie ancestors of the current token
   std::vector<std::vector<Frame>> frames(1, std::vector<Frame>{f});  // [depth]
   std::string_view prev;  // the last walked token; frames[0..valid] hold its prefix
   size_t valid = 0;
@@ -61,12 +81,53 @@ void MatcherState::walk_ranks(const RankRange* r, size_t n, Frame f, std::vector
       const size_t lmax = std::min({prev.size(), s.size(), valid});
       while (l < lmax && prev[l] == s[l]) ++l;
       if (frames.size() < s.size() + 1) frames.resize(s.size() + 1);
+      // Depths d in [l, top] may start an accepted text run (prefix s[0..d) ASCII text).
+      size_t top = 0, p = 0;  // p: leading ASCII text bytes of s
+      bool try_text = false;
+      if (text_ok) {
+        while (p < s.size() && ascii_text(static_cast<uint8_t>(s[p]))) ++p;
+        if (l <= p && l < s.size()) {
+          try_text = true;
+          top = std::min(p, s.size() - 1);
+          anc.resize(s.size() + 1);
+          int32_t node = v.node_of_[id];
+          for (size_t dd = s.size(); dd > l; --dd) {
+            anc[dd] = node;
+            node = v.parent_[node];
+          }
+        }
+      }
       size_t d = l;
+      int32_t skip_to = -1;
       for (; d < s.size(); ++d) {
+        if (try_text && d <= top) {
+          const int32_t node = anc[d + 1];
+          if (v.text_run_end_[node] > node) {
+            if (chain.holds(static_cast<int32_t>(d) + v.text_run_height_[node])) {
+              skip_to = std::min(v.tok_begin_[v.text_run_end_[node]], r[j].hi);
+              break;
+            }
+            if (!chain.holds(1)) text_ok = false;  // no text at all from f: stop trying
+          }
+        }
+        // Along a text prefix the configuration is the chain's (no stepping).
+        if (try_text && d < p && chain.holds(static_cast<int32_t>(d) + 1)) {
+          frames[d + 1] = chain.config(static_cast<int32_t>(d) + 1);
+          continue;
+        }
         stepper.step(frames[d], static_cast<uint8_t>(s[d]), frames[d + 1], nullptr);
         if (frames[d + 1].empty()) break;
       }
       prev = s;
+      if (skip_to >= 0) {  // tokens [k, skip_to) are all alive
+        for (int32_t q = k; q < skip_to; ++q) {
+          const int32_t t = tok_ids[q];
+          bits[t >> 5] |= 1u << (t & 31);
+        }
+        valid = d;
+        k = skip_to;
+        continue;
+      }
       if (d == s.size()) {
         bits[id >> 5] |= 1u << (id & 31);
         valid = s.size();
