@@ -133,12 +133,29 @@ fi
 # ---- data-parallel ranks on the GPU (processes sharing it; experts sharded): tokens == one rank ----
 DP=skipped
 DP_BIN=""
-[ -n "${BUILD:-}" ] && DP_BIN=$(find "$BUILD" -name engine_dp_test -type f -perm -u+x 2>/dev/null | head -1)
+# The test starts its worker ranks as `deepinfer rank-worker`; its baked-in CLI path is this
+# machine's build folder, so a prebuilt pack points it at the pack's CLI.
+if [ -n "$PREBUILT" ] && [ -x "$PREBUILT/engine_dp_test" ]; then DP_BIN=$PREBUILT/engine_dp_test; export DEEPINFER_CLI=$PREBUILT/deepinfer
+elif [ -n "${BUILD:-}" ]; then DP_BIN=$(find "$BUILD" -name engine_dp_test -type f -perm -u+x 2>/dev/null | head -1); fi
 if [ -n "$DP_BIN" ] && [ "$BUILD_ONLY" = 0 ]; then
   step "data-parallel / expert-parallel GPU ranks (engine_dp_test, DEEPINFER_TEST_ACCELERATOR=nvidia)"
   DEEPINFER_TEST_ACCELERATOR=nvidia timeout 180 "$DP_BIN" --gtest_filter='*DataParallel*' >"$LOG_DIR/dp_gpu.log" 2>&1 \
     && DP=pass || DP=FAIL
   grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]" "$LOG_DIR/dp_gpu.log" | head -10
+fi
+
+# ---- the engine's bit-identity checks on the GPU (issues #12, #16): the CPU suites' cases, run
+# with DEEPINFER_TEST_ACCELERATOR=nvidia (batch invariance vs 1..255 neighbours, prefix-cache hits,
+# eviction, host tier, chunking, drafting and grammars: tokens and logprob bits) ----
+INV=skipped
+INV_BIN=""
+if [ -n "$PREBUILT" ] && [ -x "$PREBUILT/engine_test" ]; then INV_BIN=$PREBUILT/engine_test
+elif [ -n "${BUILD:-}" ]; then INV_BIN=$(find "$BUILD" -name engine_test -type f -perm -u+x 2>/dev/null | head -1); fi
+if [ -n "$INV_BIN" ] && [ "$BUILD_ONLY" = 0 ]; then
+  step "engine bit-identity on the GPU (engine_test PrefixCacheInvariance.*, BatchInvariance.*)"
+  DEEPINFER_TEST_ACCELERATOR=nvidia timeout 300 "$INV_BIN" --gtest_filter='PrefixCacheInvariance.*:BatchInvariance.*' \
+    >"$LOG_DIR/invariance_gpu.log" 2>&1 && INV=pass || INV=FAIL
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[       OK |^\[  FAILED  \]" "$LOG_DIR/invariance_gpu.log" | head -20
 fi
 
 echo
@@ -153,5 +170,5 @@ echo
 echo "kernel          shape                     median_us  rate"
 grep '^DI_CUDA_TIME|' "$LOG_DIR/cuda_tests.log" | awk -F'|' '{ printf "%-15s %-25s %9s  %s\n", $2, $3, $4, $5 }'
 echo
-echo "tests rc=$TEST_RC  sanitizer=$SAN_RC  golden=$GOLD  model=$MODEL  smoke=$SMOKE  dp=$DP  total $(( $(date +%s) - T0 ))s"
-[ "$TEST_RC" = 0 ] && { [ "$SAN_RC" = skipped ] || [ "$SAN_RC" = 0 ]; } && [ "$MODEL" != FAIL ] && [ "$SMOKE" != FAIL ] && [ "$DP" != FAIL ]
+echo "tests rc=$TEST_RC  sanitizer=$SAN_RC  golden=$GOLD  model=$MODEL  smoke=$SMOKE  dp=$DP  invariance=$INV  total $(( $(date +%s) - T0 ))s"
+[ "$TEST_RC" = 0 ] && { [ "$SAN_RC" = skipped ] || [ "$SAN_RC" = 0 ]; } && [ "$MODEL" != FAIL ] && [ "$SMOKE" != FAIL ] && [ "$DP" != FAIL ] && [ "$INV" != FAIL ]

@@ -13,6 +13,7 @@
 
 #include "engine/engine.h"
 #include "engine/model_loader.h"
+#include "test_accelerator.h"
 
 using namespace deepinfer;
 using namespace deepinfer::engine;
@@ -33,7 +34,7 @@ struct Setup {
 
 std::unique_ptr<Engine> make_engine(const Setup& s) {
   EnvConfig env;
-  env.accelerator = Accelerator::kCPU;
+  env.accelerator = test::test_accelerator();  // DEEPINFER_TEST_ACCELERATOR=nvidia: the same checks on the GPU
   env.batch_invariant = s.invariant;
   env.async_scheduling = s.async;
   env.use_nextn_decode = s.drafts;
@@ -221,6 +222,7 @@ TEST(BatchInvariance, SpeculativeDecodingGivesThePlainTrace) {
 
 // The knob reaches the CPU backend (its description names the mode).
 TEST(BatchInvariance, DescribeNamesTheMode) {
+  if (test::test_accelerator() != Accelerator::kCPU) GTEST_SKIP() << "checks the CPU backend's description";
   const std::string model = source_dir() + "/tests/data/golden/tiny";
   EnvConfig env;
   env.accelerator = Accelerator::kCPU;
@@ -235,6 +237,7 @@ TEST(BatchInvariance, DescribeNamesTheMode) {
 // The control: without the knob the same batches move the target's logprob bits (OpenBLAS blocks
 // by M), so the cases above do test something.
 TEST(BatchInvariance, WithoutTheKnobBatchesMoveLogprobs) {
+  if (test::test_accelerator() != Accelerator::kCPU) GTEST_SKIP() << "the control is about the CPU's BLAS blocking";
   const std::string model = source_dir() + "/tests/data/golden/tiny";
   const Req target = target_request(512, false, 29, 12);
   const Trace alone = run({.model = model, .async = false, .invariant = false}, target, 0, {}, {});

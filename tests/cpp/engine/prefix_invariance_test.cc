@@ -6,7 +6,7 @@
 // (the fixture's MTP drafter). The golden `tiny` fixture (vocab 512, window 16, 256-token blocks)
 // keeps it cheap. The toy-model tests (prefix_cache_test.cc) cover the same paths exactly by
 // construction; these show the real model's slot state (window rings, compressor and indexer
-// partials, MTP ring) is restored exactly.
+// partials, MTP ring) is restored exactly. DEEPINFER_TEST_ACCELERATOR=nvidia runs them on the GPU.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -15,6 +15,7 @@
 
 #include "engine/engine.h"
 #include "engine/model_loader.h"
+#include "test_accelerator.h"
 
 using namespace deepinfer;
 using namespace deepinfer::engine;
@@ -43,7 +44,7 @@ struct CacheSetup {
 
 std::unique_ptr<Engine> make_engine(const CacheSetup& s) {
   EnvConfig env;
-  env.accelerator = Accelerator::kCPU;
+  env.accelerator = test::test_accelerator();
   env.batch_invariant = true;
   env.async_scheduling = s.async;
   env.use_nextn_decode = s.drafts;
