@@ -238,7 +238,7 @@ std::unique_ptr<DeepseekV41Model> load_v41_cuda(const std::string& dir, const Cu
   ModelOptions m = mo;
   m.progress = o.progress;
   m.max_rollback = o.max_rollback;
-  m.qat = true;
+  m.qat = mo.qat;  // tests only (conformance without the QAT roundings)
   m.batch_invariant = o.batch_invariant;
   m.expert_shard.reset();
   m.dspark = false;

@@ -24,8 +24,9 @@
 
 namespace deepinfer::model::v41 {
 
-// Loads <dir> onto device `options.device`. `model` carries the V4.1 options (rollback, replay
-// keep); its expert_shard / dspark / qat are ignored (refused / off / on).
+// Loads <dir> onto device `options.device`. `model` carries the V4.1 options (replay keep; qat =
+// false for tests only); rollback, batch invariance and progress come from `options`, expert_shard
+// is refused there, DSpark is off.
 std::unique_ptr<DeepseekV41Model> load_v41_cuda(const std::string& dir, const ds::cuda::CudaModelOptions& options,
                                                 const ModelOptions& model = {});
 
