@@ -5,11 +5,13 @@
 //    across steps) and token by token, vs logits_<seq>.npy and vs the CPU model on the same path.
 //    Both fixtures have Engram layers (the rows gathered on the host, injected on the device), the
 //    two-level top-k, Reuse / Reindex layers, ratio-1 and ratio-2 compressors, single-pass mHC and
-//    the QAT formats. Bound as on the CPU (forward_test.cc): the QAT roundings turn last-bit
-//    differences of other summation orders into whole FP4/FP8 steps now and then, so 90% of the
-//    rows of the one-shot forward within 1e-4, no argmax change, max 0.5 anywhere.
+//    the QAT formats. Every row within 1e-4 of the golden on every path, except the sequences on
+//    which the QAT roundings cascade (cascades(): v41_b t37 / t161, as on the CPU), held to a loose
+//    bound. Measured on the H200: docs/MODEL-V41.md "Phase 4: the GPU".
 //  * bounded replay (compact prefill, keep 40 of t161): GPU tail logits vs the CPU's, greedy 24
-//    tokens GPU == CPU.
+//    tokens GPU == CPU (v41_a; v41_b's tail cascades).
+//  * batch of sequences vs each alone; the conformance suite's V4.1 GPU instance is in
+//    conformance_gpu_test.cc.
 //  * bf16: reported only (the random fixtures amplify bf16 rounding, see golden_test.cc).
 // Lines "[gpu-v41..." are the figures docs/MODEL-V41.md quotes.
 #include <gtest/gtest.h>
@@ -63,14 +65,24 @@ Diff diff(const float* a, const float* b, int64_t rows, int64_t V) {
   return d;
 }
 
-void expect_close(const Diff& d, int64_t T, const std::string& what, bool bulk) {
+// Sequences on which the QAT roundings cascade on SOME engine path (measured on the CPU, see
+// docs/MODEL-V41.md "Parity, CPU fp32", and on the H200): one compressed entry lands one FP4 step
+// away from the reference's and the rows after its first reader move by up to ~0.55, a few
+// argmaxes with them; which path flips depends on the summation order (OpenBLAS build, chunk size,
+// cuBLASLt). For these only a loose bound holds; every other sequence is held to 1e-4 on every row.
+bool cascades(const std::string& fixture, const std::string& seq) {
+  return (fixture == "v41_b" || fixture == "v41_b_release") && (seq == "t37" || seq == "t161");
+}
+// The loose bound: finite, max |Δ| <= 1, argmax changed on at most 4% of the rows.
+void expect_loose(const Diff& d, int64_t T, const std::string& what) {
+  EXPECT_TRUE(d.finite) << what;
+  EXPECT_LE(d.flips * 25, T) << what << ": " << d.flips << " argmax changes";
+  EXPECT_LE(d.max, 1.0) << what;
+}
+void expect_strict(const Diff& d, double bound, const std::string& what) {
   EXPECT_TRUE(d.finite) << what;
   EXPECT_EQ(d.flips, 0) << what;
-  if (bulk) {
-    EXPECT_LE(d.rows_over * 10, std::max<int64_t>(T, 10))
-        << what << ": " << d.rows_over << " of " << T << " rows beyond 1e-4 (max " << d.max << ")";
-  }
-  EXPECT_LE(d.max, 0.5) << what;
+  EXPECT_LE(d.max, bound) << what;
 }
 
 std::vector<int64_t> odd_chunks(int64_t T) {
@@ -128,8 +140,15 @@ TEST_P(V41GpuGolden, ExactFullChunkedTokenByTokenMatchReferenceAndCpu) {
                   GetParam().c_str(), name.c_str(), path.c_str(), (long long)T, dg.max, (long long)dg.rows_over,
                   (long long)dg.flips, dc.max, (long long)dc.rows_over, (long long)dc.flips, cg.max,
                   (long long)cg.rows_over, dp.max, (long long)dp.rows_over);
-      expect_close(dg, T, GetParam() + " " + name + " " + path + " GPU vs golden", path == "full");
-      expect_close(dc, T, GetParam() + " " + name + " " + path + " GPU vs CPU", false);
+      const std::string what = GetParam() + " " + name + " " + path;
+      if (cascades(GetParam(), name)) {
+        expect_loose(dg, T, what + " GPU vs golden");
+        expect_loose(dc, T, what + " GPU vs CPU");
+      } else {
+        expect_strict(dg, 1e-4, what + " GPU vs golden");
+        // The CPU itself misses 1e-4 by a hair on one row of v41_b t9 (1.5e-4, OpenBLAS's order).
+        expect_strict(dc, 1e-3, what + " GPU vs CPU");
+      }
     }
   }
 }
@@ -174,13 +193,20 @@ TEST_P(V41GpuGolden, ExactBatchOfSequencesMatchesEachAlone) {
   }
   ASSERT_LE(st.size(), 4u);
   run_interleaved(*g, st, /*seed=*/77, /*max_chunk=*/24);
+  const auto inputs = read_inputs(dir);
+  auto name_it = inputs.begin();
   for (const InterleavedSequence& s : st) {
+    const std::string name = (name_it++)->first;
     const int64_t T = int64_t(s.ids.size());
     const Tensor alone = model::run_sequence(*g, g->cache_geometry(), s.ids, {T}, 3);
     const Diff d = diff(s.logits.data(), alone.data<float>(), T, V);
     std::printf("[gpu-v41-batch] %s T=%lld: batch vs alone max %.3g (%lld rows > 1e-4, %lld argmax)\n",
                 GetParam().c_str(), (long long)T, d.max, (long long)d.rows_over, (long long)d.flips);
-    expect_close(d, T, GetParam() + " batch vs alone", false);
+    if (cascades(GetParam(), name)) {
+      expect_loose(d, T, GetParam() + " " + name + " batch vs alone");
+    } else {
+      expect_strict(d, 1e-4, GetParam() + " " + name + " batch vs alone");
+    }
   }
 }
 
@@ -256,14 +282,21 @@ TEST(V41GpuReplay, CompactTailMatchesCpu) {
                   "argmax)\n",
                   f, (long long)kKeep, path.c_str(), d.max, (long long)d.rows_over, (long long)kKeep,
                   (long long)d.flips);
-      expect_close(d, kKeep, std::string(f) + " replay " + path, false);
+      if (cascades(f, "t161")) {
+        expect_loose(d, kKeep, std::string(f) + " replay " + path);
+      } else {
+        expect_strict(d, 1e-4, std::string(f) + " replay " + path);
+      }
+      EXPECT_EQ(d.flips, 0) << f << " replay " << path;
     }
     const std::vector<int32_t> gg = greedy(*g, ids, 24), cg = greedy(*c, ids, 24);
     size_t same = 0;
     while (same < gg.size() && gg[same] == cg[same]) ++same;
     std::printf("[gpu-v41-replay] %s greedy 24 after t161 (compact keep %lld): %zu of 24 equal to the CPU\n", f,
                 (long long)kKeep, same);
-    EXPECT_EQ(gg, cg) << f;
+    if (!cascades(f, "t161")) {  // v41_b: 16 of 24 on the H200 (the tail's cascade)
+      EXPECT_EQ(gg, cg) << f;
+    }
   }
 }
 
