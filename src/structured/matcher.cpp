@@ -29,6 +29,10 @@ struct MatcherState {
   // Masks of recently seen configurations (a configuration repeats often, e.g. inside a string).
   std::map<std::vector<Frame>, std::vector<uint32_t>> mask_memo;
   static constexpr size_t kMaxMemo = 64;
+  // Text chain steps (walk_ranks): configuration -> the one every text character steps it to
+  // (empty: none). Interned in the persistent pool, so they stay valid across masks and the
+  // next position's chain reuses this one's.
+  std::map<std::vector<Frame>, std::vector<Frame>> chain_memo;
 
   const std::vector<Frame>& cur() const { return history.back(); }
   void fill_mask(std::vector<uint32_t>& bits);
@@ -41,14 +45,148 @@ void MatcherState::walk_uncertain(const StateMaskCache& c, Frame f, std::vector<
   walk_ranks(c.uncertain.data(), c.uncertain.size(), f, bits);
 }
 
+namespace {
+
+// Valid multi-byte UTF-8 characters as byte ranges (the strict decoder of vocab.cpp).
+struct Span {
+  uint8_t lo, hi;
+};
+const std::vector<std::vector<Span>>& utf8_chars() {
+  static const std::vector<std::vector<Span>> kChars = {
+      {{0xC2, 0xDF}, {0x80, 0xBF}},
+      {{0xE0, 0xE0}, {0xA0, 0xBF}, {0x80, 0xBF}},
+      {{0xE1, 0xEC}, {0x80, 0xBF}, {0x80, 0xBF}},
+      {{0xED, 0xED}, {0x80, 0x9F}, {0x80, 0xBF}},
+      {{0xEE, 0xEF}, {0x80, 0xBF}, {0x80, 0xBF}},
+      {{0xF0, 0xF0}, {0x90, 0xBF}, {0x80, 0xBF}, {0x80, 0xBF}},
+      {{0xF1, 0xF3}, {0x80, 0xBF}, {0x80, 0xBF}, {0x80, 0xBF}},
+      {{0xF4, 0xF4}, {0x80, 0x8F}, {0x80, 0xBF}, {0x80, 0xBF}}};
+  return kChars;
+}
+
+struct MatcherStateLimits {
+  static constexpr size_t kMaxChainMemo = 4096;
+};
+// Uncertain walks over fewer tokens than this step them all rather than build a text chain.
+constexpr int64_t kMinChainWalk = 2048;
+
+bool ascii_text(uint8_t b) { return b < 0x80 && (TokenVocabulary::kJsonText[b >> 6] >> (b & 63) & 1); }
+
+// Configurations after k characters of JSON string text from a real frame, while they do not
+// depend on which characters: c[k + 1] is what every text character (each ASCII text byte, each
+// valid multi-byte UTF-8 character) steps c[k] to, one and the same non-empty set. A counted
+// string whose body is called blocks (json_schema_parts.cpp, counted_repeat) has such a chain
+// across the blocks' ends, where the state's own cache leaves nearly every token uncertain.
+class TextChain {
+ public:
+  using Memo = std::map<std::vector<Frame>, std::vector<Frame>>;
+  TextChain(const Pda& pda, NodePool& pool, Memo& memo, Frame f, int32_t cap)
+      : pda_(pda), stepper_(pda, pool, false), memo_(memo), cap_(cap) {
+    c_.push_back({f});
+  }
+  // True if any text of `chars` characters (or a prefix of one) from the frame stays alive.
+  bool holds(int32_t chars) {
+    while (verified() < chars && !broken_) extend();
+    return verified() >= chars;
+  }
+  // The configuration after `chars` characters of text; holds(chars) must be true.
+  const std::vector<Frame>& config(int32_t chars) const {
+    return static_cast<size_t>(chars) < c_.size() ? c_[chars] : c_.back();
+  }
+
+ private:
+  int32_t verified() const { return periodic_ ? INT32_MAX : static_cast<int32_t>(c_.size()) - 1; }
+  void extend() {
+    if (static_cast<int32_t>(c_.size()) > cap_) {
+      broken_ = true;
+      return;
+    }
+    const std::vector<Frame> from = c_.back();  // c_ may reallocate below
+    auto it = memo_.find(from);
+    if (it == memo_.end()) {
+      if (memo_.size() >= MatcherStateLimits::kMaxChainMemo) memo_.clear();
+      it = memo_.emplace(from, step_text(from)).first;
+    }
+    const std::vector<Frame>& next = it->second;
+    if (next.empty()) {
+      broken_ = true;
+    } else if (next == from) {
+      periodic_ = true;  // every further character steps back here
+    } else {
+      c_.push_back(next);
+    }
+  }
+
+  // What every text character steps `from` to, or empty when they differ or one dies.
+  std::vector<Frame> step_text(const std::vector<Frame>& from) {
+    if (!class_end_ready_) {
+      for (int b = 255; b >= 0; --b)
+        class_end_[b] = b < 255 && pda_.byte_class[b + 1] == pda_.byte_class[b] ? class_end_[b + 1] : b;
+      class_end_ready_ = true;
+    }
+    std::vector<Frame> next;
+    stepper_.step(from, static_cast<uint8_t>('a'), next, nullptr);  // fails fast outside text
+    if (next.empty()) return {};
+    std::vector<Frame> out;
+    for (int b = 0x20; b < 0x80; b = class_end_[b] + 1) {
+      // A class either lies inside the text bytes or holds a non-text byte: step the text
+      // bytes of it one by one only when mixed (classes are intervals, so this is rare).
+      for (int x = b; x <= class_end_[b] && x < 0x80; ++x) {
+        if (!ascii_text(static_cast<uint8_t>(x))) continue;
+        stepper_.step(from, static_cast<uint8_t>(x), out, nullptr);
+        if (out != next) return {};
+        bool whole = true;
+        for (int y = b; y <= class_end_[b]; ++y) whole = whole && ascii_text(static_cast<uint8_t>(y));
+        if (whole) break;  // one byte stands for its class
+      }
+    }
+    std::vector<std::vector<Frame>> cur, nxt;
+    for (const auto& ch : utf8_chars()) {
+      cur.assign(1, from);
+      for (const Span& sp : ch) {
+        nxt.clear();
+        for (const auto& u : cur)
+          for (int b = sp.lo; b <= sp.hi; b = class_end_[b] + 1) {
+            stepper_.step(u, static_cast<uint8_t>(b), out, nullptr);
+            if (out.empty()) return {};
+            if (std::find(nxt.begin(), nxt.end(), out) == nxt.end()) nxt.push_back(out);
+          }
+        std::swap(cur, nxt);
+      }
+      for (const auto& u : cur)
+        if (u != next) return {};
+    }
+    return next;
+  }
+
+  const Pda& pda_;
+  Stepper stepper_;  // persistent interning: memo entries outlive the mask's scratch nodes
+  Memo& memo_;
+  int32_t cap_;
+  std::vector<std::vector<Frame>> c_;
+  bool broken_ = false, periodic_ = false, class_end_ready_ = false;
+  int class_end_[256];
+};
+
+}  // namespace
+
 // Walks the tokens of rank ranges r[0..n) (increasing) from the real frame f, setting the bits
 // of those that stay alive. Consecutive tokens share the frames of their common prefix; a token
 // that dies after d bytes skips, in O(1), every later token with the same d-byte prefix (the
-// rest of its trie ancestor's subtree at depth d).
+// rest of its trie ancestor's subtree at depth d). Below an ASCII-text prefix of d bytes, a run
+// of text trie siblings (vocab.h) of height h is accepted whole when the text chain from f
+// holds for d + h characters (a string body, counted or not, even across called blocks).
 void MatcherState::walk_ranks(const RankRange* r, size_t n, Frame f, std::vector<uint32_t>& bits) {
   const TokenVocabulary& v = *g->vocab;
   const int32_t* tok_ids = v.tok_ids_.data();
   Stepper stepper(g->pda, pool, true);
+  TextChain chain(g->pda, pool, chain_memo, f, v.max_depth_);
+  // The chain may still hold (false once it failed for one character). Only worth building
+  // for walks over many tokens (a block's end in a counted string: nearly all of them).
+  int64_t walked = 0;
+  for (size_t j = 0; j < n; ++j) walked += r[j].hi - r[j].lo;
+  bool text_ok = walked >= kMinChainWalk;
+  std::vector<int32_t> anc;  // [depth] trie ancestors of the current token
   std::vector<std::vector<Frame>> frames(1, std::vector<Frame>{f});  // [depth]
   std::string_view prev;  // the last walked token; frames[0..valid] hold its prefix
   size_t valid = 0;
@@ -61,12 +199,53 @@ void MatcherState::walk_ranks(const RankRange* r, size_t n, Frame f, std::vector
       const size_t lmax = std::min({prev.size(), s.size(), valid});
       while (l < lmax && prev[l] == s[l]) ++l;
       if (frames.size() < s.size() + 1) frames.resize(s.size() + 1);
+      // Depths d in [l, top] may start an accepted text run (prefix s[0..d) ASCII text).
+      size_t top = 0, p = 0;  // p: leading ASCII text bytes of s
+      bool try_text = false;
+      if (text_ok) {
+        while (p < s.size() && ascii_text(static_cast<uint8_t>(s[p]))) ++p;
+        if (l <= p && l < s.size()) {
+          try_text = true;
+          top = std::min(p, s.size() - 1);
+          anc.resize(s.size() + 1);
+          int32_t node = v.node_of_[id];
+          for (size_t dd = s.size(); dd > l; --dd) {
+            anc[dd] = node;
+            node = v.parent_[node];
+          }
+        }
+      }
       size_t d = l;
+      int32_t skip_to = -1;
       for (; d < s.size(); ++d) {
+        if (try_text && d <= top) {
+          const int32_t node = anc[d + 1];
+          if (v.text_run_end_[node] > node) {
+            if (chain.holds(static_cast<int32_t>(d) + v.text_run_height_[node])) {
+              skip_to = std::min(v.tok_begin_[v.text_run_end_[node]], r[j].hi);
+              break;
+            }
+            if (!chain.holds(1)) text_ok = false;  // no text at all from f: stop trying
+          }
+        }
+        // Along a text prefix the configuration is the chain's (no stepping).
+        if (try_text && d < p && chain.holds(static_cast<int32_t>(d) + 1)) {
+          frames[d + 1] = chain.config(static_cast<int32_t>(d) + 1);
+          continue;
+        }
         stepper.step(frames[d], static_cast<uint8_t>(s[d]), frames[d + 1], nullptr);
         if (frames[d + 1].empty()) break;
       }
       prev = s;
+      if (skip_to >= 0) {  // tokens [k, skip_to) are all alive
+        for (int32_t q = k; q < skip_to; ++q) {
+          const int32_t t = tok_ids[q];
+          bits[t >> 5] |= 1u << (t & 31);
+        }
+        valid = d;
+        k = skip_to;
+        continue;
+      }
       if (d == s.size()) {
         bits[id >> 5] |= 1u << (id & 31);
         valid = s.size();

@@ -24,6 +24,7 @@
 
 namespace deepinfer::model::ds {
 class ExpertParallel;  // expert_parallel.h
+class ContextParallel;  // context_parallel.h
 class ExpertWeightStore;  // expert_weights.h
 
 
@@ -214,6 +215,9 @@ class Backend {
   virtual const StepPlan& plan() const = 0;
   virtual const StepIndex& index() const = 0;
   virtual LayerCacheRef cache(int64_t layer) = 0;  // main layers, then drafter blocks
+  // The context-parallel group whose split steps the forward's attention core follows
+  // (context_parallel.h); null: every step runs whole on this rank.
+  virtual ContextParallel* context_parallel() const { return nullptr; }
 
   virtual void gather(const GatherArgs& a) = 0;
   // y[M, out] = x[M, in] W^T (x in act(), fp32 accumulation, y in y_dtype).
@@ -282,6 +286,10 @@ class ModelBackend : public Backend {
   // Expert parallelism (expert_parallel.h); backends without it refuse, naming themselves.
   virtual void set_expert_parallel(std::shared_ptr<ExpertParallel> ep) {
     DI_THROW(InvalidArgument, describe(), ": expert parallelism is not implemented on this backend yet");
+  }
+  // Context parallelism for long prefills (context_parallel.h); backends without it refuse.
+  virtual void set_context_parallel(std::shared_ptr<ContextParallel> cp) {
+    DI_THROW(InvalidArgument, describe(), ": context parallelism is not implemented on this backend yet");
   }
   // The routed-expert weights as a store EPLB can move between ranks (expert_weights.h); null on a
   // backend that cannot move them (a sharded model then refuses EPLB).

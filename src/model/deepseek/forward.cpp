@@ -1,9 +1,11 @@
 #include "model/deepseek/forward.h"
 
 #include <cmath>
+#include <vector>
 
 #include "core/check.h"
 #include "deepinfer/error.h"
+#include "model/deepseek/context_parallel.h"
 
 namespace deepinfer::model::ds {
 namespace {
@@ -110,10 +112,19 @@ const KindIndex& kind_index(const Backend& be, int64_t ratio, bool overlap) {
   return be.index().kinds[size_t(k)];
 }
 
+// The step rows whose attention core this rank computes: its spans of a split context-parallel
+// step (`cp` non-null and active), else every row. Each query row's indexer scores and attention do
+// not depend on the other rows of the call, so a split gives the rows one rank computes bit for bit.
+std::vector<parallel::CpSpan> own_rows(const ContextParallel* cp, int64_t T) {
+  if (cp && cp->active()) return cp->own_rows();
+  if (T == 0) return {};
+  return {{0, T}};
+}
+
 // The compressed entries a layer attends, filled into the attention arguments (none when no
 // token of the step has a finished entry yet).
 void compressed_keys(Backend& be, const Dims& g, const ModelPlan& plan, const LayerPlan& p, const AttentionRef& A,
-                     AttentionArgs& sp) {
+                     AttentionArgs& sp, const ContextParallel* cp) {
   const int64_t T = be.plan().T, D = g.hidden, r = g.q_lora;
   const LayerPlan& kv_src = plan.layer(p.kv_source);  // entries live in the owner's cache
   const KindIndex& K = kind_index(be, p.ratio, kv_src.compressor == CompressorKind::kOverlap);
@@ -146,7 +157,23 @@ void compressed_keys(Backend& be, const Dims& g, const ModelPlan& plan, const La
         if (p.candidate_source) ia.out_blocks = be.at<int32_t>(Buf::kCandBlocks);
         else ia.in_blocks = be.at<int32_t>(Buf::kCandBlocks);
       }
-      be.indexer_topk(ia);
+      // Top-k of this rank's query rows only (a split step); kReuse layers and the attention read
+      // the same rows.
+      const size_t qe = dtype_nbytes(be.act(), Hi * di);
+      for (const parallel::CpSpan& s : own_rows(cp, T)) {
+        IndexerArgs part = ia;
+        const int64_t b = s.begin;
+        part.q = static_cast<const uint8_t*>(qi) + b * int64_t(qe);
+        part.w = ia.w + b * Hi;
+        part.cand_offset = ia.cand_offset + b;
+        part.cand_count = ia.cand_count + b;
+        part.num_tokens = s.size();
+        part.out_rows = ia.out_rows + b * ia.topk;
+        part.out_count = ia.out_count + b;
+        if (ia.out_blocks) part.out_blocks = ia.out_blocks + b * ia.topk_blocks;
+        if (ia.in_blocks) part.in_blocks = ia.in_blocks + b * ia.topk_blocks;
+        be.indexer_topk(part);
+      }
       [[fallthrough]];
     }
     case SelectKind::kReuse:  // the selection of the most recent scoring layer is still in kSel*
@@ -159,7 +186,10 @@ void compressed_keys(Backend& be, const Dims& g, const ModelPlan& plan, const La
 }
 
 // h [T, D] act (Buf::kH) -> y [T, D] f32 (Buf::kY).
-void attention_block(Backend& be, const Dims& g, const ModelPlan& plan, const LayerPlan& p, const AttentionRef& A) {
+// cp: the context-parallel group of a main-layer step (null for MTP blocks): a split step computes
+// the attention core of this rank's rows and all-gathers the attention output rows.
+void attention_block(Backend& be, const Dims& g, const ModelPlan& plan, const LayerPlan& p, const AttentionRef& A,
+                     ContextParallel* cp) {
   const StepPlan& M = be.plan();
   const StepIndex& ix = be.index();
   const int64_t T = M.T, D = g.hidden, H = g.heads, d = g.head_dim, r = g.q_lora;
@@ -206,12 +236,25 @@ void attention_block(Backend& be, const Dims& g, const ModelPlan& plan, const La
                     .pool = own.keys, .format = p.key_format},
                    ix.pos, A.inv_freq);
   }
-  if (p.attends_compressed()) compressed_keys(be, g, plan, p, A, sp);
+  if (p.attends_compressed()) compressed_keys(be, g, plan, p, A, sp, cp);
   // Window keys: ring rows of earlier positions + this step's kv, one contiguous run per token.
   be.gather({.src_a = own.window, .a_stride = d, .src_b = be.buf(Buf::kKv), .b_stride = d, .src_dtype = act,
              .src_index = ix.win_src, .dst = be.buf(Buf::kWin), .dst_stride = d, .dst_dtype = act,
              .dst_index = ix.win_dst, .rows = int64_t(M.win_src.size()), .width = d});
-  be.sparse_attention(sp);
+  const size_t qrow = dtype_nbytes(act, H * d);
+  for (const parallel::CpSpan& s : own_rows(cp, T)) {
+    AttentionArgs part = sp;
+    const int64_t b = s.begin;
+    part.q = static_cast<const uint8_t*>(sp.q) + b * int64_t(qrow);
+    part.out = static_cast<uint8_t*>(sp.out) + b * int64_t(qrow);
+    part.win_begin = sp.win_begin + b;
+    part.win_count = sp.win_count + b;
+    if (sp.cmp_offset) part.cmp_offset = sp.cmp_offset + b;  // cmp_rows stays: the offsets are absolute
+    if (sp.cmp_count) part.cmp_count = sp.cmp_count + b;
+    part.num_tokens = s.size();
+    be.sparse_attention(part);
+  }
+  if (cp && cp->active()) cp->gather_rows(be.buf(Buf::kO), int64_t(qrow));
   be.gather({.src_a = be.buf(Buf::kKv), .a_stride = d, .src_dtype = act, .src_index = ix.win_store_src,
              .dst = own.window, .dst_stride = d, .dst_dtype = act, .dst_index = ix.win_store_dst,
              .rows = int64_t(M.win_store_src.size()), .width = d});
@@ -267,13 +310,13 @@ void engram_block(Backend& be, const Dims& g, const LayerPlan& p, const EngramRe
 // kMix, the FFN site's to kMix2 in the single pass (per site: kMix, reused): each site then
 // collapses with the previous one's (`prev_mix`: the last FFN site's, null at the first layer).
 void decoder_layer(Backend& be, const Dims& g, const ModelPlan& plan, const LayerPlan& p, const LayerRef& L, float* X,
-                   float* X2, const float* prev_mix) {
+                   float* X2, const float* prev_mix, ContextParallel* cp) {
   const HcWiring w = plan.hc;
   const Buf ffn_mix = w == HcWiring::kPerSite ? Buf::kMix : Buf::kMix2;
   if (p.engram) engram_block(be, g, p, L.engram, X);
   if (p.tap >= 0) be.stream_mean(X, be.at<float>(Buf::kTaps) + p.tap * g.hidden, g.taps * g.hidden, be.plan().T);
   hc_site(be, g, w, L.hc_attn, X, L.attn_norm, Buf::kMix, prev_mix);
-  attention_block(be, g, plan, p, L.attn);
+  attention_block(be, g, plan, p, L.attn, cp);
   hc_merge(be, X, X2, Buf::kMix);
   hc_site(be, g, w, L.hc_ffn, X2, L.ffn_norm, ffn_mix, be.at<float>(Buf::kMix));
   moe_block(be, g, L.ffn);
@@ -323,7 +366,7 @@ void trunk(Backend& be, const Arch& arch, const ModelRef& w, int64_t end) {
   const float* last_ffn_mix = be.at<float>(Buf::kMix2);  // single pass: the previous layer's FFN site
   for (int64_t l = 0; l < end; ++l)
     decoder_layer(be, g, arch.plan, arch.plan.layers[size_t(l)], w.layers[size_t(l)], X, be.at<float>(Buf::kX2),
-                  l == 0 ? nullptr : last_ffn_mix);
+                  l == 0 ? nullptr : last_ffn_mix, be.context_parallel());
 }
 }  // namespace
 
@@ -375,7 +418,8 @@ void mtp_step(Backend& be, const Arch& arch, const ModelRef& w, int64_t k, const
   be.linear(M.h_proj, be.buf(Buf::kHs), D, T * n, X, DType::kF32, D);
   be.add_streams(X, be.at<float>(Buf::kY), T, n, D);
   DI_CHECK(arch.plan.hc == HcWiring::kPerSite, "mtp_step: the V4 MTP block needs per-site mHC wiring");
-  decoder_layer(be, g, arch.plan, arch.plan.drafter[size_t(k)], M.block, X, be.at<float>(Buf::kX2), nullptr);
+  decoder_layer(be, g, arch.plan, arch.plan.drafter[size_t(k)], M.block, X, be.at<float>(Buf::kX2), nullptr,
+                /*cp=*/nullptr);
   gather_hidden(be, g, hidden_rows);
   head(be, g, HcWiring::kPerSite, M.hc_head, M.norm, w.head, X, be.index().logits_rows, rows, nullptr);
 }

@@ -14,6 +14,7 @@
 #include <random>
 
 #include "engine/engine.h"
+#include "engine/kv_transfer.h"
 #include "engine/model_loader.h"
 #include "test_accelerator.h"
 
@@ -271,4 +272,55 @@ TEST(PrefixCacheInvariance, SpeculativeAndGrammarHitsBitIdentical) {
   expect_traces(ref, p, "drafting + grammar, small cache + host tier");
   EXPECT_GT(p.from_host, 0);
   EXPECT_EQ(p.cached[3], kBlock);
+}
+
+namespace {
+// One request on an existing engine; its trace and how many prompt tokens came from the cache.
+Trace run_on(Engine& eng, const Req& r, int64_t* cached) {
+  eng.add_request("x", PromptInput::from_token_ids(r.prompt), r.params, 0);
+  for (int step = 0; eng.has_unfinished() && step < 4000; ++step)
+    for (const RequestOutput& o : eng.step())
+      if (o.finished) {
+        *cached = o.num_cached_tokens;
+        return trace_of(o);
+      }
+  ADD_FAILURE() << "the request did not finish";
+  return {};
+}
+}  // namespace
+
+// Prefill/decode disaggregation's hand-off on real checkpoints (issue #18, engine/kv_transfer.h): a
+// prompt prefilled on engine A, its bundle (paged blocks + slot checkpoint, through the wire codec)
+// imported into engine B; the request on B hits [0, N), computes only the tail, and its tokens and
+// logprob bits equal the request alone with the cache off — greedy and seeded, without and with
+// MTP drafting. With DEEPINFER_TEST_ACCELERATOR=nvidia the blocks go device -> host -> device.
+TEST(PrefixCacheInvariance, DisaggregatedHandOffBitIdentical) {
+  struct Case {
+    std::string model;
+    int32_t drafts;
+  };
+  std::vector<Case> cases = {{tiny_dir(), 0}};
+  if (!default_model_dir().empty()) cases.push_back({default_model_dir(), 2});
+  if (!std::filesystem::exists(tiny_dir() + "/config.json")) GTEST_SKIP() << "no fixture at " << tiny_dir();
+  for (const Case& c : cases)
+    for (size_t kind : {0, 1}) {  // greedy, seeded
+      const std::string what = c.model + (kind ? ", seeded" : ", greedy") + ", drafts " + std::to_string(c.drafts);
+      const CacheSetup s{.model = c.model, .drafts = c.drafts};
+      const Req req{random_tokens(30 + uint32_t(kind), 2 * kBlock + 37), params_for(kind, 8)};
+      const Trace ref = alone({req}, s)[0];
+      auto a = make_engine(s);
+      Req first = req;
+      first.params.max_tokens = 1;
+      int64_t cached = -1;
+      run_on(*a, first, &cached);
+      const engine::KvBundle bundle = a->export_prefix(req.prompt);
+      ASSERT_EQ(bundle.num_tokens(), 2 * kBlock) << what;
+      const engine::KvBundle wire = engine::decode_kv_bundle(engine::encode_kv_bundle(bundle));
+      auto b = make_engine(s);
+      EXPECT_EQ(b->import_prefix(wire), 2 * kBlock) << what;
+      const Trace got = run_on(*b, req, &cached);
+      EXPECT_EQ(cached, 2 * kBlock) << what << ": the decode engine should hit the imported prefix";
+      EXPECT_EQ(got.ids, ref.ids) << what;
+      EXPECT_TRUE(got == ref) << what << ": logprob bits differ from the request alone";
+    }
 }

@@ -197,3 +197,52 @@ TEST(MaskWalkRandom, MasksMatchAcceptToken) {
 
 }  // namespace
 }  // namespace deepinfer::structured::test
+
+namespace deepinfer::structured::test {
+namespace {
+
+// Counted strings past the direct bound are called 64-character blocks (counted_repeat): at a
+// block's end nearly every token is uncertain and re-walked with the real stack, where the
+// text chain (matcher.cpp) accepts whole runs of text siblings. Masks must still equal
+// accept_token at every position, across block ends and up to the maximum length.
+TEST(MaskWalkRandom, MasksMatchAcceptTokenAcrossBlocks) {
+  const char* const grammars[] = {
+      R"({"json_schema": {"type": "string", "maxLength": 140}})",
+      R"({"json_schema": {"type": "string", "minLength": 130, "maxLength": 200}})",
+      R"({"json_schema": {"type": "object", "properties": {"k": {"oneOf": [{"type": "string", "maxLength": 32767, "minLength": 50}, {"type": "null"}]}}, "required": ["k"]}})",
+      R"({"json_schema": {"type": "array", "items": {"type": "string", "maxLength": 1000}, "maxItems": 3}})",
+  };
+  for (uint32_t seed : {11u, 12u}) {
+    auto v = random_vocab(seed, 400, seed == 12 ? 40 : 16);
+    GrammarCompiler c(v);
+    std::mt19937 rng(seed);
+    const int32_t vs = vocabulary_size(*v);
+    std::vector<int32_t> words((vs + 31) / 32);
+    for (const char* args : grammars) {
+      auto g = c.compile(args);
+      for (int rep = 0; rep < 3; ++rep) {
+        GrammarMatcher m(g);
+        for (int step = 0; step < 120 && !m.is_terminated(); ++step) {
+          m.fill_next_token_bitmask(words);
+          std::vector<int32_t> allowed, text;
+          for (int32_t t = 0; t < vs; ++t) {
+            const bool bit = words[t >> 5] >> (t & 31) & 1;
+            GrammarMatcher probe = m.clone();
+            ASSERT_EQ(bit, probe.accept_token(t)) << args << " seed " << seed << " step " << step << " token " << t;
+            if (!bit) continue;
+            allowed.push_back(t);
+            const std::string& b = v->bytes(t);
+            if (b.find('"') == std::string::npos && b.find('\\') == std::string::npos) text.push_back(t);
+          }
+          if (allowed.empty()) break;
+          // Mostly text, so the walk reaches block ends and the maximum length.
+          const auto& pool = !text.empty() && rng() % 8 ? text : allowed;
+          ASSERT_TRUE(m.accept_token(pool[std::uniform_int_distribution<size_t>(0, pool.size() - 1)(rng)]));
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace deepinfer::structured::test

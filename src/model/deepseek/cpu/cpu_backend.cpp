@@ -7,6 +7,7 @@
 #include "core/check.h"
 #include "deepinfer/error.h"
 #include "model/deepseek/activations.h"
+#include "model/deepseek/context_parallel.h"
 #include "ops/cpu/attention.h"
 #include "ops/cpu/compressor.h"
 #include "ops/cpu/engram.h"
@@ -87,6 +88,7 @@ std::optional<ModelBackend::FixedShape> CpuBackend::fixed_shape(const ForwardBat
 
 void CpuBackend::begin_step(StepPlan plan) {
   plan_ = std::move(plan);
+  if (cp_) cp_->begin_step(plan_);
   fixed_steps_ += plan_.fixed ? 1 : 0;
   const StepPlan& p = plan_;
   StepIndex& ix = index_;
@@ -429,7 +431,15 @@ void CpuBackend::moe_combine(const MoeRef& M) {
 
 // ---- MoE, expert-parallel (expert_parallel.h) ----
 
+void CpuBackend::set_context_parallel(std::shared_ptr<ContextParallel> cp) {
+  if (cp && ep_)
+    DI_THROW(InvalidArgument, describe(), ": context parallelism together with expert parallelism is not supported yet");
+  cp_ = std::move(cp);
+}
+
 void CpuBackend::set_expert_parallel(std::shared_ptr<ExpertParallel> ep) {
+  if (ep && cp_)
+    DI_THROW(InvalidArgument, describe(), ": expert parallelism together with context parallelism is not supported yet");
   ep_ = std::move(ep);
   ModelRef& m = store_->refs;
   for (size_t l = 0; l < m.layers.size(); ++l) m.layers[l].ffn.ep_layer = ep_ ? int32_t(l) : -1;

@@ -69,6 +69,8 @@ class CpuBackend final : public ModelBackend, public ExpertWeightStore {
   void set_expert_parallel(std::shared_ptr<ExpertParallel> ep) override;
   ExpertWeightStore* expert_weight_store() override { return this; }
   ExpertParallel* expert_parallel() { return ep_.get(); }
+  void set_context_parallel(std::shared_ptr<ContextParallel> cp) override;
+  ContextParallel* context_parallel() const override { return cp_.get(); }
   // Tests: take the fixed-shape path (the CUDA backend's plans, padded to token buckets) for every
   // batch it accepts, with candidate caps for contexts up to `max_context` tokens.
   void use_fixed_shapes(int64_t max_context, const FixedLimits& limits);
@@ -139,6 +141,7 @@ class CpuBackend final : public ModelBackend, public ExpertWeightStore {
   std::vector<float> moe_x_, moe_g_, moe_u_, moe_out_;
   // Expert parallelism (null: every expert local).
   std::shared_ptr<ExpertParallel> ep_;
+  std::shared_ptr<ContextParallel> cp_;
   bool ep_step_ = false;            // this layer's dispatch went through ep_
   std::vector<float> ep_out_;       // outputs of the received rows, arrival order
   void ep_experts(const MoeRef& M);
