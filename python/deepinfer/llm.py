@@ -84,7 +84,8 @@ class LLM:
                  max_n: int = 1024, max_logprobs: int = 20, enable_prefix_caching: bool = True,
                  prefix_checkpoint_blocks: int = 1, prefix_host_cache_bytes: int = 0, data_parallel_size: int = 1,
                  expert_parallel_size: int = 0, enable_eplb: bool = False, num_redundant_experts: int = 0,
-                 eplb_window_size: int = 1000, eplb_step_interval: int = 3000, **kwargs: Any) -> None:
+                 eplb_window_size: int = 1000, eplb_step_interval: int = 3000,
+                 context_parallel_size: int = 1, context_parallel_min_tokens: int = 512, **kwargs: Any) -> None:
         if kwargs:
             raise TypeError(f"LLM: unsupported argument(s) {sorted(kwargs)}")
         c = _E.LLMConfig()
@@ -112,7 +113,9 @@ class LLM:
         c.num_redundant_experts = as_int("LLM.num_redundant_experts", num_redundant_experts, 0)
         c.eplb_window_size = as_int("LLM.eplb_window_size", eplb_window_size, 1)
         c.eplb_step_interval = as_int("LLM.eplb_step_interval", eplb_step_interval, 1)
-        if c.data_parallel_size > 1 and not os.environ.get("DEEPINFER_WORKER_COMMAND"):
+        c.context_parallel_size = as_int("LLM.context_parallel_size", context_parallel_size, 1, 1 << 20)
+        c.context_parallel_min_tokens = as_int("LLM.context_parallel_min_tokens", context_parallel_min_tokens, 2, *INT64[1:])
+        if (c.data_parallel_size > 1 or c.context_parallel_size > 1) and not os.environ.get("DEEPINFER_WORKER_COMMAND"):
             root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
             c.worker_command = [sys.executable, "-c",
                                 f"import sys; sys.path.insert(0, {root!r}); "

@@ -170,7 +170,9 @@ void bind_llm(nb::module_& m) {
       .def_rw("num_redundant_experts", &LLMConfig::num_redundant_experts)
       .def_rw("enable_eplb", &LLMConfig::enable_eplb)
       .def_rw("eplb_window_size", &LLMConfig::eplb_window_size)
-      .def_rw("eplb_step_interval", &LLMConfig::eplb_step_interval);
+      .def_rw("eplb_step_interval", &LLMConfig::eplb_step_interval)
+      .def_rw("context_parallel_size", &LLMConfig::context_parallel_size)
+      .def_rw("context_parallel_min_tokens", &LLMConfig::context_parallel_min_tokens);
   // `python -m deepinfer._rank_worker`: a worker rank of a parallel LLM (engine/dp/ranks.h).
   m.def("rank_worker_main", [] {
     nb::gil_scoped_release unlocked;

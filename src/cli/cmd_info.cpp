@@ -8,6 +8,7 @@
 #include "core/logging.h"
 #include "io/safetensors.h"
 #include "model/deepseek_v4/weights.h"
+#include "parallel/cp_plan.h"
 #include "parallel/eplb.h"
 #include "parallel/topology.h"
 
@@ -88,6 +89,41 @@ void print_layout(const io::Checkpoint& ck, const DeepseekV4Config& cfg, int dp,
               "rank's KV cache budget\n");
 }
 
+// A context-parallel prefill of `context` tokens over `cp` ranks (docs/PARALLEL.md): every rank holds
+// every weight and the whole sequence's cache; the balanced plan's tokens per rank, the attention
+// work imbalance (cp_work summed over the layers; contiguous chunks for comparison) and the
+// attention-output rows each rank receives per layer.
+void print_cp(const DeepseekV4Config& cfg, const io::Checkpoint& ck, int cp, int64_t context) {
+  if (cp < 1) DI_THROW(InvalidArgument, "--context-parallel-size=", cp, ": must be >= 1");
+  int64_t align = 1;
+  for (int64_t r : cfg.compress_ratio) align = std::max(align, r);
+  std::printf("layout cp %d: per rank %s of weights (all replicated) plus the whole sequence's cache\n", cp,
+              human_bytes(double(ck.total_bytes())).c_str());
+  if (context <= 0) {
+    std::printf("  (--context N also prints the split of an N-token prefill)\n");
+    return;
+  }
+  auto imbalance = [&](const parallel::CpPlan& plan) {
+    std::vector<double> w(size_t(cp), 0.0);
+    for (int64_t l = 0; l < cfg.num_layers; ++l) {
+      const int64_t m = cfg.compress_ratio[size_t(l)];
+      const int64_t topk = m > 0 && cfg.layer_types[size_t(l)] == AttnKind::kCSA ? cfg.index_topk : 0;
+      for (int r = 0; r < cp; ++r)
+        for (const parallel::CpSpan& s : plan.spans[size_t(r)]) w[size_t(r)] += parallel::cp_work(s, cfg.sliding_window, m, topk);
+    }
+    double mx = 0, sum = 0;
+    for (double x : w) mx = std::max(mx, x), sum += x;
+    return sum > 0 ? mx / (sum / cp) : 1.0;
+  };
+  const parallel::CpPlan plan = parallel::balanced_cp_plan(0, context, cp, align);
+  std::printf("  prefill of %ld tokens:", long(context));
+  for (int r = 0; r < cp; ++r) std::printf(" rank %d %ld tokens;", r, long(plan.tokens_of(r)));
+  const double row = double(cfg.num_heads * cfg.head_dim) * 4.0;  // f32 attention output row
+  std::printf("\n  attention work imbalance %.3f (contiguous chunks %.3f); each rank receives about %s per layer\n",
+              imbalance(plan), imbalance(parallel::contiguous_cp_plan(0, context, cp, align)),
+              human_bytes(row * double(context) * double(cp - 1) / double(cp)).c_str());
+}
+
 int run_info(int argc, char** argv) {
   CLI::App app{"Describe a DeepSeek-V4 checkpoint: config, layer schedule, parameters, bytes, cache cost"};
   std::string dir;
@@ -100,6 +136,8 @@ int run_info(int argc, char** argv) {
   app.add_option("--expert-parallel-size", ep, "ranks the routed experts are sharded over (0 = all)");
   app.add_option("--num-redundant-experts", redundant, "spare expert slots (EPLB replicas) over the group");
   app.add_flag("--eplb-gpu", eplb_gpu, "EPLB on GPU ranks (each holds every expert)");
+  int cp = 1;
+  app.add_option("--context-parallel-size", cp, "also print a context-parallel prefill over this many ranks (with --context)");
   app.footer(
       "Schedule letters: S sliding-window only, C compressed sparse attention (CSA, indexer top-k),\n"
       "H heavily compressed attention (HCA); MoE marks: h hash-routed, m bias-routed.\n"
@@ -147,6 +185,7 @@ int run_info(int argc, char** argv) {
   if (context > 0)
     std::printf("cache for %ld tokens: %s\n", long(context), human_bytes(fixed + k.per_token * double(context)).c_str());
   if (dp > 1 || ep > 1) print_layout(*ck, cfg, dp, ep, redundant, eplb_gpu);
+  if (cp > 1) print_cp(cfg, *ck, cp, context);
   return 0;
 }
 }  // namespace

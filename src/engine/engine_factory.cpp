@@ -31,6 +31,21 @@ void validate_llm_config(const LLMConfig& config) {
     if (set && !sharded)
       DI_THROW(InvalidArgument, "LLMConfig.", name, " needs expert parallelism (data_parallel_size > 1 and "
                                 "expert_parallel_size != 1)");
+  if (config.context_parallel_size < 1)
+    DI_THROW(InvalidArgument, "LLMConfig.context_parallel_size must be >= 1, got ", config.context_parallel_size);
+  if (config.context_parallel_size > 1) {
+    if (config.data_parallel_size > 1)
+      DI_THROW(InvalidArgument, "LLMConfig.context_parallel_size=", config.context_parallel_size,
+               " with data_parallel_size=", config.data_parallel_size,
+               ": context parallelism together with data parallelism is not supported yet (cp x dp ranks); use one");
+    if (config.expert_parallel_size > 1)
+      DI_THROW(InvalidArgument, "LLMConfig.context_parallel_size=", config.context_parallel_size,
+               " with expert_parallel_size=", config.expert_parallel_size,
+               ": context parallelism together with expert parallelism is not supported yet");
+    if (config.context_parallel_min_tokens < 2)
+      DI_THROW(InvalidArgument, "LLMConfig.context_parallel_min_tokens must be >= 2 (shorter steps, decode among them, "
+               "are not split), got ", config.context_parallel_min_tokens);
+  }
   if (config.num_redundant_experts < 0)
     DI_THROW(InvalidArgument, "LLMConfig.num_redundant_experts must be >= 0, got ", config.num_redundant_experts);
   if (config.enable_eplb && (config.eplb_window_size < 1 || config.eplb_step_interval < 1))

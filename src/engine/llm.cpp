@@ -79,13 +79,13 @@ struct LLM::Impl {
 LLM::LLM(const LLMConfig& config) : impl_(std::make_unique<Impl>()) {
   engine::validate_llm_config(config);
   impl_->env = engine::resolve_env(config);
-  if (config.data_parallel_size > 1) {
+  if (config.data_parallel_size > 1 || config.context_parallel_size > 1) {
     const std::optional<parallel::RankEnv> launched = parallel::RankEnv::from_environment();
     if (launched && launched->world_size > 1 && launched->rank > 0) {
       // An external launcher started this process as a worker rank: it serves rank 0's rounds
       // and ends with them (there is nothing for this process to return to its caller).
       engine::dp::serve_worker(*launched, &config);
-      DI_INFO("data-parallel rank ", launched->rank, ": rank 0 shut down; exiting");
+      DI_INFO("parallel rank ", launched->rank, ": rank 0 shut down; exiting");
       std::exit(0);
     }
     impl_->ranks = engine::dp::start_driver(config, impl_->env, launched && launched->world_size > 1 ? launched : std::nullopt);

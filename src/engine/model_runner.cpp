@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <chrono>
+#include <optional>
 
 #include "core/check.h"
 #include "core/parallel.h"
@@ -250,8 +251,43 @@ void ModelRunner::commit(const std::vector<SeqSlice>& slices, const SampleSet& s
                          ModelRunnerOutput& result) {
   DI_CHECK(drawn.size() == set.rows.size(), "sampler returned ", drawn.size(), " results for ", set.rows.size(), " rows");
   const int64_t vocab = model_.vocab_size();
+  // Rejection sampling reads each verified row's processed distribution (a few [vocab] passes per
+  // row on the host): the sequences with sampled drafts are verified in parallel first (each reads
+  // only its own rows and state), then committed in order below.
+  std::vector<std::optional<VerifyResult>> early(slices.size());
+  std::vector<size_t> heavy;
+  for (size_t k = 0; k < slices.size(); ++k) {
+    const ScheduledSeq& sch = *slices[k].sched;
+    if (slices[k].first_sample < 0 || !seqs_.count(sch.seq_id) || !has_sampled_drafts(sch)) continue;
+    const SeqState& s = seqs_.at(sch.seq_id);
+    const size_t L = sch.draft_tokens.size();
+    const SamplingRow* rows = set.rows.data() + slices[k].first_sample;
+    bool ok = L <= s.pending_drafts.size() && s.pending_q.size() >= L &&
+              std::equal(sch.draft_tokens.begin(), sch.draft_tokens.end(), s.pending_drafts.begin());
+    for (int32_t i = 0; ok && i < sch.num_sample_rows(); ++i) ok = rows[i].logits != nullptr;
+    if (ok) heavy.push_back(k);  // anything odd: the serial path below checks it and says what
+  }
+  if (heavy.size() > 1) {
+    parallel_for(0, int64_t(heavy.size()), [&](int64_t h) {
+      const size_t k = heavy[size_t(h)];
+      const ScheduledSeq& sch = *slices[k].sched;
+      const SeqState& s = seqs_.at(sch.seq_id);
+      std::vector<int32_t> d;
+      for (int32_t i = 0; i < sch.num_sample_rows(); ++i) d.push_back(drawn[size_t(slices[k].first_sample + i)].token);
+      const SamplingRow* rows = set.rows.data() + slices[k].first_sample;
+      const TargetProbs p = [&](int32_t i) { return processed_probs(rows[i], vocab); };
+      try {
+        early[k] = verify_drafts(sch.draft_tokens, d,
+                                 std::span<const std::vector<float>>(s.pending_q.data(), sch.draft_tokens.size()), p,
+                                 {s.seed, s.sample_index, s.known_tokens()});
+      } catch (...) {
+        early[k].reset();  // verified again below, where the error surfaces
+      }
+    });
+  }
   std::vector<int32_t> draws;
-  for (const SeqSlice& slice : slices) {
+  for (size_t k = 0; k < slices.size(); ++k) {
+    const SeqSlice& slice = slices[k];
     const ScheduledSeq& sch = *slice.sched;
     auto it = seqs_.find(sch.seq_id);
     if (it == seqs_.end()) continue;  // dropped after this step was launched: nothing to report
@@ -274,7 +310,8 @@ void ModelRunner::commit(const std::vector<SeqSlice>& slices, const SampleSet& s
       DI_CHECK(rows[i].logits, "seq ", sch.seq_id, ": rejection sampling without host logits");
       return processed_probs(rows[i], vocab);
     };
-    VerifyResult v = verify_drafts(sch.draft_tokens, draws, q, p, {s.seed, s.sample_index, s.known_tokens()});
+    VerifyResult v = early[k] ? std::move(*early[k])
+                              : verify_drafts(sch.draft_tokens, draws, q, p, {s.seed, s.sample_index, s.known_tokens()});
     SampledSeq out{sch.seq_id, v.tokens, {}, int32_t(L)};
     if (s.params->logprobs)
       for (size_t j = 0; j < v.tokens.size(); ++j) {

@@ -12,9 +12,11 @@
 // survives (a string body), is accepted whole without visiting it.
 #include <algorithm>
 #include <atomic>
+#include <optional>
 
 #include "structured/compiled.h"
 #include "structured/stack.h"
+#include "structured/text_chain.h"
 
 namespace deepinfer::structured {
 namespace {
@@ -434,11 +436,30 @@ std::shared_ptr<const StateMaskCache> CompiledGrammarImpl::compute_state_cache(i
     store_subtree(rec_key, std::move(r));
     rec_node = -1;
   };
+  // Text chain from the root configuration (text_chain.h), for the general mode: a counted
+  // string's state that calls its blocks walks every token with the stepper otherwise.
+  // txt[d]: the path to the current node at depth d is ASCII text, so the configuration there
+  // is the chain's c[d] (whatever the walk holds it as).
+  TextChain::Memo chain_memo;
+  std::optional<TextChain> chain;
+  std::vector<uint8_t> txt(max_depth + 1, 0);
+  txt[0] = 1;
   const size_t n = v.num_nodes();
   for (size_t i = 1; i < n;) {
     if (rec_node >= 0 && static_cast<int64_t>(i) >= rec_end) flush_record();
     const int32_t d = depth[i];
     const int32_t p = single[d - 1];
+    txt[d] = txt[d - 1] && ascii_text(bytes[i]);
+    if ((p < 0 || states[p].has_calls) && txt[d - 1] && text_run_end[i] > end[i]) {
+      if (!chain)
+        chain.emplace(pda, pool, chain_memo, Frame{state, bottom, kUnknownSet}, v.max_depth_,
+                      [&pool](const std::vector<Frame>& c) { return unguarded(pool, c); });
+      if (chain->holds(d - 1 + text_run_height[i])) {
+        accept_range(tok_begin[i], tok_begin[text_run_end[i]]);
+        i = text_run_end[i];
+        continue;
+      }
+    }
     // A run of sibling subtrees that are all JSON string text, under a string body (loops on
     // that text) or a counter whose chain outlasts the run's depth: accepted at once.
     if (p >= 0 && text_run_end[i] > end[i] && !states[p].has_calls && text_state(p, text_run_height[i])) {

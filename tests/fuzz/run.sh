@@ -6,6 +6,8 @@
 #                                     logs and final stats in $FUZZ_DIR/long/<target>.log
 #   TARGETS="config_v4 so_args" ...   a subset (all of them are still built: FUZZ_BUILD below);
 #                                     MAX_LEN (default 8192) caps generated inputs
+#   MAX_TIME=1500 ...                 also stops each fuzzing run after that many seconds (a long
+#                                     run that must end by a deadline; the log says how far it got)
 # One `cmake --build` builds every fuzz target, the link guard of every fz_ library and (with
 # FUZZ_UNIT_TESTS=ON, the default) the san_ unit tests tools/sanitizers.sh ci runs, so a target
 # that no longer links fails here even when it is not among TARGETS. FUZZ_BUILD=selected builds
@@ -54,7 +56,8 @@ python3 tests/fuzz/make_seeds.py "$FUZZ_DIR/seeds" >/dev/null
 # UBSan reports are errors; libFuzzer's own limits keep each input bounded.
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:allocator_may_return_null=1}
-COMMON=(-timeout=10 -rss_limit_mb=2560 -malloc_limit_mb=2048 -max_len="${MAX_LEN:-8192}" -print_final_stats=1)
+COMMON=(-timeout=10 -rss_limit_mb=2560 -malloc_limit_mb=2048 -max_len="${MAX_LEN:-8192}" -print_final_stats=1
+        ${MAX_TIME:+-max_total_time=$MAX_TIME})
 failed=""
 mkdir -p "$FUZZ_DIR/long"
 for t in $TARGETS; do

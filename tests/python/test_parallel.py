@@ -112,3 +112,21 @@ def test_info_memory_per_rank(layout):
     bad = subprocess.run([cli, "info", "--model", str(model), "--data-parallel-size", "3", "--expert-parallel-size", "2"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "expert_parallel_size=2 must divide" in bad.stderr, bad.stderr
+
+
+def test_context_parallel_matches_one_rank():
+    # Context parallelism (docs/PARALLEL.md): steps of >= 16 tokens split across 2 ranks; the tiny
+    # model's token prompts, chunked prefill of 48-token steps.
+    tiny = str(ROOT / "tests" / "data" / "golden" / "tiny")
+    prompts = [{"prompt_token_ids": [(i * 37 + n) % 100 for i in range(n)]} for n in (40, 130, 7)]
+    sp = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+
+    def run(**kw):
+        llm = LLM(tiny, accelerator="cpu", skip_tokenizer_init=True, max_num_batched_tokens=48, max_model_len=256, **kw)
+        return [list(o.outputs[0].token_ids) for o in llm.generate(prompts, sp, use_tqdm=False)]
+
+    assert run() == run(context_parallel_size=2, context_parallel_min_tokens=16)
+    with pytest.raises(Exception, match="context parallelism together with data parallelism"):
+        LLM(tiny, accelerator="cpu", skip_tokenizer_init=True, context_parallel_size=2, data_parallel_size=2)
+    with pytest.raises(ValueError, match="context_parallel_min_tokens"):
+        LLM(tiny, accelerator="cpu", skip_tokenizer_init=True, context_parallel_size=2, context_parallel_min_tokens=1)

@@ -15,7 +15,7 @@ static_assert(sizeof(StructuredOutputsParams) == 232, "StructuredOutputsParams c
 static_assert(sizeof(SamplingParams) == 408, "SamplingParams changed: update engine/dp/codec.cpp");
 static_assert(sizeof(CompletionOutput) == 192, "CompletionOutput changed: update engine/dp/codec.cpp");
 static_assert(sizeof(RequestOutput) == 320, "RequestOutput changed: update engine/dp/codec.cpp");
-static_assert(sizeof(LLMConfig) == 232, "LLMConfig changed: update engine/dp/codec.cpp");
+static_assert(sizeof(LLMConfig) == 248, "LLMConfig changed: update engine/dp/codec.cpp");
 static_assert(sizeof(PromptInput) == 64, "PromptInput changed: update engine/dp/codec.cpp");
 
 void put_logprobs(WireWriter& w, const PositionLogprobs& pl) {
@@ -124,6 +124,8 @@ void put(WireWriter& w, const LLMConfig& c) {
   w.put_bool(c.enable_eplb);
   w.put<int32_t>(c.eplb_window_size);
   w.put<int32_t>(c.eplb_step_interval);
+  w.put<int32_t>(c.context_parallel_size);
+  w.put<int64_t>(c.context_parallel_min_tokens);
   w.put_strs(c.worker_command);
 }
 
@@ -150,6 +152,8 @@ LLMConfig get_llm_config(WireReader& r) {
   c.enable_eplb = r.get_bool("enable_eplb");
   c.eplb_window_size = r.get<int32_t>("eplb_window_size");
   c.eplb_step_interval = r.get<int32_t>("eplb_step_interval");
+  c.context_parallel_size = r.get<int32_t>("context_parallel_size");
+  c.context_parallel_min_tokens = r.get<int64_t>("context_parallel_min_tokens");
   c.worker_command = r.get_strs("worker_command");
   return c;
 }

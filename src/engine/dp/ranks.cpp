@@ -14,6 +14,7 @@
 #include "core/logging.h"
 #include "engine/dp/codec.h"
 #include "engine/engine_factory.h"
+#include "model/deepseek/cp_serving.h"
 #include "model/registry.h"
 #include "parallel/gloo_group.h"
 
@@ -94,12 +95,30 @@ std::optional<parallel::ExpertShard> expert_shard_for(const LLMConfig& config, c
                                .num_redundant = config.num_redundant_experts};
 }
 
+int world_of(const LLMConfig& c) { return c.context_parallel_size > 1 ? c.context_parallel_size : c.data_parallel_size; }
+
+bool runs_on_cpu(const EnvConfig& env) {
+  return env.accelerator == Accelerator::kCPU || (env.accelerator == Accelerator::kAuto && model::accelerator_count() == 0);
+}
+
+// Context parallelism: the world is the CP group; rank 0 builds the engine, a helper keeps its model.
+void connect_cp(RankRuntime& rt, const LLMConfig& config, const EnvConfig& env, LoadedParts parts) {
+  auto* m = dynamic_cast<model::ds::DeepseekModel*>(parts.model.get());
+  if (!m) DI_THROW(InvalidArgument, "LLMConfig.context_parallel_size: the model is not a DeepSeek-V4-family model");
+  rt.cp = model::ds::enable_context_parallel(*m, *rt.world, config.context_parallel_min_tokens);
+  // Every rank builds its engine, so a helper's cache has rank 0's geometry; a helper's engine is
+  // never stepped (its model serves rank 0's split steps).
+  rt.cp_model = m;
+  rt.engine = make_engine(config, env, std::move(parts));
+}
+
 // Every rank after its model is loaded: the groups, expert parallelism, the engine.
 void connect(RankRuntime& rt, const LLMConfig& config, const EnvConfig& env, LoadedParts parts,
              const std::string& dir, const std::string& host) {
   const parallel::ParallelConfig pc = parallel_config(config, env);
   rt.world = parallel::make_gloo_group({.rendezvous_dir = dir, .name = "world", .rank = rt.rank,
                                         .size = rt.world_size, .hostname = host, .timeout = kGroupTimeout});
+  if (config.context_parallel_size > 1) return connect_cp(rt, config, env, std::move(parts));
   if (pc.expert_parallel_size > 1) {
     parallel::ProcessGroup* ep = rt.world.get();
     if (pc.expert_parallel_size != pc.data_parallel_size) {
@@ -119,7 +138,15 @@ void connect(RankRuntime& rt, const LLMConfig& config, const EnvConfig& env, Loa
 
 RankRuntime::~RankRuntime() {
   driver.reset();  // the shutdown round: workers leave their loops
+  if (cp && rank == 0) {
+    try {
+      model::ds::stop_context_parallel_helpers(*cp);  // the helpers leave theirs
+    } catch (const std::exception& e) {
+      DI_WARN("context-parallel shutdown: ", e.what());
+    }
+  }
   engine.reset();
+  cp.reset();
   ep_group.reset();
   world.reset();
   if (workers && !workers->wait(std::chrono::seconds(30)))
@@ -132,6 +159,14 @@ parallel::ParallelConfig parallel_config(const LLMConfig& config, const EnvConfi
                               .expert_parallel_size = config.expert_parallel_size > 0 ? config.expert_parallel_size
                                                                                        : config.data_parallel_size};
   pc.validate();
+  if (config.context_parallel_size > 1) {
+    if (!runs_on_cpu(env))
+      DI_THROW(InvalidArgument, "LLMConfig.context_parallel_size=", config.context_parallel_size,
+               ": context parallelism runs on the CPU backend only (accelerator=\"cpu\") in this version");
+    if (!parallel::have_gloo())
+      DI_THROW(InvalidArgument, "LLMConfig.context_parallel_size=", config.context_parallel_size,
+               ": this build has no gloo (libgloo-dev), which the ranks' group needs");
+  }
   if (pc.is_parallel() && !parallel::have_gloo())
     DI_THROW(InvalidArgument, "LLMConfig.data_parallel_size=", pc.data_parallel_size,
              ": this build has no gloo (libgloo-dev), which the ranks' groups need");
@@ -142,12 +177,13 @@ std::unique_ptr<RankRuntime> start_driver(const LLMConfig& config, const EnvConf
                                           const std::optional<parallel::RankEnv>& launched) {
   parallel_config(config, env);  // refuse a bad layout before starting anything
   auto rt = std::make_unique<RankRuntime>();
-  rt->world_size = config.data_parallel_size;
+  rt->world_size = world_of(config);
   std::string dir, host = "127.0.0.1";
   if (launched) {
-    if (launched->world_size != config.data_parallel_size)
-      DI_THROW(InvalidArgument, "LLMConfig.data_parallel_size=", config.data_parallel_size, " but the launcher (",
-               launched->source, ") started ", launched->world_size, " ranks");
+    if (launched->world_size != rt->world_size)
+      DI_THROW(InvalidArgument, "LLMConfig.data_parallel_size=", config.data_parallel_size, " context_parallel_size=",
+               config.context_parallel_size, ": ", rt->world_size, " ranks, but the launcher (", launched->source,
+               ") started ", launched->world_size);
     DI_CHECK(launched->rank == 0, "start_driver on rank ", launched->rank);
     dir = launched->rendezvous_dir, host = launched->host;
   } else {
@@ -164,7 +200,7 @@ std::unique_ptr<RankRuntime> start_driver(const LLMConfig& config, const EnvConf
   LoadedParts parts = load_parts(config, env, launched ? launched->local_rank : 0, expert_shard_for(config, env, 0));
   if (rt->workers) wait_workers_ready(dir, *rt->workers, rt->world_size);
   connect(*rt, config, env, std::move(parts), dir, host);
-  rt->driver = std::make_unique<Driver>(*rt->engine, *rt->world);
+  if (config.context_parallel_size <= 1) rt->driver = std::make_unique<Driver>(*rt->engine, *rt->world);
   return rt;
 }
 
@@ -189,7 +225,8 @@ void serve_worker(const parallel::RankEnv& launched, const LLMConfig* given) {
     LoadedParts parts = load_parts(config, env, launched.local_rank, expert_shard_for(config, env, launched.rank));
     if (!given) write_file(ready_file(dir, launched.rank), "");
     connect(rt, config, env, std::move(parts), dir, launched.host);
-    RankLoop(*rt.engine, *rt.world).serve();
+    if (rt.cp) model::ds::serve_context_parallel_helper(*rt.cp_model, *rt.cp);
+    else RankLoop(*rt.engine, *rt.world).serve();
   } catch (const std::exception& e) {
     if (!given) {
       try {

@@ -1,4 +1,6 @@
-// Starting and joining the ranks of a parallel LLM (data_parallel_size > 1).
+// Starting and joining the ranks of a parallel LLM (data_parallel_size > 1, or
+// context_parallel_size > 1: then rank 0 runs the only engine and the workers are context-parallel
+// helpers, model/deepseek/cp_serving.h).
 //
 // Self-launched (one node): rank 0 is the process that built the LLM. It writes the config into a
 // fresh rendezvous directory, starts ranks 1..N-1 (LLMConfig.worker_command: the CLI's hidden
@@ -18,6 +20,8 @@
 #include "core/env.h"
 #include "deepinfer/llm.h"
 #include "engine/dp/dp_engine.h"
+#include "model/deepseek/context_parallel.h"
+#include "model/deepseek/model.h"
 #include "parallel/launcher.h"
 #include "parallel/process_group.h"
 #include "parallel/topology.h"
@@ -33,7 +37,11 @@ struct RankRuntime {
   std::unique_ptr<parallel::ProcessGroup> world;
   std::unique_ptr<parallel::ProcessGroup> ep_group;    // null when the expert group is the world
   std::unique_ptr<Engine> engine;
-  std::unique_ptr<Driver> driver;                      // rank 0 only
+  std::unique_ptr<Driver> driver;                      // rank 0 only; none under context parallelism
+  // Context parallelism (context_parallel_size > 1): the group's CP state and this rank's model
+  // (owned by its engine; a helper's engine is never stepped).
+  std::shared_ptr<model::ds::ContextParallel> cp;
+  model::ds::DeepseekModel* cp_model = nullptr;
   int rank = 0, world_size = 1;
   ~RankRuntime();
 };

@@ -40,6 +40,9 @@ class ContextParallel {
   int rank() const { return group_.rank(); }
   int size() const { return group_.size(); }
   const CpOptions& options() const { return options_; }
+  parallel::ProcessGroup& group() { return group_; }
+  bool stopped() const { return stopped_; }  // serving (cp_serving.h): the leader stopped its helpers
+  void mark_stopped() { stopped_ = true; }
 
   // Called by the backend for every step plan: decides whether the step is split (every rank
   // decides alike from the same plan) and this step's plan in step rows.
@@ -63,7 +66,7 @@ class ContextParallel {
  private:
   parallel::ProcessGroup& group_;
   CpOptions options_;
-  bool active_ = false;
+  bool active_ = false, stopped_ = false;
   int64_t T_ = 0;
   parallel::CpPlan plan_;
   std::vector<std::vector<parallel::CpSpan>> rows_;

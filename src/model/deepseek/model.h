@@ -4,6 +4,7 @@
 // fixed shape), let the backend run forward_step, return its outputs. The V4 MTP block is its
 // drafter (mtp_drafter.h).
 #pragma once
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -89,6 +90,9 @@ class DeepseekModel : public CausalLM {
   void set_expert_shard(std::optional<parallel::ExpertShard> shard) { shard_ = shard; }
   const std::optional<parallel::ExpertShard>& expert_shard() const { return shard_; }
   const std::vector<kv::LayerCacheSpec>& cache_specs() const { return specs_; }
+  // Called by run() with every validated non-empty batch before it runs (context-parallel
+  // serving's leader hands split steps to its helpers: cp_serving.h). Empty: none.
+  void set_step_hook(std::function<void(const ForwardBatch&)> hook) { step_hook_ = std::move(hook); }
 
  private:
   StepPlan plan_step(const ForwardBatch& batch, bool allow_fixed) const;
@@ -119,6 +123,7 @@ class DeepseekModel : public CausalLM {
   };
   std::vector<SlotExtent> slot_extent_;  // [num_slots]
   std::optional<parallel::ExpertShard> shard_;
+  std::function<void(const ForwardBatch&)> step_hook_;
 
   ModelInfo info_;
   Arch arch_;

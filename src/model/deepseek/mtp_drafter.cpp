@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <exception>
 #include <utility>
 
 #include "core/check.h"
+#include "core/parallel.h"
 #include "deepinfer/error.h"
 #include "model/deepseek/backend.h"
 #include "model/deepseek/model.h"
@@ -77,12 +79,33 @@ std::vector<DraftProposal> MtpDrafter::propose(const DraftBatch& in, Tensor* dra
   for (int round = 0; !drafting.empty(); ++round) {
     std::vector<size_t> next;
     ForwardBatch r;
+    if (!on_device) {
+      // Host picks (sampled drafts: the request's processed distribution over the whole vocabulary,
+      // several passes of [vocab] each) are independent per sequence: spread over the host's
+      // cores. Each sequence's pick touches only its own picker target, so the drafts do not
+      // depend on the thread count.
+      picked.resize(drafting.size());
+      picked_lp.resize(drafting.size());
+      std::vector<std::exception_ptr> errors(drafting.size());  // an exception must not leave a worker thread
+      parallel_for(0, int64_t(drafting.size()), [&](int64_t j) {
+        try {
+          const size_t i = drafting[size_t(j)];
+          const auto [tok, lp] = choose(o.logits.data<float>() + j * V, V, in.picker, i, int32_t(out[i].tokens.size()));
+          picked[size_t(j)] = tok;
+          picked_lp[size_t(j)] = lp;
+        } catch (...) {
+          errors[size_t(j)] = std::current_exception();
+        }
+      });
+      for (const std::exception_ptr& e : errors)
+        if (e) std::rethrow_exception(e);
+    }
     for (size_t j = 0; j < drafting.size(); ++j) {
       const size_t i = drafting[j];
       const DraftSeq& s = in.seqs[i];
       const float* row = on_device ? nullptr : o.logits.data<float>() + int64_t(j) * V;
-      const auto [tok, lp] = on_device ? std::pair{picked[j], picked_lp[j]}
-                                       : choose(row, V, in.picker, i, int32_t(out[i].tokens.size()));
+      const int32_t tok = picked[j];
+      const float lp = picked_lp[j];
       out[i].tokens.push_back(tok);
       out[i].logprobs.push_back(lp);
       if (draft_logits) rows[i].emplace_back(row, row + V);

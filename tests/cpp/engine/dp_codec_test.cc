@@ -153,6 +153,7 @@ TEST(DpCodec, LLMConfigAndCommandsRoundTrip) {
   c.expert_parallel_size = 2, c.worker_command = {"a b", "c"};
   c.enable_prefix_caching = false, c.prefix_checkpoint_blocks = 5, c.prefix_host_cache_bytes = 12345;
   c.num_redundant_experts = 3, c.enable_eplb = true, c.eplb_window_size = 17, c.eplb_step_interval = 19;
+  c.context_parallel_size = 3, c.context_parallel_min_tokens = 77;
   WireWriter w;
   put(w, c);
   Commands cmd;
@@ -185,6 +186,8 @@ TEST(DpCodec, LLMConfigAndCommandsRoundTrip) {
   EXPECT_TRUE(d.enable_eplb);
   EXPECT_EQ(d.eplb_window_size, 17);
   EXPECT_EQ(d.eplb_step_interval, 19);
+  EXPECT_EQ(d.context_parallel_size, 3);
+  EXPECT_EQ(d.context_parallel_min_tokens, 77);
   ASSERT_EQ(e.add.size(), 1u);
   EXPECT_EQ(e.add[0].rank, 2);
   EXPECT_EQ(e.add[0].id, "x");

@@ -189,3 +189,66 @@ TEST(DataParallelLLM, BadLayoutRefused) {
 
 }  // namespace
 }  // namespace deepinfer
+
+namespace deepinfer {
+namespace {
+// Context parallelism (docs/PARALLEL.md): rank 0 runs the engine, `cp - 1` helper processes join
+// every step of at least 16 tokens (chunked prefill of 48-token steps, several sequences per step,
+// decode rows beside prefill rows, a repeated long prompt that hits the prefix cache); tokens must
+// equal one rank's, greedy and seeded.
+class ContextParallelLLM : public ::testing::TestWithParam<int> {};
+
+TEST_P(ContextParallelLLM, MatchesOneRank) {
+  if (!std::filesystem::exists(tiny_model() + "/config.json")) GTEST_SKIP() << "fixture " << tiny_model() << " absent";
+  const int cp = GetParam();
+  std::vector<RequestOutput> ref;
+  int64_t vocab = 0;
+  const int count = 6;
+  std::vector<PromptInput> prompts;
+  std::vector<SamplingParams> params = params_for(count + 3);
+  auto make_prompts = [&] {
+    prompts = token_prompts(vocab, count);
+    std::mt19937 rng(11);
+    for (int64_t len : {151, 201}) {
+      std::vector<int32_t> ids(static_cast<size_t>(len));
+      for (int32_t& t : ids) t = int32_t(rng() % uint32_t(vocab));
+      prompts.push_back(PromptInput::from_token_ids(ids));
+    }
+    prompts.push_back(prompts.back());  // its prefix comes from the cache
+  };
+  {
+    LLM one(config(tiny_model(), 1, 0));
+    vocab = one.vocab_size();
+    make_prompts();
+    ref = one.generate(prompts, params);
+  }
+  LLMConfig c = config(tiny_model(), 1, 0);
+  c.context_parallel_size = cp;
+  c.context_parallel_min_tokens = 16;
+  c.worker_command = worker();
+  LLM par(c);
+  std::vector<RequestOutput> got = par.generate(prompts, params);
+  expect_same_tokens(ref, got);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, ContextParallelLLM, ::testing::Values(2, 3),
+                         [](const auto& info) { return "cp" + std::to_string(info.param); });
+
+TEST(ContextParallelLLM, BadLayoutsRefused) {
+  LLMConfig c = config(tiny_model(), 2, 0);
+  c.context_parallel_size = 2;
+  try {
+    LLM bad(c);
+    ADD_FAILURE() << "cp with dp accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("context parallelism together with data parallelism"), std::string::npos)
+        << e.what();
+  }
+  c = config(tiny_model(), 1, 0);
+  c.context_parallel_size = 2, c.context_parallel_min_tokens = 1;
+  EXPECT_THROW(LLM{c}, InvalidArgument);
+  c.context_parallel_size = 0;
+  EXPECT_THROW(LLM{c}, InvalidArgument);
+}
+}  // namespace
+}  // namespace deepinfer
