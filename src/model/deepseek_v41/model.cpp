@@ -40,20 +40,29 @@ DeepseekV41Model::DeepseekV41Model(ds::ModelInfo info, ds::Arch arch, std::vecto
 DeepseekV41Model::~DeepseekV41Model() = default;
 
 std::unique_ptr<DeepseekV41Model> DeepseekV41Model::load(const std::string& dir, const ModelOptions& o) {
+  return load(dir, o, {});
+}
+
+std::unique_ptr<DeepseekV41Model> DeepseekV41Model::load(const std::string& dir, const ModelOptions& o,
+                                                         const BackendMaker& make) {
   DeepseekV41Config cfg = DeepseekV41Config::from_file(dir);
   V41Weights w = V41Weights::load(dir, cfg, o.progress);
   std::optional<EngramHasher> hasher;
   if (!cfg.engram.layer_ids.empty()) hasher.emplace(EngramHasher::load(cfg, dir));
-  const bool dspark = w.num_dspark > 0;
+  const bool dspark = o.dspark && w.num_dspark > 0;
   ds::Arch arch = v41_arch(cfg, {.max_rollback = o.max_rollback, .qat = o.qat, .replay_keep = o.replay_keep,
                                  .dspark = dspark});
   std::vector<kv::LayerCacheSpec> specs =
       model::cache_specs(arch.plan, {.head_dim = cfg.head_dim, .index_head_dim = cfg.index_head_dim});
-  auto store = v41_prepare_cpu(cfg, arch.plan, w, o.expert_shard);
+  auto store = v41_prepare_cpu(cfg, arch.plan, w, o.expert_shard, /*pack_head=*/!make);
   std::unique_ptr<DSparkDrafter> drafter;
   if (dspark) drafter = std::make_unique<DSparkDrafter>(cfg, w, DSparkOptions{.max_rollback = o.max_rollback, .qat = o.qat});
-  auto be = std::make_unique<ds::CpuBackend>(arch, specs, std::move(store),
-                                             ds::CpuBackendOptions{.batch_invariant = o.batch_invariant});
+  std::unique_ptr<ds::ModelBackend> be;
+  if (make)
+    be = make(cfg, arch, specs, std::move(store));
+  else
+    be = std::make_unique<ds::CpuBackend>(arch, specs, std::move(store),
+                                          ds::CpuBackendOptions{.batch_invariant = o.batch_invariant});
   ds::ModelInfo info = v41_model_info(cfg);
   std::unique_ptr<DeepseekV41Model> m(new DeepseekV41Model(std::move(info), std::move(arch), std::move(specs),
                                                            std::move(be), w.keepalive, std::move(cfg), std::move(hasher),

@@ -6,6 +6,7 @@
 // checkpoint the model's drafter is the DSpark block drafter (dspark.h): the forward returns the
 // tap rows as its hidden rows, and the drafter's rings follow the slot lifecycle below.
 #pragma once
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -17,6 +18,10 @@
 #include "model/deepseek_v41/engram.h"
 #include "model/deepseek_v41/engram_slots.h"
 
+namespace deepinfer::model::ds {
+struct CpuWeightStore;
+}  // namespace deepinfer::model::ds
+
 namespace deepinfer::model::v41 {
 
 struct ModelOptions {
@@ -25,14 +30,25 @@ struct ModelOptions {
   bool qat = true;           // tests only: false drops the QAT roundings (V41PlanOptions::qat)
   bool batch_invariant = false;  // DEEPINFER_BATCH_INVARIANT: fixed-order products (ds::CpuBackendOptions)
   int64_t replay_keep = 0;       // bounded replay's keep length, 0 = full prefill (V41PlanOptions)
-  std::optional<parallel::ExpertShard> expert_shard;  // ModelLoadOptions::expert_shard (v41_prepare_cpu)
+  std::optional<parallel::ExpertShard> expert_shard = std::nullopt;  // ModelLoadOptions::expert_shard (v41_prepare_cpu)
+  bool dspark = true;  // false: DSpark stages in the checkpoint are not loaded (no drafter, no taps)
 };
+
+// Makes the backend a model runs on from the prepared f32 weights (load with a maker: the lm head
+// is a plain [V, D] ref, not CPU panels). The GPU loader (deepseek/cuda/v41_cuda_model.h) uploads
+// them and drops the host copies; the Engram tables stay in host memory either way.
+using BackendMaker = std::function<std::unique_ptr<ds::ModelBackend>(
+    const DeepseekV41Config& cfg, const ds::Arch& arch, const std::vector<kv::LayerCacheSpec>& specs,
+    std::unique_ptr<ds::CpuWeightStore> prepared)>;
 
 class DeepseekV41Model final : public ds::DeepseekModel {
  public:
   // Parses <dir>/config.json, maps the weights (release or transformers names), prepares f32 copies
   // and, with Engram layers, loads <dir>/engram_sidecar.json. Throws ConfigError / CheckpointError.
   static std::unique_ptr<DeepseekV41Model> load(const std::string& dir, const ModelOptions& options = {});
+  // The same over the backend `make` builds (the GPU's); `make` may throw (memory, device).
+  static std::unique_ptr<DeepseekV41Model> load(const std::string& dir, const ModelOptions& options,
+                                                const BackendMaker& make);
   ~DeepseekV41Model() override;
 
   const DeepseekV41Config& config() const { return cfg_; }

@@ -19,8 +19,10 @@ std::vector<float> v41_inv_freq(const RopeParams& p, int64_t rope_dim);
 
 // `shard` (ModelLoadOptions::expert_shard): only that rank's routed experts of the main layers are
 // prepared; the others stay undefined refs (the expert-parallel seam never runs them here).
+// `pack_head` false leaves the lm head a plain f32 [V, D] ref (the GPU loader uploads it as is).
 std::unique_ptr<ds::CpuWeightStore> v41_prepare_cpu(const DeepseekV41Config& cfg, const ModelPlan& plan,
                                                     const V41Weights& weights,
-                                                    const std::optional<parallel::ExpertShard>& shard = std::nullopt);
+                                                    const std::optional<parallel::ExpertShard>& shard = std::nullopt,
+                                                    bool pack_head = true);
 
 }  // namespace deepinfer::model::v41

@@ -18,8 +18,8 @@ namespace {
 class Preparer {
  public:
   Preparer(const DeepseekV41Config& c, const ModelPlan& plan, const V41Weights& w, ds::CpuWeightStore& s,
-           std::vector<bool> held)
-      : c_(c), plan_(plan), w_(w), s_(s), held_(std::move(held)) {}
+           std::vector<bool> held, bool pack_head)
+      : c_(c), plan_(plan), w_(w), s_(s), held_(std::move(held)), pack_head_(pack_head) {}
 
   void entry(size_t i) {
     const V41Entry& e = w_.table.entries[i];
@@ -117,6 +117,7 @@ class Preparer {
     if (n == "norm.weight") return vec(i, m.norm);
     if (n == "embed.weight") return lin(i, m.embed);
     DI_CHECK(n == "head.weight", "v41_prepare_cpu: no prepared target for '", n, "'");
+    if (!pack_head_) return lin(i, m.head);
     const Tensor t = w_.entry_f32(i, c_);  // streamed once per step: 16-column panels
     s_.packed.push_back(std::make_unique<ops::cpu::PackedWeight>(
         ops::cpu::pack_weight(t.data<float>(), t.size(0), t.size(1), t.size(1))));
@@ -152,17 +153,20 @@ class Preparer {
   const V41Weights& w_;
   ds::CpuWeightStore& s_;
   std::vector<bool> held_;  // routed experts this rank prepares (empty: all)
+  bool pack_head_;
   Tensor q_weight_;
 };
 }  // namespace
 
 std::unique_ptr<ds::CpuWeightStore> v41_prepare_cpu(const DeepseekV41Config& cfg, const ModelPlan& plan,
                                                     const V41Weights& weights,
-                                                    const std::optional<parallel::ExpertShard>& shard) {
+                                                    const std::optional<parallel::ExpertShard>& shard,
+                                                    bool pack_head) {
   auto store = std::make_unique<ds::CpuWeightStore>();
   store->keepalive = weights.keepalive;
   store->refs.layers.assign(size_t(plan.num_layers()), ds::LayerRef{});
-  Preparer p(cfg, plan, weights, *store, shard ? shard->held(int32_t(cfg.n_routed_experts)) : std::vector<bool>{});
+  Preparer p(cfg, plan, weights, *store, shard ? shard->held(int32_t(cfg.n_routed_experts)) : std::vector<bool>{},
+             pack_head);
   for (size_t i = 0; i < weights.table.entries.size(); ++i) p.entry(i);
   p.rope();
   return store;

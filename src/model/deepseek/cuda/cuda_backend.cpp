@@ -678,7 +678,7 @@ void CudaBackend::decode_pool(const DecodePoolArgs& a) {
 
 void CudaBackend::indexer_topk(const IndexerArgs& a) {
   // Two-level top-k (V4.1): the publisher's per-block maxima live in the arena's block_scores
-  // (sized from the step's candidates and Dims::candidate_block_size). NOT yet run on a GPU.
+  // (sized from the step's candidates and Dims::candidate_block_size). Run by V4.1 on the H200.
   oc::indexer_topk({.q = a.q, .w = a.w, .k_pool = a.k_pool, .dtype = act_, .cand_rows = a.cand_rows,
                     .cand_offset = a.cand_offset, .cand_count = a.cand_count, .num_tokens = a.num_tokens,
                     .num_heads = a.num_heads, .head_dim = a.head_dim, .qk_scale = a.qk_scale, .w_scale = a.w_scale,

@@ -114,7 +114,7 @@ class CudaBackend final : public ModelBackend {
   void hc_collapse(const float* x, const float* prev_mix, float* u, int64_t tokens) override;
   void add_streams(float* x, const float* v, int64_t tokens, int64_t streams, int64_t dim) override;
   // V4.1 Engram (cuda_backend_v41.cpp): the step's rows uploaded in act() per layer, the gated
-  // injection by ops/cuda/engram. Compiled, NOT yet run on a GPU (the registry refuses V4.1 there).
+  // injection by ops/cuda/engram (run by the V4.1 GPU model, v41_cuda_model.h).
   void stage_engram_rows(std::vector<std::vector<float>> rows) override;
   const void* engram_rows(int64_t layer) const override;
   void engram_inject(float* x, const float* kv, const float* w, int64_t tokens) override;

@@ -1,8 +1,8 @@
 // The CUDA backend's DeepSeek-V4.1 pieces beyond the shared ops: the Engram rows a step gathers on
 // the host (DeepseekV41Model::before_step -> stage_engram_rows), uploaded in the activation dtype
 // (the wkv linear reads act() rows), and the gated injection (ops/cuda/engram.h, CPU twin
-// ops/cpu/engram.h). Compiled here; NOT yet run on a GPU (model/deepseek_v41/family.cpp still
-// refuses DEEPINFER_ACCELERATOR=nvidia for V4.1 until a GPU run checks it against the CPU).
+// ops/cpu/engram.h). Run by the V4.1 GPU model (v41_cuda_model.h; H200 parity: docs/MODEL-V41.md
+// "Phase 4: the GPU").
 #include <cstring>
 
 #include "core/check.h"
