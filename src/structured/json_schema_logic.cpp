@@ -539,6 +539,9 @@ ExprId SchemaLowerer::lower_contains(const json& s, const ArrayShape& a, const s
   if (steady > 256 || cap > 256 || (steady + 1) * (cap + 1) > 8192)
     schema_error(cptr, "contains with item or match counts above 256 is not supported");
   const json& c = s["contains"];
+  // Checked here, not by the merge: `contains` is lowered inside a synthesised allOf, whose
+  // merge would otherwise meet a number with nlohmann's untyped iterator error (fuzz finding 5).
+  if (!c.is_object() && !c.is_boolean()) schema_error(cptr, "a schema must be an object or a boolean");
   auto split = [&](const json& item, const std::string& iptr) -> std::pair<ExprId, ExprId> {
     try {
       ExprId yes = lower(json{{"allOf", json::array({item, c})}}, iptr, depth + 1);

@@ -53,6 +53,9 @@ void SchemaLowerer::merge_into(json& a, const json& b_raw, const std::string& pt
     if (a.get<bool>()) a = b_in;
     return;
   }
+  // Anything else than an object here is a malformed subschema (e.g. `allOf: [1]`): a named
+  // error, never nlohmann's untyped one from iterating it as an object.
+  if (!b_in.is_object() || !a.is_object()) schema_error(ptr, "a schema must be an object or a boolean");
   // if/then/else belong to one schema object: as the disjoint union (if and then) or (not if,
   // and else) they merge like any anyOf (then/else without if mean nothing).
   json cond_free;

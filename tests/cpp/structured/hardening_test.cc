@@ -154,5 +154,20 @@ TEST(Hardening, NumberPastDoubleRangeIsANamedGrammarError) {
   EXPECT_NO_THROW(c.compile(R"({"json_schema": {"type": "number", "maximum": 1e3}})"));
 }
 
+// Fuzz finding 5 (so_args, 2026-12-02): a number where a subschema belongs, under `contains` or
+// inside an allOf that the lowering merges, escaped as nlohmann's untyped invalid_iterator.
+TEST(Hardening, NonSchemaSubschemaIsANamedGrammarError) {
+  for (const char* schema : {R"({"contains": 1.0})", R"({"type": "array", "contains": 1})",
+                             R"({"$schema": "https://json-schema.org/draft/2020-12/schema", "contains": 1.0})",
+                             R"({"allOf": [{"type": "object"}, 1]})", R"({"allOf": [1, {"type": "object"}]})",
+                             R"({"type": "array", "contains": "x"})"}) {
+    const std::string m = error_of<GrammarError>(json{{"json_schema", json::parse(schema)}}.dump());
+    EXPECT_NE(m.find("a schema must be an object or a boolean"), std::string::npos) << schema << ": " << m;
+  }
+  // Booleans stay schemas.
+  GrammarCompiler c(byte_vocab());
+  EXPECT_NO_THROW(c.compile(R"({"json_schema": {"type": "array", "contains": true}})"));
+}
+
 }  // namespace
 }  // namespace deepinfer::structured::test
