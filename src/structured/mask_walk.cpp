@@ -52,20 +52,7 @@ std::shared_ptr<const StateMaskCache> finish_cache(const TokenVocabulary& v, std
 // bytes and characters. Then a subtree below a node in `state` whose ASCII bytes loop and
 // whose other bytes are valid UTF-8 is all alive. Characters follow the strict decoder in
 // vocab.cpp.
-// Valid multi-byte UTF-8 characters as byte-range sequences (the strict decoder of vocab.cpp).
-struct ByteSpan { uint8_t lo, hi; };
-const std::vector<std::vector<ByteSpan>>& utf8_chars() {
-  static const std::vector<std::vector<ByteSpan>> kChars = {
-      {{0xC2, 0xDF}, {0x80, 0xBF}},
-      {{0xE0, 0xE0}, {0xA0, 0xBF}, {0x80, 0xBF}},
-      {{0xE1, 0xEC}, {0x80, 0xBF}, {0x80, 0xBF}},
-      {{0xED, 0xED}, {0x80, 0x9F}, {0x80, 0xBF}},
-      {{0xEE, 0xEF}, {0x80, 0xBF}, {0x80, 0xBF}},
-      {{0xF0, 0xF0}, {0x90, 0xBF}, {0x80, 0xBF}, {0x80, 0xBF}},
-      {{0xF1, 0xF3}, {0x80, 0xBF}, {0x80, 0xBF}, {0x80, 0xBF}},
-      {{0xF4, 0xF4}, {0x80, 0x8F}, {0x80, 0xBF}, {0x80, 0xBF}}};
-  return kChars;
-}
+// Valid multi-byte UTF-8 characters: text_chain_utf8_chars() (text_chain.h), one table for both walks.
 
 // [byte] last byte of its class: bytes of one class step alike, so one byte per class is
 // enough within a range.
@@ -86,8 +73,8 @@ bool unguarded(const NodePool& pool, const std::vector<Frame>& frames) {
 }
 
 bool text_stays_alive(const Pda& pda, int32_t state, const std::array<uint64_t, 4>& loops) {
-  using R = ByteSpan;
-  const auto& kChars = utf8_chars();
+  using R = TextSpan;
+  const auto& kChars = text_chain_utf8_chars();
   constexpr size_t kMaxClosure = 32;
   int class_end[256];
   class_ends(pda, class_end);
@@ -265,9 +252,9 @@ CompiledGrammarImpl::ChainStep CompiledGrammarImpl::chain_step(int32_t state) co
     // Every valid multi-byte character must end exactly in `best` (its prefixes alive).
     r.utf8 = true;
     std::vector<int32_t> cur, nxt;
-    for (const auto& ch : utf8_chars()) {
+    for (const auto& ch : text_chain_utf8_chars()) {
       cur.assign(1, state);
-      for (const ByteSpan& sp : ch) {
+      for (const TextSpan& sp : ch) {
         nxt.clear();
         for (int32_t u : cur)
           for (int b = sp.lo; b <= sp.hi; b = class_end[b] + 1) {
