@@ -71,10 +71,12 @@ std::string fixture() { return deepinfer::testing::golden_dir("tiny"); }
 
 // Loads the model as the engine does (production numerics, graph decode), optionally switching
 // the decode path, and runs `prompts` x `params` to completion through the Engine.
+// With `ops`, op profiling is on for the whole run and *ops receives its per-op times.
 EngineRun run_engine(bool device_sampling, DecodePath path, const std::vector<std::vector<int32_t>>& prompts,
-               const std::vector<SamplingParams>& params, bool grammar = false) {
+               const std::vector<SamplingParams>& params, bool grammar = false, std::vector<OpTiming>* ops = nullptr) {
   std::unique_ptr<DeepseekV4CudaModel> m = DeepseekV4CudaModel::load(fixture(), model::v4::engine_cuda_options({}));
   if (m->decode_path() != path) m->set_decode_path(path);
+  if (ops) m->set_op_profiling(true);
   DeepseekV4CudaModel* raw = m.get();
   EngineConfig ec;
   ec.scheduler.max_num_seqs = 16;
@@ -94,6 +96,10 @@ EngineRun run_engine(bool device_sampling, DecodePath path, const std::vector<st
   r.runner = eng.runner().stats();
   if (const DeviceSampler* ds = eng.runner().device_sampler()) r.sampler = ds->stats();
   r.graphs = raw->graphs_captured();
+  if (ops) {
+    *ops = raw->take_op_profile();
+    raw->set_op_profiling(false);
+  }
   return r;
 }
 
@@ -288,6 +294,35 @@ TEST_F(GpuEngine, GraphReplayEqualsEagerFixedThroughEngine) {
               "graph %.3f s, eager fixed %.3f s, general %.3f s\n",
               (long long)same, (long long)total, (long long)total_tokens(graph), graph.seconds, eager.seconds,
               general.seconds);
+}
+
+// Op profiling (bench-flash --breakdown): every step runs eagerly with events around each op; the
+// outputs are those of graph replay bit for bit (eager fixed == graph above), no graph is
+// captured, and the profile names the model's ops (largest first) with positive times.
+TEST_F(GpuEngine, OpProfilingTimesEveryOpAndChangesNothing) {
+  const auto p = prompts();
+  const auto ps = mixed_params();
+  const EngineRun graph = run_engine(true, DecodePath::kGraph, p, ps);
+  std::vector<OpTiming> ops;
+  const EngineRun timed = run_engine(true, DecodePath::kGraph, p, ps, false, &ops);
+  expect_same(graph, timed, 0.0, "op profiling on vs off (graph decode)");
+  EXPECT_EQ(timed.graphs, 0) << "op profiling must launch eagerly";
+  ASSERT_FALSE(ops.empty());
+  double total = 0;
+  bool attention = false, linear = false, experts = false;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    EXPECT_GT(ops[i].calls, 0) << ops[i].op;
+    EXPECT_GE(ops[i].ms, 0.0) << ops[i].op;
+    if (i > 0) EXPECT_GE(ops[i - 1].ms, ops[i].ms) << "largest first";
+    total += ops[i].ms;
+    attention |= ops[i].op == "sparse_attention";
+    linear |= ops[i].op.rfind("linear ", 0) == 0;
+    experts |= ops[i].op == "moe_experts";
+  }
+  EXPECT_TRUE(attention && linear && experts) << "missing op names";
+  EXPECT_GT(total, 0.0);
+  std::printf("[gpu-engine] op profiling: %zu op kinds, %.3f ms in all; top: %s %.3f ms (%lld calls)\n", ops.size(),
+              total, ops[0].op.c_str(), ops[0].ms, (long long)ops[0].calls);
 }
 
 // Sampling cost at the real vocabulary: device (ids back) vs host (logits back, then
