@@ -303,7 +303,7 @@ int32_t CompiledGrammarImpl::chain_run(int32_t state, bool utf8) const {
   return run;
 }
 
-int32_t CompiledGrammarImpl::counted_text_left(int32_t state) const {
+int32_t CompiledGrammarImpl::counted_text_left(int32_t state, bool* long_uncertain) const {
   const int32_t max_le = static_cast<int32_t>(vocab->text_le_.size()) - 1;
   const ChainStep first = chain_step(state);
   const uint64_t* json = TokenVocabulary::kJsonText;
@@ -311,13 +311,16 @@ int32_t CompiledGrammarImpl::counted_text_left(int32_t state) const {
   const int32_t run = chain_run(state, true);
   if (run < 1 || run > max_le || run >= vocab->max_depth_) return -1;
   const bool called = pda.rule_called[pda.states[state].rule];
-  // The chain's states s_0 .. s_run: no calls (a callee could keep longer text alive), and no
-  // escape (a dying token would be uncertain, not rejected). chain_run checked that each of
-  // s_0 .. s_{run-1} steps every text character to the next.
+  // The chain's states s_0 .. s_run: no calls (a callee could keep longer text alive). One
+  // that can finish a called rule makes the longer tokens, which die after it, uncertain
+  // rather than rejected (the block of a counted string ends so). chain_run checked that each
+  // of s_0 .. s_{run-1} steps every text character to the next.
+  *long_uncertain = false;
   int32_t s = state;
   for (int32_t k = 0;; ++k) {
     const PdaState& st = pda.states[s];
-    if (st.has_calls || (called && st.final)) return -1;
+    if (st.has_calls) return -1;
+    if (called && st.final) *long_uncertain = true;
     if (k == run) break;
     s = chain_step(s).next;
   }
@@ -376,15 +379,35 @@ std::shared_ptr<const StateMaskCache> CompiledGrammarImpl::compute_state_cache(i
   };
   std::vector<RankRange> uncertain;  // rank ranges, preorder
   // A counter with `cut` characters left (counted_text_left): every all-text token of at most
-  // `cut` characters is accepted, every longer one rejected, so a text node below an ASCII-text
-  // path from the root is skipped with its run of text siblings. Only the tokens holding a
-  // quote, an escape or other non-text bytes are walked (the first visit of each position of a
-  // maxLength string walked every node up to its remaining length before).
-  const int32_t cut = !pda.states[state].has_calls ? counted_text_left(state) : -1;
-  if (cut >= 0) {
-    const std::vector<uint64_t>& le = v.text_le_[cut];
-    for (size_t w = 0; w < le.size(); ++w) accepted_rank[w] |= le[w];
-  }
+  // `cut` characters is accepted, every longer one rejected (or uncertain: cut_unc), so a text
+  // node below an ASCII-text path from the root is skipped with its run of text siblings. Only
+  // the tokens holding a quote, an escape or other non-text bytes are walked (the first visit
+  // of each position of a maxLength string walked every node up to its remaining length).
+  bool cut_unc = false;
+  const int32_t cut = !pda.states[state].has_calls ? counted_text_left(state, &cut_unc) : -1;
+  const uint64_t* cut_le = cut >= 0 ? v.text_le_[cut].data() : nullptr;
+  if (cut >= 0)
+    for (size_t w = 0; w < v.text_le_[cut].size(); ++w) accepted_rank[w] |= cut_le[w];
+  // The ranks in [k0, k1) outside text_le_[cut], as uncertain ranges (all-text tokens longer
+  // than the count, which die after the rule could have finished).
+  auto uncertain_long = [&](int32_t k0, int32_t k1) {
+    for (int32_t k = k0; k < k1;) {
+      if (cut_le[k >> 6] >> (k & 63) & 1) {
+        ++k;
+        continue;
+      }
+      int32_t e = k + 1;
+      while (e < k1 && !(cut_le[e >> 6] >> (e & 63) & 1)) {
+        if ((e & 63) == 0 && e + 64 <= k1 && cut_le[e >> 6] == 0) {
+          e += 64;
+          continue;
+        }
+        ++e;
+      }
+      uncertain.push_back({k, e});
+      k = e;
+    }
+  };
   // The per-state facts of the states this walk meets (few: a string body, its chain), kept
   // here so a visited node costs no shared-array loads (direct-mapped by state).
   struct Local {
@@ -474,7 +497,9 @@ std::shared_ptr<const StateMaskCache> CompiledGrammarImpl::compute_state_cache(i
     const int32_t p = single[d - 1];
     txt[d] = txt[d - 1] && ascii_text(bytes[i]);
     if (cut >= 0 && txt[d - 1] && text_run_end[i] > static_cast<int32_t>(i)) {
-      i = text_run_end[i];  // all text: decided by the text_le_ bits above
+      // All text: decided by the text_le_ bits above.
+      if (cut_unc) uncertain_long(tok_begin[i], tok_begin[text_run_end[i]]);
+      i = text_run_end[i];
       continue;
     }
     if ((p < 0 || states[p].has_calls) && txt[d - 1] && text_run_end[i] > end[i]) {
