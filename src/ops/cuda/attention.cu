@@ -1,6 +1,8 @@
 #include "ops/cuda/attention.h"
 #include <algorithm>
 
+#include "ops/cuda/attention_mma.h"
+
 #include "ops/cuda/common.cuh"
 
 namespace deepinfer::ops::cuda {
@@ -179,6 +181,26 @@ AttnSplit choose_attention_split(int64_t num_tokens, int64_t num_heads, int64_t 
   return {int(ceil_div(max_keys_per_token, keys)), int(keys)};
 }
 
+AttnSplit choose_attention_split(int64_t num_tokens, int64_t num_heads, int64_t head_dim, DType dtype,
+                                 int64_t max_keys_per_token, int num_sms) {
+  if (!detail::sparse_attention_mma_supports_shape(num_heads, head_dim, dtype))
+    return choose_attention_split(num_tokens, num_heads, max_keys_per_token, num_sms);
+  // Tensor-core kernel: one 170 KB block per multiprocessor, so split only while the batch leaves
+  // multiprocessors idle, into as many splits as fit one wave (b=1: 20 x 32 keys of 640; b=8:
+  // 10 x 64; b=32: 4 x 160; b >= 132: none). Splitting further only adds partials to merge.
+  constexpr int kTile = 32;
+  const int64_t blocks = num_tokens * (num_heads / 64);
+  if (num_tokens <= 0 || max_keys_per_token <= kTile || blocks * 2 > num_sms) return {};
+  const int64_t want = std::min<int64_t>(num_sms / blocks, ceil_div(max_keys_per_token, kTile));
+  const int64_t keys = ceil_div(ceil_div(max_keys_per_token, want), kTile) * kTile;
+  const int splits = int(ceil_div(max_keys_per_token, keys));
+  return splits > 1 ? AttnSplit{splits, int(keys)} : AttnSplit{};
+}
+
+bool sparse_attention_uses_tensor_cores(int64_t num_heads, int64_t head_dim, DType dtype) {
+  return detail::sparse_attention_mma_supports_shape(num_heads, head_dim, dtype);
+}
+
 size_t sparse_attention_workspace_bytes(int64_t num_tokens, int64_t num_heads, int64_t head_dim, int num_splits) {
   return num_splits <= 1 ? 0 : size_t(num_tokens * num_heads * num_splits * (head_dim + 2)) * sizeof(float);
 }
@@ -201,6 +223,19 @@ void sparse_attention(const SparseAttnParams& p, cudaStream_t stream) {
   if (split && (!p.workspace || p.split_keys <= 0 || p.num_splits > 65535))
     DI_THROW(InvalidArgument, "sparse_attention: num_splits ", p.num_splits, " needs split_keys > 0 and a workspace");
   if (p.num_tokens == 0) return;
+  const bool mma = p.kernel != AttnKernel::kCudaCores && detail::sparse_attention_mma_supports(p);
+  if (p.kernel == AttnKernel::kTensorCores && !mma)
+    DI_THROW(InvalidArgument, "sparse_attention: the tensor-core kernel needs bf16, head_dim 512, heads a multiple of 64, ",
+             "split_keys a multiple of 32 and 16-byte aligned q (got dtype ", dtype_name(p.dtype), ", head_dim ", p.head_dim,
+             ", heads ", p.num_heads, ", split_keys ", p.split_keys, ")");
+  if (mma) {
+    detail::sparse_attention_mma(p, stream);
+    if (split) {
+      sparse_attn_combine_kernel<__nv_bfloat16><<<dim3(unsigned(p.num_tokens), unsigned(p.num_heads)), 128, 0, stream>>>(p);
+      DI_CUDA_CHECK_LAUNCH();
+    }
+    return;
+  }
   const size_t smem = size_t(kKeyTile) * size_t(p.head_dim) * sizeof(float) + kKeyTile * sizeof(int);
   const dim3 grid(unsigned(p.num_tokens), unsigned(ceil_div(p.num_heads, kHeadsPerBlock)), split ? p.num_splits : 1);
   DI_DISPATCH_FLOAT(p.dtype, T, "sparse_attention", [&] {
