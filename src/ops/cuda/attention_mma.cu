@@ -10,40 +10,53 @@
 namespace deepinfer::ops::cuda::detail {
 namespace {
 
-// Compile-time shape of the kernel (V4: 64 query heads x 512-wide latent, MQA).
+// Compile-time shape of the kernel (V4: 64 query heads x 512-wide latent, MQA). Two tilings:
+// 32 keys x 3 stages (more, smaller splits: small batches) and 64 keys x 2 stages (Q fragments
+// reloaded from shared memory once per 64 keys instead of per 32; 4 independent accumulator chains
+// per warp in Q K^T).
+// kPrefetchIds: a tile's compressed row ids are read from global memory one tile earlier, while
+// the tensor cores work, and kept in shared memory as row pointers; without it (the first
+// version) every refill waits for its ids first (a dependent global load per tile).
+template <int kKeysT, int kStagesT, bool kPrefetchIdsT>
 struct Traits {
+  static constexpr bool kPrefetchIds = kPrefetchIdsT;
   static constexpr int kHeads = 64;                 // M: query heads per block
   static constexpr int kDim = 512;                  // head_dim: K of Q K^T, N of P V
-  static constexpr int kKeys = 32;                  // keys per tile
-  static constexpr int kStages = 3;                 // key tiles in flight (cp.async groups)
+  static constexpr int kKeys = kKeysT;              // keys per tile
+  static constexpr int kStages = kStagesT;          // key tiles in flight (cp.async groups)
   static constexpr int kWarps = 8;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kChunks = kDim * 2 / 16;     // 16-byte chunks per bf16 row (64)
-  static constexpr int kPStride = kKeys + 8;        // bf16 per P row: 80 bytes, conflict-free ldmatrix
+  static constexpr int kPStride = kKeys + 8;        // bf16 per P row: +16 bytes, conflict-free ldmatrix
   static constexpr int kColsPerWarp = kDim / kWarps;  // P V: output columns per warp (64)
-  static_assert(kHeads == 4 * 16 && kKeys == 2 * 16, "S = Q K^T is tiled 4 row groups x 2 key halves");
+  static constexpr int kKeyTilesPerWarp = kKeys / 16;  // Q K^T: n-tiles of 8 keys per warp (key half)
+  static_assert(kHeads == 4 * 16 && kKeys % 32 == 0, "S = Q K^T is tiled 4 row groups x 2 key halves");
   static_assert(kThreads % kChunks == 0 && kKeys % (kThreads / kChunks) == 0, "tile copy mapping");
 };
 
 // Shared memory. q and k rows are 1024 bytes with the 16-byte chunk index XORed by (row & 7), so
 // the 8 row addresses of each ldmatrix hit 8 different bank groups.
+template <class Tr>
 struct Smem {
-  uint16_t q[Traits::kHeads * Traits::kDim];                   // [64][512] bf16, swizzled
-  uint16_t k[Traits::kStages][Traits::kKeys * Traits::kDim];   // [stage][32][512] bf16, swizzled (K = V)
-  uint16_t p[Traits::kHeads * Traits::kPStride];               // [64][40] bf16: this tile's probabilities
-  float row_max[2][Traits::kHeads];                            // per key half: tile row maxima (log2 domain)
-  float corr[Traits::kHeads];                                  // per row: rescale of O for this tile
-  float m[Traits::kHeads];                                     // final row max (log2 domain)
-  float l[2][Traits::kHeads];                                  // final row sums, per key half
-  int valid[Traits::kStages][Traits::kKeys];                   // key present (in the list, id >= 0)
+  uint16_t q[Tr::kHeads * Tr::kDim];                // [64][512] bf16, swizzled
+  uint16_t k[Tr::kStages][Tr::kKeys * Tr::kDim];    // [stage][keys][512] bf16, swizzled (K = V)
+  uint16_t p[Tr::kHeads * Tr::kPStride];            // [64][keys + 8] bf16: this tile's probabilities
+  float row_max[2][Tr::kHeads];                     // per key half: tile row maxima (log2 domain)
+  float corr[Tr::kHeads];                           // per row: rescale of O for this tile
+  float m[Tr::kHeads];                              // final row max (log2 domain)
+  float l[2][Tr::kHeads];                           // final row sums, per key half
+  int valid[Tr::kStages][Tr::kKeys];                // key present (in the list, id >= 0)
+  const uint16_t* kptr[Tr::kStages][Tr::kKeys];     // kPrefetchIds: row pointers of a tile to issue
 };
+
+constexpr int kDim = 512, kChunks = 64, kThreads = 256;
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return uint32_t(__cvta_generic_to_shared(p));
 }
 // Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled [rows][512] bf16 buffer.
 __device__ __forceinline__ uint32_t swz(int row, int chunk) {
-  return uint32_t(row * (Traits::kDim * 2) + ((chunk ^ (row & 7)) << 4));
+  return uint32_t(row * (kDim * 2) + ((chunk ^ (row & 7)) << 4));
 }
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
   // src-size 0 zero-fills the chunk: absent keys read as 0, never as stale shared memory.
@@ -89,43 +102,73 @@ struct KeyList {
     const int32_t id = rows[j - wc];
     return id >= 0 ? cmp + int64_t(id) * stride : nullptr;
   }
+  // Split in two for prefetching: fetch() issues the id load (0 for window keys and past `last`),
+  // resolve() consumes it where the pointer is needed.
+  __device__ int32_t fetch(int j, int last) const { return (j < last && j >= wc) ? rows[j - wc] : 0; }
+  __device__ const uint16_t* resolve(int j, int last, int32_t id) const {
+    if (j >= last) return nullptr;
+    if (j < wc) return win + int64_t(wb + j) * stride;
+    return id >= 0 ? cmp + int64_t(id) * stride : nullptr;
+  }
 };
 
-// Gathers keys [base, base + 32) ∩ [.., last) into stage buffer `kbuf` (one cp.async group's
-// worth; the caller commits). Thread tid copies chunk tid % 64 of rows tid / 64 + 4i.
-__device__ __forceinline__ void load_keys(const KeyList& kl, int base, int last, uint32_t kbuf, int* valid) {
-  constexpr int kRowsPerPass = Traits::kThreads / Traits::kChunks;  // 4
-  const int ch = threadIdx.x % Traits::kChunks;
+// As load_keys, from row pointers already in shared memory (nullptr: absent, zero-filled).
+template <int kKeys>
+__device__ __forceinline__ void issue_keys(const uint16_t* const* ptrs, const uint16_t* dummy, uint32_t kbuf, int* valid) {
+  constexpr int kRowsPerPass = kThreads / kChunks;  // 4
+  const int ch = threadIdx.x % kChunks;
 #pragma unroll
-  for (int i = 0; i < Traits::kKeys / kRowsPerPass; ++i) {
-    const int r = int(threadIdx.x) / Traits::kChunks + kRowsPerPass * i, j = base + r;
+  for (int i = 0; i < kKeys / kRowsPerPass; ++i) {
+    const int r = int(threadIdx.x) / kChunks + kRowsPerPass * i;
+    const uint16_t* row = ptrs[r];
+    cp_async16(kbuf + swz(r, ch), row ? row + ch * 8 : dummy, row != nullptr);
+    if (ch == 0) valid[r] = row != nullptr;
+  }
+}
+
+// Gathers keys [base, base + kKeys) ∩ [.., last) into stage buffer `kbuf` (one cp.async group's
+// worth; the caller commits). Thread tid copies chunk tid % 64 of rows tid / 64 + 4i.
+template <int kKeys>
+__device__ __forceinline__ void load_keys(const KeyList& kl, int base, int last, uint32_t kbuf, int* valid) {
+  constexpr int kRowsPerPass = kThreads / kChunks;  // 4
+  const int ch = threadIdx.x % kChunks;
+#pragma unroll
+  for (int i = 0; i < kKeys / kRowsPerPass; ++i) {
+    const int r = int(threadIdx.x) / kChunks + kRowsPerPass * i, j = base + r;
     const uint16_t* row = j < last ? kl.row(j) : nullptr;
     cp_async16(kbuf + swz(r, ch), row ? row + ch * 8 : kl.win, row != nullptr);
     if (ch == 0) valid[r] = row != nullptr;
   }
 }
 
-// S = Q K^T for this warp's 16 rows x 16 keys over d = 512: sc[n-tile][c-fragment].
-__device__ __forceinline__ void qk_tile(uint32_t qbuf, uint32_t kbuf, int rg, int kh, float (&sc)[2][4]) {
+// S = Q K^T for this warp's 16 rows x kKeys/2 keys over d = 512: sc[n-tile][c-fragment].
+template <int kNT>
+__device__ __forceinline__ void qk_tile(uint32_t qbuf, uint32_t kbuf, int rg, int kh, float (&sc)[kNT][4]) {
   const int lane = threadIdx.x % 32;
   const int a_row = 16 * rg + (lane % 8) + ((lane / 8) % 2) * 8, a_half = lane / 16;
-  const int b_row = 16 * kh + (lane % 8) + (lane / 16) * 8, b_half = (lane / 8) % 2;
+  const int b_row = 8 * kNT * kh + (lane % 8) + (lane / 16) * 8, b_half = (lane / 8) % 2;
 #pragma unroll
-  for (int i = 0; i < 2; ++i)
+  for (int i = 0; i < kNT; ++i)
 #pragma unroll
     for (int e = 0; e < 4; ++e) sc[i][e] = 0.f;
 #pragma unroll 8
-  for (int kk = 0; kk < Traits::kDim / 16; ++kk) {
-    uint32_t a[4], b[4];
+  for (int kk = 0; kk < kDim / 16; ++kk) {
+    uint32_t a[4];
     ldsm_x4(qbuf + swz(a_row, 2 * kk + a_half), a);
-    ldsm_x4(kbuf + swz(b_row, 2 * kk + b_half), b);
-    mma_bf16(sc[0], a, b[0], b[1]);
-    mma_bf16(sc[1], a, b[2], b[3]);
+#pragma unroll
+    for (int np = 0; np < kNT / 2; ++np) {
+      uint32_t b[4];
+      ldsm_x4(kbuf + swz(b_row + 16 * np, 2 * kk + b_half), b);
+      mma_bf16(sc[2 * np], a, b[0], b[1]);
+      mma_bf16(sc[2 * np + 1], a, b[2], b[3]);
+    }
   }
 }
 
 // O[64 rows][this warp's 64 columns] += P[64][32] V[32][cols]; V = the key tile.
+template <class Tr>
 __device__ __forceinline__ void pv_tile(uint32_t pbuf, uint32_t kbuf, int warp, float (&acc)[4][8][4]) {
+  using Traits = Tr;
   const int lane = threadIdx.x % 32;
   const int a_row = (lane % 8) + ((lane / 8) % 2) * 8, a_col = (lane / 16) * 8;
   const int v_row = (lane % 8) + ((lane / 8) % 2) * 8, v_half = lane / 16;
@@ -148,10 +191,11 @@ __device__ __forceinline__ void pv_tile(uint32_t pbuf, uint32_t kbuf, int warp, 
   }
 }
 
-template <bool kSplit>
-__global__ void __launch_bounds__(Traits::kThreads, 1) sparse_attn_mma_kernel(const __grid_constant__ SparseAttnParams p) {
+template <class Traits, bool kSplit>
+__global__ void __launch_bounds__(kThreads, 1) sparse_attn_mma_kernel(const __grid_constant__ SparseAttnParams p) {
   extern __shared__ __align__(128) uint8_t smem_raw[];
-  Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
+  Smem<Traits>& sm = *reinterpret_cast<Smem<Traits>*>(smem_raw);
+  constexpr int kNT = Traits::kKeyTilesPerWarp;
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
   const int g = lane / 4, c = lane % 4;  // mma fragment row / column pair
   const int rg = warp % 4, kh = warp / 4;  // Q K^T: row group, key half
@@ -177,9 +221,23 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sparse_attn_mma_kernel(co
       cp_async16(qbuf + swz(r, ch), q + r * Traits::kDim + ch * 8, true);
     }
   }
+  constexpr int kS = Traits::kStages, kK = Traits::kKeys;
+  const int tid = int(threadIdx.x);
+  if constexpr (Traits::kPrefetchIds) {
+    if (tid < kK)
 #pragma unroll
-  for (int s = 0; s < Traits::kStages - 1; ++s) {
-    if (s < ntiles) load_keys(kl, first + s * Traits::kKeys, last, kbuf(s), sm.valid[s]);
+      for (int s = 0; s < kS; ++s) {
+        const int j = first + s * kK + tid;
+        sm.kptr[s][tid] = kl.resolve(j, last, kl.fetch(j, last));
+      }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int s = 0; s < kS - 1; ++s) {
+    if (s < ntiles) {
+      if constexpr (Traits::kPrefetchIds) issue_keys<kK>(sm.kptr[s], kl.win, kbuf(s), sm.valid[s]);
+      else load_keys<kK>(kl, first + s * kK, last, kbuf(s), sm.valid[s]);
+    }
     cp_async_commit();
   }
 
@@ -198,20 +256,28 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sparse_attn_mma_kernel(co
     cp_async_wait<Traits::kStages - 2>();  // this thread's copies of tile `it` landed
     __syncthreads();                        // everyone's; and P V of tile it-1 is done everywhere
     {
-      const int nt = it + Traits::kStages - 1;  // refill the stage tile it-1 used
-      if (nt < ntiles) load_keys(kl, first + nt * Traits::kKeys, last, kbuf(nt % Traits::kStages), sm.valid[nt % Traits::kStages]);
+      const int nt = it + kS - 1;  // refill the stage tile it-1 used
+      if (nt < ntiles) {
+        if constexpr (Traits::kPrefetchIds) issue_keys<kK>(sm.kptr[nt % kS], kl.win, kbuf(nt % kS), sm.valid[nt % kS]);
+        else load_keys<kK>(kl, first + nt * kK, last, kbuf(nt % kS), sm.valid[nt % kS]);
+      }
       cp_async_commit();
     }
+    // Ids of tile it + kS: loaded now, stored as pointers after this tile's math (slot it % kS,
+    // whose tile was issued kS - 1 iterations ago); the next top barrier publishes them.
+    const int j_next = first + (it + kS) * kK + tid;
+    int32_t id_next = 0;
+    if (Traits::kPrefetchIds && tid < kK) id_next = kl.fetch(j_next, last);
     const int s = it % Traits::kStages;
     const int n_here = min(Traits::kKeys, last - first - it * Traits::kKeys);
-    float sc[2][4];
-    qk_tile(qbuf, kbuf(s), rg, kh, sc);
+    float sc[kNT][4];
+    qk_tile<kNT>(qbuf, kbuf(s), rg, kh, sc);
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int i = 0; i < 2; ++i)
+    for (int i = 0; i < kNT; ++i)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int key = 16 * kh + 8 * i + 2 * c + (e & 1);
+        const int key = 8 * kNT * kh + 8 * i + 2 * c + (e & 1);
         sc[i][e] = (key < n_here && sm.valid[s][key]) ? sc[i][e] * scale_log2 : -INFINITY;
         mx[e >> 1] = fmaxf(mx[e >> 1], sc[i][e]);
       }
@@ -231,10 +297,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sparse_attn_mma_kernel(co
       const float corr = exp2f(m_run[r] - m_use);
       l_part[r] *= corr;
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
+      for (int i = 0; i < kNT; ++i) {
         const float p0 = exp2f(sc[i][2 * r] - m_use), p1 = exp2f(sc[i][2 * r + 1] - m_use);
         l_part[r] += p0 + p1;
-        *reinterpret_cast<uint32_t*>(&sm.p[row * Traits::kPStride + 16 * kh + 8 * i + 2 * c]) = pack_bf16(p0, p1);
+        *reinterpret_cast<uint32_t*>(&sm.p[row * Traits::kPStride + 8 * kNT * kh + 8 * i + 2 * c]) = pack_bf16(p0, p1);
       }
       if (kh == 0 && c == 0) sm.corr[row] = corr;
       m_run[r] = m_new;
@@ -251,7 +317,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sparse_attn_mma_kernel(co
         acc[mt][nt][3] *= c1;
       }
     }
-    pv_tile(pbuf, kbuf(s), warp, acc);
+    pv_tile<Traits>(pbuf, kbuf(s), warp, acc);
+    if (Traits::kPrefetchIds && tid < kK) sm.kptr[it % kS][tid] = kl.resolve(j_next, last, id_next);
   }
   cp_async_wait<0>();  // no copy may still be in flight at exit (the last groups are empty or unused)
 
@@ -298,25 +365,31 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sparse_attn_mma_kernel(co
       }
     }
 }
-}  // namespace
 
-bool sparse_attention_mma_supports_shape(int64_t num_heads, int64_t head_dim, DType dtype) {
-  return dtype == DType::kBF16 && head_dim == Traits::kDim && num_heads > 0 && num_heads % Traits::kHeads == 0;
-}
+using Tile32First = Traits<32, 3, false>;  // the first version (ids read at issue)
+using Tile32 = Traits<32, 3, true>;
+using Tile64 = Traits<64, 2, true>;
+static_assert(sizeof(Smem<Tile32>) <= 227 * 1024 && sizeof(Smem<Tile64>) <= 227 * 1024, "one block per SM");
 
-bool sparse_attention_mma_supports(const SparseAttnParams& p) {
-  if (!sparse_attention_mma_supports_shape(p.num_heads, p.head_dim, p.dtype)) return false;
-  if (p.num_splits > 1 && p.split_keys % Traits::kKeys != 0) return false;
-  // Output pairs are written as 4-byte bf16x2 and Q rows copied as 16-byte chunks.
-  auto aligned = [](const void* q, uintptr_t a) { return (reinterpret_cast<uintptr_t>(q) & (a - 1)) == 0; };
-  return aligned(p.q, 16) && p.q_stride % 8 == 0 && aligned(p.out, 4) && p.out_stride % 2 == 0;
-}
-
-void sparse_attention_mma(const SparseAttnParams& p, cudaStream_t stream) {
+// Keys per tile for p (0: none fits): 64 when the splits allow it, else 32; pinned by p.kernel.
+// 1 stands for Tile32First.
+int mma_tile(const SparseAttnParams& p) {
   const bool split = p.num_splits > 1;
-  const size_t smem = sizeof(Smem);
-  const dim3 grid(unsigned(p.num_tokens), unsigned(p.num_heads / Traits::kHeads), split ? unsigned(p.num_splits) : 1u);
-  auto* fn = split ? sparse_attn_mma_kernel<true> : sparse_attn_mma_kernel<false>;
+  const bool fits32 = !split || p.split_keys % 32 == 0, fits64 = !split || p.split_keys % 64 == 0;
+  switch (p.kernel) {
+    case AttnKernel::kTensorCoresFirst: return fits32 ? 1 : 0;
+    case AttnKernel::kTensorCoresTile32: return fits32 ? 32 : 0;
+    case AttnKernel::kTensorCoresTile64: return fits64 ? 64 : 0;
+    default: return fits64 ? 64 : fits32 ? 32 : 0;
+  }
+}
+
+template <class Tr>
+void launch(const SparseAttnParams& p, cudaStream_t stream) {
+  const bool split = p.num_splits > 1;
+  const size_t smem = sizeof(Smem<Tr>);
+  const dim3 grid(unsigned(p.num_tokens), unsigned(p.num_heads / Tr::kHeads), split ? unsigned(p.num_splits) : 1u);
+  auto* fn = split ? sparse_attn_mma_kernel<Tr, true> : sparse_attn_mma_kernel<Tr, false>;
   // The shared-memory limit is raised once per (device, variant): a decode step launches this per
   // layer, and the attribute call costs host time comparable to the b=1 kernel.
   static std::atomic<uint64_t> raised[2];
@@ -327,8 +400,28 @@ void sparse_attention_mma(const SparseAttnParams& p, cudaStream_t stream) {
     DI_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     raised[split].fetch_or(bit, std::memory_order_relaxed);
   }
-  fn<<<grid, Traits::kThreads, smem, stream>>>(p);
+  fn<<<grid, kThreads, smem, stream>>>(p);
   DI_CUDA_CHECK_LAUNCH();
+}
+}  // namespace
+
+bool sparse_attention_mma_supports_shape(int64_t num_heads, int64_t head_dim, DType dtype) {
+  return dtype == DType::kBF16 && head_dim == kDim && num_heads > 0 && num_heads % Tile32::kHeads == 0;
+}
+
+bool sparse_attention_mma_supports(const SparseAttnParams& p) {
+  if (!sparse_attention_mma_supports_shape(p.num_heads, p.head_dim, p.dtype) || mma_tile(p) == 0) return false;
+  // Output pairs are written as 4-byte bf16x2 and Q rows copied as 16-byte chunks.
+  auto aligned = [](const void* q, uintptr_t a) { return (reinterpret_cast<uintptr_t>(q) & (a - 1)) == 0; };
+  return aligned(p.q, 16) && p.q_stride % 8 == 0 && aligned(p.out, 4) && p.out_stride % 2 == 0;
+}
+
+void sparse_attention_mma(const SparseAttnParams& p, cudaStream_t stream) {
+  switch (mma_tile(p)) {
+    case 64: launch<Tile64>(p, stream); return;
+    case 1: launch<Tile32First>(p, stream); return;
+    default: launch<Tile32>(p, stream); return;
+  }
 }
 
 }  // namespace deepinfer::ops::cuda::detail

@@ -110,12 +110,25 @@ TEST(CudaSparseAttention, TensorCoresMatchCpuTwin) {
     DeviceCase dv(a);
     const std::vector<float> ref = cpu_ref(a);
     const oc::AttnSplit auto_split = oc::choose_attention_split(a.T, a.H, a.d, DType::kBF16, a.max_keys, 132);
-    for (int sk : {0, 32, 96, 128, auto_split.split_keys}) {
-      const std::vector<float> out = bits_to_f32(gpu_run(a, dv, oc::AttnKernel::kTensorCores, sk));
-      const std::string cs = "tensor cores T=" + std::to_string(a.T) + " H=" + std::to_string(a.H) + " keys<=" +
-                             std::to_string(a.max_keys) + (s.sink ? " sink" : " no sink") +
-                             (sk ? " split_keys " + std::to_string(sk) : " one pass");
-      report("sparse_attention", cs, max_rel_err(out, ref), kTolBf16);
+    for (const oc::AttnKernel kern : {oc::AttnKernel::kTensorCoresFirst, oc::AttnKernel::kTensorCoresTile32,
+                                      oc::AttnKernel::kTensorCoresTile64, oc::AttnKernel::kAuto}) {
+      const int tile = kern == oc::AttnKernel::kTensorCoresTile64 ? 64 : 32;
+      for (int sk : {0, 32, 64, 96, 128, auto_split.split_keys}) {
+        if (kern != oc::AttnKernel::kAuto && sk % tile) continue;  // that pin does not take this split
+        if (kern == oc::AttnKernel::kAuto && sk != auto_split.split_keys) continue;
+        const std::vector<float> out = bits_to_f32(gpu_run(a, dv, kern, sk));
+        const std::string cs = std::string(kern == oc::AttnKernel::kAuto    ? "tensor cores (auto)"
+                                           : kern == oc::AttnKernel::kTensorCoresFirst ? "tensor cores first"
+                                                                                        : "tensor cores tile ") +
+                               (kern == oc::AttnKernel::kTensorCoresTile32 || kern == oc::AttnKernel::kTensorCoresTile64
+                                    ? std::to_string(tile)
+                                    : "") +
+                               " T=" + std::to_string(a.T) +
+                               " H=" + std::to_string(a.H) + " keys<=" + std::to_string(a.max_keys) +
+                               (s.sink ? " sink" : " no sink") +
+                               (sk ? " split_keys " + std::to_string(sk) : " one pass");
+        report("sparse_attention", cs, max_rel_err(out, ref), kTolBf16);
+      }
     }
   }
 }
@@ -126,15 +139,18 @@ TEST(CudaSparseAttention, TensorCoresBatchInvariant) {
   DI_REQUIRE_GPU();
   const AttnCase a = make_case(9, 64, 128, 512, 9700, true);
   DeviceCase dv(a);
-  for (int sk : {0, 128}) {
-    const std::vector<uint16_t> all = gpu_run(a, dv, oc::AttnKernel::kTensorCores, sk);
-    const size_t per = size_t(a.H * a.d);
-    for (int64_t t = 0; t < a.T; ++t) {
-      const std::vector<uint16_t> one = gpu_run(a, dv, oc::AttnKernel::kTensorCores, sk, t, 1);
-      EXPECT_TRUE(std::equal(one.begin(), one.end(), all.begin() + t * per))
-          << "token " << t << " alone differs from the batch (split_keys " << sk << ")";
+  for (const oc::AttnKernel kern : {oc::AttnKernel::kTensorCoresFirst, oc::AttnKernel::kTensorCoresTile32,
+                                    oc::AttnKernel::kTensorCoresTile64})
+    for (int sk : {0, 128}) {
+      const std::vector<uint16_t> all = gpu_run(a, dv, kern, sk);
+      const size_t per = size_t(a.H * a.d);
+      for (int64_t t = 0; t < a.T; ++t) {
+        const std::vector<uint16_t> one = gpu_run(a, dv, kern, sk, t, 1);
+        EXPECT_TRUE(std::equal(one.begin(), one.end(), all.begin() + t * per))
+            << "token " << t << " alone differs from the batch (split_keys " << sk << ", tile "
+            << int(kern) << ")";
+      }
     }
-  }
   // The split rule: the token-count-free choice is the caller's (split_keys fixed); the adaptive
   // one fills about one wave and never leaves a split past the longest list.
   for (int64_t T_ : {int64_t(1), int64_t(8), int64_t(32), int64_t(64)}) {
@@ -152,9 +168,13 @@ TEST(CudaSparseAttention, TensorCoresAgreeWithCudaCores) {
   DI_REQUIRE_GPU();
   const AttnCase a = make_case(5, 64, 128, 512, 9900, true);
   DeviceCase dv(a);
-  const std::vector<float> tc = bits_to_f32(gpu_run(a, dv, oc::AttnKernel::kTensorCores, 64));
   const std::vector<float> cc = bits_to_f32(gpu_run(a, dv, oc::AttnKernel::kCudaCores, 64));
-  report("sparse_attention", "tensor cores vs CUDA cores, split 64", max_rel_err(tc, cc), kTolBf16);
+  const std::vector<float> t32 = bits_to_f32(gpu_run(a, dv, oc::AttnKernel::kTensorCoresTile32, 64));
+  const std::vector<float> t64 = bits_to_f32(gpu_run(a, dv, oc::AttnKernel::kTensorCoresTile64, 64));
+  report("sparse_attention", "tensor cores tile 32 vs CUDA cores, split 64", max_rel_err(t32, cc), kTolBf16);
+  report("sparse_attention", "tensor cores tile 64 vs CUDA cores, split 64", max_rel_err(t64, cc), kTolBf16);
+  const std::vector<float> t1 = bits_to_f32(gpu_run(a, dv, oc::AttnKernel::kTensorCoresFirst, 64));
+  report("sparse_attention", "tensor cores first vs CUDA cores, split 64", max_rel_err(t1, cc), kTolBf16);
 }
 
 TEST(CudaSparseAttention, TensorCoresRejectUncoveredShapes) {
@@ -163,6 +183,7 @@ TEST(CudaSparseAttention, TensorCoresRejectUncoveredShapes) {
   ASSERT_GT(a.max_keys, 48);
   DeviceCase dv(a);
   EXPECT_THROW(gpu_run(a, dv, oc::AttnKernel::kTensorCores, 48), InvalidArgument);  // split not a multiple of 32
+  EXPECT_THROW(gpu_run(a, dv, oc::AttnKernel::kTensorCoresTile64, 96), InvalidArgument);  // nor of 64
 }
 
 }  // namespace

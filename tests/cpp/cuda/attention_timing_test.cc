@@ -2,8 +2,13 @@
 // CUDA-core one in the same run, against the floor and FlashMLA's published SM90 figures.
 // 64 heads x 512, 128 window keys + 512 selected compressed keys per token, sink, bf16 KV.
 // Inputs rotate over 4 sets and the compressed pool is 96 MB, so a launch reads its keys from HBM,
-// not L2 (50 MB). Each figure: median of 20 event-timed groups of 10 back-to-back launches / 10.
+// not L2 (50 MB). Figures: per launch in a CUDA graph of 20 launches (as in a captured decode step;
+// median of 9 replays), and for the main two also the median of 20 event-timed groups of 10
+// back-to-back stream launches / 10 (host launch cost included where it exceeds the kernel's).
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <functional>
 
 #include "ops/cuda/attention.h"
 #include "test_util.h"
@@ -15,6 +20,26 @@ namespace oc = ops::cuda;
 
 // Measured ceilings on this workplace's H200 (KINDS.md): bf16 tensor cores, device copy.
 constexpr double kPeakTflops = 790, kPeakTBps = 4.3;
+
+double graph_launch_us(const std::function<void(cudaStream_t)>& fn, cudaStream_t s, int n = 20) {
+  CudaGraph g;
+  g.begin_capture(s);
+  for (int i = 0; i < n; ++i) fn(s);
+  g.end_capture();
+  g.replay(s);
+  DI_CUDA_CHECK(cudaStreamSynchronize(s));
+  std::vector<double> t;
+  Event a(true), b(true);
+  for (int r = 0; r < 9; ++r) {
+    a.record(s);
+    g.replay(s);
+    b.record(s);
+    b.synchronize();
+    t.push_back(1e3 * b.elapsed_ms_since(a) / n);
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
 
 struct AnchorRow {
   int64_t b;
@@ -34,6 +59,8 @@ TEST(CudaTiming, SparseAttentionDecode) {
   for (const AnchorRow row : {AnchorRow{1, 15.1}, AnchorRow{8, 16.0}, AnchorRow{32, 27.1}, AnchorRow{128, 49.5},
                               AnchorRow{256, 91.7}}) {
     const int64_t B = row.b;
+    // DI_ATTN_TIMING_B=<b>: that batch only (for a profiler run of one shape).
+    if (const char* only = std::getenv("DI_ATTN_TIMING_B"); only && std::atoll(only) != B) continue;
     DevArray<uint16_t> q(to_bf16(randn(kSets * B * H * d, 20))), win(to_bf16(randn(kSets * B * nwin * d, 21))),
         out(B * H * d);
     std::vector<int32_t> wb(kSets * B), wc(B, int32_t(nwin)), cc(B, int32_t(ncmp_sel)), rows(kSets * B * ncmp_sel);
@@ -45,16 +72,9 @@ TEST(CudaTiming, SparseAttentionDecode) {
     DevArray<int32_t> dwb(wb), dwc(wc), dcc(cc), drows(rows);
     DevArray<int64_t> dco(co);
     DevArray<float> sink(randn(H, 23));
-    double us[2] = {0, 0};
-    oc::AttnSplit used[2];
-    for (int k = 0; k < 2; ++k) {
-      const oc::AttnKernel kernel = k == 0 ? oc::AttnKernel::kCudaCores : oc::AttnKernel::kTensorCores;
-      const oc::AttnSplit sp = k == 0 ? oc::choose_attention_split(B, H, keys, sms)
-                                      : oc::choose_attention_split(B, H, d, DType::kBF16, keys, sms);
-      used[k] = sp;
-      DevArray<float> ws(oc::sparse_attention_workspace_bytes(B, H, d, sp.num_splits) / 4 + 1);
-      int set = 0;
-      auto launch = [&](cudaStream_t qs) {
+    DevArray<float> ws(oc::sparse_attention_workspace_bytes(B, H, d, 4 * sms / B + 1) / 4 + 1);
+    auto launcher = [&](oc::AttnKernel kernel, oc::AttnSplit sp) {
+      return [&, kernel, sp, set = 0](cudaStream_t qs) mutable {
         const int64_t z = set++ % kSets;
         oc::sparse_attention({.q = q.get() + z * B * H * d, .q_stride = H * d, .win_kv = win.get(), .cmp_kv = cmp.get(),
                               .kv_stride = d, .win_begin = dwb.get() + z * B, .win_count = dwc.get(),
@@ -65,10 +85,41 @@ TEST(CudaTiming, SparseAttentionDecode) {
                               .kernel = kernel},
                              qs);
       };
-      us[k] = median_us([&](cudaStream_t qs) {
-                for (int r = 0; r < kReps; ++r) launch(qs);
-              }, s) / kReps;
-    }
+    };
+    auto time_cfg = [&](oc::AttnKernel kernel, oc::AttnSplit sp) {
+      auto launch = launcher(kernel, sp);
+      launch(s);  // outside the capture: one-time attribute setup
+      return graph_launch_us(launch, s);
+    };
+    auto stream_cfg = [&](oc::AttnKernel kernel, oc::AttnSplit sp) {
+      auto launch = launcher(kernel, sp);
+      return median_us([&](cudaStream_t qs) {
+               for (int r = 0; r < kReps; ++r) launch(qs);
+             }, s) / kReps;
+    };
+    const oc::AttnSplit used[2] = {oc::choose_attention_split(B, H, keys, sms),
+                                   oc::choose_attention_split(B, H, d, DType::kBF16, keys, sms)};
+    const double us[2] = {time_cfg(oc::AttnKernel::kCudaCores, used[0]), time_cfg(oc::AttnKernel::kAuto, used[1])};
+    const double us_stream[2] = {stream_cfg(oc::AttnKernel::kCudaCores, used[0]),
+                                 stream_cfg(oc::AttnKernel::kAuto, used[1])};
+    // The alternatives the split rule chose among (tile x keys per split), for the record.
+    std::string alt;
+    for (const int tile : {1, 32, 64})  // 1: the first version (32-key tiles, ids not prefetched)
+      for (const int sk : {0, 32, 64, 96, 128, 160, 192, 320}) {
+        if (sk % std::max(tile, 32)) continue;
+        const int splits = sk ? int((keys + sk - 1) / sk) : 1;
+        if (B * splits > 4 * sms || (sk && splits < 2)) continue;
+        const oc::AttnKernel kern = tile == 1    ? oc::AttnKernel::kTensorCoresFirst
+                                    : tile == 32 ? oc::AttnKernel::kTensorCoresTile32
+                                                 : oc::AttnKernel::kTensorCoresTile64;
+        const double u = time_cfg(kern, sk ? oc::AttnSplit{splits, sk} : oc::AttnSplit{});
+        char buf[64];
+        std::snprintf(buf, sizeof buf, " t%d/%dx%d:%.1f", tile, splits, sk, u);
+        alt += buf;
+      }
+    std::printf("alt b=%lld (graph us, tile/splits x keys; t1 = first version)%s\n", (long long)B, alt.c_str());
+    std::printf("stream b=%lld: cuda cores %.2f us, tensor cores %.2f us (10 back-to-back launches)\n", (long long)B,
+                us_stream[0], us_stream[1]);
     const double flop = 4.0 * B * H * keys * d;
     const double bytes = B * (keys * d * 2.0 + 2.0 * H * d * 2.0);  // keys once, q in, out
     const double floor_us = std::max(flop / (kPeakTflops * 1e6), bytes / (kPeakTBps * 1e6));
