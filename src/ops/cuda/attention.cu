@@ -244,7 +244,7 @@ AttnSplit choose_attention_split(int64_t num_tokens, int64_t num_heads, int64_t 
                                  int64_t max_keys_per_token, int num_sms) {
   if (!detail::sparse_attention_mma_supports_shape(num_heads, head_dim, dtype))
     return choose_attention_split(num_tokens, num_heads, max_keys_per_token, num_sms);
-  // Tensor-core kernel: one 170 KB block per multiprocessor, so split only while the batch leaves
+  // Tensor-core kernel: one 168-204 KB block per multiprocessor, so split only while the batch leaves
   // multiprocessors idle, into as many splits as fit one wave (b=1: 20 x 32 keys of 640; b=8:
   // 10 x 64; b=32: 4 x 160; b >= 132: none). Splitting further only adds partials to merge.
   constexpr int kTile = 32;

@@ -26,10 +26,8 @@ namespace deepinfer::ops::cuda {
 
 // Which kernel runs: kAuto picks tensor cores where they apply (the engine's choice); the others
 // pin one for A/B tests and timings (a tensor-core pin on shapes it does not cover is an error).
-// kTensorCores picks its key tile (64 where split_keys allows, else 32); the Tile pins fix it;
-// kTensorCoresFirst is the first tensor-core version (32-key tiles, ids read when a tile is
-// issued), kept to time against.
-enum class AttnKernel { kAuto, kCudaCores, kTensorCores, kTensorCoresTile32, kTensorCoresTile64, kTensorCoresFirst };
+// kTensorCores picks its key tile (64 where split_keys allows, else 32); the Tile pins fix it.
+enum class AttnKernel { kAuto, kCudaCores, kTensorCores, kTensorCoresTile32, kTensorCoresTile64 };
 
 struct SparseAttnParams {
   const void* q = nullptr;             // [T, H, d] dtype, token stride q_stride (heads contiguous)

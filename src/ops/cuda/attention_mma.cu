@@ -13,13 +13,12 @@ namespace {
 // Compile-time shape of the kernel (V4: 64 query heads x 512-wide latent, MQA). Two tilings:
 // 32 keys x 3 stages (more, smaller splits: small batches) and 64 keys x 2 stages (Q fragments
 // reloaded from shared memory once per 64 keys instead of per 32; 4 independent accumulator chains
-// per warp in Q K^T).
-// kPrefetchIds: a tile's compressed row ids are read from global memory one tile earlier, while
-// the tensor cores work, and kept in shared memory as row pointers; without it (the first
-// version) every refill waits for its ids first (a dependent global load per tile).
-template <int kKeysT, int kStagesT, bool kPrefetchIdsT>
+// per warp in Q K^T). Both read a tile's compressed row ids from global memory one tile early,
+// while the tensor cores work, and keep them in shared memory as row pointers: the first version
+// read them when it issued the tile, a dependent global load that every tile waited for (68 vs
+// 95 µs at b=128, docs/PERFORMANCE.md).
+template <int kKeysT, int kStagesT>
 struct Traits {
-  static constexpr bool kPrefetchIds = kPrefetchIdsT;
   static constexpr int kHeads = 64;                 // M: query heads per block
   static constexpr int kDim = 512;                  // head_dim: K of Q K^T, N of P V
   static constexpr int kKeys = kKeysT;              // keys per tile
@@ -46,7 +45,7 @@ struct Smem {
   float m[Tr::kHeads];                              // final row max (log2 domain)
   float l[2][Tr::kHeads];                           // final row sums, per key half
   int valid[Tr::kStages][Tr::kKeys];                // key present (in the list, id >= 0)
-  const uint16_t* kptr[Tr::kStages][Tr::kKeys];     // kPrefetchIds: row pointers of a tile to issue
+  const uint16_t* kptr[Tr::kStages][Tr::kKeys];     // row pointers of the tiles to issue next
 };
 
 constexpr int kDim = 512, kChunks = 64, kThreads = 256;
@@ -90,20 +89,15 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-// Where key j of this block's token lives (nullptr: negative id); j < wc: window row wb + j.
+// Where key j of this block's token lives; j < wc: window row wb + j, else compressed row rows[j - wc].
 struct KeyList {
   const uint16_t* win;
   const uint16_t* cmp;
   const int32_t* rows;  // cmp_rows + cmp_offset[t]
   int64_t stride;
   int wb, wc;
-  __device__ const uint16_t* row(int j) const {
-    if (j < wc) return win + int64_t(wb + j) * stride;
-    const int32_t id = rows[j - wc];
-    return id >= 0 ? cmp + int64_t(id) * stride : nullptr;
-  }
-  // Split in two for prefetching: fetch() issues the id load (0 for window keys and past `last`),
-  // resolve() consumes it where the pointer is needed.
+  // Key j's row in two steps, so the id load overlaps other work: fetch() issues it (0 for window
+  // keys and past `last`), resolve() turns it into the row pointer (nullptr: absent).
   __device__ int32_t fetch(int j, int last) const { return (j < last && j >= wc) ? rows[j - wc] : 0; }
   __device__ const uint16_t* resolve(int j, int last, int32_t id) const {
     if (j >= last) return nullptr;
@@ -112,7 +106,9 @@ struct KeyList {
   }
 };
 
-// As load_keys, from row pointers already in shared memory (nullptr: absent, zero-filled).
+// Gathers one tile of keys into stage buffer `kbuf` from row pointers in shared memory (nullptr:
+// absent, zero-filled), one cp.async group's worth (the caller commits). Thread tid copies chunk
+// tid % 64 of rows tid / 64 + 4i.
 template <int kKeys>
 __device__ __forceinline__ void issue_keys(const uint16_t* const* ptrs, const uint16_t* dummy, uint32_t kbuf, int* valid) {
   constexpr int kRowsPerPass = kThreads / kChunks;  // 4
@@ -122,21 +118,6 @@ __device__ __forceinline__ void issue_keys(const uint16_t* const* ptrs, const ui
     const int r = int(threadIdx.x) / kChunks + kRowsPerPass * i;
     const uint16_t* row = ptrs[r];
     cp_async16(kbuf + swz(r, ch), row ? row + ch * 8 : dummy, row != nullptr);
-    if (ch == 0) valid[r] = row != nullptr;
-  }
-}
-
-// Gathers keys [base, base + kKeys) ∩ [.., last) into stage buffer `kbuf` (one cp.async group's
-// worth; the caller commits). Thread tid copies chunk tid % 64 of rows tid / 64 + 4i.
-template <int kKeys>
-__device__ __forceinline__ void load_keys(const KeyList& kl, int base, int last, uint32_t kbuf, int* valid) {
-  constexpr int kRowsPerPass = kThreads / kChunks;  // 4
-  const int ch = threadIdx.x % kChunks;
-#pragma unroll
-  for (int i = 0; i < kKeys / kRowsPerPass; ++i) {
-    const int r = int(threadIdx.x) / kChunks + kRowsPerPass * i, j = base + r;
-    const uint16_t* row = j < last ? kl.row(j) : nullptr;
-    cp_async16(kbuf + swz(r, ch), row ? row + ch * 8 : kl.win, row != nullptr);
     if (ch == 0) valid[r] = row != nullptr;
   }
 }
@@ -223,21 +204,16 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attn_mma_kernel(const __gr
   }
   constexpr int kS = Traits::kStages, kK = Traits::kKeys;
   const int tid = int(threadIdx.x);
-  if constexpr (Traits::kPrefetchIds) {
-    if (tid < kK)
+  if (tid < kK)  // row pointers of the first kS tiles (the prologue's and the first refill's)
 #pragma unroll
-      for (int s = 0; s < kS; ++s) {
-        const int j = first + s * kK + tid;
-        sm.kptr[s][tid] = kl.resolve(j, last, kl.fetch(j, last));
-      }
-    __syncthreads();
-  }
+    for (int s = 0; s < kS; ++s) {
+      const int j = first + s * kK + tid;
+      sm.kptr[s][tid] = kl.resolve(j, last, kl.fetch(j, last));
+    }
+  __syncthreads();
 #pragma unroll
   for (int s = 0; s < kS - 1; ++s) {
-    if (s < ntiles) {
-      if constexpr (Traits::kPrefetchIds) issue_keys<kK>(sm.kptr[s], kl.win, kbuf(s), sm.valid[s]);
-      else load_keys<kK>(kl, first + s * kK, last, kbuf(s), sm.valid[s]);
-    }
+    if (s < ntiles) issue_keys<kK>(sm.kptr[s], kl.win, kbuf(s), sm.valid[s]);
     cp_async_commit();
   }
 
@@ -257,17 +233,14 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attn_mma_kernel(const __gr
     __syncthreads();                        // everyone's; and P V of tile it-1 is done everywhere
     {
       const int nt = it + kS - 1;  // refill the stage tile it-1 used
-      if (nt < ntiles) {
-        if constexpr (Traits::kPrefetchIds) issue_keys<kK>(sm.kptr[nt % kS], kl.win, kbuf(nt % kS), sm.valid[nt % kS]);
-        else load_keys<kK>(kl, first + nt * kK, last, kbuf(nt % kS), sm.valid[nt % kS]);
-      }
+      if (nt < ntiles) issue_keys<kK>(sm.kptr[nt % kS], kl.win, kbuf(nt % kS), sm.valid[nt % kS]);
       cp_async_commit();
     }
     // Ids of tile it + kS: loaded now, stored as pointers after this tile's math (slot it % kS,
     // whose tile was issued kS - 1 iterations ago); the next top barrier publishes them.
     const int j_next = first + (it + kS) * kK + tid;
     int32_t id_next = 0;
-    if (Traits::kPrefetchIds && tid < kK) id_next = kl.fetch(j_next, last);
+    if (tid < kK) id_next = kl.fetch(j_next, last);
     const int s = it % Traits::kStages;
     const int n_here = min(Traits::kKeys, last - first - it * Traits::kKeys);
     float sc[kNT][4];
@@ -318,7 +291,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attn_mma_kernel(const __gr
       }
     }
     pv_tile<Traits>(pbuf, kbuf(s), warp, acc);
-    if (Traits::kPrefetchIds && tid < kK) sm.kptr[it % kS][tid] = kl.resolve(j_next, last, id_next);
+    if (tid < kK) sm.kptr[it % kS][tid] = kl.resolve(j_next, last, id_next);
   }
   cp_async_wait<0>();  // no copy may still be in flight at exit (the last groups are empty or unused)
 
@@ -366,18 +339,15 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attn_mma_kernel(const __gr
     }
 }
 
-using Tile32First = Traits<32, 3, false>;  // the first version (ids read at issue)
-using Tile32 = Traits<32, 3, true>;
-using Tile64 = Traits<64, 2, true>;
+using Tile32 = Traits<32, 3>;
+using Tile64 = Traits<64, 2>;
 static_assert(sizeof(Smem<Tile32>) <= 227 * 1024 && sizeof(Smem<Tile64>) <= 227 * 1024, "one block per SM");
 
 // Keys per tile for p (0: none fits): 64 when the splits allow it, else 32; pinned by p.kernel.
-// 1 stands for Tile32First.
 int mma_tile(const SparseAttnParams& p) {
   const bool split = p.num_splits > 1;
   const bool fits32 = !split || p.split_keys % 32 == 0, fits64 = !split || p.split_keys % 64 == 0;
   switch (p.kernel) {
-    case AttnKernel::kTensorCoresFirst: return fits32 ? 1 : 0;
     case AttnKernel::kTensorCoresTile32: return fits32 ? 32 : 0;
     case AttnKernel::kTensorCoresTile64: return fits64 ? 64 : 0;
     default: return fits64 ? 64 : fits32 ? 32 : 0;
@@ -419,7 +389,6 @@ bool sparse_attention_mma_supports(const SparseAttnParams& p) {
 void sparse_attention_mma(const SparseAttnParams& p, cudaStream_t stream) {
   switch (mma_tile(p)) {
     case 64: launch<Tile64>(p, stream); return;
-    case 1: launch<Tile32First>(p, stream); return;
     default: launch<Tile32>(p, stream); return;
   }
 }

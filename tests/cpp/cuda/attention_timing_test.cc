@@ -104,20 +104,18 @@ TEST(CudaTiming, SparseAttentionDecode) {
                                  stream_cfg(oc::AttnKernel::kAuto, used[1])};
     // The alternatives the split rule chose among (tile x keys per split), for the record.
     std::string alt;
-    for (const int tile : {1, 32, 64})  // 1: the first version (32-key tiles, ids not prefetched)
+    for (const int tile : {32, 64})
       for (const int sk : {0, 32, 64, 96, 128, 160, 192, 320}) {
-        if (sk % std::max(tile, 32)) continue;
+        if (sk % tile) continue;
         const int splits = sk ? int((keys + sk - 1) / sk) : 1;
         if (B * splits > 4 * sms || (sk && splits < 2)) continue;
-        const oc::AttnKernel kern = tile == 1    ? oc::AttnKernel::kTensorCoresFirst
-                                    : tile == 32 ? oc::AttnKernel::kTensorCoresTile32
-                                                 : oc::AttnKernel::kTensorCoresTile64;
+        const oc::AttnKernel kern = tile == 32 ? oc::AttnKernel::kTensorCoresTile32 : oc::AttnKernel::kTensorCoresTile64;
         const double u = time_cfg(kern, sk ? oc::AttnSplit{splits, sk} : oc::AttnSplit{});
         char buf[64];
         std::snprintf(buf, sizeof buf, " t%d/%dx%d:%.1f", tile, splits, sk, u);
         alt += buf;
       }
-    std::printf("alt b=%lld (graph us, tile/splits x keys; t1 = first version)%s\n", (long long)B, alt.c_str());
+    std::printf("alt b=%lld (graph us, t<tile>/<splits>x<keys per split>)%s\n", (long long)B, alt.c_str());
     std::printf("stream b=%lld: cuda cores %.2f us, tensor cores %.2f us (10 back-to-back launches)\n", (long long)B,
                 us_stream[0], us_stream[1]);
     const double flop = 4.0 * B * H * keys * d;
