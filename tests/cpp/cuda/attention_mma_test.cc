@@ -116,6 +116,7 @@ TEST(CudaSparseAttention, TensorCoresMatchCpuTwin) {
       for (int sk : {0, 32, 64, 96, 128, auto_split.split_keys}) {
         if (kern != oc::AttnKernel::kAuto && sk % tile) continue;  // that pin does not take this split
         if (kern == oc::AttnKernel::kAuto && sk != auto_split.split_keys) continue;
+        if (a.T > 64 && (sk == 32 || sk == 96)) continue;  // keeps the suite short under compute-sanitizer
         const std::vector<float> out = bits_to_f32(gpu_run(a, dv, kern, sk));
         const std::string cs = (kern == oc::AttnKernel::kAuto ? std::string("tensor cores (auto)")
                                                               : "tensor cores tile " + std::to_string(tile)) +
