@@ -278,7 +278,7 @@ ArenaSizes CudaBackend::arena_sizes(const StepPlan& p, oc::AttnSplit* split) con
     *split = splits > 1 ? oc::AttnSplit{int(splits), kInvariantSplitKeys} : oc::AttnSplit{};
     sz.attn_tokens = std::max<int64_t>(1, kInvariantSplitPartials / std::max<int64_t>(splits, 1));
   } else {
-    *split = oc::choose_attention_split(p.T, g.heads, max_keys, info_.num_sms);
+    *split = oc::choose_attention_split(p.T, g.heads, g.head_dim, act_, max_keys, info_.num_sms);
   }
   sz.attn_splits = std::max(1, split->num_splits);
   if (act_ == DType::kBF16 && fp8_workspace_) {
