@@ -182,6 +182,12 @@ class LLM {
   int64_t max_model_len() const;
   std::string describe() const;       // model, backend, cache geometry
   GenerateSummary last_summary() const;  // of the generate()/chat() call that finished last
+  // Per-operation device time, for benchmarks (`deepinfer bench-flash --breakdown`): while on, every
+  // step runs eagerly (no CUDA graph replay) and each model op is timed on the device between two
+  // events; take_op_profile() returns the sums since it was turned on or last taken, largest first.
+  // This process's model only (rank 0's when parallel); the CPU backend records nothing.
+  void set_op_profiling(bool on);
+  std::vector<OpTiming> take_op_profile();
 
   struct Impl;
 
