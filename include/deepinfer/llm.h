@@ -46,8 +46,10 @@ struct LLMConfig {
   // Prefix caching (exact reuse of a cached prompt prefix: shared blocks + slot checkpoints).
   bool enable_prefix_caching = true;
   // Prefill chunks end every k-th cache block so the slot state there is checkpointed (a later
-  // prompt can hit at any of them); 0 = only at the prompt's last block boundary.
-  int64_t prefix_checkpoint_blocks = 1;
+  // prompt can hit at any of them); 0 = only at the prompt's last block boundary; -1 = automatic:
+  // every block, or every k-th where shorter prefill chunks would be bound by re-reading the
+  // weights (a full-width MoE on the GPU: k = 6 for V4-Flash-shaped layers; engine.h).
+  int64_t prefix_checkpoint_blocks = -1;
   // Host memory (pinned on a GPU) that evicted cache blocks spill to and prefix hits load back
   // from; 0 = no host tier (a CPU model's cache is host memory already).
   size_t prefix_host_cache_bytes = 0;

@@ -1,6 +1,7 @@
 #include "model/deepseek/cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <sstream>
 
@@ -278,7 +279,7 @@ ArenaSizes CudaBackend::arena_sizes(const StepPlan& p, oc::AttnSplit* split) con
     *split = splits > 1 ? oc::AttnSplit{int(splits), kInvariantSplitKeys} : oc::AttnSplit{};
     sz.attn_tokens = std::max<int64_t>(1, kInvariantSplitPartials / std::max<int64_t>(splits, 1));
   } else {
-    *split = oc::choose_attention_split(p.T, g.heads, max_keys, info_.num_sms);
+    *split = oc::choose_attention_split(p.T, g.heads, g.head_dim, act_, max_keys, info_.num_sms);
   }
   sz.attn_splits = std::max(1, split->num_splits);
   if (act_ == DType::kBF16 && fp8_workspace_) {
@@ -516,6 +517,22 @@ CausalLM::StepProfile CudaBackend::take_profile() {
   }
   profile_.clear();
   return p;
+}
+
+// ANCHORS.md's H200 ceilings (device copy, bf16 dense GEMM); only their ratio and the weight pass's
+// absolute length matter here.
+int64_t CudaBackend::prefill_weight_pass_tokens() const {
+  constexpr double kBandwidth = 4.3e12, kFlops = 790e12, kShortPassS = 1e-3;
+  const Dims& g = arch_.dims;
+  const double pass_s = double(weights_ ? weights_->bytes : 0) / kBandwidth;
+  if (pass_s < kShortPassS) return 0;
+  // Multiply-adds per token per layer: q/kv/o projections and the routed + one shared expert.
+  const double D = double(g.hidden), Hd = double(g.heads * g.head_dim);
+  const double attn = double(g.q_lora) * D + Hd * double(g.q_lora) + double(g.head_dim) * D + Hd * double(g.o_lora) +
+                      D * double(g.o_groups * g.o_lora);
+  const double moe = double(g.topk + 1) * 3.0 * double(g.moe_inter) * D;
+  const double flops = 2.0 * double(arch_.plan.num_layers()) * (attn + moe);
+  return flops > 0 ? int64_t(std::ceil(pass_s / (flops / kFlops))) : 0;
 }
 
 void CudaBackend::set_op_profiling(bool on) {

@@ -78,6 +78,7 @@ class CudaBackend final : public ModelBackend {
   void mark_step_end() override;
   CausalLM::StepProfile take_profile() override;
   void set_op_profiling(bool on) override;
+  int64_t prefill_weight_pass_tokens() const override;
   std::vector<OpTiming> take_op_profile() override;
 
   // What the fixed-shape path takes: up to 384 tokens (decode and verify steps) when the grouped
