@@ -126,6 +126,10 @@ Result run_one(const Config& c, int64_t B, bool async, bool invariant) {
   r.busy_ms = mean(prof.busy_ms);
   r.idle_ms = mean(prof.idle_ms, 1);  // the first step has no predecessor inside the window
   for (size_t i = 1; i < prof.idle_ms.size(); ++i) r.idle_max_ms = std::max(r.idle_max_ms, prof.idle_ms[i]);
+  if (const DraftGate::Stats& g = eng.scheduler().draft_gate().stats(); g.stops + g.probes > 0)
+    std::fprintf(stderr, "bench-async: B=%ld async=%d adaptive drafting: %ld stops (%ld requests), %ld re-probes, %ld probes, "
+                 "threshold %.2f\n", long(B), int(r.async), long(g.stops), long(g.requests_stopped), long(g.reprobes),
+                 long(g.probes), g.last_threshold);
   return r;
 }
 

@@ -367,8 +367,8 @@ std::string GenerateSummary::str() const {
   }
   if (num_drafting_stopped > 0) {
     std::snprintf(buf, sizeof buf,
-                  "\ndrafting disabled for %lld requests: acceptance %.2f tokens/step, below the %.2f a drafting "
-                  "step costs in plain steps (%lld re-probes; DEEPINFER_SPEC_ADAPTIVE=0 keeps drafting)",
+                  "\ndrafting disabled for %lld requests: acceptance %.2f tokens/step (their batch's mean was below "
+                  "the %.2f a drafting step costs in plain steps; %lld re-probes; DEEPINFER_SPEC_ADAPTIVE=0 keeps drafting)",
                   (long long)num_drafting_stopped, drafting_stopped_acceptance, drafting_threshold,
                   (long long)num_drafting_reprobes);
     out += buf;

@@ -349,9 +349,16 @@ SchedulerOutput Scheduler::schedule() {
   out.finished_seq_ids = std::move(finished_since_last_);
   finished_since_last_.clear();
   int64_t budget = config_.max_num_batched_tokens;
+  batch_tokens_.reset();
+  if (config_.adaptive_drafts && config_.num_speculative_tokens > 0) {
+    double sum = 0;
+    int64_t judged = 0;
+    for (const Request* r : running_)
+      if (gate_.judgeable(r->draft_gate)) sum += r->draft_gate.tokens_per_verify, ++judged;
+    if (judged > 0) batch_tokens_ = sum / double(judged);
+  }
   if (config_.adaptive_drafts && config_.num_speculative_tokens > 0 && probe_left_ == 0) {
-    bool judgeable = false;
-    for (const Request* r : running_) judgeable = judgeable || gate_.judgeable(r->draft_gate);
+    const bool judgeable = batch_tokens_.has_value();
     if (gate_.wants_probe(out.step_id, int64_t(running_.size()), judgeable)) {
       probe_left_ = 2;  // two plain steps: the proposed drafts are dropped, none asked
       gate_.probe_started(out.step_id);
@@ -400,7 +407,7 @@ void Scheduler::record_verify(Request& r, int32_t n_drafts, int32_t accepted) {
 bool Scheduler::gate_drafts(Request& r, int64_t step_id) {
   if (!config_.adaptive_drafts || config_.num_speculative_tokens <= 0) return true;
   if (probe_left_ > 0) return false;  // a probe: plain steps (their drafts are dropped)
-  return gate_.drafts(r.draft_gate, step_id, int64_t(running_.size()));
+  return gate_.drafts(r.draft_gate, step_id, int64_t(running_.size()), batch_tokens_);
 }
 
 void Scheduler::label_step(const SchedulerOutput& out) {

@@ -177,6 +177,7 @@ class Scheduler {
   // Adaptive drafting: the gate, probe steps left, planned steps' kinds and the last update time.
   DraftGate gate_;
   int32_t probe_left_ = 0;
+  std::optional<double> batch_tokens_;  // this step's mean tokens per verify step of judgeable requests
   std::unordered_map<int64_t, std::pair<DraftGate::StepKind, int64_t>> step_kinds_;
   std::optional<std::chrono::steady_clock::time_point> last_update_;
 };

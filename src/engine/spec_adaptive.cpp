@@ -57,7 +57,7 @@ void DraftGate::probe_started(int64_t step) {
   stats_.probes++;
 }
 
-bool DraftGate::drafts(Seq& s, int64_t step, int64_t seqs) {
+bool DraftGate::drafts(Seq& s, int64_t step, int64_t seqs, std::optional<double> batch_tokens) {
   if (s.off_until >= 0) {
     if (step < s.off_until) return false;
     s.off_until = -1;  // re-probe: judged again after min_verifies fresh verify steps
@@ -70,7 +70,7 @@ bool DraftGate::drafts(Seq& s, int64_t step, int64_t seqs) {
   const std::optional<double> th = threshold(seqs);
   if (!th) return true;
   stats_.last_threshold = *th;
-  if (s.tokens_per_verify >= *th * config_.hysteresis) {
+  if (batch_tokens.value_or(s.tokens_per_verify) >= *th * config_.hysteresis) {
     s.off_period = 0;  // drafting pays (again): the next stop starts short
     return true;
   }

@@ -10,6 +10,12 @@
 // per verify step (1 + accepted drafts, an exponential average) reach t_drafting / t_plain; below
 // that it stops for `off_steps` steps (doubling up to max_off_steps each time a re-probe fails, reset
 // when one succeeds), then drafts again for min_verifies verify steps before it is judged anew.
+// In a batch the scheduler judges each request by the batch's mean instead of its own: a drafting
+// step costs about the same whichever requests draft in it (the drafter's rounds are one launch
+// and one host sync each for the whole batch), so stopping some requests only loses their
+// acceptance; the step gets cheaper only when all of them stop (measured on the H200: per-request
+// stops at batch 8 cost 20% against drafting always, PERFORMANCE.md). Alone, the request's own
+// average is the batch's.
 // While the plain time of the current bucket is unknown (or older than probe_every steps) and some
 // request could be judged, the scheduler asks for a probe: two steps in which no request drafts, the
 // second of which is a plain step.
@@ -65,8 +71,9 @@ class DraftGate {
   void probe_started(int64_t step);
   bool judgeable(const Seq& s) const { return s.off_until < 0 && s.verifies >= config_.min_verifies; }
   // Whether the request drafts at `step` (with `seqs` running); judges it (may stop it) or ends its
-  // stop (a re-probe).
-  bool drafts(Seq& s, int64_t step, int64_t seqs);
+  // stop (a re-probe). `batch_tokens`: the mean tokens per verify step of the batch's judgeable
+  // requests, which decides instead of the request's own (see above); unset: its own.
+  bool drafts(Seq& s, int64_t step, int64_t seqs, std::optional<double> batch_tokens = std::nullopt);
   const Stats& stats() const { return stats_; }
   const DraftGateConfig& config() const { return config_; }
 

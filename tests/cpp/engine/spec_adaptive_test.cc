@@ -78,6 +78,20 @@ TEST(DraftGate, HighAcceptanceKeepsDrafting) {
   EXPECT_EQ(g.stats().stops, 0);
 }
 
+// In a batch the batch's mean decides: a low-acceptance request keeps drafting beside others that
+// pay (stopping it alone would not make the step cheaper), and a high one stops with a batch that
+// does not.
+TEST(DraftGate, TheBatchMeanDecidesInABatch) {
+  DraftGate g;
+  g.observe_step(Kind::kDrafting, 8, 0.004, 0);
+  g.observe_step(Kind::kPlain, 8, 0.001, 1);  // threshold 4
+  DraftGate::Seq low, high;
+  for (int i = 0; i < 4; ++i) g.observe_verify(low, 1), g.observe_verify(high, 6);
+  EXPECT_TRUE(g.drafts(low, 10, 8, 4.5)) << "batch mean 4.5 pays";
+  EXPECT_FALSE(g.drafts(high, 10, 8, 2.0)) << "batch mean 2 does not";
+  EXPECT_DOUBLE_EQ(g.stats().stopped_tokens_per_verify, 6.0) << "its own average is reported";
+}
+
 TEST(DraftGate, ProbesOnlyWhenJudgeableAndPlainTimeUnknownOrStale) {
   DraftGateConfig c;
   c.probe_every = 100;
