@@ -10,9 +10,10 @@
 #                   half-finished modules elsewhere in the working tree cannot break the check
 #     --scope full  build the tree as it is
 #     (default)     after the op tests, compute-sanitizer over them (tools/cuda_sanitize.sh): memcheck
-#                   on every suite, racecheck on the suites whose kernels use shared memory, one
-#                   process per suite, SAN_BUDGET seconds in all (default 300), a table of errors
-#                   per suite and per test (also in $OUT/sanitizer_summary.txt)
+#                   on every suite (one process each), racecheck on each test of the suites whose
+#                   kernels use shared memory, SAN_BUDGET seconds in all (default 100, half of it
+#                   kept for racecheck: RACECHECK_SHARE), a table of errors per suite / test
+#                   (also in $OUT/sanitizer_summary.txt)
 #     --no-sanitize skip compute-sanitizer (--sanitize, its old opt-in, is accepted and the default)
 #     --sanitize-model  also memcheck the GPU model tests (tools/gpu_model_check.sh --sanitize, up to 400 s)
 #     --prebuilt D  run the test binaries in D (made here by tools/pack_prebuilt.sh; carry D) instead
@@ -94,7 +95,7 @@ grep -E "^\[  (FAILED|PASSED|SKIPPED) |^\[  FAILED  \]|Failure|expected|Which is
 
 SAN_RC=skipped
 if [ "$SANITIZE" = 1 ]; then
-  step "compute-sanitizer: memcheck on every op-test suite, racecheck on the shared-memory ones (budget ${SAN_BUDGET:-300}s)"
+  step "compute-sanitizer: memcheck on every op-test suite, racecheck on the shared-memory ones (budget ${SAN_BUDGET:-100}s, ${RACECHECK_SHARE:-50}% kept for racecheck)"
   tools/cuda_sanitize.sh "$TEST_BIN" "$LOG_DIR"
   SAN_RC=$?
 fi

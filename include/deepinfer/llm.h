@@ -46,8 +46,10 @@ struct LLMConfig {
   // Prefix caching (exact reuse of a cached prompt prefix: shared blocks + slot checkpoints).
   bool enable_prefix_caching = true;
   // Prefill chunks end every k-th cache block so the slot state there is checkpointed (a later
-  // prompt can hit at any of them); 0 = only at the prompt's last block boundary.
-  int64_t prefix_checkpoint_blocks = 1;
+  // prompt can hit at any of them); 0 = only at the prompt's last block boundary; -1 = automatic:
+  // every block, or every k-th where shorter prefill chunks would be bound by re-reading the
+  // weights (a full-width MoE on the GPU: k = 6 for V4-Flash-shaped layers; engine.h).
+  int64_t prefix_checkpoint_blocks = -1;
   // Host memory (pinned on a GPU) that evicted cache blocks spill to and prefix hits load back
   // from; 0 = no host tier (a CPU model's cache is host memory already).
   size_t prefix_host_cache_bytes = 0;
@@ -188,6 +190,12 @@ class LLM {
   int64_t max_model_len() const;
   std::string describe() const;       // model, backend, cache geometry
   GenerateSummary last_summary() const;  // of the generate()/chat() call that finished last
+  // Per-operation device time, for benchmarks (`deepinfer bench-flash --breakdown`): while on, every
+  // step runs eagerly (no CUDA graph replay) and each model op is timed on the device between two
+  // events; take_op_profile() returns the sums since it was turned on or last taken, largest first.
+  // This process's model only (rank 0's when parallel); the CPU backend records nothing.
+  void set_op_profiling(bool on);
+  std::vector<OpTiming> take_op_profile();
 
   struct Impl;
 

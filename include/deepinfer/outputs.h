@@ -61,4 +61,13 @@ struct RequestOutput {
   std::string error;
 };
 
+// Device time of one kind of operation over the steps profiled (LLM::take_op_profile): the model
+// backend's ops (a linear of one shape and format, the sparse attention, the MoE experts, ...),
+// each timed on the device between two events. Benchmarks only: profiling runs every step eagerly.
+struct OpTiming {
+  std::string op;      // "linear fp8 4096x1024", "sparse_attention", "moe_experts", ...
+  int64_t calls = 0;
+  double ms = 0;       // summed over the calls
+};
+
 }  // namespace deepinfer

@@ -82,7 +82,7 @@ class LLM:
                  max_num_seqs: int = 64, max_num_batched_tokens: int = 2048, enable_chunked_prefill: bool = True,
                  kv_cache_memory_bytes: Optional[int] = None, seed: int = 0, accelerator: Optional[str] = None,
                  max_n: int = 1024, max_logprobs: int = 20, enable_prefix_caching: bool = True,
-                 prefix_checkpoint_blocks: int = 1, prefix_host_cache_bytes: int = 0, data_parallel_size: int = 1,
+                 prefix_checkpoint_blocks: int = -1, prefix_host_cache_bytes: int = 0, data_parallel_size: int = 1,
                  expert_parallel_size: int = 0, enable_eplb: bool = False, num_redundant_experts: int = 0,
                  eplb_window_size: int = 1000, eplb_step_interval: int = 3000,
                  context_parallel_size: int = 1, context_parallel_min_tokens: int = 512, **kwargs: Any) -> None:
@@ -103,7 +103,7 @@ class LLM:
         c.max_logprobs = as_int("LLM.max_logprobs", max_logprobs, 0)
         c.accelerator = as_str("LLM.accelerator", accelerator or "")
         c.enable_prefix_caching = as_bool("LLM.enable_prefix_caching", enable_prefix_caching)
-        c.prefix_checkpoint_blocks = as_int("LLM.prefix_checkpoint_blocks", prefix_checkpoint_blocks, 0)
+        c.prefix_checkpoint_blocks = as_int("LLM.prefix_checkpoint_blocks", prefix_checkpoint_blocks, -1)
         c.prefix_host_cache_bytes = as_int("LLM.prefix_host_cache_bytes", prefix_host_cache_bytes, *UINT64)
         # Parallel ranks (docs/PARALLEL.md): this process is rank 0; the workers run this
         # package's _rank_worker module with the same interpreter and import path.

@@ -5,11 +5,11 @@
 //    max(FLOPs / 790 TFLOP/s, weights read once / 4.3 TB/s);
 //  * decode at each --batches B: B requests of --prompt-len tokens are prefilled, then
 //    --decode-steps pure decode steps (every request emits exactly one token) are timed alone
-//    (TPOT = median step); floor = bytes the step must read / 4.3 TB/s, counting the dense weights
-//    in bf16 as the GPU model uploads them, the routed experts the step touches (expected
-//    distinct experts of B tokens, uniform routing) in FP4 e2m1 + e8m0/32 as they stay on the
-//    device, lm_head, and each sequence's KV. The release-precision floor also counts the dense
-//    FP8 linears at 1 byte (the GPU model still dequantises those to bf16 at upload).
+//    (TPOT = median step); floor = bytes the step must read / 4.3 TB/s, counting the dense FP8
+//    linears at 1 byte + scales (the GPU model keeps them FP8 since gemm_fp8w), the other dense
+//    weights in bf16, the routed experts the step touches (expected distinct experts of B tokens,
+//    uniform routing) in FP4 e2m1 + e8m0/32 as they stay on the device, lm_head, and each
+//    sequence's KV. (The "bf16" bytes column of older runs counted dense linears at 2 bytes.)
 // Per-layer ms = step / layers (embedding, head and sampling included) next to the transformers
 // eager numbers of ANCHORS.md. Used by bench/gpu_flash_bench.sh.
 #include <CLI/CLI.hpp>
@@ -148,10 +148,13 @@ struct RunResult {
   double fill_s = 0;               // first step until every request has its first token
   std::vector<double> decode_s;    // timed pure-decode steps
   int64_t impure = 0;              // timed steps where not every request emitted exactly one token
+  std::vector<OpTiming> ops;       // op_profile: per-op device time of the fill (steps = 0) or the timed steps
 };
 
-// B requests of P prompt tokens; times the fill phase, then `warm` + `steps` decode steps.
-RunResult run(LLM& llm, int64_t B, int64_t P, int64_t warm, int64_t steps, int64_t vocab, uint64_t& salt) {
+// B requests of P prompt tokens; times the fill phase, then `warm` + `steps` decode steps. With
+// op_profile, the model's ops are timed (eagerly) over the fill when steps = 0, else over the timed steps.
+RunResult run(LLM& llm, int64_t B, int64_t P, int64_t warm, int64_t steps, int64_t vocab, uint64_t& salt,
+              bool op_profile = false) {
   SamplingParams sp;
   sp.temperature = 0;
   sp.ignore_eos = true;
@@ -160,6 +163,7 @@ RunResult run(LLM& llm, int64_t B, int64_t P, int64_t warm, int64_t steps, int64
   std::map<std::string, int64_t> got;
   for (int64_t i = 0; i < B; ++i) got[llm.add_request(PromptInput::from_token_ids(prompt_ids(P, vocab, salt++)), sp)] = 0;
   RunResult r;
+  if (op_profile && steps == 0) llm.set_op_profiling(true);
   auto t0 = Clock::now();
   int64_t have_first = 0, decoded = 0;
   while (have_first < B) {
@@ -174,12 +178,37 @@ RunResult run(LLM& llm, int64_t B, int64_t P, int64_t warm, int64_t steps, int64
     const double dt = std::chrono::duration<double>(Clock::now() - s0).count();
     bool pure = int64_t(outs.size()) == B;
     for (const RequestOutput& o : outs) pure &= !o.outputs.empty() && o.outputs[0].token_ids.size() == 1;
-    if (decoded++ < warm) continue;
+    if (decoded++ < warm) {
+      if (op_profile && decoded == warm) llm.set_op_profiling(true);
+      continue;
+    }
     r.decode_s.push_back(dt);
     r.impure += !pure;
   }
+  if (op_profile) {
+    r.ops = llm.take_op_profile();
+    llm.set_op_profiling(false);
+  }
   for (const auto& [id, n] : got) llm.abort_request(id);
   return r;
+}
+
+// One phase's per-op table: device ms per step (or per prefill) of each op, its share of the
+// ops' sum, and the sum against the step's wall time (eager, with the timing events).
+void print_breakdown(const char* what, const std::vector<OpTiming>& ops, double per, double step_ms, std::ofstream* js,
+                     int64_t B) {
+  double sum = 0;
+  for (const OpTiming& o : ops) sum += o.ms;
+  std::printf("\n%s: ops sum %.3f ms per step, step wall %.3f ms (eager, op timing on): ops = %.0f%% of the step\n",
+              what, sum / per, step_ms, step_ms > 0 ? 100.0 * sum / per / step_ms : 0.0);
+  std::printf("  %-40s %9s %10s %7s\n", "op", "calls", "ms/step", "share");
+  for (const OpTiming& o : ops) {
+    std::printf("  %-40s %9.1f %10.4f %6.1f%%\n", o.op.c_str(), double(o.calls) / per, o.ms / per,
+                sum > 0 ? 100.0 * o.ms / sum : 0.0);
+    if (js && *js)
+      *js << "{\"what\": \"op\", \"phase\": \"" << what << "\", \"batch\": " << B << ", \"op\": \"" << o.op
+          << "\", \"calls_per_step\": " << double(o.calls) / per << ", \"ms_per_step\": " << o.ms / per << "}\n";
+  }
 }
 
 int run_bench_flash(int argc, char** argv) {
@@ -198,6 +227,13 @@ int run_bench_flash(int argc, char** argv) {
   app.add_option("--json", json_path, "also write the results as JSON lines here");
   bool floors_only = false;
   app.add_flag("--floors-only", floors_only, "print the floors from config.json and exit (no engine)");
+  bool breakdown = false;
+  int64_t breakdown_steps = 8;
+  app.add_flag("--breakdown", breakdown,
+               "also time every model op on the device (eager, events around each op): one prefill and "
+               "--breakdown-steps decode steps per batch, printed per op with its share of the step");
+  app.add_option("--breakdown-steps", breakdown_steps, "decode steps timed per batch for --breakdown")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   const std::vector<int64_t> batches = cli::parse_int_list(batches_s, "--batches");
   const int64_t maxB = batches.empty() ? 1 : *std::max_element(batches.begin(), batches.end());
@@ -252,7 +288,7 @@ int run_bench_flash(int argc, char** argv) {
   for (int64_t B : batches) {
     RunResult r = run(llm, B, P, warm, steps, cfg.vocab_size, salt);
     const double ctx = double(P) + double(warm) + double(B) / 2 + double(steps) / 2;
-    const double bytes = cm.decode_bytes(B, ctx, false), flops = cm.decode_flops(B, ctx);
+    const double bytes = cm.decode_bytes(B, ctx, true), flops = cm.decode_flops(B, ctx);
     const double fl = std::max(bytes / kBandwidth, flops / kFlops) * 1e3;
     const double fl_rel = std::max(cm.decode_bytes(B, ctx, true) / kBandwidth, flops / kFlops) * 1e3;
     char basis[96];
@@ -274,7 +310,7 @@ int run_bench_flash(int argc, char** argv) {
          << ", \"basis\": \"" << r.basis << "\", \"impure_steps\": " << r.impure << ", \"load_s\": " << load_s << "}\n";
   }
   const bool graphs = EnvConfig::from_environment().cuda_graphs;  // what the LLM above read
-  std::printf("\n%s\nloaded in %.1f s; DEEPINFER_CUDA_GRAPHS=%d; floors: 4.3 TB/s, 790 TFLOP/s; weights as uploaded (dense bf16, routed experts FP4)\n\n",
+  std::printf("\n%s\nloaded in %.1f s; DEEPINFER_CUDA_GRAPHS=%d; floors: 4.3 TB/s, 790 TFLOP/s; weights as read (dense FP8 as stored, routed experts FP4)\n\n",
               llm.describe().c_str(), load_s, graphs ? 1 : 0);
   std::printf("%-8s %5s %6s %10s %10s %7s %10s %9s  %s\n", "measure", "batch", "ctx", "engine_ms", "floor_ms", "ratio",
               "layer_ms", "hf_layer", "floor basis");
@@ -296,6 +332,22 @@ int run_bench_flash(int argc, char** argv) {
                   r.ms > 0 ? double(r.B) / r.ms * 1e3 : 0, r.floor_rel_ms);
   std::printf("layer_ms = step / %ld layers (embedding, head, sampling included); hf_layer: transformers eager "
               "(ANCHORS.md), * = ctx 1K\n", long(L));
+  if (breakdown) {
+    std::ofstream bjs;
+    if (!json_path.empty()) bjs.open(json_path, std::ios::app);
+    if (reps > 0) {
+      RunResult r = run(llm, 1, P, 0, 0, cfg.vocab_size, salt, true);
+      char what[64];
+      std::snprintf(what, sizeof what, "prefill %ld tokens", long(P));
+      print_breakdown(what, r.ops, 1.0, r.fill_s * 1e3, &bjs, 1);
+    }
+    for (int64_t B : batches) {
+      RunResult r = run(llm, B, P, 2, std::max<int64_t>(breakdown_steps, 1), cfg.vocab_size, salt, true);
+      char what[64];
+      std::snprintf(what, sizeof what, "decode B=%ld", long(B));
+      print_breakdown(what, r.ops, double(r.decode_s.size()), median(r.decode_s) * 1e3, &bjs, B);
+    }
+  }
   return 0;
 }
 }  // namespace

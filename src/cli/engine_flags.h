@@ -29,7 +29,9 @@ struct EngineFlags {
     app.add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", cfg.enable_prefix_caching,
                  "reuse cached prompt prefixes (default on)");
     app.add_option("--prefix-checkpoint-blocks", cfg.prefix_checkpoint_blocks,
-                   "prefill checkpoints every k cache blocks (0 = only at the prompt's last block)");
+                   "prefill checkpoints every k cache blocks (0 = only at the prompt's last block; -1 = automatic: "
+                   "every block unless prefill chunks that short are weight-bound on this model)")
+        ->capture_default_str();
     app.add_option("--prefix-host-cache-gib", prefix_host_cache_gib,
                    "host memory evicted cache blocks spill to (pinned on a GPU); 0 = none");
     app.add_option("--data-parallel-size,--dp", cfg.data_parallel_size,

@@ -36,6 +36,11 @@ size_t auto_cache_budget(const model::CausalLM& model, int64_t max_num_seqs, int
   return size_t(std::min(need, cap));
 }
 
+int64_t auto_checkpoint_interval(const model::CausalLM& model, int64_t block_tokens) {
+  const int64_t t = model.prefill_weight_pass_tokens();
+  return t > block_tokens ? (t + block_tokens - 1) / block_tokens : 1;
+}
+
 Engine::Engine(const EngineConfig& config, std::unique_ptr<model::CausalLM> model, std::unique_ptr<TextCodec> codec,
                std::unique_ptr<GrammarCompiler> grammar)
     : config_(config), model_(std::move(model)), codec_(std::move(codec)), grammar_(std::move(grammar)) {
@@ -76,6 +81,8 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<model::CausalLM> mode
                                      : measure_step_cost(*model_, g, max_tokens, sc.max_num_seqs,
                                                          config_.device_sampling && model_->supports_device_logits());
   }
+  if (sc.prefix_cache.checkpoint_interval_blocks < 0)
+    sc.prefix_cache.checkpoint_interval_blocks = auto_checkpoint_interval(*model_, g.block_tokens);
   cache_ = std::make_unique<KVCacheManager>(g, block_hash_seed(cache_identity()));
   const size_t block_bytes = model_->paged_block_bytes();
   sc.prefix_cache.host_blocks = block_bytes ? int64_t(config_.prefix_host_bytes / block_bytes) : 0;

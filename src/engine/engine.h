@@ -87,6 +87,12 @@ struct EngineConfig {
 
 constexpr size_t kHostCacheCap = size_t(1) << 30;
 
+// The prefix cache's checkpoint interval for checkpoint_interval_blocks = -1 (the default): every
+// block, unless the model's prefill is weight-bound below CausalLM::prefill_weight_pass_tokens()
+// tokens per step (a full-width MoE on the GPU re-reads every routed expert for each chunk): then
+// every k-th block, k = ceil(those tokens / block_tokens), so no prefill chunk is shorter.
+int64_t auto_checkpoint_interval(const model::CausalLM& model, int64_t block_tokens);
+
 // The cache budget for kv_cache_memory_bytes = 0: enough for `max_num_seqs` sequences of
 // `max_model_len` tokens each (a cache never needs more), capped at kHostCacheCap unless the
 // model runs on a device (supports_device_logits), whose plan_cache caps it at what the device's

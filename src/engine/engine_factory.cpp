@@ -13,8 +13,9 @@ void validate_llm_config(const LLMConfig& config) {
   if (config.max_num_batched_tokens <= 0) DI_THROW(InvalidArgument, "LLMConfig.max_num_batched_tokens must be positive");
   if (config.max_n < 1) DI_THROW(InvalidArgument, "LLMConfig.max_n must be >= 1, got ", config.max_n);
   if (config.max_logprobs < 0) DI_THROW(InvalidArgument, "LLMConfig.max_logprobs must be >= 0, got ", config.max_logprobs);
-  if (config.prefix_checkpoint_blocks < 0)
-    DI_THROW(InvalidArgument, "LLMConfig.prefix_checkpoint_blocks must be >= 0, got ", config.prefix_checkpoint_blocks);
+  if (config.prefix_checkpoint_blocks < -1)
+    DI_THROW(InvalidArgument, "LLMConfig.prefix_checkpoint_blocks must be >= 0 (or -1 = automatic), got ",
+             config.prefix_checkpoint_blocks);
   if (config.data_parallel_size < 1)
     DI_THROW(InvalidArgument, "LLMConfig.data_parallel_size must be >= 1, got ", config.data_parallel_size);
   if (config.expert_parallel_size < 0)

@@ -330,6 +330,16 @@ GenerateSummary LLM::last_summary() const {
   return impl_->summary;
 }
 
+void LLM::set_op_profiling(bool on) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->engine->model().set_op_profiling(on);
+}
+
+std::vector<OpTiming> LLM::take_op_profile() {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->engine->model().take_op_profile();
+}
+
 std::string LLM::describe() const {
   const kv::CacheGeometry& g = impl_->engine->cache().geometry();
   return detail::str_cat(impl_->engine->model().describe(), "; cache: ", g.num_blocks, " blocks x ", g.block_tokens,

@@ -8,8 +8,11 @@ namespace deepinfer::engine {
 
 PrefixCache::PrefixCache(const PrefixCacheConfig& config, int64_t block_tokens)
     : config_(config), block_tokens_(block_tokens) {
-  DI_CHECK(block_tokens > 0 && config.checkpoint_interval_blocks >= 0, "PrefixCache: block_tokens ", block_tokens,
+  DI_CHECK(block_tokens > 0 && config.checkpoint_interval_blocks >= -1, "PrefixCache: block_tokens ", block_tokens,
            ", checkpoint_interval_blocks ", config.checkpoint_interval_blocks);
+  // -1 = automatic: the Engine resolves it from the model (auto_checkpoint_interval); a cache built
+  // without one checkpoints every block.
+  if (config_.checkpoint_interval_blocks < 0) config_.checkpoint_interval_blocks = 1;
 }
 
 PrefixMatch PrefixCache::match(const KVCacheManager& kv, std::span<const int32_t> prompt,

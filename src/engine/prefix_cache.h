@@ -41,8 +41,9 @@ namespace deepinfer::engine {
 struct PrefixCacheConfig {
   bool enabled = true;
   // Prefill chunks end at every k-th block boundary (k = this) so the state there can be saved;
-  // 0 = only at the prompt's last boundary (decode boundaries are always saved).
-  int64_t checkpoint_interval_blocks = 1;
+  // 0 = only at the prompt's last boundary (decode boundaries are always saved); -1 = automatic,
+  // resolved by the Engine (auto_checkpoint_interval) before the cache is built.
+  int64_t checkpoint_interval_blocks = -1;
   size_t checkpoint_budget_bytes = size_t(256) << 20;  // host memory for slot checkpoints
   int64_t host_blocks = 0;  // host-tier slots for evicted blocks (0 = no host tier)
 };

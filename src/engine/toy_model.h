@@ -32,6 +32,7 @@ struct ToyModelConfig {
   uint64_t weights_seed = 1;
   int64_t max_rollback = 0;  // positions a slot can roll back
   int64_t eos_token_id = 1;  // tests may pick a frequent token to end sequences inside a run
+  int64_t prefill_weight_pass_tokens = 0;  // what CausalLM::prefill_weight_pass_tokens reports (tests)
 };
 
 // The toy's state after a position: what its hidden row carries.
@@ -55,6 +56,7 @@ class ToyModel final : public model::CausalLM {
   void reset_slot(int32_t slot) override;
   model::ForwardOutput run(const model::ForwardBatch& batch, const model::ForwardOptions& options) override;
   int64_t max_rollback() const override { return cfg_.max_rollback; }
+  int64_t prefill_weight_pass_tokens() const override { return cfg_.prefill_weight_pass_tokens; }
   void rollback(int32_t slot, int64_t num_tokens, int64_t keep) override;
   model::Drafter* drafter() override { return drafter_.get(); }
   // Snapshots: the slot's hash ring cut back to `num_tokens` (within max_rollback of its length).

@@ -20,6 +20,7 @@
 #include "core/check.h"
 #include "core/env.h"
 #include "core/tensor.h"
+#include "deepinfer/outputs.h"
 #include "kv/kv_cache.h"
 #include "parallel/eplb.h"
 #include "model/forward_batch.h"
@@ -187,6 +188,18 @@ class CausalLM {
   virtual void set_profiling(bool on) {}
   virtual void mark_step_end() {}
   virtual StepProfile take_profile() { return {}; }
+  // Per-operation device times (benchmarks: `bench-flash --breakdown`): with op profiling on, a
+  // device backend runs every step eagerly (no graph replay) and times each of its top-level ops
+  // between two events; take_op_profile() waits for the device and returns the sums since op
+  // profiling was turned on or last taken, largest first. Backends without it return nothing.
+  // Prefill chunks shorter than this many tokens are bound by reading the weights (every routed
+  // expert is touched by a few hundred tokens): the tokens whose arithmetic at the device's bf16
+  // peak takes as long as one pass over the weights at its bandwidth. 0 when that pass is short
+  // (< 1 ms: small models, where per-step costs dominate) or unknown. The prefix cache's automatic
+  // checkpoint interval keeps prefill chunks at least this long (EngineConfig, prefix_checkpoint_blocks).
+  virtual int64_t prefill_weight_pass_tokens() const { return 0; }
+  virtual void set_op_profiling(bool on) {}
+  virtual std::vector<OpTiming> take_op_profile() { return {}; }
 
   // True when run() takes part in collectives with other ranks (expert parallelism): the engine
   // then calls run() every step, with an empty batch when it has nothing to schedule, so that the

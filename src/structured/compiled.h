@@ -112,6 +112,14 @@ struct CompiledGrammarImpl {
   // `utf8`) that stay alive from `state` whatever they are: the states along the chain all
   // step those bytes to the next chain state. >= the longest token means unbounded.
   int32_t chain_run(int32_t state, bool utf8) const;
+  // Characters of text left at `state` when it is a counter with nothing after them: every
+  // JSON text character steps it along a chain of call-free states, ending in one that no text
+  // byte leaves (a string's last position before maxLength, a counted block's end). Then an
+  // all-text token is accepted exactly when it has at most that many characters
+  // (TokenVocabulary::text_le_); a longer one is rejected, or uncertain (*long_uncertain) when
+  // some state of the chain can finish a called rule. -1 when `state` is no such counter (or
+  // the count is above TokenVocabulary::kMaxTextLe).
+  int32_t counted_text_left(int32_t state, bool* long_uncertain) const;
   StateFacts* state_facts() const;  // [num_states], allocated on first use
   std::array<uint64_t, 4> self_loops(int32_t state) const;
   std::shared_ptr<const SubtreeResult> find_subtree(uint64_t key) const;

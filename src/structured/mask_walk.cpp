@@ -303,6 +303,35 @@ int32_t CompiledGrammarImpl::chain_run(int32_t state, bool utf8) const {
   return run;
 }
 
+int32_t CompiledGrammarImpl::counted_text_left(int32_t state, bool* long_uncertain) const {
+  const int32_t max_le = static_cast<int32_t>(vocab->text_le_.size()) - 1;
+  const ChainStep first = chain_step(state);
+  const uint64_t* json = TokenVocabulary::kJsonText;
+  if (first.next < 0 || !first.utf8 || (json[0] & ~first.ascii[0]) || (json[1] & ~first.ascii[1])) return -1;
+  const int32_t run = chain_run(state, true);
+  if (run < 1 || run > max_le || run >= vocab->max_depth_) return -1;
+  const bool called = pda.rule_called[pda.states[state].rule];
+  // The chain's states s_0 .. s_run: no calls (a callee could keep longer text alive). One
+  // that can finish a called rule makes the longer tokens, which die after it, uncertain
+  // rather than rejected (the block of a counted string ends so). chain_run checked that each
+  // of s_0 .. s_{run-1} steps every text character to the next.
+  *long_uncertain = false;
+  int32_t s = state;
+  for (int32_t k = 0;; ++k) {
+    const PdaState& st = pda.states[s];
+    if (st.has_calls) return -1;
+    if (called && st.final) *long_uncertain = true;
+    if (k == run) break;
+    s = chain_step(s).next;
+  }
+  // s_run: no text byte at all (ASCII text or a multi-byte lead) leaves it.
+  for (int b = 0x20; b < 0x80; ++b)
+    if ((json[b >> 6] >> (b & 63) & 1) && pda.next(s, static_cast<uint8_t>(b)) >= 0) return -1;
+  for (int b = 0xC2; b <= 0xF4; ++b)
+    if (pda.next(s, static_cast<uint8_t>(b)) >= 0) return -1;
+  return run;
+}
+
 std::shared_ptr<const StateMaskCache> CompiledGrammarImpl::compute_state_cache(int32_t state) const {
   const TokenVocabulary& v = *vocab;
   NodePool pool;
@@ -349,6 +378,36 @@ std::shared_ptr<const StateMaskCache> CompiledGrammarImpl::compute_state_cache(i
     accepted_rank[w1] |= m1;
   };
   std::vector<RankRange> uncertain;  // rank ranges, preorder
+  // A counter with `cut` characters left (counted_text_left): every all-text token of at most
+  // `cut` characters is accepted, every longer one rejected (or uncertain: cut_unc), so a text
+  // node below an ASCII-text path from the root is skipped with its run of text siblings. Only
+  // the tokens holding a quote, an escape or other non-text bytes are walked (the first visit
+  // of each position of a maxLength string walked every node up to its remaining length).
+  bool cut_unc = false;
+  const int32_t cut = !pda.states[state].has_calls ? counted_text_left(state, &cut_unc) : -1;
+  const uint64_t* cut_le = cut >= 0 ? v.text_le_[cut].data() : nullptr;
+  if (cut >= 0)
+    for (size_t w = 0; w < v.text_le_[cut].size(); ++w) accepted_rank[w] |= cut_le[w];
+  // The ranks in [k0, k1) outside text_le_[cut], as uncertain ranges (all-text tokens longer
+  // than the count, which die after the rule could have finished).
+  auto uncertain_long = [&](int32_t k0, int32_t k1) {
+    for (int32_t k = k0; k < k1;) {
+      if (cut_le[k >> 6] >> (k & 63) & 1) {
+        ++k;
+        continue;
+      }
+      int32_t e = k + 1;
+      while (e < k1 && !(cut_le[e >> 6] >> (e & 63) & 1)) {
+        if ((e & 63) == 0 && e + 64 <= k1 && cut_le[e >> 6] == 0) {
+          e += 64;
+          continue;
+        }
+        ++e;
+      }
+      uncertain.push_back({k, e});
+      k = e;
+    }
+  };
   // The per-state facts of the states this walk meets (few: a string body, its chain), kept
   // here so a visited node costs no shared-array loads (direct-mapped by state).
   struct Local {
@@ -437,6 +496,12 @@ std::shared_ptr<const StateMaskCache> CompiledGrammarImpl::compute_state_cache(i
     const int32_t d = depth[i];
     const int32_t p = single[d - 1];
     txt[d] = txt[d - 1] && ascii_text(bytes[i]);
+    if (cut >= 0 && txt[d - 1] && text_run_end[i] > static_cast<int32_t>(i)) {
+      // All text: decided by the text_le_ bits above.
+      if (cut_unc) uncertain_long(tok_begin[i], tok_begin[text_run_end[i]]);
+      i = text_run_end[i];
+      continue;
+    }
     if ((p < 0 || states[p].has_calls) && txt[d - 1] && text_run_end[i] > end[i]) {
       if (!chain)
         chain.emplace(pda, pool, chain_memo, Frame{state, bottom, kUnknownSet}, v.max_depth_,
@@ -567,6 +632,10 @@ std::shared_ptr<const StateMaskCache> CompiledGrammarImpl::compute_state_cache(i
     ++i;
   }
   if (rec_node >= 0) flush_record();
+  if (cut >= 0) {  // the text_le_ bits were not counted (and may overlap walked tokens)
+    num_accepted = 0;
+    for (uint64_t w : accepted_rank) num_accepted += static_cast<size_t>(__builtin_popcountll(w));
+  }
   // Rank bits -> id bits, touching the smaller of the accepted and the other grammar tokens.
   std::vector<uint32_t> accepted;  // [ceil(vocab/32)]
   const bool most = num_accepted * 2 > static_cast<size_t>(num_ranked);

@@ -104,7 +104,10 @@ void MatcherState::walk_ranks(const RankRange* r, size_t n, Frame f, std::vector
           const int32_t node = anc[d + 1];
           if (v.text_run_end_[node] > node) {
             if (chain.holds(static_cast<int32_t>(d) + v.text_run_height_[node])) {
-              skip_to = std::min(v.tok_begin_[v.text_run_end_[node]], r[j].hi);
+              // The whole run, past the end of this uncertain range too: the tokens between
+              // ranges are ones the state's cache accepted (rejected ones cannot be alive here),
+              // and setting their bits again costs less than finding every range's next token.
+              skip_to = v.tok_begin_[v.text_run_end_[node]];
               break;
             }
             if (!chain.holds(1)) text_ok = false;  // no text at all from f: stop trying

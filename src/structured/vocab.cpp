@@ -175,6 +175,26 @@ TokenVocabulary::TokenVocabulary(TokenizerInfo info) : info_(std::move(info)) {
   std::partial_sum(tok_begin_.begin(), tok_begin_.end(), tok_begin_.begin());
   tok_ids_.resize(node_tok.size());
   for (size_t i = 0; i < node_tok.size(); ++i) tok_ids_[i] = node_tok[i].second;  // already node-ordered
+  // All-text tokens by character count (cumulative bit sets over ranks).
+  const int32_t max_le = std::min(kMaxTextLe, max_depth_);
+  const size_t words = (tok_ids_.size() + 63) / 64;
+  text_le_.assign(static_cast<size_t>(max_le) + 1, std::vector<uint64_t>(words, 0));
+  for (size_t k = 0; k < tok_ids_.size(); ++k) {
+    int32_t chars = 0;
+    int s = 0;
+    for (char ch : info_.token_bytes[tok_ids_[k]]) {
+      const uint8_t b = static_cast<uint8_t>(ch);
+      if (s == 0) {
+        ++chars;
+        if (b < 0x80 && !(kJsonText[b >> 6] >> (b & 63) & 1)) s = -1;
+      }
+      if (s >= 0) s = utf8_step(s, b);
+      if (s < 0 || chars > max_le) break;
+    }
+    if (s >= 0 && chars >= 1 && chars <= max_le) text_le_[chars][k >> 6] |= 1ull << (k & 63);
+  }
+  for (int32_t l = 1; l <= max_le; ++l)
+    for (size_t w = 0; w < words; ++w) text_le_[l][w] |= text_le_[l - 1][w];
 }
 
 int32_t TokenVocabulary::key_id(const std::string& key) const {

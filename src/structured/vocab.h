@@ -97,6 +97,13 @@ class TokenVocabulary {
   std::vector<int32_t> text_run_end_;
   std::vector<int32_t> text_run_height_;
   static constexpr uint64_t kJsonText[2] = {0xFFFFFFFB00000000ull, 0xFFFFFFFFEFFFFFFFull};  // ASCII bits
+  // text_le_[L]: rank bits of the grammar tokens that are JSON string text throughout (as
+  // above, from a character boundary; a truncated last character counts as one) of 1..L
+  // characters, L = 0..min(kMaxTextLe, max_depth_), [ceil(num grammar tokens / 64)] words each.
+  // A counter state with L characters of text left and nothing after them accepts exactly
+  // these among the all-text tokens, without walking them (mask_walk.cpp).
+  static constexpr int32_t kMaxTextLe = 64;
+  std::vector<std::vector<uint64_t>> text_le_;
   std::vector<uint32_t> grammar_bits_;  // [ceil(vocab_size/32)] bit set <=> a grammar token
   int32_t max_depth_ = 0;          // longest grammar token, bytes
   // [byte] the most bytes any grammar token has after an occurrence of the byte (-1: in no

@@ -31,4 +31,4 @@ def test_host_tier_and_knobs():
     out = llm.generate([{"prompt_token_ids": list(range(2, 40))}] * 2, SamplingParams(max_tokens=2), use_tqdm=False)
     assert out[0].num_cached_tokens == 0
     with pytest.raises(Exception, match="prefix_checkpoint_blocks"):
-        LLM("builtin:toy", prefix_checkpoint_blocks=-1)
+        LLM("builtin:toy", prefix_checkpoint_blocks=-2)

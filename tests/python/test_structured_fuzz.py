@@ -9,6 +9,8 @@ one-byte vocabulary:
 Every mismatch ever found is kept in tests/data/structured_fuzz_regressions.jsonl and re-checked.
 The CI slice is bounded (DEEPINFER_FUZZ_CASES, default 3000 cases, ~35 s here); a long run:
   DEEPINFER_FUZZ_CASES=1000000 DEEPINFER_FUZZ_SEED=3 python3 -m pytest -q tests/python/test_structured_fuzz.py
+and over a real vocabulary (multi-byte tokens; slower per case):
+  DEEPINFER_FUZZ_TOKENIZER=../shared/data/tokenizers/deepseek-v3/tokenizer.json DEEPINFER_FUZZ_CASES=20000 ...
 Compile errors are allowed (a schema deepinfer cannot compile exactly is an error, never a guess)
 but counted; crashes (so-check failing) and hangs (timeouts) fail the test.
 """
@@ -28,6 +30,10 @@ jsonschema = pytest.importorskip("jsonschema")
 ROOT = Path(__file__).resolve().parents[2]
 REGRESSIONS = ROOT / "tests/data/structured_fuzz_regressions.jsonl"
 CASES = int(os.environ.get("DEEPINFER_FUZZ_CASES", "3000"))
+# A real tokenizer.json instead of the one-byte vocabulary: the inputs are then walked as that
+# tokenizer's tokens, and so-check's mask_mismatch compares every multi-byte token's mask bit
+# with accept_token (the mask walks' whole-subtree and text-run shortcuts only apply there).
+TOKENIZER = os.environ.get("DEEPINFER_FUZZ_TOKENIZER", "bytes")
 SEED = int(os.environ.get("DEEPINFER_FUZZ_SEED", "1"))
 DRAFTS = [None, "http://json-schema.org/draft-04/schema#", "http://json-schema.org/draft-06/schema#",
           "http://json-schema.org/draft-07/schema#", "https://json-schema.org/draft/2019-09/schema",
@@ -202,7 +208,7 @@ def run_so_check(exe, tmp_path, rows, timeout):
     with open(path, "w") as f:
         for so_args, text in rows:
             f.write(json.dumps({"input": text, "so_args": so_args}, ensure_ascii=False) + "\n")
-    p = subprocess.run([exe, "so-check", "--tokenizer", "bytes", "--inputs", str(path)],
+    p = subprocess.run([exe, "so-check", "--tokenizer", TOKENIZER, "--inputs", str(path)],
                        capture_output=True, text=True, timeout=timeout)
     assert p.returncode == 0, f"so-check failed (rc {p.returncode}): {p.stderr[-2000:]}"
     out = [json.loads(line) for line in p.stdout.splitlines()]

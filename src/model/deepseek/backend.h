@@ -359,6 +359,9 @@ class ModelBackend : public Backend {
   virtual void set_profiling(bool on) {}
   virtual void mark_step_end() {}
   virtual CausalLM::StepProfile take_profile() { return {}; }
+  virtual void set_op_profiling(bool on) {}                   // CausalLM::set_op_profiling
+  virtual int64_t prefill_weight_pass_tokens() const { return 0; }  // CausalLM::prefill_weight_pass_tokens
+  virtual std::vector<OpTiming> take_op_profile() { return {}; }
 };
 
 }  // namespace deepinfer::model::ds

@@ -52,6 +52,9 @@ class DeepseekModel : public CausalLM {
   void set_profiling(bool on) override { be_->set_profiling(on); }
   void mark_step_end() override { be_->mark_step_end(); }
   StepProfile take_profile() override { return be_->take_profile(); }
+  void set_op_profiling(bool on) override { be_->set_op_profiling(on); }
+  int64_t prefill_weight_pass_tokens() const override { return be_->prefill_weight_pass_tokens(); }
+  std::vector<OpTiming> take_op_profile() override { return be_->take_op_profile(); }
   bool joins_collectives() const override { return be_->joins_collectives(); }
   void enable_expert_parallel(parallel::ProcessGroup& group, const ExpertParallelOptions& options) override;
   void synchronize() override { be_->synchronize(); }

@@ -1,6 +1,8 @@
 #include "ops/cuda/attention.h"
 #include <algorithm>
 
+#include "ops/cuda/attention_mma.h"
+
 #include "ops/cuda/common.cuh"
 
 namespace deepinfer::ops::cuda {
@@ -167,6 +169,65 @@ __global__ void sparse_attn_combine_kernel(const __grid_constant__ SparseAttnPar
     o[c] = from_f32<T>(M == -INFINITY ? 0.f : acc / denom);
   }
 }
+// The same merge, same arithmetic in the same order (bit-identical results), with the per-split
+// factors e^{m_s - M} computed once into shared memory and each thread's column pair loaded
+// for several splits at once: the loop above waits on one load per split and column.
+constexpr int kCombineThreads = 256;
+constexpr int kCombineMaxSplits = 2048;  // shared memory: 2 floats + 1 flag per split
+template <typename T>
+__global__ void __launch_bounds__(kCombineThreads) sparse_attn_combine2_kernel(const __grid_constant__ SparseAttnParams p) {
+  extern __shared__ float cs[];  // [splits] e^{m_s - M}, then [splits] m_s
+  float* e = cs;
+  float* ms = cs + p.num_splits;
+  __shared__ float denom_s, M_s;
+  const int64_t t = blockIdx.x, h = blockIdx.y;
+  const int64_t stride = p.head_dim + 2;
+  const float* w = p.workspace + (t * p.num_heads + h) * p.num_splits * stride;
+  for (int s = threadIdx.x; s < p.num_splits; s += blockDim.x) ms[s] = w[s * stride];
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float M = -INFINITY;
+    for (int s = 0; s < p.num_splits; ++s) M = fmaxf(M, ms[s]);
+    float L = 0.f;
+    for (int s = 0; s < p.num_splits; ++s) {
+      const float es = expf(ms[s] - M);
+      e[s] = es;
+      if (ms[s] != -INFINITY) L += w[s * stride + 1] * es;
+    }
+    M_s = M;
+    denom_s = (M == -INFINITY) ? 1.f : L + expf(p.sink[h] - M);
+  }
+  __syncthreads();
+  const float M = M_s, denom = denom_s;
+  T* o = static_cast<T*>(p.out) + t * p.out_stride + h * p.head_dim;
+  for (int64_t c = 2 * int64_t(threadIdx.x); c < p.head_dim; c += 2 * blockDim.x) {
+    float a0 = 0.f, a1 = 0.f;
+#pragma unroll 4
+    for (int s = 0; s < p.num_splits; ++s) {
+      // Every split wrote its row (m = -inf, acc = 0 when it had no keys): the load is safe and
+      // the select keeps the old loop's skip, so the sums are the same bits.
+      const float2 v = *reinterpret_cast<const float2*>(w + s * stride + 2 + c);
+      const bool live = ms[s] != -INFINITY;
+      const float es = e[s];
+      a0 = live ? a0 + v.x * es : a0;
+      a1 = live ? a1 + v.y * es : a1;
+    }
+    o[c] = from_f32<T>(M == -INFINITY ? 0.f : a0 / denom);
+    o[c + 1] = from_f32<T>(M == -INFINITY ? 0.f : a1 / denom);
+  }
+}
+
+template <typename T>
+void launch_combine(const SparseAttnParams& p, cudaStream_t stream) {
+  const dim3 grid(unsigned(p.num_tokens), unsigned(p.num_heads));
+  if (p.num_splits <= kCombineMaxSplits) {
+    const size_t smem = size_t(2 * p.num_splits) * sizeof(float);
+    sparse_attn_combine2_kernel<T><<<grid, kCombineThreads, smem, stream>>>(p);
+  } else {
+    sparse_attn_combine_kernel<T><<<grid, 128, 0, stream>>>(p);
+  }
+  DI_CUDA_CHECK_LAUNCH();
+}
 }  // namespace
 
 AttnSplit choose_attention_split(int64_t num_tokens, int64_t num_heads, int64_t max_keys_per_token, int num_sms) {
@@ -177,6 +238,26 @@ AttnSplit choose_attention_split(int64_t num_tokens, int64_t num_heads, int64_t 
   const int64_t want = std::min<int64_t>(ceil_div(target, blocks), ceil_div(max_keys_per_token, 2 * kKeyTile));
   const int64_t keys = ceil_div(ceil_div(max_keys_per_token, want), kKeyTile) * kKeyTile;
   return {int(ceil_div(max_keys_per_token, keys)), int(keys)};
+}
+
+AttnSplit choose_attention_split(int64_t num_tokens, int64_t num_heads, int64_t head_dim, DType dtype,
+                                 int64_t max_keys_per_token, int num_sms) {
+  if (!detail::sparse_attention_mma_supports_shape(num_heads, head_dim, dtype))
+    return choose_attention_split(num_tokens, num_heads, max_keys_per_token, num_sms);
+  // Tensor-core kernel: one 168-204 KB block per multiprocessor, so split only while the batch leaves
+  // multiprocessors idle, into as many splits as fit one wave (b=1: 20 x 32 keys of 640; b=8:
+  // 10 x 64; b=32: 4 x 160; b >= 132: none). Splitting further only adds partials to merge.
+  constexpr int kTile = 32;
+  const int64_t blocks = num_tokens * (num_heads / 64);
+  if (num_tokens <= 0 || max_keys_per_token <= kTile || blocks * 2 > num_sms) return {};
+  const int64_t want = std::min<int64_t>(num_sms / blocks, ceil_div(max_keys_per_token, kTile));
+  const int64_t keys = ceil_div(ceil_div(max_keys_per_token, want), kTile) * kTile;
+  const int splits = int(ceil_div(max_keys_per_token, keys));
+  return splits > 1 ? AttnSplit{splits, int(keys)} : AttnSplit{};
+}
+
+bool sparse_attention_uses_tensor_cores(int64_t num_heads, int64_t head_dim, DType dtype) {
+  return detail::sparse_attention_mma_supports_shape(num_heads, head_dim, dtype);
 }
 
 size_t sparse_attention_workspace_bytes(int64_t num_tokens, int64_t num_heads, int64_t head_dim, int num_splits) {
@@ -201,13 +282,23 @@ void sparse_attention(const SparseAttnParams& p, cudaStream_t stream) {
   if (split && (!p.workspace || p.split_keys <= 0 || p.num_splits > 65535))
     DI_THROW(InvalidArgument, "sparse_attention: num_splits ", p.num_splits, " needs split_keys > 0 and a workspace");
   if (p.num_tokens == 0) return;
+  const bool mma = p.kernel != AttnKernel::kCudaCores && detail::sparse_attention_mma_supports(p);
+  if (p.kernel != AttnKernel::kAuto && p.kernel != AttnKernel::kCudaCores && !mma)
+    DI_THROW(InvalidArgument, "sparse_attention: the tensor-core kernel needs bf16, head_dim 512, heads a multiple of 64, ",
+             "split_keys a multiple of its key tile (32 or 64) and 16-byte aligned q (got dtype ", dtype_name(p.dtype), ", head_dim ", p.head_dim,
+             ", heads ", p.num_heads, ", split_keys ", p.split_keys, ")");
+  if (mma) {
+    detail::sparse_attention_mma(p, stream);
+    if (split) launch_combine<__nv_bfloat16>(p, stream);
+    return;
+  }
   const size_t smem = size_t(kKeyTile) * size_t(p.head_dim) * sizeof(float) + kKeyTile * sizeof(int);
   const dim3 grid(unsigned(p.num_tokens), unsigned(ceil_div(p.num_heads, kHeadsPerBlock)), split ? p.num_splits : 1);
   DI_DISPATCH_FLOAT(p.dtype, T, "sparse_attention", [&] {
     if (split) {
       sparse_attn_kernel<T, true><<<grid, kThreads, smem, stream>>>(p);
       DI_CUDA_CHECK_LAUNCH();
-      sparse_attn_combine_kernel<T><<<dim3(unsigned(p.num_tokens), unsigned(p.num_heads)), 128, 0, stream>>>(p);
+      launch_combine<T>(p, stream);
     } else {
       sparse_attn_kernel<T, false><<<grid, kThreads, smem, stream>>>(p);
     }

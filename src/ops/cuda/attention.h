@@ -8,11 +8,13 @@
 // Tokens with no keys get o = 0. fp32 scores, online softmax, fp32 accumulation.
 // CPU twin: ops/cpu/attention.h sparse_attention (same argument meaning).
 //
-// This first version is a CUDA-core kernel (one warp per head, 8 heads per block sharing key
-// tiles staged in shared memory); a tensor-core/FlashMLA-class kernel is still to do. Decode has
-// few tokens, so the key list can be split across blocks (flash-decoding): each split keeps an
-// unnormalised (max, sum, acc) triple in `workspace`, a second kernel merges the splits in a
-// fixed order and adds the sink.
+// Two kernels behind one launcher: bf16 with head_dim 512 and heads in groups of 64 (the V4
+// shapes) run on tensor cores (attention_mma.h: 64 heads per block, mma.sync); everything else
+// (f32, other widths or head counts) on the CUDA-core kernel (one warp per head, 8 heads per
+// block sharing key tiles staged in shared memory). Decode has few tokens, so the key list can be
+// split across blocks (flash-decoding): each split keeps an unnormalised (max, sum, acc) triple
+// in `workspace`, a second kernel merges the splits in a fixed order and adds the sink. A token's
+// output depends only on its own keys and split_keys (never on the batch around it).
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -21,6 +23,11 @@
 #include "core/dtype.h"
 
 namespace deepinfer::ops::cuda {
+
+// Which kernel runs: kAuto picks tensor cores where they apply (the engine's choice); the others
+// pin one for A/B tests and timings (a tensor-core pin on shapes it does not cover is an error).
+// kTensorCores picks its key tile (64 where split_keys allows, else 32); the Tile pins fix it.
+enum class AttnKernel { kAuto, kCudaCores, kTensorCores, kTensorCoresTile32, kTensorCoresTile64 };
 
 struct SparseAttnParams {
   const void* q = nullptr;             // [T, H, d] dtype, token stride q_stride (heads contiguous)
@@ -44,6 +51,7 @@ struct SparseAttnParams {
   int num_splits = 1;
   int split_keys = 0;
   float* workspace = nullptr;  // sparse_attention_workspace_bytes(...)
+  AttnKernel kernel = AttnKernel::kAuto;
 };
 
 // Splits that give about four blocks per multiprocessor for this batch, and keys per split
@@ -52,7 +60,15 @@ struct AttnSplit {
   int num_splits = 1;
   int split_keys = 0;
 };
+// This form sizes for the CUDA-core kernel; the one with head_dim and dtype sizes for the kernel
+// sparse_attention will actually run (tensor cores: about one block per multiprocessor, keys per
+// split a multiple of 32). Both depend on num_tokens: batch-invariant callers pass a fixed
+// split_keys instead (a multiple of 32 keeps the tensor-core kernel).
 AttnSplit choose_attention_split(int64_t num_tokens, int64_t num_heads, int64_t max_keys_per_token, int num_sms);
+AttnSplit choose_attention_split(int64_t num_tokens, int64_t num_heads, int64_t head_dim, DType dtype,
+                                 int64_t max_keys_per_token, int num_sms);
+// True when sparse_attention runs these shapes on the tensor-core kernel (given split_keys % 32 == 0).
+bool sparse_attention_uses_tensor_cores(int64_t num_heads, int64_t head_dim, DType dtype);
 size_t sparse_attention_workspace_bytes(int64_t num_tokens, int64_t num_heads, int64_t head_dim, int num_splits);
 
 void sparse_attention(const SparseAttnParams& p, cudaStream_t stream);

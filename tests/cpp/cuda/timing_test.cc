@@ -106,7 +106,7 @@ TEST(CudaTiming, Kernels) {
     DevArray<int32_t> dwb(wb), dwc(wc), dcc(cc), drows(rows);
     DevArray<int64_t> dco(co);
     DevArray<float> sink(randn(H, 23));
-    const oc::AttnSplit sp = oc::choose_attention_split(B, H, 640, device_info().num_sms);
+    const oc::AttnSplit sp = oc::choose_attention_split(B, H, d, DType::kBF16, 640, device_info().num_sms);
     DevArray<float> ws(oc::sparse_attention_workspace_bytes(B, H, d, sp.num_splits) / 4 + 1);
     const double us = median_us([&](cudaStream_t qs) {
       oc::sparse_attention({.q = q.get(), .q_stride = H * d, .win_kv = win.get(), .cmp_kv = cmp.get(), .kv_stride = d,

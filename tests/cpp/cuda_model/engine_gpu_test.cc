@@ -71,10 +71,12 @@ std::string fixture() { return deepinfer::testing::golden_dir("tiny"); }
 
 // Loads the model as the engine does (production numerics, graph decode), optionally switching
 // the decode path, and runs `prompts` x `params` to completion through the Engine.
+// With `ops`, op profiling is on for the whole run and *ops receives its per-op times.
 EngineRun run_engine(bool device_sampling, DecodePath path, const std::vector<std::vector<int32_t>>& prompts,
-               const std::vector<SamplingParams>& params, bool grammar = false) {
+               const std::vector<SamplingParams>& params, bool grammar = false, std::vector<OpTiming>* ops = nullptr) {
   std::unique_ptr<DeepseekV4CudaModel> m = DeepseekV4CudaModel::load(fixture(), model::v4::engine_cuda_options({}));
   if (m->decode_path() != path) m->set_decode_path(path);
+  if (ops) m->set_op_profiling(true);
   DeepseekV4CudaModel* raw = m.get();
   EngineConfig ec;
   ec.scheduler.max_num_seqs = 16;
@@ -94,6 +96,10 @@ EngineRun run_engine(bool device_sampling, DecodePath path, const std::vector<st
   r.runner = eng.runner().stats();
   if (const DeviceSampler* ds = eng.runner().device_sampler()) r.sampler = ds->stats();
   r.graphs = raw->graphs_captured();
+  if (ops) {
+    *ops = raw->take_op_profile();
+    raw->set_op_profiling(false);
+  }
   return r;
 }
 
@@ -288,6 +294,151 @@ TEST_F(GpuEngine, GraphReplayEqualsEagerFixedThroughEngine) {
               "graph %.3f s, eager fixed %.3f s, general %.3f s\n",
               (long long)same, (long long)total, (long long)total_tokens(graph), graph.seconds, eager.seconds,
               general.seconds);
+}
+
+// Op profiling (bench-flash --breakdown): every step runs eagerly with events around each op; the
+// outputs are those of graph replay bit for bit (eager fixed == graph above), no graph is
+// captured, and the profile names the model's ops (largest first) with positive times.
+TEST_F(GpuEngine, OpProfilingTimesEveryOpAndChangesNothing) {
+  const auto p = prompts();
+  const auto ps = mixed_params();
+  const EngineRun graph = run_engine(true, DecodePath::kGraph, p, ps);
+  std::vector<OpTiming> ops;
+  const EngineRun timed = run_engine(true, DecodePath::kGraph, p, ps, false, &ops);
+  expect_same(graph, timed, 0.0, "op profiling on vs off (graph decode)");
+  EXPECT_EQ(timed.graphs, 0) << "op profiling must launch eagerly";
+  ASSERT_FALSE(ops.empty());
+  double total = 0;
+  bool attention = false, linear = false, experts = false;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    EXPECT_GT(ops[i].calls, 0) << ops[i].op;
+    EXPECT_GE(ops[i].ms, 0.0) << ops[i].op;
+    if (i > 0) EXPECT_GE(ops[i - 1].ms, ops[i].ms) << "largest first";
+    total += ops[i].ms;
+    attention |= ops[i].op == "sparse_attention";
+    linear |= ops[i].op.rfind("linear ", 0) == 0;
+    experts |= ops[i].op == "moe_experts";
+  }
+  EXPECT_TRUE(attention && linear && experts) << "missing op names";
+  EXPECT_GT(total, 0.0);
+  std::printf("[gpu-engine] op profiling: %zu op kinds, %.3f ms in all; top: %s %.3f ms (%lld calls)\n", ops.size(),
+              total, ops[0].op.c_str(), ops[0].ms, (long long)ops[0].calls);
+}
+
+// Batch invariance in bf16 numerics (the engine itself loads production numerics, which
+// determinism_test.cc checks on the GPU through DEEPINFER_TEST_ACCELERATOR=nvidia): the CUDA
+// model loaded with Numerics::kBf16 and batch_invariant, behind an engine with batch invariance
+// on. One greedy and one seeded target (logprobs 4) alone, then inside 1 / 31 / 255 random
+// neighbours (random prompt lengths, sampling settings and arrival steps, three token budgets,
+// async on and off): its token ids and every logprob bit are those of the request alone.
+struct InvReq {
+  std::vector<int32_t> prompt;
+  SamplingParams params;
+};
+
+std::vector<uint32_t> inv_trace(const RequestOutput& o) {
+  std::vector<uint32_t> t;
+  const CompletionOutput& c = o.outputs.at(0);
+  for (int32_t id : c.token_ids) t.push_back(uint32_t(id));
+  if (c.logprobs)
+    for (const PositionLogprobs& pos : *c.logprobs)
+      for (const auto& [id, lp] : pos) {
+        uint32_t b;
+        std::memcpy(&b, &lp.logprob, 4);
+        t.push_back(uint32_t(id));
+        t.push_back(b);
+        t.push_back(uint32_t(lp.rank));
+      }
+  return t;
+}
+
+std::vector<uint32_t> run_bf16_invariant(const InvReq& target, int target_step, const std::vector<InvReq>& nb,
+                                         const std::vector<int>& arrival, int64_t budget, bool async) {
+  model::v4::CudaModelOptions o = model::v4::engine_cuda_options({});
+  o.numerics = model::v4::gpu::Numerics::kBf16;
+  o.batch_invariant = true;
+  o.max_seqs = 256;
+  o.max_batch_tokens = budget;
+  o.max_context = 200;
+  o.progress = false;
+  EngineConfig ec;
+  ec.env.batch_invariant = true;
+  ec.env.async_scheduling = async;
+  ec.scheduler.max_num_seqs = 256;
+  ec.scheduler.max_num_batched_tokens = budget;
+  ec.scheduler.max_model_len = 200;
+  ec.kv_cache_memory_bytes = size_t(256) << 20;
+  ec.seed = 7;
+  Engine eng(ec, DeepseekV4CudaModel::load(fixture(), o), nullptr);
+  std::vector<uint32_t> got;
+  size_t next = 0;
+  std::vector<size_t> order(nb.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return arrival[a] < arrival[b]; });
+  for (int step = 0; got.empty() && step < 5000; ++step) {
+    if (step == target_step) eng.add_request("target", PromptInput::from_token_ids(target.prompt), target.params, 0);
+    for (; next < order.size() && arrival[order[next]] <= step; ++next)
+      eng.add_request("n" + std::to_string(order[next]), PromptInput::from_token_ids(nb[order[next]].prompt),
+                      nb[order[next]].params, 0);
+    if (!eng.has_unfinished()) continue;
+    for (const RequestOutput& r : eng.step()) {
+      EXPECT_TRUE(r.error.empty()) << r.request_id << ": " << r.error;
+      if (r.request_id == "target" && r.finished) got = inv_trace(r);
+    }
+  }
+  while (eng.has_unfinished()) eng.step();
+  return got;
+}
+
+TEST_F(GpuEngine, Bf16NumericsBatchInvariantAloneEqualsRandomBatches) {
+  const int64_t vocab = DeepseekV4CudaModel::load(fixture(), model::v4::engine_cuda_options({}))->vocab_size();
+  std::mt19937_64 rng(2026);
+  int cases = 0;
+  for (bool seeded : {false, true}) {
+    InvReq target;
+    for (int i = 0; i < 29; ++i) target.prompt.push_back(int32_t(3 + (i * 37 + 11) % (vocab - 3)));
+    target.params.max_tokens = 12;
+    target.params.ignore_eos = true;
+    target.params.logprobs = 4;
+    if (seeded) {
+      target.params.temperature = 0.9f;
+      target.params.top_p = 0.95f;
+      target.params.seed = 123456789;
+    } else {
+      target.params.temperature = 0;
+    }
+    const std::vector<uint32_t> alone = run_bf16_invariant(target, 0, {}, {}, 2048, false);
+    ASSERT_GT(alone.size(), 12u);
+    struct C { int n; int64_t budget; bool async; };
+    for (const C c : {C{1, 61, true}, C{31, 256, false}, C{31, 2048, true}, C{255, 61, true}, C{255, 2048, false}}) {
+      std::vector<InvReq> nb;
+      std::vector<int> arrival;
+      for (int i = 0; i < c.n; ++i) {
+        InvReq r;
+        const int len = 1 + int(rng() % 150);
+        for (int k = 0; k < len; ++k) r.prompt.push_back(int32_t(2 + rng() % uint64_t(vocab - 2)));
+        r.params.max_tokens = 1 + int(rng() % 24);
+        r.params.ignore_eos = rng() % 2;
+        if (rng() % 2) {
+          r.params.temperature = 0.7f + 0.1f * float(rng() % 5);
+          r.params.top_p = rng() % 2 ? 0.9f : 1.0f;
+          r.params.top_k = int(rng() % 3) * 20;
+          r.params.seed = rng();
+        } else {
+          r.params.temperature = 0;
+        }
+        if (rng() % 4 == 0) r.params.logprobs = int(rng() % 4);
+        nb.push_back(std::move(r));
+        arrival.push_back(int(rng() % 6));
+      }
+      const std::vector<uint32_t> got = run_bf16_invariant(target, int(rng() % 4), nb, arrival, c.budget, c.async);
+      EXPECT_TRUE(got == alone) << (seeded ? "seeded" : "greedy") << ", " << c.n << " neighbours, budget " << c.budget
+                                << (c.async ? ", async" : ", sync");
+      ++cases;
+    }
+  }
+  std::printf("[gpu-engine] bf16 numerics, batch invariant: %d cases (1..255 neighbours) equal the request alone\n",
+              cases);
 }
 
 // Sampling cost at the real vocabulary: device (ids back) vs host (logits back, then

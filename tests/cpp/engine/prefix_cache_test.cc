@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <optional>
 #include <random>
 
 #include "engine/engine.h"
@@ -147,6 +148,44 @@ TEST(PrefixCacheUnit, ChunksEndAtCheckpointBoundaries) {
   EXPECT_EQ(four.cut_chunk(10, 200, 300), 54);   // to 64
   PrefixCache off({.enabled = false}, 16);
   EXPECT_EQ(off.cut_chunk(0, 100, 100), 100);
+}
+
+// checkpoint_interval_blocks = -1 (the default): every block unless the model says prefill chunks
+// shorter than its weight pass are weight-bound; then every ceil(tokens / block)-th block.
+TEST(PrefixCacheUnit, AutomaticIntervalKeepsChunksAboveTheWeightPass) {
+  for (const auto& [pass, want] : std::vector<std::pair<int64_t, int64_t>>{{0, 1}, {10, 1}, {16, 1}, {17, 2}, {40, 3}, {1330, 84}}) {
+    ToyModel m(ToyModelConfig{.prefill_weight_pass_tokens = pass});
+    EXPECT_EQ(auto_checkpoint_interval(m, 16), want) << "weight pass " << pass << " tokens";
+  }
+  ToyModel flash(ToyModelConfig{.prefill_weight_pass_tokens = 1330});  // a V4-Flash-shaped stack on the H200
+  EXPECT_EQ(auto_checkpoint_interval(flash, 256), 6);
+  // Through the engine: a 100-token prompt on a model whose weight pass is 40 tokens is cut at 48
+  // and 96 (its last boundary), so a prompt sharing its first 40 tokens finds no checkpoint inside
+  // them; with checkpoints at every block it hits at 32.
+  auto hit_after_shared_40 = [](std::optional<int64_t> interval) {
+    EngineConfig ec;
+    ec.scheduler.max_num_seqs = 4;
+    ec.scheduler.max_num_batched_tokens = 256;
+    if (interval) ec.scheduler.prefix_cache.checkpoint_interval_blocks = *interval;
+    Engine eng(ec, std::make_unique<ToyModel>(ToyModelConfig{.prefill_weight_pass_tokens = 40}), nullptr);
+    std::vector<int32_t> a(100), b(70);
+    for (int i = 0; i < 100; ++i) a[size_t(i)] = 2 + (i * 7) % 300;
+    for (int i = 0; i < 70; ++i) b[size_t(i)] = i < 40 ? a[size_t(i)] : 5;
+    SamplingParams sp;
+    sp.temperature = 0;
+    sp.max_tokens = 1;
+    int64_t cached = -1, k = 0;
+    for (const auto* p : {&a, &b, &a}) {
+      eng.add_request("r" + std::to_string(k++), PromptInput::from_token_ids(*p), sp, 0);
+      while (eng.has_unfinished())
+        for (const RequestOutput& o : eng.step())
+          if (o.finished) cached = o.num_cached_tokens;
+      if (p == &b) EXPECT_EQ(cached, interval ? 32 : 0) << "prompt sharing 40 tokens";
+    }
+    return cached;  // a again: its last boundary
+  };
+  EXPECT_EQ(hit_after_shared_40(std::nullopt), 96);
+  EXPECT_EQ(hit_after_shared_40(1), 96);
 }
 
 TEST(PrefixCacheUnit, CheckpointBudgetEvictsLeastRecentlyUsed) {

@@ -1,6 +1,7 @@
 #include "model/deepseek/cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <sstream>
 
@@ -277,7 +278,7 @@ ArenaSizes CudaBackend::arena_sizes(const StepPlan& p, oc::AttnSplit* split) con
     *split = splits > 1 ? oc::AttnSplit{int(splits), kInvariantSplitKeys} : oc::AttnSplit{};
     sz.attn_tokens = std::max<int64_t>(1, kInvariantSplitPartials / std::max<int64_t>(splits, 1));
   } else {
-    *split = oc::choose_attention_split(p.T, g.heads, max_keys, info_.num_sms);
+    *split = oc::choose_attention_split(p.T, g.heads, g.head_dim, act_, max_keys, info_.num_sms);
   }
   sz.attn_splits = std::max(1, split->num_splits);
   if (act_ == DType::kBF16 && fp8_workspace_) {
@@ -376,7 +377,7 @@ void CudaBackend::begin_step(StepPlan plan) {
 }
 
 void CudaBackend::launch(const std::function<void()>& body, int32_t graph) {
-  if (!plan_.fixed || opts_.decode != DecodePath::kGraph) {
+  if (!plan_.fixed || opts_.decode != DecodePath::kGraph || op_timer_.on()) {  // op timing needs eager launches
     body();
     return;
   }
@@ -473,6 +474,7 @@ const float* CudaBackend::stage_hidden(const HiddenRows& rows, const RowRanges& 
 }
 
 void CudaBackend::greedy_rows(int64_t rows, int32_t* tokens, float* logprobs) {
+  const OpTimer::Scope op_scope_ = op_scope("greedy_rows");
   DI_CHECK(rows >= 0 && rows <= plan_.T, "greedy_rows: ", rows, " rows of a ", plan_.T, "-token step");
   if (rows == 0) return;
   const size_t bytes = size_t(rows) * (sizeof(int32_t) + sizeof(float));
@@ -516,6 +518,40 @@ CausalLM::StepProfile CudaBackend::take_profile() {
   return p;
 }
 
+// ANCHORS.md's H200 ceilings (device copy, bf16 dense GEMM); only their ratio and the weight pass's
+// absolute length matter here.
+int64_t CudaBackend::prefill_weight_pass_tokens() const {
+  constexpr double kBandwidth = 4.3e12, kFlops = 790e12, kShortPassS = 1e-3;
+  const Dims& g = arch_.dims;
+  const double pass_s = double(weights_ ? weights_->bytes : 0) / kBandwidth;
+  if (pass_s < kShortPassS) return 0;
+  // Multiply-adds per token per layer: q/kv/o projections and the routed + one shared expert.
+  const double D = double(g.hidden), Hd = double(g.heads * g.head_dim);
+  const double attn = double(g.q_lora) * D + Hd * double(g.q_lora) + double(g.head_dim) * D + Hd * double(g.o_lora) +
+                      D * double(g.o_groups * g.o_lora);
+  const double moe = double(g.topk + 1) * 3.0 * double(g.moe_inter) * D;
+  const double flops = 2.0 * double(arch_.plan.num_layers()) * (attn + moe);
+  return flops > 0 ? int64_t(std::ceil(pass_s / (flops / kFlops))) : 0;
+}
+
+void CudaBackend::set_op_profiling(bool on) {
+  stream_.synchronize();  // events of an earlier take are not in flight
+  op_timer_.enable(on);
+}
+
+std::vector<OpTiming> CudaBackend::take_op_profile() { return op_timer_.take(stream_.get()); }
+
+OpTimer::Scope CudaBackend::op_scope(const char* name) {
+  return op_timer_.scope(stream_.get(), [name] { return std::string(name); });
+}
+
+OpTimer::Scope CudaBackend::linear_scope(const char* op, const LinearRef& W) {
+  return op_timer_.scope(stream_.get(), [&] {
+    const char* fmt = W.dtype == DType::kF8E4M3 ? "fp8" : W.dtype == DType::kBF16 ? "bf16" : "f32";
+    return std::string(op) + " " + fmt + " " + std::to_string(W.out) + "x" + std::to_string(W.in);
+  });
+}
+
 void CudaBackend::set_decode_path(DecodePath p) {
   opts_.decode = p;
   graphs_.clear();
@@ -531,6 +567,7 @@ int64_t CudaBackend::graphs_captured() const {
 // ---- ops ----
 
 void CudaBackend::gather(const GatherArgs& a) {
+  const OpTimer::Scope op_scope_ = op_scope("gather");
   cuda::gather_rows({.src_a = a.src_a, .a_stride = a.a_stride, .src_b = a.src_b, .b_stride = a.b_stride,
                      .src_dtype = a.src_dtype, .src_index = a.src_index, .dst = a.dst, .dst_stride = a.dst_stride,
                      .dst_dtype = a.dst_dtype, .dst_index = a.dst_index, .rows = a.rows, .width = a.width},
@@ -565,6 +602,7 @@ void CudaBackend::linear_fp8(const LinearRef& W, const void* x, int64_t ldx, int
 
 void CudaBackend::linear(const LinearRef& W, const void* x, int64_t ldx, int64_t M, void* y, DType y_dtype,
                          int64_t ldy) {
+  const OpTimer::Scope op_scope_ = linear_scope("linear", W);
   if (M == 0) return;
   DI_CHECK(W.w != nullptr && W.out > 0 && W.in > 0, "linear: weight not uploaded");
   if (W.dtype == DType::kF8E4M3) {
@@ -593,6 +631,7 @@ void CudaBackend::linear_bf16_fixed(const void* w, const void* x, int64_t ldx, i
 
 void CudaBackend::linear_grouped(const LinearRef& W, int64_t groups, const void* x, int64_t ldx, int64_t M, void* y,
                                  int64_t ldy) {
+  const OpTimer::Scope op_scope_ = linear_scope("linear_grouped", W);
   if (M == 0) return;
   const int64_t R = W.out / groups, gin = W.in;
   if (W.dtype == DType::kF8E4M3) {
@@ -610,6 +649,7 @@ void CudaBackend::linear_grouped(const LinearRef& W, int64_t groups, const void*
 }
 
 void CudaBackend::rmsnorm(const NormArgs& a) {
+  const OpTimer::Scope op_scope_ = op_scope("rmsnorm");
   if (a.rows == 0) return;
   oc::rmsnorm({.x = a.x, .x_dtype = a.x_dtype, .x_stride = a.x_stride, .w = a.w, .w_dtype = DType::kF32, .y = a.y,
                .y_dtype = a.y_dtype, .y_stride = a.y_stride, .rows = a.rows, .dim = a.dim, .eps = a.eps},
@@ -617,6 +657,7 @@ void CudaBackend::rmsnorm(const NormArgs& a) {
 }
 
 void CudaBackend::rope(const RopeArgs& a) {
+  const OpTimer::Scope op_scope_ = op_scope("rope");
   if (a.rows == 0) return;
   oc::rope({.x = a.x, .dtype = a.dtype, .row_stride = a.row_stride, .head_stride = a.head_dim, .rows = a.rows,
             .heads = a.heads, .head_dim = a.head_dim, .rope_dim = a.rope_dim, .pos = a.pos, .inv_freq = a.inv_freq,
@@ -627,6 +668,7 @@ void CudaBackend::rope(const RopeArgs& a) {
 // The cache formats of V4's production numerics; rounding is skipped where the geometry does not
 // allow it (as the reference does).
 void CudaBackend::round_trip(void* x, DType dtype, int64_t row_stride, int64_t rows, int64_t dim, RowFormat f) {
+  const OpTimer::Scope op_scope_ = op_scope("round_trip");
   if (rows == 0 || f == RowFormat::kPlain) return;
   switch (f) {
     case RowFormat::kFp8Nope64: {
@@ -658,11 +700,13 @@ void CudaBackend::round_trip(void* x, DType dtype, int64_t row_stride, int64_t r
 
 void CudaBackend::add_position_bias(float* z, int64_t z_stride, const float* bias, const int64_t* pos, int64_t m,
                                     int64_t rows, int64_t width) {
+  const OpTimer::Scope op_scope_ = op_scope("add_position_bias");
   cuda::add_position_bias({.z = z, .z_stride = z_stride, .bias = bias, .pos = pos, .m = m, .rows = rows, .width = width},
                           stream_.get());
 }
 
 void CudaBackend::compressor_pool(const PoolArgs& a) {
+  const OpTimer::Scope op_scope_ = op_scope("compressor_pool");
   oc::compressor_pool({.a = a.a, .z = a.z, .row0 = a.row0, .n_rows = a.n_rows, .width = a.width,
                        .row_stride = a.row_stride, .ratio = a.ratio, .overlap = a.overlap,
                        .first_block = a.first_block, .n_blocks = a.n_blocks, .out = a.out},
@@ -670,6 +714,7 @@ void CudaBackend::compressor_pool(const PoolArgs& a) {
 }
 
 void CudaBackend::decode_pool(const DecodePoolArgs& a) {
+  const OpTimer::Scope op_scope_ = op_scope("decode_pool");
   cuda::decode_pool({.stage = a.stage, .ld = a.ld, .block = a.block, .tokens = a.tokens,
                      .rows_per_token = a.rows_per_token, .width = a.width, .ratio = a.ratio, .overlap = a.overlap,
                      .out = a.out},
@@ -677,6 +722,7 @@ void CudaBackend::decode_pool(const DecodePoolArgs& a) {
 }
 
 void CudaBackend::indexer_topk(const IndexerArgs& a) {
+  const OpTimer::Scope op_scope_ = op_scope("indexer_topk");
   // Two-level top-k (V4.1): the publisher's per-block maxima live in the arena's block_scores
   // (sized from the step's candidates and Dims::candidate_block_size). Run by V4.1 on the H200.
   oc::indexer_topk({.q = a.q, .w = a.w, .k_pool = a.k_pool, .dtype = act_, .cand_rows = a.cand_rows,
@@ -690,6 +736,7 @@ void CudaBackend::indexer_topk(const IndexerArgs& a) {
 }
 
 void CudaBackend::sparse_attention(const AttentionArgs& a) {
+  const OpTimer::Scope op_scope_ = op_scope("sparse_attention");
   oc::SparseAttnParams sp{.q = a.q, .q_stride = a.q_stride, .win_kv = a.win_kv, .cmp_kv = a.cmp_kv,
                           .kv_stride = a.kv_stride, .dtype = act_, .win_begin = a.win_begin, .win_count = a.win_count,
                           .cmp_rows = a.cmp_rows, .cmp_offset = a.cmp_offset, .cmp_count = a.cmp_count,
@@ -724,6 +771,7 @@ void CudaBackend::sparse_attention(const AttentionArgs& a) {
 }
 
 void CudaBackend::hc_site(const HcSiteArgs& a) {
+  const OpTimer::Scope op_scope_ = op_scope("hc_site");
   const Dims& g = arch_.dims;
   oc::hc_pre({.x = a.x, .dtype = DType::kF32, .x_stride = g.streams * g.hidden, .fn = a.w->fn.p, .base = a.w->base.p,
               .scale = a.w->scale.p, .u = a.u, .u_stride = g.hidden, .mix = a.mix,
@@ -734,6 +782,7 @@ void CudaBackend::hc_site(const HcSiteArgs& a) {
 }
 
 void CudaBackend::hc_post(const HcPostArgs& a) {
+  const OpTimer::Scope op_scope_ = op_scope("hc_post");
   const Dims& g = arch_.dims;
   const int64_t nD = g.streams * g.hidden;
   oc::hc_post({.x = a.x, .x_stride = nD, .y = a.y, .y_stride = g.hidden, .mix = a.mix, .out = a.out, .out_stride = nD,
@@ -742,6 +791,7 @@ void CudaBackend::hc_post(const HcPostArgs& a) {
 }
 
 void CudaBackend::hc_collapse(const float* x, const float* prev_mix, float* u, int64_t tokens) {
+  const OpTimer::Scope op_scope_ = op_scope("hc_collapse");
   const Dims& g = arch_.dims;
   const int64_t nD = g.streams * g.hidden;
   oc::hc_collapse({.x = x, .x_stride = nD, .w = prev_mix, .w_stride = g.mix_dim(), .u = u, .u_stride = g.hidden,
@@ -750,10 +800,12 @@ void CudaBackend::hc_collapse(const float* x, const float* prev_mix, float* u, i
 }
 
 void CudaBackend::stream_mean(const float* x, float* out, int64_t out_stride, int64_t tokens) {
+  const OpTimer::Scope op_scope_ = op_scope("stream_mean");
   cuda::stream_mean(x, out, out_stride, tokens, arch_.dims.streams, arch_.dims.hidden, stream_.get());
 }
 
 void CudaBackend::add_streams(float* x, const float* v, int64_t tokens, int64_t streams, int64_t dim) {
+  const OpTimer::Scope op_scope_ = op_scope("add_streams");
   cuda::add_streams(x, v, tokens, streams, dim, stream_.get());
 }
 
@@ -777,6 +829,7 @@ CudaBackend::MoePath CudaBackend::moe_path(const MoeRef& M) const {
 }
 
 void CudaBackend::moe_route(const MoeRef& M, const float* logits, int32_t* ids, float* wts) {
+  const OpTimer::Scope op_scope_ = op_scope("moe_route");
   const Dims& g = arch_.dims;
   const bool hash = M.tid2eid != nullptr;
   oc::router({.logits = logits, .logits_stride = g.experts, .bias = hash ? nullptr : M.bias.p,
@@ -788,6 +841,7 @@ void CudaBackend::moe_route(const MoeRef& M, const float* logits, int32_t* ids, 
 }
 
 void CudaBackend::moe_dispatch(const MoeRef& M) {
+  const OpTimer::Scope op_scope_ = op_scope("moe_dispatch");
   ep_step_ = ep_ && M.ep_layer >= 0;
   if (ep_step_) return ep_dispatch(M);
   const Dims& g = arch_.dims;
@@ -852,6 +906,7 @@ void CudaBackend::swiglu_rows(void* gu, void* act, const float* row_weight, int6
 }
 
 void CudaBackend::moe_experts(const MoeRef& M) {
+  const OpTimer::Scope op_scope_ = op_scope("moe_experts");
   if (ep_step_) return ep_experts(M);
   const Dims& g = arch_.dims;
   const int64_t T = plan_.T, D = g.hidden, E = g.experts, K = g.topk, I = g.moe_inter;
@@ -911,6 +966,7 @@ void CudaBackend::moe_experts(const MoeRef& M) {
 
 // Shared expert: h [T, D] -> shared [T, D] f32 (gu/act reused: same stream, routed work queued before).
 void CudaBackend::moe_shared(const MoeRef& M) {
+  const OpTimer::Scope op_scope_ = op_scope("moe_shared");
   const Dims& g = arch_.dims;
   const int64_t T = plan_.T, D = g.hidden, I = g.moe_inter;
   linear(M.shared.w13, buf(Buf::kH), D, T, at<void>(L_.gu), act_, 2 * I);
@@ -919,6 +975,7 @@ void CudaBackend::moe_shared(const MoeRef& M) {
 }
 
 void CudaBackend::moe_combine(const MoeRef& M) {
+  const OpTimer::Scope op_scope_ = op_scope("moe_combine");
   if (ep_step_) return ep_combine();
   const Dims& g = arch_.dims;
   const int64_t* rows = moe_path(M) == MoePath::kFixed ? index_.comb_rows : at<int64_t>(L_.comb_rows);

@@ -18,6 +18,7 @@
 #include "model/deepseek/backend.h"
 #include "model/deepseek/cuda/arena.h"
 #include "model/deepseek/cuda/cuda_cache.h"
+#include "model/deepseek/cuda/op_timer.h"
 #include "model/deepseek/cuda/options.h"
 #include "model/deepseek/cuda/v4_device.h"
 #include "model/deepseek/forward.h"
@@ -76,6 +77,9 @@ class CudaBackend final : public ModelBackend {
   void set_profiling(bool on) override;
   void mark_step_end() override;
   CausalLM::StepProfile take_profile() override;
+  void set_op_profiling(bool on) override;
+  int64_t prefill_weight_pass_tokens() const override;
+  std::vector<OpTiming> take_op_profile() override;
 
   // What the fixed-shape path takes: up to 384 tokens (decode and verify steps) when the grouped
   // MoE path exists, else moe_decode's 64.
@@ -182,6 +186,10 @@ class CudaBackend final : public ModelBackend {
   bool profiling_ = false;
   std::vector<std::pair<deepinfer::cuda::Event, deepinfer::cuda::Event>> profile_;
   bool profile_open_ = false;  // profile_.back() has a begin and no end yet
+  // Op profiling (set_op_profiling): events around each top-level op; steps run eagerly.
+  OpTimer op_timer_;
+  OpTimer::Scope op_scope(const char* name);
+  OpTimer::Scope linear_scope(const char* op, const LinearRef& W);  // "linear fp8 NxK"
   // Tokens of the next step read from device memory (set_device_inputs): [2k] (token, row).
   std::vector<int32_t> input_patch_;
   const int32_t* sampled_ids_ = nullptr;
