@@ -15,11 +15,12 @@ namespace deepinfer::model::ds {
 // y = x W^T with W [out, in] row-major at `w` (row stride `in`; kFP4E2M1: in/2 bytes).
 struct LinearRef {
   const void* w = nullptr;
-  const void* scale = nullptr;  // dense kF8E4M3: e8m0 grid [ceil(out/scale_rows), ceil(in/128)];
+  const void* scale = nullptr;  // dense kF8E4M3: e8m0 grid [ceil(out/scale_rows), ceil(in/scale_cols)];
                                 // routed experts kFP4E2M1/kF8E4M3: e8m0 per row per 32/128 inputs
   DType dtype = DType::kF32;    // f32 | bf16 | kF8E4M3 | kFP4E2M1
   int64_t out = 0, in = 0;
   int64_t scale_rows = 128;     // dense kF8E4M3 only
+  int64_t scale_cols = 128;     // dense kF8E4M3 only: inputs per scale column (V4 128, V4.1 32)
   bool panels = false;          // CPU: repacked in 16-column panels (ops::cpu::PackedWeight), see `packed`
   const void* packed = nullptr; // CPU: the PackedWeight when `panels`
   bool defined() const { return w != nullptr || packed != nullptr; }

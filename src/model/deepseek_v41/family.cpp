@@ -1,5 +1,6 @@
 #include "model/deepseek_v41/family.h"
 
+#include "core/logging.h"
 #include "deepinfer/error.h"
 #include "model/deepseek_v41/model.h"
 #include "model/deepseek_v41/plan.h"
@@ -7,9 +8,13 @@
 namespace deepinfer::model::v41 {
 namespace {
 std::unique_ptr<CausalLM> load(const std::string& dir, const ModelLoadOptions& o) {
-  // The GPU only when asked for (DEEPINFER_ACCELERATOR=nvidia): auto keeps the CPU reference for
-  // V4.1 until its production (bf16) numerics on the GPU have been measured against the goldens.
   if (o.env.accelerator == Accelerator::kNvidia) return load_cuda(dir, o);
+  if (use_accelerator(o)) {  // auto with a GPU present: the GPU unless it lacks something asked for
+    const std::string why = auto_gpu_refusal(dir, o);
+    if (why.empty()) return load_cuda(dir, o);
+    DI_INFO("deepseek_v41: ", dir, " stays on the CPU (DEEPINFER_ACCELERATOR=auto): ", why,
+            "; DEEPINFER_ACCELERATOR=cpu silences this");
+  }
   if (o.env.accelerator == Accelerator::kAscend)
     DI_THROW(InvalidArgument, "DEEPINFER_ACCELERATOR=ascend is reserved; this build runs on nvidia or cpu");
   // Bounded replay: compact mode keeps DEEPINFER_YOCO_PREFILL_KEEP_TOKENS (default 140) tokens.
@@ -28,6 +33,7 @@ std::unique_ptr<CausalLM> load_cuda(const std::string& dir, const ModelLoadOptio
   DI_THROW(InvalidArgument, "cannot load '", dir, "' on a GPU: this build has no CUDA backend; set "
            "DEEPINFER_ACCELERATOR=cpu");
 }
+std::string auto_gpu_refusal(const std::string&, const ModelLoadOptions&) { return "this build has no CUDA backend"; }
 #endif
 
 }  // namespace deepinfer::model::v41

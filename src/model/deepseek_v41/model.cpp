@@ -54,14 +54,13 @@ std::unique_ptr<DeepseekV41Model> DeepseekV41Model::load(const std::string& dir,
                                  .dspark = dspark});
   std::vector<kv::LayerCacheSpec> specs =
       model::cache_specs(arch.plan, {.head_dim = cfg.head_dim, .index_head_dim = cfg.index_head_dim});
-  auto store = v41_prepare_cpu(cfg, arch.plan, w, o.expert_shard, /*pack_head=*/!make);
   std::unique_ptr<DSparkDrafter> drafter;
   if (dspark) drafter = std::make_unique<DSparkDrafter>(cfg, w, DSparkOptions{.max_rollback = o.max_rollback, .qat = o.qat});
   std::unique_ptr<ds::ModelBackend> be;
   if (make)
-    be = make(cfg, arch, specs, std::move(store));
+    be = make(cfg, arch, specs, w);
   else
-    be = std::make_unique<ds::CpuBackend>(arch, specs, std::move(store),
+    be = std::make_unique<ds::CpuBackend>(arch, specs, v41_prepare_cpu(cfg, arch.plan, w, o.expert_shard),
                                           ds::CpuBackendOptions{.batch_invariant = o.batch_invariant});
   ds::ModelInfo info = v41_model_info(cfg);
   std::unique_ptr<DeepseekV41Model> m(new DeepseekV41Model(std::move(info), std::move(arch), std::move(specs),

@@ -17,6 +17,7 @@
 #include "model/deepseek_v41/dspark.h"
 #include "model/deepseek_v41/engram.h"
 #include "model/deepseek_v41/engram_slots.h"
+#include "model/deepseek_v41/weights.h"
 
 namespace deepinfer::model::ds {
 struct CpuWeightStore;
@@ -34,17 +35,18 @@ struct ModelOptions {
   bool dspark = true;  // false: DSpark stages in the checkpoint are not loaded (no drafter, no taps)
 };
 
-// Makes the backend a model runs on from the prepared f32 weights (load with a maker: the lm head
-// is a plain [V, D] ref, not CPU panels). The GPU loader (deepseek/cuda/v41_cuda_model.h) uploads
-// them and drops the host copies; the Engram tables stay in host memory either way.
+// Makes the backend a model runs on from the mapped checkpoint (load with a maker: no CPU
+// preparation runs). The GPU loader (deepseek/cuda/v41_cuda_model.h) uploads the stored tensors one
+// entry at a time; the Engram tables stay in host memory (the mapping `weights` keeps alive).
 using BackendMaker = std::function<std::unique_ptr<ds::ModelBackend>(
     const DeepseekV41Config& cfg, const ds::Arch& arch, const std::vector<kv::LayerCacheSpec>& specs,
-    std::unique_ptr<ds::CpuWeightStore> prepared)>;
+    const V41Weights& weights)>;
 
 class DeepseekV41Model final : public ds::DeepseekModel {
  public:
   // Parses <dir>/config.json, maps the weights (release or transformers names), prepares f32 copies
-  // and, with Engram layers, loads <dir>/engram_sidecar.json. Throws ConfigError / CheckpointError.
+  // (CPU backend) and, with Engram layers, loads <dir>/engram_sidecar.json. Throws ConfigError /
+  // CheckpointError.
   static std::unique_ptr<DeepseekV41Model> load(const std::string& dir, const ModelOptions& options = {});
   // The same over the backend `make` builds (the GPU's); `make` may throw (memory, device).
   static std::unique_ptr<DeepseekV41Model> load(const std::string& dir, const ModelOptions& options,

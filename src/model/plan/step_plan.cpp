@@ -264,7 +264,7 @@ void build_fixed_kind(CompressPlan& k, const std::vector<FixedToken>& toks, int6
     const SeqInBatch& s = *x.seq;
     const int64_t p = x.pos, slot = s.cache_slot;
     auto entry_row = [&](int64_t i) { return int64_t(s.block_table[size_t(i / epb)]) * epb + i % epb; };
-    k.state_dst[size_t(t)] = slot * S + p % S;
+    if (S > 0) k.state_dst[size_t(t)] = slot * S + p % S;
     if ((p + 1) % m == 0) {
       const int64_t blk = (p + 1) / m - 1, base = k.overlap ? m * (blk - 1) : m * blk;
       k.block[size_t(t)] = blk;
@@ -282,6 +282,12 @@ void build_fixed_kind(CompressPlan& k, const std::vector<FixedToken>& toks, int6
     k.cand_offset[size_t(t)] = int64_t(pool.size());
     k.cand_count[size_t(t)] = int32_t(count);
     for (int64_t i = 0; i < count; ++i) pool.push_back(int32_t(entry_row(i)));
+  }
+  if (S == 0) {  // V4.1's ratio-1 projection: no partial ring, nothing staged or kept (as the general plan)
+    k.stage_src.clear();
+    k.stage_dst.clear();
+    k.state_src.clear();
+    k.state_dst.clear();
   }
 }
 

@@ -2,7 +2,7 @@
 //  * a block of kWarps warps covers 16·kWarps weight rows (16 per warp: the m16 side of
 //    mma.m16n8k16, so the WEIGHT is the A operand and up to 8 tiles of 8 tokens are the B operand:
 //    M = 1 wastes 7/8 of an n8 tile, not 15/16 of an m16 one);
-//  * K advances in stages of 128 (one e8m0 scale block): the block's weight tile (rows x 128 k,
+//  * K advances in stages of 128 (one e8m0 scale column, or 2 / 4 of them for scale_k 64 / 32): the block's weight tile (rows x 128 k,
 //    FP8 or bf16) and x tile (tokens x 128 k, bf16) go global -> shared memory by cp.async, 16 B per
 //    thread, whole 128-byte lines of a row per 8 threads, kStages deep, so 24-48 KB of weights per
 //    block are in flight (the previous version loaded 64-byte pieces of a row into registers, 4 KB
@@ -100,6 +100,7 @@ struct Args {
   const uint8_t* w;      // FP8 bytes, or the bf16 weight as bytes
   const uint8_t* scale;  // FP8 only
   int64_t scale_rows;
+  int scale_sub;         // scale columns per 128-k stage: 1 (scale_k 128), 2 (64) or 4 (32)
   void* y;
   int64_t ldy, bsy;
   int64_t M, N, K, batch;
@@ -180,16 +181,18 @@ __device__ __forceinline__ void row_pairs(const uint8_t* row, int h, int t, int 
 }
 
 // One stage (128 k) of a warp: two halves of 64, 4 MMA k-steps each per token tile.
+// fa[h] / fb[h]: the scale factor of the lane's 16 k in half h for rows g / g+8 (equal halves when
+// one scale covers the stage).
 template <bool kFp8, int kNT>
 __device__ __forceinline__ void compute_stage(const uint8_t* Ws, const uint8_t* Xs, int warp, int g, int t,
-                                              uint32_t fa, uint32_t fb, float (&acc)[kNT][4]) {
+                                              const uint32_t (&fa)[2], const uint32_t (&fb)[2], float (&acc)[kNT][4]) {
   using C = Cfg<kFp8, kNT>;
   const int rA = warp * 16 + g, rB = rA + 8;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     uint32_t PA[8], PB[8];
-    row_pairs<kFp8>(Ws + rA * C::kWRow, h, t, rA, fa, PA);
-    row_pairs<kFp8>(Ws + rB * C::kWRow, h, t, rB, fb, PB);
+    row_pairs<kFp8>(Ws + rA * C::kWRow, h, t, rA, fa[h], PA);
+    row_pairs<kFp8>(Ws + rB * C::kWRow, h, t, rB, fb[h], PB);
 #pragma unroll
     for (int q = 0; q < kNT; ++q) {
       const uint8_t* xr = Xs + (q * 8 + g) * kXLd + h * 128 + 32 * t;
@@ -241,16 +244,21 @@ __global__ void __launch_bounds__(Cfg<kFp8, kNT>::kThreads) fp8w_kernel(const __
     if (s < nc) load_stage<kFp8, kNT>(p, smem, s, (c0 + s) * kChunk, wrow0, rows_left, xb);
     cp_async_commit();
   }
-  // The split's scale bytes, [scale_slots][cps], while the first stages are in flight.
+  // The split's scale bytes, [scale_slots][cps * sub], while the first stages are in flight.
   uint8_t* sc = smem + C::kPipe;
   const int64_t sr = kFp8 ? p.scale_rows : 1, s_first = wrow0 / sr;
+  const int sub = kFp8 ? p.scale_sub : 1;
+  const int64_t sps = cps * sub;  // scale bytes per slot
   if constexpr (kFp8) {
-    const int64_t kb = chunks, srows = cdiv(p.batch * p.N, sr);
-    for (int i = threadIdx.x; i < p.scale_slots * nc; i += C::kThreads) {
-      const int slot = i / nc, c = i % nc;
-      sc[slot * cps + c] = s_first + slot < srows ? p.scale[(s_first + slot) * kb + c0 + c] : uint8_t(0);
+    const int64_t kb = cdiv(p.K, kChunk / sub), srows = cdiv(p.batch * p.N, sr);
+    for (int i = threadIdx.x; i < p.scale_slots * nc * sub; i += C::kThreads) {
+      const int slot = i / (nc * sub), c = i % (nc * sub);
+      const int64_t col = c0 * sub + c;
+      sc[slot * sps + c] = s_first + slot < srows && col < kb ? p.scale[(s_first + slot) * kb + col] : uint8_t(0);
     }
   }
+  // Scale column of the lane's 16 k in half h of a stage: (64h + 16t) / scale_k.
+  const int sub_h0 = (16 * t) * sub / kChunk, sub_h1 = (64 + 16 * t) * sub / kChunk;
   const int slotA = int((wrow0 + warp * 16 + g) / sr - s_first), slotB = int((wrow0 + warp * 16 + g + 8) / sr - s_first);
 
   float acc[kNT][4];
@@ -263,7 +271,13 @@ __global__ void __launch_bounds__(Cfg<kFp8, kNT>::kThreads) fp8w_kernel(const __
     if (nx < nc) load_stage<kFp8, kNT>(p, smem, nx % C::kStages, (c0 + nx) * kChunk, wrow0, rows_left, xb);
     cp_async_commit();
     const uint8_t* Ws = smem + (ci % C::kStages) * C::kStage;
-    const uint32_t fa = kFp8 ? scale_factor(sc[slotA * cps + ci]) : 0u, fb = kFp8 ? scale_factor(sc[slotB * cps + ci]) : 0u;
+    uint32_t fa[2] = {0u, 0u}, fb[2] = {0u, 0u};
+    if constexpr (kFp8) {
+      const uint8_t* sa = sc + slotA * sps + ci * sub;
+      const uint8_t* sb = sc + slotB * sps + ci * sub;
+      fa[0] = scale_factor(sa[sub_h0]), fa[1] = scale_factor(sa[sub_h1]);
+      fb[0] = scale_factor(sb[sub_h0]), fb[1] = scale_factor(sb[sub_h1]);
+    }
     compute_stage<kFp8, kNT>(Ws, Ws + C::kWTile, warp, g, t, fa, fb, acc);
   }
   // acc[q][0..1]: row g, tokens 8q + 2t, 2t+1; acc[q][2..3]: row g+8.
@@ -294,7 +308,7 @@ __global__ void dequant_kernel(const __grid_constant__ Fp8wDequantParams p) {
   if (i >= p.N * per_row) return;
   const int64_t n = i / per_row, k = (i % per_row) * 16;
   const uint4 v = ld_stream(p.w + n * p.K + k);
-  const uint32_t f = scale_factor(p.scale[(n / p.scale_rows) * ((p.K + 127) / 128) + k / 128]);
+  const uint32_t f = scale_factor(p.scale[(n / p.scale_rows) * ((p.K + p.scale_k - 1) / p.scale_k) + k / p.scale_k]);
   const uint32_t w[4] = {v.x, v.y, v.z, v.w};
   uint32_t o[8];
 #pragma unroll
@@ -339,7 +353,8 @@ template <bool kFp8, int kNT, typename Out>
 void launch_nt(Args a, const Split& sp, cudaStream_t stream) {
   using C = Cfg<kFp8, kNT>;
   a.scale_slots = kFp8 ? int(std::min<int64_t>(C::kRows, (C::kRows - 2) / a.scale_rows + 2)) : 0;
-  const size_t smem = size_t(C::kPipe) + size_t(ceil_div(int64_t(a.scale_slots) * sp.chunks_per_split, 16) * 16);
+  const size_t smem =
+      size_t(C::kPipe) + size_t(ceil_div(int64_t(a.scale_slots) * sp.chunks_per_split * a.scale_sub, 16) * 16);
   auto* fn = fp8w_kernel<kFp8, kNT, Out>;
   DI_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   cudaLaunchConfig_t cfg{};
@@ -387,6 +402,8 @@ void validate(const Fp8wGemmParams& p) {
     DI_THROW(InvalidArgument, "gemm_fp8w: out dtype ", dtype_name(p.out_dtype), " (bf16 or f32)");
   if (fp8 && (p.scale_rows <= 0 || 128 % p.scale_rows))
     DI_THROW(InvalidArgument, "gemm_fp8w: scale_rows=", p.scale_rows, " must divide 128");
+  if (fp8 && p.scale_k != 128 && p.scale_k != 64 && p.scale_k != 32)
+    DI_THROW(InvalidArgument, "gemm_fp8w: scale_k=", p.scale_k, " must be 128, 64 or 32");
   if (p.batch > 65535) DI_THROW(InvalidArgument, "gemm_fp8w: batch=", p.batch, " > 65535");
 }
 }  // namespace
@@ -408,6 +425,7 @@ void gemm_fp8w(const Fp8wGemmParams& p, cudaStream_t stream) {
     const int64_t M = std::min(kFp8wMaxM, p.M - m0);
     Args a{.x = static_cast<const __nv_bfloat16*>(p.x) + m0 * p.ldx, .ldx = p.ldx, .bsx = p.batch_stride_x,
            .w = fp8 ? p.w : static_cast<const uint8_t*>(p.w_bf16), .scale = p.scale, .scale_rows = p.scale_rows,
+           .scale_sub = fp8 ? int(kChunk / p.scale_k) : 1,
            .y = static_cast<char*>(p.y) + size_t(m0 * p.ldy) * ob, .ldy = p.ldy, .bsy = p.batch_stride_y,
            .M = M, .N = p.N, .K = p.K, .batch = p.batch, .chunks_per_split = sp.chunks_per_split, .scale_slots = 0};
     const int nt = token_tiles(M);
@@ -424,6 +442,8 @@ void dequant_fp8w_bf16(const Fp8wDequantParams& p, cudaStream_t stream) {
     DI_THROW(InvalidArgument, "dequant_fp8w_bf16: null pointer or empty shape N=", p.N, " K=", p.K);
   if (p.scale_rows <= 0 || 128 % p.scale_rows)
     DI_THROW(InvalidArgument, "dequant_fp8w_bf16: scale_rows=", p.scale_rows, " must divide 128");
+  if (p.scale_k != 128 && p.scale_k != 64 && p.scale_k != 32)
+    DI_THROW(InvalidArgument, "dequant_fp8w_bf16: scale_k=", p.scale_k, " must be 128, 64 or 32");
   if (p.K % 16 || !aligned16(p.w) || !aligned16(p.out))
     DI_THROW(InvalidArgument, "dequant_fp8w_bf16: K=", p.K, " must be a multiple of 16 and pointers 16-byte aligned");
   const int64_t n = p.N * (p.K / 16);

@@ -1,6 +1,6 @@
 // FP8 weight-only GEMM for small M (decode): y[M, N] = x[M, K] · Wᵀ with bf16 activations and the
-// release checkpoint's FP8 weight as stored — e4m3 bytes [N, K] plus one e8m0 scale per 128×128
-// block — dequantised exactly in registers (e4m3 · 2^e is a bf16 value) and fed to bf16 tensor
+// release checkpoint's FP8 weight as stored — e4m3 bytes [N, K] plus one e8m0 scale per block of
+// scale_rows × scale_k (V4: 128×128; V4.1: 32×32) — dequantised exactly in registers (e4m3 · 2^e is a bf16 value) and fed to bf16 tensor
 // cores with fp32 accumulation. Memory-bound: it reads 1 byte per weight instead of bf16's 2.
 // The same kernel also takes plain bf16 weights (Fp8wGemmParams::w_bf16): identical k order and
 // reduction order, so FP8 weights give bit-for-bit the output of their bf16 dequantisation
@@ -31,9 +31,10 @@ struct Fp8wGemmParams {
   const void* x = nullptr;        // bf16 [batch][M, K]; row stride ldx, batch b at x + b*batch_stride_x
   int64_t ldx = 0;
   const uint8_t* w = nullptr;     // e4m3 [batch*N, K] contiguous (batch b = rows b*N ..)
-  const uint8_t* scale = nullptr; // e8m0 [ceil(batch*N/scale_rows), ceil(K/128)] of the whole [batch*N, K] matrix
+  const uint8_t* scale = nullptr; // e8m0 [ceil(batch*N/scale_rows), ceil(K/scale_k)] of the whole [batch*N, K] matrix
   int64_t scale_rows = 128;       // rows per scale row: 128 (checkpoint grid), or a divisor of 128 for
                                   // stacked linears whose parts are not 128-row aligned (W1|W3)
+  int64_t scale_k = 128;          // inputs per scale column: 128 (V4's 128x128 blocks), 64 or 32 (V4.1's 32x32)
   const void* w_bf16 = nullptr;   // instead of w/scale: bf16 [batch*N, K] contiguous (same kernel, no scales)
   void* y = nullptr;              // [batch][M, N] out_dtype; row stride ldy, batch b at y + b*batch_stride_y
   int64_t ldy = 0;
@@ -62,10 +63,11 @@ void gemm_fp8w(const Fp8wGemmParams& p, cudaStream_t stream);
 // uses; one pass, 16 weights per thread (3 bytes of traffic per weight).
 struct Fp8wDequantParams {
   const uint8_t* w = nullptr;
-  const uint8_t* scale = nullptr; // [ceil(N/scale_rows), ceil(K/128)]
+  const uint8_t* scale = nullptr; // [ceil(N/scale_rows), ceil(K/scale_k)]
   void* out = nullptr;
   int64_t N = 0, K = 0;
   int64_t scale_rows = 128;
+  int64_t scale_k = 128;          // 128, 64 or 32
 };
 void dequant_fp8w_bf16(const Fp8wDequantParams& p, cudaStream_t stream);
 

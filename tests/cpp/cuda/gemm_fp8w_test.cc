@@ -38,15 +38,15 @@ std::vector<uint8_t> rand_e8m0(size_t n, uint64_t seed, int lo = 112, int hi = o
   for (auto& b : v) b = uint8_t(d(g));
   return v;
 }
-// Host dequantisation of [rows, K] (e8m0 grid [ceil(rows/sr), ceil(K/128)]) to bf16 bits.
+// Host dequantisation of [rows, K] (e8m0 grid [ceil(rows/sr), ceil(K/sk)]) to bf16 bits.
 std::vector<uint16_t> host_dequant(const std::vector<uint8_t>& w, const std::vector<uint8_t>& s, int64_t rows,
-                                   int64_t K, int64_t sr = 128) {
-  const int64_t kb = (K + 127) / 128;
+                                   int64_t K, int64_t sr = 128, int64_t sk = 128) {
+  const int64_t kb = (K + sk - 1) / sk;
   std::vector<uint16_t> o(size_t(rows * K));
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t k = 0; k < K; ++k)
       o[size_t(r * K + k)] =
-          f32_to_bf16(fp8e4m3_to_f32(w[size_t(r * K + k)]) * e8m0_to_f32(s[size_t((r / sr) * kb + k / 128)]));
+          f32_to_bf16(fp8e4m3_to_f32(w[size_t(r * K + k)]) * e8m0_to_f32(s[size_t((r / sr) * kb + k / sk)]));
   return o;
 }
 
@@ -54,11 +54,13 @@ struct Case {
   int64_t M, N, K, batch;
   DType out;
   int64_t sr = 128;  // scale rows
+  int64_t sk = 128;  // inputs per scale column (V4.1: 32x32 blocks)
 };
 std::string name(const Case& c) {
   return "M=" + std::to_string(c.M) + " N=" + std::to_string(c.N) + " K=" + std::to_string(c.K) +
          " batch=" + std::to_string(c.batch) + (c.out == DType::kF32 ? " f32" : " bf16") +
-         (c.sr != 128 ? " scale_rows=" + std::to_string(c.sr) : "");
+         (c.sr != 128 ? " scale_rows=" + std::to_string(c.sr) : "") +
+         (c.sk != 128 ? " scale_k=" + std::to_string(c.sk) : "");
 }
 
 // x [M, batch*K] (ldx = batch*K + 8: padded rows), y [M, batch*N] (ldy = batch*N + 3), W [batch*N, K].
@@ -73,14 +75,19 @@ TEST(CudaGemmFp8w, MatchesHostTwinAndBf16PathBitForBit) {
                                    // K split over a cluster of 8 (one row block) with 64 tokens; odd N,
                                    // K % 128 != 0, batched, with every token-tile variant
                                    {64, 130, 8192, 1, DType::kF32},  {40, 77, 1040, 3, DType::kF32},
-                                   {17, 1000, 2048, 1, DType::kBF16, 32}, {11, 64, 4096, 1, DType::kBF16}};
+                                   {17, 1000, 2048, 1, DType::kBF16, 32}, {11, 64, 4096, 1, DType::kBF16},
+                                   // V4.1's 32x32 blocks (and 64 along K): K % 128 != 0, split K,
+                                   // batched (wo_a), rows not a multiple of the block
+                                   {1, 333, 416, 1, DType::kF32, 32, 32}, {9, 1000, 5120, 1, DType::kBF16, 32, 32},
+                                   {64, 130, 8192, 1, DType::kF32, 32, 32}, {5, 200, 352, 3, DType::kF32, 32, 32},
+                                   {3, 96, 272, 2, DType::kF32, 16, 32},   {70, 96, 320, 1, DType::kF32, 32, 64}};
   uint64_t seed = 100;
   for (const Case& c : cases) {
     const int64_t rows = c.batch * c.N, ldx = c.batch * c.K + 8, ldy = c.batch * c.N + 3;
     const std::vector<float> xf = bf16_round(randn(size_t(c.M * ldx), ++seed));
     const std::vector<uint8_t> w = rand_fp8(size_t(rows * c.K), ++seed);
-    const std::vector<uint8_t> s = rand_e8m0(size_t((rows + c.sr - 1) / c.sr * ((c.K + 127) / 128)), ++seed);
-    const std::vector<uint16_t> wd = host_dequant(w, s, rows, c.K, c.sr);
+    const std::vector<uint8_t> s = rand_e8m0(size_t((rows + c.sr - 1) / c.sr * ((c.K + c.sk - 1) / c.sk)), ++seed);
+    const std::vector<uint16_t> wd = host_dequant(w, s, rows, c.K, c.sr, c.sk);
     // host twin: y[m][b*N + n] = Σ_k x[m][b*K + k] · W[b*N + n][k]
     std::vector<float> ref(size_t(c.M * c.batch * c.N));
     for (int64_t m = 0; m < c.M; ++m)
@@ -97,7 +104,8 @@ TEST(CudaGemmFp8w, MatchesHostTwinAndBf16PathBitForBit) {
     DevArray<uint8_t> y1(size_t(c.M * ldy) * ob), y2(size_t(c.M * ldy) * ob);
     const size_t wsb = oc::fp8w_workspace_bytes(c.M, c.N, c.K, c.batch, sms);
     DevArray<float> ws(wsb / 4 + 1);
-    oc::Fp8wGemmParams p{.x = dx.get(), .ldx = ldx, .w = dw.get(), .scale = ds.get(), .scale_rows = c.sr, .y = y1.get(), .ldy = ldy,
+    oc::Fp8wGemmParams p{.x = dx.get(), .ldx = ldx, .w = dw.get(), .scale = ds.get(), .scale_rows = c.sr,
+                         .scale_k = c.sk, .y = y1.get(), .ldy = ldy,
                          .out_dtype = c.out, .M = c.M, .N = c.N, .K = c.K, .batch = c.batch,
                          .batch_stride_x = c.K, .batch_stride_y = c.N, .workspace = ws.get(),
                          .workspace_bytes = wsb, .num_sms = sms};
@@ -107,10 +115,11 @@ TEST(CudaGemmFp8w, MatchesHostTwinAndBf16PathBitForBit) {
     // dequantised weights: this module's kernel and quant.h's agree with the host bit for bit
     dwd.poison();
     dwd2.poison();
-    oc::dequant_fp8w_bf16({.w = dw.get(), .scale = ds.get(), .out = dwd.get(), .N = rows, .K = c.K, .scale_rows = c.sr},
+    oc::dequant_fp8w_bf16({.w = dw.get(), .scale = ds.get(), .out = dwd.get(), .N = rows, .K = c.K, .scale_rows = c.sr,
+                           .scale_k = c.sk},
                           nullptr);
     EXPECT_TRUE(dwd.download() == wd) << name(c) << ": dequant_fp8w_bf16 differs from the host";
-    if (c.sr == 128) {
+    if (c.sr == 128 && c.sk == 128) {
       oc::dequant_fp8_blockwise({.w = dw.get(), .scale = ds.get(), .scale_dtype = DType::kE8M0, .out = dwd2.get(),
                                  .N = rows, .K = c.K},
                                 nullptr);
@@ -172,6 +181,11 @@ TEST(CudaGemmFp8w, TypedErrors) {
   bad = p;
   bad.scale_rows = 48;  // does not divide 128
   EXPECT_THROW(oc::gemm_fp8w(bad, nullptr), InvalidArgument);
+  bad = p;
+  bad.scale_k = 16;  // 128, 64 or 32 only
+  EXPECT_THROW(oc::gemm_fp8w(bad, nullptr), InvalidArgument);
+  EXPECT_THROW(oc::dequant_fp8w_bf16({.w = buf, .scale = buf, .out = buf, .N = 2, .K = 32, .scale_k = 48}, nullptr),
+               InvalidArgument);
   EXPECT_THROW(oc::dequant_fp8w_bf16({.w = buf, .scale = buf, .out = buf, .N = 2, .K = 20}, nullptr), InvalidArgument);
 }
 

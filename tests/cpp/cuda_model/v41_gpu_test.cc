@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "deepinfer/error.h"
+#include "../model_v41/parity.h"
 #include "golden.h"
 #include "model/deepseek/cuda/v41_cuda_model.h"
 #include "model/deepseek_v41/model.h"
@@ -40,61 +41,12 @@ using deepinfer::testing::read_npy;
 using ds::cuda::CudaModelOptions;
 using ds::cuda::Numerics;
 
-struct Diff {
-  double max = 0;
-  int64_t rows_over = 0;  // rows with some |Δlogit| > 1e-4
-  int64_t flips = 0;      // rows whose argmax differs
-  bool finite = true;
-};
-
-Diff diff(const float* a, const float* b, int64_t rows, int64_t V) {
-  Diff d;
-  for (int64_t r = 0; r < rows; ++r) {
-    int64_t ia = 0, ib = 0;
-    double row_max = 0;
-    for (int64_t v = 0; v < V; ++v) {
-      d.finite = d.finite && std::isfinite(a[r * V + v]);
-      row_max = std::max(row_max, double(std::fabs(a[r * V + v] - b[r * V + v])));
-      if (a[r * V + v] > a[r * V + ia]) ia = v;
-      if (b[r * V + v] > b[r * V + ib]) ib = v;
-    }
-    d.max = std::max(d.max, row_max);
-    d.rows_over += row_max > 1e-4;
-    d.flips += ia != ib;
-  }
-  return d;
-}
-
-// Sequences on which the QAT roundings cascade on SOME engine path (measured on the CPU, see
-// docs/MODEL-V41.md "Parity, CPU fp32", and on the H200): one compressed entry lands one FP4 step
-// away from the reference's and the rows after its first reader move by up to ~0.55, a few
-// argmaxes with them; which path flips depends on the summation order (OpenBLAS build, chunk size,
-// cuBLASLt). For these only a loose bound holds; every other sequence is held to 1e-4 on every row.
-bool cascades(const std::string& fixture, const std::string& seq) {
-  return (fixture == "v41_b" || fixture == "v41_b_release") && (seq == "t37" || seq == "t161");
-}
-// The loose bound: finite, max |Δ| <= 1, argmax changed on at most 4% of the rows.
-void expect_loose(const Diff& d, int64_t T, const std::string& what) {
-  EXPECT_TRUE(d.finite) << what;
-  EXPECT_LE(d.flips * 25, T) << what << ": " << d.flips << " argmax changes";
-  EXPECT_LE(d.max, 1.0) << what;
-}
-void expect_strict(const Diff& d, double bound, const std::string& what) {
-  EXPECT_TRUE(d.finite) << what;
-  EXPECT_EQ(d.flips, 0) << what;
-  EXPECT_LE(d.max, bound) << what;
-}
-
-std::vector<int64_t> odd_chunks(int64_t T) {
-  std::vector<int64_t> c;
-  const int64_t sizes[] = {3, 5, 7};
-  for (int64_t done = 0, i = 0; done < T; ++i) {
-    const int64_t n = std::min(sizes[i % 3], T - done);
-    c.push_back(n);
-    done += n;
-  }
-  return c;
-}
+using v41_parity::cascades;
+using v41_parity::Diff;
+using v41_parity::diff;
+using v41_parity::expect_loose;
+using v41_parity::expect_strict;
+using v41_parity::odd_chunks;
 
 CudaModelOptions gpu_options(Numerics n, int64_t rollback = 0) {
   CudaModelOptions o;

@@ -90,6 +90,12 @@ void CpuBackend::begin_step(StepPlan plan) {
   plan_ = std::move(plan);
   if (cp_) cp_->begin_step(plan_);
   fixed_steps_ += plan_.fixed ? 1 : 0;
+  // A fixed-shape step runs its padded rows through Engram too: zero rows past the step's tokens.
+  for (size_t l = 0; plan_.fixed && l < engram_rows_.size(); ++l) {
+    const int64_t width = l < store_->refs.layers.size() ? store_->refs.layers[l].engram.wkv.in : 0;
+    if (!engram_rows_[l].empty() && width > 0)
+      engram_rows_[l].resize(std::max(engram_rows_[l].size(), size_t(plan_.T * width)), 0.f);
+  }
   const StepPlan& p = plan_;
   StepIndex& ix = index_;
   ix = StepIndex{};

@@ -169,8 +169,9 @@ FixedLimits CudaBackend::fixed_limits() const {
 
 std::optional<ModelBackend::FixedShape> CudaBackend::fixed_shape(const ForwardBatch& b) const {
   // Expert parallelism exchanges host-sized messages every MoE layer: no fixed shapes, no graphs.
-  // Engram rows (V4.1) are staged into buffers that grow with the step: not graph-stable yet.
-  if (ep_ || arch_.dims.engram || opts_.decode == DecodePath::kGeneral ||
+  // V4.1's Engram rows are gathered on the host before the step and staged into fixed buffers
+  // outside the captured launches (stage_engram_rows), so they do not stop fixed shapes.
+  if (ep_ || opts_.decode == DecodePath::kGeneral ||
       !fixed_eligible(specs_, b, cand_caps_, fixed_limits()))
     return std::nullopt;
   return FixedShape{.padded = fixed_token_bucket(b.num_tokens()), .caps = &cand_caps_};
@@ -584,7 +585,7 @@ void CudaBackend::linear_fp8(const LinearRef& W, const void* x, int64_t ldx, int
   if (M > kDenseFp8PrefillM && !opts_.batch_invariant && L_.wdq_bytes >= size_t(W.out * W.in) * 2) {
     void* wd = at<void>(L_.wdq);
     oc::dequant_fp8w_bf16({.w = static_cast<const uint8_t*>(W.w), .scale = static_cast<const uint8_t*>(W.scale),
-                           .out = wd, .N = W.out, .K = W.in, .scale_rows = W.scale_rows},
+                           .out = wd, .N = W.out, .K = W.in, .scale_rows = W.scale_rows, .scale_k = W.scale_cols},
                           st);
     blas_.gemm({.x = x, .ldx = ldx, .w = wd, .ldw = k, .y = y, .ldy = ldy, .in_dtype = DType::kBF16,
                 .out_dtype = y_dtype, .M = M, .N = n, .K = k, .batch = batch, .batch_stride_x = bsx,
@@ -593,7 +594,8 @@ void CudaBackend::linear_fp8(const LinearRef& W, const void* x, int64_t ldx, int
     return;
   }
   oc::gemm_fp8w({.x = x, .ldx = ldx, .w = static_cast<const uint8_t*>(W.w),
-                 .scale = static_cast<const uint8_t*>(W.scale), .scale_rows = W.scale_rows, .y = y, .ldy = ldy,
+                 .scale = static_cast<const uint8_t*>(W.scale), .scale_rows = W.scale_rows, .scale_k = W.scale_cols,
+                 .y = y, .ldy = ldy,
                  .out_dtype = y_dtype, .M = M, .N = n, .K = k, .batch = batch, .batch_stride_x = bsx,
                  .batch_stride_y = bsy, .workspace = at<float>(L_.fp8_ws), .workspace_bytes = L_.fp8_ws_bytes,
                  .num_sms = info_.num_sms},

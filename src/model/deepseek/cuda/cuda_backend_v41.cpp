@@ -15,11 +15,33 @@ namespace deepinfer::model::ds::cuda {
 namespace dc = deepinfer::cuda;
 
 
+// Fixed-shape steps (graphs) read the rows through a captured pointer and run padded rows past
+// the step's tokens: each layer's buffer is sized at first use for the largest fixed step (and
+// the step at hand), so decode/verify steps never move it; a longer general step that grows it
+// drops the captured graphs (recaptured lazily, as after allocate_cache). Padded rows read
+// whatever an earlier step left there (finite values; their outputs are never used).
 void CudaBackend::stage_engram_rows(std::vector<std::vector<float>> rows) {
   const size_t L = rows.size();
   engram_dev_.resize(std::max(engram_dev_.size(), L));
   engram_host_.resize(std::max(engram_host_.size(), L));
   const size_t elem = act_ == DType::kF32 ? 4 : 2;
+  for (size_t l = 0; l < L; ++l) {
+    if (rows[l].empty()) continue;
+    const int64_t width = weights_->refs.layers.at(l).engram.wkv.in;
+    DI_CHECK(width > 0 && int64_t(rows[l].size()) % width == 0, "engram rows of layer ", l, ": ", rows[l].size(),
+             " values, width ", width);
+    const size_t need = std::max<size_t>(rows[l].size(), size_t(fixed_limits().max_tokens * width)) * elem;
+    if (engram_dev_[l].size_bytes() < need) {
+      const bool moved = engram_dev_[l].size_bytes() > 0;
+      engram_dev_[l] = dc::DeviceBuffer();
+      engram_dev_[l] = dc::DeviceBuffer(need, opts_.device);
+      DI_CUDA_CHECK(cudaMemsetAsync(engram_dev_[l].data(), 0, need, stream_.get()));
+      if (moved) {
+        graphs_.clear();
+        warmed_.clear();
+      }
+    }
+  }
   for (size_t l = 0; l < L; ++l) {
     std::vector<char>& h = engram_host_[l];
     if (rows[l].empty()) {
@@ -34,7 +56,6 @@ void CudaBackend::stage_engram_rows(std::vector<std::vector<float>> rows) {
       uint16_t* o = reinterpret_cast<uint16_t*>(h.data());
       for (size_t i = 0; i < rows[l].size(); ++i) o[i] = f32_to_bf16(rows[l][i]);
     }
-    ensure(engram_dev_[l], h.size(), opts_.device);
     // Stream-ordered after the previous step's reads; pageable source, so the call returns once
     // the bytes are staged (the host copy may change afterwards).
     dc::copy_h2d(engram_dev_[l].data(), h.data(), h.size(), stream_.get(), false);

@@ -14,164 +14,72 @@
 #include "model/deepseek/cuda/cuda_model.h"
 #include "model/deepseek_v41/family.h"
 #include "model/deepseek_v41/plan.h"
+#include "model/deepseek_v41/prepare.h"
+#include "model/deepseek_v41/targets.h"
 #include "ops/cuda/attention.h"
 #include "ops/cuda/hc.h"
 #include "ops/cuda/router.h"
 #include "ops/cuda/sampling.h"
 
-namespace deepinfer::model::ds::cuda {
+namespace deepinfer::model::v41 {
 namespace dc = deepinfer::cuda;
+using namespace ds::cuda;
 
-namespace {
-size_t align256(size_t n) { return (n + 255) / 256 * 256; }
-
-// Every weight field of a prepared ModelRef, in one fixed order: `lin` for linears, `vec` for f32
-// vectors (the Engram tables themselves are not visited: they stay in host memory).
-template <typename Lin, typename Vec>
-void walk(ModelRef& m, Lin&& lin, Vec&& vec) {
-  auto hc = [&](HcRef& h) {
-    vec(h.fn);
-    vec(h.base);
-    vec(h.scale);
+ds::cuda::DeviceFormats v41_device_formats(const DeepseekV41Config& c) {
+  auto fmt = [](WeightFormat f) {
+    return f == WeightFormat::kFP8Block ? v4::WeightFormat::kFP8Block
+           : f == WeightFormat::kFP4    ? v4::WeightFormat::kFP4
+                                        : v4::WeightFormat::kBF16;
   };
-  lin(m.embed);
-  lin(m.head);
-  vec(m.norm);
-  hc(m.hc_head);
-  for (LayerRef& L : m.layers) {
-    vec(L.attn_norm);
-    vec(L.ffn_norm);
-    hc(L.hc_attn);
-    hc(L.hc_ffn);
-    AttentionRef& A = L.attn;
-    lin(A.wq_a);
-    lin(A.wq_b);
-    lin(A.wkv);
-    lin(A.wo_a);
-    lin(A.wo_b);
-    vec(A.q_norm);
-    vec(A.kv_norm);
-    vec(A.sink);
-    for (std::optional<CompressorRef>* c : {&A.comp, &A.icomp}) {
-      if (!*c) continue;
-      lin((*c)->wkv_gate);
-      vec((*c)->ape);
-      vec((*c)->norm);
-    }
-    lin(A.index_wq_b);
-    lin(A.index_weights);
-    lin(A.index_wk);
-    vec(A.index_k_norm);
-    MoeRef& M = L.ffn;
-    lin(M.gate);
-    vec(M.bias);
-    for (ExpertRef& e : M.experts) {
-      lin(e.w13);
-      lin(e.w2);
-    }
-    lin(M.shared.w13);
-    lin(M.shared.w2);
-    lin(L.engram.wkv);
-    vec(L.engram.w);
-  }
-  vec(m.inv_freq_main);
-  vec(m.inv_freq_compress);
+  DI_CHECK(c.fp8_block_out == c.fp8_block_in, "non-square fp8 blocks");
+  return {.dense = fmt(c.dense_format), .experts = fmt(c.expert_format), .fp8_block = c.fp8_block_in,
+          .fp4_block = c.fp4_block, .hidden = c.hidden_size, .moe_inter = c.moe_intermediate_size,
+          .n_experts = c.n_routed_experts, .rope_dim = c.rope_head_dim, .family = "deepseek_v41"};
 }
 
-void check_prepared(const ModelRef& host) {
-  DI_CHECK(host.mtp.empty(), "upload_prepared: MTP blocks are not uploaded by this path");
-  for (const LayerRef& L : host.layers) DI_CHECK(L.ffn.tid2eid == nullptr, "upload_prepared: hash routing");
+size_t v41_device_weight_bytes(const DeepseekV41Config& c, const ModelPlan& plan, const CudaModelOptions& o) {
+  size_t engram_w = 0;  // q_weight ⊙ k_weight per Engram layer ([n, D] f32; not a table entry)
+  for (const LayerPlan& p : plan.layers)
+    if (p.engram) engram_w += size_t(c.hc_mult * c.hidden_size) * sizeof(float);
+  return device_weight_bytes(v41_device_formats(c), v41_device_table(c, plan, nullptr, nullptr), o) + engram_w;
 }
 
-size_t linear_bytes(const LinearRef& r, DType dt) {
-  if (!r.defined()) return 0;
-  DI_CHECK(!r.panels && r.dtype == DType::kF32 && r.w, "upload_prepared: linears must be plain f32 (no panels)");
-  return align256(size_t(r.out * r.in) * (dt == DType::kF32 ? 4 : 2));
-}
-size_t vec_bytes(const VecRef& v) { return v.defined() ? align256(size_t(v.n) * 4) : 0; }
-size_t table_bytes(const ModelRef& m) {
-  size_t b = 0;
-  for (const LayerRef& L : m.layers)
-    if (!L.ffn.experts.empty()) b += 4 * align256(L.ffn.experts.size() * sizeof(void*));
-  return b;
-}
-}  // namespace
-
-size_t prepared_device_bytes(const ModelRef& host, DType dt) {
-  check_prepared(host);
-  ModelRef m = host;
-  size_t bytes = 0;
-  walk(m, [&](LinearRef& r) { bytes += linear_bytes(r, dt); }, [&](VecRef& v) { bytes += vec_bytes(v); });
-  return bytes + table_bytes(host);
-}
-
-std::unique_ptr<GpuWeightStore> upload_prepared(const ModelRef& host, DType dt, const CudaModelOptions& o,
-                                                cudaStream_t stream) {
-  DI_CHECK(dt == DType::kF32 || dt == DType::kBF16, "upload_prepared: storage ", dtype_name(dt));
-  const size_t total = prepared_device_bytes(host, dt);
+std::unique_ptr<GpuWeightStore> upload_v41(const DeepseekV41Config& c, const ModelPlan& plan, const V41Weights& w,
+                                           const CudaModelOptions& o, size_t planned_bytes, cudaStream_t stream) {
   auto st = std::make_unique<GpuWeightStore>();
-  st->buffers.emplace_back(std::max<size_t>(total, 256), o.device);
-  char* base = st->buffers.back().as<char>();
-  size_t off = 0;
-  auto put = [&](const void* src, size_t n) -> void* {
-    void* dst = base + off;
-    if (n) dc::copy_h2d(dst, src, n, stream, /*sync=*/true);
-    off += align256(n);
-    return dst;
-  };
-  st->refs = host;
-  std::vector<uint16_t> bf;
-  walk(
-      st->refs,
-      [&](LinearRef& r) {
-        if (!r.defined()) return;
-        const size_t n = size_t(r.out * r.in);
-        const float* src = static_cast<const float*>(r.w);
-        if (dt == DType::kF32) {
-          r.w = put(src, n * 4);
-        } else {
-          bf.resize(n);
-          for (size_t i = 0; i < n; ++i) bf[i] = f32_to_bf16(src[i]);
-          r.w = put(bf.data(), n * 2);
-        }
-        r.dtype = dt;
-        r.scale = nullptr;
-      },
-      [&](VecRef& v) {
-        if (v.defined()) v.p = static_cast<const float*>(put(v.p, size_t(v.n) * 4));
-      });
-  // Rope tables per layer: the host pointers named one of the two tables.
-  for (size_t l = 0; l < st->refs.layers.size(); ++l) {
-    const float* h = host.layers[l].attn.inv_freq;
-    st->refs.layers[l].attn.inv_freq = h == host.inv_freq_main.p       ? st->refs.inv_freq_main.p
-                                       : h == host.inv_freq_compress.p ? st->refs.inv_freq_compress.p
-                                                                       : nullptr;
-    DI_CHECK(h == nullptr || st->refs.layers[l].attn.inv_freq != nullptr, "upload_prepared: layer ", l,
-             " rope table is neither the main nor the compress one");
+  ds::ModelRef& m = st->refs;
+  m.layers.assign(size_t(plan.num_layers()), ds::LayerRef{});
+  DeviceUpload up(v41_device_formats(c), o, planned_bytes, stream, *st);
+  const v4::TensorTable table = v41_device_table(c, plan, &w, &m);
+  std::vector<ds::MoeRef*> moes;
+  for (ds::LayerRef& L : m.layers) moes.push_back(&L.ffn);
+  up.entries(table, [&](int32_t layer) -> ds::MoeRef& { return m.layers.at(size_t(layer)).ffn; }, moes);
+  // What the table does not hold: the Engram tables (host memory, read by row each step) and
+  // q_weight ⊙ k_weight (the reference only uses the product; computed here, uploaded f32).
+  Tensor q;
+  for (size_t i = 0; i < w.table.entries.size(); ++i) {
+    const V41Target t = v41_target(c, plan, w.table.entries[i], m);
+    if (t.kind == V41Target::kEngramTable) v41_engram_table_ref(w.parts[i][0], *t.engram);
+    if (t.kind == V41Target::kEngramQ) q = w.entry_f32(i, c);
+    if (t.kind != V41Target::kEngramK) continue;
+    const Tensor k = w.entry_f32(i, c);
+    DI_CHECK(q.defined() && q.numel() == k.numel(), "engram.k_weight before engram.q_weight");
+    std::vector<float> prod(size_t(k.numel()));
+    for (size_t j = 0; j < prod.size(); ++j) prod[j] = q.data<float>()[j] * k.data<float>()[j];
+    t.engram->w = up.floats(prod.data(), int64_t(prod.size()));
+    q = Tensor();
   }
-  // Per-layer expert pointer tables (moe_decode, grouped GEMM); experts plain in `dt`.
-  for (LayerRef& L : st->refs.layers) {
-    MoeRef& M = L.ffn;
-    M.host_routed = o.experts == ExpertPath::kHostRouted;
-    if (M.experts.empty()) continue;
-    std::vector<const void*> w13, w2, none(M.experts.size(), nullptr);
-    for (const ExpertRef& e : M.experts) {
-      w13.push_back(e.w13.w);
-      w2.push_back(e.w2.w);
-    }
-    const size_t b = M.experts.size() * sizeof(void*);
-    M.tables.w13 = static_cast<const void* const*>(put(w13.data(), b));
-    M.tables.w2 = static_cast<const void* const*>(put(w2.data(), b));
-    M.tables.w13_scale = static_cast<const uint8_t* const*>(put(none.data(), b));
-    M.tables.w2_scale = static_cast<const uint8_t* const*>(put(none.data(), b));
-    M.tables.dtype = dt;
-  }
-  DI_CHECK(off <= total, "upload_prepared: ", off, " bytes placed, ", total, " planned");
-  st->bytes = off;
+  const std::vector<float> main = v41_inv_freq(c.rope, c.rope_head_dim);
+  const std::vector<float> comp = v41_inv_freq(c.compress_rope, c.rope_head_dim);
+  m.inv_freq_main = up.floats(main.data(), int64_t(main.size()));
+  m.inv_freq_compress = up.floats(comp.data(), int64_t(comp.size()));
+  for (const LayerPlan& p : plan.layers)
+    m.layers[size_t(p.index)].attn.inv_freq = p.rope == RopeKind::kMain ? m.inv_freq_main.p : m.inv_freq_compress.p;
+  up.finish();
   return st;
 }
 
-}  // namespace deepinfer::model::ds::cuda
+}  // namespace deepinfer::model::v41
 
 namespace deepinfer::model::v41 {
 namespace dc = deepinfer::cuda;
@@ -201,7 +109,8 @@ void check_supported_on_gpu(const DeepseekV41Config& c, const CudaModelOptions& 
 
 // The per-step workspace bound (as V4's): the arena of a worst-case step, the split-KV partials
 // and the engine's device sampler workspace.
-size_t activation_bytes(const DeepseekV41Config& c, const ds::Dims& dims, const CudaModelOptions& o) {
+size_t activation_bytes(const DeepseekV41Config& c, const ds::Dims& dims, const v4::TensorTable& table,
+                        const CudaModelOptions& o) {
   const int64_t max_tokens = o.max_batch_tokens, max_seqs = o.max_seqs;
   ArenaSizes s;
   s.act_bytes = storage_bytes(o.storage_numerics());
@@ -216,6 +125,7 @@ size_t activation_bytes(const DeepseekV41Config& c, const ds::Dims& dims, const 
   s.step.R = std::min<int64_t>(max_tokens, 1024);
   s.step.Rh = 0;
   s.attn_splits = 1;
+  device_fp8_workspace(v41_device_formats(c), table, o, max_tokens, &s.fp8_ws_bytes, &s.wdq_bytes);
   return layout_arena(dims, s).total + size_t(2048) * size_t(c.num_heads) * size_t(c.head_dim + 2) * sizeof(float) +
          ops::cuda::sampling_workspace_bytes(max_seqs, c.vocab_size);
 }
@@ -244,31 +154,49 @@ std::unique_ptr<DeepseekV41Model> load_v41_cuda(const std::string& dir, const Cu
   m.dspark = false;
   BackendMaker make = [&o](const DeepseekV41Config& cfg, const ds::Arch& arch,
                            const std::vector<kv::LayerCacheSpec>& specs,
-                           std::unique_ptr<ds::CpuWeightStore> prepared) -> std::unique_ptr<ds::ModelBackend> {
-    const DType dt = storage_dtype(o.storage_numerics());
-    const size_t weight_bytes = prepared_device_bytes(prepared->refs, dt);
+                           const V41Weights& w) -> std::unique_ptr<ds::ModelBackend> {
+    const size_t weight_bytes = v41_device_weight_bytes(cfg, arch.plan, o);
+    // Shapes only (no views): the dense-FP8 workspace sizes for any step length.
+    auto shapes = std::make_shared<v4::TensorTable>(v41_device_table(cfg, arch.plan, nullptr, nullptr));
     const size_t e = storage_bytes(o.storage_numerics());
     const int64_t block_tokens = kv::default_block_tokens(specs);
     const dc::DeviceInfo info = dc::device_info(o.device);
     const dc::MemoryPlanRequest req{
-        .weight_bytes = weight_bytes, .activation_bytes = activation_bytes(cfg, arch.dims, o), .graph_pool_bytes = 0,
+        .weight_bytes = weight_bytes, .activation_bytes = activation_bytes(cfg, arch.dims, *shapes, o),
+        .graph_pool_bytes = 0,
         .min_cache_bytes = kv::cache_slot_bytes(specs, e) + kv::cache_block_bytes(specs, block_tokens, e) * 16,
         .utilization = o.utilization};
     const dc::MemoryPlan mem = dc::plan_device_memory(req, info.total_bytes, info.free_bytes);  // OutOfMemory if not
     dc::Stream stream;
-    auto store = upload_prepared(prepared->refs, dt, o, stream.get());
-    prepared.reset();  // the f32 host copies (the Engram tables live in the mapped checkpoint)
-    DI_INFO("deepseek_v41 cuda: ", store->bytes >> 20, " MiB of weights on ", info.name, "; cache budget ",
-            mem.cache_bytes >> 20, " MiB");
-    return std::make_unique<CudaBackend>(arch, specs, std::move(store), o, mem, Fp8Workspace{}, std::move(stream));
+    auto store = upload_v41(cfg, arch.plan, w, o, weight_bytes, stream.get());
+    DI_INFO("deepseek_v41 cuda: ", store->bytes >> 20, " MiB of weights on ", info.name, " (planned ",
+            weight_bytes >> 20, " MiB; ", store->dense_fp8, " dense linears FP8, ", store->expert_bytes >> 20,
+            " MiB routed experts); cache budget ", mem.cache_bytes >> 20, " MiB");
+    const DeviceFormats f = v41_device_formats(cfg);
+    Fp8Workspace fp8 = [f, shapes, o](int64_t tokens, size_t* ws, size_t* wdq) {
+      device_fp8_workspace(f, *shapes, o, tokens, ws, wdq);
+    };
+    return std::make_unique<CudaBackend>(arch, specs, std::move(store), o, mem, std::move(fp8), std::move(stream));
   };
   return DeepseekV41Model::load(dir, m, make);
 }
 
+std::string auto_gpu_refusal(const std::string& dir, const ModelLoadOptions& l) {
+  const DeepseekV41Config c = DeepseekV41Config::from_file(dir);
+  try {
+    check_supported_on_gpu(c, v4::engine_cuda_options(l));
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  if (c.dspark.num_stages > 0 && l.env.use_nextn_decode.value_or(0) > 0)
+    return "DEEPINFER_USE_NEXTN_DECODE asks for DSpark drafts, and the DSpark drafter runs on the CPU only";
+  return "";
+}
+
 std::unique_ptr<CausalLM> load_cuda(const std::string& dir, const ModelLoadOptions& l) {
+  // Decode and verify steps through fixed shapes and CUDA graphs unless DEEPINFER_CUDA_GRAPHS=0
+  // (engine_cuda_options), as for V4: the Engram rows are staged before the captured launches.
   CudaModelOptions o = v4::engine_cuda_options(l);
-  // Fixed-shape decode and graphs are not yet checked for V4.1 (and off with Engram layers anyway).
-  o.decode = DecodePath::kGeneral;
   const bool compact = l.env.yoco_truncation_mode.value_or("full") == "compact";
   const int64_t keep = compact ? l.env.yoco_keep_tokens.value_or(int(kDefaultReplayKeep)) : 0;
   return load_v41_cuda(dir, o, {.replay_keep = keep});

@@ -1,17 +1,19 @@
 // DeepSeek-V4.1 on one NVIDIA GPU: the V4.1 model (deepseek_v41/model.h: plans, Engram slots, the
-// shared forward) over the CUDA backend (cuda_backend.h). The weights are prepared as for the CPU
-// (v41_prepare_cpu: every table entry dequantised exactly to f32, parts stacked, Engram
-// q_weight ⊙ k_weight) and uploaded from that ModelRef (upload_prepared): f32 in exact numerics,
-// bf16 otherwise (FP8 32x32 / FP4 values are exact in bf16), into one device allocation; the
-// Engram tables stay in host memory in their stored form (rows gathered per step on the host and
-// staged: CudaBackend::stage_engram_rows). V4.1's cache formats (QAT) are model numerics and run
-// in every mode, so kBf16 and kProduction are the same model here.
-// Host memory: the f32 copies of every weight exist during the load (fine for the fixtures and
-// a one-layer slice; a release checkpoint needs an upload from the stored FP8/FP4, not written).
+// shared forward) over the CUDA backend (cuda_backend.h). The weights go to the device through the
+// uploader V4 uses (v4_device.h: DeviceUpload over v41_device_table, deepseek_v41/targets.h), one
+// entry at a time from the mapped checkpoint, so the host never holds a copy of the whole model:
+//  * exact numerics: every linear dequantised exactly to f32 (per entry);
+//  * bf16 / production: dense FP8 linears as stored (e4m3 + the 32x32 E8M0 grid, read by
+//    gemm_fp8w with scale_rows = scale_k = 32), routed experts as stored (packed FP4 + E8M0 per 32,
+//    read by moe_decode / the grouped GEMM), plain linears bf16;
+//  * the Engram tables stay in host memory in their stored form (rows gathered per step on the host
+//    and staged: CudaBackend::stage_engram_rows); q_weight ⊙ k_weight is computed at upload.
+// V4.1's cache formats (QAT) are model numerics and run in every mode, so kBf16 and kProduction
+// are the same model here.
 // Refused on the GPU (ConfigError / InvalidArgument naming the reason): routing without top-k
 // normalisation (the GPU router always normalises), expert shards, hc_mult > 4, head widths the
 // kernels do not take. DSpark stages in the checkpoint are not loaded (no drafter on the GPU yet:
-// warned). Decode graphs are off while the model has Engram layers (CudaBackend::fixed_shape).
+// warned).
 #pragma once
 #include <memory>
 #include <string>
@@ -32,14 +34,17 @@ std::unique_ptr<DeepseekV41Model> load_v41_cuda(const std::string& dir, const ds
 
 }  // namespace deepinfer::model::v41
 
-namespace deepinfer::model::ds::cuda {
+namespace deepinfer::model::v41 {
 
-// Device bytes upload_prepared takes for `host` (linears in `dt`, vectors f32, pointer tables).
-size_t prepared_device_bytes(const ModelRef& host, DType dt);
-// Uploads a host-prepared ModelRef (f32 linears, no panels; no MTP blocks, no hash routing) into
-// one device allocation: linears converted to `dt` (f32 or bf16), vectors f32, per-layer expert
-// pointer tables; the Engram tables are left pointing at host memory.
-std::unique_ptr<GpuWeightStore> upload_prepared(const ModelRef& host, DType dt, const CudaModelOptions& o,
-                                                cudaStream_t stream);
+// What V4.1's checkpoint stores, for the device's storage choices (32x32 FP8 blocks, FP4 experts).
+ds::cuda::DeviceFormats v41_device_formats(const DeepseekV41Config& cfg);
+// Device bytes upload_v41 takes (the memory plan), from the config alone.
+size_t v41_device_weight_bytes(const DeepseekV41Config& cfg, const ModelPlan& plan,
+                               const ds::cuda::CudaModelOptions& o);
+// Uploads the main model's tensors from the mapped views `w` (entry by entry, with a progress bar
+// against `planned_bytes`); the Engram tables are left pointing at `w`'s host memory.
+std::unique_ptr<ds::cuda::GpuWeightStore> upload_v41(const DeepseekV41Config& cfg, const ModelPlan& plan,
+                                                     const V41Weights& w, const ds::cuda::CudaModelOptions& o,
+                                                     size_t planned_bytes, cudaStream_t stream);
 
-}  // namespace deepinfer::model::ds::cuda
+}  // namespace deepinfer::model::v41

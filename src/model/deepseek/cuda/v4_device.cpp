@@ -19,19 +19,32 @@ using v4::TensorEntry;
 using v4::TensorPart;
 using v4::WeightFormat;
 
-WeightFormat v4_expert_format(const v4::DeepseekV4Config& cfg, Numerics numerics, ExpertPath experts) {
-  const WeightFormat f = cfg.expert_format;
+DeviceFormats v4_device_formats(const v4::DeepseekV4Config& cfg) {
+  return {.dense = cfg.dense_format, .experts = cfg.expert_format, .fp8_block = cfg.fp8_block,
+          .fp4_block = cfg.fp4_block, .hidden = cfg.hidden_size, .moe_inter = cfg.moe_intermediate_size,
+          .n_experts = cfg.n_routed_experts, .rope_dim = cfg.rope_head_dim, .family = "deepseek_v4"};
+}
+
+WeightFormat device_expert_format(const DeviceFormats& d, Numerics numerics, ExpertPath experts) {
+  const WeightFormat f = d.experts;
   if (numerics == Numerics::kExact || experts != ExpertPath::kNative) return WeightFormat::kBF16;
   if (f != WeightFormat::kFP4 && f != WeightFormat::kFP8Block) return WeightFormat::kBF16;
-  if (cfg.hidden_size % 32 || cfg.moe_intermediate_size % 32) return WeightFormat::kBF16;
-  if (f == WeightFormat::kFP4 && cfg.fp4_block != 32) return WeightFormat::kBF16;
-  if (f == WeightFormat::kFP8Block && cfg.fp8_block != 128) return WeightFormat::kBF16;
+  if (d.hidden % 32 || d.moe_inter % 32) return WeightFormat::kBF16;
+  if (f == WeightFormat::kFP4 && d.fp4_block != 32) return WeightFormat::kBF16;
+  if (f == WeightFormat::kFP8Block && d.fp8_block != 128) return WeightFormat::kBF16;
   return f;
 }
 
+bool device_dense_fp8(const DeviceFormats& d, Numerics numerics, DensePath dense) {
+  return numerics != Numerics::kExact && dense == DensePath::kNative && d.dense == WeightFormat::kFP8Block &&
+         (d.fp8_block == 128 || d.fp8_block == 32);
+}
+
+WeightFormat v4_expert_format(const v4::DeepseekV4Config& cfg, Numerics numerics, ExpertPath experts) {
+  return device_expert_format(v4_device_formats(cfg), numerics, experts);
+}
 bool v4_dense_fp8(const v4::DeepseekV4Config& cfg, Numerics numerics, DensePath dense) {
-  return numerics != Numerics::kExact && dense == DensePath::kNative && cfg.dense_format == WeightFormat::kFP8Block &&
-         cfg.fp8_block == 128;
+  return device_dense_fp8(v4_device_formats(cfg), numerics, dense);
 }
 
 int64_t expert_matrix_bytes(WeightFormat f, int64_t n, int64_t k, int64_t elem_bytes) {
@@ -43,17 +56,19 @@ int64_t expert_matrix_bytes(WeightFormat f, int64_t n, int64_t k, int64_t elem_b
 namespace {
 size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 
-// Rows per FP8 scale row of a dense entry stacked from its parts: 128, or 16 when a part before
-// the last is not 128-row aligned (its grid rows are then repeated per 16 rows).
-int64_t dense_scale_rows(const TensorEntry& e) {
+// Rows per FP8 scale row of a dense entry stacked from its parts: the block edge (128 / 32), or 16
+// when a part before the last is not block-row aligned (its grid rows are then repeated per 16 rows).
+int64_t dense_scale_rows(const TensorEntry& e, int64_t block) {
   for (size_t i = 0; i + 1 < e.parts.size(); ++i)
-    if (e.parts[i].shape[0] % 128) return 16;
-  return 128;
+    if (e.parts[i].shape[0] % block) return 16;
+  return block;
 }
-int64_t dense_fp8_bytes(const TensorEntry& e) {
-  const int64_t rows = e.rows(), cols = e.cols(), sr = dense_scale_rows(e);
-  return rows * cols + (rows + sr - 1) / sr * ((cols + 127) / 128);
+int64_t dense_fp8_bytes(const TensorEntry& e, int64_t block) {
+  const int64_t rows = e.rows(), cols = e.cols(), sr = dense_scale_rows(e, block);
+  return rows * cols + (rows + sr - 1) / sr * ((cols + block - 1) / block);
 }
+
+}  // namespace
 
 // ---- the upload ----
 
@@ -102,6 +117,8 @@ class Uploader {
   cudaStream_t stream_;
 };
 
+namespace {
+
 // e8m0 byte of a power-of-two f32 scale (NaN -> 255), or -1 when it is not one.
 int e8m0_of(float v) {
   uint32_t u;
@@ -130,15 +147,16 @@ std::optional<std::vector<uint8_t>> e8m0_grid(const Tensor& scale) {
   return grid;
 }
 
-// e8m0 grid of a dense FP8 linear ([ceil(out/128), ceil(in/128)]), or nullopt when gemm_fp8w cannot
-// read it as stored: not FP8, input width not a multiple of 16, a scale not a power of two or above
-// 2^(kFp8wMaxScaleExp-127).
-std::optional<std::vector<uint8_t>> dense_fp8_grid(const v4::Linear& l) {
+// e8m0 grid of a dense FP8 linear ([ceil(out/block), ceil(in/block)]), or nullopt when gemm_fp8w
+// cannot read it as stored: not FP8, input width not a multiple of 16, a scale not a power of two or
+// above 2^(kFp8wMaxScaleExp-127).
+std::optional<std::vector<uint8_t>> dense_fp8_grid(const v4::Linear& l, int64_t block) {
   if (l.format != WeightFormat::kFP8Block || !l.weight.defined() || l.weight.dim() != 2 ||
       l.weight.dtype() != DType::kF8E4M3 || !l.scale.defined() || l.scale.dim() != 2)
     return std::nullopt;
   const int64_t out = l.weight.size(0), in = l.weight.size(1);
-  if (in % 16 || l.scale.size(0) != (out + 127) / 128 || l.scale.size(1) != (in + 127) / 128) return std::nullopt;
+  if (in % 16 || l.scale.size(0) != (out + block - 1) / block || l.scale.size(1) != (in + block - 1) / block)
+    return std::nullopt;
   std::optional<std::vector<uint8_t>> grid = e8m0_grid(l.scale);
   if (!grid) return std::nullopt;
   for (uint8_t e : *grid)
@@ -171,12 +189,12 @@ bool native_bytes(const v4::Linear& l, WeightFormat f, std::vector<uint8_t>* w, 
   return true;
 }
 
-class V4Upload {
+class TableUpload {
  public:
-  V4Upload(const v4::DeepseekV4Config& cfg, const CudaModelOptions& o, Uploader& u, GpuWeightStore& st)
-      : cfg_(cfg), u_(u), st_(st), dt_(storage_dtype(o.storage_numerics())),
-        experts_(v4_expert_format(cfg, o.storage_numerics(), o.experts)),
-        dense_fp8_(v4_dense_fp8(cfg, o.storage_numerics(), o.dense)), host_routed_(o.experts == ExpertPath::kHostRouted) {}
+  TableUpload(const DeviceFormats& f, const CudaModelOptions& o, Uploader& u, GpuWeightStore& st)
+      : f_(f), u_(u), st_(st), dt_(storage_dtype(o.storage_numerics())),
+        experts_(device_expert_format(f, o.storage_numerics(), o.experts)),
+        dense_fp8_(device_dense_fp8(f, o.storage_numerics(), o.dense)), host_routed_(o.experts == ExpertPath::kHostRouted) {}
 
   void run(const v4::TensorTable& table, const std::vector<ds::MoeRef*>& moes) {
     const auto& E = table.entries;
@@ -200,7 +218,7 @@ class V4Upload {
     const v4::Linear& l = *p.lin;
     DI_CHECK(l.weight.defined() && l.weight.dim() == 2, "linear '", p.name, "' missing");
     if (l.format == WeightFormat::kBF16 && l.weight.dtype() == dt_) return l.weight.contiguous();
-    Tensor f = l.dequantize_f32(cfg_.fp8_block, cfg_.fp4_block).contiguous();
+    Tensor f = l.dequantize_f32(f_.fp8_block, f_.fp4_block).contiguous();
     return dt_ == DType::kF32 ? f : f.to(dt_);
   }
   // The entry's parts stacked by rows in dt_ (plain storage).
@@ -221,23 +239,23 @@ class V4Upload {
       bool ok = true;
       std::vector<std::optional<std::vector<uint8_t>>> grids;
       for (size_t i = 0; i < e.parts.size(); ++i) {
-        grids.push_back(e.parts[i].lin ? dense_fp8_grid(*e.parts[i].lin) : std::nullopt);
+        grids.push_back(e.parts[i].lin ? dense_fp8_grid(*e.parts[i].lin, f_.fp8_block) : std::nullopt);
         ok = ok && grids.back().has_value();
         if (i + 1 < e.parts.size()) ok = ok && e.parts[i].shape[0] % 16 == 0;
       }
       if (ok) {
-        const int64_t in = e.cols(), kb = (in + 127) / 128, sr = dense_scale_rows(e);
+        const int64_t in = e.cols(), b = f_.fp8_block, kb = (in + b - 1) / b, sr = dense_scale_rows(e, b);
         std::vector<uint8_t> w, s;
         for (size_t i = 0; i < e.parts.size(); ++i) {
           const Tensor wc = e.parts[i].lin->weight.contiguous();
           const uint8_t* pw = static_cast<const uint8_t*>(wc.raw_data());
           w.insert(w.end(), pw, pw + wc.nbytes());
           const std::vector<uint8_t>& g = *grids[i];
-          if (sr == 128) {
+          if (sr == b) {
             s.insert(s.end(), g.begin(), g.end());
-          } else {  // one grid row per 16 rows, copied from the 128-row block holding them
+          } else {  // one grid row per 16 rows, copied from the block-row holding them
             for (int64_t r = 0; r < e.parts[i].shape[0]; r += 16)
-              s.insert(s.end(), g.begin() + (r / 128) * kb, g.begin() + (r / 128 + 1) * kb);
+              s.insert(s.end(), g.begin() + (r / b) * kb, g.begin() + (r / b + 1) * kb);
           }
         }
         st_.buffers.push_back(u_.put(w.data(), w.size()));
@@ -245,13 +263,13 @@ class V4Upload {
         st_.buffers.push_back(u_.put(s.data(), s.size()));
         st_.dense_fp8++;
         return {.w = wp, .scale = st_.buffers.back().data(), .dtype = DType::kF8E4M3, .out = e.rows(), .in = in,
-                .scale_rows = sr};
+                .scale_rows = sr, .scale_cols = b};
       }
       bool any_fp8 = false;
       for (const TensorPart& p : e.parts) any_fp8 = any_fp8 || (p.lin && p.lin->format == WeightFormat::kFP8Block);
       if (any_fp8) {
         st_.dense_fp8_dequantised++;
-        DI_WARN("deepseek_v4 cuda: ", e.name(), " cannot stay FP8 on the device (scales not powers of two <= 2^7, "
+        DI_WARN(f_.family, " cuda: ", e.name(), " cannot stay FP8 on the device (scales not powers of two <= 2^7, "
                 "input width not a multiple of 16, or stacked parts not 16-row aligned); dequantising it to ",
                 dtype_name(dt_), " (more memory than planned)");
       }
@@ -288,7 +306,7 @@ class V4Upload {
     for (size_t k = i; native && k < j; ++k)
       for (const TensorPart& p : E[k].parts) native = native && p.lin && native_bytes(*p.lin, experts_, nullptr, nullptr);
     if (!native && (experts_ == WeightFormat::kFP4 || experts_ == WeightFormat::kFP8Block))
-      DI_WARN("deepseek_v4 cuda: layer ", layer, " routed experts are not all ",
+      DI_WARN(f_.family, " cuda: layer ", layer, " routed experts are not all ",
               (experts_ == WeightFormat::kFP4 ? "FP4" : "FP8"), " with power-of-two scales; dequantising them to ",
               dtype_name(dt_), " (more memory than planned)");
     const WeightFormat f = native ? experts_ : WeightFormat::kBF16;
@@ -337,7 +355,7 @@ class V4Upload {
   std::vector<ExpertLayer> expert_layers_;
 
  private:
-  const v4::DeepseekV4Config& cfg_;
+  const DeviceFormats& f_;
   Uploader& u_;
   GpuWeightStore& st_;
   DType dt_;
@@ -367,13 +385,12 @@ void expert_tables(ds::MoeRef& M, DType dtype, Uploader& u, GpuWeightStore& st) 
 }
 }  // namespace
 
-size_t v4_device_weight_bytes(const v4::DeepseekV4Config& cfg, const v4::TensorTable& table,
-                              const CudaModelOptions& o) {
+size_t device_weight_bytes(const DeviceFormats& f, const v4::TensorTable& table, const CudaModelOptions& o) {
   const Numerics n = o.storage_numerics();
   const size_t lb = storage_bytes(n);
-  const WeightFormat ef = v4_expert_format(cfg, n, o.experts);
-  const bool fp8 = v4_dense_fp8(cfg, n, o.dense);
-  size_t bytes = size_t(cfg.rope_head_dim) * sizeof(float);  // two rope tables of rope_dim/2
+  const WeightFormat ef = device_expert_format(f, n, o.experts);
+  const bool fp8 = device_dense_fp8(f, n, o.dense);
+  size_t bytes = size_t(f.rope_dim) * sizeof(float);  // two rope tables of rope_dim/2
   int64_t expert_layers = 0, last_layer = -2;
   for (const TensorEntry& e : table.entries) {
     switch (e.kind) {
@@ -383,18 +400,23 @@ size_t v4_device_weight_bytes(const v4::DeepseekV4Config& cfg, const v4::TensorT
           bytes += size_t(expert_matrix_bytes(ef, e.rows(), e.cols(), int64_t(lb)));
           if (e.layer != last_layer) ++expert_layers, last_layer = e.layer;
         } else if (e.role == LinearRole::kDense && fp8) {
-          bytes += size_t(dense_fp8_bytes(e));
+          bytes += size_t(dense_fp8_bytes(e, f.fp8_block));
         } else {
           bytes += size_t(e.numel()) * lb;
         }
         break;
     }
   }
-  return bytes + size_t(expert_layers) * 4 * size_t(cfg.n_routed_experts) * sizeof(void*);
+  return bytes + size_t(expert_layers) * 4 * size_t(f.n_experts) * sizeof(void*);
 }
 
-void v4_fp8_workspace(const v4::DeepseekV4Config& cfg, const v4::TensorTable& table, const CudaModelOptions& o,
-                      int64_t tokens, size_t* fp8_ws_bytes, size_t* wdq_bytes) {
+size_t v4_device_weight_bytes(const v4::DeepseekV4Config& cfg, const v4::TensorTable& table,
+                              const CudaModelOptions& o) {
+  return device_weight_bytes(v4_device_formats(cfg), table, o);
+}
+
+void device_fp8_workspace(const DeviceFormats& f, const v4::TensorTable& table, const CudaModelOptions& o,
+                          int64_t tokens, size_t* fp8_ws_bytes, size_t* wdq_bytes) {
   *fp8_ws_bytes = *wdq_bytes = 0;
   constexpr int kMaxSms = 256;  // SM count the K-split workspace is sized for
   if (tokens > 0 && o.batch_invariant) {  // every product through gemm_fp8w, any M (64-row chunks)
@@ -405,7 +427,7 @@ void v4_fp8_workspace(const v4::DeepseekV4Config& cfg, const v4::TensorTable& ta
     }
     return;
   }
-  if (tokens <= 0 || !v4_dense_fp8(cfg, o.storage_numerics(), o.dense)) return;
+  if (tokens <= 0 || !device_dense_fp8(f, o.storage_numerics(), o.dense)) return;
   for (const TensorEntry& e : table.entries) {
     if (e.kind != EntryKind::kLinear || e.role != LinearRole::kDense) continue;
     const int64_t n = e.rows() / e.groups, k = e.cols();
@@ -416,11 +438,39 @@ void v4_fp8_workspace(const v4::DeepseekV4Config& cfg, const v4::TensorTable& ta
   }
 }
 
+void v4_fp8_workspace(const v4::DeepseekV4Config& cfg, const v4::TensorTable& table, const CudaModelOptions& o,
+                      int64_t tokens, size_t* fp8_ws_bytes, size_t* wdq_bytes) {
+  device_fp8_workspace(v4_device_formats(cfg), table, o, tokens, fp8_ws_bytes, wdq_bytes);
+}
+
+DeviceUpload::DeviceUpload(const DeviceFormats& f, const CudaModelOptions& o, size_t planned_bytes,
+                           cudaStream_t stream, GpuWeightStore& st)
+    : u_(std::make_unique<Uploader>(planned_bytes, o.progress, o.device, stream)), f_(f), o_(o), st_(st) {}
+
+DeviceUpload::~DeviceUpload() = default;
+
+void DeviceUpload::entries(const v4::TensorTable& table, const std::function<ds::MoeRef&(int32_t layer)>& moe_of,
+                           const std::vector<ds::MoeRef*>& all_moes) {
+  TableUpload up(f_, o_, *u_, st_);
+  up.run(table, all_moes);
+  for (const auto& x : up.expert_layers_) expert_tables(moe_of(x.layer), x.dtype, *u_, st_);
+}
+
+ds::VecRef DeviceUpload::floats(const float* p, int64_t n) {
+  st_.buffers.push_back(u_->put(p, size_t(n) * sizeof(float)));
+  return {st_.buffers.back().as<const float>(), n};
+}
+
+void DeviceUpload::finish() {
+  st_.bytes = u_->done();
+  u_->finish();
+}
+
 std::unique_ptr<GpuWeightStore> upload_v4(const v4::DeepseekV4Config& cfg, const ModelPlan& plan,
                                           const v4::DeepseekV4Weights& canon, const CudaModelOptions& o,
                                           size_t planned_bytes, cudaStream_t stream) {
   auto st = std::make_unique<GpuWeightStore>();
-  Uploader u(planned_bytes, o.progress, o.device, stream);
+  DeviceUpload up(v4_device_formats(cfg), o, planned_bytes, stream, *st);
   // The table points into the canonical views (read only here) and the store's refs.
   v4::TensorTable both = v4::v4_tensor_table(cfg, plan, const_cast<v4::DeepseekV4Weights*>(&canon), &st->refs);
   if (o.expert_shard)  // another rank's experts stay undefined (null in the device pointer tables)
@@ -428,25 +478,22 @@ std::unique_ptr<GpuWeightStore> upload_v4(const v4::DeepseekV4Config& cfg, const
   std::vector<ds::MoeRef*> moes;
   for (auto& L : st->refs.layers) moes.push_back(&L.ffn);
   for (auto& M : st->refs.mtp) moes.push_back(&M.block.ffn);
-  V4Upload up(cfg, o, u, *st);
-  up.run(both, moes);
-  for (const auto& x : up.expert_layers_) {
-    const size_t L = size_t(x.layer);
-    ds::MoeRef& M = L < st->refs.layers.size() ? st->refs.layers[L].ffn : st->refs.mtp[L - st->refs.layers.size()].block.ffn;
-    expert_tables(M, x.dtype, u, *st);
-  }
+  up.entries(
+      both,
+      [&](int32_t layer) -> ds::MoeRef& {
+        const size_t L = size_t(layer);
+        return L < st->refs.layers.size() ? st->refs.layers[L].ffn : st->refs.mtp[L - st->refs.layers.size()].block.ffn;
+      },
+      moes);
   const std::vector<float> main = v4::inv_freq_main(cfg), comp = v4::inv_freq_compress(cfg);
-  st->buffers.push_back(u.put(main.data(), main.size() * sizeof(float)));
-  st->refs.inv_freq_main = {st->buffers.back().as<const float>(), int64_t(main.size())};
-  st->buffers.push_back(u.put(comp.data(), comp.size() * sizeof(float)));
-  st->refs.inv_freq_compress = {st->buffers.back().as<const float>(), int64_t(comp.size())};
+  st->refs.inv_freq_main = up.floats(main.data(), int64_t(main.size()));
+  st->refs.inv_freq_compress = up.floats(comp.data(), int64_t(comp.size()));
   auto rope_of = [&](const LayerPlan& p) {
     return p.rope == RopeKind::kMain ? st->refs.inv_freq_main.p : st->refs.inv_freq_compress.p;
   };
   for (size_t l = 0; l < plan.layers.size(); ++l) st->refs.layers[l].attn.inv_freq = rope_of(plan.layers[l]);
   for (size_t k = 0; k < plan.drafter.size(); ++k) st->refs.mtp[k].block.attn.inv_freq = rope_of(plan.drafter[k]);
-  st->bytes = u.done();
-  u.finish();
+  up.finish();
   return st;
 }
 
