@@ -9,10 +9,12 @@
 #                              workers (parallel mask computation), the CPU ops' parallel_for
 #   tools/sanitizers.sh asan   every C++ test (ctest) built with gcc ASan + UBSan (UB aborts, leaks
 #                              checked); ASAN_TESTS="io_test core_test ..." builds and runs only those
-#   tools/sanitizers.sh tsan   the engine-level threads with TSan: concurrent LLM::generate, aborts
-#                              and cancellation (llm_hardening_test), the CPU ops' OpenMP regions
-#                              (ops_cpu_test), the server's engine loop and I/O threads
-#                              (server_http_test), the scheduler tests
+#   tools/sanitizers.sh tsan   the threaded parts with TSan (CI runs it after `ci`): concurrent
+#                              LLM::generate, streams, aborts and cancellation (llm_hardening_test),
+#                              the async scheduler and async grammar compiles (engine_test), the
+#                              server's engine loop and I/O threads (server_http_test), the
+#                              structured mask workers, tokenizer encode_batch, the CPU ops' OpenMP
+#                              regions (ops_cpu_test)
 #   tools/sanitizers.sh full   asan + tsan-lite + tsan (.ci/sanitize: too long for CI's 30 minutes)
 # BUILD_ROOT (default: the checkout) holds build-asan/, build-tsan/, build-tsan-lite/; FUZZ_DIR
 # (default build-fuzz) the ASan libraries shared with tests/fuzz/run.sh; JOBS (default 2).
@@ -99,13 +101,22 @@ run_tsan() {
   cmake -S "$ROOT" -B "$b" "${COMMON[@]}" -DCMAKE_CXX_COMPILER="$CLANGXX" -DCMAKE_C_COMPILER="$CLANG" \
     -DCMAKE_CXX_FLAGS="-fsanitize=thread -fno-omit-frame-pointer" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=thread" \
     >"$b/configure.log" 2>&1 || { cat "$b/configure.log"; return 1; }
-  nice -n 10 cmake --build "$b" -j "$JOBS" --target llm_hardening_test ops_cpu_test server_http_test engine_test
+  nice -n 10 cmake --build "$b" -j "$JOBS" --target llm_hardening_test server_http_test engine_test ops_cpu_test \
+    structured_tracked_test tokenizer_test
   export DEEPINFER_BINARY_DIR="$b"
   # All of it: LlmThreads.* (concurrent generate/stream/abort) and the bad requests' death tests.
   env "${TSAN_ENV[@]}" "$b/tests/cpp/hardening/llm_hardening_test" --gtest_brief=1
+  # The server's engine loop and I/O threads.
+  env "${TSAN_ENV[@]}" "$b/tests/cpp/server/server_http_test" --gtest_brief=1
+  # The async scheduler (a step launched while the last one's outputs are processed), async
+  # grammar compilation, prefix-cache sharing under async steps.
+  env "${TSAN_ENV[@]}" "$b/tests/cpp/engine/engine_test" --gtest_brief=1 --gtest_filter='*Async*:*Scheduler*:*Thread*'
+  # Parallel mask computation (the structured mask workers), tokenizer encode_batch, and every
+  # CPU op's OpenMP parallel_for region (Archer tells TSan about OpenMP's synchronisation).
+  env "${TSAN_ENV[@]}" "$b/tests/cpp/structured/structured_tracked_test" --gtest_brief=1 --gtest_filter='Workers.*'
+  env "${TSAN_ENV[@]}" "$b/tests/cpp/tokenizer/tokenizer_test" --gtest_brief=1 \
+    --gtest_filter='Tokenizer.CloneAndBatchAgree:Tokenizer.BpeFastPathMatchesReference'
   env "${TSAN_ENV[@]}" "$b/tests/cpp/ops/ops_cpu_test" --gtest_brief=1
-  env "${TSAN_ENV[@]}" "$b/tests/cpp/server/server_http_test"
-  env "${TSAN_ENV[@]}" "$b/tests/cpp/engine/engine_test" --gtest_filter='*Async*:*Scheduler*:*Thread*'
 }
 
 case "$WHAT" in

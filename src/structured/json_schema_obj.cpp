@@ -1,5 +1,6 @@
 // Objects, arrays and $ref for the JSON Schema lowering.
 #include <algorithm>
+#include <cctype>
 #include <functional>
 #include <map>
 #include <set>
@@ -628,6 +629,9 @@ const json* SchemaLowerer::resolve(const std::string& ref, const std::string& pt
     std::string dec;  // percent-decoding
     for (size_t i = 0; i < frag.size(); ++i) {
       if (frag[i] == '%' && i + 2 < frag.size()) {
+        // Two hex digits, or a named error (std::stoi threw an untyped invalid_argument on "%s/").
+        if (!std::isxdigit(static_cast<unsigned char>(frag[i + 1])) || !std::isxdigit(static_cast<unsigned char>(frag[i + 2])))
+          schema_error(ptr, "$ref '" + ref + "': '%' must be followed by two hex digits");
         dec += static_cast<char>(std::stoi(frag.substr(i + 1, 2), nullptr, 16));
         i += 2;
       } else {
@@ -650,7 +654,9 @@ const json* SchemaLowerer::resolve(const std::string& ref, const std::string& pt
       else un += tok[k];
     }
     if (cur->is_object() && cur->contains(un)) cur = &(*cur)[un];
-    else if (cur->is_array() && !un.empty() && std::all_of(un.begin(), un.end(), ::isdigit) && std::stoul(un) < cur->size())
+    // An index of more than 9 digits is past any array here (std::stoul threw out_of_range past 2^64).
+    else if (cur->is_array() && !un.empty() && un.size() <= 9 && std::all_of(un.begin(), un.end(), ::isdigit) &&
+             std::stoul(un) < cur->size())
       cur = &(*cur)[std::stoul(un)];
     else schema_error(ptr, "$ref '" + ref + "' does not resolve");
     i = j == std::string::npos ? p.size() : j;

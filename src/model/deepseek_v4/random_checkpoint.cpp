@@ -12,6 +12,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <vector>
 
 #include "core/numeric.h"
 #include "core/parallel.h"
@@ -463,17 +464,21 @@ void fill_item(const FastItem& it, uint64_t seed, int64_t num_experts, const Dee
   for (int64_t d : s.shape) n *= d;
   if (s.init == Init::kTid2eid) {  // k distinct experts per row
     const int64_t k = s.shape[1];
-    int64_t* out = reinterpret_cast<int64_t*>(dst);
+    // dst sits wherever the tensor falls in the file (safetensors packs tensors back to back), so
+    // an int64_t store there can be misaligned (undefined; UBSan's finding): each row is drawn
+    // into an aligned buffer and copied.
     parallel_for(0, s.shape[0], [&](int64_t r) {
+      std::vector<int64_t> row(static_cast<size_t>(k));
       uint64_t draw = uint64_t(r) << 20;
       for (int64_t j = 0; j < k; ++j) {
         bool dup = true;
         while (dup) {
-          out[r * k + j] = int64_t(mix64(key + ++draw * 0x9e3779b97f4a7c15ull) % uint64_t(num_experts));
+          row[size_t(j)] = int64_t(mix64(key + ++draw * 0x9e3779b97f4a7c15ull) % uint64_t(num_experts));
           dup = false;
-          for (int64_t q = 0; q < j; ++q) dup |= out[r * k + q] == out[r * k + j];
+          for (int64_t q = 0; q < j; ++q) dup |= row[size_t(q)] == row[size_t(j)];
         }
       }
+      std::memcpy(dst + size_t(r * k) * sizeof(int64_t), row.data(), size_t(k) * sizeof(int64_t));
     }, 1024);
     return;
   }

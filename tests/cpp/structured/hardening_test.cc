@@ -169,5 +169,21 @@ TEST(Hardening, NonSchemaSubschemaIsANamedGrammarError) {
   EXPECT_NO_THROW(c.compile(R"({"json_schema": {"type": "array", "contains": true}})"));
 }
 
+// so_args fuzzing, finding 6: a $ref whose percent-escape is not two hex digits ("#/$def%s/item")
+// let std::stoi's untyped invalid_argument escape the compile; an array index past 2^64 in a $ref
+// pointer did the same through std::stoul's out_of_range. Both are named GrammarErrors now.
+TEST(Hardening, BadRefEscapeOrIndexIsANamedGrammarError) {
+  const std::string defs = R"("$defs": {"item": {"type": "integer"}}, "prefixItems": [true, {"type": "string"}])";
+  for (const char* ref : {"#/$def%s/item", "#/$defs/it%zzem", "#/$defs%/item", "#/prefixItems/99999999999999999999999"}) {
+    const std::string schema = "{" + defs + R"(, "type": "array", "items": {"$ref": ")" + ref + "\"}}";
+    const std::string m = error_of<GrammarError>(json{{"json_schema", json::parse(schema)}}.dump());
+    EXPECT_NE(m.find("$ref"), std::string::npos) << ref << ": " << m;
+  }
+  // Well-formed escapes and indices still resolve.
+  GrammarCompiler c(byte_vocab());
+  EXPECT_NO_THROW(c.compile(json{{"json_schema", json::parse("{" + defs + R"(, "type": "array", "items": {"$ref": "#/%24defs/item"}})")}}.dump()));
+  EXPECT_NO_THROW(c.compile(json{{"json_schema", json::parse("{" + defs + R"(, "type": "array", "items": {"$ref": "#/prefixItems/1"}})")}}.dump()));
+}
+
 }  // namespace
 }  // namespace deepinfer::structured::test
