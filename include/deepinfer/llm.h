@@ -129,6 +129,12 @@ struct GenerateSummary {
   double acceptance_length = 0;
   std::vector<double> acceptance_rate_per_position;
   double draft_time_s = 0, verify_time_s = 0;
+  // Adaptive drafting (DEEPINFER_SPEC_ADAPTIVE): requests that stopped drafting at least once
+  // (because their acceptance could not pay for it), their mean acceptance length then, the
+  // cost threshold (drafting step time / plain step time) last used, and how often requests
+  // re-probed.
+  int64_t num_drafting_stopped = 0, num_drafting_reprobes = 0;
+  double drafting_stopped_acceptance = 0, drafting_threshold = 0;
   // Prefix caching: prompt tokens served from the cache (RequestOutput::num_cached_tokens summed),
   // their share of the prompt tokens, and the slot checkpoints held at the end (count, bytes).
   int64_t num_cached_tokens = 0;

@@ -36,6 +36,7 @@ struct Config {
   int64_t prompt_len = 64, warm = 8, steps = 64;
   bool prefix_cache = true;  // in the timed engines (the engine's default; distinct prompts: no hits)
   int32_t drafts = 0;        // speculative tokens in the timed engines (async on = pipelined drafting steps)
+  float temperature = 0;     // of the timed requests (> 0: seeded sampling, sampled drafts)
   EnvConfig env;
 };
 
@@ -86,12 +87,14 @@ Result run_one(const Config& c, int64_t B, bool async, bool invariant) {
   Result r{.what = "", .B = B, .async = eng.async_scheduling(), .invariant = invariant, .drafts = c.drafts,
            .backend = eng.model().describe()};
   SamplingParams sp;
-  sp.temperature = 0;
+  sp.temperature = c.temperature;
   sp.ignore_eos = true;
   sp.max_tokens = int(max_out);
   const int64_t vocab = eng.model().vocab_size();
-  for (int64_t i = 0; i < B; ++i)
+  for (int64_t i = 0; i < B; ++i) {
+    sp.seed = uint64_t(1000 + i);
     eng.add_request("b" + std::to_string(i), PromptInput::from_token_ids(prompt(c.prompt_len, vocab, i)), sp, 0);
+  }
   // Prefill until every request has its first token, then the warm-up decode steps.
   std::vector<size_t> have(size_t(B), 0);
   auto emitted = [&](const std::vector<RequestOutput>& outs) {
@@ -123,6 +126,10 @@ Result run_one(const Config& c, int64_t B, bool async, bool invariant) {
   r.busy_ms = mean(prof.busy_ms);
   r.idle_ms = mean(prof.idle_ms, 1);  // the first step has no predecessor inside the window
   for (size_t i = 1; i < prof.idle_ms.size(); ++i) r.idle_max_ms = std::max(r.idle_max_ms, prof.idle_ms[i]);
+  if (const DraftGate::Stats& g = eng.scheduler().draft_gate().stats(); g.stops + g.probes > 0)
+    std::fprintf(stderr, "bench-async: B=%ld async=%d adaptive drafting: %ld stops (%ld requests), %ld re-probes, %ld probes, "
+                 "threshold %.2f\n", long(B), int(r.async), long(g.stops), long(g.requests_stopped), long(g.reprobes),
+                 long(g.probes), g.last_threshold);
   return r;
 }
 
@@ -298,6 +305,8 @@ int run_bench_async(int argc, char** argv) {
                  "with the cache off (batch invariance on), alone and in such batches; exit 1 when one differs");
   app.add_option("--shared-prefix", shared, "shared prefix tokens of --check-prefix-invariance")->capture_default_str();
   app.add_option("--prefix-cache", c.prefix_cache, "prefix caching in the timed engines (1: the engine's default)")
+      ->capture_default_str();
+  app.add_option("--temperature", c.temperature, "timed requests' temperature (0: greedy; > 0: seeded sampling)")
       ->capture_default_str();
   app.add_option("--drafts", c.drafts,
                  "speculative tokens in the timed engines (the model's drafter; async on = pipelined drafting steps)")

@@ -96,6 +96,13 @@ const EnvKnob kKnobs[] = {
      [](EnvConfig& e, const char* n, const char* v) { e.cuda_graphs = parse_bool(n, v); }, none},
     {"DEEPINFER_DEVICE_SAMPLING", "sample on the GPU when the model keeps logits there (0 = host sampler)",
      [](EnvConfig& e, const char* n, const char* v) { e.device_sampling = parse_bool(n, v); }, none},
+    {"DEEPINFER_DEVICE_DRAFT_SAMPLING",
+     "sampled drafts and their rejection-sampling verify on the GPU with device sampling (0 = on the host)",
+     [](EnvConfig& e, const char* n, const char* v) { e.device_draft_sampling = parse_bool(n, v); }, none},
+    {"DEEPINFER_SPEC_ADAPTIVE",
+     "speculative decoding: a request stops drafting (and re-probes later) while its measured acceptance "
+     "cannot pay for the drafts (0 = always draft; unset = on for GPU models)",
+     [](EnvConfig& e, const char* n, const char* v) { e.spec_adaptive = parse_bool(n, v); }, none},
     {"DEEPINFER_LOG_LEVEL", "log level: error | warn | info | debug", parse_log_level, none},
 };
 }  // namespace

@@ -30,6 +30,10 @@ struct EnvConfig {
   std::optional<int> yoco_keep_tokens;           // DEEPINFER_YOCO_PREFILL_KEEP_TOKENS (V4.1)
   bool cuda_graphs = true;                       // DEEPINFER_CUDA_GRAPHS: GPU decode through CUDA graphs
   bool device_sampling = true;                   // DEEPINFER_DEVICE_SAMPLING: sample on the GPU
+  bool device_draft_sampling = true;             // DEEPINFER_DEVICE_DRAFT_SAMPLING: sampled drafts + verify on the GPU
+  // DEEPINFER_SPEC_ADAPTIVE: a request stops drafting while it cannot pay; unset = on for a model
+  // that keeps its logits on a device (the GPU), off on the CPU backend.
+  std::optional<bool> spec_adaptive;
   // DEEPINFER_LOG_LEVEL: error | warn | info | debug. Validated here; core/logging applies it to
   // the process-wide logger when it first logs (logging is process-wide by nature).
   std::optional<std::string> log_level;

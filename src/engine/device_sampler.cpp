@@ -22,14 +22,15 @@ struct Flat {
   std::vector<oc::SamplingRowParams> rows;
   std::vector<int32_t> bias_ids, banned, pen_ids, pen_counts;
   std::vector<float> bias_vals;
-  bool any_mask = false, any_logprobs = false;
+  bool any_mask = false, any_logprobs = false, any_verify = false;
   int max_top = 0;
 };
 
-Flat flatten(std::span<const SamplingRow> rows, int64_t vocab) {
+Flat flatten(std::span<const SamplingRow> rows, std::span<const SpecRow> spec, int64_t vocab) {
   Flat f;
   f.rows.reserve(rows.size());
-  for (const SamplingRow& row : rows) {
+  for (size_t k = 0; k < rows.size(); ++k) {
+    const SamplingRow& row = rows[k];
     const SamplingParams& p = *row.params;
     oc::SamplingRowParams r{.temperature = p.temperature, .top_p = p.top_p, .min_p = p.min_p, .top_k = p.top_k,
                             .repetition_penalty = p.repetition_penalty, .presence_penalty = p.presence_penalty,
@@ -67,6 +68,16 @@ Flat flatten(std::span<const SamplingRow> rows, int64_t vocab) {
       oc::make_penalty_entries(prompt, output, vocab, f.pen_ids, f.pen_counts);
     }
     r.penalty_end = int32_t(f.pen_ids.size());
+    if (!spec.empty() && spec[k].mode != SpecRow::kPlain) {
+      const SpecRow& sr = spec[k];
+      DI_CHECK(sr.pool && sr.q_row >= 0 && sr.q_row < sr.pool->draft_pool_rows(), "DeviceSampler: row ", k,
+               " has spec mode ", int(sr.mode), " with draft pool row ", sr.q_row, " of ",
+               sr.pool ? sr.pool->draft_pool_rows() : 0);
+      r.spec_mode = sr.mode == SpecRow::kDraft ? oc::kSpecDraft : oc::kSpecVerify;
+      r.spec_draft = sr.draft;
+      r.spec_q = sr.pool->draft_row(sr.q_row);
+      f.any_verify |= sr.mode == SpecRow::kVerify;
+    }
     f.rows.push_back(r);
   }
   return f;
@@ -100,7 +111,8 @@ void grow(cuda::PinnedBuffer& b, size_t bytes) {
 }  // namespace
 
 struct DeviceSampler::Impl {
-  cuda::DeviceBuffer in_d, out_d, workspace, tokens_d;
+  cuda::DeviceBuffer in_d, out_d, workspace, tokens_d, pool;
+  int64_t pool_rows = 0;
   cuda::PinnedBuffer in_h, out_h;
   cuda::Event done;  // recorded after the copy back
   // What wait() needs from the enqueued step.
@@ -108,7 +120,10 @@ struct DeviceSampler::Impl {
   int64_t rows = 0;
   int max_top = 0;
   size_t o_tok = 0, o_lp = 0, o_rank = 0, o_tid = 0, o_tlp = 0;
+  size_t o_acc = 0, o_res = 0, o_rlp = 0, o_rrank = 0;
+  bool verify = false;
   std::vector<int> top_n;  // [rows] logprobs asked (-1: none)
+  std::vector<uint8_t> spec_rows;  // [rows] 1: a verify row
 };
 
 std::unique_ptr<DeviceSampler> DeviceSampler::create(int64_t vocab) {
@@ -136,7 +151,36 @@ std::vector<SampleResult> DeviceSampler::sample(const model::DeviceLogits& logit
 
 const int32_t* DeviceSampler::device_tokens() const { return impl_->tokens_d.as<const int32_t>(); }
 
-void DeviceSampler::enqueue(const model::DeviceLogits& logits, std::span<const SamplingRow> rows) {
+void DeviceSampler::reserve_draft_pool(int64_t rows, int device) {
+  Impl& m = *impl_;
+  DI_CHECK(rows >= 0, "draft pool of ", rows, " rows");
+  if (rows <= m.pool_rows) return;
+  // Rows keep their contents (a sequence's drafts may wait a step unscheduled); nothing queued
+  // may read the pool meanwhile (the caller's contract), so a plain synchronous copy suffices.
+  const int64_t n = rows + rows / 4 + 8;
+  cuda::DeviceBuffer grown(size_t(n * vocab_) * sizeof(float), device);
+  if (m.pool_rows > 0)
+    DI_CUDA_CHECK(cudaMemcpy(grown.data(), m.pool.data(), size_t(m.pool_rows * vocab_) * sizeof(float),
+                             cudaMemcpyDeviceToDevice));
+  m.pool = std::move(grown);
+  m.pool_rows = n;
+}
+
+int64_t DeviceSampler::draft_pool_rows() const { return impl_->pool_rows; }
+
+float* DeviceSampler::draft_row(int64_t row) const {
+  DI_CHECK(row >= 0 && row < impl_->pool_rows, "draft pool row ", row, " of ", impl_->pool_rows);
+  return impl_->pool.as<float>() + row * vocab_;
+}
+
+void DeviceSampler::copy_draft_row(int64_t row, float* dst, void* stream) const {
+  const cudaStream_t st = static_cast<cudaStream_t>(stream);
+  DI_CUDA_CHECK(cudaMemcpyAsync(dst, draft_row(row), size_t(vocab_) * sizeof(float), cudaMemcpyDeviceToHost, st));
+  DI_CUDA_CHECK(cudaStreamSynchronize(st));
+}
+
+void DeviceSampler::enqueue(const model::DeviceLogits& logits, std::span<const SamplingRow> rows,
+                            std::span<const SpecRow> spec) {
   const int64_t B = int64_t(rows.size()), V = vocab_, words = (V + 31) / 32;
   const cudaStream_t st = static_cast<cudaStream_t>(logits.stream);
   Impl& m = *impl_;
@@ -149,7 +193,8 @@ void DeviceSampler::enqueue(const model::DeviceLogits& logits, std::span<const S
     m.done.record(st);
     return;
   }
-  const Flat f = flatten(rows, V);
+  DI_CHECK(spec.empty() || spec.size() == rows.size(), "DeviceSampler: ", spec.size(), " spec rows for ", B, " rows");
+  const Flat f = flatten(rows, spec, V);
   // Upload: rows, entry lists and (when any row has one) the [B, words] grammar bitmasks.
   Layout in;
   const size_t o_rows = in.add(f.rows.size() * sizeof(oc::SamplingRowParams));
@@ -182,6 +227,8 @@ void DeviceSampler::enqueue(const model::DeviceLogits& logits, std::span<const S
   const size_t o_tok = out.add(size_t(B) * 4);
   const size_t o_lp = out.add(f.any_logprobs ? size_t(B) * 4 : 0), o_rank = out.add(f.any_logprobs ? size_t(B) * 4 : 0);
   const size_t o_tid = out.add(size_t(B * max_top) * 4), o_tlp = out.add(size_t(B * max_top) * 4);
+  const size_t vb = f.any_verify ? size_t(B) * 4 : 0;
+  const size_t o_acc = out.add(vb), o_res = out.add(vb), o_rlp = out.add(vb), o_rrank = out.add(vb);
   grow(m.out_h, out.total);
   grow(m.out_d, out.total, logits.device);
   grow(m.workspace, oc::sampling_workspace_bytes(B, V), logits.device);
@@ -201,6 +248,10 @@ void DeviceSampler::enqueue(const model::DeviceLogits& logits, std::span<const S
                      .ranks = f.any_logprobs ? I32(d_out, o_rank) : nullptr,
                      .top_ids = max_top > 0 ? I32(d_out, o_tid) : nullptr,
                      .top_logprobs = max_top > 0 ? F32(d_out, o_tlp) : nullptr, .max_top_logprobs = max_top,
+                     .spec_accepted = f.any_verify ? I32(d_out, o_acc) : nullptr,
+                     .spec_residual = f.any_verify ? I32(d_out, o_res) : nullptr,
+                     .spec_residual_logprob = f.any_verify ? F32(d_out, o_rlp) : nullptr,
+                     .spec_residual_rank = f.any_verify ? I32(d_out, o_rrank) : nullptr,
                      .workspace = m.workspace.data(), .workspace_bytes = m.workspace.size_bytes()};
   oc::check_sampling_rows(f.rows, p);
   oc::sample(p, st);
@@ -215,7 +266,11 @@ void DeviceSampler::enqueue(const model::DeviceLogits& logits, std::span<const S
   m.done.record(st);
   m.max_top = max_top;
   m.o_tok = o_tok, m.o_lp = o_lp, m.o_rank = o_rank, m.o_tid = o_tid, m.o_tlp = o_tlp;
+  m.o_acc = o_acc, m.o_res = o_res, m.o_rlp = o_rlp, m.o_rrank = o_rrank;
+  m.verify = f.any_verify;
   for (const SamplingRow& row : rows) m.top_n.push_back(row.params->logprobs ? *row.params->logprobs : -1);
+  m.spec_rows.assign(size_t(B), 0);
+  for (size_t i = 0; i < spec.size(); ++i) m.spec_rows[i] = spec[i].mode == SpecRow::kVerify;
   stats_.steps++;
   stats_.rows += B;
   stats_.h2d_bytes += int64_t(in.total);
@@ -236,6 +291,14 @@ std::vector<SampleResult> DeviceSampler::wait() {
   for (int64_t i = 0; i < B; ++i) {
     SampleResult& r = res[size_t(i)];
     r.token = I32(ho, m.o_tok)[i];
+    if (m.verify && m.spec_rows[size_t(i)]) {
+      r.spec_accepted = I32(ho, m.o_acc)[i];
+      r.spec_residual = I32(ho, m.o_res)[i];
+      if ((r.spec_accepted == 0 || r.spec_accepted == 1) && m.top_n[size_t(i)] >= 0) {
+        r.spec_residual_logprob = F32(ho, m.o_rlp)[i];
+        r.spec_residual_rank = I32(ho, m.o_rrank)[i];
+      }
+    }
     const int asked = m.top_n[size_t(i)];
     if (asked < 0) continue;
     TokenLogprobs& lp = r.logprobs;
@@ -262,7 +325,13 @@ bool DeviceSampler::supports(const SamplingParams&) const { return false; }
 std::vector<SampleResult> DeviceSampler::sample(const model::DeviceLogits&, std::span<const SamplingRow>) {
   DI_THROW(InternalError, "DeviceSampler: this build has no CUDA backend");
 }
-void DeviceSampler::enqueue(const model::DeviceLogits&, std::span<const SamplingRow>) {
+void DeviceSampler::enqueue(const model::DeviceLogits&, std::span<const SamplingRow>, std::span<const SpecRow>) {
+  DI_THROW(InternalError, "DeviceSampler: this build has no CUDA backend");
+}
+void DeviceSampler::reserve_draft_pool(int64_t, int) { DI_THROW(InternalError, "DeviceSampler: this build has no CUDA backend"); }
+int64_t DeviceSampler::draft_pool_rows() const { return 0; }
+float* DeviceSampler::draft_row(int64_t) const { return nullptr; }
+void DeviceSampler::copy_draft_row(int64_t, float*, void*) const {
   DI_THROW(InternalError, "DeviceSampler: this build has no CUDA backend");
 }
 std::vector<SampleResult> DeviceSampler::wait() { DI_THROW(InternalError, "DeviceSampler: this build has no CUDA backend"); }

@@ -24,6 +24,18 @@
 
 namespace deepinfer::engine {
 
+// A row's speculative-decoding role on the device (ops/cuda/sampling.h kSpecDraft / kSpecVerify):
+// kDraft draws a sampled draft from the row's processed distribution q and writes q into draft
+// pool row `q_row`; kVerify rejection-samples `draft` (drawn from pool row `q_row` of `pool`, a
+// drafting DeviceSampler) against the row's p, the decision coming back in SampleResult.
+struct SpecRow {
+  enum Mode : int32_t { kPlain = 0, kDraft = 1, kVerify = 2 };
+  Mode mode = kPlain;
+  int32_t draft = -1;
+  int64_t q_row = -1;
+  const class DeviceSampler* pool = nullptr;  // kVerify: whose pool holds q (kDraft: this one)
+};
+
 class DeviceSampler {
  public:
   struct Stats {
@@ -50,8 +62,19 @@ class DeviceSampler {
   // sample() in two halves. enqueue() copies what it needs from `rows` (they may go away),
   // uploads, launches and starts the copy back on logits.stream, without waiting; wait() waits
   // for that copy and returns the results. One enqueue() at a time before its wait().
-  void enqueue(const model::DeviceLogits& logits, std::span<const SamplingRow> rows);
+  // `spec`: empty, or one entry per row (SpecRow); rows with a mode must be sampled rows.
+  void enqueue(const model::DeviceLogits& logits, std::span<const SamplingRow> rows,
+               std::span<const SpecRow> spec = {});
   std::vector<SampleResult> wait();
+
+  // Draft distribution pool: [rows, vocab] f32 device rows that kDraft rows write q into and
+  // kVerify rows (of any sampler on the same device and stream) read. reserve_draft_pool() may
+  // reallocate (earlier rows are lost): call it only when no queued work reads the pool.
+  void reserve_draft_pool(int64_t rows, int device);
+  int64_t draft_pool_rows() const;
+  float* draft_row(int64_t row) const;
+  // Copies pool row `row` ([vocab] f32) to the host, after the work queued on `stream` (waits).
+  void copy_draft_row(int64_t row, float* dst, void* stream) const;
   // Device int32 [rows of the last enqueue()]: its ids, in row order. Valid for work ordered on
   // the same stream after that enqueue and before the next one (which may move it).
   const int32_t* device_tokens() const;

@@ -69,6 +69,10 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<model::CausalLM> mode
              "(the drafter reads the target's rows at every prompt position; bounded replay computes the tail's "
              "only): set DEEPINFER_USE_NEXTN_DECODE=0 or use full prefill");
   sc.varlen_drafts = sc.num_speculative_tokens > 0 && config_.varlen_drafts.value_or(config_.env.enable_mtp_varlen);
+  // Adaptive drafting decides from timings: off in batch-invariant mode (the determinism contract).
+  sc.adaptive_drafts = sc.num_speculative_tokens > 0 && !config_.env.batch_invariant &&
+                       config_.adaptive_drafts.value_or(
+                           config_.env.spec_adaptive.value_or(model_->supports_device_logits()));
   model_->allocate_cache(g);
   if (sc.varlen_drafts) {
     // The cost curve over verify-shaped steps, measured before any slot or block is handed out.
@@ -87,6 +91,7 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<model::CausalLM> mode
   runner_ = std::make_unique<ModelRunner>(*model_, RunnerOptions{.device_sampling = config_.device_sampling,
                                                                  .num_speculative_tokens = sc.num_speculative_tokens,
                                                                  .sampled_drafts = config_.sampled_drafts,
+                                                                 .device_draft_sampling = config_.env.device_draft_sampling,
                                                                  .block_tokens = g.block_tokens,
                                                                  .host_blocks = sc.prefix_cache.host_blocks,
                                                                  .async_checkpoints = config_.async_checkpoint_copies});

@@ -62,6 +62,9 @@ struct EngineConfig {
   int32_t num_speculative_tokens = -1;
   // Variable-length verification (scheduler varlen_drafts); unset = env.enable_mtp_varlen.
   std::optional<bool> varlen_drafts;
+  // Adaptive drafting (scheduler adaptive_drafts, spec_adaptive.h); unset = env.spec_adaptive, unset
+  // there = on for a model with device logits. Off whatever is asked under batch invariance.
+  std::optional<bool> adaptive_drafts;
   // Its step cost curve; unset = measured at start-up (measure_step_cost) when varlen is on.
   std::optional<StepCostModel> step_cost;
   // Sampling requests draft from their own distribution, verified by rejection sampling

@@ -170,11 +170,13 @@ std::vector<RequestOutput> LLM::generate(const std::vector<PromptInput>& prompts
   Inbox box;
   int64_t steps0 = 0, pre0 = 0, spill0 = 0, load0 = 0;
   double draft0 = 0, verify0 = 0;
+  engine::DraftGate::Stats gate0;
   {
     std::lock_guard<std::mutex> lock(m.mu);
     steps0 = eng.scheduler().stats().num_steps, pre0 = eng.scheduler().stats().num_preemptions;
     spill0 = eng.runner().stats().blocks_to_host, load0 = eng.runner().stats().blocks_from_host;
     draft0 = eng.runner().stats().draft_time_s, verify0 = eng.runner().stats().verify_time_s;
+    gate0 = eng.scheduler().draft_gate().stats();
     for (size_t i = 0; i < prompts.size(); ++i) {
       std::string id = m.new_id();
       results[i].request_id = id;
@@ -247,6 +249,15 @@ std::vector<RequestOutput> LLM::generate(const std::vector<PromptInput>& prompts
   s.num_preemptions = eng.scheduler().stats().num_preemptions - pre0;
   s.draft_time_s = eng.runner().stats().draft_time_s - draft0;
   s.verify_time_s = eng.runner().stats().verify_time_s - verify0;
+  {
+    const engine::DraftGate::Stats& g = eng.scheduler().draft_gate().stats();
+    s.num_drafting_stopped = g.requests_stopped - gate0.requests_stopped;
+    s.num_drafting_reprobes = g.reprobes - gate0.reprobes;
+    if (s.num_drafting_stopped > 0)
+      s.drafting_stopped_acceptance =
+          (g.stopped_tokens_per_verify - gate0.stopped_tokens_per_verify) / double(s.num_drafting_stopped);
+    s.drafting_threshold = g.last_threshold;
+  }
   s.num_checkpoints = eng.scheduler().prefix_cache().stats().num_checkpoints;
   s.checkpoint_bytes = int64_t(eng.scheduler().prefix_cache().stats().checkpoint_bytes);
   s.host_blocks_spilled = eng.runner().stats().blocks_to_host - spill0;
@@ -363,6 +374,14 @@ std::string GenerateSummary::str() const {
       std::snprintf(buf, sizeof buf, " %.3f", r);
       out += buf;
     }
+  }
+  if (num_drafting_stopped > 0) {
+    std::snprintf(buf, sizeof buf,
+                  "\ndrafting disabled for %lld requests: acceptance %.2f tokens/step (their batch's mean was below "
+                  "the %.2f a drafting step costs in plain steps; %lld re-probes; DEEPINFER_SPEC_ADAPTIVE=0 keeps drafting)",
+                  (long long)num_drafting_stopped, drafting_stopped_acceptance, drafting_threshold,
+                  (long long)num_drafting_reprobes);
+    out += buf;
   }
   return out;
 }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <chrono>
+#include <deque>
 #include <optional>
 
 #include "core/check.h"
@@ -28,8 +29,16 @@ class RequestDraftPicker final : public model::DraftPicker {
     bool sampled = false;
     std::vector<int32_t>* drafts = nullptr;        // filled in draft order
     std::vector<std::vector<float>>* q = nullptr;  // [drafts] weights, empty entries for greedy drafts
+    std::vector<int64_t>* q_rows = nullptr;        // [drafts] device pool rows of q (device picks; -1 greedy)
+    int64_t pool_base = 0;                         // device picks: draft i's q goes to pool row pool_base + i
+    SamplingParams device_params;                  // device picks: the request's, without top-N logprobs
   };
-  explicit RequestDraftPicker(std::vector<Target> targets) : targets_(std::move(targets)) {}
+  // `device`: the sampler that draws device picks (null: host picks only).
+  RequestDraftPicker(std::vector<Target> targets, DeviceSampler* device)
+      : targets_(std::move(targets)), device_(device) {
+    greedy_params_.temperature = 0.0f;
+    greedy_params_.logprobs = 0;
+  }
 
   int32_t pick(size_t seq, int32_t index, const float* logits, int64_t vocab) override {
     DI_CHECK(seq < targets_.size(), "draft picker: sequence ", seq, " of ", targets_.size());
@@ -55,14 +64,57 @@ class RequestDraftPicker final : public model::DraftPicker {
       t.q->push_back(std::move(q));
     }
     t.drafts->push_back(tok);
+    t.q_rows->push_back(-1);
     return tok;
   }
   // Greedy targets draft the argmax: a device drafter may pick it there (no logits copy); the
   // runner then takes the proposal as one-hot drafts (propose_drafts).
   bool greedy(size_t seq) const override { return seq < targets_.size() && !targets_[seq].sampled; }
+  bool device_picks() const override { return device_ != nullptr; }
+
+  // pick()'s rule on the device: a sampled target's row is a kDraft row (its processed q written
+  // to its pool row, the draw over q with the kSpecDraft stream), a greedy one's the raw argmax.
+  void pick_on_device(const model::DeviceLogits& logits, std::span<const size_t> seqs, int32_t* tokens,
+                      float* logprobs) override {
+    DI_CHECK(device_, "draft picker: device picks without a device sampler");
+    std::vector<SamplingRow> rows;
+    std::vector<SpecRow> spec;
+    std::deque<std::vector<int32_t>> histories;
+    for (size_t seq : seqs) {
+      DI_CHECK(seq < targets_.size(), "draft picker: sequence ", seq, " of ", targets_.size());
+      const Target& t = targets_[seq];
+      const int64_t index = int64_t(t.drafts->size());
+      SamplingRow r = t.base;
+      r.position = t.base.position + index;
+      r.allowed_mask = nullptr;
+      if (t.sampled) {
+        std::vector<int32_t>& h = histories.emplace_back(*t.base.output_ids);
+        h.insert(h.end(), t.drafts->begin(), t.drafts->end());
+        r.output_ids = &h;
+        r.params = &t.device_params;
+        spec.push_back({SpecRow::kDraft, -1, t.pool_base + index, device_});
+      } else {
+        r.params = &greedy_params_;
+        spec.push_back({});
+      }
+      rows.push_back(r);
+    }
+    device_->enqueue(logits, rows, spec);
+    const std::vector<SampleResult> res = device_->wait();
+    for (size_t j = 0; j < seqs.size(); ++j) {
+      Target& t = targets_[seqs[j]];
+      tokens[j] = res[j].token;
+      logprobs[j] = res[j].logprobs.logprob;
+      t.q_rows->push_back(spec[j].mode == SpecRow::kDraft ? spec[j].q_row : -1);
+      t.q->emplace_back();
+      t.drafts->push_back(res[j].token);
+    }
+  }
 
  private:
   std::vector<Target> targets_;
+  DeviceSampler* device_ = nullptr;
+  SamplingParams greedy_params_;
 };
 }  // namespace
 
@@ -71,6 +123,8 @@ ModelRunner::ModelRunner(model::CausalLM& model, const RunnerOptions& options) :
     device_sampler_ = DeviceSampler::create(model_.vocab_size());  // null without the CUDA backend
   if (options.num_speculative_tokens > 0) {
     drafter_ = model_.drafter();
+    if (device_sampler_ && options.sampled_drafts && options.device_draft_sampling)
+      draft_sampler_ = DeviceSampler::create(model_.vocab_size());
     DI_CHECK(drafter_, model_.describe(), ": ", options.num_speculative_tokens, " speculative tokens without a drafter");
     DI_CHECK(model_.max_rollback() >= options.num_speculative_tokens, model_.describe(), " rolls back ",
              model_.max_rollback(), " positions, fewer than ", options.num_speculative_tokens, " drafts");
@@ -244,7 +298,47 @@ bool ModelRunner::has_sampled_drafts(const ScheduledSeq& sch) const {
   const SeqState& s = seqs_.at(sch.seq_id);
   for (size_t i = 0; i < sch.draft_tokens.size() && i < s.pending_q.size(); ++i)
     if (!s.pending_q[i].empty()) return true;
+  for (size_t i = 0; i < sch.draft_tokens.size() && i < s.pending_q_row.size(); ++i)
+    if (s.pending_q_row[i] >= 0) return true;
   return false;
+}
+
+bool ModelRunner::drafts_on_device(const ScheduledSeq& sch) const {
+  if (!draft_sampler_ || sch.draft_tokens.empty()) return false;
+  const SeqState& s = seqs_.at(sch.seq_id);
+  const size_t L = sch.draft_tokens.size();
+  if (s.pending_q_row.size() < L || s.pending_q.size() < L) return false;
+  bool any = false;
+  for (size_t i = 0; i < L; ++i) {
+    if (!s.pending_q[i].empty()) return false;  // a host q: the host verifies
+    any = any || s.pending_q_row[i] >= 0;
+  }
+  return any;
+}
+
+void ModelRunner::download_draft_q(const ScheduledSeq& sch) {
+  SeqState& s = seqs_.at(sch.seq_id);
+  const int64_t V = model_.vocab_size();
+  for (size_t i = 0; i < sch.draft_tokens.size() && i < s.pending_q_row.size(); ++i) {
+    if (s.pending_q_row[i] < 0) continue;
+    s.pending_q[i].resize(size_t(V));
+    draft_sampler_->copy_draft_row(s.pending_q_row[i], s.pending_q[i].data(), nullptr);
+    s.pending_q_row[i] = -1;
+  }
+}
+
+std::vector<SpecRow> ModelRunner::verify_rows(const std::vector<SeqSlice>& slices, size_t rows) const {
+  std::vector<SpecRow> spec;
+  for (const SeqSlice& slice : slices) {
+    if (slice.first_sample < 0 || !drafts_on_device(*slice.sched)) continue;
+    const SeqState& s = seqs_.at(slice.sched->seq_id);
+    if (spec.empty()) spec.resize(rows);
+    for (size_t i = 0; i < slice.sched->draft_tokens.size(); ++i)
+      if (s.pending_q_row[i] >= 0)
+        spec[size_t(slice.first_sample) + i] = {SpecRow::kVerify, slice.sched->draft_tokens[i], s.pending_q_row[i],
+                                                draft_sampler_.get()};
+  }
+  return spec;
 }
 
 void ModelRunner::commit(const std::vector<SeqSlice>& slices, const SampleSet& set, std::vector<SampleResult>& drawn,
@@ -310,14 +404,41 @@ void ModelRunner::commit(const std::vector<SeqSlice>& slices, const SampleSet& s
       DI_CHECK(rows[i].logits, "seq ", sch.seq_id, ": rejection sampling without host logits");
       return processed_probs(rows[i], vocab);
     };
-    VerifyResult v = early[k] ? std::move(*early[k])
-                              : verify_drafts(sch.draft_tokens, draws, q, p, {s.seed, s.sample_index, s.known_tokens()});
+    // Sampled drafts whose q stayed on the device were decided there (the sampler's verify rows;
+    // a host-sampled step took the q rows to the host at launch).
+    bool decided = false;
+    for (size_t i = 0; L > 0 && s.pending_q_row.size() >= L && i < L; ++i)
+      if (s.pending_q_row[i] >= 0) {
+        DI_CHECK(drawn[size_t(slice.first_sample) + i].spec_accepted != -1, "seq ", sch.seq_id, ": draft ", i,
+                 " has its q on the device but no device decision");
+        decided = true;
+      }
+    VerifyResult v;
+    if (decided) {
+      std::vector<int32_t> acc(L), res(L);
+      for (size_t i = 0; i < L; ++i) {
+        const SampleResult& d = drawn[size_t(slice.first_sample) + i];
+        acc[i] = s.pending_q_row[i] >= 0 ? d.spec_accepted : -1;
+        res[i] = d.spec_residual;
+      }
+      v = verify_decided(sch.draft_tokens, draws, acc, res);
+    } else {
+      v = early[k] ? std::move(*early[k])
+                   : verify_drafts(sch.draft_tokens, draws, q, p, {s.seed, s.sample_index, s.known_tokens()});
+    }
     SampledSeq out{sch.seq_id, v.tokens, {}, int32_t(L)};
     if (s.params->logprobs)
       for (size_t j = 0; j < v.tokens.size(); ++j) {
         SampleResult& d = drawn[size_t(slice.first_sample) + j];
         if (d.token == v.tokens[j]) {
           out.logprobs.push_back(std::move(d.logprobs));
+        } else if (decided && d.spec_accepted >= 0 && d.spec_residual == v.tokens[j]) {
+          // Decided on the device: the accepted draft or the residual draw, its logprob from there.
+          TokenLogprobs lp = std::move(d.logprobs);
+          lp.token = d.spec_residual;
+          lp.logprob = d.spec_residual_logprob;
+          lp.rank = d.spec_residual_rank;
+          out.logprobs.push_back(std::move(lp));
         } else {  // a rejection-sampled token: logprobs of the row's raw logits for it
           DI_CHECK(rows[j].logits, "seq ", sch.seq_id, ": logprobs of a resampled token without host logits");
           out.logprobs.push_back(compute_logprobs(rows[j].logits, vocab, v.tokens[j], *s.params->logprobs));
@@ -325,6 +446,7 @@ void ModelRunner::commit(const std::vector<SeqSlice>& slices, const SampleSet& s
       }
     s.pending_drafts.clear();
     s.pending_q.clear();
+    s.pending_q_row.clear();
     // The rejected drafts' positions leave the cache: the next step starts after the accepted run.
     const int64_t rejected = int64_t(L) - v.num_accepted;
     if (rejected > 0) {
@@ -342,6 +464,7 @@ void ModelRunner::propose_drafts(const std::vector<SeqSlice>& slices, const mode
   model::DraftBatch db;
   db.target_hidden = hidden;
   std::vector<RequestDraftPicker::Target> targets;
+  int64_t pool_rows = 0;
   for (const SeqSlice& slice : slices) {
     SeqState& s = seqs_.at(slice.sched->seq_id);  // drafting: collected before the next launch, nothing dropped
     model::DraftSeq d;
@@ -360,20 +483,33 @@ void ModelRunner::propose_drafts(const std::vector<SeqSlice>& slices, const mode
       d.num_drafts = int32_t(std::clamp<int64_t>(room, 0, d.num_drafts));
     }
     d.first_hidden_row = slice.first_token;
+    const int32_t asked = d.num_drafts;
     db.seqs.push_back(std::move(d));
     s.pending_drafts.clear();
     s.pending_q.clear();
+    s.pending_q_row.clear();
     RequestDraftPicker::Target t;
     t.base = {.params = s.params.get(), .seed = s.seed, .sample_index = s.sample_index, .position = s.known_tokens(),
               .prompt_ids = s.prompt_ids.get(), .output_ids = &s.output_ids, .eos_token_id = s.eos_token_id};
     t.sampled = options_.sampled_drafts && !s.params->greedy() && !s.params->structured_outputs;
     t.drafts = &s.pending_drafts;
     t.q = &s.pending_q;
-    targets.push_back(t);
+    t.q_rows = &s.pending_q_row;
+    if (draft_sampler_ && t.sampled) {
+      // Each sequence's q rows are its slot's (stable until its next proposal, whatever is
+      // scheduled meanwhile).
+      t.pool_base = int64_t(s.slot) * options_.num_speculative_tokens;
+      pool_rows = std::max(pool_rows, t.pool_base + std::max(asked, 0));
+      t.device_params = *s.params;
+      t.device_params.logprobs = 0;
+    }
+    targets.push_back(std::move(t));
   }
   DI_CHECK(hidden.rows == last_batch_.num_tokens(), "model returned ", hidden.rows, " hidden rows for ",
            last_batch_.num_tokens(), " asked");
-  RequestDraftPicker picker(std::move(targets));
+  // Growing the pool keeps its rows (nothing queued reads it: the last verify step was collected).
+  if (pool_rows > 0) draft_sampler_->reserve_draft_pool(pool_rows, hidden.device_index);
+  RequestDraftPicker picker(std::move(targets), draft_sampler_.get());
   db.picker = &picker;
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<model::DraftProposal> proposals = drafter_->propose(db);
@@ -389,9 +525,10 @@ void ModelRunner::propose_drafts(const std::vector<SeqSlice>& slices, const mode
              db.seqs[i].num_drafts, " asked");
     for (int32_t tok : t) DI_CHECK(tok >= 0 && tok < vocab, drafter_->describe(), " proposed token ", tok);
     // A drafter that ignores the picker drafts greedily: its drafts count as one-hot.
-    if (s.pending_drafts != t) {
+    if (s.pending_drafts != t || s.pending_q.size() != t.size() || s.pending_q_row.size() != t.size()) {
       s.pending_drafts = t;
       s.pending_q.assign(t.size(), {});
+      s.pending_q_row.assign(t.size(), -1);
     }
     if (t.empty()) continue;
     // What varlen reads as each draft's acceptance estimate (log): the drafter's confidence when it
@@ -457,8 +594,11 @@ void ModelRunner::launch(const SchedulerOutput& out) {
     for (const ScheduledSeq& sch : out.scheduled) {
       on_device = on_device && (!sch.samples || device_sampler_->supports(*seqs_.at(sch.seq_id).params));
       step.verifies = step.verifies || !sch.draft_tokens.empty();
-      on_device = on_device && !has_sampled_drafts(sch);  // rejection sampling reads host probabilities
+      // Rejection sampling reads host probabilities, unless q stayed on the device (draft pool).
+      on_device = on_device && (!has_sampled_drafts(sch) || drafts_on_device(sch));
     }
+    if (!on_device && draft_sampler_)
+      for (const ScheduledSeq& sch : out.scheduled) download_draft_q(sch);
     // A host-sampled step (prompt logprobs, drafts to reject, params the device sampler lacks)
     // may still take its inputs from the previous device-sampled step: the gather runs on the
     // device before this forward, and the host sampling of this step runs after the previous
@@ -488,7 +628,7 @@ void ModelRunner::sample(const SchedulerOutput& out) {
                logits.row_stride >= model_.vocab_size(),
            "model returned device logits of ", logits.rows, " rows (stride ", logits.row_stride, ") for ",
            step.set.rows.size(), " rows");
-  device_sampler_->enqueue(logits, step.set.rows);
+  device_sampler_->enqueue(logits, step.set.rows, verify_rows(step.slices, step.set.rows.size()));
   model_.mark_step_end();
   stats_.device_steps++;
 }

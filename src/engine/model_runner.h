@@ -59,6 +59,10 @@ struct RunnerOptions {
   // drafter's logits and is verified by rejection sampling (spec_verify.h); off: every request
   // drafts greedily and its output is token-identical to plain decoding (lower acceptance).
   bool sampled_drafts = true;
+  // Sampled drafts and their rejection-sampling verify on the model's device (DeviceSampler
+  // kDraft / kVerify rows: only ids, decisions and logprobs come back), when device sampling is
+  // on; off: both on the host from copied logits (the same rules, spec_verify.h).
+  bool device_draft_sampling = true;
   // Tokens per paged block (the cache geometry's): drafts are capped to the positions the
   // sequence's blocks cover (0: no cap).
   int64_t block_tokens = 0;
@@ -119,6 +123,9 @@ class ModelRunner {
     // the distribution each draft was drawn from ([vocab] weights; empty: greedy draft).
     std::vector<int32_t> pending_drafts;
     std::vector<std::vector<float>> pending_q;
+    // [pending_drafts] row of the draft sampler's pool holding q on the device (-1: none; the
+    // host q above, or a greedy draft).
+    std::vector<int64_t> pending_q_row;
     int64_t known_tokens() const { return int64_t(prompt_ids->size() + output_ids.size()); }
     int64_t num_tokens() const { return known_tokens() + pending_samples; }
     int32_t token_at(int64_t p) const {
@@ -177,6 +184,13 @@ class ModelRunner {
   // Verifies and commits every sampling sequence's rows; rolls the model back where drafts failed.
   void commit(const std::vector<SeqSlice>& slices, const SampleSet& set, std::vector<SampleResult>& drawn,
               ModelRunnerOutput& result);
+  // The first drafts of the sequence (as scheduled) whose q lies in the draft pool: all of its
+  // sampled drafts (verified on the device), or none.
+  bool drafts_on_device(const ScheduledSeq& sch) const;
+  // Host copies of the pool rows of the sequence's scheduled drafts (a host-sampled verify step).
+  void download_draft_q(const ScheduledSeq& sch);
+  // The step's SpecRow per sampling row (kVerify for device-held sampled drafts); empty if none.
+  std::vector<SpecRow> verify_rows(const std::vector<SeqSlice>& slices, size_t rows) const;
   void propose_drafts(const std::vector<SeqSlice>& slices, const model::HiddenRows& hidden, ModelRunnerOutput& result);
   // Whether the sequence's scheduled drafts were sampled (verified from host probabilities).
   bool has_sampled_drafts(const ScheduledSeq& sch) const;
@@ -193,6 +207,8 @@ class ModelRunner {
   RunnerOptions options_;
   model::Drafter* drafter_ = nullptr;  // the model's, when drafting is on
   std::unique_ptr<DeviceSampler> device_sampler_;
+  // Sampled draft picks on the device: its pool holds each sequence's q rows (slot * drafts + i).
+  std::unique_ptr<DeviceSampler> draft_sampler_;
   std::unordered_map<int64_t, SeqState> seqs_;
   std::deque<Step> steps_;  // launched, not collected (at most two), in step order
   std::shared_ptr<uint8_t> host_pool_;  // [host_blocks, paged_block_bytes()], allocated at first use

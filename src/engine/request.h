@@ -9,6 +9,7 @@
 
 #include "deepinfer/sampling_params.h"
 #include "engine/adapters.h"
+#include "engine/spec_adaptive.h"
 
 namespace deepinfer::engine {
 
@@ -39,6 +40,7 @@ struct Request {
   std::vector<int32_t> draft_tokens;
   std::vector<float> draft_logprobs;    // [draft_tokens] the drafter's raw log-probability of each
   std::vector<float> verifying_logprobs;  // of the drafts sent in the last step (acceptance calibration)
+  DraftGate::Seq draft_gate;            // adaptive drafting (spec_adaptive.h)
   int64_t last_step_id = -1;            // last step that ran it: its cache is released after that one
   // Asynchronous scheduling: what the steps scheduled but not yet applied by update() will add.
   // schedule() plans the next step as if they had completed (each sampling step adds one token);

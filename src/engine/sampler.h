@@ -39,6 +39,14 @@ struct TokenLogprobs {
 struct SampleResult {
   int32_t token = -1;
   TokenLogprobs logprobs;                           // filled when params->logprobs is set
+  // A row that also rejection-sampled its draft on the device (DeviceSampler, SpecRow kVerify):
+  // 1 accepted, 0 rejected, -2 the draft has q = 0 (-1: no such decision); the token the row
+  // emits then (the residual draw on rejection, the draft when accepted) with its raw logprob and
+  // rank (its top-N is logprobs.top, the row's own).
+  int32_t spec_accepted = -1;
+  int32_t spec_residual = -1;
+  float spec_residual_logprob = 0.0f;
+  int32_t spec_residual_rank = 0;
 };
 
 // Log-softmax of `logits` [vocab]: the entry for `token` plus the `top_n` best.

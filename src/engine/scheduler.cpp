@@ -26,7 +26,7 @@ const char* finish_reason_name(FinishReason r) {
 Scheduler::Scheduler(const SchedulerConfig& config, KVCacheManager& cache, int64_t vocab_size)
     : config_(config), cache_(cache), prefix_(config.prefix_cache, cache.geometry().block_tokens),
       host_(config.prefix_cache.enabled ? config.prefix_cache.host_blocks : 0),
-      vocab_size_(vocab_size) {
+      vocab_size_(vocab_size), gate_(config.draft_gate) {
   DI_CHECK(config.max_num_seqs > 0 && config.max_num_batched_tokens > 0 && config.num_speculative_tokens >= 0,
            "bad scheduler config");
 }
@@ -134,7 +134,10 @@ bool Scheduler::schedule_running(SchedulerOutput& out, int64_t& budget) {
     // Drafts come from the drafter after update(): only with nothing in flight (drafting steps are
     // applied before the next is planned).
     const auto cap = caps.find(r->seq_id);
-    std::vector<int32_t> drafts = n == remaining && r->inflight_samples == 0
+    // Adaptive drafting: a request that stopped drafting (or a probe step) verifies nothing and asks
+    // the drafter for nothing (it still feeds it, to resume later).
+    const bool gated_off = n == remaining && !gate_drafts(*r, out.step_id);
+    std::vector<int32_t> drafts = n == remaining && r->inflight_samples == 0 && !gated_off
                                       ? plan_drafts(*r, budget - n, cap == caps.end() ? -1 : cap->second)
                                       : std::vector<int32_t>{};
     const int32_t kept_blocks = int32_t(cache_.get(r->seq_id)->block_ids.size());
@@ -165,8 +168,9 @@ bool Scheduler::schedule_running(SchedulerOutput& out, int64_t& budget) {
     const bool samples = done + n == r->scheduled_tokens();
     out.cached_seqs.push_back({r->seq_id, kept_blocks, std::move(new_blocks), done});
     // Varlen: draft one more than verified now (its estimate decides next step whether it pays).
-    const int32_t next =
-        cap == caps.end() ? -1 : std::min(config_.num_speculative_tokens, int32_t(drafts.size()) + 1);
+    const int32_t next = gated_off             ? 0
+                         : cap == caps.end() ? -1
+                                             : std::min(config_.num_speculative_tokens, int32_t(drafts.size()) + 1);
     out.scheduled.push_back({r->seq_id, int32_t(total), samples, std::move(drafts), next});
     r->inflight_tokens += n;
     r->inflight_samples += samples ? 1 : 0;
@@ -345,9 +349,26 @@ SchedulerOutput Scheduler::schedule() {
   out.finished_seq_ids = std::move(finished_since_last_);
   finished_since_last_.clear();
   int64_t budget = config_.max_num_batched_tokens;
+  batch_tokens_.reset();
+  if (config_.adaptive_drafts && config_.num_speculative_tokens > 0) {
+    double sum = 0;
+    int64_t judged = 0;
+    for (const Request* r : running_)
+      if (gate_.judgeable(r->draft_gate)) sum += r->draft_gate.tokens_per_verify, ++judged;
+    if (judged > 0) batch_tokens_ = sum / double(judged);
+  }
+  if (config_.adaptive_drafts && config_.num_speculative_tokens > 0 && probe_left_ == 0) {
+    const bool judgeable = batch_tokens_.has_value();
+    if (gate_.wants_probe(out.step_id, int64_t(running_.size()), judgeable)) {
+      probe_left_ = 2;  // two plain steps: the proposed drafts are dropped, none asked
+      gate_.probe_started(out.step_id);
+    }
+  }
   bool preempted = schedule_running(out, budget);
+  if (probe_left_ > 0) probe_left_--;
   if (!preempted) schedule_waiting(out, budget);
   drain_evictions(out);
+  label_step(out);
   out.total_num_tokens = config_.max_num_batched_tokens - budget;
   stats_.num_steps++;
   stats_.max_tokens_in_step = std::max(stats_.max_tokens_in_step, out.total_num_tokens);
@@ -370,6 +391,7 @@ void Scheduler::record_verify(Request& r, int32_t n_drafts, int32_t accepted) {
   stats_.num_accepted_drafts += accepted;
   if (n_drafts == 0) return;
   stats_.num_verify_steps++;
+  if (config_.adaptive_drafts) gate_.observe_verify(r.draft_gate, 1 + accepted);
   const size_t L = size_t(std::max(config_.num_speculative_tokens, n_drafts));
   if (stats_.draft_verified_at.size() < L) stats_.draft_verified_at.resize(L, 0), stats_.draft_accepted_at.resize(L, 0);
   for (int32_t i = 0; i < n_drafts; ++i) {
@@ -380,6 +402,44 @@ void Scheduler::record_verify(Request& r, int32_t n_drafts, int32_t accepted) {
       acceptance_.observe(i, std::exp(r.verifying_logprobs[size_t(i)]), i < accepted);
   }
   r.verifying_logprobs.clear();
+}
+
+bool Scheduler::gate_drafts(Request& r, int64_t step_id) {
+  if (!config_.adaptive_drafts || config_.num_speculative_tokens <= 0) return true;
+  if (probe_left_ > 0) return false;  // a probe: plain steps (their drafts are dropped)
+  return gate_.drafts(r.draft_gate, step_id, int64_t(running_.size()), batch_tokens_);
+}
+
+void Scheduler::label_step(const SchedulerOutput& out) {
+  if (!config_.adaptive_drafts || config_.num_speculative_tokens <= 0) return;
+  // Only decode steps (every sequence computes its one new token, nothing admitted) are compared.
+  bool decode = out.new_seqs.empty() && !out.scheduled.empty();
+  int64_t verified = 0, asked = 0;
+  for (const ScheduledSeq& s : out.scheduled) {
+    decode = decode && s.samples && s.num_tokens - int32_t(s.draft_tokens.size()) == 1;
+    verified += !s.draft_tokens.empty();
+    asked += s.num_drafts_next != 0;
+  }
+  const int64_t n = int64_t(out.scheduled.size());
+  DraftGate::StepKind kind = DraftGate::StepKind::kOther;
+  if (decode && verified * 4 >= n * 3 && asked * 4 >= n * 3) kind = DraftGate::StepKind::kDrafting;
+  if (decode && verified == 0 && asked == 0) kind = DraftGate::StepKind::kPlain;
+  step_kinds_[out.step_id] = {kind, n};
+}
+
+void Scheduler::time_step(const SchedulerOutput& out) {
+  if (!config_.adaptive_drafts || config_.num_speculative_tokens <= 0) return;
+  const auto now = std::chrono::steady_clock::now();
+  auto it = step_kinds_.find(out.step_id);
+  // The period since the previous step was applied: drafting steps are applied one after the
+  // other, so it is this step's cost (forward, verification, drafter rounds, host work).
+  if (it != step_kinds_.end() && last_update_)
+    gate_.observe_step(it->second.first, it->second.second, std::chrono::duration<double>(now - *last_update_).count(),
+                       out.step_id);
+  if (it != step_kinds_.end()) step_kinds_.erase(it);
+  for (auto i = step_kinds_.begin(); i != step_kinds_.end();)  // steps never applied
+    i = i->first < out.step_id ? step_kinds_.erase(i) : std::next(i);
+  last_update_ = now;
 }
 
 bool Scheduler::apply_token(Request& r, int32_t token) {
@@ -422,6 +482,7 @@ bool Scheduler::commit_tokens(Request& r, const SampledSeq& s, int32_t n, const 
 std::vector<SeqUpdate> Scheduler::update(const SchedulerOutput& out, const ModelRunnerOutput& result,
                                          std::span<const StopEvent> stops) {
   DI_CHECK(result.step_id == out.step_id, "runner output of step ", result.step_id, " applied to step ", out.step_id);
+  time_step(out);
   const std::vector<SavedCheckpoint> saved = keyed_checkpoints(result);  // before any request changes
   std::unordered_map<int64_t, const SampledSeq*> sampled;
   for (const SampledSeq& s : result.sampled) sampled[s.seq_id] = &s;

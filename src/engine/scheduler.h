@@ -22,6 +22,8 @@
 // (num_computed_tokens, blocks past the new end) and stores the drafter's next proposals.
 // Caches of finished or preempted sequences are released after the last step that used them.
 #pragma once
+#include <chrono>
+#include <optional>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -48,6 +50,10 @@ struct SchedulerConfig {
   // num_speculative_tokens (trimmed by the budget, max_tokens and its grammar).
   bool varlen_drafts = false;
   StepCostModel step_cost;                // the engine's measured cost curve (varlen only)
+  // Adaptive drafting (spec_adaptive.h): a request stops drafting while its measured acceptance
+  // cannot pay for the drafting steps' measured cost.
+  bool adaptive_drafts = false;
+  DraftGateConfig draft_gate;
   PrefixCacheConfig prefix_cache;         // prefix reuse (on by default)
   // Bounded replay (CausalLM::replay_keep(), V4.1 compact prefill): a prefix hit ends at or before
   // the request's tail start (prompt length - replay_keep), since the later layers' window rows
@@ -107,6 +113,7 @@ class Scheduler {
   size_t num_running() const { return running_.size(); }
   const Request* get(int64_t seq_id) const;
   const SchedulerStats& stats() const { return stats_; }
+  const DraftGate& draft_gate() const { return gate_; }
   SchedulerLoad load() const;
   const SchedulerConfig& config() const { return config_; }
   const PrefixCache& prefix_cache() const { return prefix_; }
@@ -125,6 +132,11 @@ class Scheduler {
   // Varlen: the draft count each decoding sequence is given this step (seq id -> cap).
   std::unordered_map<int64_t, int32_t> varlen_caps(int64_t budget) const;
   void record_verify(Request& r, int32_t n_drafts, int32_t accepted);
+  // Adaptive drafting: whether `r` drafts this step (probes and the gate's judgement).
+  bool gate_drafts(Request& r, int64_t step_id);
+  // Adaptive drafting: the kind of the planned step `out` (timed when it is applied).
+  void label_step(const SchedulerOutput& out);
+  void time_step(const SchedulerOutput& out);
   void preempt(Request* r, SchedulerOutput& out);
   void insert_waiting(Request* r);
   void insert_running(Request* r);
@@ -162,6 +174,12 @@ class Scheduler {
   int64_t next_step_id_ = 0;
   SchedulerStats stats_;
   AcceptanceModel acceptance_;  // calibration of the drafter's confidence (varlen)
+  // Adaptive drafting: the gate, probe steps left, planned steps' kinds and the last update time.
+  DraftGate gate_;
+  int32_t probe_left_ = 0;
+  std::optional<double> batch_tokens_;  // this step's mean tokens per verify step of judgeable requests
+  std::unordered_map<int64_t, std::pair<DraftGate::StepKind, int64_t>> step_kinds_;
+  std::optional<std::chrono::steady_clock::time_point> last_update_;
 };
 
 }  // namespace deepinfer::engine

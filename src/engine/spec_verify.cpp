@@ -99,4 +99,28 @@ VerifyResult verify_drafts(std::span<const int32_t> drafts, std::span<const int3
   return r;
 }
 
+VerifyResult verify_decided(std::span<const int32_t> drafts, std::span<const int32_t> target_draws,
+                            std::span<const int32_t> accepted, std::span<const int32_t> residual) {
+  DI_CHECK(target_draws.size() == drafts.size() + 1 && accepted.size() == drafts.size() &&
+               residual.size() == drafts.size(),
+           "verify: ", target_draws.size(), " target rows, ", accepted.size(), " decisions and ", residual.size(),
+           " residuals for ", drafts.size(), " drafts");
+  VerifyResult r;
+  for (size_t i = 0; i < drafts.size(); ++i) {
+    const int32_t a = accepted[i];
+    if (a != -1 && a != 0 && a != 1)
+      DI_THROW(InternalError, "verify: draft ", i, " (token ", drafts[i], ") has decision ", a,
+               a == -2 ? " (q = 0 at the draft: it was not drawn from its recorded distribution)" : "");
+    const bool ok = a == -1 ? drafts[i] == target_draws[i] : a == 1;
+    if (!ok) {
+      r.tokens.push_back(a == -1 ? target_draws[i] : residual[i]);
+      return r;
+    }
+    r.tokens.push_back(drafts[i]);
+    ++r.num_accepted;
+  }
+  r.tokens.push_back(target_draws[drafts.size()]);
+  return r;
+}
+
 }  // namespace deepinfer::engine

@@ -48,6 +48,14 @@ VerifyResult verify_drafts(std::span<const int32_t> drafts, std::span<const int3
                            std::span<const std::vector<float>> draft_probs = {}, const TargetProbs& target_probs = {},
                            const VerifyKey& key = {});
 
+// The same result from decisions already taken per row (the device sampler's kSpecVerify rows,
+// ops/cuda/sampling.h): accepted[i] 1 / 0 for a sampled draft (whose rejection emits
+// residual[i]), -1 for a greedy one (accepted iff it equals target_draws[i]). Any other value
+// (-2: the draft had q = 0) throws InternalError. Spans: drafts [L], target_draws [L + 1],
+// accepted and residual [L].
+VerifyResult verify_decided(std::span<const int32_t> drafts, std::span<const int32_t> target_draws,
+                            std::span<const int32_t> accepted, std::span<const int32_t> residual);
+
 // One rejection-sampling decision over explicit distributions (the rule for a sampled draft):
 // returns the draft when accepted, else the residual draw. p: [vocab] summing to 1; q: [vocab]
 // non-negative weights, normalised here (q[draft] > 0). u_accept, u_residual in [0, 1).

@@ -7,6 +7,7 @@
 // the target's max_rollback() extra positions, so rejected drafts need no undo.
 #pragma once
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "core/tensor.h"
@@ -43,6 +44,16 @@ class DraftPicker {
   // Whether every pick for DraftBatch::seqs[seq] is the argmax (lowest id on ties): a drafter may
   // then choose on its device and skip pick() (no logits copy).
   virtual bool greedy(size_t seq) const { return false; }
+  // Whether pick_on_device() can take every pick of this batch: the drafter may then leave its
+  // logits on the device (no [rows, vocab] copy; only ids and logprobs come back).
+  virtual bool device_picks() const { return false; }
+  // The next draft of DraftBatch::seqs[seqs[j]] for every j, from row j of the drafter's device
+  // logits, chosen by the same rule as pick() (on the device): tokens[j] and its log-probability
+  // under the row's raw softmax, logprobs[j]. Waits for the picks.
+  virtual void pick_on_device(const DeviceLogits& logits, std::span<const size_t> seqs, int32_t* tokens,
+                              float* logprobs) {
+    (void)logits, (void)seqs, (void)tokens, (void)logprobs;
+  }
 };
 
 struct DraftBatch {

@@ -58,20 +58,30 @@ std::vector<DraftProposal> MtpDrafter::propose(const DraftBatch& in, Tensor* dra
   }
   b.hidden_indices = b.logits_indices;
   std::vector<std::vector<std::vector<float>>> rows(in.seqs.size());  // per sequence: drafted positions' logits
-  // Greedy drafts on a device backend: argmax and logprob picked there, the logits stay (one
-  // small copy per round instead of [rows, vocab]). The output streams stay on the device.
-  bool on_device = model_.supports_device_logits() && !draft_logits;
-  for (size_t i : drafting) on_device = on_device && (!in.picker || in.picker->greedy(i));
+  // On a device backend the picks stay there: greedy drafts by the backend's argmax, sampled ones
+  // by the picker's device sampler (pick_on_device); one small copy per round instead of
+  // [rows, vocab]. The output streams stay on the device.
+  bool all_greedy = true;
+  for (size_t i : drafting) all_greedy = all_greedy && (!in.picker || in.picker->greedy(i));
+  const bool on_device = model_.supports_device_logits() && !draft_logits &&
+                         (all_greedy || (in.picker && in.picker->device_picks()));
   const ForwardOptions fo{.logits_on_device = on_device, .hidden_to_host = false};
   std::vector<int32_t> picked;
   std::vector<float> picked_lp;
+  std::vector<size_t> round_seqs = drafting;  // the sequences of the round being run, in row order
   auto run = [&](const ForwardBatch& batch, const HiddenRows& h, const ModelBackend::RowRanges& rr) {
     ForwardOutput res = model_.run_mtp(batch, h, 0, rr, fo);
     if (on_device) {
       const int64_t n = int64_t(batch.logits_indices.size());
       picked.resize(size_t(n));
       picked_lp.resize(size_t(n));
-      model_.backend().greedy_rows(n, picked.data(), picked_lp.data());
+      if (all_greedy) {
+        model_.backend().greedy_rows(n, picked.data(), picked_lp.data());
+      } else if (n > 0) {
+        DI_CHECK(res.device_logits.rows == n && size_t(n) == round_seqs.size(), "mtp propose: ",
+                 res.device_logits.rows, " device logits rows for ", n, " drafting sequences");
+        in.picker->pick_on_device(res.device_logits, round_seqs, picked.data(), picked_lp.data());
+      }
     }
     return res;
   };
@@ -124,6 +134,7 @@ std::vector<DraftProposal> MtpDrafter::propose(const DraftBatch& in, Tensor* dra
     for (size_t j = 0, q = 0; j < drafting.size(); ++j)
       if (q < next.size() && drafting[j] == next[q]) keep.push_back({int64_t(j), 1}), ++q;
     r.hidden_indices = r.logits_indices;
+    round_seqs = next;
     o = run(r, o.hidden, keep);
     drafting = std::move(next);
   }

@@ -322,27 +322,26 @@ __device__ void apply_top_k_top_p(const SamplingRowParams& r, double* w, int64_t
   __syncthreads();
 }
 
-// Inverse CDF in id order: the first kept t with u < Σ_{s<=t} p_s / total. Each thread owns a
-// contiguous id range; chunk sums are combined by a CUB exclusive scan (fixed order).
-__device__ int32_t draw(const SamplingRowParams& r, const double* w, int64_t V, Smem& s) {
-  double part = 0.0;
-  for (int64_t t = threadIdx.x; t < V; t += kThreads) part += w[t];
-  const double total = block_sum(part, s);
+// Inverse CDF in id order over non-negative values f(t): the first t with f(t) > 0 and
+// target < sum_{s<=t} f(s) (the host's left-to-right rule), else the last t with f(t) > 0
+// (rounding left the target past the end), else -1. Each thread owns a contiguous id range;
+// chunk sums are combined by a CUB exclusive scan (fixed order).
+template <class F>
+__device__ int32_t inverse_cdf(const F& f, int64_t V, double target, Smem& s) {
   const int64_t chunk = (V + kThreads - 1) / kThreads;
   const int64_t lo = std::min<int64_t>(V, threadIdx.x * chunk), hi = std::min<int64_t>(V, lo + chunk);
   double local = 0.0;
-  for (int64_t t = lo; t < hi; ++t) local += w[t] / total;
+  for (int64_t t = lo; t < hi; ++t) local += f(t);
   double acc;
   cub::BlockScan<double, kThreads>(s.tmp.scan_d).ExclusiveSum(local, acc);
   __syncthreads();
-  const double u = philox_uniform(r.seed, r.sample_index, r.position);
   int found = -1, last = -1;
   for (int64_t t = lo; t < hi; ++t) {
-    const double q = w[t] / total;
+    const double q = f(t);
     if (q <= 0) continue;
     last = int(t);
     acc += q;
-    if (u < acc) {
+    if (target < acc) {
       found = int(t);
       break;
     }
@@ -350,29 +349,112 @@ __device__ int32_t draw(const SamplingRowParams& r, const double* w, int64_t V, 
   // Earliest found id: max of -id (ids < 2^31).
   found = block_max(found >= 0 ? -found : INT_MIN, s);
   if (found != INT_MIN) return -found;
-  last = block_max(last, s);
-  return last >= 0 ? last : fallback_token(r, V);
+  return block_max(last, s);
+}
+
+__device__ double kept_total(const double* w, int64_t V, Smem& s) {
+  double part = 0.0;
+  for (int64_t t = threadIdx.x; t < V; t += kThreads) part += w[t];
+  return block_sum(part, s);
+}
+
+// Plain sampling's draw: the first kept t with u < sum_{s<=t} p_s / total.
+__device__ int32_t draw(const SamplingRowParams& r, const double* w, int64_t V, Smem& s) {
+  const double total = kept_total(w, V, s);
+  const double u = philox_uniform(r.seed, r.sample_index, r.position);
+  const int32_t t = inverse_cdf([&](int64_t i) { return w[i] / total; }, V, u, s);
+  return t >= 0 ? t : fallback_token(r, V);
+}
+
+// Sum of the positive float weights q (fp64, fixed order).
+__device__ double weight_sum(const float* q, int64_t V, Smem& s) {
+  double part = 0.0;
+  for (int64_t t = threadIdx.x; t < V; t += kThreads) part += q[t] > 0 ? double(q[t]) : 0.0;
+  return block_sum(part, s);
+}
+
+// kSpecDraft: q = float(p) into r.spec_q (one-hot at the fallback when nothing is kept), then the
+// draw over q's weights (engine::draw_weighted). n_cand == 0: nothing allowed.
+__device__ int32_t draft_from_q(const SamplingRowParams& r, const double* w, int64_t V, int n_cand, Smem& s) {
+  float* q = r.spec_q;
+  const int32_t fb = fallback_token(r, V);
+  const double total = n_cand > 0 ? kept_total(w, V, s) : 0.0;
+  for (int64_t t = threadIdx.x; t < V; t += kThreads)
+    q[t] = n_cand > 0 ? float(w[t] / total) : (t == fb ? 1.0f : 0.0f);
+  __syncthreads();  // the block's global writes are visible to the block after the barrier
+  const double qsum = weight_sum(q, V, s);
+  if (!(qsum > 0)) {  // every kept p rounded to float 0: the host picker's one-hot fallback too
+    for (int64_t t = threadIdx.x; t < V; t += kThreads) q[t] = t == fb ? 1.0f : 0.0f;
+    return fb;
+  }
+  const double u = philox_uniform(r.seed, r.sample_index, r.position, engine::DrawStream::kSpecDraft);
+  const int32_t t = inverse_cdf([&](int64_t i) { return q[i] > 0 ? double(q[i]) : 0.0; }, V, u * qsum, s);
+  return t >= 0 ? t : fb;
+}
+
+// kSpecVerify: accept or resample r.spec_draft against p = w / total (engine::rejection_sample).
+// Writes *accepted (1, 0, -2 when q(draft) = 0) and returns the residual token (the draft when
+// accepted). n_cand == 0 (p empty): rejected, the fallback token.
+__device__ int32_t verify_draft(const SamplingRowParams& r, const double* w, int64_t V, int n_cand, int* accepted,
+                                Smem& s) {
+  const float* q = r.spec_q;
+  const int32_t d = r.spec_draft;
+  const double qsum = weight_sum(q, V, s);
+  const double qd = q[d] > 0 && qsum > 0 ? double(q[d]) / qsum : 0.0;
+  if (!(qd > 0)) {
+    *accepted = -2;
+    return fallback_token(r, V);
+  }
+  if (n_cand == 0) {
+    *accepted = 0;
+    return fallback_token(r, V);
+  }
+  const double total = kept_total(w, V, s);
+  const double pd = w[d] / total;
+  const double u_a = philox_uniform(r.seed, r.sample_index, r.position, engine::DrawStream::kSpecAccept);
+  if (u_a * qd < pd) {  // block-uniform: every thread computed the same values
+    *accepted = 1;
+    return d;
+  }
+  *accepted = 0;
+  const double u_r = philox_uniform(r.seed, r.sample_index, r.position, engine::DrawStream::kSpecResidual);
+  auto residual = [&](int64_t t) { return fmax(0.0, w[t] / total - (q[t] > 0 ? double(q[t]) / qsum : 0.0)); };
+  double part = 0.0;
+  for (int64_t t = threadIdx.x; t < V; t += kThreads) part += residual(t);
+  const double rtotal = block_sum(part, s);
+  if (rtotal > 0) {
+    const int32_t t = inverse_cdf(residual, V, u_r * rtotal, s);
+    if (t >= 0) return t;
+  }
+  // p <= q everywhere (p == q up to rounding): draw from p itself.
+  const int32_t t = inverse_cdf([&](int64_t i) { return w[i] / total; }, V, u_r, s);
+  return t >= 0 ? t : fallback_token(r, V);
 }
 
 // Raw-logit logprob, rank and top-N of the chosen token (engine::compute_logprobs).
+// `extra` >= 0: also the logprob and rank of that token (a verify row's residual draw).
 __device__ void write_logprobs(const SampleParams& p, const SamplingRowParams& r, const float* raw, int32_t token,
-                               int64_t row, Smem& s) {
+                               int32_t extra, int64_t row, Smem& s) {
   const int64_t V = p.vocab;
   float mx = -INFINITY;
   for (int64_t t = threadIdx.x; t < V; t += kThreads) mx = fmaxf(mx, raw[t]);
   mx = block_max(mx, s);
   double part = 0.0;
-  int greater = 0;
-  const float tok_logit = raw[token];
+  int greater = 0, greater_extra = 0;
+  const float tok_logit = raw[token], extra_logit = extra >= 0 ? raw[extra] : 0.0f;
   for (int64_t t = threadIdx.x; t < V; t += kThreads) {
     part += exp(double(raw[t]) - double(mx));
     greater += raw[t] > tok_logit;
+    greater_extra += extra >= 0 && raw[t] > extra_logit;
   }
   const double lse = double(mx) + log(block_sum(part, s));
   greater = block_sum(greater, s);
+  if (extra >= 0) greater_extra = block_sum(greater_extra, s);
   if (threadIdx.x == 0) {
     if (p.logprobs) p.logprobs[row] = float(double(tok_logit) - lse);
     if (p.ranks) p.ranks[row] = 1 + greater;
+    if (extra >= 0 && p.spec_residual_logprob) p.spec_residual_logprob[row] = float(double(extra_logit) - lse);
+    if (extra >= 0 && p.spec_residual_rank) p.spec_residual_rank[row] = 1 + greater_extra;
   }
   if (p.max_top_logprobs == 0 || !p.top_ids) return;
   const int n = int(std::min<int64_t>(std::clamp(r.top_logprobs, 0, p.max_top_logprobs), V));
@@ -408,20 +490,29 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const __grid_constant_
   const float* raw = p.logits + row * p.logits_stride;
   double* w = static_cast<double*>(p.workspace) + row * V;
   build_logits(p, r, raw, w, row);
-  int32_t token;
+  int32_t token, residual = -1;
   if (r.temperature < kGreedyBelow) {
     token = greedy_token(r, w, V, s);
   } else {
     const int n_cand = to_probs(r, w, V, s);
-    if (n_cand == 0) {
-      token = fallback_token(r, V);
+    if (n_cand > 0 && ((r.top_k > 0 && r.top_k < V) || r.top_p < 1.0f)) apply_top_k_top_p(r, w, V, n_cand, s);
+    if (r.spec_mode == kSpecDraft) {
+      token = draft_from_q(r, w, V, n_cand, s);
     } else {
-      if ((r.top_k > 0 && r.top_k < V) || r.top_p < 1.0f) apply_top_k_top_p(r, w, V, n_cand, s);
-      token = draw(r, w, V, s);
+      token = n_cand == 0 ? fallback_token(r, V) : draw(r, w, V, s);
+      if (r.spec_mode == kSpecVerify) {
+        int accepted = 0;
+        residual = verify_draft(r, w, V, n_cand, &accepted, s);
+        if (threadIdx.x == 0) {
+          p.spec_accepted[row] = accepted;
+          p.spec_residual[row] = residual;
+        }
+        // residual is the draft when accepted: its logprob is what an accepted draft emits
+      }
     }
   }
   if (threadIdx.x == 0) p.tokens[row] = token;
-  if (p.logprobs || p.ranks || p.top_ids) write_logprobs(p, r, raw, token, row, s);
+  if (p.logprobs || p.ranks || p.top_ids) write_logprobs(p, r, raw, token, residual, row, s);
 }
 
 template <typename... A>
@@ -458,6 +549,18 @@ void check_sampling_rows(std::span<const SamplingRowParams> rows, const SamplePa
             ", ", r.banned_end, ") outside [0, num_banned = ", p.num_banned, "]");
     require(range_ok(r.penalty_begin, r.penalty_end, p.num_penalty), "row ", i, ": penalty range [",
             r.penalty_begin, ", ", r.penalty_end, ") outside [0, num_penalty = ", p.num_penalty, "]");
+    require(r.spec_mode == kSpecPlain || r.spec_mode == kSpecDraft || r.spec_mode == kSpecVerify, "row ", i,
+            ": spec_mode ", r.spec_mode, " not 0 (plain), 1 (draft) or 2 (verify)");
+    if (r.spec_mode != kSpecPlain) {
+      require(r.temperature >= kGreedyBelow, "row ", i, ": spec_mode ", r.spec_mode,
+              " on a greedy row (temperature ", r.temperature, "): greedy drafts are argmax picks");
+      require(r.spec_q != nullptr, "row ", i, ": spec_mode ", r.spec_mode, " with a null spec_q");
+    }
+    if (r.spec_mode == kSpecVerify) {
+      require(r.spec_draft >= 0 && r.spec_draft < p.vocab, "row ", i, ": spec_draft ", r.spec_draft,
+              " not in [0, vocab = ", p.vocab, ")");
+      require(p.spec_accepted && p.spec_residual, "row ", i, ": a verify row with null spec_accepted/spec_residual");
+    }
   }
 }
 

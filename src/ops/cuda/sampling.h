@@ -58,7 +58,24 @@ struct SamplingRowParams {
   int32_t bias_begin = 0, bias_end = 0;        // [begin, end) into bias_ids / bias_values
   int32_t banned_begin = 0, banned_end = 0;    // into banned_ids
   int32_t penalty_begin = 0, penalty_end = 0;  // into penalty_ids / penalty_counts
+  // Speculative decoding (src/engine/spec_verify.h's rules, on the device; kSpecPlain = none):
+  //  kSpecDraft: the row is a drafter row. q = float(p) of the processed distribution is written
+  //    to spec_q [vocab] (one-hot at the fallback token when nothing is allowed) and the token is
+  //    the inverse-CDF draw over those float weights (normalised by their fp64 sum) with
+  //    u = Philox(seed, sample_index, position, kSpecDraft): engine::draw_weighted's rule, so q is
+  //    exactly the distribution the draft came from.
+  //  kSpecVerify: the row also rejection-samples `spec_draft`, drawn from the weights spec_q
+  //    [vocab] (a kSpecDraft row's q), against this row's p: accepted iff
+  //    u_a * q(d) / sum q < p(d) (u_a: kSpecAccept); on rejection, the residual draw from
+  //    norm(max(0, p - q / sum q)) (u_r: kSpecResidual; p itself when the residual is empty):
+  //    engine::rejection_sample's rule. The row's own token is drawn as plain sampling draws it.
+  //  Both need a sampled row (temperature >= 1e-5) and spec_q non-null.
+  int32_t spec_mode = 0;
+  int32_t spec_draft = -1;
+  float* spec_q = nullptr;  // device [vocab]; written (kSpecDraft) or read (kSpecVerify)
 };
+
+constexpr int32_t kSpecPlain = 0, kSpecDraft = 1, kSpecVerify = 2;
 
 struct SampleParams {
   const float* logits = nullptr;        // [batch, vocab] f32, row stride logits_stride
@@ -88,6 +105,15 @@ struct SampleParams {
   int32_t* top_ids = nullptr;           // [batch, max_top_logprobs] or null; unused slots -1
   float* top_logprobs = nullptr;        // [batch, max_top_logprobs]; unused slots -inf
   int max_top_logprobs = 0;             // output row width, <= kSamplingMaxTopLogprobs
+  // kSpecVerify rows' decisions (needed when any row verifies; other rows are left alone):
+  // spec_accepted 1 / 0 (-2: q(draft) = 0, the draft was not drawn from q), spec_residual the
+  // token the row emits if verification stops there: the residual draw (rejected) or the draft
+  // (accepted); spec_residual_logprob / _rank its raw logprob and rank when logprobs is non-null
+  // (its top-N is the row's own).
+  int32_t* spec_accepted = nullptr;     // [batch]
+  int32_t* spec_residual = nullptr;     // [batch]
+  float* spec_residual_logprob = nullptr;  // [batch]
+  int32_t* spec_residual_rank = nullptr;   // [batch]
   // Scratch: sampling_workspace_bytes(batch, vocab) bytes, 8-byte aligned.
   void* workspace = nullptr;
   size_t workspace_bytes = 0;

@@ -60,6 +60,8 @@ struct SpecRun {
   std::vector<std::vector<int32_t>> tokens;
   SchedulerStats stats;
   ModelRunner::Stats runner;
+  DraftGate::Stats gate;
+  int64_t sampler_d2h = 0;
   double seconds = 0;
   int64_t graphs = 0;
   int64_t output_tokens = 0;
@@ -78,11 +80,20 @@ struct SpecRun {
   }
 };
 
+// Sampled drafting: device draft picks + device verify (DEEPINFER_DEVICE_DRAFT_SAMPLING) and
+// adaptive drafting (off unless asked, so the figures below time drafting itself).
+struct SpecOpts {
+  bool device_drafts = true;
+  bool adaptive = false;
+};
+
 SpecRun run_engine(std::unique_ptr<DeepseekV4CudaModel> m, int32_t drafts,
                    const std::vector<std::vector<int32_t>>& prompts, const SamplingParams& params, int64_t max_seqs,
-                   bool varlen = false, bool warm = false, bool prefix_cache = true) {
+                   bool varlen = false, bool warm = false, bool prefix_cache = true, SpecOpts so = {}) {
   DeepseekV4CudaModel* raw = m.get();
   EngineConfig ec;
+  ec.env.device_draft_sampling = so.device_drafts;
+  ec.adaptive_drafts = so.adaptive;
   ec.scheduler.max_num_seqs = max_seqs;
   ec.scheduler.max_num_batched_tokens = 2048;
   ec.kv_cache_memory_bytes = size_t(512) << 20;
@@ -96,8 +107,11 @@ SpecRun run_engine(std::unique_ptr<DeepseekV4CudaModel> m, int32_t drafts,
       eng.add_request("w" + std::to_string(i), PromptInput::from_token_ids(prompts[i]), params, 0);
     while (eng.has_unfinished()) eng.step();
   }
-  for (size_t i = 0; i < prompts.size(); ++i)
-    eng.add_request(std::to_string(i), PromptInput::from_token_ids(prompts[i]), params, 0);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    SamplingParams pi = params;
+    if (pi.seed) pi.seed = *pi.seed + i;  // seeded requests: one stream each
+    eng.add_request(std::to_string(i), PromptInput::from_token_ids(prompts[i]), pi, 0);
+  }
   SpecRun r;
   r.tokens.resize(prompts.size());
   const auto t0 = std::chrono::steady_clock::now();
@@ -109,6 +123,8 @@ SpecRun run_engine(std::unique_ptr<DeepseekV4CudaModel> m, int32_t drafts,
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   r.stats = eng.scheduler().stats();
   r.runner = eng.runner().stats();
+  r.gate = eng.scheduler().draft_gate().stats();
+  if (eng.runner().device_sampler()) r.sampler_d2h = eng.runner().device_sampler()->stats().d2h_bytes;
   r.graphs = raw->graphs_captured();
   for (const auto& t : r.tokens) r.output_tokens += int64_t(t.size());
   return r;
@@ -395,6 +411,67 @@ TEST_F(GpuSpecTiming, DraftLengthSweep) {
       line += buf;
     }
     std::printf("[spec-gpu] draft length sweep, batch %lld%s\n", (long long)B, line.c_str());
+  }
+}
+
+SamplingParams sampled(int n, uint64_t seed) {
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.top_p = 0.95f;
+  p.max_tokens = n;
+  p.ignore_eos = true;
+  p.seed = seed;
+  return p;
+}
+
+// Sampled drafts picked and rejection-sampled on the device (only ids and decisions come back)
+// against the host path (logits copied, the same rules on the host): same tokens for every seeded
+// request (the fp64 sums differ in order only, sampling.h), twice the same on the device, and
+// every verify step sampled on the device.
+TEST_F(GpuSpecTiming, SampledDraftsOnTheDeviceEqualTheHostPath) {
+  const auto prompts = prompts_for(default_model(), 12);
+  const SamplingParams p = sampled(48, 4242);
+  auto run = [&](bool device) {
+    return run_engine(load(default_model(), Numerics::kProduction, DecodePath::kGraph), kL, prompts, p, 12, false, false,
+                      true, {.device_drafts = device});
+  };
+  const SpecRun dev = run(true), dev2 = run(true), host = run(false);
+  int64_t same = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) same += dev.tokens[i] == host.tokens[i];
+  EXPECT_EQ(dev.tokens, dev2.tokens) << "device drafting is deterministic";
+  EXPECT_EQ(dev.tokens, host.tokens) << same << "/" << prompts.size() << " requests equal";
+  EXPECT_EQ(dev.runner.host_steps, 0) << "every step, verify steps included, sampled on the device";
+  EXPECT_GT(host.runner.host_steps, 0);
+  EXPECT_GT(dev.runner.verify_steps, 0);
+  EXPECT_GT(dev.acceptance_length(), 1.5);
+  std::printf("[spec-gpu] sampled drafts device vs host: %lld/%zu requests equal; acceptance %.2f / %.2f; "
+              "draft %.3f s / %.3f s, verify %.3f s / %.3f s; device sampler d2h %.1f KB\n",
+              (long long)same, prompts.size(), dev.acceptance_length(), host.acceptance_length(), dev.runner.draft_time_s,
+              host.runner.draft_time_s, dev.runner.verify_time_s, host.runner.verify_time_s, dev.sampler_d2h / 1e3);
+}
+
+// Decode tokens/s with sampled drafts (temperature 1, top-p 0.95, seeded): plain, drafts picked
+// on the host (before), on the device, and on the device with adaptive drafting; greedy drafts for
+// comparison. Same passes as EngineTokensPerSecondSpecOnOff.
+TEST_F(GpuSpecTiming, SampledDraftsTokensPerSecond) {
+  for (int64_t B : {1, 8, 64}) {
+    const auto prompts = prompts_for(default_model(), int(B));
+    auto run = [&](int32_t drafts, const SamplingParams& sp, SpecOpts so) {
+      return run_engine(load(default_model(), Numerics::kProduction, DecodePath::kGraph), drafts, prompts, sp, B, false,
+                        true, true, so);
+    };
+    const SamplingParams s = sampled(64, 77), g = greedy(64);
+    const SpecRun plain = run(0, s, {}), host = run(kL, s, {.device_drafts = false}), dev = run(kL, s, {});
+    const SpecRun adapt = run(kL, s, {.adaptive = true}), gplain = run(0, g, {}), gdraft = run(kL, g, {});
+    auto tps = [](const SpecRun& r) { return double(r.output_tokens) / r.seconds; };
+    std::printf("[spec-gpu] sampled B=%lld: plain %.0f tok/s | drafts host %.0f (%.2fx, acc %.2f, draft %.3f s) | "
+                "device %.0f (%.2fx, acc %.2f, draft %.3f s) | device+adaptive %.0f (%.2fx, %lld stopped, threshold "
+                "%.2f) || greedy plain %.0f, greedy drafts %.0f (%.2fx, acc %.2f)\n",
+                (long long)B, tps(plain), tps(host), tps(host) / tps(plain), host.acceptance_length(),
+                host.runner.draft_time_s, tps(dev), tps(dev) / tps(plain), dev.acceptance_length(),
+                dev.runner.draft_time_s, tps(adapt), tps(adapt) / tps(plain), (long long)adapt.gate.requests_stopped,
+                adapt.gate.last_threshold, tps(gplain), tps(gdraft), tps(gdraft) / tps(gplain),
+                gdraft.acceptance_length());
   }
 }
 
