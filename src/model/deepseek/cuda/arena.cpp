@@ -7,6 +7,7 @@
 #include "ops/cuda/hc.h"
 #include "ops/cuda/indexer.h"
 #include "ops/cuda/moe_route.h"
+#include "ops/cuda/sampling.h"
 
 namespace deepinfer::model::ds::cuda {
 namespace {
@@ -60,6 +61,30 @@ ArenaLayout layout_arena(const Dims& g, const ArenaSizes& s) {
   L.wdq = a.take(int64_t(s.wdq_bytes), 1);
   L.total = (a.off + 255) / 256 * 256;
   return L;
+}
+
+size_t step_workspace_bound(const Dims& g, const StepBound& b) {
+  ArenaSizes s;
+  s.act_bytes = b.act_bytes;
+  s.step.T = b.max_tokens;
+  s.step.win_rows = b.max_tokens + b.max_seqs * (b.sliding_window - 1);
+  int64_t min_ratio = 0;
+  if (b.compress_ratios)
+    for (int64_t m : *b.compress_ratios)
+      if (m > 0) min_ratio = min_ratio ? std::min(min_ratio, m) : m;
+  s.step.stage_rows = b.max_tokens + b.max_seqs * 2 * std::max<int64_t>(min_ratio, 128);
+  s.step.entries = min_ratio ? b.max_tokens / min_ratio + b.max_seqs : 0;
+  s.max_cand = min_ratio ? b.max_context / min_ratio : 0;
+  s.step.R = std::min<int64_t>(b.max_tokens, 1024);
+  s.step.Rh = 0;
+  // Split-KV partials (f32 [T, H, splits, d+2]) exist only while T·ceil(H/heads-per-block) < 4·SMs
+  // (choose_attention_split), so T·splits < 8·SMs whatever max_tokens is: bound them by 2048
+  // token-splits (up to 256 SMs) instead of max_tokens x 64.
+  s.attn_splits = 1;
+  s.fp8_ws_bytes = b.fp8_ws_bytes;
+  s.wdq_bytes = b.wdq_bytes;
+  return layout_arena(g, s).total + size_t(2048) * size_t(b.num_heads) * size_t(b.head_dim + 2) * sizeof(float) +
+         ops::cuda::sampling_workspace_bytes(b.max_seqs, b.vocab);
 }
 
 }  // namespace deepinfer::model::ds::cuda

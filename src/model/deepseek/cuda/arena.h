@@ -7,6 +7,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "model/deepseek/activations.h"
 
@@ -35,5 +36,19 @@ struct ArenaLayout {
 };
 
 ArenaLayout layout_arena(const Dims& g, const ArenaSizes& s);
+
+// Upper bound of a family's per-step device workspace (the memory plan, V4 and V4.1 alike): the
+// arena of a worst-case step of `max_tokens` new tokens over `max_seqs` sequences with contexts up
+// to `max_context`, the split-KV partials and the engine's device sampler workspace.
+// `compress_ratios`: the main layers' ratios (0 = sliding); fp8_ws / wdq: the dense FP8 workspaces
+// the family's weight table needs at max_tokens.
+struct StepBound {
+  size_t act_bytes = 2;
+  int64_t max_tokens = 0, max_seqs = 0, max_context = 0;
+  int64_t sliding_window = 0, num_heads = 0, head_dim = 0, vocab = 0;
+  const std::vector<int64_t>* compress_ratios = nullptr;
+  size_t fp8_ws_bytes = 0, wdq_bytes = 0;
+};
+size_t step_workspace_bound(const Dims& g, const StepBound& b);
 
 }  // namespace deepinfer::model::ds::cuda

@@ -45,26 +45,11 @@ V4PlanOptions plan_options(const CudaModelOptions& o, int64_t num_mtp) {
 // partials, and the engine's device sampler workspace.
 size_t activation_bytes(const DeepseekV4Config& c, const ds::Dims& dims, const TensorTable& table,
                         const CudaModelOptions& o) {
-  const int64_t max_tokens = o.max_batch_tokens, max_seqs = o.max_seqs;
-  ArenaSizes s;
-  s.act_bytes = storage_bytes(o.storage_numerics());
-  s.step.T = max_tokens;
-  s.step.win_rows = max_tokens + max_seqs * (c.sliding_window - 1);
-  int64_t min_ratio = 0;
-  for (int64_t m : c.compress_ratio)
-    if (m > 0) min_ratio = min_ratio ? std::min(min_ratio, m) : m;
-  s.step.stage_rows = max_tokens + max_seqs * 2 * std::max<int64_t>(min_ratio, 128);
-  s.step.entries = min_ratio ? max_tokens / min_ratio + max_seqs : 0;
-  s.max_cand = min_ratio ? o.max_context / min_ratio : 0;
-  s.step.R = std::min<int64_t>(max_tokens, 1024);
-  s.step.Rh = 0;
-  // Split-KV partials (f32 [T, H, splits, d+2]) exist only while T·ceil(H/heads-per-block) < 4·SMs
-  // (choose_attention_split), so T·splits < 8·SMs whatever max_tokens is: bound them by 2048
-  // token-splits (up to 256 SMs) instead of max_tokens x 64.
-  s.attn_splits = 1;
-  v4_fp8_workspace(c, table, o, max_tokens, &s.fp8_ws_bytes, &s.wdq_bytes);
-  return layout_arena(dims, s).total + size_t(2048) * size_t(c.num_heads) * size_t(c.head_dim + 2) * sizeof(float) +
-         ops::cuda::sampling_workspace_bytes(max_seqs, c.vocab_size);
+  StepBound b{.act_bytes = storage_bytes(o.storage_numerics()), .max_tokens = o.max_batch_tokens, .max_seqs = o.max_seqs,
+              .max_context = o.max_context, .sliding_window = c.sliding_window, .num_heads = c.num_heads,
+              .head_dim = c.head_dim, .vocab = c.vocab_size, .compress_ratios = &c.compress_ratio};
+  v4_fp8_workspace(c, table, o, o.max_batch_tokens, &b.fp8_ws_bytes, &b.wdq_bytes);
+  return step_workspace_bound(dims, b);
 }
 }  // namespace
 
