@@ -62,11 +62,6 @@ class Preparer {
     r.dtype = DType::kF32;
     r.out = t.size(0);
     r.in = t.size(1);
-    // Panels for the packed kernel as well (the f32 rows stay for batch-invariant mode and expert moves).
-    s_.packed.push_back(std::make_unique<ops::cpu::PackedWeight>(
-        ops::cpu::pack_weight(t.data<float>(), t.size(0), t.size(1), t.size(1))));
-    r.panels = true;
-    r.packed = s_.packed.back().get();
   }
   void vec(size_t i, ds::VecRef& v) {
     const Tensor t = keep(w_.entry_f32(i, c_));
