@@ -89,10 +89,12 @@ def plots(rows: list[dict], out: str) -> list[str]:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for eng in sorted({r["engine"] for r in dec}):
         for ctx in sorted({nominal_ctx(r) for r in dec if r["engine"] == eng}):
-            pts = sorted((r["batch"], r["tokens_per_s"]) for r in dec
-                         if r["engine"] == eng and nominal_ctx(r) == ctx and not r.get("calibration"))
-            if pts:
-                ax.plot(*zip(*pts), marker="o", linestyle="-" if eng == "deepinfer" else "--", label=f"{eng}, ctx {ctx}")
+            for shared in (False, True):
+                pts = sorted((r["batch"], r["tokens_per_s"]) for r in dec if r["engine"] == eng and
+                             nominal_ctx(r) == ctx and bool(r.get("shared_context")) == shared)
+                if pts:
+                    ax.plot(*zip(*pts), marker="o", linestyle="--" if eng != "deepinfer" else ":" if shared else "-",
+                            label=f"{eng}, ctx {ctx}{' (shared context)' if shared else ''}")
     ax.set(xscale="log", yscale="log", xlabel="batch size", ylabel="decode tokens/s", title="Decode throughput")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
