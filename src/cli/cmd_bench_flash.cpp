@@ -381,32 +381,31 @@ int run_bench_flash(int argc, char** argv) {
   for (size_t ci = 0; ci < contexts.size(); ++ci) {
     const int64_t Pc = contexts[ci];
     const std::vector<int64_t>& batches = batches_at[ci];
+    // Decode: distinct contexts while B x context stays small, else one shared context prefix.
+    std::vector<std::pair<int64_t, bool>> runs;
+    int64_t largest_distinct = 0;
+    bool any_shared = false, distinct_b1 = false;
+    for (int64_t B : batches) {
+      const bool sh = shared_above > 0 && B * Pc > shared_above && Pc > kSuffix;
+      runs.push_back({B, sh});
+      if (!sh) largest_distinct = std::max(largest_distinct, B);
+      any_shared |= sh;
+      distinct_b1 |= B == 1 && !sh;
+    }
+    // Calibrate where this context has shared points to compare with.
+    if (calibrate_shared && any_shared && largest_distinct > 0) runs.push_back({largest_distinct, true});
     // Prefill: one warm-up (first context only), then `reps` timed (median); none with --prefill-reps 0.
+    // With one rep after the first context, a distinct batch-1 decode run's fill is that prefill
+    // (one request of Pc tokens until its first token), so a long context is not prefilled twice.
+    const bool prefill_from_b1 = reps == 1 && ci > 0 && distinct_b1;
     std::vector<double> pf;
-    for (int64_t i = ci ? 1 : 0; reps > 0 && i <= reps; ++i) {
+    for (int64_t i = ci ? 1 : 0; reps > 0 && !prefill_from_b1 && i <= reps; ++i) {
       RunResult r = run(llm, 1, Pc, 0, 0, cfg.vocab_size, salt);
       std::fprintf(stderr, "bench-flash: prefill %ld tokens %s: %.1f ms\n", long(Pc), i ? "" : "(warm-up)",
                    r.fill_s * 1e3);
       if (i) pf.push_back(r.fill_s);
     }
-    if (reps > 0) {
-      const double flops = cm.prefill_flops(Pc), bytes = cm.prefill_bytes(Pc);
-      const double fl = std::max(flops / kFlops, bytes / kBandwidth) * 1e3;
-      char basis[96];
-      std::snprintf(basis, sizeof basis, "%.1f TFLOP (%.2f ms), %.1f GB (%.2f ms)", flops / 1e12,
-                    flops / kFlops * 1e3, bytes / 1e9, bytes / kBandwidth * 1e3);
-      const double ms = median(pf) * 1e3;
-      rows.push_back({"prefill", 1, double(Pc), ms, fl, 0, ms / L, Pc == 4096 ? 55.0 : 0.0, basis, 0, false, 0, 0, Pc});
-    }
-    // Decode: distinct contexts while B x context stays small, else one shared context prefix.
-    std::vector<std::pair<int64_t, bool>> runs;
-    int64_t largest_distinct = 0;
-    for (int64_t B : batches) {
-      const bool sh = shared_above > 0 && B * Pc > shared_above && Pc > kSuffix;
-      runs.push_back({B, sh});
-      if (!sh) largest_distinct = std::max(largest_distinct, B);
-    }
-    if (calibrate_shared && largest_distinct > 0 && Pc > kSuffix) runs.push_back({largest_distinct, true});
+    const size_t prefill_row = rows.size();
     std::vector<int32_t> prefix;
     for (auto [B, sh] : runs) {
       if (sh && prefix.empty()) {
@@ -421,6 +420,11 @@ int run_bench_flash(int argc, char** argv) {
                      std::chrono::duration<double>(Clock::now() - f0).count());
       }
       RunResult r = run(llm, B, Pc, warm, steps, cfg.vocab_size, salt, false, sh ? &prefix : nullptr);
+      if (prefill_from_b1 && B == 1 && !sh && pf.empty()) {
+        pf.push_back(r.fill_s);
+        std::fprintf(stderr, "bench-flash: prefill %ld tokens: %.1f ms (the batch-1 decode run's fill)\n", long(Pc),
+                     r.fill_s * 1e3);
+      }
       const double ctx = double(Pc) + double(warm) + double(B) / 2 + double(steps) / 2;
       const double bytes = cm.decode_bytes(B, ctx, true), flops = cm.decode_flops(B, ctx);
       const double fl = std::max(bytes / kBandwidth, flops / kFlops) * 1e3;
@@ -433,6 +437,16 @@ int run_bench_flash(int argc, char** argv) {
                    r.decode_s.size(), ms);
       const double hf = Pc != 4096 ? 0 : B == 1 ? 9.3 : B == 8 ? 7.6 : B == 32 ? 8.4 : 0;
       rows.push_back({"decode", B, ctx, ms, fl, fl, ms / L, hf, basis, r.impure, sh, r.fill_s, r.cached_tokens, Pc});
+    }
+    if (reps > 0 && !pf.empty()) {
+      const double flops = cm.prefill_flops(Pc), bytes = cm.prefill_bytes(Pc);
+      const double fl = std::max(flops / kFlops, bytes / kBandwidth) * 1e3;
+      char basis[96];
+      std::snprintf(basis, sizeof basis, "%.1f TFLOP (%.2f ms), %.1f GB (%.2f ms)", flops / 1e12,
+                    flops / kFlops * 1e3, bytes / 1e9, bytes / kBandwidth * 1e3);
+      const double ms = median(pf) * 1e3;
+      rows.insert(rows.begin() + std::ptrdiff_t(prefill_row),
+                  Row{"prefill", 1, double(Pc), ms, fl, 0, ms / L, Pc == 4096 ? 55.0 : 0.0, basis, 0, false, 0, 0, Pc});
     }
   }
 
