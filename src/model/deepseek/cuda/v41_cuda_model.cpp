@@ -133,6 +133,9 @@ std::unique_ptr<DeepseekV41Model> load_v41_cuda(const std::string& dir, const Cu
   if (probe.dspark.num_stages > 0 && mo.dspark)
     DI_INFO("deepseek_v41 cuda: ", dir, ": the DSpark drafter's ", probe.dspark.num_stages,
             " stages run on the host (f32); its taps are computed on the GPU and copied back each step");
+  else if (probe.dspark.num_stages > 0)
+    DI_INFO("deepseek_v41 cuda: ", dir, ": the ", probe.dspark.num_stages, " DSpark stages are not loaded (no "
+            "drafts); DEEPINFER_USE_NEXTN_DECODE=N > 0 drafts with them, on the host in f32");
   ModelOptions m = mo;
   m.progress = o.progress;
   m.max_rollback = o.max_rollback;
@@ -192,7 +195,11 @@ std::unique_ptr<CausalLM> load_cuda(const std::string& dir, const ModelLoadOptio
   CudaModelOptions o = v4::engine_cuda_options(l);
   const bool compact = l.env.yoco_truncation_mode.value_or("full") == "compact";
   const int64_t keep = compact ? l.env.yoco_keep_tokens.value_or(int(kDefaultReplayKeep)) : 0;
-  return load_v41_cuda(dir, o, {.replay_keep = keep});
+  // DSpark only when drafting is asked for explicitly: its stages run on the host in f32 (the release's
+  // three stages of 128 experts are ~54 GB of host memory and CPU time every round), so a GPU
+  // model does not take them on by default as the CPU model does.
+  const bool draft = l.env.use_nextn_decode.value_or(0) > 0;
+  return load_v41_cuda(dir, o, {.replay_keep = keep, .dspark = draft});
 }
 
 }  // namespace deepinfer::model::v41

@@ -12,7 +12,8 @@
 // are the same model here.
 // Refused on the GPU (ConfigError / InvalidArgument naming the reason): routing without top-k
 // normalisation (the GPU router always normalises), expert shards, hc_mult > 4, head widths the
-// kernels do not take. DSpark stages in the checkpoint make the model's drafter as on the CPU: the
+// kernels do not take. DSpark stages in the checkpoint make the model's drafter as on the CPU (when
+// `model.dspark`; the registry's load_cuda sets it only when DEEPINFER_USE_NEXTN_DECODE > 0): the
 // taps are computed on the device (stream_mean), copied to the host each round, and the stages run
 // there in f32 (ModelOptions::dspark_host_taps; the stage forward on the device is not done yet).
 #pragma once
