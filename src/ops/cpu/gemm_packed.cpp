@@ -81,7 +81,7 @@ constexpr int kTileRows = 12;  // MR: 12 rows x 2 panels = 24 accumulators (+2 B
 // C[0:MR, 0:min(ncols, NP*16)] = alpha * A[0:MR, :] * panels[0:NP]^T (+ beta C); each element one
 // in-order FMA chain over k.
 template <int MR, int NP>
-DI_AVX512_FN [[gnu::always_inline]] inline void tile(const float* A, int64_t lda, const float* panel, int64_t K,
+[[gnu::always_inline]] DI_AVX512_FN inline void tile(const float* A, int64_t lda, const float* panel, int64_t K,
                                                      float* C, int64_t ldc, int64_t ncols, float alpha, float beta) {
   __m512 acc[MR][NP];
 #pragma GCC unroll 12
@@ -120,7 +120,7 @@ DI_AVX512_FN [[gnu::always_inline]] inline void tile(const float* A, int64_t lda
 // accumulator chains and loads in flight), then the remaining panels. Which tile an element lands
 // in does not change its sum.
 template <int MR>
-DI_AVX512_FN [[gnu::always_inline]] inline void rows_avx512(const float* A, int64_t lda, const float* panels,
+[[gnu::always_inline]] DI_AVX512_FN inline void rows_avx512(const float* A, int64_t lda, const float* panels,
                                                             int64_t p0, int64_t p1, int64_t N, int64_t K, float* C,
                                                             int64_t ldc, float alpha, float beta) {
   constexpr int NP = MR <= 3 ? 4 : 2;
