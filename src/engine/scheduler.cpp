@@ -411,7 +411,8 @@ void Scheduler::record_verify(Request& r, int32_t n_drafts, int32_t accepted) {
 }
 
 bool Scheduler::gate_feeds(const Request& r, int64_t step_id) const {
-  return !config_.adaptive_drafts || (probe_left_ == 0 && gate_.feeds(r.draft_gate, step_id));
+  return !config_.adaptive_drafts || !config_.draft_gate.plain_steps ||
+         (probe_left_ == 0 && gate_.feeds(r.draft_gate, step_id));
 }
 
 bool Scheduler::gate_drafts(Request& r, int64_t step_id) {
@@ -433,7 +434,8 @@ void Scheduler::label_step(const SchedulerOutput& out) {
   const int64_t n = int64_t(out.scheduled.size());
   DraftGate::StepKind kind = DraftGate::StepKind::kOther;
   if (decode && verified * 4 >= n * 3 && asked * 4 >= n * 3) kind = DraftGate::StepKind::kDrafting;
-  if (decode && verified == 0 && asked == 0 && !out.feeds_drafter) kind = DraftGate::StepKind::kPlain;
+  if (decode && verified == 0 && asked == 0 && (!out.feeds_drafter || !config_.draft_gate.plain_steps))
+    kind = DraftGate::StepKind::kPlain;
   step_kinds_[out.step_id] = {kind, n};
 }
 

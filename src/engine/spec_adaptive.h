@@ -52,6 +52,9 @@ struct DraftGateConfig {
   // > 0: the tokens per verify step drafting needs, instead of the measured time ratio (tests and
   // benchmarks that must stop or keep drafting whatever the timings); no probes then.
   double forced_threshold = 0;
+  // False: stopped requests always feed the drafter and no step is plain; the plain time is then
+  // that of a step in which nobody drafts (the behaviour before plain steps; bench-async --plain-steps 0).
+  bool plain_steps = true;
 };
 
 class DraftGate {
@@ -90,7 +93,9 @@ class DraftGate {
   bool drafts(Seq& s, int64_t step, int64_t seqs, std::optional<double> batch_tokens = std::nullopt);
   // Whether the request's drafter state follows step `step` (after drafts() decided it): always
   // while it drafts, in the last warm_steps steps of a stop (refilling the drafter's window).
-  bool feeds(const Seq& s, int64_t step) const { return s.off_until < 0 || step + config_.warm_steps >= s.off_until; }
+  bool feeds(const Seq& s, int64_t step) const {
+    return !config_.plain_steps || s.off_until < 0 || step + config_.warm_steps >= s.off_until;
+  }
   const Stats& stats() const { return stats_; }
   const DraftGateConfig& config() const { return config_; }
 

@@ -27,6 +27,7 @@ struct Setup {
   int32_t accepted = 0;      // ToyDrafter: drafts accepted per verify step
   int64_t budget = 2048;
   double threshold = 1.5;    // DraftGateConfig::forced_threshold
+  bool plain_steps = true;   // DraftGateConfig::plain_steps
 };
 
 struct RunResult {
@@ -78,6 +79,7 @@ RunResult run(const Setup& s, const std::vector<Req>& w) {
   g.max_off_steps = 24;
   g.warm_steps = 4;
   g.forced_threshold = s.threshold;
+  g.plain_steps = s.plain_steps;
   ToyModelConfig tc;
   tc.max_rollback = kL + 1;
   auto model = std::make_unique<ToyModel>(tc);
@@ -141,6 +143,19 @@ TEST(AdaptivePlainSteps, AllStoppedStepsArePlainOverlappedAndIdentical) {
       else EXPECT_EQ(r.runner.overlapped_launches, 0) << what;
     }
   }
+}
+
+// plain_steps off (the behaviour before, bench-async --plain-steps 0): stopped requests keep
+// feeding the drafter, no step is plain, nothing overlaps; same output.
+TEST(AdaptivePlainSteps, OffKeepsFeedingTheDrafter) {
+  const std::vector<Req> w = workload(false);
+  const RunResult plain = run({.drafts = 0}, w);
+  const RunResult r = run({.plain_steps = false}, w);
+  for (const auto& [id, s] : plain.out) EXPECT_EQ(r.out.at(id), s) << id;
+  EXPECT_GT(r.gate.stops, 0);
+  EXPECT_EQ(r.stats.num_plain_steps, 0);
+  EXPECT_EQ(r.skipped, 0);
+  EXPECT_EQ(r.runner.overlapped_launches, 0);
 }
 
 TEST(AdaptivePlainSteps, PayingBatchNeverStops) {
