@@ -43,12 +43,17 @@ namespace deepinfer::engine {
 
 struct DraftGateConfig {
   int32_t min_verifies = 4;      // verify steps observed before a request is judged
-  int64_t off_steps = 64;        // steps a request stops drafting for, first time
-  int64_t max_off_steps = 1024;  // cap of the doubling
+  // Re-probe schedule (H200, B = 64, acceptance hopeless: PERFORMANCE.md): a re-probe costs its
+  // warm_steps feeding steps and min_verifies verify steps (each up to 6x a plain step), so with
+  // stops of 64 doubling to 1024 and 32 warm steps, 15% of 1,000 steps (35% of a 256-token run)
+  // fed or drafted and the average step cost 19% above plain decoding; 256 doubling to 4096 with
+  // 8 warm steps makes that ~3% of 1,000 steps.
+  int64_t off_steps = 256;       // steps a request stops drafting for, first time
+  int64_t max_off_steps = 4096;  // cap of the doubling
   int64_t probe_every = 1024;    // steps after which a bucket's plain time is measured again
   double alpha = 0.25;           // weight of a new observation in the averages
   double hysteresis = 0.97;      // stop only below threshold * hysteresis
-  int64_t warm_steps = 32;       // steps before a re-probe in which a stopped request feeds the drafter
+  int64_t warm_steps = 8;        // steps before a re-probe in which a stopped request feeds the drafter
   // > 0: the tokens per verify step drafting needs, instead of the measured time ratio (tests and
   // benchmarks that must stop or keep drafting whatever the timings); no probes then.
   double forced_threshold = 0;

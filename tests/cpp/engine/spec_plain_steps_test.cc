@@ -8,6 +8,7 @@
 // plain steps' positions and resume warm_steps before each re-probe; a paying batch never stops.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <map>
 #include <string>
 
@@ -28,6 +29,7 @@ struct Setup {
   int64_t budget = 2048;
   double threshold = 1.5;    // DraftGateConfig::forced_threshold
   bool plain_steps = true;   // DraftGateConfig::plain_steps
+  bool default_schedule = false;  // the gate's own stop / warm-up lengths (else short ones)
 };
 
 struct RunResult {
@@ -74,10 +76,12 @@ RunResult run(const Setup& s, const std::vector<Req>& w) {
   ec.num_speculative_tokens = s.drafts;
   ec.adaptive_drafts = true;
   DraftGateConfig& g = ec.scheduler.draft_gate;
-  g.min_verifies = 2;
-  g.off_steps = 12;
-  g.max_off_steps = 24;
-  g.warm_steps = 4;
+  if (!s.default_schedule) {
+    g.min_verifies = 2;
+    g.off_steps = 12;
+    g.max_off_steps = 24;
+    g.warm_steps = 4;
+  }
   g.forced_threshold = s.threshold;
   g.plain_steps = s.plain_steps;
   ToyModelConfig tc;
@@ -156,6 +160,33 @@ TEST(AdaptivePlainSteps, OffKeepsFeedingTheDrafter) {
   EXPECT_EQ(r.stats.num_plain_steps, 0);
   EXPECT_EQ(r.skipped, 0);
   EXPECT_EQ(r.runner.overlapped_launches, 0);
+}
+
+// The default re-probe schedule with hopeless drafts: over a 1,100-token run (4 requests) only a
+// few % of the steps feed the drafter or verify (the prefill, the first verifies, two re-probes of
+// warm_steps + min_verifies steps each), the rest are plain: what bounds the cost of re-probing.
+TEST(AdaptivePlainSteps, DefaultScheduleKeepsReprobesRare) {
+  std::vector<Req> w;
+  for (int i = 0; i < 4; ++i) {
+    SamplingParams p;
+    p.temperature = 0;
+    p.max_tokens = 1100;
+    p.ignore_eos = true;
+    w.push_back({PromptInput::from_token_ids(prompt_ids(i, 12)), p, 0});
+  }
+  const RunResult r = run({.default_schedule = true}, w);
+  const DraftGateConfig g;
+  ASSERT_EQ(r.out.size(), w.size());
+  const int64_t all = r.stats.num_drafter_steps + r.stats.num_plain_steps;
+  // Stops at ~5, re-probes at ~261 and ~778 (stops of 256 then 512): each warm_steps + min_verifies.
+  const int64_t predicted = 1 + g.min_verifies + 2 * (g.warm_steps + 1 + g.min_verifies);
+  std::printf("[adaptive] default schedule, hopeless drafts: %lld of %lld steps fed the drafter (predicted ~%lld), "
+              "%lld stops, %lld re-probes\n",
+              (long long)r.stats.num_drafter_steps, (long long)all, (long long)predicted, (long long)r.gate.stops,
+              (long long)r.gate.reprobes);
+  EXPECT_EQ(r.gate.reprobes, 2 * 4) << "two per request";
+  EXPECT_LE(r.stats.num_drafter_steps, predicted + 4);
+  EXPECT_LT(double(r.stats.num_drafter_steps), 0.05 * double(all));
 }
 
 TEST(AdaptivePlainSteps, PayingBatchNeverStops) {
