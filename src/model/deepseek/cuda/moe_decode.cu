@@ -390,6 +390,18 @@ __device__ __forceinline__ void fill_lut(uint32_t* lut) {
     for (int i = threadIdx.x; i < 256; i += blockDim.x) lut[i] = ops::cuda::fp8_bf16_bits(i);
 }
 
+// FP4 without a table (kAlu; the table's random per-lane reads conflict on shared-memory banks,
+// ~3.5 ways for random bytes, which capped the first version near 1.8 TB/s): nibble c as the
+// bf16 bits (c & 8) << 12 | (c & 7) << 6 is e2m1(c) * 2^-126 exactly (e = 0 is the subnormal
+// m * 2^-127), so one bf16x2 multiply by 2^(s-1) gives e2m1(c) * 2^(s-127) (exact: a bf16).
+// Word q of a 32-bit word of 8 nibbles pairs nibbles q (low half) and q + 4 (high half): one
+// shift for the magnitudes, one for the signs, one select.
+__device__ __forceinline__ uint32_t fp4_pair_bits(uint32_t w, int q) {
+  const uint32_t u = q == 0 ? w << 6 : q == 1 ? w << 2 : q == 2 ? w >> 2 : w >> 6;  // [8:6], [24:22]
+  const uint32_t v = w << (12 - 4 * q);                                              // bits 15, 31
+  return (u & 0x01C001C0u) | (v & 0x80008000u);
+}
+
 // One chunk's registers of a lane: its 32 inputs of the warp's 2*MT weight rows (raw, + scale
 // byte) and of its B column (32 bf16 of the column's token; zeros past the tile or past K).
 template <ExpertFormat F, int MT>
@@ -424,12 +436,23 @@ __device__ __forceinline__ void load_stage(Stage<F, MT>& st, const uint8_t* w, c
   for (int v = 0; v < 4; ++v) st.x[v] = ok && col ? __ldg(xs + v) : z;
 }
 
-// The 16 bf16x2 words of one row's 32 inputs (word q: inputs 2q, 2q+1), scale applied (exact).
-template <ExpertFormat F>
+// The 16 bf16x2 words of one row's 32 inputs, scale applied (exact). Word j holds inputs 2j, 2j+1,
+// except FP4 with kAlu: word j = 4*wi + q holds inputs 8*wi + q and 8*wi + q + 4.
+template <ExpertFormat F, bool kAlu>
 __device__ __forceinline__ void dequant_row(const uint4 (&raw)[kRawVecs<F>], uint32_t s, const uint32_t* lut,
                                             uint32_t (&a)[16]) {
   const uint32_t* rw = reinterpret_cast<const uint32_t*>(raw);
-  if constexpr (F == ExpertFormat::kFP4) {
+  if constexpr (F == ExpertFormat::kFP4 && kAlu) {
+    const bool big = s > 128;  // 2^(s-1) past bf16's range: 2^126 first, then the scale
+    const uint32_t m1 = big ? 0x7E807E80u : ((s + 126u) << 7) * 0x10001u;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) a[j] = mul_bf16x2(fp4_pair_bits(rw[j / 4], j % 4), m1);
+    if (big) {
+      const uint32_t m2 = e8m0_bf16x2(s);
+#pragma unroll
+      for (int j = 0; j < 16; ++j) a[j] = mul_bf16x2(a[j], m2);
+    }
+  } else if constexpr (F == ExpertFormat::kFP4) {
     const uint32_t s2 = e8m0_bf16x2(s);
 #pragma unroll
     for (int q = 0; q < 16; ++q) a[q] = mul_bf16x2(lut[(rw[q / 4] >> (8 * (q % 4))) & 0xff], s2);
@@ -449,32 +472,45 @@ __device__ __forceinline__ void dequant_row(const uint4 (&raw)[kRawVecs<F>], uin
 // The chunk's 8 MMA k-steps per m-tile. k-step s takes, per lane, inputs 4s..4s+3 of its 32:
 // A {row g: 4s, 4s+1 | row g+8: same | row g: 4s+2, 4s+3 | row g+8: same}, B {4s, 4s+1 | 4s+2, 4s+3}
 // of its column — the MMA's k index 2t+j is input 32t+4s+j, 2t+8+j is 32t+4s+2+j.
-template <ExpertFormat F, int MT>
+template <ExpertFormat F, bool kAlu, int MT>
 __device__ __forceinline__ void compute_stage(const Stage<F, MT>& st, const uint32_t* lut, float (&acc)[MT][4]) {
-  const uint32_t* xb = reinterpret_cast<const uint32_t*>(st.x);
+  const uint32_t* xw = reinterpret_cast<const uint32_t*>(st.x);
+  uint32_t xb[16];  // B words in the A words' input order (kAlu FP4: inputs 8wi+q | 8wi+q+4)
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    if constexpr (F == ExpertFormat::kFP4 && kAlu) {
+      const int wi = j / 4, q = j % 4, m1 = 4 * wi + q / 2;
+      xb[j] = __byte_perm(xw[m1], xw[m1 + 2], q % 2 ? 0x7632 : 0x5410);
+    } else {
+      xb[j] = xw[j];
+    }
+  }
 #pragma unroll
   for (int m = 0; m < MT; ++m) {
     uint32_t a0[16], a1[16];
-    dequant_row<F>(st.w[m][0], st.s[m][0], lut, a0);
-    dequant_row<F>(st.w[m][1], st.s[m][1], lut, a1);
+    dequant_row<F, kAlu>(st.w[m][0], st.s[m][0], lut, a0);
+    dequant_row<F, kAlu>(st.w[m][1], st.s[m][1], lut, a1);
 #pragma unroll
     for (int s = 0; s < 8; ++s) mma_bf16(acc[m], a0[2 * s], a1[2 * s], a0[2 * s + 1], a1[2 * s + 1], xb[2 * s], xb[2 * s + 1]);
   }
 }
 
-// acc[m] += the warp's rows · its columns over all K, chunks in order, two register stages.
-template <ExpertFormat F, int MT>
+// acc[m] += the warp's rows · its columns over all K, chunks in order; S register stages (the
+// loads of S - 1 chunks in flight while one is computed). The sums do not depend on MT, W or S.
+template <ExpertFormat F, bool kAlu, int MT, int S>
 __device__ __forceinline__ void run_rows(const uint8_t* w, const uint8_t* sc, const int64_t (&rows)[MT][2], int64_t K,
                                          const __nv_bfloat16* col, int t, const uint32_t* lut, float (&acc)[MT][4]) {
   const int64_t nc = (K + kChunk - 1) / kChunk;
-  Stage<F, MT> A, B;
-  load_stage<F, MT>(A, w, sc, rows, K, 32 * t, col);
-  for (int64_t c = 0; c < nc; c += 2) {
-    if (c + 1 < nc) load_stage<F, MT>(B, w, sc, rows, K, (c + 1) * kChunk + 32 * t, col);
-    compute_stage<F, MT>(A, lut, acc);
-    if (c + 1 < nc) {
-      if (c + 2 < nc) load_stage<F, MT>(A, w, sc, rows, K, (c + 2) * kChunk + 32 * t, col);
-      compute_stage<F, MT>(B, lut, acc);
+  Stage<F, MT> st[S];
+#pragma unroll
+  for (int u = 0; u < S - 1; ++u) load_stage<F, MT>(st[u], w, sc, rows, K, u * kChunk + 32 * t, col);
+  for (int64_t c = 0; c < nc; c += S) {
+#pragma unroll
+    for (int u = 0; u < S; ++u) {
+      if (c + u < nc) {
+        if (c + u + S - 1 < nc) load_stage<F, MT>(st[(u + S - 1) % S], w, sc, rows, K, (c + u + S - 1) * kChunk + 32 * t, col);
+        compute_stage<F, kAlu, MT>(st[u], lut, acc);
+      }
     }
   }
 }
@@ -495,12 +531,15 @@ __device__ __forceinline__ TileRows tile_rows(const MoeDecodeGroupedParams& p) {
 
 // grid (max_tiles, ceil(inter / (8*MT*W))): a warp's m-tile m = gate rows i0+8m .. +7 (A rows
 // 0-7) and their up rows (A rows 8-15), so a lane holds gate and up of its (row, column) pairs.
-template <ExpertFormat F, int MT, int W>
+template <ExpertFormat F, bool kAlu, int MT, int W, int S>
 __global__ void __launch_bounds__(W * kWarpSize) grouped_up_kernel(const __grid_constant__ MoeDecodeGroupedParams p) {
-  __shared__ uint32_t lut[F == ExpertFormat::kPlain ? 1 : 256];
+  constexpr bool kLut = F == ExpertFormat::kFP8 || (F == ExpertFormat::kFP4 && !kAlu);
+  __shared__ uint32_t lut[kLut ? 256 : 1];
   if (int64_t(blockIdx.x) >= *p.num_tiles) return;
-  fill_lut<F>(lut);
-  __syncthreads();
+  if constexpr (kLut) {
+    fill_lut<F>(lut);
+    __syncthreads();
+  }
   const TileRows tr = tile_rows(p);
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize, g = lane / 4, t = lane % 4;
   const int64_t I = p.inter, D = p.dim, i0 = (int64_t(blockIdx.y) * W + warp) * 8 * MT;
@@ -514,7 +553,7 @@ __global__ void __launch_bounds__(W * kWarpSize) grouped_up_kernel(const __grid_
   const __nv_bfloat16* col = g < tr.n ? static_cast<const __nv_bfloat16*>(p.x) + p.perm_src[tr.r0 + g] * D : nullptr;
   const uint8_t* sc = F == ExpertFormat::kPlain ? nullptr : p.w13_scale[tr.e];
   float acc[MT][4] = {};
-  run_rows<F, MT>(static_cast<const uint8_t*>(p.w13[tr.e]), sc, rows, D, col, t, lut, acc);
+  run_rows<F, kAlu, MT, S>(static_cast<const uint8_t*>(p.w13[tr.e]), sc, rows, D, col, t, lut, acc);
   __nv_bfloat16* act = static_cast<__nv_bfloat16*>(p.act);
 #pragma unroll
   for (int m = 0; m < MT; ++m) {
@@ -531,12 +570,15 @@ __global__ void __launch_bounds__(W * kWarpSize) grouped_up_kernel(const __grid_
 }
 
 // grid (max_tiles, ceil(dim / (16*MT*W))): m-tile m = output rows j0+16m .. +15.
-template <ExpertFormat F, int MT, int W>
+template <ExpertFormat F, bool kAlu, int MT, int W, int S>
 __global__ void __launch_bounds__(W * kWarpSize) grouped_down_kernel(const __grid_constant__ MoeDecodeGroupedParams p) {
-  __shared__ uint32_t lut[F == ExpertFormat::kPlain ? 1 : 256];
+  constexpr bool kLut = F == ExpertFormat::kFP8 || (F == ExpertFormat::kFP4 && !kAlu);
+  __shared__ uint32_t lut[kLut ? 256 : 1];
   if (int64_t(blockIdx.x) >= *p.num_tiles) return;
-  fill_lut<F>(lut);
-  __syncthreads();
+  if constexpr (kLut) {
+    fill_lut<F>(lut);
+    __syncthreads();
+  }
   const TileRows tr = tile_rows(p);
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize, g = lane / 4, t = lane % 4;
   const int64_t I = p.inter, D = p.dim, j0 = (int64_t(blockIdx.y) * W + warp) * 16 * MT;
@@ -549,7 +591,7 @@ __global__ void __launch_bounds__(W * kWarpSize) grouped_down_kernel(const __gri
   const __nv_bfloat16* col = g < tr.n ? static_cast<const __nv_bfloat16*>(p.act) + (tr.r0 + g) * I : nullptr;
   const uint8_t* sc = F == ExpertFormat::kPlain ? nullptr : p.w2_scale[tr.e];
   float acc[MT][4] = {};
-  run_rows<F, MT>(static_cast<const uint8_t*>(p.w2[tr.e]), sc, rows, I, col, t, lut, acc);
+  run_rows<F, kAlu, MT, S>(static_cast<const uint8_t*>(p.w2[tr.e]), sc, rows, I, col, t, lut, acc);
 #pragma unroll
   for (int m = 0; m < MT; ++m)
 #pragma unroll
@@ -563,22 +605,30 @@ __global__ void __launch_bounds__(W * kWarpSize) grouped_down_kernel(const __gri
     }
 }
 
-template <ExpertFormat F, int MT, int W>
+template <ExpertFormat F, bool kAlu, int MT, int W, int S>
 void launch(const MoeDecodeGroupedParams& p, cudaStream_t stream) {
   const unsigned tiles = unsigned(p.max_tiles);
-  grouped_up_kernel<F, MT, W><<<dim3(tiles, unsigned(ceil_div(p.inter, 8 * MT * W))), W * kWarpSize, 0, stream>>>(p);
+  grouped_up_kernel<F, kAlu, MT, W, S>
+      <<<dim3(tiles, unsigned(ceil_div(p.inter, 8 * MT * W))), W * kWarpSize, 0, stream>>>(p);
   DI_CUDA_CHECK_LAUNCH();
-  grouped_down_kernel<F, MT, W><<<dim3(tiles, unsigned(ceil_div(p.dim, 16 * MT * W))), W * kWarpSize, 0, stream>>>(p);
+  grouped_down_kernel<F, kAlu, MT, W, S>
+      <<<dim3(tiles, unsigned(ceil_div(p.dim, 16 * MT * W))), W * kWarpSize, 0, stream>>>(p);
   DI_CUDA_CHECK_LAUNCH();
 }
 
+// Variants (moe_decode.h): the same sums, other warp shapes. 0 picks by the step's size: small
+// steps (a few experts) need many warps and deep pipelines to keep enough bytes in flight.
 template <ExpertFormat F>
 void launch_variant(const MoeDecodeGroupedParams& p, cudaStream_t stream) {
-  switch (p.variant) {
-    case 1: return launch<F, 1, 4>(p, stream);
-    case 2: return launch<F, 4, 4>(p, stream);
-    case 3: return launch<F, 2, 8>(p, stream);
-    default: return launch<F, 2, 4>(p, stream);
+  int v = p.variant;
+  if (v == 0) v = p.tokens * p.topk <= 16 ? 1 : 2;
+  switch (v) {
+    case 1: return launch<F, true, 1, 4, 4>(p, stream);
+    case 2: return launch<F, true, 2, 4, 3>(p, stream);
+    case 3: return launch<F, true, 4, 4, 2>(p, stream);
+    default:  // 4: FP4 through the byte table (the first version)
+      if constexpr (F == ExpertFormat::kFP4) return launch<F, false, 2, 4, 2>(p, stream);
+      else return launch<F, true, 2, 4, 2>(p, stream);
   }
 }
 
@@ -595,7 +645,7 @@ void validate(const MoeDecodeGroupedParams& p) {
   if (p.tokens > 0 && (!p.x || !p.seg || !p.perm_src || !p.perm_w || !p.tiles || !p.num_tiles || !p.w13 || !p.w2 ||
                        !p.act || !p.ye || (p.format != ExpertFormat::kPlain && (!p.w13_scale || !p.w2_scale))))
     DI_THROW(InvalidArgument, "moe_decode_grouped: null input, table or output");
-  if (p.variant < 0 || p.variant > 3) DI_THROW(InvalidArgument, "moe_decode_grouped: variant ", p.variant);
+  if (p.variant < 0 || p.variant > 4) DI_THROW(InvalidArgument, "moe_decode_grouped: variant ", p.variant);
 }
 }  // namespace grouped
 }  // namespace

@@ -57,7 +57,7 @@ void moe_decode_host(const MoeDecodeParams& p);
 // tiles of up to 8 rows of one expert), and one warp streams a band of an expert's rows once for
 // all (up to 8) rows of a tile: mma.sync m16n8k16 bf16 with fp32 accumulators, the weight rows as
 // the 16-row A operand (dequantised in registers: lookup per byte, then a bf16x2 multiply by the
-// power-of-two scale, exact, as in grouped_gemm), the tile's tokens as the 8 columns of B (zero
+// power-of-two scale, exact; FP4 by bit arithmetic, FP8 by a byte table), the tile's tokens as the 8 columns of B (zero
 // columns past the tile). Each lane owns 32 consecutive inputs of a row per 128-input chunk (the
 // k order inside an MMA is a fixed permutation of the inputs; x is permuted the same way).
 //   up:   act[r, i] = w_r · swiglu(round(x_t·W1[e]_i), round(x_t·W3[e]_i))   (t = perm_src[r], w_r = perm_w[r])
@@ -88,7 +88,7 @@ struct MoeDecodeGroupedParams {
   float* ye = nullptr;                  // [tokens*topk, dim] f32 out, sorted rows (invalid ids: unwritten)
   int64_t tokens = 0, topk = 0, num_experts = 0, dim = 0, inter = 0;  // dim, inter multiples of 32
   float limit = 0.f;                    // swiglu clamp (<= 0: none)
-  int variant = 0;                      // tuning (timing tests): 0 default; 1..3 other warp shapes
+  int variant = 0;                      // tuning (timing tests): 0 by size; 1..3 warp shapes; 4 FP4 by table
 };
 // Whether moe_decode_grouped takes these shapes (bf16 activations, widths multiples of 32).
 bool moe_decode_grouped_supported(DType act, int64_t dim, int64_t inter);
