@@ -616,12 +616,31 @@ void launch(const MoeDecodeGroupedParams& p, cudaStream_t stream) {
   DI_CUDA_CHECK_LAUNCH();
 }
 
+// Variant 0's pick (H200, MoeDecodeGrouped.Timing: v3 fastest by 6-10% from 8 tokens up at both
+// V4 and V4.1 widths; at one token v1 (the most warps, 4 stages) when its blocks fit one wave,
+// else v2: V4 57 us v1 / 62 v2, V4.1 101 v1 (two waves) / 74 v2).
+template <ExpertFormat F>
+int auto_variant(const MoeDecodeGroupedParams& p) {
+  const int64_t P = p.tokens * p.topk;
+  if (P > 16) return 3;
+  static const int per_sm = [] {
+    int n = 0;
+    DI_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, grouped_up_kernel<F, true, 1, 4, 4>, 4 * kWarpSize, 0));
+    return n;
+  }();
+  int dev = 0, sms = 0;
+  DI_CUDA_CHECK(cudaGetDevice(&dev));
+  DI_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  const int64_t blocks = P * std::max(ceil_div(p.inter, 32), ceil_div(p.dim, 64));  // v1, every pair its own expert
+  return blocks <= int64_t(per_sm) * sms ? 1 : 2;
+}
+
 // Variants (moe_decode.h): the same sums, other warp shapes. 0 picks by the step's size: small
 // steps (a few experts) need many warps and deep pipelines to keep enough bytes in flight.
 template <ExpertFormat F>
 void launch_variant(const MoeDecodeGroupedParams& p, cudaStream_t stream) {
   int v = p.variant;
-  if (v == 0) v = p.tokens * p.topk <= 16 ? 1 : 2;
+  if (v == 0) v = auto_variant<F>(p);
   switch (v) {
     case 1: return launch<F, true, 1, 4, 4>(p, stream);
     case 2: return launch<F, true, 2, 4, 3>(p, stream);
