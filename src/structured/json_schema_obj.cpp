@@ -29,65 +29,33 @@ std::vector<std::string> json_units(const std::string& escaped) {
   return out;
 }
 
-uint32_t decode_utf8(const std::string& u) {
-  unsigned char c = static_cast<unsigned char>(u[0]);
-  uint32_t cp = u.size() == 1 ? c : u.size() == 2 ? (c & 0x1F) : u.size() == 3 ? (c & 0x0F) : (c & 0x07);
-  for (size_t k = 1; k < u.size(); ++k) cp = (cp << 6) | (static_cast<unsigned char>(u[k]) & 0x3F);
-  return cp;
-}
-
 std::string json_quoted_key(const std::string& name) { return json(name).dump(); }
-
-struct KeyTrie {
-  bool terminal = false;
-  std::map<std::string, KeyTrie> kids;
-};
 
 }  // namespace
 
-// A JSON string whose content is none of `keys` (keys given unescaped).
+// A JSON string whose content is none of `keys` (keys given unescaped): any quoted string
+// minus the quoted keys, as one product DFA. Bytes differ exactly when the unit sequences
+// (characters and escapes) differ, so this is "a key spelled otherwise than every declared
+// one" (`\u0061` for "a" included). The product matters beyond its language: every prefix
+// of a declared key that diverges lands in the same (string body, no key) state, where a trie
+// of alternatives gave each prefix its own copy of the string body (one DFA state per key
+// prefix and body state, each compiled and each a first visit for the mask walk).
 ExprId SchemaLowerer::key_not_in(const std::vector<std::string>& keys) {
-  KeyTrie root;
+  std::vector<ExprId> lits;
   for (const auto& k : keys) {
     std::string esc = json(k).dump();
-    KeyTrie* n = &root;
-    for (const auto& u : json_units(esc.substr(1, esc.size() - 2))) {
+    for (const auto& u : json_units(esc.substr(1, esc.size() - 2)))
       if (u.size() == 6 && u[0] == '\\')
         DI_THROW(GrammarError, "json_schema: property name ", esc, " needs a \\u escape; not supported next to additional properties");
-      n = &n->kids[u];
-    }
-    n->terminal = true;
+    lits.push_back(b.literal(esc));
   }
-  ExprId any_char = json_string_char(b);
-  std::function<ExprId(const KeyTrie&)> build = [&](const KeyTrie& n) -> ExprId {
-    std::vector<ExprId> alts;
-    if (!n.terminal) alts.push_back(b.empty());
-    std::vector<std::pair<uint32_t, uint32_t>> plain = {{0x20, 0x21}, {0x23, 0x5B}, {0x5D, 0x10FFFF}};
-    std::string esc_letters = "\"\\/bfnrt";
-    for (const auto& [u, child] : n.kids) {
-      alts.push_back(b.seq({b.literal(u), build(child)}));
-      if (u[0] == '\\') {
-        esc_letters.erase(std::remove(esc_letters.begin(), esc_letters.end(), u[1]), esc_letters.end());
-      } else {
-        uint32_t cp = decode_utf8(u);
-        std::vector<std::pair<uint32_t, uint32_t>> next;
-        for (auto [lo, hi] : plain) {
-          if (cp < lo || cp > hi) { next.push_back({lo, hi}); continue; }
-          if (cp > lo) next.push_back({lo, cp - 1});
-          if (cp < hi) next.push_back({cp + 1, hi});
-        }
-        plain = std::move(next);
-      }
-    }
-    std::vector<ByteRange> letters;
-    for (char c : esc_letters) letters.push_back({static_cast<uint8_t>(c), static_cast<uint8_t>(c)});
-    ExprId hex = b.bytes({{'0', '9'}, {'A', 'F'}, {'a', 'f'}});
-    ExprId other = b.alt({b.codepoints(plain),
-                          b.seq({b.byte('\\'), b.alt({b.bytes(letters), b.seq({b.byte('u'), hex, hex, hex, hex})})})});
-    alts.push_back(b.seq({other, b.star(any_char)}));
-    return b.alt(std::move(alts));
-  };
-  return b.seq({b.byte('"'), build(root), b.byte('"')});
+  if (!any_key_dfa_) any_key_dfa_ = *expr_to_dfa(b, b.seq({b.byte('"'), b.star(json_string_char(b)), b.byte('"')}));
+  if (lits.empty()) return dfa_to_expr(b, *any_key_dfa_);
+  // About one state per key character: bounded like a grammar's automaton, not a regex's.
+  constexpr int32_t kMaxKeyStates = 200'000;
+  const Dfa named = *expr_to_dfa(b, b.alt(std::move(lits)), kMaxKeyStates);
+  const Dfa keys_dfa = dfa_product({&*any_key_dfa_, &named}, [](uint32_t m) { return m == 1; }, kMaxKeyStates);
+  return dfa_to_expr(b, keys_dfa);
 }
 
 // Comma-separated members: declared properties (props[i], required[i]) and any number of
