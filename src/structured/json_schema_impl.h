@@ -173,7 +173,6 @@ class SchemaLowerer {
   std::map<std::string, RuleId> ref_rules_;        // target pointer -> rule
   std::map<std::string, std::string> id_index_;    // $id / $anchor -> pointer
   std::set<std::string> anchor_in_root_;           // anchors defined in the root resource
-  std::optional<Dfa> any_key_dfa_;                 // '"' json_string_char* '"' (key_not_in)
 };
 
 }  // namespace deepinfer::structured

@@ -4,6 +4,7 @@
 #include <functional>
 #include <map>
 #include <set>
+#include <unordered_map>
 
 #include "core/check.h"
 #include "structured/json_schema_impl.h"
@@ -41,21 +42,79 @@ std::string json_quoted_key(const std::string& name) { return json(name).dump();
 // of alternatives gave each prefix its own copy of the string body (one DFA state per key
 // prefix and body state, each compiled and each a first visit for the mask walk).
 ExprId SchemaLowerer::key_not_in(const std::vector<std::string>& keys) {
-  std::vector<ExprId> lits;
+  // Byte trie of the quoted keys: kids[n] sorted (byte, child); done[n]: n ends a key.
+  std::vector<std::vector<std::pair<uint8_t, int32_t>>> kids(1);
+  std::vector<uint8_t> done(1, 0);
   for (const auto& k : keys) {
-    std::string esc = json(k).dump();
+    const std::string esc = json(k).dump();
     for (const auto& u : json_units(esc.substr(1, esc.size() - 2)))
       if (u.size() == 6 && u[0] == '\\')
         DI_THROW(GrammarError, "json_schema: property name ", esc, " needs a \\u escape; not supported next to additional properties");
-    lits.push_back(b.literal(esc));
+    int32_t n = 0;
+    for (char ch : esc) {
+      const uint8_t c = static_cast<uint8_t>(ch);
+      const int32_t fresh = static_cast<int32_t>(kids.size());
+      auto& ks = kids[n];
+      auto it = std::lower_bound(ks.begin(), ks.end(), std::pair<uint8_t, int32_t>{c, -1});
+      n = it != ks.end() && it->first == c ? it->second : ks.insert(it, {c, fresh})->second;
+      if (n == fresh) {  // after the last use of ks (emplace_back may move it)
+        kids.emplace_back();
+        done.push_back(0);
+      }
+    }
+    done[n] = 1;
   }
-  if (!any_key_dfa_) any_key_dfa_ = *expr_to_dfa(b, b.seq({b.byte('"'), b.star(json_string_char(b)), b.byte('"')}));
-  if (lits.empty()) return dfa_to_expr(b, *any_key_dfa_);
-  // About one state per key character: bounded like a grammar's automaton, not a regex's.
-  constexpr int32_t kMaxKeyStates = 200'000;
-  const Dfa named = *expr_to_dfa(b, b.alt(std::move(lits)), kMaxKeyStates);
-  const Dfa keys_dfa = dfa_product({&*any_key_dfa_, &named}, [](uint32_t m) { return m == 1; }, kMaxKeyStates);
-  return dfa_to_expr(b, keys_dfa);
+  // Any quoted string: one DFA for every lowering (the language is fixed).
+  static const Dfa any = [] {
+    GrammarBuilder g;
+    return *expr_to_dfa(g, g.seq({g.byte('"'), g.star(json_string_char(g)), g.byte('"')}));
+  }();
+  // Product (any-string state, trie node or -1), built directly: classes are any's refined by
+  // every key byte, a pair steps both parts, and a pair that completes a key is rejected.
+  bool cut[257] = {};
+  cut[0] = cut[256] = true;
+  for (int c = 1; c < 256; ++c) cut[c] = any.byte_class[c] != any.byte_class[c - 1];
+  for (const auto& ks : kids)
+    for (auto [c, child] : ks) cut[c] = cut[c + 1] = true;
+  Dfa d;
+  std::vector<uint8_t> rep;  // [class] its first byte
+  for (int c = 0, cls = -1; c < 256; ++c) {
+    if (cut[c]) ++cls, rep.push_back(static_cast<uint8_t>(c));
+    d.byte_class[c] = static_cast<uint8_t>(cls);
+  }
+  d.num_classes = static_cast<int32_t>(rep.size());
+  // About one state per key byte: bounded like a grammar's automaton, not a regex's.
+  constexpr size_t kMaxKeyStates = 200'000;
+  std::unordered_map<uint64_t, int32_t> ids;
+  std::vector<std::pair<int32_t, int32_t>> pairs;
+  auto intern = [&](int32_t a, int32_t t) {
+    const uint64_t key = static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32 | static_cast<uint32_t>(t);
+    auto [it, fresh] = ids.emplace(key, static_cast<int32_t>(pairs.size()));
+    if (fresh) {
+      if (pairs.size() >= kMaxKeyStates)
+        DI_THROW(GrammarError, "json_schema: property names need more than ", kMaxKeyStates, " automaton states");
+      pairs.push_back({a, t});
+      d.final.push_back(any.final[a] && (t < 0 || !done[t]));
+      d.trans.resize(d.trans.size() + d.num_classes, -1);
+    }
+    return it->second;
+  };
+  d.start = intern(any.start, 0);
+  for (size_t cur = 0; cur < pairs.size(); ++cur) {
+    const auto [a, t] = pairs[cur];
+    for (int32_t c = 0; c < d.num_classes; ++c) {
+      const int32_t na = any.next(a, rep[c]);
+      if (na < 0) continue;
+      int32_t nt = -1;
+      if (t >= 0) {
+        const auto& ks = kids[t];
+        auto it = std::lower_bound(ks.begin(), ks.end(), std::pair<uint8_t, int32_t>{rep[c], -1});
+        if (it != ks.end() && it->first == rep[c]) nt = it->second;
+      }
+      d.trans[cur * d.num_classes + c] = intern(na, nt);
+    }
+  }
+  return dfa_to_expr(b, d);
 }
 
 // Comma-separated members: declared properties (props[i], required[i]) and any number of
