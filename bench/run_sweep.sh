@@ -5,6 +5,9 @@
 #   bench/run_sweep.sh [--model DIR] [--accelerator cpu|nvidia] [--batches "1 4 16"]
 #                      [--prompt-words "16 128"] [--max-tokens N] [--nextn "0 5"] [--varlen 0|1]
 #                      [--temperature T] [--bin PATH]
+#   bench/run_sweep.sh --flash-grid [...]   the GPU grid on a V4-Flash-shaped stack: decode step time at
+#                      batch 1..256 x context 4K/32K/128K, prefill TTFT, transformers in the same run,
+#                      CSV + PNG plots (bench/flash_grid.sh --help)
 # Defaults: the bundled default model, batches "1 4 16", prompt words "16 128", 32 new tokens,
 # the engine's default draft length (DEEPINFER_USE_NEXTN_DECODE unset), fixed draft lengths.
 # --nextn sweeps the maximum draft length (0 = no speculative decoding); --varlen 1 turns on
@@ -13,6 +16,7 @@
 # per verify step ("-" without drafts).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
+if [ "${1:-}" = --flash-grid ]; then shift; exec "$ROOT/bench/flash_grid.sh" "$@"; fi
 BIN=$ROOT/build/deepinfer
 MODEL=${DEEPINFER_HF_MODEL_DIR:-$ROOT/assets/default-model}
 ACCEL=${DEEPINFER_ACCELERATOR:-}
@@ -33,7 +37,7 @@ while [ $# -gt 0 ]; do
     --varlen) VARLEN=$2; shift 2 ;;
     --temperature) TEMP=$2; shift 2 ;;
     --bin) BIN=$2; shift 2 ;;
-    -h|--help) sed -n 2,14p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,17p "$0"; exit 0 ;;
     *) echo "run_sweep.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done

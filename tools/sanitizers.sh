@@ -15,7 +15,11 @@
 #                              server's engine loop and I/O threads (server_http_test), the
 #                              structured mask workers, tokenizer encode_batch, the CPU ops' OpenMP
 #                              regions (ops_cpu_test)
-#   tools/sanitizers.sh full   asan + tsan-lite + tsan (.ci/sanitize: too long for CI's 30 minutes)
+#   tools/sanitizers.sh tsan-py  the same TSan build's Python extension, loaded into the (not
+#                              instrumented) interpreter with the TSan runtime preloaded: Python
+#                              threads calling generate() / stream() / abort_request() / the
+#                              tokenizer on one LLM at once, Ctrl-C, the Python soak
+#   tools/sanitizers.sh full   asan + tsan-lite + tsan + tsan-py (.ci/sanitize: too long for CI's 30 minutes)
 # BUILD_ROOT (default: the checkout) holds build-asan/, build-tsan/, build-tsan-lite/; FUZZ_DIR
 # (default build-fuzz) the ASan libraries shared with tests/fuzz/run.sh; JOBS (default 2).
 set -euo pipefail
@@ -119,12 +123,46 @@ run_tsan() {
   env "${TSAN_ENV[@]}" "$b/tests/cpp/ops/ops_cpu_test" --gtest_brief=1
 }
 
+# Python threads over the bindings (they release the GIL, so the engine runs the threads' calls
+# concurrently). The interpreter is not instrumented: TSan sees the GIL through the pthread calls
+# it intercepts, and checks every access the extension (the whole engine) makes. The runtime
+# preloaded is gcc's libtsan: clang 14's shared one crashes at preload (its __cxa_atexit
+# interceptor runs from libstdc++'s initialiser before the runtime is set up); clang's
+# instrumentation only calls the __tsan_* entry points, which gcc's runtime provides.
+run_tsan_py() {
+  need_clang
+  local b=$BUILD_ROOT/build-tsan py=$BUILD_ROOT/build-tsan/py
+  local rt interp
+  rt=$(readlink -f "$(gcc -print-file-name=libtsan.so)")
+  [ -f "$rt" ] || { echo "sanitizers: no TSan runtime library (apt-get install libtsan2)" >&2; return 1; }
+  interp=$(python3 -c 'import sys; print(sys.executable)')  # the interpreter itself, not a shim
+  mkdir -p "$b" "$py/deepinfer"
+  cmake -S "$ROOT" -B "$b" "${COMMON[@]}" -DDEEPINFER_BUILD_PYTHON=ON -DCMAKE_CXX_COMPILER="$CLANGXX" -DCMAKE_C_COMPILER="$CLANG" \
+    -Dnanobind_DIR="$(python3 -c 'import nanobind; print(nanobind.cmake_dir())')" -DDEEPINFER_PY_OUTPUT_DIR="$py/deepinfer" \
+    -DCMAKE_CXX_FLAGS="-fsanitize=thread -fno-omit-frame-pointer" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=thread" \
+    >"$b/configure-py.log" 2>&1 || { cat "$b/configure-py.log"; return 1; }
+  nice -n 10 cmake --build "$b" -j "$JOBS" --target _C
+  # The package's Python files beside the TSan extension (the checkout's own _C is left alone).
+  ln -sf "$ROOT"/python/deepinfer/*.py "$py/deepinfer/"
+  # A report aborts the interpreter (halt_on_error, exit status 66), which fails the run;
+  # --capture=sys leaves fd 2 alone so the report is printed (fd capture would lose it).
+  env "${TSAN_ENV[@]}" LD_PRELOAD="$rt" PYTHONPATH="$py" DEEPINFER_INTERRUPT_LIMIT_S=20 \
+    "$interp" -m pytest -q -p no:cacheprovider --capture=sys tests/python/test_hardening_threads.py tests/python/test_hardening_soak.py \
+    "tests/python/test_hardening_api.py::test_concurrent_generate_from_threads_matches_sequential" \
+    "tests/python/test_hardening_api.py::test_abort_from_another_thread_finishes_the_request" \
+    "tests/python/test_hardening_api.py::test_keyboard_interrupt_cancels_generate_promptly" \
+    "tests/python/test_hardening_api.py::test_generate_inside_a_stream_loop" \
+    "tests/python/test_hardening_api.py::test_two_streams_interleaved" \
+    "tests/python/test_hardening_api.py::test_request_ids_never_repeat"
+}
+
 case "$WHAT" in
   ci) run_ci ;;
   tsan-lite) run_tsan_lite ;;
   asan) run_asan ;;
   tsan) run_tsan ;;
-  full) run_asan && run_tsan_lite && run_tsan ;;
-  *) sed -n 2,19p "$0"; exit 2 ;;
+  tsan-py) run_tsan_py ;;
+  full) run_asan && run_tsan_lite && run_tsan && run_tsan_py ;;
+  *) sed -n 2,23p "$0"; exit 2 ;;
 esac
 echo "sanitizers ($WHAT): clean"

@@ -270,6 +270,17 @@ class LLM:
         """Totals of the last generate()/chat() call (requests, tokens, TTFT, TPOT, tokens/s)."""
         return self._llm.last_summary()
 
+    # ---- per-op device time (what `deepinfer bench-flash --breakdown` prints) ----
+    def set_op_profiling(self, on: bool) -> None:
+        """While on, every step runs eagerly (no CUDA graph replay) and each model op is timed on
+        the device; outputs are unchanged. The CPU backend records nothing."""
+        self._llm.set_op_profiling(as_bool("on", on))
+
+    def take_op_profile(self) -> List[dict]:
+        """Per-op sums since profiling was turned on or last taken, largest first:
+        [{"op": name, "calls": n, "ms": device ms}]."""
+        return [{"op": o.op, "calls": o.calls, "ms": o.ms} for o in self._llm.take_op_profile()]
+
 
 def _params_to_cpp(sp):
     if not isinstance(sp, SamplingParams):

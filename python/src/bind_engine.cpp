@@ -95,6 +95,13 @@ void bind_outputs(nb::module_& m) {
       .def_ro("metrics", &RequestOutput::metrics)
       .def_ro("num_cached_tokens", &RequestOutput::num_cached_tokens)
       .def_ro("error", &RequestOutput::error);
+  nb::class_<OpTiming>(m, "OpTiming")
+      .def_ro("op", &OpTiming::op)
+      .def_ro("calls", &OpTiming::calls)
+      .def_ro("ms", &OpTiming::ms)
+      .def("__repr__", [](const OpTiming& o) {
+        return "OpTiming(op='" + o.op + "', calls=" + std::to_string(o.calls) + ", ms=" + std::to_string(o.ms) + ")";
+      });
   nb::class_<GenerateSummary>(m, "GenerateSummary")
       .def_ro("num_requests", &GenerateSummary::num_requests)
       .def_ro("num_failed", &GenerateSummary::num_failed)
@@ -222,7 +229,15 @@ void bind_llm(nb::module_& m) {
       .def("vocab_size", &LLM::vocab_size)
       .def("max_model_len", &LLM::max_model_len)
       .def("describe", &LLM::describe)
-      .def("last_summary", &LLM::last_summary);
+      .def("last_summary", &LLM::last_summary)
+      .def("set_op_profiling", [](LLM& l, bool on) {
+             nb::gil_scoped_release g;  // waits for a running step
+             l.set_op_profiling(on);
+           }, "on"_a)
+      .def("take_op_profile", [](LLM& l) {
+             nb::gil_scoped_release g;
+             return l.take_op_profile();
+           });
   // The toy model's logits from the token list alone: the oracle for Python API tests.
   m.def("toy_reference_logits", [](const std::vector<int32_t>& tokens) {
     engine::ToyModelConfig c;

@@ -141,3 +141,23 @@ def test_summary_and_exports(llm):
     assert s.num_requests == 2 and s.num_output_tokens > 0 and s.output_tokens_per_s > 0
     for name in ("LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "StructuredOutputsParams"):
         assert hasattr(deepinfer, name)
+
+
+def test_op_profiling_changes_nothing_and_reports_a_list(llm):
+    # The toy/CPU backends time no ops (the CUDA backend does: GpuEngine.OpProfiling* in the C++
+    # suite); turning profiling on must leave the outputs as they were and take_op_profile() must
+    # return a (here empty) list of {"op", "calls", "ms"} records, largest first.
+    sp = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    before = llm.generate([[0, 50, 51]], sp)[0].outputs[0].token_ids
+    llm.set_op_profiling(True)
+    try:
+        during = llm.generate([[0, 50, 51]], sp)[0].outputs[0].token_ids
+        prof = llm.take_op_profile()
+    finally:
+        llm.set_op_profiling(False)
+    assert during == before
+    assert isinstance(prof, list)
+    assert all(set(p) == {"op", "calls", "ms"} for p in prof)
+    assert [p["ms"] for p in prof] == sorted((p["ms"] for p in prof), reverse=True)
+    with pytest.raises(ValueError, match="on must be a bool"):
+        llm.set_op_profiling("yes")

@@ -235,7 +235,8 @@ def test_keyboard_interrupt_cancels_generate_promptly():
     assert r.returncode == 0, r.stderr
     assert "INTERRUPTED after" in r.stdout, r.stdout + r.stderr
     took = float(r.stdout.split("INTERRUPTED after ")[1].split()[0])
-    assert took < 3.0, r.stdout  # 1 s timer + at most one engine step
+    # 1 s timer + at most one engine step (a sanitizer run, tools/sanitizers.sh tsan-py, is slower)
+    assert took < float(os.environ.get("DEEPINFER_INTERRUPT_LIMIT_S", "3.0")), r.stdout
     assert "AFTER None 4" in r.stdout
 
 
