@@ -76,17 +76,22 @@ ExprId SchemaLowerer::key_not_in(const std::vector<std::string>& keys) {
   for (int c = 1; c < 256; ++c) cut[c] = any.byte_class[c] != any.byte_class[c - 1];
   for (const auto& ks : kids)
     for (auto [c, child] : ks) cut[c] = cut[c + 1] = true;
-  Dfa d;
-  std::vector<uint8_t> rep;  // [class] its first byte
-  for (int c = 0, cls = -1; c < 256; ++c) {
-    if (cut[c]) ++cls, rep.push_back(static_cast<uint8_t>(c));
-    d.byte_class[c] = static_cast<uint8_t>(cls);
+  std::vector<uint8_t> rep, hi;  // [class] its first and last byte
+  for (int c = 0; c < 256; ++c) {
+    if (cut[c]) rep.push_back(static_cast<uint8_t>(c)), hi.push_back(static_cast<uint8_t>(c));
+    hi.back() = static_cast<uint8_t>(c);
   }
-  d.num_classes = static_cast<int32_t>(rep.size());
+  const int32_t nc = static_cast<int32_t>(rep.size());
+  // A pair is live (reaches acceptance) when it accepts or its string state has a way on: from
+  // inside a string infinitely many endings remain and the keys exclude finitely many.
+  std::vector<uint8_t> any_out(any.num_states(), 0);
+  for (int32_t a = 0; a < any.num_states(); ++a)
+    for (int32_t c = 0; c < any.num_classes && !any_out[a]; ++c) any_out[a] = any.trans[static_cast<size_t>(a) * any.num_classes + c] >= 0;
   // About one state per key byte: bounded like a grammar's automaton, not a regex's.
   constexpr size_t kMaxKeyStates = 200'000;
   std::unordered_map<uint64_t, int32_t> ids;
   std::vector<std::pair<int32_t, int32_t>> pairs;
+  ByteAutomaton out;
   auto intern = [&](int32_t a, int32_t t) {
     const uint64_t key = static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32 | static_cast<uint32_t>(t);
     auto [it, fresh] = ids.emplace(key, static_cast<int32_t>(pairs.size()));
@@ -94,27 +99,36 @@ ExprId SchemaLowerer::key_not_in(const std::vector<std::string>& keys) {
       if (pairs.size() >= kMaxKeyStates)
         DI_THROW(GrammarError, "json_schema: property names need more than ", kMaxKeyStates, " automaton states");
       pairs.push_back({a, t});
-      d.final.push_back(any.final[a] && (t < 0 || !done[t]));
-      d.trans.resize(d.trans.size() + d.num_classes, -1);
+      out.final.push_back(any.final[a] && (t < 0 || !done[t]));
     }
     return it->second;
   };
-  d.start = intern(any.start, 0);
+  out.start = intern(any.start, 0);
   for (size_t cur = 0; cur < pairs.size(); ++cur) {
     const auto [a, t] = pairs[cur];
-    for (int32_t c = 0; c < d.num_classes; ++c) {
-      const int32_t na = any.next(a, rep[c]);
-      if (na < 0) continue;
-      int32_t nt = -1;
-      if (t >= 0) {
-        const auto& ks = kids[t];
-        auto it = std::lower_bound(ks.begin(), ks.end(), std::pair<uint8_t, int32_t>{rep[c], -1});
-        if (it != ks.end() && it->first == rep[c]) nt = it->second;
+    int32_t run_to = -1;  // target of the open edge (classes merge while their target repeats)
+    for (int32_t c = 0; c < nc; ++c) {
+      int32_t to = -1;
+      if (const int32_t na = any.next(a, rep[c]); na >= 0) {
+        int32_t nt = -1;
+        if (t >= 0) {
+          const auto& ks = kids[t];
+          auto it = std::lower_bound(ks.begin(), ks.end(), std::pair<uint8_t, int32_t>{rep[c], -1});
+          if (it != ks.end() && it->first == rep[c]) nt = it->second;
+        }
+        const bool fin = any.final[na] && (nt < 0 || !done[nt]);
+        if (any_out[na] || fin) to = intern(na, nt);
       }
-      d.trans[cur * d.num_classes + c] = intern(na, nt);
+      if (to >= 0 && to == run_to && out.edges.back().hi + 1 == rep[c]) {
+        out.edges.back().hi = hi[c];
+      } else if (to >= 0) {
+        out.edges.push_back({static_cast<int32_t>(cur), rep[c], hi[c], to});
+      }
+      run_to = to;
     }
   }
-  return dfa_to_expr(b, d);
+  out.num_states = static_cast<int32_t>(pairs.size());
+  return b.automaton(std::move(out));
 }
 
 // Comma-separated members: declared properties (props[i], required[i]) and any number of
