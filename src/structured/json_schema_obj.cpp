@@ -4,7 +4,6 @@
 #include <functional>
 #include <map>
 #include <set>
-#include <unordered_map>
 
 #include "core/check.h"
 #include "structured/json_schema_impl.h"
@@ -89,19 +88,21 @@ ExprId SchemaLowerer::key_not_in(const std::vector<std::string>& keys) {
     for (int32_t c = 0; c < any.num_classes && !any_out[a]; ++c) any_out[a] = any.trans[static_cast<size_t>(a) * any.num_classes + c] >= 0;
   // About one state per key byte: bounded like a grammar's automaton, not a regex's.
   constexpr size_t kMaxKeyStates = 200'000;
-  std::unordered_map<uint64_t, int32_t> ids;
+  // A pair (a, t >= 0) is determined by t (a is `any` after t's bytes) and (a, -1) by a, so
+  // the pairs are indexed by trie node and by string state, no hash map.
+  std::vector<int32_t> id_of_node(kids.size(), -1), id_of_any(any.num_states(), -1);
   std::vector<std::pair<int32_t, int32_t>> pairs;
   ByteAutomaton out;
   auto intern = [&](int32_t a, int32_t t) {
-    const uint64_t key = static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32 | static_cast<uint32_t>(t);
-    auto [it, fresh] = ids.emplace(key, static_cast<int32_t>(pairs.size()));
-    if (fresh) {
+    int32_t& id = t >= 0 ? id_of_node[t] : id_of_any[a];
+    if (id < 0) {
       if (pairs.size() >= kMaxKeyStates)
         DI_THROW(GrammarError, "json_schema: property names need more than ", kMaxKeyStates, " automaton states");
+      id = static_cast<int32_t>(pairs.size());
       pairs.push_back({a, t});
       out.final.push_back(any.final[a] && (t < 0 || !done[t]));
     }
-    return it->second;
+    return id;
   };
   out.start = intern(any.start, 0);
   for (size_t cur = 0; cur < pairs.size(); ++cur) {
