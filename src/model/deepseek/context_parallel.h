@@ -62,6 +62,11 @@ class ContextParallel {
   int64_t split_steps() const { return split_steps_; }
   int64_t bytes_received() const { return bytes_received_; }
   int64_t gathers() const { return gathers_; }
+  // Serving (cp_serving.h), leader: paged blocks shipped to the helpers before split steps, and
+  // blocks not shipped because the helpers already held their bytes (totals).
+  void note_blocks_shipped(int64_t shipped, int64_t skipped) { blocks_shipped_ = shipped, blocks_skipped_ = skipped; }
+  int64_t blocks_shipped() const { return blocks_shipped_; }
+  int64_t blocks_skipped() const { return blocks_skipped_; }
 
  private:
   parallel::ProcessGroup& group_;
@@ -72,6 +77,7 @@ class ContextParallel {
   std::vector<std::vector<parallel::CpSpan>> rows_;
   std::vector<uint8_t> send_, recv_;
   int64_t split_steps_ = 0, bytes_received_ = 0, gathers_ = 0;
+  int64_t blocks_shipped_ = 0, blocks_skipped_ = 0;
 };
 
 }  // namespace deepinfer::model::ds

@@ -1,5 +1,8 @@
 #include "model/deepseek/cp_serving.h"
 
+#include <cstring>
+#include <unordered_map>
+
 #include "core/check.h"
 #include "core/logging.h"
 #include "deepinfer/error.h"
@@ -11,8 +14,39 @@ namespace {
 
 enum Msg : uint8_t { kStop = 0, kStep = 1 };
 
-// The batch and, per sequence, its slot state and the bytes of its blocks.
-std::vector<uint8_t> encode_step(DeepseekModel& m, const ForwardBatch& b) {
+// 128-bit content hash of one block (two independent 64-bit mixes): equal hashes stand for equal
+// bytes (a collision is ~2^-128 per comparison).
+struct BlockHash {
+  uint64_t a = 0, b = 0;
+  bool operator==(const BlockHash&) const = default;
+};
+BlockHash hash_block(const uint8_t* p, size_t n) {
+  uint64_t a = 0xcbf29ce484222325ull, b = 0x9e3779b97f4a7c15ull ^ n;
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, p + i, 8);
+    a = (a ^ w) * 0x100000001b3ull;
+    b = (b + w) * 0xff51afd7ed558ccdull;
+    b ^= b >> 33;
+  }
+  for (; i < n; ++i) a = (a ^ p[i]) * 0x100000001b3ull, b = (b + p[i]) * 0xc4ceb9fe1a85ec53ull;
+  return {a, b};
+}
+
+// What the helpers hold in each block, as the leader knows it: the hash of the bytes last shipped
+// for that block id, or of what a split step (which every rank runs from the same state, with
+// byte-identical results) left there. A block whose leader bytes hash the same is not shipped
+// again; everything a helper did not see (decode and short steps, drafter blocks, host-tier loads,
+// prefix imports) changes the leader's bytes and so ships the block. A split step's blocks are
+// unknown while it runs (a step that throws leaves them unknown: shipped next time).
+struct BlockMirror {
+  std::unordered_map<int32_t, BlockHash> held;
+  int64_t shipped = 0, skipped = 0;
+};
+
+// The batch and, per sequence, its slot state and the blocks the helpers do not hold yet.
+std::vector<uint8_t> encode_step(DeepseekModel& m, const ForwardBatch& b, BlockMirror& mirror) {
   parallel::WireWriter w;
   w.put<uint8_t>(kStep);
   w.put_vec(b.token_ids);
@@ -20,7 +54,8 @@ std::vector<uint8_t> encode_step(DeepseekModel& m, const ForwardBatch& b) {
   w.put_vec(b.hidden_indices);
   w.put<uint64_t>(b.seqs.size());
   const size_t bb = m.backend().paged_block_bytes();
-  std::vector<uint8_t> blocks;
+  std::vector<uint8_t> blocks, ship;
+  std::vector<uint8_t> flags;
   for (const SeqInBatch& s : b.seqs) {
     w.put<int32_t>(s.cache_slot);
     w.put_vec(s.block_table);
@@ -32,13 +67,43 @@ std::vector<uint8_t> encode_step(DeepseekModel& m, const ForwardBatch& b) {
     std::vector<HostBlockCopy> copies;
     for (size_t i = 0; i < s.block_table.size(); ++i) copies.push_back({.block = s.block_table[i], .host = blocks.data() + i * bb});
     m.backend().copy_blocks_to_host(copies);
-    w.put_vec(blocks);
+    flags.assign(s.block_table.size(), 0);
+    ship.clear();
+    for (size_t i = 0; i < s.block_table.size(); ++i) {
+      const uint8_t* p = blocks.data() + i * bb;
+      const BlockHash h = hash_block(p, bb);
+      auto it = mirror.held.find(s.block_table[i]);
+      if (it != mirror.held.end() && it->second == h) {
+        ++mirror.skipped;
+        continue;
+      }
+      flags[i] = 1;
+      ship.insert(ship.end(), p, p + bb);
+      ++mirror.shipped;
+    }
+    w.put_vec(flags);
+    w.put_vec(ship);
+    // The step rewrites this sequence's blocks on every rank: unknown until it has run.
+    for (int32_t id : s.block_table) mirror.held.erase(id);
   }
   return w.bytes();
 }
 
+// After a split step every rank's blocks of its sequences hold the same bytes: record them.
+void note_split_step(DeepseekModel& m, const ForwardBatch& b, BlockMirror& mirror) {
+  const size_t bb = m.backend().paged_block_bytes();
+  std::vector<uint8_t> blocks;
+  for (const SeqInBatch& s : b.seqs) {
+    blocks.assign(s.block_table.size() * bb, 0);
+    std::vector<HostBlockCopy> copies;
+    for (size_t i = 0; i < s.block_table.size(); ++i) copies.push_back({.block = s.block_table[i], .host = blocks.data() + i * bb});
+    m.backend().copy_blocks_to_host(copies);
+    for (size_t i = 0; i < s.block_table.size(); ++i) mirror.held[s.block_table[i]] = hash_block(blocks.data() + i * bb, bb);
+  }
+}
+
 // Restores the state the message carries and returns its batch.
-ForwardBatch decode_step(DeepseekModel& m, parallel::WireReader& r) {
+ForwardBatch decode_step(DeepseekModel& m, parallel::WireReader& r, int64_t& blocks_received) {
   ForwardBatch b;
   b.token_ids = r.get_vec<int32_t>("token_ids");
   b.logits_indices = r.get_vec<int32_t>("logits_indices");
@@ -53,13 +118,18 @@ ForwardBatch decode_step(DeepseekModel& m, parallel::WireReader& r) {
     s.num_new_tokens = r.get<int32_t>("num_new_tokens");
     s.decoder_from = r.get<int64_t>("decoder_from");
     m.backend().restore_slot(s.cache_slot, {.num_tokens = s.num_computed_tokens, .bytes = r.get_vec<uint8_t>("slot")});
+    const std::vector<uint8_t> flags = r.get_vec<uint8_t>("block flags");
     std::vector<uint8_t> blocks = r.get_vec<uint8_t>("blocks");
-    if (blocks.size() != s.block_table.size() * bb)
-      DI_THROW(InternalError, "context parallelism: ", blocks.size(), " block bytes for ", s.block_table.size(),
-               " blocks of ", bb);
+    size_t n_ship = 0;
+    for (uint8_t f : flags) n_ship += f != 0;
+    if (flags.size() != s.block_table.size() || blocks.size() != n_ship * bb)
+      DI_THROW(InternalError, "context parallelism: ", blocks.size(), " block bytes and ", flags.size(),
+               " flags for ", s.block_table.size(), " blocks of ", bb, " (", n_ship, " shipped)");
     std::vector<HostBlockCopy> copies;
-    for (size_t k = 0; k < s.block_table.size(); ++k) copies.push_back({.block = s.block_table[k], .host = blocks.data() + k * bb});
+    for (size_t k = 0, j = 0; k < s.block_table.size(); ++k)
+      if (flags[k]) copies.push_back({.block = s.block_table[k], .host = blocks.data() + bb * j++});
     m.backend().copy_blocks_from_host(copies);
+    blocks_received += int64_t(copies.size());
     b.seqs.push_back(std::move(s));
   }
   r.expect_done();
@@ -76,9 +146,17 @@ std::shared_ptr<ContextParallel> enable_context_parallel(DeepseekModel& model, p
   model.backend().set_context_parallel(cp);
   if (group.rank() == 0) {
     DeepseekModel* m = &model;
-    model.set_step_hook([m, cp = cp.get()](const ForwardBatch& b) {
-      if (b.num_tokens() < cp->options().min_tokens || cp->size() == 1) return;
-      parallel::broadcast_bytes(cp->group(), encode_step(*m, b), 0);
+    auto mirror = std::make_shared<BlockMirror>();
+    auto split = [cp = cp.get()](const ForwardBatch& b) {
+      return b.num_tokens() >= cp->options().min_tokens && cp->size() > 1;
+    };
+    model.set_step_hook([m, cp = cp.get(), mirror, split](const ForwardBatch& b) {
+      if (!split(b)) return;
+      parallel::broadcast_bytes(cp->group(), encode_step(*m, b, *mirror), 0);
+      cp->note_blocks_shipped(mirror->shipped, mirror->skipped);
+    });
+    model.set_after_step_hook([m, mirror, split](const ForwardBatch& b) {
+      if (split(b)) note_split_step(*m, b, *mirror);
     });
   }
   return cp;
@@ -86,17 +164,18 @@ std::shared_ptr<ContextParallel> enable_context_parallel(DeepseekModel& model, p
 
 void serve_context_parallel_helper(DeepseekModel& model, ContextParallel& cp) {
   DI_CHECK(cp.rank() > 0, "serve_context_parallel_helper on rank 0");
-  int64_t steps = 0, bytes = 0;
+  int64_t steps = 0, bytes = 0, blocks = 0;
   for (;;) {
     const std::vector<uint8_t> msg = parallel::broadcast_bytes(cp.group(), {}, 0);
     parallel::WireReader r(msg, "a context-parallel step from rank 0");
     if (r.get<uint8_t>("message") == kStop) {
       DI_INFO("context-parallel helper rank ", cp.rank(), ": served ", steps, " steps (", cp.split_steps(),
-              " split), received ", bytes, " bytes of steps and state, ", cp.bytes_received(), " of attention rows");
+              " split), received ", bytes, " bytes of steps and state (", blocks, " paged blocks), ",
+              cp.bytes_received(), " of attention rows");
       return;
     }
     ++steps, bytes += int64_t(msg.size());
-    const ForwardBatch b = decode_step(model, r);
+    const ForwardBatch b = decode_step(model, r, blocks);
     model.run(b, {});
   }
 }
@@ -104,6 +183,8 @@ void serve_context_parallel_helper(DeepseekModel& model, ContextParallel& cp) {
 void stop_context_parallel_helpers(ContextParallel& cp) {
   if (cp.rank() != 0 || cp.size() == 1 || cp.stopped()) return;
   cp.mark_stopped();
+  DI_INFO("context-parallel leader: shipped ", cp.blocks_shipped(), " paged blocks to the helpers, ",
+          cp.blocks_skipped(), " not shipped (the helpers held their bytes)");
   parallel::WireWriter w;
   w.put<uint8_t>(kStop);
   parallel::broadcast_bytes(cp.group(), w.bytes(), 0);

@@ -6,8 +6,11 @@
 // step (its share of the attention core) and discards the outputs. Steps below the threshold run
 // on the leader alone. The leader's stop() (its destructor) ends the helpers' loop.
 //
-// Cost: each split step ships its sequences' state (window rings, partials, every block of their
-// block tables) from rank 0 to the helpers; decode and short steps ship nothing.
+// Cost: each split step ships its sequences' slot state (window rings, partials) and the blocks of
+// their block tables whose bytes the helpers do not hold yet (the leader keeps a hash per block of
+// what the helpers hold: blocks a split step wrote on every rank, or shipped before, are not sent
+// again, so a long prompt's chunks ship each block about once instead of once per chunk) from
+// rank 0 to the helpers; decode and short steps ship nothing.
 #pragma once
 #include <memory>
 

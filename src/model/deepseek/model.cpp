@@ -198,6 +198,12 @@ ForwardOutput DeepseekModel::run(const ForwardBatch& batch, const ForwardOptions
   if (!batch.device_inputs.empty() && !supports_device_inputs())
     DI_THROW(InvalidArgument, describe(), ": a batch with device_inputs on a backend without device memory");
   if (step_hook_ && batch.num_tokens() > 0) step_hook_(batch);
+  ForwardOutput out = run_checked(batch, options);
+  if (after_step_hook_ && batch.num_tokens() > 0) after_step_hook_(batch);
+  return out;
+}
+
+ForwardOutput DeepseekModel::run_checked(const ForwardBatch& batch, const ForwardOptions& options) {
   if (batch.num_tokens() == 0) {
     // An empty step still joins the MoE exchanges when they are collective (expert parallelism:
     // this rank's peers wait for its all-to-alls).

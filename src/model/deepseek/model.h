@@ -96,9 +96,14 @@ class DeepseekModel : public CausalLM {
   // Called by run() with every validated non-empty batch before it runs (context-parallel
   // serving's leader hands split steps to its helpers: cp_serving.h). Empty: none.
   void set_step_hook(std::function<void(const ForwardBatch&)> hook) { step_hook_ = std::move(hook); }
+  // Called by run() after every non-empty batch it ran to the end (not after one that threw):
+  // the leader records what the step left in the blocks its helpers also wrote.
+  void set_after_step_hook(std::function<void(const ForwardBatch&)> hook) { after_step_hook_ = std::move(hook); }
 
  private:
   StepPlan plan_step(const ForwardBatch& batch, bool allow_fixed) const;
+  // run() after validation and the step hook: empty steps, bounded replay, run_planned.
+  ForwardOutput run_checked(const ForwardBatch& batch, const ForwardOptions& options);
   // The validated batch on the backend: before_step, plan, forward, outputs.
   ForwardOutput run_planned(const ForwardBatch& batch, const ForwardOptions& options);
   // Bounded replay: the positions of `batch` before their sequences' tails as their own batch
@@ -127,6 +132,7 @@ class DeepseekModel : public CausalLM {
   std::vector<SlotExtent> slot_extent_;  // [num_slots]
   std::optional<parallel::ExpertShard> shard_;
   std::function<void(const ForwardBatch&)> step_hook_;
+  std::function<void(const ForwardBatch&)> after_step_hook_;
 
   ModelInfo info_;
   Arch arch_;
