@@ -42,7 +42,7 @@ struct LLMConfig {
   uint64_t seed = 0;                     // seeds requests that carry no seed of their own
   int max_n = 1024;                      // a request with SamplingParams.n above this is refused
   int max_logprobs = 20;                 // ... with logprobs / prompt_logprobs above this (vLLM's name)
-  std::string accelerator;               // "cpu" | "nvidia"; empty = DEEPINFER_ACCELERATOR / auto
+  std::string accelerator;               // "cpu" | "nvidia" | "auto"; empty = DEEPINFER_ACCELERATOR / auto
   // Prefix caching (exact reuse of a cached prompt prefix: shared blocks + slot checkpoints).
   bool enable_prefix_caching = true;
   // Prefill chunks end every k-th cache block so the slot state there is checkpointed (a later

@@ -292,7 +292,7 @@ int run_bench_async(int argc, char** argv) {
   app.add_option("--decode-steps", c.steps, "timed decode steps")->capture_default_str();
   app.add_option("--async-batches", async_b, "batch sizes timed with async on and off (empty: none)")->capture_default_str();
   app.add_option("--invariant-batches", inv_b, "batch sizes timed with batch invariance off and on")->capture_default_str();
-  app.add_option("--accelerator", accelerator, "cpu | nvidia (default: $DEEPINFER_ACCELERATOR)");
+  app.add_option("--accelerator", accelerator, "cpu | nvidia | auto (default: $DEEPINFER_ACCELERATOR)");
   app.add_option("--json", json_path, "also write the results as JSON lines here");
   std::string check_s;
   app.add_option("--check-invariance", check_s,
@@ -319,7 +319,8 @@ int run_bench_async(int argc, char** argv) {
   c.env = EnvConfig::from_environment();
   if (accelerator == "cpu") c.env.accelerator = Accelerator::kCPU;
   else if (accelerator == "nvidia") c.env.accelerator = Accelerator::kNvidia;
-  else if (!accelerator.empty()) DI_THROW(InvalidArgument, "--accelerator '", accelerator, "': cpu or nvidia");
+  else if (accelerator == "auto") c.env.accelerator = Accelerator::kAuto;
+  else if (!accelerator.empty()) DI_THROW(InvalidArgument, "--accelerator '", accelerator, "': cpu, nvidia or auto");
 
   if (!check_s.empty()) {
     const int bad = check_invariance(c, cli::parse_int_list(check_s, "--check-invariance"));

@@ -243,7 +243,7 @@ int run_bench_flash(int argc, char** argv) {
   app.add_option("--batches", batches_s, "decode batch sizes, comma-separated")->capture_default_str();
   app.add_option("--prefill-reps", reps, "timed prefills (after one warm-up)")->capture_default_str();
   app.add_option("--kv-cache-gib", kv_gib, "cache budget")->capture_default_str();
-  app.add_option("--accelerator", accelerator, "cpu | nvidia (default: $DEEPINFER_ACCELERATOR)");
+  app.add_option("--accelerator", accelerator, "cpu | nvidia | auto (default: $DEEPINFER_ACCELERATOR)");
   app.add_option("--json", json_path, "also write the results as JSON lines here");
   bool floors_only = false;
   app.add_flag("--floors-only", floors_only, "print the floors from config.json and exit (no engine)");

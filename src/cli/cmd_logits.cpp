@@ -69,13 +69,17 @@ int run_logits(int argc, char** argv) {
   app.add_option("--out", out, "output .npy path")->required();
   app.add_option("--mode", mode, "full | chunked | decode")->check(CLI::IsMember({"full", "chunked", "decode"}));
   app.add_option("--chunk", chunk, "chunk size for --mode chunked")->check(CLI::PositiveNumber);
-  app.add_option("--accelerator", accelerator, "cpu | nvidia (the model family's backend)")
-      ->check(CLI::IsMember({"cpu", "nvidia"}));
+  app.add_option("--accelerator", accelerator,
+                 "cpu | nvidia | auto (auto: the GPU when one is present and takes the model, else the CPU with "
+                 "a one-line reason)")
+      ->check(CLI::IsMember({"cpu", "nvidia", "auto"}));
   CLI11_PARSE(app, argc, argv);
   try {
     const std::vector<int32_t> ids = parse_ids(ids_str);
     model::ModelLoadOptions o;
-    o.env.accelerator = accelerator == "nvidia" ? Accelerator::kNvidia : Accelerator::kCPU;
+    o.env.accelerator = accelerator == "nvidia" ? Accelerator::kNvidia
+                        : accelerator == "auto" ? Accelerator::kAuto
+                                                : Accelerator::kCPU;
     o.progress = false;
     std::unique_ptr<model::CausalLM> lm = model::load_model(model_dir, o);  // V4 or V4.1 by `architectures`
     auto* model = dynamic_cast<model::ds::DeepseekModel*>(lm.get());

@@ -22,7 +22,7 @@ int run_serve(int argc, char** argv) {
   app.add_option("--max-num-seqs", o.llm.max_num_seqs, "sequences per step");
   app.add_option("--max-num-batched-tokens", o.llm.max_num_batched_tokens, "tokens per step");
   app.add_option("--kv-cache-gib", kv_cache_gib, "cache memory budget (GiB); 0 = auto");
-  app.add_option("--accelerator", o.llm.accelerator, "cpu | nvidia (default: $DEEPINFER_ACCELERATOR)");
+  app.add_option("--accelerator", o.llm.accelerator, "cpu | nvidia | auto (default: $DEEPINFER_ACCELERATOR)");
   app.add_option("--seed", o.llm.seed, "seeds requests that carry no seed");
   app.add_option("--max-logprobs", o.llm.max_logprobs, "largest logprobs / top_logprobs a request may ask");
   app.add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", o.llm.enable_prefix_caching,

@@ -25,7 +25,7 @@ struct EngineFlags {
     app.add_option("--max-num-seqs", cfg.max_num_seqs, "sequences per step");
     app.add_option("--max-num-batched-tokens", cfg.max_num_batched_tokens, "tokens per step");
     app.add_option("--kv-cache-gib", kv_cache_gib, "cache memory budget (GiB); 0 = enough for max-num-seqs x max-model-len (at most 1 GiB on the CPU, up to the GPU memory plan)");
-    app.add_option("--accelerator", cfg.accelerator, "cpu | nvidia (default: $DEEPINFER_ACCELERATOR)");
+    app.add_option("--accelerator", cfg.accelerator, "cpu | nvidia | auto (default: $DEEPINFER_ACCELERATOR)");
     app.add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", cfg.enable_prefix_caching,
                  "reuse cached prompt prefixes (default on)");
     app.add_option("--prefix-checkpoint-blocks", cfg.prefix_checkpoint_blocks,

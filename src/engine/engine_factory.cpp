@@ -63,8 +63,9 @@ EnvConfig resolve_env(const LLMConfig& config) {
 void apply_accelerator(const LLMConfig& config, EnvConfig& env) {
   if (config.accelerator == "cpu") env.accelerator = Accelerator::kCPU;
   else if (config.accelerator == "nvidia" || config.accelerator == "cuda") env.accelerator = Accelerator::kNvidia;
+  else if (config.accelerator == "auto") env.accelerator = Accelerator::kAuto;
   else if (!config.accelerator.empty())
-    DI_THROW(InvalidArgument, "LLMConfig.accelerator='", config.accelerator, "' is not one of: cpu, nvidia");
+    DI_THROW(InvalidArgument, "LLMConfig.accelerator='", config.accelerator, "' is not one of: cpu, nvidia, auto");
   // Knobs that need nothing from the model are refused before a (possibly long) load; the
   // engine checks them all again with the model known.
   check_env_knobs(env, {});

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "core/logging.h"
 #include "deepinfer/error.h"
 #include "model/deepseek_v4/family.h"
 #include "model/deepseek_v41/family.h"
@@ -44,7 +45,11 @@ std::unique_ptr<CausalLM> load_model(const std::string& dir, const ModelLoadOpti
 bool use_accelerator(const ModelLoadOptions& o) {
   switch (o.env.accelerator) {
     case Accelerator::kNvidia: return true;
-    case Accelerator::kAuto: return accelerator_count() > 0;
+    case Accelerator::kAuto:
+      if (accelerator_count() > 0) return true;
+      DI_INFO("DEEPINFER_ACCELERATOR=auto: the model runs on the CPU (", accelerator_unavailable_reason(),
+              "); DEEPINFER_ACCELERATOR=cpu silences this");
+      return false;
     default: return false;
   }
 }

@@ -27,7 +27,11 @@ std::unique_ptr<CausalLM> load_model(const std::string& dir, const ModelLoadOpti
 
 // Whether a device backend should be used for these options (accelerator and device presence),
 // and the number of accelerators this build can see (0 without the CUDA backend).
+// DEEPINFER_ACCELERATOR=auto without an accelerator logs one line saying why the CPU runs.
 bool use_accelerator(const ModelLoadOptions& options);
 int accelerator_count();
+// Why accelerator_count() is 0 ("" when it is not): no CUDA backend in this build, or the CUDA
+// runtime's own reason (no device, driver missing).
+std::string accelerator_unavailable_reason();
 
 }  // namespace deepinfer::model

@@ -23,6 +23,7 @@ std::unique_ptr<CausalLM> load_cuda(const std::string& dir, const ModelLoadOptio
 }  // namespace deepinfer::model::v4
 namespace deepinfer::model {
 int accelerator_count() { return 0; }
+std::string accelerator_unavailable_reason() { return "this build has no CUDA backend"; }
 }  // namespace deepinfer::model
 namespace deepinfer::model::v4 {
 #endif

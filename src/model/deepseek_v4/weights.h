@@ -27,6 +27,9 @@ struct Linear {
   int64_t in_features() const { return weight.size(1); }
   // Dequantised f32 copy [out, in] (host).
   Tensor dequantize_f32(int64_t fp8_block = 128, int64_t fp4_block = 32) const;
+  // The same values written to dst [out * in] (contiguous; e.g. a reused page-locked staging
+  // buffer, so a large upload neither page-faults nor copies twice).
+  void dequantize_f32_into(float* dst, int64_t fp8_block = 128, int64_t fp4_block = 32) const;
 };
 
 struct HcParams {      // one mHC site

@@ -1,4 +1,6 @@
 // Linear::dequantize_f32 and parameter counting (host reference paths, not hot).
+#include <cstring>
+
 #include "core/numeric.h"
 #include "core/parallel.h"
 #include "model/deepseek_v4/weights.h"
@@ -8,6 +10,18 @@ namespace deepinfer::model::v4 {
 Tensor Linear::dequantize_f32(int64_t fp8_block, int64_t fp4_block) const {
   DI_CHECK(weight.defined() && weight.dim() == 2, "dequantize_f32 on ", weight.defined() ? weight.str() : "undefined");
   if (format == WeightFormat::kBF16 || format == WeightFormat::kF32) return weight.to_f32();
+  Tensor w = Tensor::empty({weight.size(0), weight.size(1)}, DType::kF32);
+  dequantize_f32_into(w.data<float>(), fp8_block, fp4_block);
+  return w;
+}
+
+void Linear::dequantize_f32_into(float* pw, int64_t fp8_block, int64_t fp4_block) const {
+  DI_CHECK(weight.defined() && weight.dim() == 2, "dequantize_f32 on ", weight.defined() ? weight.str() : "undefined");
+  if (format == WeightFormat::kBF16 || format == WeightFormat::kF32) {
+    const Tensor f = weight.to_f32().contiguous();
+    std::memcpy(pw, f.raw_data(), f.nbytes());
+    return;
+  }
   DI_CHECK(scale.defined() && scale.dim() == 2, "quantised linear without a 2-d scale");
   const Tensor s = scale.to_f32();  // e8m0 -> 2^(e-127), or f32 scales as stored
   const int64_t out = weight.size(0), in = weight.size(1);
@@ -23,8 +37,6 @@ Tensor Linear::dequantize_f32(int64_t fp8_block, int64_t fp4_block) const {
     // rows in parallel. Same f32 products as the generic path below, so the same bits.
     float lut[256];
     for (int c = 0; c < 256; ++c) lut[c] = dt == DType::kFP4E2M1 ? fp4e2m1_to_f32(uint8_t(c & 15)) : fp8e4m3_to_f32(uint8_t(c));
-    Tensor w = Tensor::empty({out, in}, DType::kF32);
-    float* pw = w.data<float>();
     const uint8_t* src = static_cast<const uint8_t*>(weight.raw_data());
     const int64_t ns = s.size(1);
     parallel_for(0, out, [&](int64_t i) {
@@ -41,16 +53,15 @@ Tensor Linear::dequantize_f32(int64_t fp8_block, int64_t fp4_block) const {
         for (int64_t j = 0; j < in; ++j) wrow[j] = lut[b[j]] * srow[j / bi];
       }
     }, 8);
-    return w;
+    return;
   }
-  Tensor w = weight.to_f32();  // decodes bf16 / fp8 e4m3 / packed fp4 (low nibble first)
-  float* pw = w.data<float>();
+  const Tensor w = weight.to_f32().contiguous();  // decodes bf16 / fp8 e4m3 / packed fp4 (low nibble first)
+  std::memcpy(pw, w.raw_data(), w.nbytes());
   for (int64_t i = 0; i < out; ++i) {
     const float* srow = ps + (i / bo) * s.size(1);
     float* wrow = pw + i * in;
     for (int64_t j = 0; j < in; ++j) wrow[j] *= srow[j / bi];
   }
-  return w;
 }
 
 namespace {

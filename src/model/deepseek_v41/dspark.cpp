@@ -48,7 +48,8 @@ DSparkDrafter::DSparkDrafter(const DeepseekV41Config& cfg, const V41Weights& w, 
       block_size_(cfg.dspark.block_size),
       window_(cfg.sliding_window),
       max_rollback_(std::max<int64_t>(o.max_rollback, 0)),
-      qat_(o.qat) {}
+      qat_(o.qat),
+      host_taps_(o.host_taps) {}
 
 DSparkDrafter::~DSparkDrafter() = default;
 
@@ -233,6 +234,14 @@ void DSparkDrafter::run_block(const std::vector<const DraftSeq*>& seqs, std::vec
 std::vector<DraftProposal> DSparkDrafter::propose(const DraftBatch& in, Tensor* draft_logits) {
   const int64_t V = cfg_.vocab_size, D = cfg_.hidden_size, Rk = cfg_.dspark.markov_rank, B = block_size_;
   std::vector<DraftProposal> out(in.seqs.size());
+  // A device backend's tap rows without a host copy: fetched once for the whole batch.
+  HiddenRows fetched;
+  const HiddenRows* taps = &in.target_hidden;
+  if (!taps->host.defined() && taps->device && host_taps_ && !in.seqs.empty()) {
+    fetched = *taps;
+    fetched.host = host_taps_(*taps);
+    taps = &fetched;
+  }
   std::vector<const DraftSeq*> drafting;
   std::vector<size_t> index;
   for (size_t i = 0; i < in.seqs.size(); ++i) {
@@ -242,7 +251,7 @@ std::vector<DraftProposal> DSparkDrafter::propose(const DraftBatch& in, Tensor* 
                s.next_tokens.size(), " next tokens");
     if (s.num_drafts < 0 || s.num_drafts > B)
       DI_THROW(InvalidArgument, "dspark propose: sequence ", i, " asks ", s.num_drafts, " drafts, the block holds ", B);
-    feed(s, in.target_hidden, i);
+    feed(s, *taps, i);
     if (s.num_drafts > 0) drafting.push_back(&s), index.push_back(i);
   }
   std::vector<std::vector<float>> kept(in.seqs.size());

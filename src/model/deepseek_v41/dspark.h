@@ -14,9 +14,11 @@
 //
 // Rollback contract (causal_lm.h): each ring holds window + max_rollback positions (slot p mod
 // capacity), so positions the target rolls back are simply fed again; the rings travel in slot
-// snapshots (the model appends them). All math is f32 on the host, the trunk's CPU ops.
+// snapshots (the model appends them). All math is f32 on the host, the trunk's CPU ops, also under
+// the GPU model (its taps are computed on the device and copied here: DSparkOptions::host_taps).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -30,9 +32,14 @@ namespace deepinfer::model::v41 {
 struct V41Weights;
 struct DSparkWeights;  // dspark.cpp
 
+// Host f32 [rows, row_elems] copy of tap rows a device backend left on the device only
+// (HiddenRows::device; ForwardOptions::hidden_to_host false). Set by the GPU loader.
+using HostTaps = std::function<Tensor(const HiddenRows&)>;
+
 struct DSparkOptions {
   int64_t max_rollback = 0;  // ring slack (ModelLimits::max_rollback)
   bool qat = true;           // FP8 round trip of the ring / block keys (V41PlanOptions::qat)
+  HostTaps host_taps;        // null: tap rows must come on the host
 };
 
 class DSparkDrafter final : public Drafter {
@@ -71,6 +78,7 @@ class DSparkDrafter final : public Drafter {
   std::unique_ptr<DSparkWeights> w_;
   int64_t block_size_ = 0, window_ = 0, max_rollback_ = 0;
   bool qat_ = true;
+  HostTaps host_taps_;
   std::vector<std::unique_ptr<SlotRings>> slots_;
   std::vector<float> last_conf_;
   static constexpr int64_t kSnapshotMagic = 0x4b52415053440001;  // "DSPARK" + format 1

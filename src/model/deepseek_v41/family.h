@@ -11,8 +11,8 @@ ModelFamily family();
 // The GPU model (deepseek/cuda/v41_cuda_model.cpp); a build without the CUDA backend refuses.
 std::unique_ptr<CausalLM> load_cuda(const std::string& dir, const ModelLoadOptions& options);
 // Why DEEPINFER_ACCELERATOR=auto keeps <dir> on the CPU although a GPU is present ("" = it does
-// not): a config the GPU kernels refuse, expert parallelism, or DSpark drafting asked for
-// (DEEPINFER_USE_NEXTN_DECODE > 0) on a checkpoint with DSpark stages (the drafter is CPU-only).
+// not): a config the GPU kernels refuse, or expert parallelism. DSpark drafting no longer keeps it
+// on the CPU (the GPU model drafts with its stages on the host).
 std::string auto_gpu_refusal(const std::string& dir, const ModelLoadOptions& options);
 
 }  // namespace deepinfer::model::v41

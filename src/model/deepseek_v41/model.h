@@ -33,6 +33,7 @@ struct ModelOptions {
   int64_t replay_keep = 0;       // bounded replay's keep length, 0 = full prefill (V41PlanOptions)
   std::optional<parallel::ExpertShard> expert_shard = std::nullopt;  // ModelLoadOptions::expert_shard (v41_prepare_cpu)
   bool dspark = true;  // false: DSpark stages in the checkpoint are not loaded (no drafter, no taps)
+  HostTaps dspark_host_taps;  // a device backend's tap rows to the host (DSparkOptions::host_taps)
 };
 
 // Makes the backend a model runs on from the mapped checkpoint (load with a maker: no CPU

@@ -36,7 +36,8 @@ ConformanceCase gpu_case(const std::string& fixture, Numerics n, const char* tag
 
 // DeepSeek-V4.1 on the GPU (exact, QAT roundings off as in the CPU instance conformance_v41_test.cc:
 // with them a last-bit difference between chunk sizes crosses an FP4/FP8 step now and then). Its
-// Engram histories cross rollbacks and snapshots.
+// Engram histories cross rollbacks and snapshots; v41_a_release adds the DSpark drafter (taps from
+// the device, stages on the host), whose rings the drafter tests roll back.
 ConformanceCase v41_gpu_case(const std::string& fixture) {
   return {.name = fixture + "/cuda/exact-noqat",
           .fixture = fixture,
@@ -57,7 +58,8 @@ ConformanceCase v41_gpu_case(const std::string& fixture) {
           .sequence = "t161"};
 }
 INSTANTIATE_TEST_SUITE_P(V41Cuda, CausalLMConformance,
-                         ::testing::Values(v41_gpu_case("v41_a"), v41_gpu_case("v41_b")),
+                         ::testing::Values(v41_gpu_case("v41_a"), v41_gpu_case("v41_b"),
+                                           v41_gpu_case("v41_a_release")),  // + the DSpark drafter
                          [](const auto& info) { return info.param.fixture; });
 
 INSTANTIATE_TEST_SUITE_P(

@@ -219,8 +219,9 @@ TEST_P(V41GpuGraphs, GraphEqualsFixedAndFixedMatchesGeneral) {
     EXPECT_EQ(graph_diff, 0u) << name;
     if (n == Numerics::kExact) {
       // v41_b is the fixture whose QAT roundings cascade (v41_parity::cascades): the device MoE's
-      // summation order moved one rounding by a step there (H200: 2.2e-3); v41_a: 8.9e-6.
-      EXPECT_LE(fixed_general, std::string(name) == "v41_b_release" ? 1.0 : 1e-4) << name;
+      // summation order moves one rounding by a step there. H200 (2026-12-02, two calls): 2.21e-3 both;
+      // v41_a: 8.9e-6. The paths and inputs are deterministic, so the bound sits near the figure.
+      EXPECT_LE(fixed_general, std::string(name) == "v41_b_release" ? 5e-3 : 1e-4) << name;
     }
   }
 }
@@ -228,8 +229,8 @@ TEST_P(V41GpuGraphs, GraphEqualsFixedAndFixedMatchesGeneral) {
 INSTANTIATE_TEST_SUITE_P(Modes, V41GpuGraphs, ::testing::Values(Numerics::kExact, Numerics::kBf16),
                          [](const auto& i) { return std::string(i.param == Numerics::kExact ? "exact" : "bf16"); });
 
-// auto: the GPU when one is present and takes the config; the CPU when drafting is asked for on a
-// checkpoint with DSpark stages (the drafter is CPU-only) or the kernels refuse the config.
+// auto: the GPU when one is present and takes the config, DSpark drafting included (its stages on
+// the host, the taps from the device); the CPU when the kernels refuse what is asked (expert shards).
 TEST(V41GpuRegistry, AutoPicksTheGpuWhenEverythingIsSupported) {
   if (!have_gpu()) GTEST_SKIP() << "CUDA test skipped: " << cuda::cuda_unavailable_reason();
   ModelLoadOptions o;
@@ -239,10 +240,13 @@ TEST(V41GpuRegistry, AutoPicksTheGpuWhenEverythingIsSupported) {
   auto lm = model::load_model(golden_dir("v41_a"), o);
   EXPECT_NE(lm->describe().find("cuda"), std::string::npos) << lm->describe();
   o.env.use_nextn_decode = 3;
+  EXPECT_EQ(auto_gpu_refusal(golden_dir("v41_a_release"), o), "");
+  auto spec = model::load_model(golden_dir("v41_a_release"), o);
+  EXPECT_NE(spec->describe().find("cuda"), std::string::npos) << spec->describe();
+  EXPECT_NE(spec->drafter(), nullptr) << "the GPU model drafts with DSpark";
+  o.expert_shard = parallel::ExpertShard{};
   const std::string why = auto_gpu_refusal(golden_dir("v41_a_release"), o);
-  EXPECT_NE(why.find("DSpark"), std::string::npos) << why;
-  auto cpu = model::load_model(golden_dir("v41_a_release"), o);
-  EXPECT_EQ(cpu->describe().find("cuda"), std::string::npos) << cpu->describe();
+  EXPECT_NE(why.find("expert parallelism"), std::string::npos) << why;
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <random>
 #include <string>
@@ -206,6 +207,44 @@ TEST_F(DSpark, BadInputsAreRefusedByName) {
   model::HiddenRows wrong = h;
   wrong.row_elems = 32;
   EXPECT_NE(msg([&] { feed(0, 0, 1, 1, wrong, 0, 1); }).find("96"), std::string::npos);
+}
+
+// Tap rows a device backend left on the device only (HiddenRows::device, no host tensor) go through
+// ModelOptions::dspark_host_taps, once per round; here a "device" pointer that is host memory and
+// a copy function that counts its calls. Without the function such rows are refused.
+TEST_F(DSpark, DeviceOnlyTapRowsGoThroughHostTaps) {
+  int calls = 0;
+  auto m = DeepseekV41Model::load(dir_, {.max_rollback = kRollback, .dspark_host_taps = [&](const model::HiddenRows& r) {
+                                           ++calls;
+                                           Tensor t = Tensor::empty({r.rows, r.row_elems}, DType::kF32);
+                                           std::memcpy(t.raw_data(), r.device, size_t(t.nbytes()));
+                                           return t;
+                                         }});
+  m->allocate_cache_for(1, 256);
+  const model::HiddenRows host = rows(taps_);
+  model::HiddenRows dev;
+  dev.device = taps_.data();
+  dev.rows = host.rows;
+  dev.row_elems = host.row_elems;
+  std::vector<std::vector<int32_t>> got;
+  const model::HiddenRows* const cases[] = {&host, &dev};
+  for (const model::HiddenRows* h : cases) {
+    m->reset_slot(0);
+    model::DraftBatch b;
+    model::DraftSeq s{.cache_slot = 0, .first_position = 0, .num_positions = 25, .num_drafts = 4,
+                      .first_hidden_row = 0};
+    for (int64_t i = 0; i < 25; ++i) s.next_tokens.push_back(ids_[size_t(i + 1)]);
+    b.seqs = {s};
+    b.target_hidden = *h;
+    got.push_back(m->dspark()->propose(b)[0].tokens);
+  }
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(got[0], got[1]);
+  EXPECT_EQ(got[0].size(), 4u);
+  model::HiddenRows none = dev;
+  model_->reset_slot(0);
+  EXPECT_NE(v41_test::error_of<InvalidArgument>([&] { feed(0, 0, 3, 1, none, 0, 1); }).find("host f32 tap rows"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -15,6 +15,9 @@
 
 namespace deepinfer::model {
 int accelerator_count() { return deepinfer::cuda::cuda_device_count(); }
+std::string accelerator_unavailable_reason() {
+  return accelerator_count() > 0 ? std::string() : "no usable GPU: " + deepinfer::cuda::cuda_unavailable_reason();
+}
 }  // namespace deepinfer::model
 
 namespace deepinfer::model::v4 {

@@ -130,16 +130,26 @@ std::unique_ptr<DeepseekV41Model> load_v41_cuda(const std::string& dir, const Cu
   if (o.device < 0 || o.device >= dc::cuda_device_count())
     DI_THROW(InvalidArgument, "device ", o.device, " requested, ", dc::cuda_device_count(), " visible");
   DI_CUDA_CHECK(cudaSetDevice(o.device));
-  if (probe.dspark.num_stages > 0)
-    DI_WARN("deepseek_v41 cuda: ", dir, ": the DSpark drafter runs on the CPU backend only; its ",
-            probe.dspark.num_stages, " stages are not loaded (no speculative drafts from this model)");
+  if (probe.dspark.num_stages > 0 && mo.dspark)
+    DI_INFO("deepseek_v41 cuda: ", dir, ": the DSpark drafter's ", probe.dspark.num_stages,
+            " stages run on the host (f32); its taps are computed on the GPU and copied back each step");
+  else if (probe.dspark.num_stages > 0)
+    DI_INFO("deepseek_v41 cuda: ", dir, ": the ", probe.dspark.num_stages, " DSpark stages are not loaded (no "
+            "drafts); DEEPINFER_USE_NEXTN_DECODE=N > 0 drafts with them, on the host in f32");
   ModelOptions m = mo;
   m.progress = o.progress;
   m.max_rollback = o.max_rollback;
   m.qat = mo.qat;  // tests only (conformance without the QAT roundings)
   m.batch_invariant = o.batch_invariant;
   m.expert_shard.reset();
-  m.dspark = false;
+  // The host drafter reads tap rows a device step left on the device (the engine asks for none
+  // on the host when it samples on the device): one copy of the step's rows per round.
+  m.dspark_host_taps = [](const HiddenRows& h) {
+    Tensor t = Tensor::empty({h.rows, h.row_elems}, DType::kF32);
+    DI_CUDA_CHECK(cudaSetDevice(h.device_index));
+    dc::copy_d2h(t.raw_data(), h.device, t.nbytes(), static_cast<cudaStream_t>(h.stream), /*sync=*/true);
+    return t;
+  };
   BackendMaker make = [&o](const DeepseekV41Config& cfg, const ds::Arch& arch,
                            const std::vector<kv::LayerCacheSpec>& specs,
                            const V41Weights& w) -> std::unique_ptr<ds::ModelBackend> {
@@ -176,8 +186,6 @@ std::string auto_gpu_refusal(const std::string& dir, const ModelLoadOptions& l) 
   } catch (const std::exception& e) {
     return e.what();
   }
-  if (c.dspark.num_stages > 0 && l.env.use_nextn_decode.value_or(0) > 0)
-    return "DEEPINFER_USE_NEXTN_DECODE asks for DSpark drafts, and the DSpark drafter runs on the CPU only";
   return "";
 }
 
@@ -187,7 +195,11 @@ std::unique_ptr<CausalLM> load_cuda(const std::string& dir, const ModelLoadOptio
   CudaModelOptions o = v4::engine_cuda_options(l);
   const bool compact = l.env.yoco_truncation_mode.value_or("full") == "compact";
   const int64_t keep = compact ? l.env.yoco_keep_tokens.value_or(int(kDefaultReplayKeep)) : 0;
-  return load_v41_cuda(dir, o, {.replay_keep = keep});
+  // DSpark only when drafting is asked for explicitly: its stages run on the host in f32 (the release's
+  // three stages of 128 experts are ~54 GB of host memory and CPU time every round), so a GPU
+  // model does not take them on by default as the CPU model does.
+  const bool draft = l.env.use_nextn_decode.value_or(0) > 0;
+  return load_v41_cuda(dir, o, {.replay_keep = keep, .dspark = draft});
 }
 
 }  // namespace deepinfer::model::v41

@@ -12,8 +12,10 @@
 // are the same model here.
 // Refused on the GPU (ConfigError / InvalidArgument naming the reason): routing without top-k
 // normalisation (the GPU router always normalises), expert shards, hc_mult > 4, head widths the
-// kernels do not take. DSpark stages in the checkpoint are not loaded (no drafter on the GPU yet:
-// warned).
+// kernels do not take. DSpark stages in the checkpoint make the model's drafter as on the CPU (when
+// `model.dspark`; the registry's load_cuda sets it only when DEEPINFER_USE_NEXTN_DECODE > 0): the
+// taps are computed on the device (stream_mean), copied to the host each round, and the stages run
+// there in f32 (ModelOptions::dspark_host_taps; the stage forward on the device is not done yet).
 #pragma once
 #include <memory>
 #include <string>
@@ -28,7 +30,7 @@ namespace deepinfer::model::v41 {
 
 // Loads <dir> onto device `options.device`. `model` carries the V4.1 options (replay keep; qat =
 // false for tests only); rollback, batch invariance and progress come from `options`, expert_shard
-// is refused there, DSpark is off.
+// is refused there; DSpark as `model.dspark` says (its stages on the host).
 std::unique_ptr<DeepseekV41Model> load_v41_cuda(const std::string& dir, const ds::cuda::CudaModelOptions& options,
                                                 const ModelOptions& model = {});
 

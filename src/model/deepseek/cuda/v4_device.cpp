@@ -90,6 +90,13 @@ class Uploader {
     return b;
   }
   size_t done() const { return done_; }
+  // A page-locked host buffer of at least n bytes, reused between calls (grown when needed): the
+  // exact mode's f32 experts are dequantised straight into it and copied from it, so a 50 GiB
+  // upload neither page-faults fresh host memory per expert nor copies through pageable memory.
+  void* staging(size_t n) {
+    if (stage_.size_bytes() < n) stage_ = dc::PinnedBuffer(std::max(n, stage_.size_bytes() * 2));
+    return stage_.data();
+  }
   void finish() {
     if (progress_ && drawn_ >= 0) std::fprintf(stderr, "\n");
     drawn_ = -1;
@@ -115,6 +122,7 @@ class Uploader {
   int drawn_ = -2;
   int device_;
   cudaStream_t stream_;
+  dc::PinnedBuffer stage_;
 };
 
 namespace {
@@ -326,6 +334,27 @@ class TableUpload {
       std::vector<uint8_t> w, s;
       if (native) {
         for (const TensorPart& p : e.parts) native_bytes(*p.lin, f, &w, &s);
+      } else if (dt_ == DType::kF32) {  // exact: dequantised into the pinned staging buffer
+        const size_t n = size_t(e.numel()) * sizeof(float);
+        float* st = static_cast<float*>(u_.staging(n));
+        int64_t off = 0;
+        for (const TensorPart& p : e.parts) {
+          DI_CHECK(off + (p.lin ? p.lin->weight.numel() : p.t->numel()) <= e.numel(), "expert '", e.name(),
+                   "' parts overflow it");
+          if (p.lin) {
+            p.lin->dequantize_f32_into(st + off, f_.fp8_block, f_.fp4_block);
+            off += p.lin->weight.numel();
+          } else {
+            const Tensor h = host_part(p);
+            std::memcpy(st + off, h.raw_data(), h.nbytes());
+            off += h.numel();
+          }
+        }
+        DI_CHECK(size_t(off) * sizeof(float) == n, "expert '", e.name(), "' parts do not fill it");
+        u_.put_at(base + woff, st, n);
+        *e.lin = {.w = base + woff, .dtype = d, .out = e.rows(), .in = e.cols()};
+        woff += align256(n);
+        continue;
       } else {
         for (const TensorPart& p : e.parts) {
           const Tensor h = host_part(p);
