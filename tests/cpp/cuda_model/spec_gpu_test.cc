@@ -172,9 +172,9 @@ struct Case {
   std::string name, dir;
   Numerics numerics;
   // DEEPINFER_BATCH_INVARIANT's kernels (one MoE path for every step size). Without them, bf16
-  // decode steps (moe_decode) and verify steps above 64 tokens (grouped expert GEMM) round
-  // differently, so greedy identity is asserted there for batches whose verify steps stay at or
-  // below 64 tokens (10 sequences x 6 tokens).
+  // decode steps (moe_decode_grouped) and verify steps above its 256 tokens (grouped expert GEMM;
+  // above 64 before it) round differently, so greedy identity is asserted there for batches whose
+  // verify steps stay at or below 64 tokens (10 sequences x 6 tokens).
   bool invariant = false;
   int prompts = 12;
 };
