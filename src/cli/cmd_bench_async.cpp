@@ -37,6 +37,7 @@ struct Config {
   bool prefix_cache = true;  // in the timed engines (the engine's default; distinct prompts: no hits)
   int32_t drafts = 0;        // speculative tokens in the timed engines (async on = pipelined drafting steps)
   float temperature = 0;     // of the timed requests (> 0: seeded sampling, sampled drafts)
+  bool plain_steps = true;   // adaptive drafting's plain steps (DraftGateConfig::plain_steps)
   EnvConfig env;
 };
 
@@ -78,6 +79,7 @@ Result run_one(const Config& c, int64_t B, bool async, bool invariant) {
   ec.scheduler.max_num_batched_tokens = budget;
   ec.scheduler.max_model_len = max_len;
   ec.scheduler.prefix_cache.enabled = c.prefix_cache;
+  ec.scheduler.draft_gate.plain_steps = c.plain_steps;
   ec.num_speculative_tokens = c.drafts;
   auto model = load_model(c.model, {.env = env,
                                     .limits = {.max_num_seqs = B, .max_num_batched_tokens = budget, .max_model_len = max_len,
@@ -113,6 +115,7 @@ Result run_one(const Config& c, int64_t B, bool async, bool invariant) {
   }
   for (int64_t i = 0; i < c.warm; ++i) emitted(eng.step());
   eng.model().set_profiling(true);
+  const ModelRunner::Stats run0 = eng.runner().stats();
   int64_t tokens = 0;
   const auto t0 = Clock::now();
   for (int64_t i = 0; i < c.steps; ++i) tokens += emitted(eng.step());
@@ -126,10 +129,20 @@ Result run_one(const Config& c, int64_t B, bool async, bool invariant) {
   r.busy_ms = mean(prof.busy_ms);
   r.idle_ms = mean(prof.idle_ms, 1);  // the first step has no predecessor inside the window
   for (size_t i = 1; i < prof.idle_ms.size(); ++i) r.idle_max_ms = std::max(r.idle_max_ms, prof.idle_ms[i]);
-  if (const DraftGate::Stats& g = eng.scheduler().draft_gate().stats(); g.stops + g.probes > 0)
+  if (c.drafts > 0) {  // where a drafting step's time goes (host clock, the timed window)
+    const ModelRunner::Stats& run1 = eng.runner().stats();
+    std::fprintf(stderr, "bench-async: B=%ld async=%d drafting: propose %.3f ms per step (%ld calls), verify steps %ld\n",
+                 long(B), int(r.async), (run1.draft_time_s - run0.draft_time_s) * 1e3 / double(c.steps),
+                 long(run1.draft_calls - run0.draft_calls), long(run1.verify_steps - run0.verify_steps));
+  }
+  if (const DraftGate::Stats& g = eng.scheduler().draft_gate().stats(); g.stops + g.probes > 0) {
+    const SchedulerStats& st = eng.scheduler().stats();
     std::fprintf(stderr, "bench-async: B=%ld async=%d adaptive drafting: %ld stops (%ld requests), %ld re-probes, %ld probes, "
-                 "threshold %.2f\n", long(B), int(r.async), long(g.stops), long(g.requests_stopped), long(g.reprobes),
-                 long(g.probes), g.last_threshold);
+                 "threshold %.2f; steps (all, prefill included): %ld drafter, %ld plain; %ld overlapped launches\n",
+                 long(B), int(r.async), long(g.stops), long(g.requests_stopped), long(g.reprobes), long(g.probes),
+                 g.last_threshold, long(st.num_drafter_steps), long(st.num_plain_steps),
+                 long(eng.runner().stats().overlapped_launches));
+  }
   return r;
 }
 
@@ -307,6 +320,10 @@ int run_bench_async(int argc, char** argv) {
   app.add_option("--prefix-cache", c.prefix_cache, "prefix caching in the timed engines (1: the engine's default)")
       ->capture_default_str();
   app.add_option("--temperature", c.temperature, "timed requests' temperature (0: greedy; > 0: seeded sampling)")
+      ->capture_default_str();
+  app.add_option("--plain-steps", c.plain_steps,
+                 "adaptive drafting: 1 runs a step where every request stopped drafting as a plain step; 0 keeps "
+                 "feeding the drafter (the behaviour before, to compare)")
       ->capture_default_str();
   app.add_option("--drafts", c.drafts,
                  "speculative tokens in the timed engines (the model's drafter; async on = pipelined drafting steps)")

@@ -98,7 +98,8 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<model::CausalLM> mode
   // Plain steps: N+1 is planned and launched before N is applied. Drafting steps: N+1's inputs
   // and drafts come from N's verification (which tokens it accepted) and its drafter pass, so N
   // is collected and applied first; what overlaps N+1's forward is N's output processing, the
-  // caller's handling of it and N+1's grammar masks (pipelined_). Prefix caching runs
+  // caller's handling of it and N+1's grammar masks (pipelined_); a plain step (adaptive
+  // drafting: no drafter follows it) overlaps as without drafting. Prefix caching runs
   // asynchronously (the runner saves a step's checkpoints before the next step writes its
   // slots; update() keys those whose block ends in the token that step sampled).
   const bool overlap = config_.env.async_scheduling.value_or(true);
@@ -296,8 +297,11 @@ std::vector<RequestOutput> Engine::report(const std::vector<SeqUpdate>& updates)
 std::vector<RequestOutput> Engine::run_step() {
   // Drafting (pipelined): the step in flight is applied before the next is planned (its
   // acceptance and drafts are the next step's inputs); its outputs wait until that one launched.
+  // A plain step in flight (adaptive drafting stopped everyone: no drafter follows it) overlaps
+  // the next step as without drafting: applied after that one launched.
   std::vector<SeqUpdate> applied;
-  if (pipelined_ && inflight_) {
+  const bool applied_first = pipelined_ && inflight_ && inflight_->feeds_drafter;
+  if (applied_first) {
     applied = apply(*inflight_);
     inflight_.reset();
   }
@@ -306,7 +310,7 @@ std::vector<RequestOutput> Engine::run_step() {
     DI_THROW(InternalError, "scheduler made no progress with ", scheduler_->num_waiting(), " waiting sequences");
   runner_->launch(*plan);  // the device starts on it (the CPU runs it)
   std::vector<RequestOutput> out;
-  if (pipelined_) {
+  if (applied_first) {
     out = report(applied);
   } else if (inflight_) {  // the previous step, while this one runs
     out = finish(*inflight_);

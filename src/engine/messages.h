@@ -83,6 +83,11 @@ struct SchedulerOutput {
   // Host tier (copied before the forward, spills first): device blocks whose hash left the
   // device cache go to host slots; host slots a prefix hit uses come back into fresh blocks.
   std::vector<BlockCopy> block_spills, block_loads;
+  // Drafting configured: whether the drafter follows this step (the runner keeps the step's hidden
+  // rows and feeds the drafter what it commits). False: a plain step (adaptive drafting: every
+  // scheduled sequence stopped drafting, or a probe): no hidden rows, no drafter round, the plain
+  // decode graph, and the engine overlaps it with the next step as it does without drafting.
+  bool feeds_drafter = true;
   bool empty() const { return scheduled.empty(); }
 };
 

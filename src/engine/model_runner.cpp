@@ -225,7 +225,7 @@ model::ForwardBatch ModelRunner::build_batch(const SchedulerOutput& out, Step& s
     s.num_computed += sch.num_tokens;  // rejected drafts are rolled back when collected
     step.slices.push_back(slice);
   }
-  if (drafter_) {  // the drafter reads the final streams of every position the step commits
+  if (drafter_ && out.feeds_drafter) {  // the drafter reads the final streams of every position the step commits
     b.hidden_indices.resize(b.token_ids.size());
     for (size_t i = 0; i < b.token_ids.size(); ++i) b.hidden_indices[i] = int32_t(i);
   }
@@ -570,7 +570,8 @@ void ModelRunner::launch(const SchedulerOutput& out) {
   DI_CHECK(steps_.size() < 2 && (steps_.empty() || steps_.back().sampled), "model runner: step ", out.step_id,
            " launched with ", steps_.size(), " steps not collected (the last one sampled: ",
            !steps_.empty() && steps_.back().sampled, ")");
-  DI_CHECK(!drafter_ || steps_.empty(), "model runner: step ", out.step_id,
+  // A plain step (no drafter) may overlap the next one, as without drafting.
+  DI_CHECK(!drafter_ || steps_.empty() || !steps_.back().out->feeds_drafter, "model runner: step ", out.step_id,
            " launched while a drafting step is in flight (a drafting step is collected before the next is launched)");
   if (!steps_.empty() && !steps_.back().checkpoints_saved) {
     // The step in flight's slot checkpoints, before this step changes or writes any slot.
@@ -582,6 +583,7 @@ void ModelRunner::launch(const SchedulerOutput& out) {
   // blocks were free, loaded ones are fresh (and the copies are ordered after it on the device).
   copy_host_tier(out);
   apply_state_changes(out);
+  stats_.overlapped_launches += steps_.empty() ? 0 : 1;
   Step step;
   step.out = &out;
   step.launched_at = std::chrono::steady_clock::now();
@@ -648,7 +650,7 @@ ModelRunnerOutput ModelRunner::collect(const SchedulerOutput& out) {
     stats_.verify_steps++;
     stats_.verify_time_s += seconds_since(step.launched_at);
   }
-  if (drafter_) propose_drafts(step.slices, step.forward.hidden, result);
+  if (drafter_ && out.feeds_drafter) propose_drafts(step.slices, step.forward.hidden, result);
   if (!step.checkpoints_saved) {
     save_checkpoints(out, step, result);
     take_checkpoints(step, result);

@@ -79,6 +79,7 @@ class ModelRunner {
     int64_t device_steps = 0, host_steps = 0;  // steps sampled on the device / on the host
     int64_t rollbacks = 0;                     // CausalLM::rollback calls (rejected drafts)
     int64_t draft_calls = 0;                   // Drafter::propose calls
+    int64_t overlapped_launches = 0;           // steps launched while the previous one was in flight
     int64_t verify_steps = 0;                  // steps with at least one draft to verify
     double draft_time_s = 0;                   // in Drafter::propose
     double verify_time_s = 0;                  // forward + sampling + verification of verify steps

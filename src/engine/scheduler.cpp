@@ -172,6 +172,7 @@ bool Scheduler::schedule_running(SchedulerOutput& out, int64_t& budget) {
                          : cap == caps.end() ? -1
                                              : std::min(config_.num_speculative_tokens, int32_t(drafts.size()) + 1);
     out.scheduled.push_back({r->seq_id, int32_t(total), samples, std::move(drafts), next});
+    silent_seqs_ += gated_off && !gate_feeds(*r, out.step_id);
     r->inflight_tokens += n;
     r->inflight_samples += samples ? 1 : 0;
     budget -= total;
@@ -364,9 +365,14 @@ SchedulerOutput Scheduler::schedule() {
       gate_.probe_started(out.step_id);
     }
   }
+  silent_seqs_ = 0;
   bool preempted = schedule_running(out, budget);
   if (probe_left_ > 0) probe_left_--;
   if (!preempted) schedule_waiting(out, budget);
+  // A plain step when nothing scheduled drafts or feeds the drafter (new sequences feed it).
+  out.feeds_drafter = config_.num_speculative_tokens > 0 &&
+                      !(config_.adaptive_drafts && !out.scheduled.empty() && silent_seqs_ == int64_t(out.scheduled.size()));
+  if (config_.num_speculative_tokens > 0 && !out.empty()) ++(out.feeds_drafter ? stats_.num_drafter_steps : stats_.num_plain_steps);
   drain_evictions(out);
   label_step(out);
   out.total_num_tokens = config_.max_num_batched_tokens - budget;
@@ -404,6 +410,11 @@ void Scheduler::record_verify(Request& r, int32_t n_drafts, int32_t accepted) {
   r.verifying_logprobs.clear();
 }
 
+bool Scheduler::gate_feeds(const Request& r, int64_t step_id) const {
+  return !config_.adaptive_drafts || !config_.draft_gate.plain_steps ||
+         (probe_left_ == 0 && gate_.feeds(r.draft_gate, step_id));
+}
+
 bool Scheduler::gate_drafts(Request& r, int64_t step_id) {
   if (!config_.adaptive_drafts || config_.num_speculative_tokens <= 0) return true;
   if (probe_left_ > 0) return false;  // a probe: plain steps (their drafts are dropped)
@@ -423,7 +434,8 @@ void Scheduler::label_step(const SchedulerOutput& out) {
   const int64_t n = int64_t(out.scheduled.size());
   DraftGate::StepKind kind = DraftGate::StepKind::kOther;
   if (decode && verified * 4 >= n * 3 && asked * 4 >= n * 3) kind = DraftGate::StepKind::kDrafting;
-  if (decode && verified == 0 && asked == 0) kind = DraftGate::StepKind::kPlain;
+  if (decode && verified == 0 && asked == 0 && (!out.feeds_drafter || !config_.draft_gate.plain_steps))
+    kind = DraftGate::StepKind::kPlain;
   step_kinds_[out.step_id] = {kind, n};
 }
 

@@ -69,6 +69,9 @@ struct SchedulerStats {
   int64_t num_draft_tokens = 0;           // drafts verified
   int64_t num_accepted_drafts = 0;        // drafts the target accepted (committed or not)
   int64_t num_verify_steps = 0;           // (sequence, step) pairs that verified >= 1 draft
+  // Drafting configured: steps the drafter followed (SchedulerOutput::feeds_drafter) and plain
+  // steps (adaptive drafting stopped every scheduled sequence, or a probe).
+  int64_t num_drafter_steps = 0, num_plain_steps = 0;
   // [num_speculative_tokens] how often draft i was verified / accepted (accepted implies all
   // earlier drafts of that step were).
   std::vector<int64_t> draft_verified_at, draft_accepted_at;
@@ -134,6 +137,8 @@ class Scheduler {
   void record_verify(Request& r, int32_t n_drafts, int32_t accepted);
   // Adaptive drafting: whether `r` drafts this step (probes and the gate's judgement).
   bool gate_drafts(Request& r, int64_t step_id);
+  // Adaptive drafting: whether `r`, stopped this step (gate_drafts false), still feeds the drafter.
+  bool gate_feeds(const Request& r, int64_t step_id) const;
   // Adaptive drafting: the kind of the planned step `out` (timed when it is applied).
   void label_step(const SchedulerOutput& out);
   void time_step(const SchedulerOutput& out);
@@ -177,6 +182,7 @@ class Scheduler {
   // Adaptive drafting: the gate, probe steps left, planned steps' kinds and the last update time.
   DraftGate gate_;
   int32_t probe_left_ = 0;
+  int64_t silent_seqs_ = 0;  // this step's scheduled sequences that neither draft nor feed the drafter
   std::optional<double> batch_tokens_;  // this step's mean tokens per verify step of judgeable requests
   std::unordered_map<int64_t, std::pair<DraftGate::StepKind, int64_t>> step_kinds_;
   std::optional<std::chrono::steady_clock::time_point> last_update_;

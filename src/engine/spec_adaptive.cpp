@@ -38,6 +38,7 @@ void DraftGate::observe_verify(Seq& s, int32_t tokens) const {
 }
 
 std::optional<double> DraftGate::threshold(int64_t seqs) const {
+  if (config_.forced_threshold > 0) return config_.forced_threshold;
   const Time& d = drafting_[size_t(bucket(seqs))];
   const Time& p = plain_[size_t(bucket(seqs))];
   if (d.samples == 0 || p.samples == 0 || !(p.seconds > 0)) return std::nullopt;
@@ -45,7 +46,7 @@ std::optional<double> DraftGate::threshold(int64_t seqs) const {
 }
 
 bool DraftGate::wants_probe(int64_t step, int64_t seqs, bool judgeable) const {
-  if (!judgeable || (last_probe_ >= 0 && step - last_probe_ < 64)) return false;
+  if (!judgeable || config_.forced_threshold > 0 || (last_probe_ >= 0 && step - last_probe_ < 64)) return false;
   const Time& d = drafting_[size_t(bucket(seqs))];
   const Time& p = plain_[size_t(bucket(seqs))];
   if (d.samples == 0) return false;  // nothing to compare with yet

@@ -17,8 +17,18 @@
 // stops at batch 8 cost 20% against drafting always, PERFORMANCE.md). Alone, the request's own
 // average is the batch's.
 // While the plain time of the current bucket is unknown (or older than probe_every steps) and some
-// request could be judged, the scheduler asks for a probe: two steps in which no request drafts, the
-// second of which is a plain step.
+// request could be judged, the scheduler asks for a probe: two plain steps.
+// A plain step is one the drafter does not follow (SchedulerOutput::feeds_drafter false): every
+// scheduled sequence is stopped (or a probe runs), so the target runs its plain decode graph
+// without hidden rows, no drafter round runs, and the engine overlaps the step with the next as
+// it does without drafting. Stopped requests in a step beside drafting ones still feed the
+// drafter (that costs little in a drafting step). A request's drafter state (V4 MTP: its window
+// ring) misses the positions of plain steps; it feeds the drafter again for the last warm_steps
+// steps of a stop, so that the re-probe drafts from a refilled window (the ring's older entries
+// stay stale; drafts are verified exactly, so this costs acceptance, never correctness). The
+// threshold is t_drafting / t_plain with t_plain the plain step's time: what stopping every
+// request buys.
+
 //
 // The decisions follow timings, so which steps verify drafts varies between runs: greedy requests
 // (and greedily drafting ones) are unaffected (their output is plain decoding's), but a seeded
@@ -33,11 +43,23 @@ namespace deepinfer::engine {
 
 struct DraftGateConfig {
   int32_t min_verifies = 4;      // verify steps observed before a request is judged
-  int64_t off_steps = 64;        // steps a request stops drafting for, first time
-  int64_t max_off_steps = 1024;  // cap of the doubling
+  // Re-probe schedule (H200, B = 64, acceptance hopeless: PERFORMANCE.md): a re-probe costs its
+  // warm_steps feeding steps and min_verifies verify steps (each up to 6x a plain step), so with
+  // stops of 64 doubling to 1024 and 32 warm steps, 15% of 1,000 steps (35% of a 256-token run)
+  // fed or drafted and the average step cost 19% above plain decoding; 256 doubling to 4096 with
+  // 8 warm steps makes that ~3% of 1,000 steps.
+  int64_t off_steps = 256;       // steps a request stops drafting for, first time
+  int64_t max_off_steps = 4096;  // cap of the doubling
   int64_t probe_every = 1024;    // steps after which a bucket's plain time is measured again
   double alpha = 0.25;           // weight of a new observation in the averages
   double hysteresis = 0.97;      // stop only below threshold * hysteresis
+  int64_t warm_steps = 8;        // steps before a re-probe in which a stopped request feeds the drafter
+  // > 0: the tokens per verify step drafting needs, instead of the measured time ratio (tests and
+  // benchmarks that must stop or keep drafting whatever the timings); no probes then.
+  double forced_threshold = 0;
+  // False: stopped requests always feed the drafter and no step is plain; the plain time is then
+  // that of a step in which nobody drafts (the behaviour before plain steps; bench-async --plain-steps 0).
+  bool plain_steps = true;
 };
 
 class DraftGate {
@@ -74,6 +96,11 @@ class DraftGate {
   // stop (a re-probe). `batch_tokens`: the mean tokens per verify step of the batch's judgeable
   // requests, which decides instead of the request's own (see above); unset: its own.
   bool drafts(Seq& s, int64_t step, int64_t seqs, std::optional<double> batch_tokens = std::nullopt);
+  // Whether the request's drafter state follows step `step` (after drafts() decided it): always
+  // while it drafts, in the last warm_steps steps of a stop (refilling the drafter's window).
+  bool feeds(const Seq& s, int64_t step) const {
+    return !config_.plain_steps || s.off_until < 0 || step + config_.warm_steps >= s.off_until;
+  }
   const Stats& stats() const { return stats_; }
   const DraftGateConfig& config() const { return config_; }
 

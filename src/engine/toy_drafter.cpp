@@ -10,8 +10,8 @@ namespace deepinfer::engine {
 void ToyDrafter::check_feed(const model::DraftSeq& s, const float* hidden0) const {
   auto it = next_position_.find(s.cache_slot);
   const int64_t expect = it == next_position_.end() ? 0 : it->second;
-  DI_CHECK(s.first_position == 0 || s.first_position == expect, "ToyDrafter: slot ", s.cache_slot, " fed from position ",
-           s.first_position, " but it holds ", expect);
+  DI_CHECK(s.first_position == 0 || s.first_position == expect || (allow_gaps_ && s.first_position > expect),
+           "ToyDrafter: slot ", s.cache_slot, " fed from position ", s.first_position, " but it holds ", expect);
   DI_CHECK(s.num_positions > 0 && int32_t(s.next_tokens.size()) == s.num_positions, "ToyDrafter: ", s.num_positions,
            " positions with ", s.next_tokens.size(), " next tokens");
   // Row i + 1 must be row i's state advanced by the token fed after position i.
@@ -66,6 +66,8 @@ std::vector<model::DraftProposal> ToyDrafter::propose(const model::DraftBatch& b
              s.first_hidden_row, ", +", s.num_positions, ") outside the ", h.rows, " hidden rows");
     const float* first = rows + s.first_hidden_row * ToyModel::kHiddenElems;
     check_feed(s, first);
+    if (auto it = next_position_.find(s.cache_slot); it != next_position_.end() && s.first_position > it->second)
+      num_skipped_ += s.first_position - it->second;
     next_position_[s.cache_slot] = s.first_position + s.num_positions;
     num_fed_ += s.num_positions;
     out.push_back(propose_one(s, first + int64_t(s.num_positions - 1) * ToyModel::kHiddenElems, batch.picker, k));

@@ -27,6 +27,10 @@ class ToyDrafter final : public model::Drafter {
   // the target's logits perturbed by `noise` (a fixed pseudo-random offset per token and
   // position), so the draft distribution q differs from the target's p; the pattern is unused.
   void use_picker(float noise) { picker_noise_ = noise; }
+  // Accepts feeds that skip positions (plain steps of adaptive drafting: no drafter follows them);
+  // by default a slot's positions must be contiguous. Skipped positions are counted.
+  void allow_gaps(bool on) { allow_gaps_ = on; }
+  int64_t num_skipped_positions() const { return num_skipped_; }
   std::string describe() const override { return "ToyDrafter"; }
   int64_t max_draft_tokens() const override { return max_drafts_; }
   std::vector<model::DraftProposal> propose(const model::DraftBatch& batch, Tensor* draft_logits = nullptr) override;
@@ -45,7 +49,8 @@ class ToyDrafter final : public model::Drafter {
   int64_t max_drafts_;
   ToyAcceptPattern pattern_;
   std::unordered_map<int32_t, int64_t> next_position_;  // slot -> first position not yet fed
-  int64_t num_fed_ = 0, num_proposed_ = 0;
+  int64_t num_fed_ = 0, num_proposed_ = 0, num_skipped_ = 0;
+  bool allow_gaps_ = false;
   float picker_noise_ = -1.f;  // < 0: pattern mode
 };
 

@@ -80,10 +80,13 @@ Tensor lazy_zeros(const Shape& shape) {
   return Tensor(std::move(storage), 0, shape, contiguous_strides(shape), DType::kF32);
 }
 // The per-slot tensors of a layer, in a fixed order (reset, save and restore walk the same list).
+// Empty ones are skipped: a layer with no window or no compressor partial rows (V4.1's DSpark
+// layers) has a zero-row tensor without storage, and memset / memcpy on its null pointer is
+// undefined even for 0 bytes (UBSan: "null pointer passed as argument 1").
 template <class L, class F>
 void for_each_slot_tensor(L& c, F&& f) {
   for (auto* t : {&c.window, &c.comp_state, &c.index_state})
-    if (t->defined()) f(*t);
+    if (t->defined() && t->numel() > 0) f(*t);
 }
 }  // namespace
 
@@ -147,7 +150,7 @@ template <class L, class F>
 void for_each_block_range(L& layers, int32_t block, F&& f) {
   for (auto& c : layers)
     for (auto* t : {&c.comp, &c.index_keys})
-      if (t->defined()) {
+      if (t->defined() && t->numel() > 0) {  // empty: no storage (see for_each_slot_tensor)
         const Tensor v = t->select(0, block);
         f(static_cast<uint8_t*>(v.raw_data()), v.nbytes());
       }

@@ -2,7 +2,10 @@
 // and DeepSeek-V4.1's DSpark block drafter (model/deepseek_v41/dspark.h). The engine drives it after each target step:
 // the drafter first consumes the positions the target just committed (their final hidden rows and
 // the token that follows each), which keeps its own per-slot state (the MTP window ring) in step
-// with the target, then proposes up to `num_drafts` tokens after the last of them.
+// with the target, then proposes up to `num_drafts` tokens after the last of them. A slot's feeds
+// may skip positions: adaptive drafting runs steps no drafter follows while every request has
+// stopped drafting (engine/spec_adaptive.h); the drafter's state for skipped positions is then
+// stale, which may lower acceptance (drafts are verified exactly) but must not fail.
 // The drafter's per-slot state follows the target's rollback contract (causal_lm.h): its rings hold
 // the target's max_rollback() extra positions, so rejected drafts need no undo.
 #pragma once

@@ -29,65 +29,107 @@ std::vector<std::string> json_units(const std::string& escaped) {
   return out;
 }
 
-uint32_t decode_utf8(const std::string& u) {
-  unsigned char c = static_cast<unsigned char>(u[0]);
-  uint32_t cp = u.size() == 1 ? c : u.size() == 2 ? (c & 0x1F) : u.size() == 3 ? (c & 0x0F) : (c & 0x07);
-  for (size_t k = 1; k < u.size(); ++k) cp = (cp << 6) | (static_cast<unsigned char>(u[k]) & 0x3F);
-  return cp;
-}
-
 std::string json_quoted_key(const std::string& name) { return json(name).dump(); }
-
-struct KeyTrie {
-  bool terminal = false;
-  std::map<std::string, KeyTrie> kids;
-};
 
 }  // namespace
 
-// A JSON string whose content is none of `keys` (keys given unescaped).
+// A JSON string whose content is none of `keys` (keys given unescaped): any quoted string
+// minus the quoted keys, as one product DFA. Bytes differ exactly when the unit sequences
+// (characters and escapes) differ, so this is "a key spelled otherwise than every declared
+// one" (`\u0061` for "a" included). The product matters beyond its language: every prefix
+// of a declared key that diverges lands in the same (string body, no key) state, where a trie
+// of alternatives gave each prefix its own copy of the string body (one DFA state per key
+// prefix and body state, each compiled and each a first visit for the mask walk).
 ExprId SchemaLowerer::key_not_in(const std::vector<std::string>& keys) {
-  KeyTrie root;
+  // Byte trie of the quoted keys: kids[n] sorted (byte, child); done[n]: n ends a key.
+  std::vector<std::vector<std::pair<uint8_t, int32_t>>> kids(1);
+  std::vector<uint8_t> done(1, 0);
   for (const auto& k : keys) {
-    std::string esc = json(k).dump();
-    KeyTrie* n = &root;
-    for (const auto& u : json_units(esc.substr(1, esc.size() - 2))) {
+    const std::string esc = json(k).dump();
+    for (const auto& u : json_units(esc.substr(1, esc.size() - 2)))
       if (u.size() == 6 && u[0] == '\\')
         DI_THROW(GrammarError, "json_schema: property name ", esc, " needs a \\u escape; not supported next to additional properties");
-      n = &n->kids[u];
-    }
-    n->terminal = true;
-  }
-  ExprId any_char = json_string_char(b);
-  std::function<ExprId(const KeyTrie&)> build = [&](const KeyTrie& n) -> ExprId {
-    std::vector<ExprId> alts;
-    if (!n.terminal) alts.push_back(b.empty());
-    std::vector<std::pair<uint32_t, uint32_t>> plain = {{0x20, 0x21}, {0x23, 0x5B}, {0x5D, 0x10FFFF}};
-    std::string esc_letters = "\"\\/bfnrt";
-    for (const auto& [u, child] : n.kids) {
-      alts.push_back(b.seq({b.literal(u), build(child)}));
-      if (u[0] == '\\') {
-        esc_letters.erase(std::remove(esc_letters.begin(), esc_letters.end(), u[1]), esc_letters.end());
-      } else {
-        uint32_t cp = decode_utf8(u);
-        std::vector<std::pair<uint32_t, uint32_t>> next;
-        for (auto [lo, hi] : plain) {
-          if (cp < lo || cp > hi) { next.push_back({lo, hi}); continue; }
-          if (cp > lo) next.push_back({lo, cp - 1});
-          if (cp < hi) next.push_back({cp + 1, hi});
-        }
-        plain = std::move(next);
+    int32_t n = 0;
+    for (char ch : esc) {
+      const uint8_t c = static_cast<uint8_t>(ch);
+      const int32_t fresh = static_cast<int32_t>(kids.size());
+      auto& ks = kids[n];
+      auto it = std::lower_bound(ks.begin(), ks.end(), std::pair<uint8_t, int32_t>{c, -1});
+      n = it != ks.end() && it->first == c ? it->second : ks.insert(it, {c, fresh})->second;
+      if (n == fresh) {  // after the last use of ks (emplace_back may move it)
+        kids.emplace_back();
+        done.push_back(0);
       }
     }
-    std::vector<ByteRange> letters;
-    for (char c : esc_letters) letters.push_back({static_cast<uint8_t>(c), static_cast<uint8_t>(c)});
-    ExprId hex = b.bytes({{'0', '9'}, {'A', 'F'}, {'a', 'f'}});
-    ExprId other = b.alt({b.codepoints(plain),
-                          b.seq({b.byte('\\'), b.alt({b.bytes(letters), b.seq({b.byte('u'), hex, hex, hex, hex})})})});
-    alts.push_back(b.seq({other, b.star(any_char)}));
-    return b.alt(std::move(alts));
+    done[n] = 1;
+  }
+  // Any quoted string: one DFA for every lowering (the language is fixed).
+  static const Dfa any = [] {
+    GrammarBuilder g;
+    return *expr_to_dfa(g, g.seq({g.byte('"'), g.star(json_string_char(g)), g.byte('"')}));
+  }();
+  // Product (any-string state, trie node or -1), built directly: classes are any's refined by
+  // every key byte, a pair steps both parts, and a pair that completes a key is rejected.
+  bool cut[257] = {};
+  cut[0] = cut[256] = true;
+  for (int c = 1; c < 256; ++c) cut[c] = any.byte_class[c] != any.byte_class[c - 1];
+  for (const auto& ks : kids)
+    for (auto [c, child] : ks) cut[c] = cut[c + 1] = true;
+  std::vector<uint8_t> rep, hi;  // [class] its first and last byte
+  for (int c = 0; c < 256; ++c) {
+    if (cut[c]) rep.push_back(static_cast<uint8_t>(c)), hi.push_back(static_cast<uint8_t>(c));
+    hi.back() = static_cast<uint8_t>(c);
+  }
+  const int32_t nc = static_cast<int32_t>(rep.size());
+  // A pair is live (reaches acceptance) when it accepts or its string state has a way on: from
+  // inside a string infinitely many endings remain and the keys exclude finitely many.
+  std::vector<uint8_t> any_out(any.num_states(), 0);
+  for (int32_t a = 0; a < any.num_states(); ++a)
+    for (int32_t c = 0; c < any.num_classes && !any_out[a]; ++c) any_out[a] = any.trans[static_cast<size_t>(a) * any.num_classes + c] >= 0;
+  // About one state per key byte: bounded like a grammar's automaton, not a regex's.
+  constexpr size_t kMaxKeyStates = 200'000;
+  // A pair (a, t >= 0) is determined by t (a is `any` after t's bytes) and (a, -1) by a, so
+  // the pairs are indexed by trie node and by string state, no hash map.
+  std::vector<int32_t> id_of_node(kids.size(), -1), id_of_any(any.num_states(), -1);
+  std::vector<std::pair<int32_t, int32_t>> pairs;
+  ByteAutomaton out;
+  auto intern = [&](int32_t a, int32_t t) {
+    int32_t& id = t >= 0 ? id_of_node[t] : id_of_any[a];
+    if (id < 0) {
+      if (pairs.size() >= kMaxKeyStates)
+        DI_THROW(GrammarError, "json_schema: property names need more than ", kMaxKeyStates, " automaton states");
+      id = static_cast<int32_t>(pairs.size());
+      pairs.push_back({a, t});
+      out.final.push_back(any.final[a] && (t < 0 || !done[t]));
+    }
+    return id;
   };
-  return b.seq({b.byte('"'), build(root), b.byte('"')});
+  out.start = intern(any.start, 0);
+  for (size_t cur = 0; cur < pairs.size(); ++cur) {
+    const auto [a, t] = pairs[cur];
+    int32_t run_to = -1;  // target of the open edge (classes merge while their target repeats)
+    for (int32_t c = 0; c < nc; ++c) {
+      int32_t to = -1;
+      if (const int32_t na = any.next(a, rep[c]); na >= 0) {
+        int32_t nt = -1;
+        if (t >= 0) {
+          const auto& ks = kids[t];
+          auto it = std::lower_bound(ks.begin(), ks.end(), std::pair<uint8_t, int32_t>{rep[c], -1});
+          if (it != ks.end() && it->first == rep[c]) nt = it->second;
+        }
+        const bool fin = any.final[na] && (nt < 0 || !done[nt]);
+        if (any_out[na] || fin) to = intern(na, nt);
+      }
+      if (to >= 0 && to == run_to && out.edges.back().hi + 1 == rep[c]) {
+        out.edges.back().hi = hi[c];
+      } else if (to >= 0) {
+        out.edges.push_back({static_cast<int32_t>(cur), rep[c], hi[c], to});
+      }
+      run_to = to;
+    }
+  }
+  out.num_states = static_cast<int32_t>(pairs.size());
+  return b.automaton(std::move(out));
 }
 
 // Comma-separated members: declared properties (props[i], required[i]) and any number of

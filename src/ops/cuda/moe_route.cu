@@ -12,8 +12,10 @@ using deepinfer::cuda::kWarpSize;
 
 constexpr int kSmemInts = 12288;  // 48 KiB of per-warp counters
 
-int route_warps(int64_t experts) {
-  return int(std::clamp<int64_t>(kSmemInts / (experts + 1), 1, 32));
+// Warps of the block: one per 64 assignments (at least 4), as many as the per-warp counters fit.
+int route_warps(int64_t experts, int64_t rows) {
+  const int64_t fit = std::clamp<int64_t>(kSmemInts / (experts + 1), 1, 32);
+  return int(std::min(fit, std::max<int64_t>(4, (rows + 63) / 64)));
 }
 
 // Shared memory: cnt [warps][E+1] (column E counts invalid ids), then seg [E+2], tile0 [E+1].
@@ -45,17 +47,36 @@ __global__ void moe_route_kernel(const __grid_constant__ MoeRouteParams p) {
     seg[e] = run;
   }
   __syncthreads();
-  if (threadIdx.x == 0) {  // exclusive scans over experts (a few hundred: serial is cheap)
-    int run = 0, tiles = 0;
-    for (int e = 0; e < E1; ++e) {
+  {  // exclusive scans over experts of the rows and tiles: a chunk of experts per thread, warp
+     // shuffles, then the warps' totals (one thread walking all E + 1 was ~20 us of the launch)
+    __shared__ int warp_rows[32], warp_tiles[32];
+    const int per = (E1 + int(blockDim.x) - 1) / int(blockDim.x), e0 = int(threadIdx.x) * per;
+    const int e1 = e0 + per < E1 ? e0 + per : E1;
+    int rows_sum = 0, tiles_sum = 0;
+    for (int e = e0; e < e1; ++e) {
+      rows_sum += seg[e];
+      if (e < E) tiles_sum += (seg[e] + p.tile_m - 1) / p.tile_m;
+    }
+    int rows_inc = rows_sum, tiles_inc = tiles_sum;
+    for (int off = 1; off < kWarpSize; off <<= 1) {
+      const int r = __shfl_up_sync(0xffffffffu, rows_inc, off), t = __shfl_up_sync(0xffffffffu, tiles_inc, off);
+      if (lane >= off) rows_inc += r, tiles_inc += t;
+    }
+    if (lane == kWarpSize - 1) warp_rows[warp] = rows_inc, warp_tiles[warp] = tiles_inc;
+    __syncthreads();
+    int run = rows_inc - rows_sum, tiles = tiles_inc - tiles_sum;
+    for (int w = 0; w < warp; ++w) run += warp_rows[w], tiles += warp_tiles[w];
+    for (int e = e0; e < e1; ++e) {
       const int c = seg[e];
       seg[e] = run;
       tile0[e] = tiles;
       run += c;
       if (e < E) tiles += (c + p.tile_m - 1) / p.tile_m;
     }
-    seg[E1] = run;
-    *p.num_tiles = tiles;
+    if (e0 < E1 && e1 == E1) {
+      seg[E1] = run;
+      *p.num_tiles = tiles;
+    }
   }
   __syncthreads();
   for (int i = threadIdx.x; i < nw * E1; i += blockDim.x) cnt[i] += seg[i % E1];
@@ -109,7 +130,7 @@ int64_t moe_route_max_tiles(int64_t rows, int64_t experts, int tile_m) {
 
 void moe_route(const MoeRouteParams& p, cudaStream_t stream) {
   validate(p);
-  const int nw = route_warps(p.experts);
+  const int nw = route_warps(p.experts, p.tokens * p.topk);
   const size_t smem = size_t(nw * (p.experts + 1) + 2 * (p.experts + 1) + 1) * sizeof(int32_t);
   if (smem > 48 * 1024) {
     DI_CUDA_CHECK(cudaFuncSetAttribute(moe_route_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));

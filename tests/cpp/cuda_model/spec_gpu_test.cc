@@ -65,6 +65,7 @@ struct SpecRun {
   double seconds = 0;
   int64_t graphs = 0;
   int64_t output_tokens = 0;
+  std::vector<RequestMetrics> metrics;  // per request (timed pass)
   double acceptance_length() const {
     return 1.0 + double(stats.num_accepted_drafts) / double(std::max<int64_t>(1, stats.num_verify_steps));
   }
@@ -119,6 +120,7 @@ SpecRun run_engine(std::unique_ptr<DeepseekV4CudaModel> m, int32_t drafts,
     for (RequestOutput& o : eng.step()) {
       EXPECT_TRUE(o.error.empty()) << o.error;
       if (o.finished && !o.outputs.empty()) r.tokens[std::stoul(o.request_id)] = o.outputs[0].token_ids;
+      if (o.finished) r.metrics.push_back(o.metrics);
     }
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   r.stats = eng.scheduler().stats();
@@ -170,9 +172,9 @@ struct Case {
   std::string name, dir;
   Numerics numerics;
   // DEEPINFER_BATCH_INVARIANT's kernels (one MoE path for every step size). Without them, bf16
-  // decode steps (moe_decode) and verify steps above 64 tokens (grouped expert GEMM) round
-  // differently, so greedy identity is asserted there for batches whose verify steps stay at or
-  // below 64 tokens (10 sequences x 6 tokens).
+  // decode steps (moe_decode_grouped) and verify steps above its 256 tokens (grouped expert GEMM;
+  // above 64 before it) round differently, so greedy identity is asserted there for batches whose
+  // verify steps stay at or below 64 tokens (10 sequences x 6 tokens).
   bool invariant = false;
   int prompts = 12;
 };
@@ -472,6 +474,60 @@ TEST_F(GpuSpecTiming, SampledDraftsTokensPerSecond) {
                 dev.runner.draft_time_s, tps(adapt), tps(adapt) / tps(plain), (long long)adapt.gate.requests_stopped,
                 adapt.gate.last_threshold, tps(gplain), tps(gdraft), tps(gdraft) / tps(gplain),
                 gdraft.acceptance_length());
+  }
+}
+
+// Adaptive drafting's batch-mean rule against drafting always and plain decoding (issue #11):
+// 256 new tokens per request (long enough for stops and re-probes), the default model on held-out
+// prompts (acceptance is real) and, when DEEPINFER_SPEC_RANDOM_MODEL names one, a random-weight
+// model (make-default-model: acceptance ~0). Printed: tok/s, acceptance length, per-request
+// acceptance (min / median / max), the share of verifying (request, step) pairs, plain steps.
+TEST_F(GpuSpecTiming, AdaptiveRuleAgainstAlwaysAndPlain) {
+  std::vector<std::pair<std::string, std::string>> models{{"trained", default_model()}};
+  if (const char* r = std::getenv("DEEPINFER_SPEC_RANDOM_MODEL"); r && *r) models.push_back({"random", r});
+  for (const auto& [label, dir] : models) {
+    std::vector<std::vector<int32_t>> all;
+    if (dir == default_model()) {
+      all = prompts_for(dir, 64);
+    } else {
+      for (int i = 0; i < 64; ++i) {
+        std::vector<int32_t> p{0};
+        for (int j = 0; j < 9 + (i * 37) % 120; ++j) p.push_back(2 + (i * 7919 + j * 104729) % 8000);
+        all.push_back(p);
+      }
+    }
+    for (int64_t B : {8, 64}) {
+      if (label == "random" && B == 8) continue;  // the device call's time
+      const std::vector<std::vector<int32_t>> prompts(all.begin(), all.begin() + B);
+      for (bool sampled_run : {true, false}) {
+        const SamplingParams sp = sampled_run ? sampled(256, 91) : greedy(256);
+        auto run = [&](int32_t drafts, bool adaptive) {
+          return run_engine(load(dir, Numerics::kProduction, DecodePath::kGraph), drafts, prompts, sp, B, false, true,
+                            true, {.adaptive = adaptive});
+        };
+        const SpecRun plain = run(0, false), always = run(kL, false), adapt = run(kL, true);
+        auto tps = [](const SpecRun& r) { return double(r.output_tokens) / r.seconds; };
+        std::vector<double> acc;
+        int64_t verifies = 0, tokens = 0;
+        for (const RequestMetrics& m : adapt.metrics) {
+          acc.push_back(1.0 + double(m.num_accepted_draft_tokens) / double(std::max<int64_t>(1, m.num_verify_steps)));
+          verifies += m.num_verify_steps, tokens += m.num_generation_tokens;
+        }
+        std::sort(acc.begin(), acc.end());
+        if (!sampled_run && B * (kL + 1) <= 64) EXPECT_EQ(adapt.tokens, plain.tokens) << label << " B=" << B;
+        std::printf("[spec-gpu] adaptive %s B=%lld %s: plain %.0f tok/s | always %.0f (%.2fx, acc %.2f) | adaptive %.0f "
+                    "(%.2fx, %.2fx always; acc %.2f, per request %.2f / %.2f / %.2f; %lld verify steps for %lld tokens; "
+                    "steps: %lld drafter, %lld plain; %lld stops, %lld re-probes, %lld probes, threshold %.2f)\n",
+                    label.c_str(), (long long)B, sampled_run ? "T=1" : "greedy", tps(plain), tps(always),
+                    tps(always) / tps(plain), always.acceptance_length(), tps(adapt), tps(adapt) / tps(plain),
+                    tps(adapt) / tps(always), adapt.acceptance_length(), acc.empty() ? 0 : acc.front(),
+                    acc.empty() ? 0 : acc[acc.size() / 2], acc.empty() ? 0 : acc.back(), (long long)verifies,
+                    (long long)tokens, (long long)adapt.stats.num_drafter_steps, (long long)adapt.stats.num_plain_steps,
+                    (long long)adapt.gate.stops, (long long)adapt.gate.reprobes, (long long)adapt.gate.probes,
+                    adapt.gate.last_threshold);
+        std::fflush(stdout);
+      }
+    }
   }
 }
 

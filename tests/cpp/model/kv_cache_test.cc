@@ -13,6 +13,30 @@ std::vector<LayerCacheSpec> specs() {
           {.window = 16, .ring_rows = 16, .head_dim = 8, .ratio = 24, .comp_width = 8, .state_rows = 24}};
 }
 
+// A layer without a window or without compressor partial rows has zero-row per-slot tensors with
+// no storage: reset, save, restore and the block copies skip them (they used to pass their null
+// pointer to memset / memcpy: undefined behaviour that UBSan stopped engine_test on).
+TEST(KvCache, EmptyPerSlotTensorsAreSkipped) {
+  const std::vector<LayerCacheSpec> s = {{.window = 0, .ring_rows = 0, .head_dim = 8, .ratio = 4, .comp_width = 8},
+                                         {.window = 4, .ring_rows = 4, .head_dim = 8}};
+  CacheGeometry g{.block_tokens = 8, .num_blocks = 2, .num_slots = 2};
+  KvCache c(s, g);
+  EXPECT_EQ(c.layer(0).window.numel(), 0);
+  EXPECT_EQ(c.layer(0).comp_state.numel(), 0);
+  c.layer(1).window.data<float>()[4 * 8] = 5.f;  // slot 1
+  const std::vector<uint8_t> saved = c.save_slot(1);
+  EXPECT_EQ(saved.size(), size_t(4 * 8 * 4));
+  c.reset_slot(1);
+  EXPECT_EQ(c.layer(1).window.data<float>()[4 * 8], 0.f);
+  c.restore_slot(1, saved);
+  EXPECT_EQ(c.layer(1).window.data<float>()[4 * 8], 5.f);
+  std::vector<uint8_t> block(c.geometry().bytes_per_block, 0);
+  c.layer(0).comp.data<float>()[0] = 7.f;
+  c.copy_block_out(0, block.data());
+  c.copy_block_in(1, block.data());
+  EXPECT_EQ(c.layer(0).comp.data<float>()[2 * 8], 7.f);  // block 1 starts after 8 / 4 = 2 entries of 8
+}
+
 TEST(KvCache, GeometryAndSizes) {
   auto s = specs();
   EXPECT_EQ(KvCache::default_block_tokens(s), 264);  // lcm(4, 24) = 24 -> first multiple >= 256

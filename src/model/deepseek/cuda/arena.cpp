@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "model/deepseek/cuda/moe_decode.h"
 #include "ops/cuda/attention.h"
 #include "ops/cuda/grouped_gemm.h"
 #include "ops/cuda/hc.h"
@@ -51,7 +52,9 @@ ArenaLayout layout_arena(const Dims& g, const ArenaSizes& s) {
   L.comb_rows = a.take(TK, 8);
   L.perm_w = a.take(TK, 4);
   L.moe_seg = a.take(E + 1, 4);
-  L.moe_tiles = a.take(ops::cuda::moe_route_max_tiles(TK, E, ops::cuda::kGroupedTileM), 4);
+  L.moe_tiles = a.take(std::max(ops::cuda::moe_route_max_tiles(TK, E, ops::cuda::kGroupedTileM),
+                                ops::cuda::moe_route_max_tiles(TK, E, kMoeDecodeTileM)),  // moe_decode_grouped's tiles
+                       4);
   L.moe_ntiles = a.take(1, 4);
   L.head_ws = a.take(
       int64_t(ops::cuda::hc_pre_workspace_bytes(std::max<int64_t>(R, 1), int(n), D, ops::cuda::HcMode::kHead)), 1);

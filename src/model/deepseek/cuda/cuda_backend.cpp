@@ -824,7 +824,11 @@ CudaBackend::MoePath CudaBackend::moe_path(const MoeRef& M) const {
   // larger fixed steps only when that path exists). Batch-invariant: decode's experts go through
   // the grouped GEMM as prefill's do (moe_decode sums in another order), so a token's result does
   // not depend on the step's path.
-  if (plan_.fixed && !opts_.batch_invariant && plan_.T <= kMoeDecodeMaxTokens) return MoePath::kFixed;
+  if (plan_.fixed && !opts_.batch_invariant) {
+    if (plan_.T <= kMoeDecodeGroupedMaxTokens && moe_decode_grouped_supported(act_, g.hidden, g.moe_inter))
+      return MoePath::kFixedGrouped;
+    if (plan_.T <= kMoeDecodeMaxTokens) return MoePath::kFixed;
+  }
   if (act_ == DType::kBF16 && !M.host_routed && g.moe_inter % 32 == 0 && g.hidden % 32 == 0) return MoePath::kGrouped;
   DI_CHECK(!plan_.fixed, "fixed-shape step of ", plan_.T, " tokens without the grouped MoE path");
   return MoePath::kHostRouted;
@@ -851,15 +855,18 @@ void CudaBackend::moe_dispatch(const MoeRef& M) {
   const cudaStream_t st = stream_.get();
   switch (moe_path(M)) {
     case MoePath::kFixed: return;  // moe_decode reads the device-side ids directly
-    case MoePath::kGrouped:        // the permutation by expert on the device, no host sync
+    case MoePath::kFixedGrouped:   // the permutation by expert on the device, no host sync
+    case MoePath::kGrouped: {
+      const int tile_m = moe_path(M) == MoePath::kGrouped ? oc::kGroupedTileM : kMoeDecodeTileM;
       oc::moe_route({.ids = at<int32_t>(L_.buf[size_t(Buf::kIds)]), .weights = at<float>(L_.buf[size_t(Buf::kWts)]),
-                     .tokens = T, .topk = K, .experts = E, .tile_m = oc::kGroupedTileM,
+                     .tokens = T, .topk = K, .experts = E, .tile_m = tile_m,
                      .seg = at<int32_t>(L_.moe_seg), .perm_src = at<int64_t>(L_.perm_src),
                      .perm_w = at<float>(L_.perm_w), .comb = at<int64_t>(L_.comb_rows),
                      .tiles = at<int32_t>(L_.moe_tiles), .num_tiles = at<int32_t>(L_.moe_ntiles),
-                     .max_tiles = oc::moe_route_max_tiles(T * K, E, oc::kGroupedTileM)},
+                     .max_tiles = oc::moe_route_max_tiles(T * K, E, tile_m)},
                     st);
       return;
+    }
     case MoePath::kHostRouted: break;
   }
   // Exact numerics (f32, the parity path): per-expert cuBLASLt fp32 GEMMs, whose shapes come from
@@ -922,6 +929,16 @@ void CudaBackend::moe_experts(const MoeRef& M) {
                   .w2_scale = M.tables.w2_scale, .act = at<void>(L_.act), .ye = at<float>(L_.ye), .tokens = T,
                   .topk = K, .num_experts = E, .dim = D, .inter = I, .dtype = act_, .limit = g.swiglu_limit},
                  st);
+      return;
+    case MoePath::kFixedGrouped:  // each touched expert read once for all its tokens (moe_decode.h)
+      moe_decode_grouped({.x = buf(Buf::kH), .seg = at<int32_t>(L_.moe_seg), .perm_src = at<int64_t>(L_.perm_src),
+                          .perm_w = at<float>(L_.perm_w), .tiles = at<int32_t>(L_.moe_tiles),
+                          .num_tiles = at<int32_t>(L_.moe_ntiles),
+                          .max_tiles = oc::moe_route_max_tiles(T * K, E, kMoeDecodeTileM), .w13 = M.tables.w13,
+                          .w2 = M.tables.w2, .format = expert_format(M.tables.dtype), .w13_scale = M.tables.w13_scale,
+                          .w2_scale = M.tables.w2_scale, .act = at<void>(L_.act), .ye = at<float>(L_.ye), .tokens = T,
+                          .topk = K, .num_experts = E, .dim = D, .inter = I, .limit = g.swiglu_limit},
+                         st);
       return;
     case MoePath::kGrouped: {
       // Grouped GEMMs over the expert segments reading the weights as stored (bf16, FP4 or FP8);

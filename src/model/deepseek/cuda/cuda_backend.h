@@ -130,7 +130,10 @@ class CudaBackend final : public ModelBackend {
   void moe_combine(const MoeRef& M) override;
 
  private:
-  enum class MoePath { kFixed, kGrouped, kHostRouted };
+  // kFixedGrouped: fixed-shape bf16 steps up to kMoeDecodeGroupedMaxTokens (moe_decode_grouped,
+  // each touched expert read once); kFixed: the other fixed steps up to kMoeDecodeMaxTokens
+  // (moe_decode, one expert read per (token, k) pair; f32 activations).
+  enum class MoePath { kFixed, kFixedGrouped, kGrouped, kHostRouted };
   // queue_save_slots' staging: pinned bytes, their size, the event after the copies, and which
   // handle still holds them (0: none; shared with the handles: one outstanding at a time).
   std::shared_ptr<uint8_t> save_pool_;

@@ -5,11 +5,13 @@
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
+#include <vector>
 
 #include "core/numeric.h"
 #include "deepinfer/error.h"
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/moe_dequant.h"
+#include "ops/cuda/moe_route.h"
 
 namespace deepinfer::model::ds::cuda {
 namespace {
@@ -347,6 +349,375 @@ void moe_decode_host(const MoeDecodeParams& p) {
         for (int64_t c = 0; c < I; ++c)
           v += ld(p.act, p.dtype, a * I + c) * wld(p, p.w2[e], p.w2_scale ? p.w2_scale[e] : nullptr, j, c, I);
       p.ye[a * D + j] = v;
+    }
+  }
+}
+
+
+// ---- grouped decode (moe_decode.h): each touched expert read once per step ----
+namespace {
+namespace grouped {
+constexpr int kTileM = kMoeDecodeTileM;
+constexpr int kChunk = 128;  // inputs per K chunk: lane t of a quad owns inputs [32t, 32t + 32)
+
+// 16-byte vectors one lane loads per weight row and chunk (32 inputs).
+template <ExpertFormat F>
+constexpr int kRawVecs = F == ExpertFormat::kFP4 ? 1 : F == ExpertFormat::kFP8 ? 2 : 4;
+
+// bf16x2 bits of the e8m0 scale (2^(e-127) in both halves; e = 0 is the bf16 subnormal 2^-127).
+__device__ __forceinline__ uint32_t e8m0_bf16x2(uint32_t e) {
+  const uint32_t b = e == 255 ? 0x7fc0u : e == 0 ? 0x0040u : e << 7;
+  return b | (b << 16);
+}
+__device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
+  __nv_bfloat162 r = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&a), *reinterpret_cast<const __nv_bfloat162*>(&b));
+  return *reinterpret_cast<const uint32_t*>(&r);
+}
+__device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+// Byte -> bf16 bits: FP4 both nibbles as bf16x2 (low nibble in the low half), FP8 one bf16.
+template <ExpertFormat F>
+__device__ __forceinline__ void fill_lut(uint32_t* lut) {
+  if constexpr (F == ExpertFormat::kFP4)
+    for (int i = threadIdx.x; i < 256; i += blockDim.x)
+      lut[i] = ops::cuda::fp4_bf16_bits(i & 15) | (ops::cuda::fp4_bf16_bits(i >> 4) << 16);
+  else if constexpr (F == ExpertFormat::kFP8)
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) lut[i] = ops::cuda::fp8_bf16_bits(i);
+}
+
+// FP4 without a table (kAlu; the table's random per-lane reads conflict on shared-memory banks,
+// ~3.5 ways for random bytes, which capped the first version near 1.8 TB/s): nibble c as the
+// bf16 bits (c & 8) << 12 | (c & 7) << 6 is e2m1(c) * 2^-126 exactly (e = 0 is the subnormal
+// m * 2^-127), so one bf16x2 multiply by 2^(s-1) gives e2m1(c) * 2^(s-127) (exact: a bf16).
+// Word q of a 32-bit word of 8 nibbles pairs nibbles q (low half) and q + 4 (high half): one
+// shift for the magnitudes, one for the signs, one select.
+__device__ __forceinline__ uint32_t fp4_pair_bits(uint32_t w, int q) {
+  const uint32_t u = q == 0 ? w << 6 : q == 1 ? w << 2 : q == 2 ? w >> 2 : w >> 6;  // [8:6], [24:22]
+  const uint32_t v = w << (12 - 4 * q);                                              // bits 15, 31
+  return (u & 0x01C001C0u) | (v & 0x80008000u);
+}
+
+// One chunk's registers of a lane: its 32 inputs of the warp's 2*MT weight rows (raw, + scale
+// byte) and of its B column (32 bf16 of the column's token; zeros past the tile or past K).
+template <ExpertFormat F, int MT>
+struct Stage {
+  uint4 w[MT][2][kRawVecs<F>];
+  uint32_t s[MT][2];
+  uint4 x[4];
+};
+
+template <ExpertFormat F, int MT>
+__device__ __forceinline__ void load_stage(Stage<F, MT>& st, const uint8_t* w, const uint8_t* sc,
+                                           const int64_t (&rows)[MT][2], int64_t K, int64_t p0,
+                                           const __nv_bfloat16* col) {
+  const bool ok = p0 < K;  // K % 32 == 0: a lane's 32 inputs are all in or all out
+  const uint4 z = make_uint4(0, 0, 0, 0);
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t r = rows[m][h];
+      const uint4* src;
+      if constexpr (F == ExpertFormat::kFP4) src = reinterpret_cast<const uint4*>(w + r * (K / 2) + p0 / 2);
+      else if constexpr (F == ExpertFormat::kFP8) src = reinterpret_cast<const uint4*>(w + r * K + p0);
+      else src = reinterpret_cast<const uint4*>(w + (r * K + p0) * 2);
+#pragma unroll
+      for (int v = 0; v < kRawVecs<F>; ++v) st.w[m][h][v] = ok ? __ldg(src + v) : z;
+      if constexpr (F == ExpertFormat::kFP4) st.s[m][h] = ok ? __ldg(sc + r * (K / 32) + p0 / 32) : 127u;
+      else if constexpr (F == ExpertFormat::kFP8) st.s[m][h] = ok ? __ldg(sc + r * ((K + 127) / 128) + p0 / 128) : 127u;
+    }
+  const uint4* xs = reinterpret_cast<const uint4*>(col + p0);
+#pragma unroll
+  for (int v = 0; v < 4; ++v) st.x[v] = ok && col ? __ldg(xs + v) : z;
+}
+
+// The 16 bf16x2 words of one row's 32 inputs, scale applied (exact). Word j holds inputs 2j, 2j+1,
+// except FP4 with kAlu: word j = 4*wi + q holds inputs 8*wi + q and 8*wi + q + 4.
+template <ExpertFormat F, bool kAlu>
+__device__ __forceinline__ void dequant_row(const uint4 (&raw)[kRawVecs<F>], uint32_t s, const uint32_t* lut,
+                                            uint32_t (&a)[16]) {
+  const uint32_t* rw = reinterpret_cast<const uint32_t*>(raw);
+  if constexpr (F == ExpertFormat::kFP4 && kAlu) {
+    const bool big = s > 128;  // 2^(s-1) past bf16's range: 2^126 first, then the scale
+    const uint32_t m1 = big ? 0x7E807E80u : ((s + 126u) << 7) * 0x10001u;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) a[j] = mul_bf16x2(fp4_pair_bits(rw[j / 4], j % 4), m1);
+    if (big) {
+      const uint32_t m2 = e8m0_bf16x2(s);
+#pragma unroll
+      for (int j = 0; j < 16; ++j) a[j] = mul_bf16x2(a[j], m2);
+    }
+  } else if constexpr (F == ExpertFormat::kFP4) {
+    const uint32_t s2 = e8m0_bf16x2(s);
+#pragma unroll
+    for (int q = 0; q < 16; ++q) a[q] = mul_bf16x2(lut[(rw[q / 4] >> (8 * (q % 4))) & 0xff], s2);
+  } else if constexpr (F == ExpertFormat::kFP8) {
+    const uint32_t s2 = e8m0_bf16x2(s);
+#pragma unroll
+    for (int q = 0; q < 16; ++q) {
+      const uint32_t word = rw[q / 2], sh = 16 * (q % 2);
+      a[q] = mul_bf16x2(lut[(word >> sh) & 0xff] | (lut[(word >> (sh + 8)) & 0xff] << 16), s2);
+    }
+  } else {
+#pragma unroll
+    for (int q = 0; q < 16; ++q) a[q] = rw[q];
+  }
+}
+
+// The chunk's 8 MMA k-steps per m-tile. k-step s takes, per lane, inputs 4s..4s+3 of its 32:
+// A {row g: 4s, 4s+1 | row g+8: same | row g: 4s+2, 4s+3 | row g+8: same}, B {4s, 4s+1 | 4s+2, 4s+3}
+// of its column — the MMA's k index 2t+j is input 32t+4s+j, 2t+8+j is 32t+4s+2+j.
+template <ExpertFormat F, bool kAlu, int MT>
+__device__ __forceinline__ void compute_stage(const Stage<F, MT>& st, const uint32_t* lut, float (&acc)[MT][4]) {
+  const uint32_t* xw = reinterpret_cast<const uint32_t*>(st.x);
+  uint32_t xb[16];  // B words in the A words' input order (kAlu FP4: inputs 8wi+q | 8wi+q+4)
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    if constexpr (F == ExpertFormat::kFP4 && kAlu) {
+      const int wi = j / 4, q = j % 4, m1 = 4 * wi + q / 2;
+      xb[j] = __byte_perm(xw[m1], xw[m1 + 2], q % 2 ? 0x7632 : 0x5410);
+    } else {
+      xb[j] = xw[j];
+    }
+  }
+#pragma unroll
+  for (int m = 0; m < MT; ++m) {
+    uint32_t a0[16], a1[16];
+    dequant_row<F, kAlu>(st.w[m][0], st.s[m][0], lut, a0);
+    dequant_row<F, kAlu>(st.w[m][1], st.s[m][1], lut, a1);
+#pragma unroll
+    for (int s = 0; s < 8; ++s) mma_bf16(acc[m], a0[2 * s], a1[2 * s], a0[2 * s + 1], a1[2 * s + 1], xb[2 * s], xb[2 * s + 1]);
+  }
+}
+
+// acc[m] += the warp's rows · its columns over all K, chunks in order; S register stages (the
+// loads of S - 1 chunks in flight while one is computed). The sums do not depend on MT, W or S.
+template <ExpertFormat F, bool kAlu, int MT, int S>
+__device__ __forceinline__ void run_rows(const uint8_t* w, const uint8_t* sc, const int64_t (&rows)[MT][2], int64_t K,
+                                         const __nv_bfloat16* col, int t, const uint32_t* lut, float (&acc)[MT][4]) {
+  const int64_t nc = (K + kChunk - 1) / kChunk;
+  Stage<F, MT> st[S];
+#pragma unroll
+  for (int u = 0; u < S - 1; ++u) load_stage<F, MT>(st[u], w, sc, rows, K, u * kChunk + 32 * t, col);
+  for (int64_t c = 0; c < nc; c += S) {
+#pragma unroll
+    for (int u = 0; u < S; ++u) {
+      if (c + u < nc) {
+        if (c + u + S - 1 < nc) load_stage<F, MT>(st[(u + S - 1) % S], w, sc, rows, K, (c + u + S - 1) * kChunk + 32 * t, col);
+        compute_stage<F, kAlu, MT>(st[u], lut, acc);
+      }
+    }
+  }
+}
+
+struct TileRows {
+  int e = 0, n = 0;
+  int64_t r0 = 0;
+};
+__device__ __forceinline__ TileRows tile_rows(const MoeDecodeGroupedParams& p) {
+  const int32_t code = p.tiles[blockIdx.x];
+  TileRows tr;
+  tr.e = code >> 16;
+  tr.r0 = p.seg[tr.e] + int64_t(code & 0xffff) * kTileM;
+  const int64_t left = int64_t(p.seg[tr.e + 1]) - tr.r0;
+  tr.n = int(left < kTileM ? left : kTileM);
+  return tr;
+}
+
+// grid (max_tiles, ceil(inter / (8*MT*W))): a warp's m-tile m = gate rows i0+8m .. +7 (A rows
+// 0-7) and their up rows (A rows 8-15), so a lane holds gate and up of its (row, column) pairs.
+template <ExpertFormat F, bool kAlu, int MT, int W, int S>
+__global__ void __launch_bounds__(W * kWarpSize) grouped_up_kernel(const __grid_constant__ MoeDecodeGroupedParams p) {
+  constexpr bool kLut = F == ExpertFormat::kFP8 || (F == ExpertFormat::kFP4 && !kAlu);
+  __shared__ uint32_t lut[kLut ? 256 : 1];
+  if (int64_t(blockIdx.x) >= *p.num_tiles) return;
+  if constexpr (kLut) {
+    fill_lut<F>(lut);
+    __syncthreads();
+  }
+  const TileRows tr = tile_rows(p);
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize, g = lane / 4, t = lane % 4;
+  const int64_t I = p.inter, D = p.dim, i0 = (int64_t(blockIdx.y) * W + warp) * 8 * MT;
+  if (i0 >= I) return;
+  int64_t rows[MT][2];
+#pragma unroll
+  for (int m = 0; m < MT; ++m) {
+    rows[m][0] = i0 + 8 * m + g < I ? i0 + 8 * m + g : I - 1;
+    rows[m][1] = I + rows[m][0];
+  }
+  const __nv_bfloat16* col = g < tr.n ? static_cast<const __nv_bfloat16*>(p.x) + p.perm_src[tr.r0 + g] * D : nullptr;
+  const uint8_t* sc = F == ExpertFormat::kPlain ? nullptr : p.w13_scale[tr.e];
+  float acc[MT][4] = {};
+  run_rows<F, kAlu, MT, S>(static_cast<const uint8_t*>(p.w13[tr.e]), sc, rows, D, col, t, lut, acc);
+  __nv_bfloat16* act = static_cast<__nv_bfloat16*>(p.act);
+#pragma unroll
+  for (int m = 0; m < MT; ++m) {
+    const int64_t i = i0 + 8 * m + g;
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      const int c = 2 * t + q;
+      if (i < I && c < tr.n) {
+        const int64_t r = tr.r0 + c;
+        act[r * I + i] = __float2bfloat16_rn(swiglu_act<__nv_bfloat16>(acc[m][q], acc[m][2 + q], p.perm_w[r], p.limit));
+      }
+    }
+  }
+}
+
+// grid (max_tiles, ceil(dim / (16*MT*W))): m-tile m = output rows j0+16m .. +15.
+template <ExpertFormat F, bool kAlu, int MT, int W, int S>
+__global__ void __launch_bounds__(W * kWarpSize) grouped_down_kernel(const __grid_constant__ MoeDecodeGroupedParams p) {
+  constexpr bool kLut = F == ExpertFormat::kFP8 || (F == ExpertFormat::kFP4 && !kAlu);
+  __shared__ uint32_t lut[kLut ? 256 : 1];
+  if (int64_t(blockIdx.x) >= *p.num_tiles) return;
+  if constexpr (kLut) {
+    fill_lut<F>(lut);
+    __syncthreads();
+  }
+  const TileRows tr = tile_rows(p);
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize, g = lane / 4, t = lane % 4;
+  const int64_t I = p.inter, D = p.dim, j0 = (int64_t(blockIdx.y) * W + warp) * 16 * MT;
+  if (j0 >= D) return;
+  int64_t rows[MT][2];
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) rows[m][h] = j0 + 16 * m + 8 * h + g < D ? j0 + 16 * m + 8 * h + g : D - 1;
+  const __nv_bfloat16* col = g < tr.n ? static_cast<const __nv_bfloat16*>(p.act) + (tr.r0 + g) * I : nullptr;
+  const uint8_t* sc = F == ExpertFormat::kPlain ? nullptr : p.w2_scale[tr.e];
+  float acc[MT][4] = {};
+  run_rows<F, kAlu, MT, S>(static_cast<const uint8_t*>(p.w2[tr.e]), sc, rows, I, col, t, lut, acc);
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t j = j0 + 16 * m + 8 * h + g;
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        const int c = 2 * t + q;
+        if (j < D && c < tr.n) p.ye[(tr.r0 + c) * D + j] = acc[m][2 * h + q];
+      }
+    }
+}
+
+template <ExpertFormat F, bool kAlu, int MT, int W, int S>
+void launch(const MoeDecodeGroupedParams& p, cudaStream_t stream) {
+  const unsigned tiles = unsigned(p.max_tiles);
+  grouped_up_kernel<F, kAlu, MT, W, S>
+      <<<dim3(tiles, unsigned(ceil_div(p.inter, 8 * MT * W))), W * kWarpSize, 0, stream>>>(p);
+  DI_CUDA_CHECK_LAUNCH();
+  grouped_down_kernel<F, kAlu, MT, W, S>
+      <<<dim3(tiles, unsigned(ceil_div(p.dim, 16 * MT * W))), W * kWarpSize, 0, stream>>>(p);
+  DI_CUDA_CHECK_LAUNCH();
+}
+
+// Variant 0's pick (H200, MoeDecodeGrouped.Timing: v3 fastest by 6-10% from 8 tokens up at both
+// V4 and V4.1 widths; at one token v1 (the most warps, 4 stages) when its blocks fit one wave,
+// else v2: V4 57 us v1 / 62 v2, V4.1 101 v1 (two waves) / 74 v2).
+template <ExpertFormat F>
+int auto_variant(const MoeDecodeGroupedParams& p) {
+  const int64_t P = p.tokens * p.topk;
+  if (P > 16) return 3;
+  static const int per_sm = [] {
+    int n = 0;
+    DI_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, grouped_up_kernel<F, true, 1, 4, 4>, 4 * kWarpSize, 0));
+    return n;
+  }();
+  int dev = 0, sms = 0;
+  DI_CUDA_CHECK(cudaGetDevice(&dev));
+  DI_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  const int64_t blocks = P * std::max(ceil_div(p.inter, 32), ceil_div(p.dim, 64));  // v1, every pair its own expert
+  return blocks <= int64_t(per_sm) * sms ? 1 : 2;
+}
+
+// Variants (moe_decode.h): the same sums, other warp shapes. 0 picks by the step's size: small
+// steps (a few experts) need many warps and deep pipelines to keep enough bytes in flight.
+template <ExpertFormat F>
+void launch_variant(const MoeDecodeGroupedParams& p, cudaStream_t stream) {
+  int v = p.variant;
+  if (v == 0) v = auto_variant<F>(p);
+  switch (v) {
+    case 1: return launch<F, true, 1, 4, 4>(p, stream);
+    case 2: return launch<F, true, 2, 4, 3>(p, stream);
+    case 3: return launch<F, true, 4, 4, 2>(p, stream);
+    default:  // 4: FP4 through the byte table (the first version)
+      if constexpr (F == ExpertFormat::kFP4) return launch<F, false, 2, 4, 2>(p, stream);
+      else return launch<F, true, 2, 4, 2>(p, stream);
+  }
+}
+
+void validate(const MoeDecodeGroupedParams& p) {
+  if (p.tokens < 0 || p.topk <= 0 || p.num_experts <= 0 || p.dim <= 0 || p.inter <= 0 || p.max_tiles < 0)
+    DI_THROW(InvalidArgument, "moe_decode_grouped: bad shape tokens=", p.tokens, " topk=", p.topk, " experts=",
+             p.num_experts, " dim=", p.dim, " inter=", p.inter, " max_tiles=", p.max_tiles);
+  if (!moe_decode_grouped_supported(DType::kBF16, p.dim, p.inter))
+    DI_THROW(InvalidArgument, "moe_decode_grouped: dim ", p.dim, " and inter ", p.inter, " must be multiples of 32");
+  if (p.tokens > 0 && p.max_tiles < ops::cuda::moe_route_max_tiles(p.tokens * p.topk, p.num_experts, kTileM))
+    DI_THROW(InvalidArgument, "moe_decode_grouped: max_tiles ", p.max_tiles, " below moe_route's bound for tile_m ",
+             kTileM);
+  if (p.max_tiles >= (int64_t(1) << 31)) DI_THROW(InvalidArgument, "moe_decode_grouped: too many tiles");
+  if (p.tokens > 0 && (!p.x || !p.seg || !p.perm_src || !p.perm_w || !p.tiles || !p.num_tiles || !p.w13 || !p.w2 ||
+                       !p.act || !p.ye || (p.format != ExpertFormat::kPlain && (!p.w13_scale || !p.w2_scale))))
+    DI_THROW(InvalidArgument, "moe_decode_grouped: null input, table or output");
+  if (p.variant < 0 || p.variant > 4) DI_THROW(InvalidArgument, "moe_decode_grouped: variant ", p.variant);
+}
+}  // namespace grouped
+}  // namespace
+
+bool moe_decode_grouped_supported(DType act, int64_t dim, int64_t inter) {
+  return act == DType::kBF16 && dim > 0 && inter > 0 && dim % 32 == 0 && inter % 32 == 0;
+}
+
+void moe_decode_grouped(const MoeDecodeGroupedParams& p, cudaStream_t stream) {
+  grouped::validate(p);
+  if (p.tokens == 0 || p.max_tiles == 0) return;
+  switch (p.format) {
+    case ExpertFormat::kPlain: grouped::launch_variant<ExpertFormat::kPlain>(p, stream); break;
+    case ExpertFormat::kFP4: grouped::launch_variant<ExpertFormat::kFP4>(p, stream); break;
+    case ExpertFormat::kFP8: grouped::launch_variant<ExpertFormat::kFP8>(p, stream); break;
+  }
+}
+
+void moe_decode_grouped_host(const MoeDecodeGroupedParams& p) {
+  grouped::validate(p);
+  const int64_t D = p.dim, I = p.inter;
+  MoeDecodeParams q;  // for wld: format and dtype
+  q.format = p.format;
+  q.dtype = DType::kBF16;
+  const uint16_t* x = static_cast<const uint16_t*>(p.x);
+  uint16_t* act = static_cast<uint16_t*>(p.act);
+  std::vector<float> xr(size_t(std::max(D, I)));
+  for (int64_t e = 0; e < p.num_experts; ++e) {
+    const uint8_t* s13 = p.format == ExpertFormat::kPlain ? nullptr : p.w13_scale[e];
+    const uint8_t* s2 = p.format == ExpertFormat::kPlain ? nullptr : p.w2_scale[e];
+    for (int64_t r = p.seg[e]; r < p.seg[e + 1]; ++r) {
+      const int64_t t = p.perm_src[r];
+      for (int64_t c = 0; c < D; ++c) xr[size_t(c)] = bf16_to_f32(x[t * D + c]);
+      for (int64_t i = 0; i < I; ++i) {
+        float g = 0.f, u = 0.f;
+        for (int64_t c = 0; c < D; ++c) {
+          g += xr[size_t(c)] * wld(q, p.w13[e], s13, i, c, D);
+          u += xr[size_t(c)] * wld(q, p.w13[e], s13, I + i, c, D);
+        }
+        g = rnd(g, DType::kBF16);
+        u = rnd(u, DType::kBF16);
+        if (p.limit > 0.f) {
+          u = std::fmin(std::fmax(u, -p.limit), p.limit);
+          g = std::fmin(g, p.limit);
+        }
+        act[r * I + i] = f32_to_bf16(p.perm_w[r] * (g / (1.0f + std::exp(-g)) * u));
+      }
+      for (int64_t c = 0; c < I; ++c) xr[size_t(c)] = bf16_to_f32(act[r * I + c]);
+      for (int64_t j = 0; j < D; ++j) {
+        float v = 0.f;
+        for (int64_t c = 0; c < I; ++c) v += xr[size_t(c)] * wld(q, p.w2[e], s2, j, c, I);
+        p.ye[r * D + j] = v;
+      }
     }
   }
 }

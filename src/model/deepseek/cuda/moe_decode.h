@@ -51,4 +51,51 @@ void moe_decode(const MoeDecodeParams& p, cudaStream_t stream);
 // accumulation in a plain order (the kernel sums in a different fixed order).
 void moe_decode_host(const MoeDecodeParams& p);
 
+// ---- Grouped decode (issue #13): each touched expert's weights read ONCE per step ----
+// moe_decode above reads one expert copy per (token, k) pair. Here the pairs come sorted by expert
+// (ops/cuda/moe_route with tile_m = kMoeDecodeTileM: stable, tokens ascending inside an expert,
+// tiles of up to 8 rows of one expert), and one warp streams a band of an expert's rows once for
+// all (up to 8) rows of a tile: mma.sync m16n8k16 bf16 with fp32 accumulators, the weight rows as
+// the 16-row A operand (dequantised in registers: lookup per byte, then a bf16x2 multiply by the
+// power-of-two scale, exact; FP4 by bit arithmetic, FP8 by a byte table), the tile's tokens as the 8 columns of B (zero
+// columns past the tile). Each lane owns 32 consecutive inputs of a row per 128-input chunk (the
+// k order inside an MMA is a fixed permutation of the inputs; x is permuted the same way).
+//   up:   act[r, i] = w_r · swiglu(round(x_t·W1[e]_i), round(x_t·W3[e]_i))   (t = perm_src[r], w_r = perm_w[r])
+//   down: ye[r, j] = act[r] · W2[e]_j   (f32, sorted row r; the combine maps (t, k) -> r through comb)
+// Batch-invariant by construction: an MMA's output element depends only on its own A row and B
+// column, and the chunk order is fixed, so a token's rows are bit-identical whichever tokens share
+// its tile (tested). It rounds differently from moe_decode (tensor-core sums) and from the grouped
+// prefill GEMM (another k order). bf16 activations only; dim, inter multiples of 32.
+constexpr int kMoeDecodeTileM = 8;
+// Fixed-shape steps up to this many tokens take moe_decode_grouped (bf16), above it the grouped
+// prefill GEMM (cuda_backend moe_path). H200, FP4, V4-Flash widths, random top-6 routing: the
+// grouped decode takes 0.37x the prefill GEMM path's time at 256 tokens (1.63 vs 4.43 ms; 0.37x
+// at V4.1 widths too), so it is the measured limit; fixed steps go up to 384 tokens (verify).
+constexpr int64_t kMoeDecodeGroupedMaxTokens = 256;
+
+struct MoeDecodeGroupedParams {
+  const void* x = nullptr;              // [tokens, dim] bf16 (the normed hidden h)
+  const int32_t* seg = nullptr;         // moe_route outputs (tile_m = kMoeDecodeTileM), device
+  const int64_t* perm_src = nullptr;
+  const float* perm_w = nullptr;
+  const int32_t* tiles = nullptr;
+  const int32_t* num_tiles = nullptr;
+  int64_t max_tiles = 0;                // moe_route_max_tiles(tokens*topk, num_experts, kMoeDecodeTileM)
+  const void* const* w13 = nullptr;     // as MoeDecodeParams
+  const void* const* w2 = nullptr;
+  ops::cuda::ExpertFormat format = ops::cuda::ExpertFormat::kPlain;
+  const uint8_t* const* w13_scale = nullptr;
+  const uint8_t* const* w2_scale = nullptr;
+  void* act = nullptr;                  // [tokens*topk, inter] bf16 workspace, sorted rows
+  float* ye = nullptr;                  // [tokens*topk, dim] f32 out, sorted rows (invalid ids: unwritten)
+  int64_t tokens = 0, topk = 0, num_experts = 0, dim = 0, inter = 0;  // dim, inter multiples of 32
+  float limit = 0.f;                    // swiglu clamp (<= 0: none)
+  int variant = 0;                      // tuning (timing tests): 0 by size; 1..3 warp shapes; 4 FP4 by table
+};
+// Whether moe_decode_grouped takes these shapes (bf16 activations, widths multiples of 32).
+bool moe_decode_grouped_supported(DType act, int64_t dim, int64_t inter);
+void moe_decode_grouped(const MoeDecodeGroupedParams& p, cudaStream_t stream);
+// Host twin (host pointers and tables; bf16 as raw uint16 bits), fp32 sums in input order.
+void moe_decode_grouped_host(const MoeDecodeGroupedParams& p);
+
 }  // namespace deepinfer::model::ds::cuda
