@@ -234,9 +234,11 @@ TEST(BatchInvariance, DescribeNamesTheMode) {
             std::string::npos);
 }
 
-// The control: without the knob the same batches move the target's logprob bits (OpenBLAS blocks
-// by M), so the cases above do test something.
-TEST(BatchInvariance, WithoutTheKnobBatchesMoveLogprobs) {
+// Without the knob: the V4 CPU backend's products all run on the packed kernel (ops/cpu
+// gemm_packed.cpp, one in-order sum per element for any M; OpenBLAS blocked by M and moved these
+// bits before), so the same batches leave the target's logprob bits unchanged on this machine too.
+// (The knob still adds the same bits across CPUs and the OpenBLAS fallbacks: V4.1's linears.)
+TEST(BatchInvariance, WithoutTheKnobTheV4CpuPathIsInvariantToo) {
   if (test::test_accelerator() != Accelerator::kCPU) GTEST_SKIP() << "the control is about the CPU's BLAS blocking";
   const std::string model = source_dir() + "/tests/data/golden/tiny";
   const Req target = target_request(512, false, 29, 12);
@@ -249,5 +251,5 @@ TEST(BatchInvariance, WithoutTheKnobBatchesMoveLogprobs) {
     arrival.push_back(int(rng() % 3));
   }
   const Trace got = run({.model = model, .budget = 5, .async = true, .invariant = false}, target, 0, nb, arrival);
-  EXPECT_FALSE(got == alone) << "batched logprobs equal the lone run's bit for bit without batch invariance";
+  EXPECT_TRUE(got == alone) << "batched logprobs differ from the lone run's without batch invariance";
 }
