@@ -52,13 +52,13 @@ std::unique_ptr<ds::CpuWeightStore> prepare_cpu(const DeepseekV4Config& cfg, con
         r.dtype = DType::kF32;
         r.out = t.size(0);
         r.in = t.size(1);
-        if (e.role == LinearRole::kHead) {  // streamed once per step: 16-column panels, no per-call packing
-          store->packed.push_back(std::make_unique<ops::cpu::PackedWeight>(
-              ops::cpu::pack_weight(t.data<float>(), t.size(0), t.size(1), t.size(1))));
-          r.panels = true;
-          r.packed = store->packed.back().get();
-          break;
-        }
+        // Every linear in 16-column panels (the packed kernel, no per-call packing); all but the
+        // head keep their f32 rows too (batch-invariant mode's gemm_fixed, expert moves).
+        store->packed.push_back(std::make_unique<ops::cpu::PackedWeight>(
+            ops::cpu::pack_weight(t.data<float>(), t.size(0), t.size(1), t.size(1))));
+        r.panels = true;
+        r.packed = store->packed.back().get();
+        if (e.role == LinearRole::kHead) break;  // streamed once per step: panels only
         r.w = t.raw_data();
         store->tensors.push_back(std::move(t));
         break;

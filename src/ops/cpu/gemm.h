@@ -17,7 +17,7 @@ void gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const fl
 // panels [ceil(N/16), K, 16], zero-padded past N. A product then streams the weight in order
 // and keeps 16 outputs per vector register: no per-call packing (BLAS packs the whole weight
 // on every call, which for the lm head at decode costs more than the product) and no
-// horizontal sums. Used for the lm head [vocab, hidden].
+// horizontal sums. The CPU backend packs every linear this way (gemm_packed.cpp).
 inline constexpr int64_t kPanelCols = 16;
 struct PackedWeight {
   int64_t n = 0;              // N: output features
@@ -27,10 +27,19 @@ struct PackedWeight {
 };
 PackedWeight pack_weight(const float* W, int64_t N, int64_t K, int64_t ldw);
 
-// y[M, N] = alpha * x[M, K] * W^T + beta * y (beta = 0 ignores y's contents), columns split over
-// threads. Each element is one in-order sum over k: the same for any M, row position or split.
+// y[M, N] = alpha * x[M, K] * W^T + beta * y (beta = 0 ignores y's contents), split over threads
+// by (column chunk, row block) for large products. On AVX-512 machines a 12 x 32 register tile,
+// elsewhere an 8 x 16 vector loop (one kernel per machine). Each element is one in-order sum over
+// k (fused multiply-adds where the CPU has them): the same bits for any M, row position, tile or
+// thread split.
 void linear_packed(const float* x, int64_t M, int64_t ldx, const PackedWeight& W, float* y, int64_t ldy,
                    float alpha = 1.0f, float beta = 0.0f);
+// Outputs [col0, col0 + ncols) only (col0 a multiple of 16): y[M, ncols] = x[M, K] * W[col0:, :]^T.
+// A grouped linear's group, or one half of a stacked weight; same sums as linear_packed.
+void linear_packed_cols(const float* x, int64_t M, int64_t ldx, const PackedWeight& W, int64_t col0, int64_t ncols,
+                        float* y, int64_t ldy);
+// Whether linear_packed runs its AVX-512 tile on this machine (for benchmarks and logs).
+bool packed_kernel_is_avx512();
 
 // The portable loop behind gemm() when BLAS is absent; also the slow twin in tests.
 void gemm_blocked(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb,

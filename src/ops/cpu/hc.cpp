@@ -14,16 +14,40 @@ namespace deepinfer::ops::cpu {
 namespace {
 float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
+// Σ x[i]^2 in double (each square exact) in one fixed order: 8 lane sums (lane l adds the
+// i = l mod 8 terms in increasing i), folded 4+4, 2+2, 1+1, then the n % 8 tail in order. Eight
+// independent chains instead of one: the sum does not wait on the adder's latency per element.
+double sum_squares(const float* x, int64_t n) {
+  typedef double D8 __attribute__((vector_size(8 * sizeof(double))));
+  const int64_t n8 = n - n % 8;
+  D8 acc = D8{};
+  for (int64_t i = 0; i < n8; i += 8) {
+    const D8 v = {x[i], x[i + 1], x[i + 2], x[i + 3], x[i + 4], x[i + 5], x[i + 6], x[i + 7]};
+    acc = acc + v * v;
+  }
+  double l[8];
+  __builtin_memcpy(l, &acc, sizeof(l));
+  for (int w = 4; w >= 1; w /= 2)
+    for (int i = 0; i < w; ++i) l[i] = l[i] + l[i + w];
+  double s = l[0];
+  for (int64_t i = n8; i < n; ++i) s = s + double(x[i]) * x[i];
+  return s;
+}
+
 // mix[t, :] = rsqrt(mean(X[t]^2) + eps) * (fn @ X[t]): one GEMM over all tokens, then the
 // per-token RMS factor (equal to normalising X first, as transformers does).
 std::vector<float> mix_logits(const float* X, int64_t T, const HcSpec& s, const float* fn, int64_t rows) {
   const int64_t nd = s.n * s.dim;
   std::vector<float> mix(static_cast<size_t>(T * rows));
-  gemm(s.gemm, T, rows, nd, X, nd, fn, nd, /*trans_b=*/true, mix.data(), rows);
+  if (s.fn_packed && s.gemm == GemmKind::kFast) {
+    DI_CHECK(s.fn_packed->n == rows && s.fn_packed->k == nd, "hc: packed fn [", s.fn_packed->n, ",", s.fn_packed->k,
+             "] for [", rows, ",", nd, "]");
+    linear_packed(X, T, nd, *s.fn_packed, mix.data(), rows);
+  } else {
+    gemm(s.gemm, T, rows, nd, X, nd, fn, nd, /*trans_b=*/true, mix.data(), rows);
+  }
   parallel_for(0, T, [&](int64_t t) {
-    const float* x = X + t * nd;
-    double ss = 0.0;
-    for (int64_t i = 0; i < nd; ++i) ss += double(x[i]) * x[i];
+    const double ss = sum_squares(X + t * nd, nd);
     const float r = 1.0f / std::sqrt(float(ss / double(nd)) + s.rms_eps);
     for (int64_t j = 0; j < rows; ++j) mix[t * rows + j] *= r;
   }, grain_for(2 * nd));

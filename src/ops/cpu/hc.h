@@ -15,6 +15,9 @@ struct HcSpec {
   float rms_eps = 1e-6f;        // eps of the unweighted RMS over n*D
   float hc_eps = 1e-6f;
   GemmKind gemm = GemmKind::kFast;  // kernel of the mix logits' product (kFixedOrder: batch-invariant)
+  // The site's fn repacked (pack_weight of fn), or null: with kFast the mix logits run on the
+  // packed kernel (linear_packed) instead of gemm().
+  const PackedWeight* fn_packed = nullptr;
 };
 
 // Site pre-step for T tokens.

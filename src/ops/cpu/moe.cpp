@@ -23,7 +23,34 @@ void clamped_swiglu(float* g, const float* u, int64_t count, float L) {
   }
 }
 
+// act [n, I] = silu(min(g, L)) * clamp(u, -L, L) (* row_scale), g and u the halves of gu [n, 2I].
+void clamped_swiglu_rows(const float* gu, int64_t n, int64_t I, float L, const float* row_scale, float* act) {
+  for (int64_t r = 0; r < n; ++r) {
+    const float* g = gu + r * 2 * I;
+    float* a = act + r * I;
+    for (int64_t i = 0; i < I; ++i) {
+      float gv = g[i], uv = g[I + i];
+      if (L > 0.f) {
+        gv = std::min(gv, L);
+        uv = std::clamp(uv, -L, L);
+      }
+      a[i] = gv / (1.0f + std::exp(-gv)) * uv;
+    }
+    if (row_scale)
+      for (int64_t i = 0; i < I; ++i) a[i] *= row_scale[r];
+  }
+}
+
 }  // namespace
+
+void expert_forward_packed(const float* x, int64_t n, int64_t D, int64_t I, const PackedWeight& w13,
+                           const PackedWeight& w2, float L, float* gu, float* act, float* out, const float* row_scale) {
+  DI_CHECK(w13.n == 2 * I && w13.k == D && w2.n == D && w2.k == I, "expert_forward_packed: w13 [", w13.n, ",", w13.k,
+           "] w2 [", w2.n, ",", w2.k, "] for D=", D, " I=", I);
+  linear_packed(x, n, D, w13, gu, 2 * I);
+  clamped_swiglu_rows(gu, n, I, L, row_scale, act);
+  linear_packed(act, n, I, w2, out, D);
+}
 
 void expert_forward(const float* x, int64_t n, int64_t D, int64_t I, const ExpertF32& e, float L, float* g, float* u,
                     float* out, GemmKind kind, const float* row_scale) {

@@ -19,6 +19,13 @@ struct ExpertF32 {
 // routed weight where the reference applies it: DeepSeek-V4.1, V41-REFERENCE-NOTES.md §7).
 void expert_forward(const float* x, int64_t n, int64_t D, int64_t I, const ExpertF32& e, float swiglu_limit, float* g,
                     float* u, float* out, GemmKind kind = GemmKind::kFast, const float* row_scale = nullptr);
+// The same expert with packed weights (the CPU backend's fast path): w13 [2I, D] (W1 rows then
+// W3 rows) as ONE product into gu [n, 2I] (scratch), the SwiGLU into act [n, I] (scratch), then
+// w2 [D, I]. Same arithmetic as expert_forward; each output is an in-order sum (linear_packed), so
+// a row's result does not depend on n.
+void expert_forward_packed(const float* x, int64_t n, int64_t D, int64_t I, const PackedWeight& w13,
+                           const PackedWeight& w2, float swiglu_limit, float* gu, float* act, float* out,
+                           const float* row_scale = nullptr);
 // y[t] (+)= E(x[t]) for all T tokens (the shared expert). x [T, D], y [T, D].
 void swiglu_mlp(const float* x, int64_t T, int64_t D, int64_t I, const ExpertF32& e, float swiglu_limit, float* y,
                 bool accumulate);

@@ -165,8 +165,10 @@ TEST(V41CpuBackend, SinglePassHcMatchesTheOps) {
   be.hc_site({.x = x.data(), .w = &hc, .u = nullptr, .mix = mix.data(), .tokens = T});
   be.hc_collapse(x2.data(), mix.data(), u.data(), T);
   be.hc_collapse(x2.data(), nullptr, u0.data(), T);
+  // The backend runs the mix logits on the packed kernel (its fn repacked): the ops with that kernel.
+  const ops::cpu::PackedWeight fn_packed = ops::cpu::pack_weight(hc.fn.p, arch.dims.mix_dim(), n * D, n * D);
   const ops::cpu::HcSpec spec{.n = n, .dim = D, .sinkhorn_iters = arch.dims.sinkhorn_iters, .rms_eps = arch.dims.eps,
-                              .hc_eps = arch.dims.hc_eps};
+                              .hc_eps = arch.dims.hc_eps, .fn_packed = &fn_packed};
   std::vector<float> pre(size_t(T * n)), post(size_t(T * n)), comb(size_t(T * n * n)), ru(u.size()), ru0(u.size());
   ops::cpu::hc_mix(x.data(), T, spec, hc.fn.p, hc.base.p, hc.scale.p, pre.data(), post.data(), comb.data());
   ops::cpu::hc_collapse(x2.data(), T, spec, pre.data(), ru.data());

@@ -83,6 +83,29 @@ TEST(Hc, PrePostMatchNaive) {
   }
 }
 
+// The mix logits on the packed kernel (spec.fn_packed, the CPU backend's fast path) vs gemm():
+// the same sites up to the products' summation order; a token alone gives its batch's bits.
+TEST(Hc, PackedFnMatchesGemmAndIsRowStable) {
+  HcSpec s{.n = 4, .dim = 37, .sinkhorn_iters = 20, .rms_eps = 1e-6f, .hc_eps = 1e-6f};
+  const int64_t T = 29, nd = s.n * s.dim, rows = (2 + s.n) * s.n;
+  auto X = randn(T * nd, 11), fn = randn(rows * nd, 12, 0.05f), base = randn(rows, 13, 0.5f);
+  auto scale = randn(3, 14, 0.3f, 1.0f);
+  const PackedWeight P = pack_weight(fn.data(), rows, nd, nd);
+  std::vector<float> u(T * s.dim), post(T * s.n), comb(T * s.n * s.n), u2 = u, post2 = post, comb2 = comb;
+  hc_pre(X.data(), T, s, fn.data(), base.data(), scale.data(), u.data(), post.data(), comb.data());
+  HcSpec sp = s;
+  sp.fn_packed = &P;
+  hc_pre(X.data(), T, sp, fn.data(), base.data(), scale.data(), u2.data(), post2.data(), comb2.data());
+  for (size_t i = 0; i < u.size(); ++i) ASSERT_NEAR(u2[i], u[i], 1e-5) << i;
+  for (size_t i = 0; i < comb.size(); ++i) ASSERT_NEAR(comb2[i], comb[i], 1e-5) << i;
+  for (int64_t t : {int64_t(0), int64_t(17), T - 1}) {
+    std::vector<float> u1(s.dim), p1(s.n), c1(s.n * s.n);
+    hc_pre(X.data() + t * nd, 1, sp, fn.data(), base.data(), scale.data(), u1.data(), p1.data(), c1.data());
+    for (int64_t d = 0; d < s.dim; ++d) ASSERT_EQ(u1[d], u2[t * s.dim + d]) << t;
+    for (int64_t i = 0; i < s.n * s.n; ++i) ASSERT_EQ(c1[i], comb2[t * s.n * s.n + i]) << t;
+  }
+}
+
 TEST(Hc, HeadMatchesNaive) {
   HcSpec s{.n = 3, .dim = 11};
   const int64_t T = 4, nd = s.n * s.dim;

@@ -191,7 +191,7 @@ void CpuBackend::linear(const LinearRef& W, const void* x, int64_t ldx, int64_t 
                         int64_t ldy) {
   if (M == 0) return;
   DI_CHECK(y_dtype == DType::kF32, "cpu linear: f32 outputs only");
-  if (W.panels) {
+  if (W.panels && (gemm_ == oc::GemmKind::kFast || !W.w)) {  // batch-invariant mode: gemm_fixed where W.w exists
     oc::linear_packed(static_cast<const float*>(x), M, ldx, *static_cast<const oc::PackedWeight*>(W.packed),
                       static_cast<float*>(y), ldy);
     return;
@@ -207,6 +207,11 @@ void CpuBackend::linear_grouped(const LinearRef& W, int64_t groups, const void* 
   const float* xf = static_cast<const float*>(x);
   const float* wf = static_cast<const float*>(W.w);
   float* yf = static_cast<float*>(y);
+  if (W.panels && gemm_ == oc::GemmKind::kFast && R % oc::kPanelCols == 0) {  // group g = panels of rows [gR, gR+R)
+    const auto& P = *static_cast<const oc::PackedWeight*>(W.packed);
+    for (int64_t g = 0; g < groups; ++g) oc::linear_packed_cols(xf + g * gin, M, ldx, P, g * R, R, yf + g * R, ldy);
+    return;
+  }
   for (int64_t g = 0; g < groups; ++g)
     oc::gemm(gemm_, M, R, gin, xf + g * gin, ldx, wf + g * R * gin, gin, true, yf + g * R, ldy);
 }
@@ -279,16 +284,32 @@ oc::HcSpec CpuBackend::hc_spec() const {
           .gemm = gemm_};
 }
 
+// The site's fn [rows, n*D] in panels, packed at its first use (a few per layer, 74 KiB each for
+// the default model); keyed by the weight's address, which does not change while the backend lives.
+const oc::PackedWeight* CpuBackend::hc_fn_packed(const float* fn, int64_t rows) {
+  if (gemm_ != oc::GemmKind::kFast) return nullptr;
+  auto it = hc_packed_.find(fn);
+  if (it == hc_packed_.end()) {
+    const int64_t nd = arch_.dims.streams * arch_.dims.hidden;
+    it = hc_packed_.emplace(fn, oc::pack_weight(fn, rows, nd, nd)).first;
+  }
+  return &it->second;
+}
+
 void CpuBackend::hc_site(const HcSiteArgs& a) {
   const Dims& g = arch_.dims;
-  const oc::HcSpec spec = hc_spec();
+  oc::HcSpec spec = hc_spec();
+  const int64_t n = g.streams;
+  const int64_t rows = a.head ? n : (2 + n) * n;
+  DI_CHECK(a.w->fn.n == rows * n * g.hidden, "cpu hc: fn of ", a.w->fn.n, " values for [", rows, ", ", n * g.hidden, "]");
+  spec.fn_packed = hc_fn_packed(a.w->fn.p, rows);
   if (a.head) {
     oc::hc_head(a.x, a.tokens, spec, a.w->fn.p, a.w->base.p, a.w->scale.p, a.u);
     return;
   }
   // mix [T, (2+n)n] holds post [T, n] then comb [T, n, n] (the CPU op's two outputs), and, for a
   // mixes-only site, its pre [T, n] after them.
-  const int64_t T = a.tokens, n = g.streams;
+  const int64_t T = a.tokens;
   if (!a.u) {
     oc::hc_mix(a.x, T, spec, a.w->fn.p, a.w->base.p, a.w->scale.p, a.mix + T * n * (n + 1), a.mix, a.mix + T * n);
     return;
@@ -378,11 +399,7 @@ void CpuBackend::moe_dispatch(const MoeRef& M) {
 void CpuBackend::moe_experts(const MoeRef& M) {
   if (ep_step_) return ep_experts(M);
   const Dims& g = arch_.dims;
-  const int64_t E = g.experts, D = g.hidden, I = g.moe_inter, K = g.topk, T = plan_.T;
-  int64_t max_n = 0;
-  for (int64_t e = 0; e < E; ++e) max_n = std::max(max_n, moe_start_[size_t(e + 1)] - moe_start_[size_t(e)]);
-  moe_g_.resize(size_t(max_n * I));
-  moe_u_.resize(size_t(max_n * I));
+  const int64_t E = g.experts, D = g.hidden, K = g.topk, T = plan_.T;
   moe_out_.resize(size_t(T * K * D));
   // Routed weight before w2 (route_before_w2): each pair's weight, in the expert's row order.
   const float* wts = at<float>(Buf::kWts);
@@ -390,25 +407,38 @@ void CpuBackend::moe_experts(const MoeRef& M) {
   for (int64_t e = 0; e < E; ++e) {
     const int64_t a0 = moe_start_[size_t(e)], n = moe_start_[size_t(e + 1)] - a0;
     if (n == 0) continue;
-    const LinearRef& w13 = M.experts[size_t(e)].w13;
-    const float* w = static_cast<const float*>(w13.w);
-    const oc::ExpertF32 ex{w, w + I * D, static_cast<const float*>(M.experts[size_t(e)].w2.w)};
     if (g.route_before_w2) {
       scale.resize(size_t(n));
       for (int64_t i = 0; i < n; ++i) scale[size_t(i)] = wts[moe_pairs_[size_t(a0 + i)]];
     }
-    oc::expert_forward(moe_x_.data() + a0 * D, n, D, I, ex, g.swiglu_limit, moe_g_.data(), moe_u_.data(),
-                       moe_out_.data() + a0 * D, gemm_, g.route_before_w2 ? scale.data() : nullptr);
+    run_expert(M.experts[size_t(e)], moe_x_.data() + a0 * D, n, g.route_before_w2 ? scale.data() : nullptr,
+               moe_out_.data() + a0 * D);
   }
 }
 
 void CpuBackend::moe_shared(const MoeRef& M) {
+  run_expert(M.shared, at<float>(Buf::kH), plan_.T, nullptr, at<float>(Buf::kShared));
+}
+
+// out [n, D] = the expert over x [n, D]: packed weights in one w13 product (fast mode), else the
+// f32 weights through gemm_ (batch-invariant mode: gemm_fixed; an expert without panels).
+void CpuBackend::run_expert(const ExpertRef& ex, const float* x, int64_t n, const float* row_scale, float* out) {
   const Dims& g = arch_.dims;
-  const int64_t T = plan_.T, D = g.hidden, I = g.moe_inter;
-  const float* w = static_cast<const float*>(M.shared.w13.w);
-  std::vector<float> gs(static_cast<size_t>(T * I)), us(size_t(T * I));
-  oc::expert_forward(at<float>(Buf::kH), T, D, I, {w, w + I * D, static_cast<const float*>(M.shared.w2.w)},
-                     g.swiglu_limit, gs.data(), us.data(), at<float>(Buf::kShared), gemm_);
+  const int64_t D = g.hidden, I = g.moe_inter;
+  if (ex.w13.panels && ex.w2.panels && gemm_ == oc::GemmKind::kFast) {
+    moe_g_.resize(size_t(n * I));
+    moe_u_.resize(size_t(n * 2 * I));
+    oc::expert_forward_packed(x, n, D, I, *static_cast<const oc::PackedWeight*>(ex.w13.packed),
+                              *static_cast<const oc::PackedWeight*>(ex.w2.packed), g.swiglu_limit, moe_u_.data(),
+                              moe_g_.data(), out, row_scale);
+    return;
+  }
+  DI_CHECK(ex.w13.w && ex.w2.w, "cpu expert: weights not prepared as f32");
+  moe_g_.resize(size_t(n * I));
+  moe_u_.resize(size_t(n * I));
+  const float* w = static_cast<const float*>(ex.w13.w);
+  oc::expert_forward(x, n, D, I, {w, w + I * D, static_cast<const float*>(ex.w2.w)}, g.swiglu_limit, moe_g_.data(),
+                     moe_u_.data(), out, gemm_, row_scale);
 }
 
 // y = Σ routed in expert order (pairs of one expert in token order), weighted, then + shared.
@@ -455,7 +485,7 @@ void CpuBackend::set_expert_parallel(std::shared_ptr<ExpertParallel> ep) {
 // expert over its rows, the outputs back in arrival order, then back to their ranks.
 void CpuBackend::ep_experts(const MoeRef& M) {
   const Dims& g = arch_.dims;
-  const int64_t D = g.hidden, I = g.moe_inter, K = g.topk, T = plan_.T;
+  const int64_t D = g.hidden, K = g.topk, T = plan_.T;
   const parallel::ExpertPlacement& L = ep_->layout(M.ep_layer);
   const ExpertParallel::Received got = ep_->received();
   const int64_t m = int64_t(got.slot.size()), S = L.slots_per_rank;
@@ -470,8 +500,6 @@ void CpuBackend::ep_experts(const MoeRef& M) {
   std::vector<float> x(static_cast<size_t>(max_n * D)), y(size_t(max_n * D)), scale(static_cast<size_t>(max_n));
   DI_CHECK(!g.route_before_w2 || got.weight.size() == size_t(m), "expert-parallel rank ", ep_->rank(), ": ",
            got.weight.size(), " routed weights for ", m, " received rows");
-  moe_g_.resize(size_t(max_n * I));
-  moe_u_.resize(size_t(max_n * I));
   ep_out_.resize(size_t(m * D));
   for (int64_t s = 0; s < S; ++s) {
     const int64_t a0 = start[size_t(s)], n = start[size_t(s + 1)] - a0;
@@ -485,10 +513,8 @@ void CpuBackend::ep_experts(const MoeRef& M) {
       std::copy_n(got.rows.data() + order[size_t(a0 + i)] * D, D, x.data() + i * D);
       if (g.route_before_w2) scale[size_t(i)] = got.weight[size_t(order[size_t(a0 + i)])];
     }
-    const float* w = static_cast<const float*>(ex.w13.w);
-    oc::expert_forward(x.data(), n, D, I, {w, w + I * D, static_cast<const float*>(ex.w2.w)}, g.swiglu_limit,
-                       moe_g_.data(), moe_u_.data(), y.data(), gemm_,  // fixed order under batch invariance, as one rank
-                       g.route_before_w2 ? scale.data() : nullptr);
+    // The same kernel as one rank (fixed order under batch invariance).
+    run_expert(ex, x.data(), n, g.route_before_w2 ? scale.data() : nullptr, y.data());
     for (int64_t i = 0; i < n; ++i) std::copy_n(y.data() + i * D, D, ep_out_.data() + order[size_t(a0 + i)] * D);
   }
   moe_out_.resize(size_t(T * K * D));

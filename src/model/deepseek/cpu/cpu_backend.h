@@ -5,6 +5,7 @@
 #pragma once
 #include <array>
 #include <memory>
+#include <unordered_map>
 #include <vector>
 
 #include "core/check.h"
@@ -20,7 +21,7 @@ namespace deepinfer::model::ds {
 // Host storage behind a ModelRef: every prepared tensor the refs point into.
 struct CpuWeightStore {
   std::vector<Tensor> tensors;                                  // f32 copies
-  std::vector<std::unique_ptr<ops::cpu::PackedWeight>> packed;  // lm head panels
+  std::vector<std::unique_ptr<ops::cpu::PackedWeight>> packed;  // every linear's panels (LinearRef::packed)
   std::vector<std::unique_ptr<std::vector<int32_t>>> tables;    // hash-routing tables
   std::vector<std::unique_ptr<std::vector<float>>> rope;        // inv_freq tables
   std::shared_ptr<void> keepalive;  // mapped checkpoint memory refs point into (V4.1 Engram tables)
@@ -139,15 +140,19 @@ class CpuBackend final : public ModelBackend, public ExpertWeightStore {
   // MoE dispatch state: (token, k) pairs grouped by expert, their gathered rows and outputs.
   std::vector<int64_t> moe_start_, moe_pairs_;
   std::vector<float> moe_x_, moe_g_, moe_u_, moe_out_;
+  std::unordered_map<const float*, ops::cpu::PackedWeight> hc_packed_;  // mHC fn panels by weight address
   // Expert parallelism (null: every expert local).
   std::shared_ptr<ExpertParallel> ep_;
   std::shared_ptr<ContextParallel> cp_;
   bool ep_step_ = false;            // this layer's dispatch went through ep_
   std::vector<float> ep_out_;       // outputs of the received rows, arrival order
   void ep_experts(const MoeRef& M);
+  void run_expert(const ExpertRef& ex, const float* x, int64_t n, const float* row_scale, float* out);
+  const ops::cpu::PackedWeight* hc_fn_packed(const float* fn, int64_t rows);
   void ep_combine();
   const ExpertRef& expert_ref(int64_t layer, int32_t expert) const;
   void free_tensor(const void* data);  // drops the store's tensor holding `data`
+  void free_packed(const void* packed);  // drops the store's PackedWeight at `packed` (if any)
 };
 
 }  // namespace deepinfer::model::ds

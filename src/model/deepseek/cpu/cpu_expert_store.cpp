@@ -54,6 +54,12 @@ void CpuBackend::adopt_expert(int64_t layer, int32_t expert, std::span<const std
   ExpertRef& e = store_->refs.layers[size_t(layer)].ffn.experts[size_t(expert)];
   e.w13 = {.w = w13.raw_data(), .dtype = DType::kF32, .out = 2 * I, .in = D};
   e.w2 = {.w = w2.raw_data(), .dtype = DType::kF32, .out = D, .in = I};
+  for (LinearRef* r : {&e.w13, &e.w2}) {  // panels too, as at load: the same kernel as the experts held from the start
+    store_->packed.push_back(std::make_unique<ops::cpu::PackedWeight>(
+        ops::cpu::pack_weight(static_cast<const float*>(r->w), r->out, r->in, r->in)));
+    r->panels = true;
+    r->packed = store_->packed.back().get();
+  }
   store_->tensors.push_back(std::move(w13));
   store_->tensors.push_back(std::move(w2));
 }
@@ -64,7 +70,18 @@ void CpuBackend::release_expert(int64_t layer, int32_t expert) {
   ExpertRef& e = store_->refs.layers[size_t(layer)].ffn.experts[size_t(expert)];
   free_tensor(e.w13.w);
   free_tensor(e.w2.w);
+  free_packed(e.w13.packed);
+  free_packed(e.w2.packed);
   e = ExpertRef{};
+}
+
+void CpuBackend::free_packed(const void* packed) {
+  if (!packed) return;
+  for (auto& p : store_->packed)
+    if (p.get() == packed) {
+      p.reset();
+      return;
+    }
 }
 
 // A linear scan: moves are rare (an EPLB round) and the store holds a few thousand tensors.
