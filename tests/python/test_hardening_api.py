@@ -220,7 +220,11 @@ def test_keyboard_interrupt_cancels_generate_promptly():
         from deepinfer import LLM, SamplingParams
         llm = LLM("builtin:toy", max_num_batched_tokens=64)
         sp = SamplingParams(temperature=0, max_tokens=2000, ignore_eos=True)
-        threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+        # SIGINT aimed at the main thread (the one in generate()): under TSan (tools/sanitizers.sh tsan-py) a
+        # process-wide kill() can be queued on the timer thread, which exits first (both interrupt tests once
+        # ran to the end uninterrupted there, under load)
+        main = threading.main_thread().ident
+        threading.Timer(1.0, lambda: signal.pthread_kill(main, signal.SIGINT)).start()
         t0 = time.time()
         try:
             llm.generate(["Hello"] * 1024, sp, use_tqdm=False)  # about 20 s of work on the toy model
