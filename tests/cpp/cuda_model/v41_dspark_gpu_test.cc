@@ -211,7 +211,7 @@ EngineRun run_engine(std::unique_ptr<DeepseekV41Model> m, int32_t drafts, bool v
 TEST(V41GpuDSpark, EngineGreedyDraftsIdenticalToPlain) {
   if (!have_gpu()) GTEST_SKIP() << "CUDA test skipped: " << cuda::cuda_unavailable_reason();
   const std::string dir = golden_dir("v41_a_release");
-  const std::vector<int32_t>& s = read_inputs(dir).at("t161");
+  const std::vector<int32_t> s = read_inputs(dir).at("t161");  // a copy: read_inputs returns a temporary
   std::vector<std::vector<int32_t>> prompts;
   for (int i = 0; i < 6; ++i) prompts.emplace_back(s.begin(), s.begin() + 7 + (i * 23) % 90);
   for (const Numerics n : {Numerics::kProduction, Numerics::kExact}) {

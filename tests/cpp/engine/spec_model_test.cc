@@ -185,7 +185,9 @@ TEST_F(SpecDefaultModel, EveryForcedAcceptLengthIdentical) {
     // Every draft scheduled at accept length a: min(a, scheduled) accepted (fewer are scheduled
     // near max_tokens), and a rejection whenever a < L.
     EXPECT_GE(spec.stats.num_accepted_drafts * kL, spec.stats.num_draft_tokens * a) << "accept " << a;
-    if (a < kL) EXPECT_GT(spec.runner.rollbacks, 0) << "accept " << a;
+    if (a < kL) {
+      EXPECT_GT(spec.runner.rollbacks, 0) << "accept " << a;
+    }
   }
   SpecSetup mixed;
   mixed.oracle = &full;
