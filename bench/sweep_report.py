@@ -85,6 +85,18 @@ def plots(rows: list[dict], out: str) -> list[str]:
     except ImportError:
         return []
     made = []
+
+    def save(fig, ax, name):
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(os.path.join(out, name), dpi=120)
+        plt.close(fig)
+        made.append(name)
+
+    def tag(shared):
+        return " (shared context)" if shared else ""
+
     dec = [r for r in rows if r["what"] == "decode" and r.get("ms")]
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for eng in sorted({r["engine"] for r in dec}):
@@ -94,14 +106,9 @@ def plots(rows: list[dict], out: str) -> list[str]:
                              nominal_ctx(r) == ctx and bool(r.get("shared_context")) == shared)
                 if pts:
                     ax.plot(*zip(*pts), marker="o", linestyle="--" if eng != "deepinfer" else ":" if shared else "-",
-                            label=f"{eng}, ctx {ctx}{' (shared context)' if shared else ''}")
+                            label=f"{eng}, ctx {ctx}{tag(shared)}")
     ax.set(xscale="log", yscale="log", xlabel="batch size", ylabel="decode tokens/s", title="Decode throughput")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(os.path.join(out, "decode_tps.png"), dpi=120)
-    made.append("decode_tps.png")
-    plt.close(fig)
+    save(fig, ax, "decode_tps.png")
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for ctx in sorted({nominal_ctx(r) for r in dec if r["engine"] == "deepinfer"}):
@@ -109,17 +116,11 @@ def plots(rows: list[dict], out: str) -> list[str]:
             pts = sorted((r["batch"], 100 * r["share_of_floor"]) for r in dec if r["engine"] == "deepinfer" and
                          nominal_ctx(r) == ctx and bool(r.get("shared_context")) == shared and "share_of_floor" in r)
             if pts:
-                ax.plot(*zip(*pts), marker="o", linestyle=":" if shared else "-",
-                        label=f"ctx {ctx}{' (shared context)' if shared else ''}")
+                ax.plot(*zip(*pts), marker="o", linestyle=":" if shared else "-", label=f"ctx {ctx}{tag(shared)}")
     ax.set(xscale="log", xlabel="batch size", ylabel="% of the floor (floor / step time)",
            title="Decode step against its floor (4.3 TB/s, 790 TFLOP/s)")
     ax.set_ylim(0, 100)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(os.path.join(out, "decode_floor.png"), dpi=120)
-    made.append("decode_floor.png")
-    plt.close(fig)
+    save(fig, ax, "decode_floor.png")
 
     pre = [r for r in rows if r["what"] == "prefill" and r.get("ms")]
     if pre:
@@ -131,12 +132,7 @@ def plots(rows: list[dict], out: str) -> list[str]:
         if fl:
             ax.plot(*zip(*fl), linestyle=":", color="gray", label="floor")
         ax.set(xscale="log", yscale="log", xlabel="prompt tokens", ylabel="TTFT ms", title="Prefill (one prompt)")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(os.path.join(out, "prefill_ttft.png"), dpi=120)
-        made.append("prefill_ttft.png")
-        plt.close(fig)
+        save(fig, ax, "prefill_ttft.png")
     return made
 
 

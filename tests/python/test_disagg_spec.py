@@ -5,30 +5,18 @@ loopback), behind `deepinfer router --prefill --decode`. Greedy answers, streame
 single colocated server's with the same drafting, the decode server imported the prefixes
 (cached prompt tokens, /load kv_transfers) and really verified drafts (its spec-decode counters
 grew). docs/ROUTER.md."""
-import http.client
-import importlib.util
 import json
 import os
 import re
 import tempfile
 import time
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-MODEL = ROOT / "assets" / "default-model"
+from serve_common import MODEL, client, serve
+from serve_common import get as get_bytes
+
 openai = pytest.importorskip("openai")
-
-
-def _load(name, path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-serve = _load("deepinfer_serve", ROOT / "python" / "deepinfer" / "serve.py")
 BASE = ["--model", str(MODEL), "--served-model-name", "tiny", "--max-num-seqs", "4", "--max-model-len", "1024",
         "--port", "0"]
 # Drafting as a user gets it (3 drafts per step), on every server, so the colocated answer is
@@ -43,12 +31,8 @@ def start(args, kind="serve"):
 
 
 def get(port, path):
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    c.request("GET", path)
-    r = c.getresponse()
-    out = r.status, r.read().decode()
-    c.close()
-    return out
+    status, body = get_bytes(port, path)
+    return status, body.decode()
 
 
 def metric(port, name):
@@ -88,16 +72,12 @@ def servers():
                 p.wait(30)
 
 
-def client(port):
-    return openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=300)
-
-
 def test_disaggregated_with_drafting_equals_colocated(servers):
     shared = " ".join(f"Line {k} of the shared context talks about rivers and numbers." for k in range(40))
     prompts = [shared + " First question: what comes next?", shared + " Second question, a longer one: why?",
                "A short prompt with no shared prefix", shared + " First question: what comes next?"]
     kw = dict(model="tiny", max_tokens=40, temperature=0, extra_body={"ignore_eos": True})
-    single, routed = client(servers["single"]), client(servers["router"])
+    single, routed = client(servers["single"], timeout=300), client(servers["router"], timeout=300)
     drafts0 = metric(servers["decode"], "deepinfer_spec_decode_num_draft_tokens_total")
     cached = 0
     for i, p in enumerate(prompts):

@@ -2,30 +2,17 @@
 the official `openai` client: completions and chat, streamed and not, equal to a replica's own
 greedy answer; a replica killed (SIGKILL) during a burst: every request still answered, the
 replica out of the pool, then back when it restarts on its port. docs/ROUTER.md."""
-import http.client
-import importlib.util
 import json
 import os
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-MODEL = ROOT / "assets" / "default-model"
+from serve_common import MODEL, client, get, serve
+
 openai = pytest.importorskip("openai")
-
-
-def _load(name, path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-serve = _load("deepinfer_serve", ROOT / "python" / "deepinfer" / "serve.py")
 SERVE_ARGS = ["--model", str(MODEL), "--served-model-name", "tiny", "--max-num-seqs", "8", "--max-model-len", "512"]
 ENV = dict(os.environ, DEEPINFER_USE_NEXTN_DECODE="0", OMP_NUM_THREADS="1")
 
@@ -33,15 +20,6 @@ ENV = dict(os.environ, DEEPINFER_USE_NEXTN_DECODE="0", OMP_NUM_THREADS="1")
 def start(args, kind="serve"):
     srv = serve.start_command(kind, args, env=ENV)
     return srv.proc, srv.port, srv.log
-
-
-def get(port, path):
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    c.request("GET", path)
-    r = c.getresponse()
-    out = r.status, r.read()
-    c.close()
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -58,10 +36,6 @@ def cluster():
         if proc.poll() is None:
             proc.terminate()
             proc.wait(30)
-
-
-def client(port):
-    return openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=120)
 
 
 def test_answers_equal_a_replicas_own(cluster):

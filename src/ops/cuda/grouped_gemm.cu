@@ -125,15 +125,6 @@ __device__ __forceinline__ void issue_stage(const GroupedGemmParams& p, const in
   }
 }
 
-// bf16x2 bits of the e8m0 scale (2^(e-127) in both halves; e = 0 is the bf16 subnormal 2^-127).
-__device__ __forceinline__ uint32_t e8m0_bf16x2(uint32_t e) {
-  const uint32_t b = e == 255 ? 0x7fc0u : e == 0 ? 0x0040u : e << 7;
-  return b | (b << 16);
-}
-__device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
-  __nv_bfloat162 r = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&a), *reinterpret_cast<const __nv_bfloat162*>(&b));
-  return *reinterpret_cast<const uint32_t*>(&r);
-}
 
 // Dequantisation table: FP4 byte -> bf16x2 of its two nibbles (low nibble in the low half);
 // FP8 byte -> bf16. Looked up per byte, then one bf16x2 multiply by the power-of-two scale: both

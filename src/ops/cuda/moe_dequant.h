@@ -2,6 +2,8 @@
 // patterns, shared by the grouped expert GEMM and the decode GEMV. Exact: every e2m1/e4m3 value
 // is a bf16 value. The e8m0 scale is core/numeric.h's e8m0_to_f32. Include from .cu files only.
 #pragma once
+#include <cuda_bf16.h>
+
 #include <cstdint>
 
 namespace deepinfer::ops::cuda {
@@ -22,5 +24,15 @@ __device__ __forceinline__ uint32_t fp8_bf16_bits(uint32_t b) {
   return s | (uint32_t(p - 9 + 127) << 7) | (((m << (3 - p)) & 7) << 4);
 }
 __device__ __forceinline__ float bf16_bits_f32(uint32_t b) { return __uint_as_float(b << 16); }
+// bf16x2 bits of the e8m0 scale (2^(e-127) in both halves; e = 0 is the bf16 subnormal 2^-127).
+__device__ __forceinline__ uint32_t e8m0_bf16x2(uint32_t e) {
+  const uint32_t b = e == 255 ? 0x7fc0u : e == 0 ? 0x0040u : e << 7;
+  return b | (b << 16);
+}
+// a * b per bf16 half (round to nearest): applies e8m0_bf16x2 scales to decoded pairs.
+__device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
+  __nv_bfloat162 r = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&a), *reinterpret_cast<const __nv_bfloat162*>(&b));
+  return *reinterpret_cast<const uint32_t*>(&r);
+}
 
 }  // namespace deepinfer::ops::cuda

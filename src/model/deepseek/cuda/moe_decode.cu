@@ -363,16 +363,9 @@ constexpr int kChunk = 128;  // inputs per K chunk: lane t of a quad owns inputs
 // 16-byte vectors one lane loads per weight row and chunk (32 inputs).
 template <ExpertFormat F>
 constexpr int kRawVecs = F == ExpertFormat::kFP4 ? 1 : F == ExpertFormat::kFP8 ? 2 : 4;
+using ops::cuda::e8m0_bf16x2;
+using ops::cuda::mul_bf16x2;
 
-// bf16x2 bits of the e8m0 scale (2^(e-127) in both halves; e = 0 is the bf16 subnormal 2^-127).
-__device__ __forceinline__ uint32_t e8m0_bf16x2(uint32_t e) {
-  const uint32_t b = e == 255 ? 0x7fc0u : e == 0 ? 0x0040u : e << 7;
-  return b | (b << 16);
-}
-__device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
-  __nv_bfloat162 r = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&a), *reinterpret_cast<const __nv_bfloat162*>(&b));
-  return *reinterpret_cast<const uint32_t*>(&r);
-}
 __device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
                                          uint32_t b1) {
   asm volatile(
