@@ -108,6 +108,17 @@ def main() -> int:
     ap.add_argument("--json", help="append results here as JSON lines")
     ap.add_argument("--time-limit", type=float, default=0, help="stop starting new points after this many seconds")
     args = ap.parse_args()
+    try:
+        grid = parse_grid(args.grid)
+    except ValueError:
+        ap.error(f'--grid {args.grid!r}: expected "CTX:B,B;CTX:B" with whole numbers')
+    if not grid or any(c < 1 or any(b < 1 for b in bs) for c, bs in grid):
+        ap.error(f"--grid {args.grid!r}: contexts and batches must be >= 1")
+    for name in ("steps", "chunk"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if args.warmup < 0:
+        ap.error(f"--warmup must be >= 0, got {args.warmup}")
 
     import torch
     import transformers
@@ -137,7 +148,7 @@ def main() -> int:
         return args.time_limit > 0 and time.time() - t_start > args.time_limit
 
     with torch.no_grad():
-        for ctx, batches in parse_grid(args.grid):
+        for ctx, batches in grid:
             if not args.no_prefill and not out_of_time():
                 try:
                     x = ids(1, ctx)

@@ -287,6 +287,15 @@ int run_bench_flash(int argc, char** argv) {
   // contexts[i] is decoded at batches_at[i].
   std::vector<int64_t> contexts;
   std::vector<std::vector<int64_t>> batches_at;
+  if (!grid_s.empty() && (app.count("--contexts") || app.count("--batches"))) {
+    std::fprintf(stderr, "bench-flash: --grid replaces --contexts and --batches; give one or the other\n");
+    return 2;
+  }
+  if (max_batched < 0) {
+    std::fprintf(stderr, "bench-flash: --max-batched-tokens must be >= 0 (0 = the default), got %ld\n",
+                 long(max_batched));
+    return 2;
+  }
   if (!grid_s.empty()) {
     for (size_t p = 0; p <= grid_s.size();) {
       const size_t e = std::min(grid_s.find(';', p), grid_s.size());

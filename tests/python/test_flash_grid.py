@@ -55,12 +55,26 @@ def test_floors_follow_the_grid(small_stack):
     (["--grid", ";;"], "no context to run"),
     (["--contexts", "1"], "--contexts entry 1 is outside"),
     (["--shared-context-above", "-5"], "--shared-context-above must be >= 0"),
+    (["--grid", "300:1", "--batches", "4"], "--grid replaces --contexts and --batches"),
+    (["--max-batched-tokens", "-1"], "--max-batched-tokens must be >= 0"),
 ])
 def test_bad_grid_is_refused_with_its_name(small_stack, args, msg):
     r = subprocess.run([str(EXE), "bench-flash", "-m", str(small_stack), "--floors-only", *args],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode != 0
     assert msg in r.stderr + r.stdout
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--grid", "x:1"], "expected \"CTX:B,B;CTX:B\""),
+    (["--grid", "4096:0"], "must be >= 1"),
+    (["--steps", "0"], "--steps must be >= 1"),
+])
+def test_peer_refuses_bad_arguments_before_importing_torch(args, msg):
+    r = subprocess.run(["python3", str(ROOT / "bench" / "hf_flash_peer.py"), "--model", "/nonexistent", *args],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert msg in r.stderr
 
 
 def test_peer_grid_parser():
