@@ -105,20 +105,26 @@ std::vector<KindKey> compressor_kinds(const std::vector<kv::LayerCacheSpec>& spe
 StepPlan build_step_plan(const std::vector<kv::LayerCacheSpec>& specs, const StepPlanDims& dims,
                          const kv::CacheGeometry& g, const ForwardBatch& b);
 
-// Fixed-shape decode: padded batch sizes 1, 2, 4, ..., 64 (one CUDA graph each).
-constexpr int64_t kDecodeBuckets[] = {1, 2, 4, 8, 16, 32, 64};
+// Fixed-shape decode: padded batch sizes 1, 2, 4, ..., 64, then 96 ... 256 (one CUDA graph each).
+// The buckets above 64 are the token buckets' (below): a decode batch of up to 256 sequences gets a
+// graph where the backend's FixedLimits allow that many tokens (the CUDA backend's grouped MoE path
+// does; without the buckets, steps of 65-256 sequences ran eagerly with the prefill-sized expert
+// GEMM, 2.9x slower per MoE layer at 128 tokens on the H200).
+constexpr int64_t kDecodeBuckets[] = {1, 2, 4, 8, 16, 32, 64, 96, 128, 192, 256};
 // Smallest bucket >= num_seqs, or 0 when larger than the last.
 int64_t decode_bucket(int64_t num_seqs);
 // Fixed-shape steps of several tokens per sequence (verify steps) pad the token count to these:
-// the decode buckets, then up to 64 sequences x 6 tokens. A decode batch gets the same bucket
-// from either function.
+// the decode buckets, then 384 (e.g. 64 sequences x 6 tokens). A decode batch gets the same
+// bucket from either function.
 constexpr int64_t kFixedTokenBuckets[] = {1, 2, 4, 8, 16, 32, 64, 96, 128, 192, 256, 384};
 int64_t fixed_token_bucket(int64_t tokens);
 
 // What a backend's fixed-shape path takes (fixed_eligible): at most `max_tokens` tokens in all and
 // `max_tokens_per_seq` per sequence (1: decode only).
+// The default (64 tokens) is what every backend's decode path serves; a backend raises it where
+// its kernels take more (CudaBackend::fixed_limits).
 struct FixedLimits {
-  int64_t max_tokens = kDecodeBuckets[std::size(kDecodeBuckets) - 1];
+  int64_t max_tokens = 64;
   int64_t max_tokens_per_seq = 1;
 };
 // Candidate capacity per token of each compressor kind (compressor_kinds order), from the

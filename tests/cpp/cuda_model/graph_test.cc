@@ -30,7 +30,12 @@ TEST(DecodeMeta, BucketsAndEligibility) {
   EXPECT_EQ(model::decode_bucket(3), 4);
   EXPECT_EQ(model::decode_bucket(17), 32);
   EXPECT_EQ(model::decode_bucket(64), 64);
-  EXPECT_EQ(model::decode_bucket(65), 0);
+  // Above 64 the decode buckets are the token buckets (one graph per padded size).
+  EXPECT_EQ(model::decode_bucket(65), 96);
+  EXPECT_EQ(model::decode_bucket(100), 128);
+  EXPECT_EQ(model::decode_bucket(256), 256);
+  EXPECT_EQ(model::decode_bucket(257), 0);
+  for (int64_t b = 1; b <= 256; ++b) EXPECT_EQ(model::decode_bucket(b), model::fixed_token_bucket(b)) << b;
 }
 
 // ---- moe_decode vs host twin ----
@@ -252,6 +257,54 @@ TEST_P(GpuGraph, DecodeTiming) {
     std::printf("[gpu-graph] tiny %s batch %lld decode step (host clock incl. logits copy): general %.3f ms, "
                 "fixed eager %.3f ms, graph %.3f ms\n",
                 mode, (long long)B, ms[0], ms[1], ms[2]);
+  }
+}
+
+// Decode batches above 64 sequences: in bf16 (grouped MoE available) they take the fixed path and
+// a graph per padded size (96 / 128 / 192 / 256 buckets), as batches up to 64 do; in exact numerics
+// (moe_decode's limit of 64 tokens) they run the general path. Before the wide buckets, every
+// step of 65-256 sequences ran eagerly with the prefill-sized expert GEMM.
+TEST(GpuGraphWide, BatchesAbove64TakeTheFixedPathInBf16) {
+  if (cuda::cuda_device_count() == 0) GTEST_SKIP() << "CUDA test skipped: " << cuda::cuda_unavailable_reason();
+  const std::string dir = deepinfer::testing::golden_dir("tiny");
+  if (!std::filesystem::exists(dir + "/config.json")) GTEST_SKIP() << "fixture " << dir << " absent";
+  for (const Numerics n : {Numerics::kBf16, Numerics::kExact}) {
+    CudaModelOptions o;
+    o.numerics = n;
+    o.progress = false;
+    o.max_batch_tokens = 8192;
+    o.max_seqs = 160;
+    o.max_context = 1024;
+    o.decode = DecodePath::kGraph;
+    auto m = DeepseekV4CudaModel::load(dir, o);
+    m->allocate_cache_for(160, 128);
+    for (int64_t B : {77, 130}) {
+      const uint32_t seed = uint32_t(77 + B);
+      m->set_decode_path(DecodePath::kGraph);
+      const int64_t before = m->graphs_captured();
+      const DecodeRun graph = run_decode(*m, B, 12, seed);
+      m->set_decode_path(DecodePath::kGeneral);
+      const DecodeRun general = run_decode(*m, B, 12, seed);
+      double max_abs = 0, max_ref = 0;
+      for (size_t i = 0; i < graph.logits.size(); ++i) {
+        max_abs = std::max(max_abs, double(std::abs(graph.logits[i] - general.logits[i])));
+        max_ref = std::max(max_ref, double(std::abs(general.logits[i])));
+      }
+      if (n == Numerics::kBf16) {
+        EXPECT_EQ(m->graphs_captured(), before + 1) << "batch " << B << " (bucket " << model::decode_bucket(B) << ")";
+        m->set_decode_path(DecodePath::kFixed);
+        const DecodeRun eager = run_decode(*m, B, 12, seed);
+        EXPECT_EQ(std::memcmp(eager.logits.data(), graph.logits.data(), eager.logits.size() * 4), 0)
+            << "batch " << B << ": graph replay differs from the fixed eager step";
+        EXPECT_LE(max_abs / max_ref, 0.5) << "batch " << B;  // the bf16 guard of ReplayEqualsEagerBitForBit
+      } else {
+        EXPECT_EQ(m->graphs_captured(), before) << "exact numerics: batch " << B << " is above moe_decode's 64";
+        EXPECT_EQ(max_abs, 0.0) << "exact numerics: both runs take the general path";
+      }
+      std::printf("[gpu-graph-wide] %s batch %lld x 12 steps: graph path vs general max abs %.2e (rel %.2e), graphs %lld\n",
+                  n == Numerics::kExact ? "exact" : "bf16", (long long)B, max_abs, max_abs / max_ref,
+                  (long long)m->graphs_captured());
+    }
   }
 }
 

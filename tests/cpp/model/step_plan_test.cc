@@ -99,7 +99,40 @@ TEST(StepPlan, FixedShapeMatchesGeneralForDecode) {
   prefill.token_ids.push_back(11);
   EXPECT_FALSE(fixed_eligible(f.specs, prefill, caps));
   EXPECT_EQ(decode_bucket(3), 4);
-  EXPECT_EQ(decode_bucket(65), 0);
+  EXPECT_EQ(decode_bucket(65), 96);
+  EXPECT_EQ(decode_bucket(257), 0);
+}
+
+// Decode batches above 64 sequences: eligible where the backend's limits allow that many tokens
+// (the CUDA backend with grouped MoE: 384), not under the default limits (64 tokens), never above
+// the last decode bucket (256 sequences).
+TEST(StepPlan, WideDecodeBatchesFollowTheLimits) {
+  if (!std::filesystem::exists(golden_dir("tiny") + "/config.json")) GTEST_SKIP() << "fixture absent";
+  const Fixture f = tiny(0);
+  const std::vector<int64_t> caps = fixed_candidate_caps(f.specs, 4096);
+  auto decode = [](int64_t B) {
+    ForwardBatch b;
+    for (int64_t i = 0; i < B; ++i) {
+      b.seqs.push_back({.cache_slot = int32_t(i % 2), .block_table = {int32_t(i % 8)}, .num_computed_tokens = 5 + i % 7,
+                        .num_new_tokens = 1});
+      b.token_ids.push_back(int32_t(3 + i));
+      b.logits_indices.push_back(int32_t(i));
+    }
+    return b;
+  };
+  const FixedLimits wide{.max_tokens = 384, .max_tokens_per_seq = 1};
+  for (int64_t B : {64, 65, 97, 129, 256}) {
+    EXPECT_EQ(fixed_eligible(f.specs, decode(B), caps), B <= 64) << B << " sequences, default limits";
+    EXPECT_TRUE(fixed_eligible(f.specs, decode(B), caps, wide)) << B << " sequences, 384-token limits";
+  }
+  EXPECT_FALSE(fixed_eligible(f.specs, decode(257), caps, wide)) << "above the last decode bucket";
+  // The padded plan of a wide batch: the bucket's size, pad tokens after the real ones.
+  const ForwardBatch b = decode(100);
+  const StepPlan x = build_fixed_step_plan(f.specs, f.dims, f.g, b, decode_bucket(100), caps);
+  EXPECT_EQ(x.T, 128);
+  EXPECT_TRUE(x.fixed);
+  ASSERT_EQ(x.logits_rows.size(), 128u);  // padded: a fixed plan's lists have the bucket's length
+  for (int64_t i = 0; i < 100; ++i) EXPECT_EQ(x.logits_rows[size_t(i)], i);
 }
 
 TEST(StepPlan, TypedBatchErrors) {
