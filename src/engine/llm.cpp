@@ -345,7 +345,8 @@ std::string LLM::describe() const {
   return detail::str_cat(impl_->engine->model().describe(), "; cache: ", g.num_blocks, " blocks x ", g.block_tokens,
                          " tokens, ", g.num_slots, " slots; max_model_len ", max_model_len(), "; accelerator ",
                          accelerator_name(impl_->env.accelerator),
-                         impl_->ranks ? detail::str_cat("; data-parallel ", impl_->ranks->world_size, " ranks",
+                         impl_->ranks ? detail::str_cat(impl_->ranks->cp ? "; context-parallel " : "; data-parallel ",
+                                                        impl_->ranks->world_size, " ranks",
                                                         impl_->engine->model().joins_collectives() ? ", experts sharded" : "")
                                       : std::string());
 }

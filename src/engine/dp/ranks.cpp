@@ -84,7 +84,16 @@ void wait_workers_ready(const std::string& dir, parallel::WorkerProcesses& worke
 // What rank `rank` prepares: its expert shard whenever experts are sharded, except with EPLB on a
 // backend that cannot move expert weights between ranks (the CUDA backend, host-staged: it holds
 // every expert then and a re-placement only re-routes). On the CPU, EPLB moves the gained experts.
+// Context parallelism with expert_parallel_size = context_parallel_size: the CP ranks are the expert
+// group (CPU only, where EPLB moves weights).
+bool cp_shards_experts(const LLMConfig& c) {
+  return c.context_parallel_size > 1 && c.expert_parallel_size == c.context_parallel_size;
+}
+
 std::optional<parallel::ExpertShard> expert_shard_for(const LLMConfig& config, const EnvConfig& env, int rank) {
+  if (cp_shards_experts(config))
+    return parallel::ExpertShard{.rank = rank, .size = config.context_parallel_size,
+                                 .num_redundant = config.num_redundant_experts};
   const parallel::ParallelConfig pc = parallel_config(config, env);
   if (pc.expert_parallel_size <= 1) return std::nullopt;
   const bool on_cpu = env.accelerator == Accelerator::kCPU ||
@@ -106,6 +115,12 @@ void connect_cp(RankRuntime& rt, const LLMConfig& config, const EnvConfig& env, 
   auto* m = dynamic_cast<model::ds::DeepseekModel*>(parts.model.get());
   if (!m) DI_THROW(InvalidArgument, "LLMConfig.context_parallel_size: the model is not a DeepSeek-V4-family model");
   rt.cp = model::ds::enable_context_parallel(*m, *rt.world, config.context_parallel_min_tokens);
+  // The CP group is the expert group too: split steps run each rank's experts on every token; the
+  // helpers join the other steps' MoE exchanges (cp_serving.h).
+  if (cp_shards_experts(config))
+    m->enable_expert_parallel(*rt.world, {.num_redundant_experts = config.num_redundant_experts,
+                                          .enable_eplb = config.enable_eplb, .eplb_window_size = config.eplb_window_size,
+                                          .eplb_step_interval = config.eplb_step_interval});
   // Every rank builds its engine, so a helper's cache has rank 0's geometry; a helper's engine is
   // never stepped (its model serves rank 0's split steps).
   rt.cp_model = m;
@@ -155,9 +170,11 @@ RankRuntime::~RankRuntime() {
 }
 
 parallel::ParallelConfig parallel_config(const LLMConfig& config, const EnvConfig& env) {
+  // Under context parallelism (data_parallel_size 1) the data-parallel layout is one rank; the
+  // experts' group, if any, is the CP group (cp_shards_experts).
+  const int ep = config.context_parallel_size > 1 ? 1 : config.expert_parallel_size;
   parallel::ParallelConfig pc{.data_parallel_size = config.data_parallel_size,
-                              .expert_parallel_size = config.expert_parallel_size > 0 ? config.expert_parallel_size
-                                                                                       : config.data_parallel_size};
+                              .expert_parallel_size = ep > 0 ? ep : config.data_parallel_size};
   pc.validate();
   if (config.context_parallel_size > 1) {
     if (!runs_on_cpu(env))

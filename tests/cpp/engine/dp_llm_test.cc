@@ -195,12 +195,19 @@ namespace {
 // Context parallelism (docs/PARALLEL.md): rank 0 runs the engine, `cp - 1` helper processes join
 // every step of at least 16 tokens (chunked prefill of 48-token steps, several sequences per step,
 // decode rows beside prefill rows, a repeated long prompt that hits the prefix cache); tokens must
-// equal one rank's, greedy and seeded.
-class ContextParallelLLM : public ::testing::TestWithParam<int> {};
+// equal one rank's, greedy and seeded. With expert_parallel_size = cp the experts are sharded over
+// the same ranks (each loads only its slots'): split steps run each rank's experts on every token,
+// and the helpers join every other step's MoE exchanges with an empty step; with EPLB re-placing
+// (and moving) experts every 2 steps.
+struct CpLayout {
+  int cp, ep;
+  bool eplb = false;
+};
+class ContextParallelLLM : public ::testing::TestWithParam<CpLayout> {};
 
 TEST_P(ContextParallelLLM, MatchesOneRank) {
   if (!std::filesystem::exists(tiny_model() + "/config.json")) GTEST_SKIP() << "fixture " << tiny_model() << " absent";
-  const int cp = GetParam();
+  const auto [cp, ep, eplb] = GetParam();
   std::vector<RequestOutput> ref;
   int64_t vocab = 0;
   const int count = 6;
@@ -222,17 +229,35 @@ TEST_P(ContextParallelLLM, MatchesOneRank) {
     make_prompts();
     ref = one.generate(prompts, params);
   }
-  LLMConfig c = config(tiny_model(), 1, 0);
+  LLMConfig c = config(tiny_model(), 1, ep);
   c.context_parallel_size = cp;
   c.context_parallel_min_tokens = 16;
   c.worker_command = worker();
+  if (eplb) c.enable_eplb = true, c.eplb_window_size = 4, c.eplb_step_interval = 2, c.num_redundant_experts = cp;
   LLM par(c);
+  const std::string d = par.describe();
+  EXPECT_NE(d.find("context-parallel " + std::to_string(cp) + " ranks"), std::string::npos) << d;
+  EXPECT_EQ(d.find("experts sharded") != std::string::npos, ep == cp) << d;
   std::vector<RequestOutput> got = par.generate(prompts, params);
   expect_same_tokens(ref, got);
+  if (ep != cp) return;
+  // One request at a time through the incremental API: its decode steps run on rank 0 while the
+  // helpers join their MoE exchanges.
+  const std::string id = par.add_request(prompts[count], params[size_t(count)]);
+  std::vector<int32_t> streamed;
+  for (int guard = 0; par.has_unfinished() && guard < 1000; ++guard)
+    for (const RequestOutput& o : par.step())
+      if (o.request_id == id) streamed = o.outputs.at(0).token_ids;
+  EXPECT_EQ(streamed, ref[size_t(count)].outputs.at(0).token_ids);
 }
 
-INSTANTIATE_TEST_SUITE_P(Ranks, ContextParallelLLM, ::testing::Values(2, 3),
-                         [](const auto& info) { return "cp" + std::to_string(info.param); });
+INSTANTIATE_TEST_SUITE_P(Ranks, ContextParallelLLM,
+                         ::testing::Values(CpLayout{2, 0}, CpLayout{3, 0}, CpLayout{2, 2}, CpLayout{3, 3},
+                                           CpLayout{3, 3, true}),
+                         [](const auto& info) {
+                           return "cp" + std::to_string(info.param.cp) + "_ep" + std::to_string(info.param.ep) +
+                                  (info.param.eplb ? "_eplb" : "");
+                         });
 
 TEST(ContextParallelLLM, BadLayoutsRefused) {
   LLMConfig c = config(tiny_model(), 2, 0);
@@ -244,9 +269,25 @@ TEST(ContextParallelLLM, BadLayoutsRefused) {
     EXPECT_NE(std::string(e.what()).find("context parallelism together with data parallelism"), std::string::npos)
         << e.what();
   }
+  // Experts sharded over another group than the CP ranks: refused, naming both fields.
+  for (auto [cp, ep] : {std::pair{2, 3}, std::pair{3, 2}, std::pair{4, 2}}) {
+    c = config(tiny_model(), 1, ep);
+    c.context_parallel_size = cp, c.context_parallel_min_tokens = 16;
+    try {
+      LLM bad(c);
+      ADD_FAILURE() << "cp " << cp << " with ep " << ep << " accepted";
+    } catch (const InvalidArgument& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("context_parallel_size=" + std::to_string(cp)), std::string::npos) << msg;
+      EXPECT_NE(msg.find("expert_parallel_size=" + std::to_string(ep)), std::string::npos) << msg;
+    }
+  }
   c = config(tiny_model(), 1, 0);
   c.context_parallel_size = 2, c.context_parallel_min_tokens = 1;
   EXPECT_THROW(LLM{c}, InvalidArgument);
+  c.context_parallel_min_tokens = 16, c.enable_eplb = true;  // nothing sharded: EPLB refused, not ignored
+  EXPECT_THROW(LLM{c}, InvalidArgument);
+  c.enable_eplb = false;
   c.context_parallel_size = 0;
   EXPECT_THROW(LLM{c}, InvalidArgument);
 }
