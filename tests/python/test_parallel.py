@@ -126,6 +126,10 @@ def test_context_parallel_matches_one_rank():
         return [list(o.outputs[0].token_ids) for o in llm.generate(prompts, sp, use_tqdm=False)]
 
     assert run() == run(context_parallel_size=2, context_parallel_min_tokens=16)
+    # The experts sharded over the same ranks: split steps run each rank's experts on every token.
+    assert run() == run(context_parallel_size=2, expert_parallel_size=2, context_parallel_min_tokens=16)
+    with pytest.raises(ValueError, match="expert_parallel_size=3"):
+        LLM(tiny, accelerator="cpu", skip_tokenizer_init=True, context_parallel_size=2, expert_parallel_size=3)
     with pytest.raises(Exception, match="context parallelism together with data parallelism"):
         LLM(tiny, accelerator="cpu", skip_tokenizer_init=True, context_parallel_size=2, data_parallel_size=2)
     with pytest.raises(ValueError, match="context_parallel_min_tokens"):
