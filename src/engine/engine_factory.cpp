@@ -29,7 +29,9 @@ void validate_llm_config(const LLMConfig& config) {
              " must divide data_parallel_size=", config.data_parallel_size);
   // Context parallelism shards the experts over the CP ranks when expert_parallel_size names them.
   const bool cp_ep = config.context_parallel_size > 1 && config.expert_parallel_size == config.context_parallel_size;
-  const bool sharded = (config.data_parallel_size > 1 && config.expert_parallel_size != 1) || cp_ep;
+  const bool sharded = config.context_parallel_size > 1
+                           ? cp_ep
+                           : config.data_parallel_size > 1 && config.expert_parallel_size != 1;
   for (auto [name, set] : {std::pair<const char*, bool>{"enable_eplb", config.enable_eplb},
                            {"num_redundant_experts", config.num_redundant_experts != 0}})
     if (set && !sharded)
@@ -38,11 +40,8 @@ void validate_llm_config(const LLMConfig& config) {
   if (config.context_parallel_size < 1)
     DI_THROW(InvalidArgument, "LLMConfig.context_parallel_size must be >= 1, got ", config.context_parallel_size);
   if (config.context_parallel_size > 1) {
-    if (config.data_parallel_size > 1)
-      DI_THROW(InvalidArgument, "LLMConfig.context_parallel_size=", config.context_parallel_size,
-               " with data_parallel_size=", config.data_parallel_size,
-               ": context parallelism together with data parallelism is not supported yet (cp x dp ranks); use one");
-    // The experts are sharded over the CP ranks themselves (every split step's MoE runs on every
+    // data_parallel_size > 1: that many CP groups (cp x dp processes), each a data-parallel rank.
+    // The experts are sharded over each CP group's ranks (every split step's MoE runs on every
     // token there) or not at all; an expert group inside or across CP groups is not built.
     if (config.expert_parallel_size > 1 && !cp_ep)
       DI_THROW(InvalidArgument, "LLMConfig.context_parallel_size=", config.context_parallel_size,

@@ -130,7 +130,8 @@ def test_context_parallel_matches_one_rank():
     assert run() == run(context_parallel_size=2, expert_parallel_size=2, context_parallel_min_tokens=16)
     with pytest.raises(ValueError, match="expert_parallel_size=3"):
         LLM(tiny, accelerator="cpu", skip_tokenizer_init=True, context_parallel_size=2, expert_parallel_size=3)
-    with pytest.raises(Exception, match="context parallelism together with data parallelism"):
-        LLM(tiny, accelerator="cpu", skip_tokenizer_init=True, context_parallel_size=2, data_parallel_size=2)
+    with pytest.raises(ValueError, match="expert_parallel_size=4"):  # experts across the CP groups
+        LLM(tiny, accelerator="cpu", skip_tokenizer_init=True, context_parallel_size=2, data_parallel_size=2,
+            expert_parallel_size=4)
     with pytest.raises(ValueError, match="context_parallel_min_tokens"):
         LLM(tiny, accelerator="cpu", skip_tokenizer_init=True, context_parallel_size=2, context_parallel_min_tokens=1)

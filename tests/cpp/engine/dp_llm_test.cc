@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <random>
+#include <tuple>
 
 #include "deepinfer/error.h"
 #include "deepinfer/llm.h"
@@ -198,16 +199,18 @@ namespace {
 // equal one rank's, greedy and seeded. With expert_parallel_size = cp the experts are sharded over
 // the same ranks (each loads only its slots'): split steps run each rank's experts on every token,
 // and the helpers join every other step's MoE exchanges with an empty step; with EPLB re-placing
-// (and moving) experts every 2 steps.
+// (and moving) experts every 2 steps. With data_parallel_size > 1 every data-parallel rank is such
+// a group: requests go to the least loaded group leader, each leader's split steps run on its group.
 struct CpLayout {
   int cp, ep;
   bool eplb = false;
+  int dp = 1;  // > 1: that many CP groups, each a data-parallel rank (cp x dp processes)
 };
 class ContextParallelLLM : public ::testing::TestWithParam<CpLayout> {};
 
 TEST_P(ContextParallelLLM, MatchesOneRank) {
   if (!std::filesystem::exists(tiny_model() + "/config.json")) GTEST_SKIP() << "fixture " << tiny_model() << " absent";
-  const auto [cp, ep, eplb] = GetParam();
+  const auto [cp, ep, eplb, dp] = GetParam();
   std::vector<RequestOutput> ref;
   int64_t vocab = 0;
   const int count = 6;
@@ -229,14 +232,16 @@ TEST_P(ContextParallelLLM, MatchesOneRank) {
     make_prompts();
     ref = one.generate(prompts, params);
   }
-  LLMConfig c = config(tiny_model(), 1, ep);
+  LLMConfig c = config(tiny_model(), dp, ep);
   c.context_parallel_size = cp;
   c.context_parallel_min_tokens = 16;
   c.worker_command = worker();
   if (eplb) c.enable_eplb = true, c.eplb_window_size = 4, c.eplb_step_interval = 2, c.num_redundant_experts = cp;
   LLM par(c);
   const std::string d = par.describe();
-  EXPECT_NE(d.find("context-parallel " + std::to_string(cp) + " ranks"), std::string::npos) << d;
+  const std::string layout = (dp > 1 ? "data-parallel " + std::to_string(dp) + " x " : std::string()) +
+                             "context-parallel " + std::to_string(cp) + " ranks";
+  EXPECT_NE(d.find(layout), std::string::npos) << d;
   EXPECT_EQ(d.find("experts sharded") != std::string::npos, ep == cp) << d;
   std::vector<RequestOutput> got = par.generate(prompts, params);
   expect_same_tokens(ref, got);
@@ -253,29 +258,24 @@ TEST_P(ContextParallelLLM, MatchesOneRank) {
 
 INSTANTIATE_TEST_SUITE_P(Ranks, ContextParallelLLM,
                          ::testing::Values(CpLayout{2, 0}, CpLayout{3, 0}, CpLayout{2, 2}, CpLayout{3, 3},
-                                           CpLayout{3, 3, true}),
+                                           CpLayout{3, 3, true}, CpLayout{2, 0, false, 2}, CpLayout{2, 2, false, 2},
+                                           CpLayout{2, 2, true, 3}),
                          [](const auto& info) {
-                           return "cp" + std::to_string(info.param.cp) + "_ep" + std::to_string(info.param.ep) +
+                           return (info.param.dp > 1 ? "dp" + std::to_string(info.param.dp) + "_" : std::string()) +
+                                  "cp" + std::to_string(info.param.cp) + "_ep" + std::to_string(info.param.ep) +
                                   (info.param.eplb ? "_eplb" : "");
                          });
 
 TEST(ContextParallelLLM, BadLayoutsRefused) {
-  LLMConfig c = config(tiny_model(), 2, 0);
-  c.context_parallel_size = 2;
-  try {
-    LLM bad(c);
-    ADD_FAILURE() << "cp with dp accepted";
-  } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("context parallelism together with data parallelism"), std::string::npos)
-        << e.what();
-  }
-  // Experts sharded over another group than the CP ranks: refused, naming both fields.
-  for (auto [cp, ep] : {std::pair{2, 3}, std::pair{3, 2}, std::pair{4, 2}}) {
-    c = config(tiny_model(), 1, ep);
+  LLMConfig c;
+  // Experts sharded over another group than each CP group's ranks (also across the data-parallel
+  // groups): refused, naming both fields.
+  for (auto [dp, cp, ep] : {std::tuple{1, 2, 3}, std::tuple{1, 3, 2}, std::tuple{1, 4, 2}, std::tuple{2, 2, 4}}) {
+    c = config(tiny_model(), dp, ep);
     c.context_parallel_size = cp, c.context_parallel_min_tokens = 16;
     try {
       LLM bad(c);
-      ADD_FAILURE() << "cp " << cp << " with ep " << ep << " accepted";
+      ADD_FAILURE() << "dp " << dp << " cp " << cp << " with ep " << ep << " accepted";
     } catch (const InvalidArgument& e) {
       const std::string msg = e.what();
       EXPECT_NE(msg.find("context_parallel_size=" + std::to_string(cp)), std::string::npos) << msg;
