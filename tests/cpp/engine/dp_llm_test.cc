@@ -206,6 +206,9 @@ struct CpLayout {
   bool eplb = false;
   int dp = 1;  // > 1: that many CP groups, each a data-parallel rank (cp x dp processes)
 };
+void PrintTo(const CpLayout& l, std::ostream* os) {
+  *os << "dp " << l.dp << " cp " << l.cp << " ep " << l.ep << (l.eplb ? " eplb" : "");
+}
 class ContextParallelLLM : public ::testing::TestWithParam<CpLayout> {};
 
 TEST_P(ContextParallelLLM, MatchesOneRank) {
