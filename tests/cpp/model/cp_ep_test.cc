@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <random>
 #include <thread>
 
 #include "cp_test_util.h"
@@ -204,6 +205,103 @@ INSTANTIATE_TEST_SUITE_P(
       return std::string(c.v41 ? "V41" : "V4") + "_" + c.fixture + "_cpep" + std::to_string(c.n) + "_" +
              name_of(c.experts) + "_len" + std::to_string(c.len);
     });
+
+// ExpertParallel::dispatch_replicated alone (3 ranks, 5 experts in 3 slots each: experts 0..3 on
+// two ranks, 4 on one; expert 0 hot): every rank passes the same random rows, ids and weights;
+// each expert's pairs must all be computed by one rank holding it, every pair once, every rank
+// must end with every pair's output, and an ordinary dispatch afterwards (each rank its own
+// tokens) must still pair up. A bad expert id is an InternalError naming it.
+TEST(CpEpCpu, ReplicatedDispatchComputesEachExpertWholeOnOneHolder) {
+  const int n = 3;
+  const int32_t E = 5, S = 3;
+  const int64_t T = 37, D = 19, K = 2, P = T * K;
+  const parallel::ExpertPlacement L = parallel::contiguous_placement(E, n, S);
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  std::vector<float> h(static_cast<size_t>(T * D)), w(static_cast<size_t>(P));
+  for (float& x : h) x = u(rng);
+  for (float& x : w) x = u(rng);
+  std::vector<int32_t> ids(static_cast<size_t>(P));
+  for (int64_t t = 0; t < T; ++t) {  // expert 0 in most tokens, the second pick distinct from the first
+    ids[size_t(t * K)] = rng() % 4 ? 0 : int32_t(rng() % E);
+    ids[size_t(t * K + 1)] = int32_t((ids[size_t(t * K)] + 1 + rng() % (E - 1)) % E);
+  }
+  // The expert function every holder computes alike: (e + 1) x + the pair's weight.
+  auto compute = [&](const ExpertParallel& ep, int r, std::vector<int32_t>* experts) {
+    const ExpertParallel::Received got = ep.received();
+    std::vector<float> out(got.rows.size());
+    for (size_t j = 0; j < got.slot.size(); ++j) {
+      const int32_t e = L.physical_to_logical[size_t(r * S + got.slot[j])];
+      if (experts) experts->push_back(e);
+      for (int64_t d = 0; d < D; ++d) out[j * D + size_t(d)] = got.rows[j * D + size_t(d)] * float(e + 1) + got.weight[j];
+    }
+    return out;
+  };
+  auto expected = [&](const float* rows, const int32_t* pid, const float* pw, int64_t pairs) {
+    std::vector<float> out(static_cast<size_t>(pairs * D));
+    for (int64_t i = 0; i < pairs; ++i)
+      for (int64_t d = 0; d < D; ++d) out[size_t(i * D + d)] = rows[(i / K) * D + d] * float(pid[i] + 1) + pw[i];
+    return out;
+  };
+  parallel::RendezvousDir rdv;
+  std::vector<std::vector<int32_t>> computed(static_cast<size_t>(n));
+  std::vector<int64_t> bytes(static_cast<size_t>(n), 0);
+  std::vector<std::string> errors(static_cast<size_t>(n));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        auto pg = parallel::make_gloo_group({.rendezvous_dir = rdv.path(), .name = "repl", .rank = r, .size = n,
+                                             .timeout = std::chrono::milliseconds(60000)});
+        ExpertParallel ep(*pg, {L});
+        ep.dispatch_replicated(0, h.data(), T, D, ids.data(), K, w.data());
+        const std::vector<float> mine = compute(ep, r, &computed[size_t(r)]);
+        std::vector<float> out(static_cast<size_t>(P * D));
+        ep.give_back(mine.data(), out.data());
+        if (out != expected(h.data(), ids.data(), w.data(), P)) errors[size_t(r)] += "replicated outputs differ; ";
+        bytes[size_t(r)] = ep.replicated_bytes_received();
+        if (ep.replicated_pairs() != int64_t(computed[size_t(r)].size())) errors[size_t(r)] += "pair count; ";
+        // An ordinary step afterwards: rank r's own 5 + 4r tokens (the first rows of h, ids).
+        const int64_t Tr = 5 + 4 * r;
+        ep.dispatch(0, h.data(), Tr, D, ids.data(), K, w.data());
+        const std::vector<float> theirs = compute(ep, r, nullptr);
+        std::vector<float> back(static_cast<size_t>(Tr * K * D));
+        ep.give_back(theirs.data(), back.data());
+        if (back != expected(h.data(), ids.data(), w.data(), Tr * K)) errors[size_t(r)] += "dispatch outputs differ; ";
+      } catch (const std::exception& e) {
+        errors[size_t(r)] += e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < n; ++r) ASSERT_EQ(errors[size_t(r)], "") << "rank " << r;
+  std::vector<int64_t> count(static_cast<size_t>(E), 0), where(static_cast<size_t>(E), -1);
+  for (int32_t e : ids) count[size_t(e)]++;
+  int64_t total = 0;
+  for (int r = 0; r < n; ++r) {
+    total += int64_t(computed[size_t(r)].size());
+    EXPECT_EQ(bytes[size_t(r)], (P - int64_t(computed[size_t(r)].size())) * D * 4) << "rank " << r;
+    const std::vector<int32_t> held = L.local_logical(r);
+    for (int32_t e : computed[size_t(r)]) {
+      EXPECT_NE(std::find(held.begin(), held.end(), e), held.end()) << "rank " << r << " computed expert " << e;
+      EXPECT_TRUE(where[size_t(e)] < 0 || where[size_t(e)] == r) << "expert " << e << " split over ranks";
+      where[size_t(e)] = r;
+    }
+  }
+  EXPECT_EQ(total, P);
+  for (int32_t e = 0; e < E; ++e)
+    EXPECT_EQ(std::count(computed[size_t(where[size_t(e)])].begin(), computed[size_t(where[size_t(e)])].end(), e),
+              count[size_t(e)]) << "expert " << e;
+  auto one = parallel::make_single_rank_group();
+  ExpertParallel ep(*one, {parallel::contiguous_placement(E, 1, E)});
+  std::vector<int32_t> bad(ids.begin(), ids.begin() + 4);
+  bad[3] = E + 2;
+  try {
+    ep.dispatch_replicated(0, h.data(), 2, D, bad.data(), K);
+    FAIL() << "expert id " << E + 2 << " accepted";
+  } catch (const InternalError& e) {
+    EXPECT_NE(std::string(e.what()).find("expert id 7 at pair 3"), std::string::npos) << e.what();
+  }
+}
 
 }  // namespace
 }  // namespace deepinfer::testing
