@@ -269,6 +269,28 @@ INSTANTIATE_TEST_SUITE_P(Ranks, ContextParallelLLM,
                                   (info.param.eplb ? "_eplb" : "");
                          });
 
+// A request the engine refuses (a token id outside the vocabulary) fails alone under context and
+// expert parallelism (one CP group; two as data-parallel ranks): the others run to the end.
+TEST(ContextParallelLLM, BadRequestFailsAlone) {
+  if (!std::filesystem::exists(tiny_model() + "/config.json")) GTEST_SKIP() << "fixture absent";
+  for (int dp : {1, 2}) {
+    LLMConfig c = config(tiny_model(), dp, 2);
+    c.context_parallel_size = 2, c.context_parallel_min_tokens = 16, c.worker_command = worker();
+    LLM par(c);
+    const int64_t vocab = par.vocab_size();
+    std::vector<PromptInput> prompts = token_prompts(vocab, 5);
+    prompts[3].token_ids[2] = int32_t(vocab + 9);
+    std::vector<RequestOutput> got = par.generate(prompts, params_for(5));
+    ASSERT_EQ(got.size(), 5u);
+    EXPECT_NE(got[3].error.find("outside [0, " + std::to_string(vocab) + ")"), std::string::npos) << got[3].error;
+    for (int i : {0, 1, 2, 4}) {
+      EXPECT_TRUE(got[size_t(i)].error.empty()) << "dp " << dp << ": " << got[size_t(i)].error;
+      ASSERT_EQ(got[size_t(i)].outputs.size(), 1u);
+      EXPECT_EQ(got[size_t(i)].outputs[0].token_ids.size(), size_t(params_for(5)[size_t(i)].max_tokens.value())) << "dp " << dp;
+    }
+  }
+}
+
 TEST(ContextParallelLLM, BadLayoutsRefused) {
   LLMConfig c;
   // Experts sharded over another group than each CP group's ranks (also across the data-parallel
