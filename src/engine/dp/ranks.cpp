@@ -81,15 +81,15 @@ void wait_workers_ready(const std::string& dir, parallel::WorkerProcesses& worke
   }
 }
 
-// What rank `rank` prepares: its expert shard whenever experts are sharded, except with EPLB on a
-// backend that cannot move expert weights between ranks (the CUDA backend, host-staged: it holds
-// every expert then and a re-placement only re-routes). On the CPU, EPLB moves the gained experts.
 // Context parallelism with expert_parallel_size = context_parallel_size: each CP group is an
 // expert group (CPU only, where EPLB moves weights).
 bool cp_shards_experts(const LLMConfig& c) {
   return c.context_parallel_size > 1 && c.expert_parallel_size == c.context_parallel_size;
 }
 
+// What rank `rank` prepares: its expert shard whenever experts are sharded, except with EPLB on a
+// backend that cannot move expert weights between ranks (the CUDA backend, host-staged: it holds
+// every expert then and a re-placement only re-routes). On the CPU, EPLB moves the gained experts.
 std::optional<parallel::ExpertShard> expert_shard_for(const LLMConfig& config, const EnvConfig& env, int rank) {
   if (cp_shards_experts(config))
     return parallel::ExpertShard{.rank = rank % config.context_parallel_size, .size = config.context_parallel_size,
