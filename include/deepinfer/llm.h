@@ -67,10 +67,10 @@ struct LLMConfig {
   bool enable_eplb = false;
   int eplb_window_size = 1000;
   int eplb_step_interval = 3000;
-  // Context parallelism (docs/PARALLEL.md; CPU backend, data_parallel_size 1): context_parallel_size
-  // ranks, one process each, split the attention core of every step of at least
-  // context_parallel_min_tokens tokens (long prefills) by the balanced chunk pairing; rank 0 runs
-  // the engine, owns every request and decodes alone. Not combined with data or expert parallelism yet.
+  // Context parallelism (docs/PARALLEL.md; CPU backend): each data-parallel rank is context_parallel_size
+  // processes that split the attention core of every step of at least context_parallel_min_tokens
+  // tokens (long prefills) by the balanced chunk pairing; the first runs its engine. With
+  // expert_parallel_size = context_parallel_size the experts (and those steps' MoE) are split over them too.
   int context_parallel_size = 1;
   int64_t context_parallel_min_tokens = 512;
   // argv that starts worker ranks 1..data_parallel_size-1 (or context_parallel_size-1) on this node. Empty: the variable

@@ -90,15 +90,26 @@ void print_layout(const io::Checkpoint& ck, const DeepseekV4Config& cfg, int dp,
 }
 
 // A context-parallel prefill of `context` tokens over `cp` ranks (docs/PARALLEL.md): every rank holds
-// every weight and the whole sequence's cache; the balanced plan's tokens per rank, the attention
-// work imbalance (cp_work summed over the layers; contiguous chunks for comparison) and the
-// attention-output rows each rank receives per layer.
-void print_cp(const DeepseekV4Config& cfg, const io::Checkpoint& ck, int cp, int64_t context) {
+// the whole sequence's cache and every weight, or with `ep` = cp every weight but the main routed
+// experts plus its slots' experts; the balanced plan's tokens per rank, the attention work
+// imbalance (cp_work summed over the layers; contiguous chunks for comparison), the
+// attention-output rows each rank receives per layer and, experts sharded, the expert outputs
+// (each (token, k) row computed on one rank, all-gathered: about (cp-1)/cp of them per rank).
+void print_cp(const DeepseekV4Config& cfg, const io::Checkpoint& ck, int cp, int ep, int redundant, int64_t context) {
   if (cp < 1) DI_THROW(InvalidArgument, "--context-parallel-size=", cp, ": must be >= 1");
+  if (ep > 1 && ep != cp)
+    DI_THROW(InvalidArgument, "--expert-parallel-size=", ep, " with --context-parallel-size=", cp,
+             ": context parallelism shards the experts over its own ranks only (the same N) or not at all");
+  if (redundant < 0) DI_THROW(InvalidArgument, "--num-redundant-experts=", redundant, ": must be >= 0");
   int64_t align = 1;
   for (int64_t r : cfg.compress_ratio) align = std::max(align, r);
-  std::printf("layout cp %d: per rank %s of weights (all replicated) plus the whole sequence's cache\n", cp,
-              human_bytes(double(ck.total_bytes())).c_str());
+  const int32_t E = int32_t(cfg.n_routed_experts);
+  const bool sharded = ep == cp;
+  const int32_t slots = sharded ? parallel::ExpertShard{.size = cp, .num_redundant = redundant}.slots_per_rank(E) : E;
+  const double routed = double(main_routed_bytes(ck, cfg.num_layers)), total = double(ck.total_bytes());
+  std::printf("layout cp %d%s: per rank %s of weights (%s) plus the whole sequence's cache\n", cp,
+              sharded ? " = ep" : "", human_bytes(total - routed + routed * double(slots) / double(E)).c_str(),
+              sharded ? detail::str_cat("routed experts ", slots, " of ", E, " per layer").c_str() : "all replicated");
   if (context <= 0) {
     std::printf("  (--context N also prints the split of an N-token prefill)\n");
     return;
@@ -122,6 +133,13 @@ void print_cp(const DeepseekV4Config& cfg, const io::Checkpoint& ck, int cp, int
   std::printf("\n  attention work imbalance %.3f (contiguous chunks %.3f); each rank receives about %s per layer\n",
               imbalance(plan), imbalance(parallel::contiguous_cp_plan(0, context, cp, align)),
               human_bytes(row * double(context) * double(cp - 1) / double(cp)).c_str());
+  if (sharded) {
+    const double out_row = double(cfg.hidden_size) * 4.0;  // f32 expert output row
+    std::printf("  MoE: each rank runs its experts on all %ld tokens and receives about %s of expert outputs per "
+                "layer (%ld rows of %ld, balanced routing)\n",
+                long(context), human_bytes(out_row * double(context * cfg.num_experts_per_tok) * double(cp - 1) / cp).c_str(),
+                long(context * cfg.num_experts_per_tok), long(cfg.hidden_size));
+  }
 }
 
 int run_info(int argc, char** argv) {
@@ -184,8 +202,10 @@ int run_info(int argc, char** argv) {
               human_bytes(k.csa_partial).c_str());
   if (context > 0)
     std::printf("cache for %ld tokens: %s\n", long(context), human_bytes(fixed + k.per_token * double(context)).c_str());
-  if (dp > 1 || ep > 1) print_layout(*ck, cfg, dp, ep, redundant, eplb_gpu);
-  if (cp > 1) print_cp(cfg, *ck, cp, context);
+  // Under context parallelism (one data-parallel rank) --expert-parallel-size names the CP ranks.
+  const bool cp_layout = cp > 1 && dp == 1;
+  if (dp > 1 || (ep > 1 && !cp_layout)) print_layout(*ck, cfg, dp, ep, redundant, eplb_gpu);
+  if (cp > 1) print_cp(cfg, *ck, cp, cp_layout ? ep : 0, redundant, context);
   return 0;
 }
 }  // namespace

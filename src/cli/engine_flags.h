@@ -43,7 +43,8 @@ struct EngineFlags {
     app.add_option("--eplb-window-size", cfg.eplb_window_size, "steps of expert load EPLB looks at");
     app.add_option("--eplb-step-interval", cfg.eplb_step_interval, "steps between EPLB re-placements");
     app.add_option("--context-parallel-size,--cp", cfg.context_parallel_size,
-                   "ranks (processes) splitting the attention of long prefill steps (CPU; not with --dp/--ep yet)");
+                   "ranks (processes) splitting the attention of long prefill steps, per data-parallel rank (CPU; --ep "
+                   "with the same N also shards the experts over them)");
     app.add_option("--context-parallel-min-tokens", cfg.context_parallel_min_tokens,
                    "steps with fewer tokens are not split across the context-parallel ranks (>= 2)");
     app.add_option("--temperature", sp.temperature, "0 = greedy");

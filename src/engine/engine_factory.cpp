@@ -23,26 +23,31 @@ void validate_llm_config(const LLMConfig& config) {
              config.expert_parallel_size);
   // The layout itself (ep divides dp) is checked here too, so a single-rank LLM does not
   // silently ignore an expert_parallel_size it cannot honour.
-  if (config.expert_parallel_size > 1 && config.data_parallel_size % config.expert_parallel_size != 0)
+  if (config.expert_parallel_size > 1 && config.context_parallel_size <= 1 &&
+      config.data_parallel_size % config.expert_parallel_size != 0)
     DI_THROW(InvalidArgument, "LLMConfig.expert_parallel_size=", config.expert_parallel_size,
              " must divide data_parallel_size=", config.data_parallel_size);
-  const bool sharded = config.data_parallel_size > 1 && config.expert_parallel_size != 1;
+  // Context parallelism shards the experts over the CP ranks when expert_parallel_size names them.
+  const bool cp_ep = config.context_parallel_size > 1 && config.expert_parallel_size == config.context_parallel_size;
+  const bool sharded = config.context_parallel_size > 1
+                           ? cp_ep
+                           : config.data_parallel_size > 1 && config.expert_parallel_size != 1;
   for (auto [name, set] : {std::pair<const char*, bool>{"enable_eplb", config.enable_eplb},
                            {"num_redundant_experts", config.num_redundant_experts != 0}})
     if (set && !sharded)
       DI_THROW(InvalidArgument, "LLMConfig.", name, " needs expert parallelism (data_parallel_size > 1 and "
-                                "expert_parallel_size != 1)");
+                                "expert_parallel_size != 1, or expert_parallel_size = context_parallel_size > 1)");
   if (config.context_parallel_size < 1)
     DI_THROW(InvalidArgument, "LLMConfig.context_parallel_size must be >= 1, got ", config.context_parallel_size);
   if (config.context_parallel_size > 1) {
-    if (config.data_parallel_size > 1)
-      DI_THROW(InvalidArgument, "LLMConfig.context_parallel_size=", config.context_parallel_size,
-               " with data_parallel_size=", config.data_parallel_size,
-               ": context parallelism together with data parallelism is not supported yet (cp x dp ranks); use one");
-    if (config.expert_parallel_size > 1)
+    // data_parallel_size > 1: that many CP groups (cp x dp processes), each a data-parallel rank.
+    // The experts are sharded over each CP group's ranks (every split step's MoE runs on every
+    // token there) or not at all; an expert group inside or across CP groups is not built.
+    if (config.expert_parallel_size > 1 && !cp_ep)
       DI_THROW(InvalidArgument, "LLMConfig.context_parallel_size=", config.context_parallel_size,
                " with expert_parallel_size=", config.expert_parallel_size,
-               ": context parallelism together with expert parallelism is not supported yet");
+               ": context parallelism shards the experts over its own ranks only (expert_parallel_size = "
+               "context_parallel_size, or 0/1 for every rank holding every expert)");
     if (config.context_parallel_min_tokens < 2)
       DI_THROW(InvalidArgument, "LLMConfig.context_parallel_min_tokens must be >= 2 (shorter steps, decode among them, "
                "are not split), got ", config.context_parallel_min_tokens);

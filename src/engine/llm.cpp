@@ -340,12 +340,22 @@ std::vector<OpTiming> LLM::take_op_profile() {
   return impl_->engine->model().take_op_profile();
 }
 
+namespace {
+// "data-parallel 3 ranks", "context-parallel 2 ranks", "data-parallel 2 x context-parallel 2 ranks".
+std::string ranks_str(const engine::dp::RankRuntime& r) {
+  if (!r.cp) return detail::str_cat("; data-parallel ", r.world_size, " ranks");
+  const int cp = r.cp->size(), dp = r.world_size / cp;
+  return dp > 1 ? detail::str_cat("; data-parallel ", dp, " x context-parallel ", cp, " ranks")
+                : detail::str_cat("; context-parallel ", cp, " ranks");
+}
+}  // namespace
+
 std::string LLM::describe() const {
   const kv::CacheGeometry& g = impl_->engine->cache().geometry();
   return detail::str_cat(impl_->engine->model().describe(), "; cache: ", g.num_blocks, " blocks x ", g.block_tokens,
                          " tokens, ", g.num_slots, " slots; max_model_len ", max_model_len(), "; accelerator ",
                          accelerator_name(impl_->env.accelerator),
-                         impl_->ranks ? detail::str_cat("; data-parallel ", impl_->ranks->world_size, " ranks",
+                         impl_->ranks ? detail::str_cat(ranks_str(*impl_->ranks),
                                                         impl_->engine->model().joins_collectives() ? ", experts sharded" : "")
                                       : std::string());
 }

@@ -114,6 +114,40 @@ def test_info_memory_per_rank(layout):
     assert bad.returncode != 0 and "expert_parallel_size=2 must divide" in bad.stderr, bad.stderr
 
 
+def test_info_context_parallel_with_experts():
+    """`deepinfer info --context-parallel-size N --expert-parallel-size N`: every weight but the main
+    routed experts on every CP rank plus ceil((E + redundant) / N) experts per layer, and the expert
+    outputs a rank receives per layer ((N-1)/N of T*K rows of D f32); another ep is named."""
+    import re
+    cli = _cli()
+    if not cli:
+        pytest.skip("deepinfer CLI not built (set DEEPINFER_CLI)")
+    model = ROOT / "tests" / "data" / "golden" / "tiny"
+    sizes = _safetensors_sizes(model)
+    routed = sum(v for k, v in sizes.items() if re.match(r"^(model\.)?layers\.\d+\.(ffn|mlp)\.experts\.", k))
+    cfg = json.loads((model / "config.json").read_text())
+    experts, k, d = cfg["n_routed_experts"], cfg["num_experts_per_tok"], cfg["hidden_size"]
+    out = subprocess.run([cli, "info", "--model", str(model), "--context-parallel-size", "4", "--expert-parallel-size",
+                          "4", "--num-redundant-experts", "4", "--context", "4096"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    unit = {"KiB": 1024, "MiB": 1024 ** 2}
+    m = re.search(r"layout cp 4 = ep: per rank ([\d.]+) (KiB|MiB) of weights \(routed experts (\d+) of (\d+) per layer",
+                  out.stdout)
+    assert m, out.stdout
+    slots = -(-(experts + 4) // 4)
+    assert (int(m.group(3)), int(m.group(4))) == (slots, experts)
+    expect = sum(sizes.values()) - routed + routed * slots / experts
+    assert abs(float(m.group(1)) * unit[m.group(2)] - expect) <= 0.01 * unit[m.group(2)], out.stdout
+    m = re.search(r"receives about ([\d.]+) (KiB|MiB) of expert outputs per layer \((\d+) rows of (\d+)", out.stdout)
+    assert m, out.stdout
+    assert (int(m.group(3)), int(m.group(4))) == (4096 * k, d)
+    assert abs(float(m.group(1)) * unit[m.group(2)] - 4096 * k * d * 4 * 3 / 4) <= 0.01 * unit[m.group(2)], out.stdout
+    bad = subprocess.run([cli, "info", "--model", str(model), "--context-parallel-size", "3", "--expert-parallel-size",
+                          "2"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "--expert-parallel-size=2 with --context-parallel-size=3" in bad.stderr, bad.stderr
+
+
 def test_context_parallel_matches_one_rank():
     # Context parallelism (docs/PARALLEL.md): steps of >= 16 tokens split across 2 ranks; the tiny
     # model's token prompts, chunked prefill of 48-token steps.
@@ -126,7 +160,12 @@ def test_context_parallel_matches_one_rank():
         return [list(o.outputs[0].token_ids) for o in llm.generate(prompts, sp, use_tqdm=False)]
 
     assert run() == run(context_parallel_size=2, context_parallel_min_tokens=16)
-    with pytest.raises(Exception, match="context parallelism together with data parallelism"):
-        LLM(tiny, accelerator="cpu", skip_tokenizer_init=True, context_parallel_size=2, data_parallel_size=2)
+    # The experts sharded over the same ranks: split steps run each rank's experts on every token.
+    assert run() == run(context_parallel_size=2, expert_parallel_size=2, context_parallel_min_tokens=16)
+    with pytest.raises(ValueError, match="expert_parallel_size=3"):
+        LLM(tiny, accelerator="cpu", skip_tokenizer_init=True, context_parallel_size=2, expert_parallel_size=3)
+    with pytest.raises(ValueError, match="expert_parallel_size=4"):  # experts across the CP groups
+        LLM(tiny, accelerator="cpu", skip_tokenizer_init=True, context_parallel_size=2, data_parallel_size=2,
+            expert_parallel_size=4)
     with pytest.raises(ValueError, match="context_parallel_min_tokens"):
         LLM(tiny, accelerator="cpu", skip_tokenizer_init=True, context_parallel_size=2, context_parallel_min_tokens=1)

@@ -81,10 +81,19 @@ void wait_workers_ready(const std::string& dir, parallel::WorkerProcesses& worke
   }
 }
 
+// Context parallelism with expert_parallel_size = context_parallel_size: each CP group is an
+// expert group (CPU only, where EPLB moves weights).
+bool cp_shards_experts(const LLMConfig& c) {
+  return c.context_parallel_size > 1 && c.expert_parallel_size == c.context_parallel_size;
+}
+
 // What rank `rank` prepares: its expert shard whenever experts are sharded, except with EPLB on a
 // backend that cannot move expert weights between ranks (the CUDA backend, host-staged: it holds
 // every expert then and a re-placement only re-routes). On the CPU, EPLB moves the gained experts.
 std::optional<parallel::ExpertShard> expert_shard_for(const LLMConfig& config, const EnvConfig& env, int rank) {
+  if (cp_shards_experts(config))
+    return parallel::ExpertShard{.rank = rank % config.context_parallel_size, .size = config.context_parallel_size,
+                                 .num_redundant = config.num_redundant_experts};
   const parallel::ParallelConfig pc = parallel_config(config, env);
   if (pc.expert_parallel_size <= 1) return std::nullopt;
   const bool on_cpu = env.accelerator == Accelerator::kCPU ||
@@ -95,19 +104,45 @@ std::optional<parallel::ExpertShard> expert_shard_for(const LLMConfig& config, c
                                .num_redundant = config.num_redundant_experts};
 }
 
-int world_of(const LLMConfig& c) { return c.context_parallel_size > 1 ? c.context_parallel_size : c.data_parallel_size; }
+// Under context parallelism every data-parallel rank is a group of context_parallel_size processes.
+int world_of(const LLMConfig& c) {
+  return c.context_parallel_size > 1 ? c.context_parallel_size * c.data_parallel_size : c.data_parallel_size;
+}
 
 bool runs_on_cpu(const EnvConfig& env) {
   return env.accelerator == Accelerator::kCPU || (env.accelerator == Accelerator::kAuto && model::accelerator_count() == 0);
 }
 
-// Context parallelism: the world is the CP group; rank 0 builds the engine, a helper keeps its model.
-void connect_cp(RankRuntime& rt, const LLMConfig& config, const EnvConfig& env, LoadedParts parts) {
+// Context parallelism: the world is data_parallel_size groups of context_parallel_size consecutive
+// ranks (rank = d * cp + c). CP rank 0 of group d (its leader) builds the engine of data-parallel
+// rank d; the other ranks of the group are its helpers and keep their models. With one
+// data-parallel rank the CP group is the world; else each group has its own, and the leaders one
+// between them (the data-parallel rounds).
+void connect_cp(RankRuntime& rt, const LLMConfig& config, const EnvConfig& env, LoadedParts parts,
+                const std::string& dir, const std::string& host) {
   auto* m = dynamic_cast<model::ds::DeepseekModel*>(parts.model.get());
   if (!m) DI_THROW(InvalidArgument, "LLMConfig.context_parallel_size: the model is not a DeepSeek-V4-family model");
-  rt.cp = model::ds::enable_context_parallel(*m, *rt.world, config.context_parallel_min_tokens);
-  // Every rank builds its engine, so a helper's cache has rank 0's geometry; a helper's engine is
-  // never stepped (its model serves rank 0's split steps).
+  const int cp = config.context_parallel_size, dp = config.data_parallel_size, d = rt.rank / cp, c = rt.rank % cp;
+  parallel::ProcessGroup* group = rt.world.get();
+  if (dp > 1) {
+    // Every rank joins its CP group first, then the leaders join theirs: no group waits on a rank
+    // that waits on another group.
+    rt.cp_group = parallel::make_gloo_group({.rendezvous_dir = dir, .name = "cp" + std::to_string(d), .rank = c,
+                                             .size = cp, .hostname = host, .timeout = kGroupTimeout});
+    group = rt.cp_group.get();
+    if (c == 0)
+      rt.leaders = parallel::make_gloo_group({.rendezvous_dir = dir, .name = "dp-leaders", .rank = d, .size = dp,
+                                              .hostname = host, .timeout = kGroupTimeout});
+  }
+  rt.cp = model::ds::enable_context_parallel(*m, *group, config.context_parallel_min_tokens);
+  // The CP group is the expert group too: split steps run each rank's experts on every token; the
+  // helpers join the other steps' MoE exchanges (cp_serving.h).
+  if (cp_shards_experts(config))
+    m->enable_expert_parallel(*group, {.num_redundant_experts = config.num_redundant_experts,
+                                          .enable_eplb = config.enable_eplb, .eplb_window_size = config.eplb_window_size,
+                                          .eplb_step_interval = config.eplb_step_interval});
+  // Every rank builds its engine, so a helper's cache has its leader's geometry; a helper's engine
+  // is never stepped (its model serves the leader's split steps).
   rt.cp_model = m;
   rt.engine = make_engine(config, env, std::move(parts));
 }
@@ -118,7 +153,7 @@ void connect(RankRuntime& rt, const LLMConfig& config, const EnvConfig& env, Loa
   const parallel::ParallelConfig pc = parallel_config(config, env);
   rt.world = parallel::make_gloo_group({.rendezvous_dir = dir, .name = "world", .rank = rt.rank,
                                         .size = rt.world_size, .hostname = host, .timeout = kGroupTimeout});
-  if (config.context_parallel_size > 1) return connect_cp(rt, config, env, std::move(parts));
+  if (config.context_parallel_size > 1) return connect_cp(rt, config, env, std::move(parts), dir, host);
   if (pc.expert_parallel_size > 1) {
     parallel::ProcessGroup* ep = rt.world.get();
     if (pc.expert_parallel_size != pc.data_parallel_size) {
@@ -138,7 +173,7 @@ void connect(RankRuntime& rt, const LLMConfig& config, const EnvConfig& env, Loa
 
 RankRuntime::~RankRuntime() {
   driver.reset();  // the shutdown round: workers leave their loops
-  if (cp && rank == 0) {
+  if (cp && cp->rank() == 0) {  // a CP group's leader (rank 0, or a data-parallel worker's)
     try {
       model::ds::stop_context_parallel_helpers(*cp);  // the helpers leave theirs
     } catch (const std::exception& e) {
@@ -148,6 +183,8 @@ RankRuntime::~RankRuntime() {
   engine.reset();
   cp.reset();
   ep_group.reset();
+  leaders.reset();
+  cp_group.reset();
   world.reset();
   if (workers && !workers->wait(std::chrono::seconds(30)))
     DI_WARN("data-parallel workers did not exit within 30 s of shutdown; killing them");
@@ -155,9 +192,11 @@ RankRuntime::~RankRuntime() {
 }
 
 parallel::ParallelConfig parallel_config(const LLMConfig& config, const EnvConfig& env) {
+  // Under context parallelism the data-parallel layout counts the CP groups (their leaders); the
+  // experts' group, if any, is each CP group (cp_shards_experts).
+  const int ep = config.context_parallel_size > 1 ? 1 : config.expert_parallel_size;
   parallel::ParallelConfig pc{.data_parallel_size = config.data_parallel_size,
-                              .expert_parallel_size = config.expert_parallel_size > 0 ? config.expert_parallel_size
-                                                                                       : config.data_parallel_size};
+                              .expert_parallel_size = ep > 0 ? ep : config.data_parallel_size};
   pc.validate();
   if (config.context_parallel_size > 1) {
     if (!runs_on_cpu(env))
@@ -201,6 +240,7 @@ std::unique_ptr<RankRuntime> start_driver(const LLMConfig& config, const EnvConf
   if (rt->workers) wait_workers_ready(dir, *rt->workers, rt->world_size);
   connect(*rt, config, env, std::move(parts), dir, host);
   if (config.context_parallel_size <= 1) rt->driver = std::make_unique<Driver>(*rt->engine, *rt->world);
+  else if (rt->leaders) rt->driver = std::make_unique<Driver>(*rt->engine, *rt->leaders);
   return rt;
 }
 
@@ -225,8 +265,8 @@ void serve_worker(const parallel::RankEnv& launched, const LLMConfig* given) {
     LoadedParts parts = load_parts(config, env, launched.local_rank, expert_shard_for(config, env, launched.rank));
     if (!given) write_file(ready_file(dir, launched.rank), "");
     connect(rt, config, env, std::move(parts), dir, launched.host);
-    if (rt.cp) model::ds::serve_context_parallel_helper(*rt.cp_model, *rt.cp);
-    else RankLoop(*rt.engine, *rt.world).serve();
+    if (rt.cp && rt.cp->rank() > 0) model::ds::serve_context_parallel_helper(*rt.cp_model, *rt.cp);
+    else RankLoop(*rt.engine, rt.leaders ? *rt.leaders : *rt.world).serve();
   } catch (const std::exception& e) {
     if (!given) {
       try {

@@ -1,6 +1,7 @@
 // Starting and joining the ranks of a parallel LLM (data_parallel_size > 1, or
-// context_parallel_size > 1: then rank 0 runs the only engine and the workers are context-parallel
-// helpers, model/deepseek/cp_serving.h).
+// context_parallel_size > 1: then each data-parallel rank is a group of context_parallel_size
+// processes whose first runs the engine and the others are its context-parallel helpers,
+// model/deepseek/cp_serving.h).
 //
 // Self-launched (one node): rank 0 is the process that built the LLM. It writes the config into a
 // fresh rendezvous directory, starts ranks 1..N-1 (LLMConfig.worker_command: the CLI's hidden
@@ -36,8 +37,11 @@ struct RankRuntime {
   std::unique_ptr<parallel::WorkerProcesses> workers;  // self-launched rank 0 only
   std::unique_ptr<parallel::ProcessGroup> world;
   std::unique_ptr<parallel::ProcessGroup> ep_group;    // null when the expert group is the world
+  // Context parallelism with data_parallel_size > 1: this rank's CP group, and (CP leaders only)
+  // the group of the leaders, which the data-parallel rounds run over.
+  std::unique_ptr<parallel::ProcessGroup> cp_group, leaders;
   std::unique_ptr<Engine> engine;
-  std::unique_ptr<Driver> driver;                      // rank 0 only; none under context parallelism
+  std::unique_ptr<Driver> driver;                      // rank 0 only; none under context parallelism alone
   // Context parallelism (context_parallel_size > 1): the group's CP state and this rank's model
   // (owned by its engine; a helper's engine is never stepped).
   std::shared_ptr<model::ds::ContextParallel> cp;

@@ -14,7 +14,13 @@
 // decode after a split prefill continues on the owning rank only. Fixed-shape steps and MTP blocks
 // are never split.
 //
-// CPU backend only; expert parallelism together with CP is refused (first version).
+// With expert parallelism over the same group (the CP ranks are the EP ranks), a split step's MoE
+// is split too: every rank runs its own experts on all of the step's tokens and the outputs are
+// all-gathered (ExpertParallel::dispatch_replicated), combined in the single rank's order; steps
+// that are not split take the ordinary expert-parallel dispatch, so every rank then joins every
+// step's MoE exchanges (a rank without the step's tokens runs an empty forward).
+//
+// CPU backend only.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -67,6 +73,10 @@ class ContextParallel {
   void note_blocks_shipped(int64_t shipped, int64_t skipped) { blocks_shipped_ = shipped, blocks_skipped_ = skipped; }
   int64_t blocks_shipped() const { return blocks_shipped_; }
   int64_t blocks_skipped() const { return blocks_skipped_; }
+  // Serving with expert parallelism: steps the leader ran alone whose MoE exchanges every rank
+  // joined (the helpers with an empty step).
+  void note_joined_step() { ++joined_steps_; }
+  int64_t joined_steps() const { return joined_steps_; }
 
  private:
   parallel::ProcessGroup& group_;
@@ -77,7 +87,7 @@ class ContextParallel {
   std::vector<std::vector<parallel::CpSpan>> rows_;
   std::vector<uint8_t> send_, recv_;
   int64_t split_steps_ = 0, bytes_received_ = 0, gathers_ = 0;
-  int64_t blocks_shipped_ = 0, blocks_skipped_ = 0;
+  int64_t blocks_shipped_ = 0, blocks_skipped_ = 0, joined_steps_ = 0;
 };
 
 }  // namespace deepinfer::model::ds

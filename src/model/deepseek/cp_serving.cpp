@@ -12,7 +12,9 @@
 namespace deepinfer::model::ds {
 namespace {
 
-enum Msg : uint8_t { kStop = 0, kStep = 1 };
+// kStep: a split step (its batch and state); kJoin: a step the leader runs alone, whose MoE
+// exchanges the helpers join with an empty step (expert parallelism over the CP group).
+enum Msg : uint8_t { kStop = 0, kStep = 1, kJoin = 2 };
 
 // 128-bit content hash of one block (two independent 64-bit mixes): equal hashes stand for equal
 // bytes (a collision is ~2^-128 per comparison).
@@ -151,9 +153,17 @@ std::shared_ptr<ContextParallel> enable_context_parallel(DeepseekModel& model, p
       return b.num_tokens() >= cp->options().min_tokens && cp->size() > 1;
     };
     model.set_step_hook([m, cp = cp.get(), mirror, split](const ForwardBatch& b) {
-      if (!split(b)) return;
-      parallel::broadcast_bytes(cp->group(), encode_step(*m, b, *mirror), 0);
-      cp->note_blocks_shipped(mirror->shipped, mirror->skipped);
+      if (split(b)) {
+        parallel::broadcast_bytes(cp->group(), encode_step(*m, b, *mirror), 0);
+        cp->note_blocks_shipped(mirror->shipped, mirror->skipped);
+      } else if (m->joins_collectives() && cp->size() > 1) {
+        // Expert parallelism (set after this hook, so asked per step): every rank joins every
+        // step's MoE exchanges, the helpers with no tokens.
+        parallel::WireWriter w;
+        w.put<uint8_t>(kJoin);
+        parallel::broadcast_bytes(cp->group(), w.bytes(), 0);
+        cp->note_joined_step();
+      }
     });
     model.set_after_step_hook([m, mirror, split](const ForwardBatch& b) {
       if (split(b)) note_split_step(*m, b, *mirror);
@@ -168,12 +178,23 @@ void serve_context_parallel_helper(DeepseekModel& model, ContextParallel& cp) {
   for (;;) {
     const std::vector<uint8_t> msg = parallel::broadcast_bytes(cp.group(), {}, 0);
     parallel::WireReader r(msg, "a context-parallel step from rank 0");
-    if (r.get<uint8_t>("message") == kStop) {
+    const uint8_t kind = r.get<uint8_t>("message");
+    if (kind == kStop) {
       DI_INFO("context-parallel helper rank ", cp.rank(), ": served ", steps, " steps (", cp.split_steps(),
-              " split), received ", bytes, " bytes of steps and state (", blocks, " paged blocks), ",
-              cp.bytes_received(), " of attention rows");
+              " split, ", cp.joined_steps(), " joined empty), received ", bytes, " bytes of steps and state (",
+              blocks, " paged blocks), ", cp.bytes_received(), " of attention rows");
       return;
     }
+    if (kind == kJoin) {
+      r.expect_done();
+      if (!model.joins_collectives())
+        DI_THROW(InternalError, "context-parallel helper rank ", cp.rank(), ": rank 0 runs expert-parallel steps, "
+                 "this rank's model is not expert-parallel");
+      model.run(ForwardBatch{}, {});
+      cp.note_joined_step();
+      continue;
+    }
+    if (kind != kStep) DI_THROW(InternalError, "context-parallel helper rank ", cp.rank(), ": message kind ", int(kind));
     ++steps, bytes += int64_t(msg.size());
     const ForwardBatch b = decode_step(model, r, blocks);
     model.run(b, {});

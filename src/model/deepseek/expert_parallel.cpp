@@ -1,5 +1,6 @@
 #include "model/deepseek/expert_parallel.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/check.h"
@@ -140,6 +141,7 @@ void ExpertParallel::dispatch(int64_t layer, const float* h, int64_t T, int64_t 
   // passes weights or none (the backends are the same on every rank).
   const int64_t w = pair_weights != nullptr ? 1 : 0, P = T * K, row = D + 1 + w;
   D_ = D, pairs_ = P, row_ = row;
+  replicated_ = false;
   // Destination of each pair: a replica on this rank when there is one, else one chosen by the
   // token index (spreads a hot expert's replicas; any replica computes the same function).
   std::vector<int32_t> dest(static_cast<size_t>(P)), slot(static_cast<size_t>(P));
@@ -191,9 +193,103 @@ void ExpertParallel::dispatch(int64_t layer, const float* h, int64_t T, int64_t 
   }
 }
 
+namespace {
+// Which rank computes each logical expert of a replicated (split) step, and in which of its slots:
+// see dispatch_replicated. -1 for experts without pairs.
+struct ExpertOwners {
+  std::vector<int32_t> rank, slot;  // [E]
+};
+
+ExpertOwners assign_owners(const parallel::ExpertPlacement& L, std::span<const int64_t> count, int n) {
+  const int32_t E = L.num_logical, S = L.slots_per_rank;
+  ExpertOwners o{std::vector<int32_t>(size_t(E), -1), std::vector<int32_t>(size_t(E), -1)};
+  std::vector<int64_t> load(size_t(n), 0);
+  // The first slot of e on rank q, or -1.
+  auto slot_on = [&](int32_t e, int32_t q) {
+    for (int32_t p : L.logical_to_physical[size_t(e)])
+      if (p / S == q) return p % S;
+    return -1;
+  };
+  std::vector<int32_t> shared;  // experts held by several ranks
+  for (int32_t e = 0; e < E; ++e) {
+    if (count[size_t(e)] == 0) continue;
+    const std::vector<int32_t>& reps = L.logical_to_physical[size_t(e)];
+    if (reps.empty()) DI_THROW(InternalError, "moe dispatch: expert ", e, " has no replica");
+    const int32_t q0 = reps[0] / S;
+    bool one_rank = true;
+    for (int32_t p : reps) one_rank = one_rank && p / S == q0;
+    if (!one_rank) {
+      shared.push_back(e);
+      continue;
+    }
+    o.rank[size_t(e)] = q0, o.slot[size_t(e)] = slot_on(e, q0);
+    load[size_t(q0)] += count[size_t(e)];
+  }
+  std::stable_sort(shared.begin(), shared.end(), [&](int32_t a, int32_t b) { return count[size_t(a)] > count[size_t(b)]; });
+  for (int32_t e : shared) {
+    int32_t best = -1;
+    for (int32_t q = 0; q < n; ++q)
+      if (slot_on(e, q) >= 0 && (best < 0 || load[size_t(q)] < load[size_t(best)])) best = q;
+    o.rank[size_t(e)] = best, o.slot[size_t(e)] = slot_on(e, best);
+    load[size_t(best)] += count[size_t(e)];
+  }
+  return o;
+}
+}  // namespace
+
+void ExpertParallel::dispatch_replicated(int64_t layer, const float* h, int64_t T, int64_t D, const int32_t* ids,
+                                         int64_t K, const float* pair_weights) {
+  const parallel::ExpertPlacement& L = layout(layer);
+  const int n = size(), me = rank();
+  const int64_t P = T * K;
+  D_ = D, pairs_ = P, row_ = 0;
+  replicated_ = true;
+  std::vector<int64_t> count(size_t(L.num_logical), 0);
+  for (int64_t i = 0; i < P; ++i) {
+    if (ids[i] < 0 || ids[i] >= L.num_logical) DI_THROW(InternalError, "moe dispatch: expert id ", ids[i], " at pair ", i);
+    count[size_t(ids[i])]++;
+  }
+  const ExpertOwners own = assign_owners(L, count, n);
+  // Pairs grouped by computing rank (stable: ascending pair index within a rank): the order in
+  // which the all-gather lays the ranks' outputs out.
+  gather_rows_.assign(size_t(n), 0);
+  for (int64_t i = 0; i < P; ++i) gather_rows_[size_t(own.rank[size_t(ids[i])])]++;
+  std::vector<int64_t> fill(size_t(n), 0);
+  for (int q = 1; q < n; ++q) fill[size_t(q)] = fill[size_t(q - 1)] + gather_rows_[size_t(q - 1)];
+  const int64_t first = fill[size_t(me)], m = gather_rows_[size_t(me)];
+  gather_order_.assign(size_t(P), 0);
+  for (int64_t i = 0; i < P; ++i) gather_order_[size_t(fill[size_t(own.rank[size_t(ids[i])])]++)] = i;
+  recv_rows_.resize(size_t(m * D));
+  recv_slot_.resize(size_t(m));
+  recv_weight_.resize(pair_weights ? size_t(m) : 0);
+  std::vector<int64_t>& load = load_.at(size_t(layer));
+  for (int64_t j = 0; j < m; ++j) {
+    const int64_t i = gather_order_[size_t(first + j)];
+    const int32_t e = ids[i];
+    std::memcpy(recv_rows_.data() + j * D, h + (i / K) * D, size_t(D) * sizeof(float));
+    recv_slot_[size_t(j)] = own.slot[size_t(e)];
+    if (pair_weights) recv_weight_[size_t(j)] = pair_weights[i];
+    load[size_t(e)]++;
+    since_window_[size_t(layer)][size_t(e)]++;
+  }
+  ++replicated_calls_, replicated_pairs_ += m;
+}
+
 ExpertParallel::Received ExpertParallel::received() const { return {recv_rows_, recv_slot_, recv_weight_}; }
 
 void ExpertParallel::give_back(const float* outputs, float* out) {
+  if (replicated_) {
+    const int64_t D = D_, bytes_per_row = D * int64_t(sizeof(float));
+    std::vector<int64_t> recv_bytes(gather_rows_.size());
+    for (size_t q = 0; q < gather_rows_.size(); ++q) recv_bytes[q] = gather_rows_[q] * bytes_per_row;
+    std::vector<float> all(static_cast<size_t>(pairs_ * D));
+    const int64_t mine = recv_bytes[size_t(rank())];
+    group_.all_gather_v(outputs, mine, all.data(), recv_bytes);
+    for (int64_t at = 0; at < pairs_; ++at)
+      std::memcpy(out + gather_order_[size_t(at)] * D, all.data() + at * D, size_t(bytes_per_row));
+    replicated_bytes_ += pairs_ * bytes_per_row - mine;
+    return;
+  }
   const int64_t D = D_, bytes_per_row = D * int64_t(sizeof(float)), row = row_ * int64_t(sizeof(float));
   // The reverse exchange: what came from rank q (recv_bytes_[q]) returns to it, D values a row.
   std::vector<int64_t> back_send(recv_bytes_.size()), back_recv(send_bytes_.size());

@@ -10,6 +10,11 @@
 // also with zero tokens (the model runs the forward with an empty batch then: CausalLM::
 // joins_collectives). The drafter's MTP blocks are not expert-parallel: every rank holds their
 // experts, so drafting needs no collectives.
+//
+// Together with context parallelism over the same ranks (context_parallel.h): a split prefill
+// step holds every token on every rank already, so dispatch_replicated moves no rows: each rank
+// runs its own experts on the step's tokens and the outputs are all-gathered (the MoE work is
+// split across the CP ranks too). Steps that are not split use dispatch.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -58,7 +63,26 @@ class ExpertParallel {
   };
   Received received() const;
   // outputs [m, D] of the received rows (arrival order) back to their ranks: out[pair] rows [T*K, D].
+  // After dispatch_replicated: every rank's outputs to every rank (one all-gather), so every rank
+  // ends with all T*K rows of out.
   void give_back(const float* outputs, float* out);
+
+  // A context-parallel split step (the CP group is this group, same ranks in the same order):
+  // every rank passes the same h [T, D], ids [T*K] and pair_weights, and no row is sent. Each
+  // logical expert with pairs is computed whole by one rank holding it: its only holder, or, for
+  // an expert with replicas on several ranks, the least loaded of those (pairs assigned so far;
+  // ties: the lower rank), such experts taken by descending pair count (ties: lower id); every
+  // rank derives the same assignment from the same ids. received() then lists this rank's pairs
+  // in ascending pair order, so an expert sees the single rank's rows in its order and count (its
+  // GEMMs are the single rank's, bit for bit), and give_back all-gathers the outputs. Counts
+  // only the pairs this rank computes (the group's sum counts each pair once, for EPLB).
+  void dispatch_replicated(int64_t layer, const float* h, int64_t T, int64_t D, const int32_t* ids, int64_t K,
+                           const float* pair_weights = nullptr);
+  // Split steps' MoE (this rank, since construction): main-layer calls, (token, k) pairs computed
+  // here, output bytes received from the other ranks.
+  int64_t replicated_calls() const { return replicated_calls_; }
+  int64_t replicated_pairs() const { return replicated_pairs_; }
+  int64_t replicated_bytes_received() const { return replicated_bytes_; }
 
   // Tokens this rank routed to each logical expert since the last take_load() ([layers][E]).
   std::vector<std::vector<int64_t>> take_load();
@@ -94,6 +118,10 @@ class ExpertParallel {
   int64_t experts_received_ = 0, experts_released_ = 0, bytes_received_ = 0;
   // The step in flight.
   int64_t D_ = 0, pairs_ = 0, row_ = 0;  // row_: floats per sent row ([slot][weight?][D values])
+  bool replicated_ = false;           // dispatched by dispatch_replicated
+  std::vector<int64_t> gather_order_;  // replicated: [pairs] pair index of each row, grouped by computing rank
+  std::vector<int64_t> gather_rows_;   // replicated: [size] rows each rank computes
+  int64_t replicated_calls_ = 0, replicated_pairs_ = 0, replicated_bytes_ = 0;
   std::vector<int64_t> send_order_;   // [pairs] pair index of each sent row, in send order
   std::vector<int64_t> send_bytes_, recv_bytes_;
   std::vector<float> recv_rows_;

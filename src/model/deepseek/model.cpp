@@ -197,7 +197,7 @@ ForwardOutput DeepseekModel::run(const ForwardBatch& batch, const ForwardOptions
     DI_THROW(InternalError, describe(), ": logits_on_device on a backend without device logits");
   if (!batch.device_inputs.empty() && !supports_device_inputs())
     DI_THROW(InvalidArgument, describe(), ": a batch with device_inputs on a backend without device memory");
-  if (step_hook_ && batch.num_tokens() > 0) step_hook_(batch);
+  if (step_hook_) step_hook_(batch);
   ForwardOutput out = run_checked(batch, options);
   if (after_step_hook_ && batch.num_tokens() > 0) after_step_hook_(batch);
   return out;

@@ -93,7 +93,7 @@ class DeepseekModel : public CausalLM {
   void set_expert_shard(std::optional<parallel::ExpertShard> shard) { shard_ = shard; }
   const std::optional<parallel::ExpertShard>& expert_shard() const { return shard_; }
   const std::vector<kv::LayerCacheSpec>& cache_specs() const { return specs_; }
-  // Called by run() with every validated non-empty batch before it runs (context-parallel
+  // Called by run() with every validated batch (an empty one too) before it runs (context-parallel
   // serving's leader hands split steps to its helpers: cp_serving.h). Empty: none.
   void set_step_hook(std::function<void(const ForwardBatch&)> hook) { step_hook_ = std::move(hook); }
   // Called by run() after every non-empty batch it ran to the end (not after one that threw):

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <random>
+#include <tuple>
 
 #include "deepinfer/error.h"
 #include "deepinfer/llm.h"
@@ -195,12 +196,24 @@ namespace {
 // Context parallelism (docs/PARALLEL.md): rank 0 runs the engine, `cp - 1` helper processes join
 // every step of at least 16 tokens (chunked prefill of 48-token steps, several sequences per step,
 // decode rows beside prefill rows, a repeated long prompt that hits the prefix cache); tokens must
-// equal one rank's, greedy and seeded.
-class ContextParallelLLM : public ::testing::TestWithParam<int> {};
+// equal one rank's, greedy and seeded. With expert_parallel_size = cp the experts are sharded over
+// the same ranks (each loads only its slots'): split steps run each rank's experts on every token,
+// and the helpers join every other step's MoE exchanges with an empty step; with EPLB re-placing
+// (and moving) experts every 2 steps. With data_parallel_size > 1 every data-parallel rank is such
+// a group: requests go to the least loaded group leader, each leader's split steps run on its group.
+struct CpLayout {
+  int cp, ep;
+  bool eplb = false;
+  int dp = 1;  // > 1: that many CP groups, each a data-parallel rank (cp x dp processes)
+};
+void PrintTo(const CpLayout& l, std::ostream* os) {
+  *os << "dp " << l.dp << " cp " << l.cp << " ep " << l.ep << (l.eplb ? " eplb" : "");
+}
+class ContextParallelLLM : public ::testing::TestWithParam<CpLayout> {};
 
 TEST_P(ContextParallelLLM, MatchesOneRank) {
   if (!std::filesystem::exists(tiny_model() + "/config.json")) GTEST_SKIP() << "fixture " << tiny_model() << " absent";
-  const int cp = GetParam();
+  const auto [cp, ep, eplb, dp] = GetParam();
   std::vector<RequestOutput> ref;
   int64_t vocab = 0;
   const int count = 6;
@@ -222,31 +235,84 @@ TEST_P(ContextParallelLLM, MatchesOneRank) {
     make_prompts();
     ref = one.generate(prompts, params);
   }
-  LLMConfig c = config(tiny_model(), 1, 0);
+  LLMConfig c = config(tiny_model(), dp, ep);
   c.context_parallel_size = cp;
   c.context_parallel_min_tokens = 16;
   c.worker_command = worker();
+  if (eplb) c.enable_eplb = true, c.eplb_window_size = 4, c.eplb_step_interval = 2, c.num_redundant_experts = cp;
   LLM par(c);
+  const std::string d = par.describe();
+  const std::string layout = (dp > 1 ? "data-parallel " + std::to_string(dp) + " x " : std::string()) +
+                             "context-parallel " + std::to_string(cp) + " ranks";
+  EXPECT_NE(d.find(layout), std::string::npos) << d;
+  EXPECT_EQ(d.find("experts sharded") != std::string::npos, ep == cp) << d;
   std::vector<RequestOutput> got = par.generate(prompts, params);
   expect_same_tokens(ref, got);
+  if (ep != cp) return;
+  // One request at a time through the incremental API: its decode steps run on rank 0 while the
+  // helpers join their MoE exchanges.
+  const std::string id = par.add_request(prompts[count], params[size_t(count)]);
+  std::vector<int32_t> streamed;
+  for (int guard = 0; par.has_unfinished() && guard < 1000; ++guard)
+    for (const RequestOutput& o : par.step())
+      if (o.request_id == id) streamed = o.outputs.at(0).token_ids;
+  EXPECT_EQ(streamed, ref[size_t(count)].outputs.at(0).token_ids);
 }
 
-INSTANTIATE_TEST_SUITE_P(Ranks, ContextParallelLLM, ::testing::Values(2, 3),
-                         [](const auto& info) { return "cp" + std::to_string(info.param); });
+INSTANTIATE_TEST_SUITE_P(Ranks, ContextParallelLLM,
+                         ::testing::Values(CpLayout{2, 0}, CpLayout{3, 0}, CpLayout{2, 2}, CpLayout{3, 3},
+                                           CpLayout{3, 3, true}, CpLayout{2, 0, false, 2}, CpLayout{2, 2, false, 2},
+                                           CpLayout{2, 2, true, 3}),
+                         [](const auto& info) {
+                           return (info.param.dp > 1 ? "dp" + std::to_string(info.param.dp) + "_" : std::string()) +
+                                  "cp" + std::to_string(info.param.cp) + "_ep" + std::to_string(info.param.ep) +
+                                  (info.param.eplb ? "_eplb" : "");
+                         });
+
+// A request the engine refuses (a token id outside the vocabulary) fails alone under context and
+// expert parallelism (one CP group; two as data-parallel ranks): the others run to the end.
+TEST(ContextParallelLLM, BadRequestFailsAlone) {
+  if (!std::filesystem::exists(tiny_model() + "/config.json")) GTEST_SKIP() << "fixture absent";
+  for (int dp : {1, 2}) {
+    LLMConfig c = config(tiny_model(), dp, 2);
+    c.context_parallel_size = 2, c.context_parallel_min_tokens = 16, c.worker_command = worker();
+    LLM par(c);
+    const int64_t vocab = par.vocab_size();
+    std::vector<PromptInput> prompts = token_prompts(vocab, 5);
+    prompts[3].token_ids[2] = int32_t(vocab + 9);
+    std::vector<RequestOutput> got = par.generate(prompts, params_for(5));
+    ASSERT_EQ(got.size(), 5u);
+    EXPECT_NE(got[3].error.find("outside [0, " + std::to_string(vocab) + ")"), std::string::npos) << got[3].error;
+    for (int i : {0, 1, 2, 4}) {
+      EXPECT_TRUE(got[size_t(i)].error.empty()) << "dp " << dp << ": " << got[size_t(i)].error;
+      ASSERT_EQ(got[size_t(i)].outputs.size(), 1u);
+      EXPECT_EQ(got[size_t(i)].outputs[0].token_ids.size(), size_t(params_for(5)[size_t(i)].max_tokens.value())) << "dp " << dp;
+    }
+  }
+}
 
 TEST(ContextParallelLLM, BadLayoutsRefused) {
-  LLMConfig c = config(tiny_model(), 2, 0);
-  c.context_parallel_size = 2;
-  try {
-    LLM bad(c);
-    ADD_FAILURE() << "cp with dp accepted";
-  } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("context parallelism together with data parallelism"), std::string::npos)
-        << e.what();
+  LLMConfig c;
+  // Experts sharded over another group than each CP group's ranks (also across the data-parallel
+  // groups): refused, naming both fields.
+  for (auto [dp, cp, ep] : {std::tuple{1, 2, 3}, std::tuple{1, 3, 2}, std::tuple{1, 4, 2}, std::tuple{2, 2, 4}}) {
+    c = config(tiny_model(), dp, ep);
+    c.context_parallel_size = cp, c.context_parallel_min_tokens = 16;
+    try {
+      LLM bad(c);
+      ADD_FAILURE() << "dp " << dp << " cp " << cp << " with ep " << ep << " accepted";
+    } catch (const InvalidArgument& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("context_parallel_size=" + std::to_string(cp)), std::string::npos) << msg;
+      EXPECT_NE(msg.find("expert_parallel_size=" + std::to_string(ep)), std::string::npos) << msg;
+    }
   }
   c = config(tiny_model(), 1, 0);
   c.context_parallel_size = 2, c.context_parallel_min_tokens = 1;
   EXPECT_THROW(LLM{c}, InvalidArgument);
+  c.context_parallel_min_tokens = 16, c.enable_eplb = true;  // nothing sharded: EPLB refused, not ignored
+  EXPECT_THROW(LLM{c}, InvalidArgument);
+  c.enable_eplb = false;
   c.context_parallel_size = 0;
   EXPECT_THROW(LLM{c}, InvalidArgument);
 }

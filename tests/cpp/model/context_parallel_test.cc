@@ -11,8 +11,10 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <thread>
 
+#include "cp_test_util.h"
 #include "golden.h"
 #include "model/deepseek/context_parallel.h"
 #include "model/deepseek/cpu/cpu_backend.h"
@@ -29,71 +31,10 @@ namespace {
 using model::ds::ContextParallel;
 using model::ds::DeepseekModel;
 
-// What a prefill (and, on the owner, the decode after it) leaves.
-struct Result {
-  std::vector<float> last_logits;   // [V] of the prompt's last position
-  std::vector<uint8_t> slot_state;  // save_slot: window rings, compressor partials
-  std::vector<uint8_t> blocks;      // the slot's paged blocks: compressed entries, index keys
-  std::vector<int32_t> decoded;     // greedy tokens after the prompt
-  std::vector<float> decode_logits; // [decoded, V]
-};
-
-std::unique_ptr<DeepseekModel> load(const std::string& dir, bool v41) {
-  std::unique_ptr<DeepseekModel> m;
-  if (v41) m = model::v41::DeepseekV41Model::load(dir, {.max_rollback = 1, .batch_invariant = true, .expert_shard = std::nullopt});
-  else m = model::v4::DeepseekV4Model::load(dir, {.max_rollback = 1, .expert_shard = std::nullopt});
-  m->allocate_cache_for(1, 512);
-  return m;
-}
-
-int32_t argmax(const float* x, int64_t V) { return int32_t(std::max_element(x, x + V) - x); }
-
-// One step of `ids` at positions [done, done + ids.size()) of slot 0; logits of the last row.
-std::vector<float> step(DeepseekModel& m, std::span<const int32_t> ids, int64_t done) {
-  const kv::CacheGeometry& g = m.cache_geometry();
-  model::ForwardBatch b;
-  b.token_ids.assign(ids.begin(), ids.end());
-  b.seqs = {model::SeqInBatch{.cache_slot = 0, .block_table = model::slot_block_table(g, 0),
-                              .num_computed_tokens = done, .num_new_tokens = int32_t(ids.size())}};
-  b.logits_indices = {int32_t(ids.size() - 1)};
-  model::ForwardOutput o = m.run(b, {});
-  const int64_t V = m.vocab_size();
-  return std::vector<float>(o.logits.data<float>(), o.logits.data<float>() + V);
-}
-
-// Prefill in `chunks`, the state it leaves, then (decode > 0) greedy decode.
-Result run(DeepseekModel& m, const std::vector<int32_t>& ids, const std::vector<int64_t>& chunks, int64_t decode) {
-  Result r;
-  m.reset_slot(0);
-  int64_t done = 0;
-  for (int64_t c : chunks) {
-    r.last_logits = step(m, std::span(ids).subspan(size_t(done), size_t(c)), done);
-    done += c;
-  }
-  EXPECT_EQ(done, int64_t(ids.size()));
-  r.slot_state = m.save_slot(0, done).bytes;
-  const size_t bb = m.backend().paged_block_bytes();
-  std::vector<model::HostBlockCopy> copies;
-  const std::vector<int32_t> table = model::slot_block_table(m.cache_geometry(), 0);
-  r.blocks.assign(table.size() * bb, 0);
-  for (size_t i = 0; i < table.size(); ++i) copies.push_back({.block = table[i], .host = r.blocks.data() + i * bb});
-  m.backend().copy_blocks_to_host(copies);
-  const int64_t V = m.vocab_size();
-  std::vector<float> logits = r.last_logits;
-  for (int64_t k = 0; k < decode; ++k) {
-    const int32_t tok = argmax(logits.data(), V);
-    r.decoded.push_back(tok);
-    logits = step(m, std::span(&tok, 1), done++);
-    r.decode_logits.insert(r.decode_logits.end(), logits.begin(), logits.end());
-  }
-  return r;
-}
-
-int64_t max_ratio(const DeepseekModel& m) {
-  int64_t a = 1;
-  for (const auto& p : m.arch().plan.layers) a = std::max(a, p.ratio);
-  return a;
-}
+using cp_util::load;
+using cp_util::max_ratio;
+using cp_util::Result;
+using cp_util::run;
 
 // Attention key reads of each rank's queries summed over the main layers (cp_work per layer
 // kind): max / mean.
@@ -209,25 +150,57 @@ INSTANTIATE_TEST_SUITE_P(
              std::to_string(c.len) + "_chunks" + std::to_string(c.chunks.size());
     });
 
-TEST(ContextParallelCpu, RefusesBadOptionsAndExpertParallelism) {
-  auto pg = parallel::make_single_rank_group();
-  EXPECT_THROW(ContextParallel(*pg, {.min_tokens = 1}), InvalidArgument);
-  EXPECT_THROW(ContextParallel(*pg, {.min_tokens = 8, .align = 0}), InvalidArgument);
+// Bad options are refused. Context and expert parallelism run together only over the same ranks:
+// on both ranks of a CP group of 2, an expert-parallel group of 1 is refused whichever is set
+// first, naming both; expert parallelism over the CP group itself is accepted (cp_ep_test.cc).
+TEST(ContextParallelCpu, RefusesBadOptionsAndAnotherExpertGroup) {
+  auto one = parallel::make_single_rank_group();
+  EXPECT_THROW(ContextParallel(*one, {.min_tokens = 1}), InvalidArgument);
+  EXPECT_THROW(ContextParallel(*one, {.min_tokens = 8, .align = 0}), InvalidArgument);
   const std::string dir = golden_dir("tiny");
   if (!std::filesystem::exists(dir + "/config.json")) GTEST_SKIP() << "fixture " << dir << " absent";
-  auto m = load(dir, false);
-  const int64_t E = m->arch().dims.experts;
-  std::vector<parallel::ExpertPlacement> layouts;
-  for (int64_t l = 0; l < m->arch().plan.num_layers(); ++l)
-    layouts.push_back(parallel::contiguous_placement(int32_t(E), 1, int32_t(E)));
-  m->backend().set_context_parallel(std::make_shared<ContextParallel>(*pg, model::ds::CpOptions{.min_tokens = 8}));
-  EXPECT_THROW(m->backend().set_expert_parallel(std::make_shared<model::ds::ExpertParallel>(*pg, layouts)),
-               InvalidArgument);
-  m->backend().set_context_parallel(nullptr);
-  m->backend().set_expert_parallel(std::make_shared<model::ds::ExpertParallel>(*pg, layouts));
-  EXPECT_THROW(m->backend().set_context_parallel(
-                   std::make_shared<ContextParallel>(*pg, model::ds::CpOptions{.min_tokens = 8})),
-               InvalidArgument);
+  parallel::RendezvousDir rdv;
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        auto pg = parallel::make_gloo_group({.rendezvous_dir = rdv.path(), .name = "cpref", .rank = r, .size = 2,
+                                             .timeout = std::chrono::milliseconds(60000)});
+        auto single = parallel::make_single_rank_group();
+        auto m = load(dir, false);
+        const int32_t E = int32_t(m->arch().dims.experts);
+        const int64_t L = m->arch().plan.num_layers();
+        auto ep_over = [&](parallel::ProcessGroup& g) {
+          const int32_t n = g.size();
+          return std::make_shared<model::ds::ExpertParallel>(
+              g, std::vector<parallel::ExpertPlacement>(size_t(L), parallel::contiguous_placement(E, n, (E + n - 1) / n)));
+        };
+        auto cp = std::make_shared<ContextParallel>(*pg, model::ds::CpOptions{.min_tokens = 8});
+        auto refused = [&](const std::function<void()>& f, const char* what) {
+          try {
+            f();
+            errors[size_t(r)] += std::string(what) + " accepted; ";
+          } catch (const InvalidArgument& e) {
+            const std::string msg = e.what();
+            if (msg.find("context parallelism over 2 ranks") == std::string::npos ||
+                msg.find("expert parallelism over 1 ranks") == std::string::npos)
+              errors[size_t(r)] += std::string(what) + ": " + msg + "; ";
+          }
+        };
+        m->backend().set_context_parallel(cp);
+        refused([&] { m->backend().set_expert_parallel(ep_over(*single)); }, "ep after cp");
+        m->backend().set_context_parallel(nullptr);
+        m->backend().set_expert_parallel(ep_over(*single));
+        refused([&] { m->backend().set_context_parallel(cp); }, "cp after ep");
+        m->backend().set_expert_parallel(ep_over(*pg));  // the CP group itself
+        m->backend().set_context_parallel(cp);
+      } catch (const std::exception& e) {
+        errors[size_t(r)] += e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(errors[size_t(r)], "") << "rank " << r;
 }
 
 }  // namespace

@@ -379,7 +379,11 @@ void CpuBackend::moe_dispatch(const MoeRef& M) {
   ep_step_ = ep_ && M.ep_layer >= 0;
   if (ep_step_) {
     if (M.ep_layer == 0) ep_->begin_step();  // once per main forward, on every rank alike
-    ep_->dispatch(M.ep_layer, at<float>(Buf::kH), T, D, ids, K, g.route_before_w2 ? at<float>(Buf::kWts) : nullptr);
+    const float* pair_weights = g.route_before_w2 ? at<float>(Buf::kWts) : nullptr;
+    // A context-parallel split step has every token on every rank (the same rows, ids and
+    // weights): each rank runs its own experts on them, nothing is dispatched.
+    if (cp_ && cp_->active()) ep_->dispatch_replicated(M.ep_layer, at<float>(Buf::kH), T, D, ids, K, pair_weights);
+    else ep_->dispatch(M.ep_layer, at<float>(Buf::kH), T, D, ids, K, pair_weights);
     return;
   }
   moe_start_.assign(size_t(E + 1), 0);
@@ -467,15 +471,25 @@ void CpuBackend::moe_combine(const MoeRef& M) {
 
 // ---- MoE, expert-parallel (expert_parallel.h) ----
 
+namespace {
+// Context and expert parallelism together need one group of ranks for both (the same ranks in the
+// same order): a split step's experts are computed where they are held, on the tokens every CP
+// rank has (ExpertParallel::dispatch_replicated).
+void check_same_group(const std::string& who, const ContextParallel& cp, const ExpertParallel& ep) {
+  if (cp.size() != ep.size() || cp.rank() != ep.rank())
+    DI_THROW(InvalidArgument, who, ": context parallelism over ", cp.size(), " ranks (here rank ", cp.rank(),
+             ") with expert parallelism over ", ep.size(), " ranks (here rank ", ep.rank(),
+             "): they run together only over the same group (context_parallel_size = expert_parallel_size)");
+}
+}  // namespace
+
 void CpuBackend::set_context_parallel(std::shared_ptr<ContextParallel> cp) {
-  if (cp && ep_)
-    DI_THROW(InvalidArgument, describe(), ": context parallelism together with expert parallelism is not supported yet");
+  if (cp && ep_) check_same_group(describe(), *cp, *ep_);
   cp_ = std::move(cp);
 }
 
 void CpuBackend::set_expert_parallel(std::shared_ptr<ExpertParallel> ep) {
-  if (ep && cp_)
-    DI_THROW(InvalidArgument, describe(), ": expert parallelism together with context parallelism is not supported yet");
+  if (ep && cp_) check_same_group(describe(), *cp_, *ep);
   ep_ = std::move(ep);
   ModelRef& m = store_->refs;
   for (size_t l = 0; l < m.layers.size(); ++l) m.layers[l].ffn.ep_layer = ep_ ? int32_t(l) : -1;
