@@ -334,6 +334,13 @@ class ModelBackend : public Backend {
   // writes them into the plan's token ids and embedding rows on the device. Backends without
   // device memory refuse a non-empty list.
   virtual void set_device_inputs(std::span<const DeviceInput> inputs, const int32_t* sampled_ids) = 0;
+  // The ids of device inputs on the host: `sampled_ids` rows [0, n), read after the work that
+  // writes them (the backend's stream order), so the call waits for the step that samples them.
+  // For models that need a step's token ids on the host before it runs (V4.1's Engram rows are
+  // hashed there). Backends without device memory refuse.
+  virtual std::vector<int32_t> device_ids_to_host(const int32_t* sampled_ids, int64_t n) {
+    DI_THROW(InvalidArgument, describe(), ": device input ids on a backend without device memory");
+  }
   // Takes the step's plan: sizes the buffers, makes the index lists readable by the kernels.
   virtual void begin_step(StepPlan plan) = 0;
   // Runs `body` (the forward's launches for the current plan); a device backend may capture it

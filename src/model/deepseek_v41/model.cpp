@@ -1,5 +1,6 @@
 #include "model/deepseek_v41/model.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <sstream>
 
@@ -71,9 +72,25 @@ std::unique_ptr<DeepseekV41Model> DeepseekV41Model::load(const std::string& dir,
   return m;
 }
 
+// The Engram rows are hashed from the step's token ids on the host. A token the previous step
+// sampled on the device (ForwardBatch::device_inputs, the engine's asynchronous scheduling) is a
+// placeholder 0 in token_ids: its id is fetched first (the host waits for that sampling), or the
+// step would read the table rows of n-grams ending in token 0 and the history would keep them
+// (issue #22: on the GPU, plain greedy decoding left the reference from the first decode step,
+// while drafting steps, whose inputs the host knows, did not).
 void DeepseekV41Model::before_step(const ForwardBatch& batch) {
   if (!engram_) return;
-  std::vector<std::vector<float>> rows = engram_->step(batch, tables_);
+  ForwardBatch host;
+  if (!batch.device_inputs.empty()) {
+    int32_t n = 0;
+    for (const DeviceInput& d : batch.device_inputs) n = std::max(n, d.sample_row + 1);
+    const std::vector<int32_t> ids = backend().device_ids_to_host(batch.sampled_ids, n);
+    host.seqs = batch.seqs;
+    host.token_ids = batch.token_ids;
+    for (const DeviceInput& d : batch.device_inputs)
+      host.token_ids.at(size_t(d.token_index)) = ids.at(size_t(d.sample_row));
+  }
+  std::vector<std::vector<float>> rows = engram_->step(batch.device_inputs.empty() ? batch : host, tables_);
   std::vector<std::vector<float>> by_layer(size_t(arch().plan.num_layers()));
   for (int64_t i = 0; i < hasher_->num_layers(); ++i) by_layer[size_t(hasher_->layer_id(i))] = std::move(rows[size_t(i)]);
   backend().stage_engram_rows(std::move(by_layer));

@@ -326,6 +326,14 @@ void CudaBackend::set_device_inputs(std::span<const DeviceInput> inputs, const i
   sampled_ids_ = sampled_ids;
 }
 
+// On this stream: the device sampler draws on the logits' stream, which is this one.
+std::vector<int32_t> CudaBackend::device_ids_to_host(const int32_t* sampled_ids, int64_t n) {
+  DI_CHECK(sampled_ids && n >= 0, "device ids: ", n, " rows of ", static_cast<const void*>(sampled_ids));
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  if (n > 0) dc::copy_d2h(ids.data(), sampled_ids, size_t(n) * sizeof(int32_t), stream_.get(), /*sync=*/true);
+  return ids;
+}
+
 void CudaBackend::begin_step(StepPlan plan) {
   plan_ = std::move(plan);
   const cudaStream_t st = stream_.get();

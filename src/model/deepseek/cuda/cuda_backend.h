@@ -65,6 +65,7 @@ class CudaBackend final : public ModelBackend {
   std::shared_ptr<uint8_t> allocate_host_memory(size_t bytes) override;
   std::optional<FixedShape> fixed_shape(const ForwardBatch& batch) const override;
   void set_device_inputs(std::span<const DeviceInput> inputs, const int32_t* sampled_ids) override;
+  std::vector<int32_t> device_ids_to_host(const int32_t* sampled_ids, int64_t n) override;
   // Expert parallelism, host-staged through the group (cuda_expert_parallel.cpp).
   bool joins_collectives() const override { return ep_ != nullptr; }
   void set_expert_parallel(std::shared_ptr<ExpertParallel> ep) override;
