@@ -209,6 +209,13 @@ struct CpLayout {
 void PrintTo(const CpLayout& l, std::ostream* os) {
   *os << "dp " << l.dp << " cp " << l.cp << " ep " << l.ep << (l.eplb ? " eplb" : "");
 }
+// Context parallelism runs on the CPU backend only (a GPU accelerator is refused), so these tests
+// pin the CPU, also under DEEPINFER_TEST_ACCELERATOR=nvidia, and so does their one-rank reference.
+LLMConfig cpu_config(const std::string& model, int dp, int ep) {
+  LLMConfig c = config(model, dp, ep);
+  c.accelerator = "cpu";
+  return c;
+}
 class ContextParallelLLM : public ::testing::TestWithParam<CpLayout> {};
 
 TEST_P(ContextParallelLLM, MatchesOneRank) {
@@ -230,12 +237,12 @@ TEST_P(ContextParallelLLM, MatchesOneRank) {
     prompts.push_back(prompts.back());  // its prefix comes from the cache
   };
   {
-    LLM one(config(tiny_model(), 1, 0));
+    LLM one(cpu_config(tiny_model(), 1, 0));
     vocab = one.vocab_size();
     make_prompts();
     ref = one.generate(prompts, params);
   }
-  LLMConfig c = config(tiny_model(), dp, ep);
+  LLMConfig c = cpu_config(tiny_model(), dp, ep);
   c.context_parallel_size = cp;
   c.context_parallel_min_tokens = 16;
   c.worker_command = worker();
@@ -274,7 +281,7 @@ INSTANTIATE_TEST_SUITE_P(Ranks, ContextParallelLLM,
 TEST(ContextParallelLLM, BadRequestFailsAlone) {
   if (!std::filesystem::exists(tiny_model() + "/config.json")) GTEST_SKIP() << "fixture absent";
   for (int dp : {1, 2}) {
-    LLMConfig c = config(tiny_model(), dp, 2);
+    LLMConfig c = cpu_config(tiny_model(), dp, 2);
     c.context_parallel_size = 2, c.context_parallel_min_tokens = 16, c.worker_command = worker();
     LLM par(c);
     const int64_t vocab = par.vocab_size();
@@ -296,7 +303,7 @@ TEST(ContextParallelLLM, BadLayoutsRefused) {
   // Experts sharded over another group than each CP group's ranks (also across the data-parallel
   // groups): refused, naming both fields.
   for (auto [dp, cp, ep] : {std::tuple{1, 2, 3}, std::tuple{1, 3, 2}, std::tuple{1, 4, 2}, std::tuple{2, 2, 4}}) {
-    c = config(tiny_model(), dp, ep);
+    c = cpu_config(tiny_model(), dp, ep);
     c.context_parallel_size = cp, c.context_parallel_min_tokens = 16;
     try {
       LLM bad(c);
@@ -307,7 +314,7 @@ TEST(ContextParallelLLM, BadLayoutsRefused) {
       EXPECT_NE(msg.find("expert_parallel_size=" + std::to_string(ep)), std::string::npos) << msg;
     }
   }
-  c = config(tiny_model(), 1, 0);
+  c = cpu_config(tiny_model(), 1, 0);
   c.context_parallel_size = 2, c.context_parallel_min_tokens = 1;
   EXPECT_THROW(LLM{c}, InvalidArgument);
   c.context_parallel_min_tokens = 16, c.enable_eplb = true;  // nothing sharded: EPLB refused, not ignored
