@@ -1,6 +1,7 @@
 // Per-state token mask cache: see compiled.h for the accepted/rejected/uncertain split. The
 // walks that fill an entry are in mask_walk.cpp.
 #include <algorithm>
+#include <chrono>
 #include <deque>
 #include <unordered_map>
 
@@ -152,6 +153,104 @@ std::shared_ptr<const StateMaskCache> CompiledGrammarImpl::state_cache(int32_t s
   std::lock_guard<std::mutex> lock(mu_);
   if (!caches_[state]) caches_[state] = std::move(c);
   return caches_[state];
+}
+
+namespace {
+
+// Pairs filled per call edge, and rules followed through tail calls from its callee: bounds
+// the precompute of a call into a large rule (any JSON value) to its likely states.
+constexpr int64_t kMaxPairsPerCall = 16;
+constexpr size_t kMaxPairRules = 8;
+
+int64_t cache_bytes(const StateMaskCache& c) {
+  return static_cast<int64_t>(sizeof c + c.accepted_bits.size() * sizeof(uint32_t) +
+                              c.accepted_ids.size() * sizeof(int32_t) + c.uncertain.size() * sizeof(RankRange));
+}
+
+}  // namespace
+
+MaskPrecomputeResult CompiledGrammarImpl::precompute_masks(const MaskPrecompute& opts,
+                                                           const std::atomic<bool>* cancel) const {
+  // Breadth first from the root's start state over byte edges, call edges (the callee's start
+  // and the return state) alike: a request's first masks are at the states its first bytes
+  // reach, so those are filled first and a budget cut keeps the ones needed soonest. Each
+  // entry is exactly what the mask call would compute (state_cache), so no decision changes;
+  // a mask that comes first simply computes its state itself (state_cache tolerates the race).
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  MaskPrecomputeResult r;
+  auto elapsed_ms = [&] { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); };
+  if (opts.time_budget_ms <= 0 || pda.empty_language) {
+    r.complete = opts.time_budget_ms > 0;
+    return r;
+  }
+  const size_t n = pda.num_states();
+  const int32_t nc = pda.num_classes;
+  std::vector<uint8_t> seen(n, 0);  // [num_states]
+  // Pair caches (compiled.h PairMaskCache) for each non-tail call edge: the callee's states
+  // (and those of rules it tail-calls) over the call's return state, as masks inside that
+  // callee (a string or number value) will ask for them.
+  std::vector<std::vector<int32_t>> rule_states(pda.rule_start.size());  // [rule] its states
+  for (size_t s = 0; s < n; ++s) rule_states[pda.states[s].rule].push_back(static_cast<int32_t>(s));
+  std::vector<uint8_t> pairs_done;  // [call edge] its pairs filled
+  pairs_done.assign(pda.calls.size(), 0);
+  auto fill_pairs = [&](int32_t call) {
+    const PdaCall& pc = pda.calls[call];
+    if (pc.tail || pairs_done[call]) return;
+    pairs_done[call] = 1;
+    std::vector<int32_t> rules{pc.rule};
+    for (size_t i = 0; i < rules.size() && rules.size() <= kMaxPairRules; ++i)
+      for (int32_t s : rule_states[rules[i]])
+        for (int32_t c = pda.states[s].calls_begin; c < pda.states[s].calls_end; ++c)
+          if (pda.calls[c].tail && std::find(rules.begin(), rules.end(), pda.calls[c].rule) == rules.end())
+            rules.push_back(pda.calls[c].rule);
+    int64_t filled = 0;
+    for (int32_t rule : rules)
+      for (int32_t s : rule_states[rule]) {
+        if (pda.states[s].dead_end || filled >= kMaxPairsPerCall) continue;
+        if (elapsed_ms() >= opts.time_budget_ms) return;  // the main loop sees it too
+        const int64_t nu = state_cache(s)->num_uncertain();
+        if (nu < kMinPairTokens) continue;
+        const std::shared_ptr<const PairMaskCache> p = pair_cache(s, pc.ret);
+        r.bytes += static_cast<int64_t>(sizeof *p + p->accepted_ids.size() * sizeof(int32_t) +
+                                        p->uncertain.size() * sizeof(RankRange));
+        ++filled;
+        ++r.pairs;
+      }
+  };
+  std::deque<int32_t> queue;
+  auto visit = [&](int32_t s) {
+    if (s >= 0 && !seen[s]) {
+      seen[s] = 1;
+      queue.push_back(s);
+    }
+  };
+  visit(pda.rule_start[pda.root]);
+  while (!queue.empty()) {
+    if ((cancel && cancel->load(std::memory_order_relaxed)) || elapsed_ms() >= opts.time_budget_ms ||
+        r.bytes >= opts.max_cache_bytes) {
+      r.ms = elapsed_ms();
+      return r;  // incomplete
+    }
+    const int32_t s = queue.front();
+    queue.pop_front();
+    const PdaState& st = pda.states[s];
+    // A dead end is never a mask's state: the matcher pops it to the frame below (matcher.cpp).
+    if (!st.dead_end) {
+      r.bytes += cache_bytes(*state_cache(s));
+      ++r.states;
+    }
+    for (int32_t c = st.calls_begin; c < st.calls_end; ++c) {
+      visit(pda.rule_start[pda.calls[c].rule]);
+      visit(pda.calls[c].ret);
+      fill_pairs(c);
+    }
+    const int32_t* row = &pda.trans[static_cast<size_t>(s) * nc];
+    for (int32_t c = 0; c < nc; ++c) visit(row[c]);
+  }
+  r.complete = true;
+  r.ms = elapsed_ms();
+  return r;
 }
 
 }  // namespace deepinfer::structured
