@@ -267,7 +267,7 @@ def main():
     print("| " + " | ".join(keys) + " |")
     print("|" + "---|" * len(keys))
     for r in rows:
-        print("| " + " | ".join(str(r[k]) for k in keys) + " |")
+        print("| " + " | ".join(str(r.get(k, "–")) for k in keys) + " |")
 
 
 def run_engine(eng, cases, args, tok_json, hf_tok, eos, n):

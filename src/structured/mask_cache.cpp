@@ -157,10 +157,9 @@ std::shared_ptr<const StateMaskCache> CompiledGrammarImpl::state_cache(int32_t s
 
 namespace {
 
-// Pairs filled per call edge, and rules followed through tail calls from its callee: bounds
-// the precompute of a call into a large rule (any JSON value) to its likely states.
-constexpr int64_t kMaxPairsPerCall = 16;
-constexpr size_t kMaxPairRules = 8;
+// Return states whose pairs are filled per rule: a rule called from hundreds of places (the
+// string body of every string property) gets the first ones the walk reaches.
+constexpr size_t kMaxRetsPerRule = 64;
 
 int64_t cache_bytes(const StateMaskCache& c) {
   return static_cast<int64_t>(sizeof c + c.accepted_bits.size() * sizeof(uint32_t) +
@@ -187,36 +186,41 @@ MaskPrecomputeResult CompiledGrammarImpl::precompute_masks(const MaskPrecompute&
   const size_t n = pda.num_states();
   const int32_t nc = pda.num_classes;
   std::vector<uint8_t> seen(n, 0);  // [num_states]
-  // Pair caches (compiled.h PairMaskCache) for each non-tail call edge: the callee's states
-  // (and those of rules it tail-calls) over the call's return state, as masks inside that
+  // Pair caches (compiled.h PairMaskCache), in the same breadth-first order: a state with many
+  // uncertain tokens over the return state of each call edge into its rule (directly or
+  // through tail calls), filled when the later of the two is reached, as masks inside that
   // callee (a string or number value) will ask for them.
-  std::vector<std::vector<int32_t>> rule_states(pda.rule_start.size());  // [rule] its states
-  for (size_t s = 0; s < n; ++s) rule_states[pda.states[s].rule].push_back(static_cast<int32_t>(s));
-  std::vector<uint8_t> pairs_done;  // [call edge] its pairs filled
-  pairs_done.assign(pda.calls.size(), 0);
-  auto fill_pairs = [&](int32_t call) {
-    const PdaCall& pc = pda.calls[call];
-    if (pc.tail || pairs_done[call]) return;
-    pairs_done[call] = 1;
-    std::vector<int32_t> rules{pc.rule};
-    for (size_t i = 0; i < rules.size() && rules.size() <= kMaxPairRules; ++i)
-      for (int32_t s : rule_states[rules[i]])
-        for (int32_t c = pda.states[s].calls_begin; c < pda.states[s].calls_end; ++c)
-          if (pda.calls[c].tail && std::find(rules.begin(), rules.end(), pda.calls[c].rule) == rules.end())
-            rules.push_back(pda.calls[c].rule);
-    int64_t filled = 0;
-    for (int32_t rule : rules)
-      for (int32_t s : rule_states[rule]) {
-        if (pda.states[s].dead_end || filled >= kMaxPairsPerCall) continue;
-        if (elapsed_ms() >= opts.time_budget_ms) return;  // the main loop sees it too
-        const int64_t nu = state_cache(s)->num_uncertain();
-        if (nu < kMinPairTokens) continue;
-        const std::shared_ptr<const PairMaskCache> p = pair_cache(s, pc.ret);
-        r.bytes += static_cast<int64_t>(sizeof *p + p->accepted_ids.size() * sizeof(int32_t) +
-                                        p->uncertain.size() * sizeof(RankRange));
-        ++filled;
-        ++r.pairs;
-      }
+  const size_t nr = pda.rule_start.size();
+  std::vector<std::vector<int32_t>> tails(nr);    // [rule] rules its states tail-call
+  for (size_t q = 0; q < n; ++q)
+    for (int32_t c = pda.states[q].calls_begin; c < pda.states[q].calls_end; ++c) {
+      auto& t = tails[pda.states[q].rule];
+      if (pda.calls[c].tail && std::find(t.begin(), t.end(), pda.calls[c].rule) == t.end()) t.push_back(pda.calls[c].rule);
+    }
+  std::vector<std::vector<int32_t>> rets(nr);     // [rule] return states of the call edges seen into it
+  std::vector<std::vector<int32_t>> pending(nr);  // [rule] its reached states with many uncertain tokens
+  auto out_of_budget = [&] {
+    return (cancel && cancel->load(std::memory_order_relaxed)) || elapsed_ms() >= opts.time_budget_ms ||
+           r.bytes >= opts.max_cache_bytes;
+  };
+  auto fill_pair = [&](int32_t s, int32_t ret) {
+    const std::shared_ptr<const PairMaskCache> p = pair_cache(s, ret);
+    r.bytes += static_cast<int64_t>(sizeof *p + p->accepted_ids.size() * sizeof(int32_t) +
+                                    p->uncertain.size() * sizeof(RankRange));
+    ++r.pairs;
+  };
+  auto add_ret = [&](int32_t rule, int32_t ret) {
+    std::vector<int32_t> work{rule};
+    while (!work.empty() && !out_of_budget()) {
+      const int32_t q = work.back();
+      work.pop_back();
+      auto& rs = rets[q];
+      if (rs.size() >= kMaxRetsPerRule || std::find(rs.begin(), rs.end(), ret) != rs.end()) continue;
+      rs.push_back(ret);
+      for (int32_t s : pending[q])
+        if (!out_of_budget()) fill_pair(s, ret);
+      work.insert(work.end(), tails[q].begin(), tails[q].end());
+    }
   };
   std::deque<int32_t> queue;
   auto visit = [&](int32_t s) {
@@ -227,8 +231,7 @@ MaskPrecomputeResult CompiledGrammarImpl::precompute_masks(const MaskPrecompute&
   };
   visit(pda.rule_start[pda.root]);
   while (!queue.empty()) {
-    if ((cancel && cancel->load(std::memory_order_relaxed)) || elapsed_ms() >= opts.time_budget_ms ||
-        r.bytes >= opts.max_cache_bytes) {
+    if (out_of_budget()) {
       r.ms = elapsed_ms();
       return r;  // incomplete
     }
@@ -237,13 +240,19 @@ MaskPrecomputeResult CompiledGrammarImpl::precompute_masks(const MaskPrecompute&
     const PdaState& st = pda.states[s];
     // A dead end is never a mask's state: the matcher pops it to the frame below (matcher.cpp).
     if (!st.dead_end) {
-      r.bytes += cache_bytes(*state_cache(s));
+      const std::shared_ptr<const StateMaskCache> c = state_cache(s);
+      r.bytes += cache_bytes(*c);
       ++r.states;
+      if (c->num_uncertain() >= kMinPairTokens) {
+        pending[st.rule].push_back(s);
+        for (int32_t ret : rets[st.rule])
+          if (!out_of_budget()) fill_pair(s, ret);
+      }
     }
     for (int32_t c = st.calls_begin; c < st.calls_end; ++c) {
       visit(pda.rule_start[pda.calls[c].rule]);
       visit(pda.calls[c].ret);
-      fill_pairs(c);
+      if (!pda.calls[c].tail) add_ret(pda.calls[c].rule, pda.calls[c].ret);
     }
     const int32_t* row = &pda.trans[static_cast<size_t>(s) * nc];
     for (int32_t c = 0; c < nc; ++c) visit(row[c]);
