@@ -52,9 +52,10 @@ struct StateMaskCache {
 struct PairMaskCache {
   std::vector<int32_t> accepted_ids;
   std::vector<RankRange> uncertain;
-  // The walk gave up after kMaxPairSteps byte steps (text that goes on past the caller, as at
-  // a counted block's end, where the real-stack re-walk's text chain is the faster way): use
-  // the state's own uncertain set instead.
+  // No pair cache: the walk gave up after kMaxPairSteps byte steps (text that goes on past the
+  // caller, as at a counted block's end, where the real-stack re-walk's text chain is the
+  // faster way), or the state's rule checks key sets (pair_cache.cpp): use the state's own
+  // uncertain set instead.
   bool gave_up = false;
 };
 

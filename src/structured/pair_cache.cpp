@@ -21,8 +21,20 @@ void push_range(std::vector<RankRange>& out, int32_t lo, int32_t hi) {
 std::shared_ptr<const PairMaskCache> CompiledGrammarImpl::compute_pair_cache(int32_t state, int32_t ret,
                                                                              bool reference) const {
   const TokenVocabulary& v = *vocab;
-  const std::shared_ptr<const StateMaskCache> base = state_cache(state);
   auto out = std::make_shared<PairMaskCache>();
+  // The top frame's key set is unknown here, and a frame that passed a key-set check with it
+  // would lose that mark when it returns into `ret`'s frame (unguarded() only sees the frames
+  // still on the stack): e.g. `}]` after a string value inside a tracked object in an array,
+  // alive whatever keys were written. So a state whose rule checks key sets gets no pair cache.
+  // (Frames the walk pushes start with the empty set, exactly as in the real stack, and
+  // `ret`'s own frame never returns without the walk escaping.)
+  const int32_t rule = pda.states[state].rule;
+  for (const PdaState& st : pda.states)
+    if (st.rule == rule && st.guard >= 0) {
+      out->gave_up = true;
+      return out;
+    }
+  const std::shared_ptr<const StateMaskCache> base = state_cache(state);
   NodePool pool;
   // The frame below: `ret` over an unknown context; both key sets unknown, so a key-set check
   // on the way leaves its tokens uncertain (Stepper::enter marks them kGuardedSet).
