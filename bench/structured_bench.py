@@ -66,6 +66,7 @@ class Stats:
         self.passed = self.compile_errors = self.fa = self.fr = self.schemas = 0
         self.compile_ms = []
         self.mask_us = []
+        self.precompute_ms = []  # deepinfer --precompute-ms: the fill before each first mask
 
     def row(self):
         return {
@@ -75,6 +76,8 @@ class Stats:
             "mask_us_p50": round(pct(self.mask_us, 50), 2), "mask_us_p99": round(pct(self.mask_us, 99), 2),
             "mask_us_p99.9": round(pct(self.mask_us, 99.9), 2),
             "mask_us_max": round(max(self.mask_us), 1) if self.mask_us else float("nan"), "masks": len(self.mask_us),
+            **({"precompute_ms_p50": round(pct(self.precompute_ms, 50), 2),
+                "precompute_ms_p99": round(pct(self.precompute_ms, 99), 2)} if self.precompute_ms else {}),
         }
 
     def best_of(self, other):
@@ -98,7 +101,7 @@ def record(st, results):
     st.passed += ok
 
 
-def run_deepinfer(cases, tok_path, exe, cpu_clock=False):
+def run_deepinfer(cases, tok_path, exe, cpu_clock=False, precompute_ms=0.0):
     st = Stats("deepinfer")
     with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
         index = []
@@ -107,7 +110,8 @@ def run_deepinfer(cases, tok_path, exe, cpu_clock=False):
                 f.write(json.dumps({"input": text, "so_args": {"json_schema": schema}}, ensure_ascii=False) + "\n")
                 index.append((ci, valid))
         path = f.name
-    out = subprocess.run([exe, "so-check", "--tokenizer", tok_path, "--inputs", path, "--mask-times"] + (["--cpu-clock"] if cpu_clock else []),
+    out = subprocess.run([exe, "so-check", "--tokenizer", tok_path, "--inputs", path, "--mask-times"] + (["--cpu-clock"] if cpu_clock else [])
+                         + (["--precompute-ms", str(precompute_ms)] if precompute_ms > 0 else []),
                          capture_output=True, text=True, check=True).stdout.splitlines()
     os.unlink(path)
     per_case = {}
@@ -123,6 +127,8 @@ def run_deepinfer(cases, tok_path, exe, cpu_clock=False):
             st.compile_errors += 1
             continue
         st.compile_ms.append(rows[0][0]["compile_ms"])
+        if "precompute_ms" in rows[0][0]:
+            st.precompute_ms.append(rows[0][0]["precompute_ms"])
         for r, _ in rows:
             st.mask_us.extend(r.get("mask_us", []))
         record(st, [(r["accepted"], v) for r, v in rows])
@@ -224,6 +230,9 @@ def main():
                     help="runs per engine, interleaved; reports per-mask / per-compile best of N")
     ap.add_argument("--cpu-clock", action="store_true",
                     help="time in each engine's calling-thread CPU time instead of wall time (see above)")
+    ap.add_argument("--precompute-ms", type=float, default=0.0,
+                    help="deepinfer: fill mask caches for up to this many ms after each compile, before the "
+                         "first mask (the engine's worker does so while the prompt is prefilled); 0 = off")
     args = ap.parse_args()
     if args.cpu_clock:
         global CLOCK
@@ -258,12 +267,12 @@ def main():
     print("| " + " | ".join(keys) + " |")
     print("|" + "---|" * len(keys))
     for r in rows:
-        print("| " + " | ".join(str(r[k]) for k in keys) + " |")
+        print("| " + " | ".join(str(r.get(k, "–")) for k in keys) + " |")
 
 
 def run_engine(eng, cases, args, tok_json, hf_tok, eos, n):
     if eng == "deepinfer":
-        st = run_deepinfer(cases, args.tokenizer, args.cli, args.cpu_clock)
+        st = run_deepinfer(cases, args.tokenizer, args.cli, args.cpu_clock, args.precompute_ms)
     elif eng == "xgrammar":
         added = {i: t.content for i, t in hf_tok.get_added_tokens_decoder().items()}
         vocab_bytes = [added[i].encode() if i in added else _bytes_of(hf_tok, i) for i in range(n)]

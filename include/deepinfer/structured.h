@@ -30,6 +30,7 @@
 // unsupported schema keywords, the keyword's name. A supported grammar is never silently
 // loosened. InvalidArgument for malformed so_args. Compilation is bounded in time and size.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <future>
 #include <memory>
@@ -68,6 +69,25 @@ class TokenVocabulary;  // token trie + stop/special sets (src/structured/vocab.
 std::shared_ptr<const TokenVocabulary> make_vocabulary(TokenizerInfo info);
 int32_t vocabulary_size(const TokenVocabulary& v);
 
+// Mask caches filled ahead of the first mask. A grammar's per-state caches are otherwise
+// computed by the mask call that first needs them (a "first visit": 50-300 us for a key state
+// of a schema-specific object), which is most masks of a grammar used once. Right after a
+// compile the request still waits for its prompt's prefill, so a worker can fill the caches of
+// the states the walk reaches first in that gap (StructuredWorkers::precompute_async).
+// Bounded by wall time and by the bytes of cache entries it touched; the result is the same
+// cache the mask calls would have built (no decision depends on who filled it).
+struct MaskPrecompute {
+  double time_budget_ms = 50;          // <= 0: off
+  int64_t max_cache_bytes = 16 << 20;  // stop once the filled entries hold this much
+};
+struct MaskPrecomputeResult {
+  int64_t states = 0;     // state caches filled or found
+  int64_t pairs = 0;      // pair caches (a state over its caller's return state) filled or found
+  int64_t bytes = 0;      // their size
+  double ms = 0;          // wall time spent
+  bool complete = false;  // every reachable state done (false: a budget ran out or cancelled)
+};
+
 struct CompiledGrammarImpl;
 // Immutable after compile (its lazily filled mask caches are internally synchronised), so one
 // instance may serve any number of matchers on any threads.
@@ -77,6 +97,9 @@ class CompiledGrammar {
   std::string grammar_text() const;    // the internal grammar, EBNF-like (debugging)
   int64_t num_states() const;          // automaton states
   double compile_ms() const;
+  // Fills the mask caches of the states reachable from the start, nearest first, within opts'
+  // budgets; stops early once *cancel (if given) is true. Thread-safe beside mask calls.
+  MaskPrecomputeResult precompute_masks(const MaskPrecompute& opts, const std::atomic<bool>* cancel = nullptr) const;
   const CompiledGrammarImpl& impl() const { return *impl_; }
 
  private:
@@ -166,18 +189,25 @@ struct MaskJob {
 
 class StructuredWorkers {
  public:
-  explicit StructuredWorkers(int threads);
+  // precompute: what precompute_async does for each grammar (time_budget_ms <= 0: nothing).
+  explicit StructuredWorkers(int threads, MaskPrecompute precompute = {});
   ~StructuredWorkers();
   StructuredWorkers(const StructuredWorkers&) = delete;
   StructuredWorkers& operator=(const StructuredWorkers&) = delete;
   int num_threads() const;
   std::shared_future<std::shared_ptr<const CompiledGrammar>> compile_async(GrammarCompiler& compiler,
                                                                          std::string so_args_json);
+  // Queues g.precompute_masks(precompute) on a worker (compile_async does so after each fresh
+  // compile): the caches a request's first masks need, filled while its prompt is prefilled.
+  // Holds only a weak reference (a grammar dropped meanwhile is skipped) and stops when the
+  // workers are destroyed. A compile queued behind it waits at most the time budget.
+  void precompute_async(const std::shared_ptr<const CompiledGrammar>& g);
   void fill_next_token_bitmasks(std::span<GrammarMatcher* const> matchers, std::span<int32_t> words,
                                 size_t row_words);
   void fill_bitmasks(std::span<MaskJob> jobs);
 
  private:
+  void run_precompute(const std::shared_ptr<const CompiledGrammar>& g);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

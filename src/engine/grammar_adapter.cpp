@@ -94,7 +94,10 @@ class StructuredCompiler final : public GrammarCompiler {
       : compiler_(std::move(vocab)), workers_(threads) {}
   std::unique_ptr<GrammarMatcher> compile(const StructuredOutputsParams& spec) override {
     // compile() caches by the canonical so_args text: identical specs share one grammar.
-    return matcher(compiler_.compile(so_args_json(spec)));
+    auto g = compiler_.compile(so_args_json(spec));
+    // The first masks' state caches, filled on a worker while the prompt is prefilled.
+    workers_.precompute_async(g);
+    return matcher(std::move(g));
   }
   std::shared_ptr<PendingGrammar> compile_async(const StructuredOutputsParams& spec) override {
     // The spec's own errors (two kinds set) throw here; the grammar's arrive through the future.

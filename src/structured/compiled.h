@@ -42,6 +42,23 @@ struct StateMaskCache {
   }
 };
 
+// A state's uncertain tokens re-walked with one known frame below it (pair_cache.cpp): the
+// state on top, the return state `ret` of the frame below (key sets unknown), and an unknown
+// context under that. Of the state's uncertain tokens, `accepted_ids` are alive in every such
+// stack, `uncertain` (ranks, increasing, disjoint) still depend on what is below `ret` (or on
+// a key set); the others are rejected. Most uncertain tokens of a string body or a number
+// (a quote or delimiter followed by what the caller allows) are decided by the caller's state
+// alone, so the real-stack re-walk shrinks from thousands of tokens to a few.
+struct PairMaskCache {
+  std::vector<int32_t> accepted_ids;
+  std::vector<RankRange> uncertain;
+  // No pair cache: the walk gave up after kMaxPairSteps byte steps (text that goes on past the
+  // caller, as at a counted block's end, where the real-stack re-walk's text chain is the
+  // faster way), or the state's rule checks key sets (pair_cache.cpp): use the state's own
+  // uncertain set instead.
+  bool gave_up = false;
+};
+
 // A root child's subtree walked from a given state (mask_walk.cpp): what any state whose first
 // byte leads there gets for that subtree. Accepted tokens as rank bits in the words
 // [w0, w0 + words.size()) of the rank bitmap (only the subtree's bits set); uncertain ranks in
@@ -83,6 +100,17 @@ struct CompiledGrammarImpl {
   // Equal results (accepted as a set, uncertain ranges); tests compare them.
   std::shared_ptr<const StateMaskCache> compute_state_cache(int32_t state) const;
   std::shared_ptr<const StateMaskCache> compute_state_cache_reference(int32_t state) const;
+  // Lazily computed, thread-safe: the PairMaskCache of `state` over a frame returning to `ret`.
+  std::shared_ptr<const PairMaskCache> pair_cache(int32_t state, int32_t ret) const;
+  // Its walk, uncached, and the plain twin (every uncertain token stepped alone; tests).
+  std::shared_ptr<const PairMaskCache> compute_pair_cache(int32_t state, int32_t ret, bool reference = false) const;
+  // Pair caches are used for states with at least this many uncertain tokens (fewer: the
+  // real-stack re-walk is cheap already).
+  static constexpr int64_t kMinPairTokens = 64;
+  static constexpr int64_t kMaxPairSteps = 8192;
+  // Fills state_cache for the states reachable from the root's start, nearest first, until done,
+  // the time or memory budget is spent or *cancel is set (structured.h MaskPrecompute).
+  MaskPrecomputeResult precompute_masks(const MaskPrecompute& opts, const std::atomic<bool>* cancel) const;
 
  private:
   // Per-state facts the mask walks fill on first use (mask_walk.cpp): racing walks compute
@@ -136,9 +164,17 @@ struct CompiledGrammarImpl {
   mutable std::unordered_map<uint64_t, std::vector<int32_t>> canon_buckets_;  // shape hash -> representatives
   mutable std::mutex mu_;
   mutable std::vector<std::shared_ptr<const StateMaskCache>> caches_;  // [num_states]
+  mutable std::mutex pair_mu_;
+  mutable std::unordered_map<uint64_t, std::shared_ptr<const PairMaskCache>> pairs_;  // (state, ret)
   mutable std::once_flag facts_once_;
   mutable std::unique_ptr<StateFacts[]> facts_;
 };
+
+class NodePool;
+struct Frame;
+// True if some frame is alive without having passed a key-set check whose set was unknown
+// (mask_walk.cpp): its tokens are then accepted whatever the sets are.
+bool unguarded(const NodePool& pool, const std::vector<Frame>& frames);
 
 // Walks the masks of the lexical rules every JSON grammar shares (string body, any value,
 // numbers) into vocab's shared cache, so no request pays their first visit.

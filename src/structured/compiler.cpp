@@ -275,6 +275,9 @@ std::string so_args_to_grammar_text(std::string_view so_args_json) { return lowe
 std::string CompiledGrammar::grammar_text() const { return impl_->grammar.to_string(); }
 int64_t CompiledGrammar::num_states() const { return static_cast<int64_t>(impl_->pda.num_states()); }
 double CompiledGrammar::compile_ms() const { return impl_->compile_ms; }
+MaskPrecomputeResult CompiledGrammar::precompute_masks(const MaskPrecompute& opts, const std::atomic<bool>* cancel) const {
+  return impl_->precompute_masks(opts, cancel);
+}
 
 GrammarCompiler::GrammarCompiler(std::shared_ptr<const TokenVocabulary> vocab, CompilerOptions options)
     : vocab_(std::move(vocab)), options_(options) {

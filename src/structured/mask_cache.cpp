@@ -1,6 +1,7 @@
 // Per-state token mask cache: see compiled.h for the accepted/rejected/uncertain split. The
 // walks that fill an entry are in mask_walk.cpp.
 #include <algorithm>
+#include <chrono>
 #include <deque>
 #include <unordered_map>
 
@@ -152,6 +153,113 @@ std::shared_ptr<const StateMaskCache> CompiledGrammarImpl::state_cache(int32_t s
   std::lock_guard<std::mutex> lock(mu_);
   if (!caches_[state]) caches_[state] = std::move(c);
   return caches_[state];
+}
+
+namespace {
+
+// Return states whose pairs are filled per rule: a rule called from hundreds of places (the
+// string body of every string property) gets the first ones the walk reaches.
+constexpr size_t kMaxRetsPerRule = 64;
+
+int64_t cache_bytes(const StateMaskCache& c) {
+  return static_cast<int64_t>(sizeof c + c.accepted_bits.size() * sizeof(uint32_t) +
+                              c.accepted_ids.size() * sizeof(int32_t) + c.uncertain.size() * sizeof(RankRange));
+}
+
+}  // namespace
+
+MaskPrecomputeResult CompiledGrammarImpl::precompute_masks(const MaskPrecompute& opts,
+                                                           const std::atomic<bool>* cancel) const {
+  // Breadth first from the root's start state over byte edges, call edges (the callee's start
+  // and the return state) alike: a request's first masks are at the states its first bytes
+  // reach, so those are filled first and a budget cut keeps the ones needed soonest. Each
+  // entry is exactly what the mask call would compute (state_cache), so no decision changes;
+  // a mask that comes first simply computes its state itself (state_cache tolerates the race).
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  MaskPrecomputeResult r;
+  auto elapsed_ms = [&] { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); };
+  if (opts.time_budget_ms <= 0 || pda.empty_language) {
+    r.complete = opts.time_budget_ms > 0;
+    return r;
+  }
+  const size_t n = pda.num_states();
+  const int32_t nc = pda.num_classes;
+  std::vector<uint8_t> seen(n, 0);  // [num_states]
+  // Pair caches (compiled.h PairMaskCache), in the same breadth-first order: a state with many
+  // uncertain tokens over the return state of each call edge into its rule (directly or
+  // through tail calls), filled when the later of the two is reached, as masks inside that
+  // callee (a string or number value) will ask for them.
+  const size_t nr = pda.rule_start.size();
+  std::vector<std::vector<int32_t>> tails(nr);    // [rule] rules its states tail-call
+  for (size_t q = 0; q < n; ++q)
+    for (int32_t c = pda.states[q].calls_begin; c < pda.states[q].calls_end; ++c) {
+      auto& t = tails[pda.states[q].rule];
+      if (pda.calls[c].tail && std::find(t.begin(), t.end(), pda.calls[c].rule) == t.end()) t.push_back(pda.calls[c].rule);
+    }
+  std::vector<std::vector<int32_t>> rets(nr);     // [rule] return states of the call edges seen into it
+  std::vector<std::vector<int32_t>> pending(nr);  // [rule] its reached states with many uncertain tokens
+  auto out_of_budget = [&] {
+    return (cancel && cancel->load(std::memory_order_relaxed)) || elapsed_ms() >= opts.time_budget_ms ||
+           r.bytes >= opts.max_cache_bytes;
+  };
+  auto fill_pair = [&](int32_t s, int32_t ret) {
+    const std::shared_ptr<const PairMaskCache> p = pair_cache(s, ret);
+    r.bytes += static_cast<int64_t>(sizeof *p + p->accepted_ids.size() * sizeof(int32_t) +
+                                    p->uncertain.size() * sizeof(RankRange));
+    ++r.pairs;
+  };
+  auto add_ret = [&](int32_t rule, int32_t ret) {
+    std::vector<int32_t> work{rule};
+    while (!work.empty() && !out_of_budget()) {
+      const int32_t q = work.back();
+      work.pop_back();
+      auto& rs = rets[q];
+      if (rs.size() >= kMaxRetsPerRule || std::find(rs.begin(), rs.end(), ret) != rs.end()) continue;
+      rs.push_back(ret);
+      for (int32_t s : pending[q])
+        if (!out_of_budget()) fill_pair(s, ret);
+      work.insert(work.end(), tails[q].begin(), tails[q].end());
+    }
+  };
+  std::deque<int32_t> queue;
+  auto visit = [&](int32_t s) {
+    if (s >= 0 && !seen[s]) {
+      seen[s] = 1;
+      queue.push_back(s);
+    }
+  };
+  visit(pda.rule_start[pda.root]);
+  while (!queue.empty()) {
+    if (out_of_budget()) {
+      r.ms = elapsed_ms();
+      return r;  // incomplete
+    }
+    const int32_t s = queue.front();
+    queue.pop_front();
+    const PdaState& st = pda.states[s];
+    // A dead end is never a mask's state: the matcher pops it to the frame below (matcher.cpp).
+    if (!st.dead_end) {
+      const std::shared_ptr<const StateMaskCache> c = state_cache(s);
+      r.bytes += cache_bytes(*c);
+      ++r.states;
+      if (c->num_uncertain() >= kMinPairTokens) {
+        pending[st.rule].push_back(s);
+        for (int32_t ret : rets[st.rule])
+          if (!out_of_budget()) fill_pair(s, ret);
+      }
+    }
+    for (int32_t c = st.calls_begin; c < st.calls_end; ++c) {
+      visit(pda.rule_start[pda.calls[c].rule]);
+      visit(pda.calls[c].ret);
+      if (!pda.calls[c].tail) add_ret(pda.calls[c].rule, pda.calls[c].ret);
+    }
+    const int32_t* row = &pda.trans[static_cast<size_t>(s) * nc];
+    for (int32_t c = 0; c < nc; ++c) visit(row[c]);
+  }
+  r.complete = true;
+  r.ms = elapsed_ms();
+  return r;
 }
 
 }  // namespace deepinfer::structured

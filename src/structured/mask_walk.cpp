@@ -61,6 +61,8 @@ void class_ends(const Pda& pda, int class_end[256]) {
     class_end[b] = b < 255 && pda.byte_class[b + 1] == pda.byte_class[b] ? class_end[b + 1] : b;
 }
 
+}  // namespace
+
 // True if some frame is alive without having passed a key-set check in the walk's bottom frame
 // (whose set is unknown): its tokens are then accepted whatever the set.
 bool unguarded(const NodePool& pool, const std::vector<Frame>& frames) {
@@ -71,6 +73,8 @@ bool unguarded(const NodePool& pool, const std::vector<Frame>& frames) {
   }
   return false;
 }
+
+namespace {
 
 bool text_stays_alive(const Pda& pda, int32_t state, const std::array<uint64_t, 4>& loops) {
   using R = TextSpan;

@@ -172,7 +172,20 @@ void MatcherState::fill_mask(std::vector<uint32_t>& bits) {
     } else {
       for (int32_t t : c->accepted_ids) bits[t >> 5] |= 1u << (t & 31);
     }
-    if (!c->uncertain.empty()) walk_uncertain(*c, f, bits);
+    if (c->uncertain.empty()) continue;
+    const int64_t nu = c->num_uncertain();
+    std::shared_ptr<const PairMaskCache> pc;
+    if (f.parent >= 0 && nu >= CompiledGrammarImpl::kMinPairTokens)
+      pc = g->pair_cache(f.state, pool.node(f.parent).state);
+    if (pc && !pc->gave_up) {
+      // Decided by the caller's return state (shared by every matcher of this grammar, often
+      // filled by the precompute): only the tokens that also leave the caller's rule, or pass
+      // a key-set check, are walked with the real stack.
+      for (int32_t t : pc->accepted_ids) bits[t >> 5] |= 1u << (t & 31);
+      if (!pc->uncertain.empty()) walk_ranks(pc->uncertain.data(), pc->uncertain.size(), f, bits);
+    } else {
+      walk_uncertain(*c, f, bits);
+    }
   }
   Stepper stepper(g->pda, pool, true);
   if (stepper.can_finish(cur()))

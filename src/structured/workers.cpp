@@ -2,6 +2,7 @@
 // grammar compilation off the caller's thread, and one batch's token masks filled in parallel.
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -18,6 +19,8 @@ struct StructuredWorkers::Impl {
   std::condition_variable cv;
   std::deque<std::function<void()>> queue;
   bool stop = false;
+  std::atomic<bool> cancel{false};  // set on destruction: a running precompute stops
+  MaskPrecompute precompute;
   std::vector<std::thread> threads;
 
   void loop() {
@@ -42,12 +45,17 @@ struct StructuredWorkers::Impl {
   }
 };
 
-StructuredWorkers::StructuredWorkers(int threads) : impl_(std::make_unique<Impl>()) {
+StructuredWorkers::StructuredWorkers(int threads, MaskPrecompute precompute) : impl_(std::make_unique<Impl>()) {
   DI_CHECK(threads >= 1 && threads <= 256, "StructuredWorkers needs 1..256 threads, got ", threads);
+  if (!(precompute.time_budget_ms <= 60000) || precompute.max_cache_bytes < 0)
+    DI_THROW(InvalidArgument, "StructuredWorkers: MaskPrecompute needs time_budget_ms <= 60000 and max_cache_bytes >= 0, got ",
+             precompute.time_budget_ms, " ms and ", precompute.max_cache_bytes, " bytes");
+  impl_->precompute = precompute;
   for (int i = 0; i < threads; ++i) impl_->threads.emplace_back([this] { impl_->loop(); });
 }
 
 StructuredWorkers::~StructuredWorkers() {
+  impl_->cancel = true;
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
     impl_->stop = true;
@@ -70,8 +78,28 @@ std::shared_future<std::shared_ptr<const CompiledGrammar>> StructuredWorkers::co
   auto task = std::make_shared<std::packaged_task<std::shared_ptr<const CompiledGrammar>()>>(
       [&compiler, args = std::move(so_args_json)] { return compiler.compile(args); });
   std::shared_future<std::shared_ptr<const CompiledGrammar>> f = task->get_future().share();
-  impl_->post([task] { (*task)(); });
+  // The precompute runs on this worker right after the compile, once the future is ready (the
+  // request can be admitted meanwhile: its first mask needs the prefill first).
+  impl_->post([this, task, f] {
+    (*task)();
+    if (f.wait_for(std::chrono::seconds(0)) != std::future_status::ready) return;
+    try {
+      run_precompute(f.get());
+    } catch (...) {  // the compile's error: the request gets it through the future
+    }
+  });
   return f;
+}
+
+void StructuredWorkers::run_precompute(const std::shared_ptr<const CompiledGrammar>& g) {
+  if (g && impl_->precompute.time_budget_ms > 0 && !impl_->cancel) g->precompute_masks(impl_->precompute, &impl_->cancel);
+}
+
+void StructuredWorkers::precompute_async(const std::shared_ptr<const CompiledGrammar>& g) {
+  if (!g || impl_->precompute.time_budget_ms <= 0) return;
+  impl_->post([this, w = std::weak_ptr<const CompiledGrammar>(g)] {
+    if (auto g = w.lock()) run_precompute(g);
+  });
 }
 
 void StructuredWorkers::fill_next_token_bitmasks(std::span<GrammarMatcher* const> matchers, std::span<int32_t> words,
