@@ -230,6 +230,20 @@ PhaseDiff device_inputs(DeepseekV41Model& m, const std::vector<Ref>& rs) {
   return d;
 }
 
+// Bounds of |dlogit| between a verify step's rows and plain decode's. Batch-invariant numerics
+// must give bitwise equal rows (0), and so must a device-input step against a host-input one in
+// every mode (the same shapes, only where the id is read from differs). Without batch invariance a
+// verify step (5 rows per sequence) runs its GEMMs in another shape than a decode step (1 row),
+// so the fp32 sums differ in the last bits, and V4.1's QAT round trips (the FP8 / FP4 rounding of
+// the index query, window and compressor steps) turn a last-bit difference that crosses a rounding
+// boundary into a whole quantization step: on the H200 the CPU model (b) reached 4.8e-3 (1.9e-3 in
+// (c)), the GPU's exact graph path (fixed shape buckets) 1.9e-3, with no argmax differing in any
+// row. 1e-2 bounds those with room and is far below the logit gaps that decide greedy tokens (the
+// argmax is asserted equal in every row regardless). The GPU's exact general path, whose GEMMs see
+// the same row counts either way, stayed at 3.9e-6: 1e-4 there.
+constexpr double kShapeTol = 1e-2;
+constexpr double kGeneralTol = 1e-4;
+
 void expect_matches(const PhaseDiff& d, const std::string& what, double tol) {
   d.print(what);
   EXPECT_GT(d.rows, 0) << what;
@@ -246,8 +260,9 @@ TEST(V41VerifyPath, CpuVerifyAndRollbackMatchPlainDecode) {
     std::vector<Ref> rs = prompts(dir);
     reference(*m, rs);
     const std::string what = std::string("cpu") + (inv ? " batch-invariant" : "");
-    expect_matches(all_accepted(*m, rs), what + " (b) all drafts accepted", inv ? 0.0 : 1e-4);
-    expect_matches(with_rejections(*m, rs), what + " (c) rejections + rollback", inv ? 0.0 : 1e-4);
+    const double tol = inv ? 0.0 : kShapeTol;
+    expect_matches(all_accepted(*m, rs), what + " (b) all drafts accepted", tol);
+    expect_matches(with_rejections(*m, rs), what + " (c) rejections + rollback", tol);
   }
 }
 
@@ -286,13 +301,13 @@ TEST(V41VerifyPath, GpuVerifyRollbackAndDeviceInputsMatchPlainDecode) {
     m->allocate_cache_for(4, 256);
     std::vector<Ref> rs = prompts(dir);
     reference(*m, rs);
-    // Exact numerics differ between step shapes by fp32 rounding (QAT steps can amplify it);
-    // batch-invariant production numerics are expected to be bitwise equal rows.
-    const double tol = g.invariant ? 0.0 : 1e-4;
+    // See kShapeTol: bitwise equal rows when batch-invariant, shape-dependent rounding otherwise
+    // (amplified by the QAT steps on the graph path's fixed buckets); device inputs always exact.
+    const double tol = g.invariant ? 0.0 : g.path == DecodePath::kGeneral ? kGeneralTol : kShapeTol;
     const std::string what = std::string("gpu ") + g.name;
     expect_matches(all_accepted(*m, rs), what + " (b) all drafts accepted", tol);
     expect_matches(with_rejections(*m, rs), what + " (c) rejections + rollback", tol);
-    expect_matches(device_inputs(*m, rs), what + " (d) device inputs", tol);
+    expect_matches(device_inputs(*m, rs), what + " (d) device inputs", 0.0);
   }
 }
 

@@ -179,23 +179,6 @@ std::unique_ptr<DeepseekV41Model> load_v41_cuda(const std::string& dir, const Cu
   return DeepseekV41Model::load(dir, m, make);
 }
 
-namespace {
-// Drafting with DSpark on the GPU is refused until the engine-level identity holds there: on the
-// H200 (2026-12-02) greedy output with DSpark drafts differed from plain decoding for 6 of 6
-// requests, in exact and in batch-invariant production numerics
-// (V41GpuDSpark.EngineGreedyDraftsIdenticalToPlain), while the drafter alone matches the CPU
-// (GoldenScheduleFromGpuTaps). A wrong answer is worse than no drafts; the CPU backend drafts
-// with DSpark exactly. Empty when nothing is refused.
-std::string dspark_refusal(const DeepseekV41Config& c, const ModelLoadOptions& l) {
-  const int n = l.env.use_nextn_decode.value_or(0);
-  if (n <= 0 || c.dspark.num_stages == 0) return "";
-  return "DEEPINFER_USE_NEXTN_DECODE=" + std::to_string(n) +
-         ": speculative decoding with V4.1's DSpark drafter is not available on the GPU yet (its greedy output did "
-         "not equal plain decoding in the H200 check V41GpuDSpark.EngineGreedyDraftsIdenticalToPlain); set "
-         "DEEPINFER_USE_NEXTN_DECODE=0 for the GPU, or DEEPINFER_ACCELERATOR=cpu to draft on the CPU";
-}
-}  // namespace
-
 std::string auto_gpu_refusal(const std::string& dir, const ModelLoadOptions& l) {
   const DeepseekV41Config c = DeepseekV41Config::from_file(dir);
   try {
@@ -203,7 +186,9 @@ std::string auto_gpu_refusal(const std::string& dir, const ModelLoadOptions& l) 
   } catch (const std::exception& e) {
     return e.what();
   }
-  return dspark_refusal(c, l);
+  // DSpark drafts are taken on the GPU too: the engine-level identity holds there since the
+  // Engram rows hash the step's real input ids (docs/MODEL-V41.md, "DSpark on the GPU").
+  return "";
 }
 
 std::unique_ptr<CausalLM> load_cuda(const std::string& dir, const ModelLoadOptions& l) {
@@ -216,8 +201,6 @@ std::unique_ptr<CausalLM> load_cuda(const std::string& dir, const ModelLoadOptio
   // three stages of 128 experts are ~54 GB of host memory and CPU time every round), so a GPU
   // model does not take them on by default as the CPU model does.
   const bool draft = l.env.use_nextn_decode.value_or(0) > 0;
-  if (const std::string why = dspark_refusal(DeepseekV41Config::from_file(dir), l); !why.empty())
-    DI_THROW(InvalidArgument, dir, ": ", why);
   return load_v41_cuda(dir, o, {.replay_keep = keep, .dspark = draft});
 }
 
