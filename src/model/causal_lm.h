@@ -139,6 +139,15 @@ struct HostBlockCopy {
   uint8_t* host = nullptr;  // [paged_block_bytes()] host memory, best from allocate_host_memory
 };
 
+// Device memory a backend allocated (disaggregation's block staging, CausalLM::
+// allocate_device_memory): `data` on device `device`, freed when the last owner goes.
+struct DeviceMemory {
+  std::shared_ptr<void> owner;
+  void* data = nullptr;
+  size_t bytes = 0;
+  int device = -1;
+};
+
 class CausalLM {
  public:
   virtual ~CausalLM() = default;
@@ -265,6 +274,25 @@ class CausalLM {
   }
   virtual void copy_blocks_from_host(std::span<const HostBlockCopy> copies) {
     DI_THROW(InternalError, describe(), ": block copies are not supported");
+  }
+  // Device staging of paged blocks (prefill/decode disaggregation's device hop, issue #18):
+  // paged_block_bytes() per listed block, packed in copy_blocks_to_host's very layout, into (or
+  // from) device memory of device_ordinal() — a bundle's payload is the same bytes either way.
+  // -1: the cache is not in device memory (the calls below throw InternalError).
+  virtual int device_ordinal() const { return -1; }
+  virtual DeviceMemory allocate_device_memory(size_t bytes) {
+    DI_THROW(InternalError, describe(), ": no device memory (host cache)");
+  }
+  // Queued on the model's stream. `done` (a cudaEvent_t, or null) is recorded after the copies
+  // and the call returns at once; with null it returns once they are complete. InvalidArgument
+  // for an id out of range or listed twice.
+  virtual void gather_blocks_to_device(std::span<const int32_t> blocks, void* dst, void* done) {
+    DI_THROW(InternalError, describe(), ": device block copies are not supported");
+  }
+  // The model's stream first waits for `ready` (a cudaEvent_t, or null); complete on return
+  // (`src` may be reused). Overwrites the blocks' rows.
+  virtual void scatter_blocks_from_device(std::span<const int32_t> blocks, const void* src, void* ready) {
+    DI_THROW(InternalError, describe(), ": device block copies are not supported");
   }
   // Host memory for block copies: page-locked where the backend copies from it faster (CUDA),
   // plain memory otherwise. Freed when the last reference goes.

@@ -320,6 +320,17 @@ class ModelBackend : public Backend {
   virtual size_t paged_block_bytes() const = 0;
   virtual void copy_blocks_to_host(std::span<const HostBlockCopy> copies) = 0;
   virtual void copy_blocks_from_host(std::span<const HostBlockCopy> copies) = 0;
+  // CausalLM's device staging of blocks (the model validated nothing: the cache checks ids).
+  virtual int device_ordinal() const { return -1; }
+  virtual DeviceMemory allocate_device_memory(size_t bytes) {
+    DI_THROW(InternalError, describe(), ": no device memory (host cache)");
+  }
+  virtual void gather_blocks_to_device(std::span<const int32_t> blocks, void* dst, void* done) {
+    DI_THROW(InternalError, describe(), ": device block copies are not supported");
+  }
+  virtual void scatter_blocks_from_device(std::span<const int32_t> blocks, const void* src, void* ready) {
+    DI_THROW(InternalError, describe(), ": device block copies are not supported");
+  }
   // Host memory the copies are fastest from (pinned on a device); null = plain memory.
   virtual std::shared_ptr<uint8_t> allocate_host_memory(size_t bytes) { return nullptr; }
 

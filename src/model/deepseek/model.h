@@ -70,6 +70,14 @@ class DeepseekModel : public CausalLM {
   size_t paged_block_bytes() const override { return be_->paged_block_bytes(); }
   void copy_blocks_to_host(std::span<const HostBlockCopy> copies) override;
   void copy_blocks_from_host(std::span<const HostBlockCopy> copies) override;
+  int device_ordinal() const override { return be_->device_ordinal(); }
+  DeviceMemory allocate_device_memory(size_t bytes) override { return be_->allocate_device_memory(bytes); }
+  void gather_blocks_to_device(std::span<const int32_t> blocks, void* dst, void* done) override {
+    be_->gather_blocks_to_device(blocks, dst, done);
+  }
+  void scatter_blocks_from_device(std::span<const int32_t> blocks, const void* src, void* ready) override {
+    be_->scatter_blocks_from_device(blocks, src, ready);
+  }
   std::shared_ptr<uint8_t> allocate_host_memory(size_t bytes) override;
   Drafter* drafter() override { return drafter_.get(); }
 

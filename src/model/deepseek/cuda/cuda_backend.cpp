@@ -147,6 +147,23 @@ std::shared_ptr<uint8_t> CudaBackend::allocate_host_memory(size_t bytes) {
   return std::shared_ptr<uint8_t>(pinned, pinned->as<uint8_t>());  // aliasing: frees with the buffer
 }
 
+DeviceMemory CudaBackend::allocate_device_memory(size_t bytes) {
+  auto buf = std::make_shared<deepinfer::cuda::DeviceBuffer>(bytes ? bytes : 1, opts_.device);
+  return {.owner = buf, .data = buf->data(), .bytes = bytes, .device = opts_.device};
+}
+
+void CudaBackend::gather_blocks_to_device(std::span<const int32_t> blocks, void* dst, void* done) {
+  cache_.gather_blocks(blocks, dst, stream_.get());
+  if (done) DI_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(done), stream_.get()));
+  else DI_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+}
+
+void CudaBackend::scatter_blocks_from_device(std::span<const int32_t> blocks, const void* src, void* ready) {
+  if (ready) DI_CUDA_CHECK(cudaStreamWaitEvent(stream_.get(), static_cast<cudaEvent_t>(ready), 0));
+  cache_.scatter_blocks(blocks, src, stream_.get());
+  DI_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));  // the caller may reuse `src` on return
+}
+
 LayerCacheRef CudaBackend::cache(int64_t layer) {
   GpuLayerCache& c = cache_.layer(layer);
   return {.window = c.window.data(), .entries = c.comp.data(), .keys = c.index_keys.data(),

@@ -63,6 +63,10 @@ class CudaBackend final : public ModelBackend {
   void copy_blocks_to_host(std::span<const HostBlockCopy> copies) override;
   void copy_blocks_from_host(std::span<const HostBlockCopy> copies) override;
   std::shared_ptr<uint8_t> allocate_host_memory(size_t bytes) override;
+  int device_ordinal() const override { return opts_.device; }
+  DeviceMemory allocate_device_memory(size_t bytes) override;
+  void gather_blocks_to_device(std::span<const int32_t> blocks, void* dst, void* done) override;
+  void scatter_blocks_from_device(std::span<const int32_t> blocks, const void* src, void* ready) override;
   std::optional<FixedShape> fixed_shape(const ForwardBatch& batch) const override;
   void set_device_inputs(std::span<const DeviceInput> inputs, const int32_t* sampled_ids) override;
   std::vector<int32_t> device_ids_to_host(const int32_t* sampled_ids, int64_t n) override;

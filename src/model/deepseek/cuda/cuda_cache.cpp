@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "deepinfer/error.h"
+#include "model/deepseek/cuda/block_copy.h"
 
 namespace deepinfer::model::ds::cuda {
 namespace {
@@ -16,7 +17,7 @@ deepinfer::cuda::DeviceBuffer zeroed(size_t bytes, int device, cudaStream_t stre
 
 GpuCache::GpuCache(const std::vector<kv::LayerCacheSpec>& layers, const kv::CacheGeometry& g, DType kv_dtype,
                    int device, cudaStream_t stream)
-    : geometry_(g) {
+    : geometry_(g), device_(device) {
   if (kv_dtype != DType::kBF16 && kv_dtype != DType::kF32)
     DI_THROW(InvalidArgument, "GPU cache: kv dtype ", dtype_name(kv_dtype), " not supported (bf16, f32)");
   kv::check_geometry(layers, g, "GPU cache");
@@ -120,6 +121,42 @@ void GpuCache::copy_blocks(std::span<const HostBlockCopy> copies, bool to_host, 
   }
   // The host memory may be reused (or freed) as soon as this returns.
   DI_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
+void GpuCache::block_copy(std::span<const int32_t> blocks, char* staging, bool gather, cudaStream_t stream) {
+  const char* what = gather ? "GPU cache gather_blocks" : "GPU cache scatter_blocks";
+  check_block_list(blocks, geometry_.num_blocks, what);
+  if (blocks.empty()) return;
+  if (!staging) DI_THROW(InvalidArgument, what, ": no staging memory for ", blocks.size(), " blocks");
+  // The parts in copy_blocks' order: per layer its entries row, then its index keys row.
+  std::vector<BlockPart> parts;
+  uint64_t off = 0;
+  for (const auto& L : layers_) {
+    const kv::LayerCacheBytes b = kv::layer_cache_bytes(L.spec, geometry_.block_tokens, kv_bytes_);
+    const std::pair<const deepinfer::cuda::DeviceBuffer*, size_t> pools[] = {{&L.comp, b.entries_per_block},
+                                                                             {&L.index_keys, b.keys_per_block}};
+    for (const auto& [buf, bytes] : pools) {
+      if (!bytes) continue;
+      parts.push_back({static_cast<char*>(buf->data()), bytes, off});
+      off += bytes;
+    }
+  }
+  const std::vector<uint8_t> table = pack_block_copy_table(parts, blocks);
+  if (copy_table_.size_bytes() < table.size()) copy_table_ = deepinfer::cuda::DeviceBuffer(table.size() * 2, device_);
+  // A pageable source: the call returns once the bytes are staged, so `table` may go at once;
+  // the kernel of a previous call (same stream) has read the old table before this copy runs.
+  deepinfer::cuda::copy_h2d(copy_table_.data(), table.data(), table.size(), stream, /*sync=*/false);
+  launch_block_copy(copy_table_.data(), int(parts.size()), int64_t(blocks.size()), staging, size_t(off),
+                    block_copy_unit(parts, staging, size_t(off)), gather, stream);
+}
+
+void GpuCache::gather_blocks(std::span<const int32_t> blocks, void* staging, cudaStream_t stream) {
+  block_copy(blocks, static_cast<char*>(staging), /*gather=*/true, stream);
+}
+
+void GpuCache::scatter_blocks(std::span<const int32_t> blocks, const void* staging, cudaStream_t stream) {
+  // The scatter only reads the staging bytes (the kernel's shared signature takes char*).
+  block_copy(blocks, const_cast<char*>(static_cast<const char*>(staging)), /*gather=*/false, stream);
 }
 
 }  // namespace deepinfer::model::ds::cuda

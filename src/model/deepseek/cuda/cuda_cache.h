@@ -47,6 +47,13 @@ class GpuCache {
   // to (to_host) or from host memory of that size each; synchronous (the stream is synchronised).
   size_t block_bytes() const;
   void copy_blocks(std::span<const HostBlockCopy> copies, bool to_host, cudaStream_t stream);
+  // Device staging of blocks (block_copy.h): gather packs blocks[i] into
+  // staging + i * block_bytes() (device memory of this cache's device) in copy_blocks' host
+  // layout; scatter writes such bytes back into `blocks`. Queued on `stream`, no sync; always
+  // the same stream (the id table is reused in stream order). InvalidArgument for an id out of
+  // range or listed twice, before any copy.
+  void gather_blocks(std::span<const int32_t> blocks, void* staging, cudaStream_t stream);
+  void scatter_blocks(std::span<const int32_t> blocks, const void* staging, cudaStream_t stream);
 
  private:
   template <class F>
@@ -54,6 +61,9 @@ class GpuCache {
   kv::CacheGeometry geometry_;
   size_t kv_bytes_ = 2;
   std::vector<GpuLayerCache> layers_;
+  int device_ = 0;
+  deepinfer::cuda::DeviceBuffer copy_table_;  // gather/scatter's parts and ids (block_copy.h)
+  void block_copy(std::span<const int32_t> blocks, char* staging, bool gather, cudaStream_t stream);
 };
 
 }  // namespace deepinfer::model::ds::cuda
