@@ -138,8 +138,10 @@ class Engine {
   int64_t max_model_len() const { return config_.scheduler.max_model_len; }
 
   // Prefill/decode disaggregation (engine/kv_transfer.h). Between steps only (the engine thread).
-  // The blocks and checkpoint of `prompt`'s longest cached prefix (empty without one).
-  KvBundle export_prefix(std::span<const int32_t> prompt);
+  // The blocks and checkpoint of `prompt`'s longest cached prefix (empty without one). With
+  // `device` the block payload stays in device memory (KvBundle::device_blocks; the small parts
+  // on the host); InvalidArgument on an engine without a device cache.
+  KvBundle export_prefix(std::span<const int32_t> prompt, bool device = false);
   // Makes a bundle's prefix a prefix-cache entry here: the tokens imported, 0 for an empty
   // bundle or prefix caching off, -1 when the cache has no room now. InvalidArgument for a
   // bundle of another model, numerics or block layout.

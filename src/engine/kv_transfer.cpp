@@ -47,6 +47,9 @@ uint64_t bounded(Reader& r, uint64_t n, size_t elem, const char* field) {
 }  // namespace
 
 std::vector<uint8_t> encode_kv_bundle(const KvBundle& b) {
+  if (b.on_device())
+    DI_THROW(InvalidArgument, "KV bundle: its ", b.device_blocks.bytes, " block bytes are in device memory (device ",
+             b.device_blocks.device, "), not encodable: export to the host or hand it over through cuda-ipc");
   std::vector<uint8_t> out(kMagic, kMagic + sizeof kMagic);
   out.reserve(64 + b.tokens.size() * 4 + b.blocks.size() + b.checkpoint.bytes.size());
   put(out, b.hash_seed);
@@ -93,7 +96,7 @@ KvBundle decode_kv_bundle(std::span<const uint8_t> bytes) {
   return b;
 }
 
-KvBundle Engine::export_prefix(std::span<const int32_t> prompt) {
+KvBundle Engine::export_prefix(std::span<const int32_t> prompt, bool device) {
   KvBundle b;
   b.hash_seed = cache_->hash_seed();
   b.block_tokens = cache_->geometry().block_tokens;
@@ -105,11 +108,18 @@ KvBundle Engine::export_prefix(std::span<const int32_t> prompt) {
   DI_CHECK(n == m.num_tokens && m.checkpoint->num_tokens == n, "export_prefix: match of ", m.num_tokens,
            " tokens over ", m.blocks.size(), " blocks");
   b.tokens.assign(prompt.begin(), prompt.begin() + n);
+  b.checkpoint = *m.checkpoint;
+  if (device) {
+    if (model_->device_ordinal() < 0)
+      DI_THROW(InvalidArgument, "export_prefix: a device bundle needs a GPU engine (", model_->describe(), ")");
+    b.device_blocks = model_->allocate_device_memory(m.blocks.size() * b.block_bytes);
+    model_->gather_blocks_to_device(m.blocks, b.device_blocks.data, nullptr);  // complete on return
+    return b;
+  }
   b.blocks.resize(m.blocks.size() * b.block_bytes);
   std::vector<model::HostBlockCopy> copies;
   for (size_t i = 0; i < m.blocks.size(); ++i) copies.push_back({m.blocks[i], b.blocks.data() + i * b.block_bytes});
   model_->copy_blocks_to_host(copies);
-  b.checkpoint = *m.checkpoint;
   return b;
 }
 
@@ -124,6 +134,11 @@ int64_t Engine::import_prefix(const KvBundle& b) {
              " bytes; this engine's blocks have ", bt, " tokens and ", model_->paged_block_bytes(), " bytes");
   if (!scheduler_->prefix_cache().enabled()) return 0;
   const int64_t n = b.num_tokens(), nblocks = n / bt;
+  if (b.on_device() && (b.device_blocks.bytes != size_t(nblocks) * b.block_bytes ||
+                        b.device_blocks.device != model_->device_ordinal()))
+    DI_THROW(InvalidArgument, "KV bundle: ", b.device_blocks.bytes, " device block bytes on device ",
+             b.device_blocks.device, "; this engine needs ", nblocks, " x ", b.block_bytes, " on device ",
+             model_->device_ordinal());
   // Blocks this cache already holds (same hash, parent and ids) are shared, not copied again.
   std::vector<int32_t> have;
   uint64_t parent = cache_->hash_seed();
@@ -140,10 +155,18 @@ int64_t Engine::import_prefix(const KvBundle& b) {
   constexpr int64_t kImportSeq = std::numeric_limits<int64_t>::max() - 1;
   if (!cache_->allocate_with_prefix(kImportSeq, have, n)) return -1;  // no room (or no free slot) now
   const SeqCache* sc = cache_->get(kImportSeq);
-  std::vector<model::HostBlockCopy> copies;
-  for (size_t i = have.size(); i < size_t(nblocks); ++i)
-    copies.push_back({sc->block_ids[i], const_cast<uint8_t*>(b.blocks.data() + i * b.block_bytes)});
-  if (!copies.empty()) model_->copy_blocks_from_host(copies);
+  if (b.on_device()) {
+    // The blocks not already held, from the bundle's device rows [have, nblocks).
+    const std::vector<int32_t> fresh(sc->block_ids.begin() + ptrdiff_t(have.size()), sc->block_ids.begin() + nblocks);
+    if (!fresh.empty())
+      model_->scatter_blocks_from_device(
+          fresh, static_cast<const uint8_t*>(b.device_blocks.data) + have.size() * b.block_bytes, nullptr);
+  } else {
+    std::vector<model::HostBlockCopy> copies;
+    for (size_t i = have.size(); i < size_t(nblocks); ++i)
+      copies.push_back({sc->block_ids[i], const_cast<uint8_t*>(b.blocks.data() + i * b.block_bytes)});
+    if (!copies.empty()) model_->copy_blocks_from_host(copies);
+  }
   cache_->hash_full_blocks(kImportSeq, b.tokens, {}, n);
   const std::optional<uint64_t> key = cache_->content_hash(sc->block_ids[size_t(nblocks - 1)]);
   DI_CHECK(key.has_value(), "import_prefix: block ", sc->block_ids[size_t(nblocks - 1)], " not hashed");

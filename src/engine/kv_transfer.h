@@ -29,6 +29,11 @@ struct KvBundle {
   std::vector<int32_t> tokens;   // [N] the prefix's token ids (N a multiple of block_tokens)
   std::vector<uint8_t> blocks;   // [N / block_tokens, block_bytes] backend-private rows
   model::SlotSnapshot checkpoint;  // the slot at N (checkpoint.num_tokens == N)
+  // Device hop (export_prefix(prompt, /*device=*/true)): the block payload, the same bytes as
+  // `blocks` would hold, in device memory of the exporting model's device; `blocks` is then
+  // empty. Such a bundle does not encode (it is not on the host); import reads it directly.
+  model::DeviceMemory device_blocks;
+  bool on_device() const { return device_blocks.data != nullptr; }
   int64_t num_tokens() const { return int64_t(tokens.size()); }
   bool empty() const { return tokens.empty(); }
 };

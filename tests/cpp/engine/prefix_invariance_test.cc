@@ -324,3 +324,40 @@ TEST(PrefixCacheInvariance, DisaggregatedHandOffBitIdentical) {
       EXPECT_TRUE(got == ref) << what << ": logprob bits differ from the request alone";
     }
 }
+
+// The device hop (issue #18): export_prefix(prompt, /*device=*/true) leaves the block payload in
+// device memory (the gather kernel, block_copy.h), import_prefix scatters it from there; the
+// decode engine's ids and logprob bits equal the request alone, as through the host hop. A CPU
+// engine refuses a device export by name. On the GPU: DEEPINFER_TEST_ACCELERATOR=nvidia.
+TEST(PrefixCacheInvariance, DisaggregatedDeviceHandOffBitIdentical) {
+  if (!std::filesystem::exists(tiny_dir() + "/config.json")) GTEST_SKIP() << "no fixture at " << tiny_dir();
+  std::vector<std::pair<std::string, int32_t>> cases = {{tiny_dir(), 0}};
+  if (!default_model_dir().empty()) cases.push_back({default_model_dir(), 2});
+  for (const auto& [model, drafts] : cases) {
+    const CacheSetup s{.model = model, .drafts = drafts};
+    const Req req{random_tokens(41, 2 * kBlock + 53), params_for(0, 8)};
+    auto a = make_engine(s);
+    Req first = req;
+    first.params.max_tokens = 1;
+    int64_t cached = -1;
+    run_on(*a, first, &cached);
+    if (a->model().device_ordinal() < 0) {
+      EXPECT_THROW(a->export_prefix(req.prompt, /*device=*/true), InvalidArgument);
+      continue;
+    }
+    const Trace ref = alone({req}, s)[0];
+    const KvBundle host = a->export_prefix(req.prompt);
+    const KvBundle dev = a->export_prefix(req.prompt, /*device=*/true);
+    ASSERT_EQ(dev.num_tokens(), 2 * kBlock) << model;
+    ASSERT_TRUE(dev.on_device() && dev.blocks.empty()) << model;
+    EXPECT_EQ(dev.device_blocks.bytes, host.blocks.size()) << model;
+    EXPECT_EQ(dev.checkpoint.bytes, host.checkpoint.bytes) << model;
+    EXPECT_THROW(encode_kv_bundle(dev), InvalidArgument) << model << ": a device bundle is not on the host";
+    auto b = make_engine(s);
+    EXPECT_EQ(b->import_prefix(dev), 2 * kBlock) << model;
+    const Trace got = run_on(*b, req, &cached);
+    EXPECT_EQ(cached, 2 * kBlock) << model << ": the decode engine should hit the imported prefix";
+    EXPECT_EQ(got.ids, ref.ids) << model;
+    EXPECT_TRUE(got == ref) << model << ": logprob bits differ from the request alone";
+  }
+}
