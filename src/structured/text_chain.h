@@ -19,8 +19,11 @@ namespace deepinfer::structured {
 struct TextSpan {
   uint8_t lo, hi;
 };
+// Never destroyed: the mask precompute workers may still be walking when a process calls exit()
+// with an LLM alive (static destructors run while the workers do); a destroyed table there was a
+// segfault (StructuredProbe.SchemaObjectsNestedThirtyAndHundredDeepCompileInBudget).
 inline const std::vector<std::vector<TextSpan>>& text_chain_utf8_chars() {
-  static const std::vector<std::vector<TextSpan>> kChars = {
+  static const auto* kChars = new std::vector<std::vector<TextSpan>>{
       {{0xC2, 0xDF}, {0x80, 0xBF}},
       {{0xE0, 0xE0}, {0xA0, 0xBF}, {0x80, 0xBF}},
       {{0xE1, 0xEC}, {0x80, 0xBF}, {0x80, 0xBF}},
@@ -29,7 +32,7 @@ inline const std::vector<std::vector<TextSpan>>& text_chain_utf8_chars() {
       {{0xF0, 0xF0}, {0x90, 0xBF}, {0x80, 0xBF}, {0x80, 0xBF}},
       {{0xF1, 0xF3}, {0x80, 0xBF}, {0x80, 0xBF}, {0x80, 0xBF}},
       {{0xF4, 0xF4}, {0x80, 0x8F}, {0x80, 0xBF}, {0x80, 0xBF}}};
-  return kChars;
+  return *kChars;
 }
 
 inline constexpr size_t kMaxChainMemo = 4096;
