@@ -8,11 +8,15 @@
 
 #include "core/check.h"
 #include "core/json.h"
+#include "tokenizer/chat_json.h"
+#include "tokenizer/chat_turns.h"
 #include "tokenizer/tokenizer_impl.h"
 
 namespace deepinfer {
 namespace {
 using ojson = nlohmann::ordered_json;
+using chat::py_json;
+using chat::replace_all;
 
 constexpr const char* kUser = "<｜User｜>";
 constexpr const char* kAssistant = "<｜Assistant｜>";
@@ -41,70 +45,6 @@ constexpr const char* kToolsTemplate =
     "Otherwise, output directly after </think> with tool calls or final response.\n\n"
     "### Available Tool Schemas\n\n@S@\n\nYou MUST strictly follow the above defined tool name and parameter "
     "schemas to invoke tool calls.\n";
-
-std::string replace_all(std::string s, const std::string& from, const std::string& to) {
-  for (size_t p = 0; (p = s.find(from, p)) != std::string::npos; p += to.size()) s.replace(p, from.size(), to);
-  return s;
-}
-
-// json.dumps(v, ensure_ascii=False) as Python writes it: ", " and ": " separators.
-void py_dump(const ojson& v, std::string& out) {
-  switch (v.type()) {
-    case ojson::value_t::object: {
-      out += '{';
-      bool first = true;
-      for (auto it = v.begin(); it != v.end(); ++it) {
-        if (!first) out += ", ";
-        first = false;
-        py_dump(ojson(it.key()), out);
-        out += ": ";
-        py_dump(it.value(), out);
-      }
-      out += '}';
-      break;
-    }
-    case ojson::value_t::array: {
-      out += '[';
-      for (size_t i = 0; i < v.size(); ++i) {
-        if (i) out += ", ";
-        py_dump(v[i], out);
-      }
-      out += ']';
-      break;
-    }
-    case ojson::value_t::string: {
-      out += '"';
-      for (unsigned char c : v.get_ref<const std::string&>()) {
-        switch (c) {
-          case '"': out += "\\\""; break;
-          case '\\': out += "\\\\"; break;
-          case '\n': out += "\\n"; break;
-          case '\r': out += "\\r"; break;
-          case '\t': out += "\\t"; break;
-          case '\b': out += "\\b"; break;
-          case '\f': out += "\\f"; break;
-          default:
-            if (c < 0x20) {
-              char buf[8];
-              std::snprintf(buf, sizeof(buf), "\\u%04x", c);
-              out += buf;
-            } else {
-              out += char(c);
-            }
-        }
-      }
-      out += '"';
-      break;
-    }
-    default:
-      out += v.dump();  // numbers, booleans, null
-  }
-}
-std::string py_json(const ojson& v) {
-  std::string s;
-  py_dump(v, s);
-  return s;
-}
 
 // Depth-bounded (core/json.h): py_dump below recurses once per level of these values.
 ojson parse_json_field(const std::string& text, const std::string& what, size_t msg_index) {
@@ -200,25 +140,7 @@ std::vector<Turn> merge_turns(std::span<const Message> messages) {
       turns.push_back(Turn{&m, m.role, m.content, {}, false, i});
     }
   }
-  // Tool results follow the order of the calls in the latest assistant turn that made calls.
-  std::map<std::string, int> order;
-  for (Turn& t : turns) {
-    if (t.role == "assistant" && !t.src->tool_calls.empty()) {
-      order.clear();
-      for (size_t k = 0; k < t.src->tool_calls.size(); ++k)
-        if (!t.src->tool_calls[k].id.empty()) order[t.src->tool_calls[k].id] = int(k);
-    } else if (t.role == "user" && !order.empty()) {
-      std::vector<Block> results;
-      for (const Block& b : t.blocks)
-        if (b.tool_result) results.push_back(b);
-      if (results.size() < 2) continue;
-      auto key = [&](const Block& b) { auto it = order.find(b.tool_use_id); return it == order.end() ? 0 : it->second; };
-      std::stable_sort(results.begin(), results.end(), [&](const Block& a, const Block& b) { return key(a) < key(b); });
-      size_t r = 0;
-      for (Block& b : t.blocks)
-        if (b.tool_result) b = results[r++];
-    }
-  }
+  chat::order_tool_results(turns);
   return turns;
 }
 

@@ -17,11 +17,13 @@
 #include "core/check.h"
 #include "core/json.h"
 #include "tokenizer/chat_json.h"
+#include "tokenizer/chat_turns.h"
 #include "tokenizer/tokenizer_impl.h"
 
 namespace deepinfer {
 namespace {
 using ojson = nlohmann::ordered_json;
+using chat::replace_all;
 
 constexpr const char* kUser = "<｜User｜>";
 constexpr const char* kAssistant = "<｜Assistant｜>";
@@ -49,11 +51,6 @@ constexpr const char* kToolsTemplate =
 
 [[noreturn]] void fail(size_t i, const std::string& what) {
   DI_THROW(InvalidArgument, "apply_chat_template_v41: messages[", i, "]", what);
-}
-
-std::string replace_all(std::string s, const std::string& from, const std::string& to) {
-  for (size_t p = 0; (p = s.find(from, p)) != std::string::npos; p += to.size()) s.replace(p, from.size(), to);
-  return s;
 }
 
 // "" -> the default "high"; names low / high / max; or an integer 1..100.
@@ -153,24 +150,7 @@ std::vector<Turn> merge_turns(std::span<const Message> messages) {
       turns.push_back(Turn{&m, m.role, {}, false, i});
     }
   }
-  std::map<std::string, int> order;
-  for (Turn& t : turns) {
-    if (t.role == "assistant" && !t.src->tool_calls.empty()) {
-      order.clear();
-      for (size_t k = 0; k < t.src->tool_calls.size(); ++k)
-        if (!t.src->tool_calls[k].id.empty()) order[t.src->tool_calls[k].id] = int(k);
-    } else if (t.role == "user" && !order.empty()) {
-      std::vector<Block> results;
-      for (const Block& b : t.blocks)
-        if (b.tool_result) results.push_back(b);
-      if (results.size() < 2) continue;
-      auto key = [&](const Block& b) { auto it = order.find(b.tool_use_id); return it == order.end() ? 0 : it->second; };
-      std::stable_sort(results.begin(), results.end(), [&](const Block& a, const Block& b) { return key(a) < key(b); });
-      size_t r = 0;
-      for (Block& b : t.blocks)
-        if (b.tool_result) b = results[r++];
-    }
-  }
+  chat::order_tool_results(turns);
   return turns;
 }
 
