@@ -7,7 +7,6 @@
 - LLM() and `deepinfer generate` with no model find it from any working directory, also with the
   binary copied elsewhere; greedy text is English words.
 """
-import glob
 import json
 import os
 import re
@@ -18,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from cli_path import find_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = ROOT / "assets" / "default-model"
@@ -31,11 +32,7 @@ TOL = 1e-4
 
 
 def cli():
-    cands = [os.environ.get("DEEPINFER_CLI")] + sorted(glob.glob(str(ROOT / "build*/deepinfer")))
-    for c in cands:
-        if c and os.path.exists(c) and subprocess.run([c, "logits", "--help"], capture_output=True).returncode == 0:
-            return c
-    return None
+    return find_cli("logits")
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from cli_path import find_cli
+
 import deepinfer
 from deepinfer import LLM, SamplingParams
 
@@ -49,10 +51,7 @@ def test_bad_layout_named():
 
 
 def _cli():
-    for c in [os.environ.get("DEEPINFER_CLI")] + sorted(glob.glob(str(ROOT / "build*/deepinfer"))):
-        if c and os.path.exists(c):
-            return c
-    return None
+    return find_cli()
 
 
 def test_cli_data_parallel(reference):

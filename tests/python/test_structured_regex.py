@@ -5,7 +5,6 @@ accepted, a case with no match at all must be rejected, `compiles = false` must 
 compile. Cases outside what a full-match constraint can decide (partial matches, regex sets,
 byte-oriented `utf8 = false`, escaped haystacks, bounds) are skipped.
 """
-import glob
 import re
 import json
 import os
@@ -16,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from cli_path import find_cli
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -24,11 +25,7 @@ def shared_dir():
 
 
 def cli():
-    cands = [os.environ.get("DEEPINFER_CLI")] + sorted(glob.glob(str(ROOT / "build*/deepinfer")))
-    for c in cands:
-        if c and os.path.exists(c) and subprocess.run([c, "so-check", "--help"], capture_output=True).returncode == 0:
-            return c
-    return shutil.which("deepinfer")
+    return find_cli("so-check") or shutil.which("deepinfer")
 
 
 def collect_cases():
