@@ -1,6 +1,7 @@
 #include "model/deepseek_v4/plan.h"
 
 #include "deepinfer/error.h"
+#include "model/deepseek/common_dims.h"
 
 namespace deepinfer::model::v4 {
 namespace {
@@ -65,27 +66,7 @@ ModelPlan v4_plan(const DeepseekV4Config& c, const V4PlanOptions& o) {
 }
 
 ds::Dims v4_dims(const DeepseekV4Config& c) {
-  ds::Dims d;
-  d.vocab = c.vocab_size;
-  d.hidden = c.hidden_size;
-  d.streams = c.hc_mult;
-  d.heads = c.num_heads;
-  d.head_dim = c.head_dim;
-  d.rope_dim = c.rope_head_dim;
-  d.q_lora = c.q_lora_rank;
-  d.o_groups = c.o_groups;
-  d.o_lora = c.o_lora_rank;
-  d.experts = c.n_routed_experts;
-  d.topk = c.num_experts_per_tok;
-  d.moe_inter = c.moe_intermediate_size;
-  d.index_heads = c.index_n_heads;
-  d.index_dim = c.index_head_dim;
-  d.index_topk = c.index_topk;
-  d.sinkhorn_iters = c.hc_sinkhorn_iters;
-  d.eps = float(c.rms_norm_eps);
-  d.hc_eps = float(c.hc_eps);
-  d.swiglu_limit = float(c.swiglu_limit);
-  d.routed_scale = float(c.routed_scaling_factor);
+  ds::Dims d = ds::common_dims(c);
   d.norm_topk = c.norm_topk_prob;
   return d;
 }
