@@ -224,7 +224,7 @@ def main():
     ap.add_argument("--limit", type=int, default=0, help="deterministic sample of N schemas (0 = all)")
     ap.add_argument("--engines", default="deepinfer,xgrammar,llguidance")
     ap.add_argument("--tokenizer", default=str(SHARED / "data/tokenizers/deepseek-v3/tokenizer.json"))
-    ap.add_argument("--cli", default=os.environ.get("DEEPINFER_CLI") or next(iter(sorted(glob.glob(str(ROOT / "build*/deepinfer")))), None))
+    ap.add_argument("--cli", default=os.environ.get("DEEPINFER_CLI") or next(iter([c for c in [str(ROOT / "build" / "deepinfer")] if os.path.exists(c)] + sorted(glob.glob(str(ROOT / "build*/deepinfer")))), None))
     ap.add_argument("--split", default=None, help="only this MaskBench split (Github_easy, JME, BFCL, ...)")
     ap.add_argument("--repeat", type=int, default=1,
                     help="runs per engine, interleaved; reports per-mask / per-compile best of N")

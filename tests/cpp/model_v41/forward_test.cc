@@ -77,7 +77,7 @@ TEST_P(V41Golden, FullChunkedTokenByTokenMatchTheReference) {
                 GetParam().c_str(), name.c_str(), (long long)T, g.max, (long long)g.rows_over, c.max,
                 (long long)c.rows_over, d.max, (long long)d.rows_over, cg.max, (long long)cg.rows_over, dg.max,
                 (long long)dg.rows_over);
-    if (cascades(GetParam(), name)) {
+    if (v41_parity::cpu_cascades(GetParam(), name)) {
       for (const auto& [x, what] : {std::pair{g, " full vs golden"}, {c, " chunked vs full"}, {d, " token by token vs full"},
                                     {cg, " chunked vs golden"}, {dg, " token by token vs golden"}})
         expect_loose(x, T, name + what);
