@@ -357,7 +357,7 @@ __global__ void __launch_bounds__(W * kWarpSize) grouped_up_kernel(const __grid_
   __shared__ uint32_t lut[kLut ? 256 : 1];
   if (int64_t(blockIdx.x) >= *p.num_tiles) return;
   if constexpr (kLut) {
-    fill_lut<F>(lut);
+    moe_grouped::fill_lut<F>(lut);  // qualified: the pair kernels' fill_lut (f32 bits) is in scope too
     __syncthreads();
   }
   const TileRows tr = tile_rows(p);
@@ -384,7 +384,7 @@ __global__ void __launch_bounds__(W * kWarpSize) grouped_down_kernel(const __gri
   __shared__ uint32_t lut[kLut ? 256 : 1];
   if (int64_t(blockIdx.x) >= *p.num_tiles) return;
   if constexpr (kLut) {
-    fill_lut<F>(lut);
+    moe_grouped::fill_lut<F>(lut);
     __syncthreads();
   }
   const TileRows tr = tile_rows(p);
@@ -445,7 +445,8 @@ void launch_variant(const MoeDecodeGroupedParams& p, cudaStream_t stream) {
     case 3: return launch<F, true, 4, 4, 2>(p, stream);
     case 5:
     case 6:
-    case 7: return launch_v5(p, v, stream);  // shared-memory ring (moe_decode_v5.cu)
+    case 7:
+    case 8: return launch_v5(p, v, stream);  // shared-memory ring (moe_decode_v5.cu)
     default:  // 4: FP4 through the byte table (the first version)
       if constexpr (F == ExpertFormat::kFP4) return launch<F, false, 2, 4, 2>(p, stream);
       else return launch<F, true, 2, 4, 2>(p, stream);

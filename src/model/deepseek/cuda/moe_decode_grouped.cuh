@@ -232,7 +232,7 @@ __device__ __forceinline__ void store_down(const MoeDecodeGroupedParams& p, cons
     }
 }
 
-// Launches variant 5's up and down kernels (moe_decode_v5.cu); shape 5 or 6 (moe_decode.h).
+// Launches the shared-memory ring's up and down kernels (moe_decode_v5.cu); shape = variant 5..8 (moe_decode.h).
 void launch_v5(const MoeDecodeGroupedParams& p, int shape, cudaStream_t stream);
 
 }  // namespace deepinfer::model::ds::cuda::moe_grouped
