@@ -3,7 +3,8 @@
 // expert's weights streamed once for all its tokens. SKIPs without a GPU.
 //  * vs its host twin: FP4 / FP8 / bf16 weights, odd token counts, experts hit by 0, 1 and more
 //    than a tile of tokens, an invalid id, widths that are not multiples of the 128-input chunk or
-//    of a block's rows; every warp shape (variant) bit-identical to the default one.
+//    of a block's rows; every warp shape (variant) bit-identical to the default one, including the
+//    shared-memory rings v5..v8 (and those against v3 at the V4 / V4.1 widths).
 //  * batch invariance: a token alone and inside random batches (other positions, other
 //    neighbours) gives bit-identical expert outputs.
 //  * timing (V4-Flash and V4.1-Flash widths, random top-6 routing, a fresh routing every call):
