@@ -1,3 +1,5 @@
+#include <algorithm>
+
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/hc.h"
 
@@ -16,12 +18,18 @@ constexpr int kChunk = 1024;  // x̂ elements per partial-sum block (4 per threa
 constexpr int kTokTile = 4;  // tokens per partial-sum block: fn is read once per 4 tokens
 
 // partials[t][s][0..M) = fn[:, chunk s] · x̂_t[chunk s];  partials[t][s][M] = Σ x̂_t² over the chunk,
-// for the kTokTile tokens blockIdx.y·kTokTile ... (each fn element loaded once for all of them).
+// for the kTokTile tokens blockIdx.y·kTokTile ... (each fn element loaded once for all of them) and
+// the mixes [blockIdx.z·mix_per, +mix_per) (Σ x̂² by z = 0). A mix's partial is the same sequence of
+// operations whatever mix_per is (the other mixes' accumulators are independent), so the grid's
+// z split never changes a bit; it only gives small token counts more blocks.
 template <typename T>
 __global__ void __launch_bounds__(kThreads) hc_partials_kernel(const __grid_constant__ HcPreParams p, int num_mix,
-                                                               int num_chunks) {
+                                                               int num_chunks, int mix_per) {
   __shared__ float red[kThreads / kWarpSize][kTokTile][kMaxMix + 1];
   const int64_t t0 = int64_t(blockIdx.y) * kTokTile, s = blockIdx.x;
+  const int j0 = int(blockIdx.z) * mix_per, j1 = j0 + mix_per < num_mix ? j0 + mix_per : num_mix;
+  const bool sq = blockIdx.z == 0;  // this block also sums x̂²
+  auto mine = [&](int j) { return j == kMaxMix ? sq : j >= j0 && j < j1; };
   const int64_t K = int64_t(p.n) * p.dim;
   const T* x = static_cast<const T*>(p.x);
   float acc[kTokTile][kMaxMix + 1];
@@ -38,7 +46,7 @@ __global__ void __launch_bounds__(kThreads) hc_partials_kernel(const __grid_cons
     }
 #pragma unroll
     for (int j = 0; j < kMaxMix; ++j) {
-      if (j < num_mix) {
+      if (j >= j0 && j < j1) {
         const float f = p.fn[int64_t(j) * K + k];
 #pragma unroll
         for (int u = 0; u < kTokTile; ++u) acc[u][j] += f * v[u];
@@ -50,6 +58,7 @@ __global__ void __launch_bounds__(kThreads) hc_partials_kernel(const __grid_cons
   for (int u = 0; u < kTokTile; ++u)
 #pragma unroll
     for (int j = 0; j <= kMaxMix; ++j) {
+      if (!mine(j)) continue;  // block-uniform
       const float r = warp_sum(acc[u][j]);
       if (lane == 0) red[warp][u][j] = r;
     }
@@ -58,7 +67,7 @@ __global__ void __launch_bounds__(kThreads) hc_partials_kernel(const __grid_cons
   if (threadIdx.x < kTokTile * per_tok) {
     const int u = threadIdx.x / per_tok, jj = threadIdx.x % per_tok;
     const int j = jj == num_mix ? kMaxMix : jj;  // slot num_mix carries Σx²
-    if (t0 + u < p.tokens) {
+    if (t0 + u < p.tokens && mine(j)) {
       float sum = 0.f;
       for (int w = 0; w < kThreads / kWarpSize; ++w) sum += red[w][u][j];
       p.workspace[((t0 + u) * num_chunks + s) * per_tok + jj] = sum;
@@ -214,6 +223,17 @@ __global__ void __launch_bounds__(kThreads) hc_collapse_kernel(const __grid_cons
   *u = from_f32<T>(acc);
 }
 
+// Mix groups that bring the partial-sum grid to about one block per SM (1 once it has that many).
+int auto_mix_split(int64_t blocks, int num_mix) {
+  static const int sms = [] {
+    int dev = 0, n = 0;
+    DI_CUDA_CHECK(cudaGetDevice(&dev));
+    DI_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    return n;
+  }();
+  return int(std::min<int64_t>(num_mix, std::max<int64_t>(1, ceil_div(int64_t(sms), blocks))));
+}
+
 void check_common(int n, int64_t dim, int64_t tokens, const char* what) {
   if (n < 1 || n > kHcMaxStreams) DI_THROW(InvalidArgument, what, ": hc_mult ", n, " not in [1, ", kHcMaxStreams, "]");
   if (dim <= 0 || tokens < 0) DI_THROW(InvalidArgument, what, ": bad shape tokens=", tokens, " dim=", dim);
@@ -236,13 +256,17 @@ void hc_pre(const HcPreParams& p, cudaStream_t stream) {
   if (p.x_stride < p.n * p.dim || (p.u && p.u_stride < p.dim))
     DI_THROW(InvalidArgument, "hc_pre: strides x ", p.x_stride, " / u ", p.u_stride, " too small");
   if (p.sinkhorn_iters < 1) DI_THROW(InvalidArgument, "hc_pre: sinkhorn_iters must be >= 1");
+  if (p.mix_split < 0) DI_THROW(InvalidArgument, "hc_pre: mix_split ", p.mix_split, " < 0");
   if (p.tokens == 0) return;
   if (p.tokens > 65535) DI_THROW(InvalidArgument, "hc_pre: ", p.tokens, " tokens > 65535 per launch; split the batch");
   const int num_mix = hc_num_mix(p.n, p.mode);
   const int chunks = int(ceil_div(int64_t(p.n) * p.dim, kChunk));
   DI_DISPATCH_FLOAT(p.dtype, T, "hc_pre x", [&] {
     const unsigned tiles = unsigned(ceil_div(p.tokens, kTokTile));
-    hc_partials_kernel<T><<<dim3(chunks, tiles), kThreads, 0, stream>>>(p, num_mix, chunks);
+    const int split = p.mix_split > 0 ? p.mix_split : auto_mix_split(int64_t(chunks) * tiles, num_mix);
+    const int mix_per = int(ceil_div(int64_t(num_mix), int64_t(std::min(split, num_mix))));
+    const unsigned groups = unsigned(ceil_div(int64_t(num_mix), int64_t(mix_per)));  // none empty
+    hc_partials_kernel<T><<<dim3(chunks, tiles, groups), kThreads, 0, stream>>>(p, num_mix, chunks, mix_per);
     DI_CUDA_CHECK_LAUNCH();
     hc_finalize_kernel<T><<<unsigned(p.tokens), kThreads, 0, stream>>>(p, num_mix, chunks);
     DI_CUDA_CHECK_LAUNCH();

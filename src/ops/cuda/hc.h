@@ -41,6 +41,10 @@ struct HcPreParams {
   int sinkhorn_iters = 20;
   float norm_eps = 1e-6f;        // inside the RMS
   float hc_eps = 1e-6f;
+  // Partial-sum blocks per (chunk, token tile) over the M mixes: 0 = enough to fill the GPU (few
+  // tokens: 16 chunks x 1 tile would use 16 SMs), 1 = all M in one block. The sums are the same
+  // bit for bit for every value (each mix's partial is computed by one block in a fixed order).
+  int mix_split = 0;
 };
 
 struct HcPostParams {

@@ -19,6 +19,29 @@ using namespace test;
 namespace oc = ops::cuda;
 
 
+// hc_pre at decode token counts: the partial-sum grid with one block per (chunk, token tile), as
+// before session 11 (16 blocks at one token, V4's n*D = 16384), against the automatic mix split.
+TEST(CudaTiming, HcPreMixSplit) {
+  DI_REQUIRE_GPU();
+  Stream st;
+  const cudaStream_t s = st.get();
+  for (int64_t T_ : {int64_t(1), int64_t(4), int64_t(16), int64_t(64)}) {
+    const int64_t D = 4096;
+    DevArray<uint16_t> x(to_bf16(randn(T_ * 4 * D, 3))), u(T_ * D);
+    DevArray<float> fn(randn(24 * 4 * D, 4, 0.05f)), base(randn(24, 5)), sc(randn(3, 6)), mix(T_ * 24);
+    DevArray<float> ws(oc::hc_pre_workspace_bytes(T_, 4, D, oc::HcMode::kLayer) / 4 + 1);
+    for (int split : {1, 0}) {  // 1: one block per (chunk, token tile), as before session 11; 0: the automatic split
+      const double us = median_us([&](cudaStream_t q) {
+        oc::hc_pre({.x = x.get(), .x_stride = 4 * D, .fn = fn.get(), .base = base.get(), .scale = sc.get(), .u = u.get(),
+                    .u_stride = D, .mix = mix.get(), .workspace = ws.get(), .tokens = T_, .dim = D, .mix_split = split},
+                   q);
+      }, s);
+      report_time("hc_pre", "bf16 T=" + std::to_string(T_) + " D=4096 mix_split=" + std::to_string(split), us,
+                  tflops(2.0 * T_ * 24 * 4 * D, us) + ", " + gbps(T_ * 4 * D * 2.0 + 24 * 4 * D * 4.0, us));
+    }
+  }
+}
+
 TEST(CudaTiming, Kernels) {
   DI_REQUIRE_GPU();
   Stream st;

@@ -3,7 +3,8 @@
 // expert's weights streamed once for all its tokens. SKIPs without a GPU.
 //  * vs its host twin: FP4 / FP8 / bf16 weights, odd token counts, experts hit by 0, 1 and more
 //    than a tile of tokens, an invalid id, widths that are not multiples of the 128-input chunk or
-//    of a block's rows; every warp shape (variant) bit-identical to the default one.
+//    of a block's rows; every warp shape (variant) bit-identical to the default one, including the
+//    shared-memory rings v5..v8 (and those against v3 at the V4 / V4.1 widths).
 //  * batch invariance: a token alone and inside random batches (other positions, other
 //    neighbours) gives bit-identical expert outputs.
 //  * timing (V4-Flash and V4.1-Flash widths, random top-6 routing, a fresh routing every call):
@@ -215,7 +216,7 @@ void twin_case(ExpertFormat f, int64_t T, int64_t E, int64_t K, int64_t D, int64
   EXPECT_LE(rel, 8e-3) << oc::expert_format_name(f) << " T=" << T << " D=" << D << " I=" << I;
   std::printf("[gpu-moe] moe_decode_grouped %s T=%lld E=%lld D=%lld I=%lld: max rel err %.2e vs host twin (%d tiles)\n",
               oc::expert_format_name(f), (long long)T, (long long)E, (long long)D, (long long)I, rel, nt[0]);
-  for (int v = 1; v <= 4; ++v) {  // other warp shapes: the same sums, bit for bit (4: FP4 by table)
+  for (int v = 1; v <= gpu::kMoeDecodeGroupedVariants; ++v) {  // other shapes: the same sums, bit for bit (4: FP4 by table)
     const auto gv = run_grouped(ex, rt, dx, D, I, v, 0.9f);
     if (v < 4 || f != ExpertFormat::kFP4) {
       EXPECT_EQ(0, std::memcmp(gv.data(), got.data(), size_t(seg[size_t(E)] * D) * 4)) << "variant " << v;
@@ -236,6 +237,49 @@ TEST(MoeDecodeGrouped, MatchesHostTwin) {
     twin_case(f, 33, 9, 2, 224, 96, ++seed);   // hot expert: > 8 rows, several tiles
   }
   twin_case(ExpertFormat::kFP4, 19, 12, 6, 544, 288, ++seed);  // K tail chunk of 32, rows past the block
+  // widths multiples of 128: v5 copies FP4 scales by cp.async (else by plain loads)
+  twin_case(ExpertFormat::kFP4, 13, 7, 3, 256, 384, ++seed);
+  twin_case(ExpertFormat::kFP8, 13, 7, 3, 256, 384, ++seed);
+}
+
+// The shared-memory rings (v5..v8) against v3 (register stages) at the model widths, bit for bit:
+// FP4 / FP8 / bf16 weights, odd tile fills (a hot expert over several tiles, experts with 1..8
+// rows), an invalid id; ye of every written row compared as bytes.
+TEST(MoeDecodeGrouped, SharedRingMatchesV3AtModelWidths) {
+  if (cuda::cuda_device_count() == 0) GTEST_SKIP() << "CUDA test skipped: " << cuda::cuda_unavailable_reason();
+  struct Width {
+    const char* name;
+    int64_t D, I;
+  };
+  uint32_t seed = 400;
+  for (const Width w : {Width{"V4-Flash", 4096, 2048}, Width{"V4.1-Flash", 5120, 2304}})
+    for (ExpertFormat f : {ExpertFormat::kFP4, ExpertFormat::kFP8, ExpertFormat::kPlain}) {
+      std::mt19937 g(++seed);
+      const int64_t E = f == ExpertFormat::kPlain ? 3 : 5, T = 13, K = 3, P = T * K;
+      const Experts ex(f, E, w.D, w.I, g);
+      const auto x = rand_x(T * w.D, g);
+      std::vector<int32_t> ids(static_cast<size_t>(P));
+      std::vector<float> wts(ids.size());
+      for (size_t i = 0; i < ids.size(); ++i) ids[i] = g() % 2 ? 1 : int32_t(g() % E), wts[i] = 0.2f + float(i % 7) / 9.f;
+      ids[7] = int32_t(E + 2);  // invalid: no row
+      cuda::DeviceBuffer dx(x.size() * 2);
+      cuda::copy_h2d(dx.data(), x.data(), x.size() * 2, nullptr);
+      Route rt(T, K, E);
+      rt.set(ids, wts);
+      const auto ref = run_grouped(ex, rt, dx, w.D, w.I, 3, 0.9f);
+      std::vector<int32_t> seg(size_t(E + 1));
+      cuda::copy_d2h(seg.data(), rt.seg.data(), seg.size() * 4, nullptr);
+      const int64_t rows = seg[size_t(E)];
+      ASSERT_EQ(rows, P - 1);
+      for (int64_t i = 0; i < rows * w.D; ++i) ASSERT_FALSE(std::isnan(ref[size_t(i)])) << "v3 left element " << i;
+      for (int v = 5; v <= gpu::kMoeDecodeGroupedVariants; ++v) {
+        const auto got = run_grouped(ex, rt, dx, w.D, w.I, v, 0.9f);
+        EXPECT_EQ(0, std::memcmp(got.data(), ref.data(), size_t(rows * w.D) * 4))
+            << w.name << " " << oc::expert_format_name(f) << " variant " << v;
+      }
+      std::printf("[gpu-moe] moe_decode_grouped %s %s: v5..v8 == v3 bit for bit (%lld rows x %lld)\n", w.name,
+                  oc::expert_format_name(f), (long long)rows, (long long)w.D);
+    }
 }
 
 // CPU only: the grouped twin over moe_route_host's permutation gives the pair twin's numbers (both
@@ -325,49 +369,51 @@ TEST(MoeDecodeGrouped, BatchInvariant) {
     }
   }
   // Expert outputs of token rows `tok` (a batch): out[i][k] = ye row of (tok[i], k).
-  auto batch = [&](const std::vector<int64_t>& tok) {
-    const int64_t n = int64_t(tok.size());
-    std::vector<uint16_t> bx(size_t(n * D));
-    std::vector<int32_t> bi(size_t(n * K));
-    std::vector<float> bw(size_t(n * K));
-    for (int64_t i = 0; i < n; ++i) {
-      std::copy_n(x.begin() + tok[size_t(i)] * D, D, bx.begin() + i * D);
-      std::copy_n(ids.begin() + tok[size_t(i)] * K, K, bi.begin() + i * K);
-      std::copy_n(wts.begin() + tok[size_t(i)] * K, K, bw.begin() + i * K);
-    }
-    cuda::DeviceBuffer dx(bx.size() * 2);
-    cuda::copy_h2d(dx.data(), bx.data(), bx.size() * 2, nullptr);
-    Route rt(n, K, E);
-    rt.set(bi, bw);
-    const auto ye = run_grouped(ex, rt, dx, D, I, 0, 7.f);
-    const auto comb = rt.comb_host();
-    std::vector<std::vector<float>> out(size_t(n * K));
-    for (int64_t a = 0; a < n * K; ++a)
-      out[size_t(a)].assign(ye.begin() + comb[size_t(a)] * D, ye.begin() + (comb[size_t(a)] + 1) * D);
-    return out;
-  };
-  std::vector<int64_t> all(static_cast<size_t>(T));
-  for (int64_t t = 0; t < T; ++t) all[size_t(t)] = t;
-  const auto full = batch(all);
-  std::vector<int64_t> sub(all);
-  std::shuffle(sub.begin(), sub.end(), g);
-  sub.resize(17);
-  const auto part = batch(sub);
-  int checked = 0;
-  for (int64_t i = 0; i < int64_t(sub.size()); ++i) {
-    const int64_t t = sub[size_t(i)];
-    const auto alone = i < 4 ? batch({t}) : std::vector<std::vector<float>>{};
-    for (int64_t k = 0; k < K; ++k) {
-      const auto& f = full[size_t(t * K + k)];
-      EXPECT_EQ(0, std::memcmp(f.data(), part[size_t(i * K + k)].data(), size_t(D) * 4)) << "token " << t << " k " << k;
-      if (!alone.empty()) {
-        EXPECT_EQ(0, std::memcmp(f.data(), alone[size_t(k)].data(), size_t(D) * 4)) << "token " << t;
+  for (int variant : {0, 5, 7, 8}) {
+    auto batch = [&](const std::vector<int64_t>& tok) {
+      const int64_t n = int64_t(tok.size());
+      std::vector<uint16_t> bx(size_t(n * D));
+      std::vector<int32_t> bi(size_t(n * K));
+      std::vector<float> bw(size_t(n * K));
+      for (int64_t i = 0; i < n; ++i) {
+        std::copy_n(x.begin() + tok[size_t(i)] * D, D, bx.begin() + i * D);
+        std::copy_n(ids.begin() + tok[size_t(i)] * K, K, bi.begin() + i * K);
+        std::copy_n(wts.begin() + tok[size_t(i)] * K, K, bw.begin() + i * K);
       }
-      ++checked;
+      cuda::DeviceBuffer dx(bx.size() * 2);
+      cuda::copy_h2d(dx.data(), bx.data(), bx.size() * 2, nullptr);
+      Route rt(n, K, E);
+      rt.set(bi, bw);
+      const auto ye = run_grouped(ex, rt, dx, D, I, variant, 7.f);
+      const auto comb = rt.comb_host();
+      std::vector<std::vector<float>> out(size_t(n * K));
+      for (int64_t a = 0; a < n * K; ++a)
+        out[size_t(a)].assign(ye.begin() + comb[size_t(a)] * D, ye.begin() + (comb[size_t(a)] + 1) * D);
+      return out;
+    };
+    std::vector<int64_t> all(static_cast<size_t>(T));
+    for (int64_t t = 0; t < T; ++t) all[size_t(t)] = t;
+    const auto full = batch(all);
+    std::vector<int64_t> sub(all);
+    std::shuffle(sub.begin(), sub.end(), g);
+    sub.resize(17);
+    const auto part = batch(sub);
+    int checked = 0;
+    for (int64_t i = 0; i < int64_t(sub.size()); ++i) {
+      const int64_t t = sub[size_t(i)];
+      const auto alone = i < 4 ? batch({t}) : std::vector<std::vector<float>>{};
+      for (int64_t k = 0; k < K; ++k) {
+        const auto& f = full[size_t(t * K + k)];
+        EXPECT_EQ(0, std::memcmp(f.data(), part[size_t(i * K + k)].data(), size_t(D) * 4)) << "token " << t << " k " << k;
+        if (!alone.empty()) {
+          EXPECT_EQ(0, std::memcmp(f.data(), alone[size_t(k)].data(), size_t(D) * 4)) << "token " << t;
+        }
+        ++checked;
+      }
     }
+    std::printf("[gpu-moe] moe_decode_grouped variant %d batch invariance: %d (token, k) rows bit-identical across 3 batch "
+                "shapes\n", variant, checked);
   }
-  std::printf("[gpu-moe] moe_decode_grouped batch invariance: %d (token, k) rows bit-identical across 3 batch shapes\n",
-              checked);
 }
 
 // ---- timing ----
@@ -435,8 +481,9 @@ void timing(const char* name, int64_t E, int64_t K, int64_t D, int64_t I) {
                                    .limit = 10.f};
     gp.w13 = t13.dev<void>(), gp.w2 = t2.dev<void>(), gp.format = f, gp.w13_scale = ts13.dev<uint8_t>(),
     gp.w2_scale = ts2.dev<uint8_t>();
-    double t_new[5];
-    for (int v = 0; v < 5; ++v)
+    constexpr int kNv = gpu::kMoeDecodeGroupedVariants + 1;
+    double t_new[kNv];
+    for (int v = 0; v < kNv; ++v)
       t_new[v] = tm.us(reps, [&](int r) {
         Route& rt = rts[size_t(r % NR)];
         rt.run();
@@ -474,16 +521,18 @@ void timing(const char* name, int64_t E, int64_t K, int64_t D, int64_t I) {
       q.y = ye.data(), q.ldy = D, q.y_dtype = DType::kF32;
       oc::grouped_gemm(q, nullptr);
     });
-    const int vb = int(std::min_element(t_new, t_new + 5) - t_new);
+    const int vb = int(std::min_element(t_new, t_new + kNv) - t_new);
     std::printf("[gpu-moe] grouped-decode %s B=%lld: %.1f distinct experts (%.0f MB; pairs %.0f MB) | pair kernel %s | "
-                "grouped v0 %.1f us %.0f GB/s %.0f%% (v1 %.1f v2 %.1f v3 %.1f table v4 %.1f; best v%d %.0f%%; route %.1f us) | "
+                "grouped v0 %.1f us %.0f GB/s %.0f%% (v1 %.1f v2 %.1f v3 %.1f table v4 %.1f | smem v5 %.1f us %.0f GB/s %.0f%% "
+                "v6 %.1f v7 %.1f v8 %.1f; best v%d %.0f%%; route %.1f us) | "
                 "prefill GEMM %.1f us %.0f%%\n",
                 name, (long long)T, distinct, dbytes / 1e6, pbytes / 1e6,
                 t_old > 0 ? (std::to_string(int(t_old * 10) / 10.0).substr(0, 6) + " us " +
                              std::to_string(int(rate(t_old))) + " GB/s " + std::to_string(int(100 * rate(t_old) / 4300)) + "%")
                                 .c_str()
                           : "-",
-                t_new[0], rate(t_new[0]), 100 * rate(t_new[0]) / 4300, t_new[1], t_new[2], t_new[3], t_new[4], vb,
+                t_new[0], rate(t_new[0]), 100 * rate(t_new[0]) / 4300, t_new[1], t_new[2], t_new[3], t_new[4],
+                t_new[5], rate(t_new[5]), 100 * rate(t_new[5]) / 4300, t_new[6], t_new[7], t_new[8], vb,
                 100 * rate(t_new[vb]) / 4300, t_route, t_gemm, 100 * rate(t_gemm) / 4300);
     if (T == 32) {  // same routing: the grouped result vs the pair kernel's, through comb
       Route& rt = rts[0];

@@ -9,6 +9,7 @@
 
 #include "core/numeric.h"
 #include "deepinfer/error.h"
+#include "model/deepseek/cuda/moe_decode_grouped.cuh"
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/moe_dequant.h"
 #include "ops/cuda/moe_route.h"
@@ -152,17 +153,7 @@ __device__ __forceinline__ void rows_dot(const void* w, const uint8_t* sc, const
   for (int r = 0; r < R; ++r) out[r] = warp_sum(acc[r]);
 }
 
-// Rounded to the storage dtype like the grouped path's GEMM output, then clamped SwiGLU.
-template <typename T>
-__device__ __forceinline__ float swiglu_act(float g, float u, float wt, float limit) {
-  g = to_f32(from_f32<T>(g));
-  u = to_f32(from_f32<T>(u));
-  if (limit > 0.f) {
-    u = fminf(fmaxf(u, -limit), limit);
-    g = fminf(g, limit);
-  }
-  return wt * (g / (1.0f + expf(-g)) * u);
-}
+using moe_grouped::swiglu_act;
 
 // Stage row `src` (n elements of T, 16-byte aligned) into shared memory.
 template <typename T>
@@ -353,174 +344,10 @@ void moe_decode_host(const MoeDecodeParams& p) {
   }
 }
 
-
 // ---- grouped decode (moe_decode.h): each touched expert read once per step ----
 namespace {
 namespace grouped {
-constexpr int kTileM = kMoeDecodeTileM;
-constexpr int kChunk = 128;  // inputs per K chunk: lane t of a quad owns inputs [32t, 32t + 32)
-
-// 16-byte vectors one lane loads per weight row and chunk (32 inputs).
-template <ExpertFormat F>
-constexpr int kRawVecs = F == ExpertFormat::kFP4 ? 1 : F == ExpertFormat::kFP8 ? 2 : 4;
-using ops::cuda::e8m0_bf16x2;
-using ops::cuda::mul_bf16x2;
-
-__device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                         uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-// Byte -> bf16 bits: FP4 both nibbles as bf16x2 (low nibble in the low half), FP8 one bf16.
-template <ExpertFormat F>
-__device__ __forceinline__ void fill_lut(uint32_t* lut) {
-  if constexpr (F == ExpertFormat::kFP4)
-    for (int i = threadIdx.x; i < 256; i += blockDim.x)
-      lut[i] = ops::cuda::fp4_bf16_bits(i & 15) | (ops::cuda::fp4_bf16_bits(i >> 4) << 16);
-  else if constexpr (F == ExpertFormat::kFP8)
-    for (int i = threadIdx.x; i < 256; i += blockDim.x) lut[i] = ops::cuda::fp8_bf16_bits(i);
-}
-
-// FP4 without a table (kAlu; the table's random per-lane reads conflict on shared-memory banks,
-// ~3.5 ways for random bytes, which capped the first version near 1.8 TB/s): nibble c as the
-// bf16 bits (c & 8) << 12 | (c & 7) << 6 is e2m1(c) * 2^-126 exactly (e = 0 is the subnormal
-// m * 2^-127), so one bf16x2 multiply by 2^(s-1) gives e2m1(c) * 2^(s-127) (exact: a bf16).
-// Word q of a 32-bit word of 8 nibbles pairs nibbles q (low half) and q + 4 (high half): one
-// shift for the magnitudes, one for the signs, one select.
-__device__ __forceinline__ uint32_t fp4_pair_bits(uint32_t w, int q) {
-  const uint32_t u = q == 0 ? w << 6 : q == 1 ? w << 2 : q == 2 ? w >> 2 : w >> 6;  // [8:6], [24:22]
-  const uint32_t v = w << (12 - 4 * q);                                              // bits 15, 31
-  return (u & 0x01C001C0u) | (v & 0x80008000u);
-}
-
-// One chunk's registers of a lane: its 32 inputs of the warp's 2*MT weight rows (raw, + scale
-// byte) and of its B column (32 bf16 of the column's token; zeros past the tile or past K).
-template <ExpertFormat F, int MT>
-struct Stage {
-  uint4 w[MT][2][kRawVecs<F>];
-  uint32_t s[MT][2];
-  uint4 x[4];
-};
-
-template <ExpertFormat F, int MT>
-__device__ __forceinline__ void load_stage(Stage<F, MT>& st, const uint8_t* w, const uint8_t* sc,
-                                           const int64_t (&rows)[MT][2], int64_t K, int64_t p0,
-                                           const __nv_bfloat16* col) {
-  const bool ok = p0 < K;  // K % 32 == 0: a lane's 32 inputs are all in or all out
-  const uint4 z = make_uint4(0, 0, 0, 0);
-#pragma unroll
-  for (int m = 0; m < MT; ++m)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int64_t r = rows[m][h];
-      const uint4* src;
-      if constexpr (F == ExpertFormat::kFP4) src = reinterpret_cast<const uint4*>(w + r * (K / 2) + p0 / 2);
-      else if constexpr (F == ExpertFormat::kFP8) src = reinterpret_cast<const uint4*>(w + r * K + p0);
-      else src = reinterpret_cast<const uint4*>(w + (r * K + p0) * 2);
-#pragma unroll
-      for (int v = 0; v < kRawVecs<F>; ++v) st.w[m][h][v] = ok ? __ldg(src + v) : z;
-      if constexpr (F == ExpertFormat::kFP4) st.s[m][h] = ok ? __ldg(sc + r * (K / 32) + p0 / 32) : 127u;
-      else if constexpr (F == ExpertFormat::kFP8) st.s[m][h] = ok ? __ldg(sc + r * ((K + 127) / 128) + p0 / 128) : 127u;
-    }
-  const uint4* xs = reinterpret_cast<const uint4*>(col + p0);
-#pragma unroll
-  for (int v = 0; v < 4; ++v) st.x[v] = ok && col ? __ldg(xs + v) : z;
-}
-
-// The 16 bf16x2 words of one row's 32 inputs, scale applied (exact). Word j holds inputs 2j, 2j+1,
-// except FP4 with kAlu: word j = 4*wi + q holds inputs 8*wi + q and 8*wi + q + 4.
-template <ExpertFormat F, bool kAlu>
-__device__ __forceinline__ void dequant_row(const uint4 (&raw)[kRawVecs<F>], uint32_t s, const uint32_t* lut,
-                                            uint32_t (&a)[16]) {
-  const uint32_t* rw = reinterpret_cast<const uint32_t*>(raw);
-  if constexpr (F == ExpertFormat::kFP4 && kAlu) {
-    const bool big = s > 128;  // 2^(s-1) past bf16's range: 2^126 first, then the scale
-    const uint32_t m1 = big ? 0x7E807E80u : ((s + 126u) << 7) * 0x10001u;
-#pragma unroll
-    for (int j = 0; j < 16; ++j) a[j] = mul_bf16x2(fp4_pair_bits(rw[j / 4], j % 4), m1);
-    if (big) {
-      const uint32_t m2 = e8m0_bf16x2(s);
-#pragma unroll
-      for (int j = 0; j < 16; ++j) a[j] = mul_bf16x2(a[j], m2);
-    }
-  } else if constexpr (F == ExpertFormat::kFP4) {
-    const uint32_t s2 = e8m0_bf16x2(s);
-#pragma unroll
-    for (int q = 0; q < 16; ++q) a[q] = mul_bf16x2(lut[(rw[q / 4] >> (8 * (q % 4))) & 0xff], s2);
-  } else if constexpr (F == ExpertFormat::kFP8) {
-    const uint32_t s2 = e8m0_bf16x2(s);
-#pragma unroll
-    for (int q = 0; q < 16; ++q) {
-      const uint32_t word = rw[q / 2], sh = 16 * (q % 2);
-      a[q] = mul_bf16x2(lut[(word >> sh) & 0xff] | (lut[(word >> (sh + 8)) & 0xff] << 16), s2);
-    }
-  } else {
-#pragma unroll
-    for (int q = 0; q < 16; ++q) a[q] = rw[q];
-  }
-}
-
-// The chunk's 8 MMA k-steps per m-tile. k-step s takes, per lane, inputs 4s..4s+3 of its 32:
-// A {row g: 4s, 4s+1 | row g+8: same | row g: 4s+2, 4s+3 | row g+8: same}, B {4s, 4s+1 | 4s+2, 4s+3}
-// of its column — the MMA's k index 2t+j is input 32t+4s+j, 2t+8+j is 32t+4s+2+j.
-template <ExpertFormat F, bool kAlu, int MT>
-__device__ __forceinline__ void compute_stage(const Stage<F, MT>& st, const uint32_t* lut, float (&acc)[MT][4]) {
-  const uint32_t* xw = reinterpret_cast<const uint32_t*>(st.x);
-  uint32_t xb[16];  // B words in the A words' input order (kAlu FP4: inputs 8wi+q | 8wi+q+4)
-#pragma unroll
-  for (int j = 0; j < 16; ++j) {
-    if constexpr (F == ExpertFormat::kFP4 && kAlu) {
-      const int wi = j / 4, q = j % 4, m1 = 4 * wi + q / 2;
-      xb[j] = __byte_perm(xw[m1], xw[m1 + 2], q % 2 ? 0x7632 : 0x5410);
-    } else {
-      xb[j] = xw[j];
-    }
-  }
-#pragma unroll
-  for (int m = 0; m < MT; ++m) {
-    uint32_t a0[16], a1[16];
-    dequant_row<F, kAlu>(st.w[m][0], st.s[m][0], lut, a0);
-    dequant_row<F, kAlu>(st.w[m][1], st.s[m][1], lut, a1);
-#pragma unroll
-    for (int s = 0; s < 8; ++s) mma_bf16(acc[m], a0[2 * s], a1[2 * s], a0[2 * s + 1], a1[2 * s + 1], xb[2 * s], xb[2 * s + 1]);
-  }
-}
-
-// acc[m] += the warp's rows · its columns over all K, chunks in order; S register stages (the
-// loads of S - 1 chunks in flight while one is computed). The sums do not depend on MT, W or S.
-template <ExpertFormat F, bool kAlu, int MT, int S>
-__device__ __forceinline__ void run_rows(const uint8_t* w, const uint8_t* sc, const int64_t (&rows)[MT][2], int64_t K,
-                                         const __nv_bfloat16* col, int t, const uint32_t* lut, float (&acc)[MT][4]) {
-  const int64_t nc = (K + kChunk - 1) / kChunk;
-  Stage<F, MT> st[S];
-#pragma unroll
-  for (int u = 0; u < S - 1; ++u) load_stage<F, MT>(st[u], w, sc, rows, K, u * kChunk + 32 * t, col);
-  for (int64_t c = 0; c < nc; c += S) {
-#pragma unroll
-    for (int u = 0; u < S; ++u) {
-      if (c + u < nc) {
-        if (c + u + S - 1 < nc) load_stage<F, MT>(st[(u + S - 1) % S], w, sc, rows, K, (c + u + S - 1) * kChunk + 32 * t, col);
-        compute_stage<F, kAlu, MT>(st[u], lut, acc);
-      }
-    }
-  }
-}
-
-struct TileRows {
-  int e = 0, n = 0;
-  int64_t r0 = 0;
-};
-__device__ __forceinline__ TileRows tile_rows(const MoeDecodeGroupedParams& p) {
-  const int32_t code = p.tiles[blockIdx.x];
-  TileRows tr;
-  tr.e = code >> 16;
-  tr.r0 = p.seg[tr.e] + int64_t(code & 0xffff) * kTileM;
-  const int64_t left = int64_t(p.seg[tr.e + 1]) - tr.r0;
-  tr.n = int(left < kTileM ? left : kTileM);
-  return tr;
-}
+using namespace moe_grouped;
 
 // grid (max_tiles, ceil(inter / (8*MT*W))): a warp's m-tile m = gate rows i0+8m .. +7 (A rows
 // 0-7) and their up rows (A rows 8-15), so a lane holds gate and up of its (row, column) pairs.
@@ -530,7 +357,7 @@ __global__ void __launch_bounds__(W * kWarpSize) grouped_up_kernel(const __grid_
   __shared__ uint32_t lut[kLut ? 256 : 1];
   if (int64_t(blockIdx.x) >= *p.num_tiles) return;
   if constexpr (kLut) {
-    fill_lut<F>(lut);
+    moe_grouped::fill_lut<F>(lut);  // qualified: the pair kernels' fill_lut (f32 bits) is in scope too
     __syncthreads();
   }
   const TileRows tr = tile_rows(p);
@@ -547,19 +374,7 @@ __global__ void __launch_bounds__(W * kWarpSize) grouped_up_kernel(const __grid_
   const uint8_t* sc = F == ExpertFormat::kPlain ? nullptr : p.w13_scale[tr.e];
   float acc[MT][4] = {};
   run_rows<F, kAlu, MT, S>(static_cast<const uint8_t*>(p.w13[tr.e]), sc, rows, D, col, t, lut, acc);
-  __nv_bfloat16* act = static_cast<__nv_bfloat16*>(p.act);
-#pragma unroll
-  for (int m = 0; m < MT; ++m) {
-    const int64_t i = i0 + 8 * m + g;
-#pragma unroll
-    for (int q = 0; q < 2; ++q) {
-      const int c = 2 * t + q;
-      if (i < I && c < tr.n) {
-        const int64_t r = tr.r0 + c;
-        act[r * I + i] = __float2bfloat16_rn(swiglu_act<__nv_bfloat16>(acc[m][q], acc[m][2 + q], p.perm_w[r], p.limit));
-      }
-    }
-  }
+  store_up<MT>(p, tr, i0, g, t, acc);
 }
 
 // grid (max_tiles, ceil(dim / (16*MT*W))): m-tile m = output rows j0+16m .. +15.
@@ -569,7 +384,7 @@ __global__ void __launch_bounds__(W * kWarpSize) grouped_down_kernel(const __gri
   __shared__ uint32_t lut[kLut ? 256 : 1];
   if (int64_t(blockIdx.x) >= *p.num_tiles) return;
   if constexpr (kLut) {
-    fill_lut<F>(lut);
+    moe_grouped::fill_lut<F>(lut);
     __syncthreads();
   }
   const TileRows tr = tile_rows(p);
@@ -585,17 +400,7 @@ __global__ void __launch_bounds__(W * kWarpSize) grouped_down_kernel(const __gri
   const uint8_t* sc = F == ExpertFormat::kPlain ? nullptr : p.w2_scale[tr.e];
   float acc[MT][4] = {};
   run_rows<F, kAlu, MT, S>(static_cast<const uint8_t*>(p.w2[tr.e]), sc, rows, I, col, t, lut, acc);
-#pragma unroll
-  for (int m = 0; m < MT; ++m)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int64_t j = j0 + 16 * m + 8 * h + g;
-#pragma unroll
-      for (int q = 0; q < 2; ++q) {
-        const int c = 2 * t + q;
-        if (j < D && c < tr.n) p.ye[(tr.r0 + c) * D + j] = acc[m][2 * h + q];
-      }
-    }
+  store_down<MT>(p, tr, j0, g, t, acc);
 }
 
 template <ExpertFormat F, bool kAlu, int MT, int W, int S>
@@ -638,6 +443,10 @@ void launch_variant(const MoeDecodeGroupedParams& p, cudaStream_t stream) {
     case 1: return launch<F, true, 1, 4, 4>(p, stream);
     case 2: return launch<F, true, 2, 4, 3>(p, stream);
     case 3: return launch<F, true, 4, 4, 2>(p, stream);
+    case 5:
+    case 6:
+    case 7:
+    case 8: return launch_v5(p, v, stream);  // shared-memory ring (moe_decode_v5.cu)
     default:  // 4: FP4 through the byte table (the first version)
       if constexpr (F == ExpertFormat::kFP4) return launch<F, false, 2, 4, 2>(p, stream);
       else return launch<F, true, 2, 4, 2>(p, stream);
@@ -657,7 +466,7 @@ void validate(const MoeDecodeGroupedParams& p) {
   if (p.tokens > 0 && (!p.x || !p.seg || !p.perm_src || !p.perm_w || !p.tiles || !p.num_tiles || !p.w13 || !p.w2 ||
                        !p.act || !p.ye || (p.format != ExpertFormat::kPlain && (!p.w13_scale || !p.w2_scale))))
     DI_THROW(InvalidArgument, "moe_decode_grouped: null input, table or output");
-  if (p.variant < 0 || p.variant > 4) DI_THROW(InvalidArgument, "moe_decode_grouped: variant ", p.variant);
+  if (p.variant < 0 || p.variant > kMoeDecodeGroupedVariants) DI_THROW(InvalidArgument, "moe_decode_grouped: variant ", p.variant);
 }
 }  // namespace grouped
 }  // namespace

@@ -72,6 +72,8 @@ constexpr int kMoeDecodeTileM = 8;
 // grouped decode takes 0.37x the prefill GEMM path's time at 256 tokens (1.63 vs 4.43 ms; 0.37x
 // at V4.1 widths too), so it is the measured limit; fixed steps go up to 384 tokens (verify).
 constexpr int64_t kMoeDecodeGroupedMaxTokens = 256;
+// Variants 1..kMoeDecodeGroupedVariants of MoeDecodeGroupedParams::variant (0 picks one).
+constexpr int kMoeDecodeGroupedVariants = 8;
 
 struct MoeDecodeGroupedParams {
   const void* x = nullptr;              // [tokens, dim] bf16 (the normed hidden h)
@@ -90,7 +92,9 @@ struct MoeDecodeGroupedParams {
   float* ye = nullptr;                  // [tokens*topk, dim] f32 out, sorted rows (invalid ids: unwritten)
   int64_t tokens = 0, topk = 0, num_experts = 0, dim = 0, inter = 0;  // dim, inter multiples of 32
   float limit = 0.f;                    // swiglu clamp (<= 0: none)
-  int variant = 0;                      // tuning (timing tests): 0 by size; 1..3 warp shapes; 4 FP4 by table
+  int variant = 0;                      // tuning (timing tests): 0 by size; 1..3 warp shapes; 4 FP4 by table;
+                                        // 5..8 weights staged in shared memory by cp.async (moe_decode_v5.cu:
+                                        // 5, 6 one ring per block; 7, 8 one ring per warp)
 };
 // Whether moe_decode_grouped takes these shapes (bf16 activations, widths multiples of 32).
 bool moe_decode_grouped_supported(DType act, int64_t dim, int64_t inter);
