@@ -48,6 +48,10 @@ step() { echo "== gpu_check [$(( $(date +%s) - T0 ))s] $*"; }
 # ---- dependencies: the carried .debs (tools/gpu_deps.sh) ----
 source "$ROOT/tools/gpu_deps.sh"
 di_use_gpu_deps || exit 1
+# The CPU references (CPU twins, golden comparisons) run with the OpenBLAS kernels the test
+# suite pins (tools/openblas_coretype.sh says why).
+OPENBLAS_CORETYPE=$("$ROOT/tools/openblas_coretype.sh")
+[ -n "$OPENBLAS_CORETYPE" ] && export OPENBLAS_CORETYPE && echo "gpu_check: OPENBLAS_CORETYPE=$OPENBLAS_CORETYPE"
 
 SRC=$ROOT
 if [ -n "$PREBUILT" ]; then

@@ -30,6 +30,10 @@ step() { echo "== gpu_model_check [$(( $(date +%s) - T0 ))s] $*"; }
 # ---- dependencies: the carried .debs (tools/gpu_deps.sh) ----
 source "$ROOT/tools/gpu_deps.sh"
 di_use_gpu_deps || exit 1
+# The CPU references (CPU twins, golden comparisons) run with the OpenBLAS kernels the test
+# suite pins (tools/openblas_coretype.sh says why).
+OPENBLAS_CORETYPE=$("$ROOT/tools/openblas_coretype.sh")
+[ -n "$OPENBLAS_CORETYPE" ] && export OPENBLAS_CORETYPE && echo "gpu_model_check: OPENBLAS_CORETYPE=$OPENBLAS_CORETYPE"
 if [ -n "$PREBUILT" ]; then
   TEST_BIN=$PREBUILT/cuda_model_test
   export LD_LIBRARY_PATH=$PREBUILT/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}

@@ -223,7 +223,10 @@ __global__ void __launch_bounds__(kThreads) hc_collapse_kernel(const __grid_cons
   *u = from_f32<T>(acc);
 }
 
-// Mix groups that bring the partial-sum grid to about one block per SM (1 once it has that many).
+// Mix groups that bring the partial-sum grid to about one block per SM, only while the grid holds
+// fewer blocks than a quarter of the SMs: each group reads x again, and on the H200 (132 SMs) the
+// split paid at 16 blocks (1 and 4 tokens: 39.8 -> 33.5 us) and cost at 64 (16 tokens: 40.3 ->
+// 42.5 us; CudaTiming.HcPreMixSplit, 2026-12-03).
 int auto_mix_split(int64_t blocks, int num_mix) {
   static const int sms = [] {
     int dev = 0, n = 0;
@@ -231,6 +234,7 @@ int auto_mix_split(int64_t blocks, int num_mix) {
     DI_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
     return n;
   }();
+  if (blocks * 4 >= sms) return 1;
   return int(std::min<int64_t>(num_mix, std::max<int64_t>(1, ceil_div(int64_t(sms), blocks))));
 }
 
