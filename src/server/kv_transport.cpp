@@ -289,9 +289,11 @@ void KvTransport::Core::ack_receiver(size_t i) {
   } catch (const std::exception& e) {
     DI_WARN("kv transport: ", name, " broke: ", e.what());
   }
-  // Without acks no buffer can be reused safely: what follows goes the host hop.
+  // Without acks no buffer can be reused safely: what follows goes the host hop (quietly when
+  // this side is stopping: the peer's bye closes the channel then).
   std::lock_guard<std::mutex> lock(mu);
-  if (p.mode != Mode::kHost) set_mode(p, Mode::kHost, "the ack channel closed");
+  if (stop) p.mode = Mode::kHost;
+  else if (p.mode != Mode::kHost) set_mode(p, Mode::kHost, "the ack channel closed");
 }
 
 void KvTransport::Core::ack_sender(size_t i, IpcAck first) {
@@ -345,8 +347,9 @@ void KvTransport::Core::on_hello(Pair& p, size_t i, const IpcHello& h) {
   }
   std::string how;
   if (importer)
-    how = std::string(importer->same_device() ? "the same GPU" : "a peer GPU") + ", 2 staging buffers of " +
-          std::to_string(importer->buffer_bytes() >> 20) + " MiB of process " + std::to_string(h.pid);
+    how = std::string(importer->same_device() ? "the same GPU" : "a peer GPU") + ", " + std::to_string(kIpcBuffers) +
+          " staging buffers of " + std::to_string((importer->buffer_bytes() + 1023) >> 10) + " KiB of process " +
+          std::to_string(h.pid);
   {
     std::lock_guard<std::mutex> lock(mu);
     p.importer = importer;
