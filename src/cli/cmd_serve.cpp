@@ -42,7 +42,12 @@ int run_serve(int argc, char** argv) {
   app.add_option("--kv-name", o.kv.name, "this server's name among them (letters, digits, - _)");
   app.add_option("--kv-peers", kv_peers, "the other side's names, comma-separated");
   app.add_option("--kv-wait-s", o.kv_wait_s, "decode: longest wait for a request's KV transfer")->default_str("10");
+  std::string kv_transport = "auto";
+  app.add_option("--kv-transport", kv_transport,
+                 "how KV payloads cross between prefill and decode: cuda-ipc | host | auto (cuda-ipc when both ends are CUDA on one host)")
+      ->default_str("auto");
   CLI11_PARSE(app, argc, argv);
+  o.kv.transport = deepinfer::server::parse_kv_transport(kv_transport);
   o.kv.peers = deepinfer::cli::split_list(kv_peers);
   o.llm.kv_cache_memory_bytes = size_t(kv_cache_gib * double(size_t(1) << 30));
   o.http.max_body_bytes = size_t(max_body_mib * double(1 << 20));

@@ -154,7 +154,8 @@ void EngineLoop::export_kv(Tracked& t, const RequestOutput& o) {
   bool sent = false;
   int64_t n = 0;
   try {
-    engine::KvBundle b = engine_->export_prefix(t.kv_prompt);
+    // On the device when the pair moves payloads through CUDA IPC (kv_transport.h), else host bytes.
+    engine::KvBundle b = engine_->export_prefix(t.kv_prompt, options_.kv->wants_device_bundle(t.kv_send_to));
     n = b.num_tokens();
     sent = options_.kv->send(t.kv_send_to, t.kv_send_id, std::move(b));
     if (!sent) DI_WARN("server: KV transfer ", t.kv_send_id, ": '", t.kv_send_to, "' is not a connected decode peer");

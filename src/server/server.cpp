@@ -106,6 +106,10 @@ void add_kv_load(const ServerState& st, json& j) {
   j["kv_role"] = st.kv->options().role;
   j["kv_name"] = st.kv->options().name;
   j["kv_peers_connected"] = st.kv->num_connected();
+  j["kv_transport"] = kv_transport_name(st.kv->options().transport);
+  const KvTransportStats ts = st.kv->stats();
+  j["kv_payloads"] = {{"ipc_sent", ts.ipc_sent}, {"host_sent", ts.host_sent}, {"ipc_fallbacks", ts.ipc_fallbacks},
+                      {"ipc_received", ts.ipc_received}, {"host_received", ts.host_received}};
   j["kv_transfers"] = {{"sent", c.sent},         {"send_failed", c.send_failed}, {"exported_tokens", c.exported_tokens},
                        {"received", c.received}, {"timed_out", c.timed_out},     {"imported_tokens", c.imported_tokens},
                        {"import_failed", c.import_failed}};
@@ -213,7 +217,17 @@ void Server::init(ServeOptions options, std::unique_ptr<engine::Engine> eng, std
   }
   st.created = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
   if (st.opt.max_waiting < 1) DI_THROW(InvalidArgument, "--max-waiting must be >= 1, got ", st.opt.max_waiting);
-  if (!st.opt.kv.role.empty()) st.kv = std::make_unique<KvTransport>(st.opt.kv);
+  if (!st.opt.kv.role.empty()) {
+    // The IPC staging is sized for the longest prefix a request can hand over (max_model_len's
+    // blocks), so no bundle has to fall back to the host hop for its size.
+    KvTransportOptions kv = st.opt.kv;
+    model::CausalLM& m = eng->model();
+    kv.device = m.paged_block_bytes() > 0 ? m.device_ordinal() : -1;
+    const int64_t bt = eng->cache().geometry().block_tokens;
+    if (kv.ipc_buffer_bytes == 0 && bt > 0)
+      kv.ipc_buffer_bytes = size_t((st.max_model_len + bt - 1) / bt) * m.paged_block_bytes();
+    st.kv = std::make_unique<KvTransport>(std::move(kv));
+  }
   st.loop = std::make_unique<EngineLoop>(std::move(eng), EngineLoopOptions{st.opt.max_waiting, st.kv.get(), st.opt.kv_wait_s},
                                          st.metrics);
   st.prep = std::make_unique<WorkQueue>(st.opt.prep_threads);
