@@ -99,7 +99,14 @@ TEST_P(V41GpuGolden, ExactFullChunkedTokenByTokenMatchReferenceAndCpu) {
       } else {
         expect_strict(dg, 1e-4, what + " GPU vs golden");
         // The CPU itself misses 1e-4 by a hair on one row of v41_b t9 (1.5e-4, OpenBLAS's order).
-        expect_strict(dc, 1e-3, what + " GPU vs CPU");
+        // Where the CPU run crosses a QAT step the golden does not (its known flips,
+        // model_v41/forward_test.cc: v41_a t37 chunked and token by token with the SkylakeX kernels,
+        // 8 rows by 3.2e-3), the GPU, held to the golden above, cannot also be within 1e-3 of it:
+        // then only the loose bound between the two.
+        if (cg.max <= 1e-3 && cg.flips == 0)
+          expect_strict(dc, 1e-3, what + " GPU vs CPU");
+        else
+          expect_loose(dc, T, what + " GPU vs CPU (the CPU run crosses a QAT step)");
       }
     }
   }
