@@ -212,7 +212,8 @@ class StructuredWorkers {
   // Queues g.precompute_masks(precompute) on a worker (compile_async does so after each fresh
   // compile): the caches a request's first masks need, filled while its prompt is prefilled.
   // Holds only a weak reference (a grammar dropped meanwhile is skipped) and stops when the
-  // workers are destroyed. A compile queued behind it waits at most the time budget.
+  // workers are destroyed. Runs only when no compile or mask helper waits: one posted while it
+  // runs stops it, and it is queued again with the rest of its time budget.
   void precompute_async(const std::shared_ptr<const CompiledGrammar>& g);
   void fill_next_token_bitmasks(std::span<GrammarMatcher* const> matchers, std::span<int32_t> words,
                                 size_t row_words);
@@ -232,7 +233,7 @@ class StructuredWorkers {
   PrecomputeStats precompute_stats() const;
 
  private:
-  void run_precompute(const std::shared_ptr<const CompiledGrammar>& g);
+  void run_precompute(const std::shared_ptr<const CompiledGrammar>& g, double budget_ms);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

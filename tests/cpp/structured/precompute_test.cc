@@ -317,5 +317,36 @@ TEST(MaskPrecompute, WorkersGlobalCapReleasesLeastRecentlyUsed) {
   expect_masks_equal_fresh(c, g0, family_schema(40), family_instance(40));
 }
 
+// A compile is never queued behind a precompute: on one worker, the second request's compile
+// runs while the first grammar's precompute is still unfinished (it stops for the compile and
+// resumes after, to the same caches).
+TEST(MaskPrecompute, CompileGoesBeforeARunningPrecompute) {
+  auto v = mixed_vocab(59, 2500, 13);
+  GrammarCompiler c(v);
+  auto probe = c.compile_uncached(family_schema(70));
+  const MaskPrecomputeResult full = probe->precompute_masks({.time_budget_ms = 60000});
+  ASSERT_TRUE(full.complete);
+  ASSERT_GT(full.ms, 5) << "the precompute must outlast posting the next compile";
+  StructuredWorkers w(1, {.time_budget_ms = 60000});
+  auto a = w.compile_async(c, family_schema(71)).get();
+  auto b = w.compile_async(c, family_schema(72)).get();
+  EXPECT_EQ(w.precompute_stats().finished, 0);  // before: b's compile waited for a's precompute
+  while (w.precompute_stats().finished < 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  // Resumed to the end: the states and pairs of an uninterrupted precompute of the same grammar,
+  // and nothing left for another one to fill.
+  auto ref = c.compile_uncached(family_schema(71));
+  const MaskPrecomputeResult rr = ref->precompute_masks({.time_budget_ms = 60000});
+  ASSERT_TRUE(rr.complete);
+  const int64_t before = a->mask_cache_bytes();
+  const MaskPrecomputeResult again = a->precompute_masks({.time_budget_ms = 60000});
+  EXPECT_TRUE(again.complete);
+  EXPECT_EQ(again.states, rr.states);
+  EXPECT_EQ(again.pairs, rr.pairs);
+  EXPECT_EQ(again.bytes, rr.bytes);
+  EXPECT_EQ(a->mask_cache_bytes(), before);
+  expect_masks_equal_fresh(c, a, family_schema(71), family_instance(71));
+  expect_masks_equal_fresh(c, b, family_schema(72), family_instance(72));
+}
+
 }  // namespace
 }  // namespace deepinfer::structured::test
