@@ -79,6 +79,11 @@ int32_t vocabulary_size(const TokenVocabulary& v);
 struct MaskPrecompute {
   double time_budget_ms = 50;          // <= 0: off
   int64_t max_cache_bytes = 16 << 20;  // stop once the filled entries hold this much
+  // StructuredWorkers only: the mask cache bytes of every grammar it precomputed, together.
+  // Past it the caches of the least recently precomputed or requested grammars are released
+  // (CompiledGrammar::release_mask_caches), so the compiler's 256 cached grammars hold at most
+  // this much rather than 256 x max_cache_bytes. 0: nothing is precomputed.
+  int64_t max_total_bytes = int64_t{256} << 20;
 };
 struct MaskPrecomputeResult {
   int64_t states = 0;     // state caches filled or found
@@ -100,6 +105,13 @@ class CompiledGrammar {
   // Fills the mask caches of the states reachable from the start, nearest first, within opts'
   // budgets; stops early once *cancel (if given) is true. Thread-safe beside mask calls.
   MaskPrecomputeResult precompute_masks(const MaskPrecompute& opts, const std::atomic<bool>* cancel = nullptr) const;
+  // Bytes held by this grammar's own mask caches (state and pair entries, subtree results),
+  // counting entries it shares with the vocabulary's cross-grammar cache too (an upper bound).
+  int64_t mask_cache_bytes() const;
+  // Drops those caches (the vocabulary's shared cache keeps its own): later masks compute the
+  // entries again, equal, so no decision changes. Thread-safe beside mask calls and precomputes.
+  // Returns mask_cache_bytes() just before.
+  int64_t release_mask_caches() const;
   const CompiledGrammarImpl& impl() const { return *impl_; }
 
  private:
@@ -200,14 +212,28 @@ class StructuredWorkers {
   // Queues g.precompute_masks(precompute) on a worker (compile_async does so after each fresh
   // compile): the caches a request's first masks need, filled while its prompt is prefilled.
   // Holds only a weak reference (a grammar dropped meanwhile is skipped) and stops when the
-  // workers are destroyed. A compile queued behind it waits at most the time budget.
+  // workers are destroyed. Runs only when no compile or mask helper waits: one posted while it
+  // runs stops it, and it is queued again with the rest of its time budget.
   void precompute_async(const std::shared_ptr<const CompiledGrammar>& g);
   void fill_next_token_bitmasks(std::span<GrammarMatcher* const> matchers, std::span<int32_t> words,
                                 size_t row_words);
   void fill_bitmasks(std::span<MaskJob> jobs);
+  // The precompute ledger (MaskPrecompute::max_total_bytes): mask cache bytes of the live
+  // grammars it precomputed (as measured when each precompute ended; <= the cap whenever no
+  // precompute runs, else at most the cap plus their budgets), and how many grammars' caches
+  // it released to stay under the cap.
+  struct PrecomputeStats {
+    int64_t bytes = 0;
+    int64_t grammars = 0;  // live grammars in the ledger
+    int64_t released = 0;
+    int64_t skipped = 0;   // precomputes not run (max_total_bytes 0)
+    int64_t running = 0;   // precomputes in flight
+    int64_t finished = 0;  // precomputes ended (run or skipped; grammars dropped before are not counted)
+  };
+  PrecomputeStats precompute_stats() const;
 
  private:
-  void run_precompute(const std::shared_ptr<const CompiledGrammar>& g);
+  void run_precompute(const std::shared_ptr<const CompiledGrammar>& g, double budget_ms);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

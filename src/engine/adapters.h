@@ -111,8 +111,10 @@ class GrammarCompiler {
 // nullptr when the grammar module is not built or `codec` is null (structured requests are
 // then rejected). The vocabulary is ids [0, vocab_size) with `eos_token_id` as the stop token.
 // `threads`: worker threads for compile_async and fill_bitmasks (0: half the cores, 1..8).
+// `precompute_ms`: each fresh grammar's mask caches filled on a worker for up to this long
+// while its prompt is prefilled (structured.h MaskPrecompute; 0: off; bench-structured).
 std::unique_ptr<GrammarCompiler> make_grammar_compiler(const TextCodec* codec, int64_t vocab_size, int64_t eos_token_id,
-                                                       int threads = 0);
+                                                       int threads = 0, double precompute_ms = 50);
 
 // Replaces invalid UTF-8 sequences with U+FFFD (bindings need valid UTF-8).
 std::string sanitize_utf8(std::string_view bytes);

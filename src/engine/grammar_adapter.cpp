@@ -90,8 +90,8 @@ class StructuredPending final : public PendingGrammar {
 
 class StructuredCompiler final : public GrammarCompiler {
  public:
-  StructuredCompiler(std::shared_ptr<const structured::TokenVocabulary> vocab, int threads)
-      : compiler_(std::move(vocab)), workers_(threads) {}
+  StructuredCompiler(std::shared_ptr<const structured::TokenVocabulary> vocab, int threads, double precompute_ms)
+      : compiler_(std::move(vocab)), workers_(threads, {.time_budget_ms = precompute_ms}) {}
   std::unique_ptr<GrammarMatcher> compile(const StructuredOutputsParams& spec) override {
     // compile() caches by the canonical so_args text: identical specs share one grammar.
     auto g = compiler_.compile(so_args_json(spec));
@@ -168,7 +168,7 @@ void StructuredCompiler::fill_bitmasks(std::span<const GrammarMaskJob> jobs) {
 }  // namespace
 
 std::unique_ptr<GrammarCompiler> make_grammar_compiler(const TextCodec* codec, int64_t vocab_size,
-                                                       int64_t eos_token_id, int threads) {
+                                                       int64_t eos_token_id, int threads, double precompute_ms) {
   if (!codec) return nullptr;  // token ids only: nothing to match text against
   structured::TokenizerInfo info;
   info.token_bytes.resize(size_t(vocab_size));
@@ -187,12 +187,12 @@ std::unique_ptr<GrammarCompiler> make_grammar_compiler(const TextCodec* codec, i
   }
   if (eos_token_id >= 0 && eos_token_id < vocab_size) info.stop_ids.push_back(int32_t(eos_token_id));
   if (threads <= 0) threads = int(std::clamp<unsigned>(std::thread::hardware_concurrency() / 2, 1, 8));
-  return std::make_unique<StructuredCompiler>(structured::make_vocabulary(std::move(info)), threads);
+  return std::make_unique<StructuredCompiler>(structured::make_vocabulary(std::move(info)), threads, precompute_ms);
 }
 
 #else
 
-std::unique_ptr<GrammarCompiler> make_grammar_compiler(const TextCodec*, int64_t, int64_t, int) { return nullptr; }
+std::unique_ptr<GrammarCompiler> make_grammar_compiler(const TextCodec*, int64_t, int64_t, int, double) { return nullptr; }
 
 #endif
 

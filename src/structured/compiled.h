@@ -111,6 +111,11 @@ struct CompiledGrammarImpl {
   // Fills state_cache for the states reachable from the root's start, nearest first, until done,
   // the time or memory budget is spent or *cancel is set (structured.h MaskPrecompute).
   MaskPrecomputeResult precompute_masks(const MaskPrecompute& opts, const std::atomic<bool>* cancel) const;
+  // structured.h CompiledGrammar::mask_cache_bytes / release_mask_caches (mask_cache.cpp):
+  // the state, pair and subtree tables above, measured and dropped. Every reader takes a
+  // shared_ptr copy under the table's lock, so an entry in use outlives its release.
+  int64_t mask_cache_bytes() const;
+  int64_t release_mask_caches() const;
 
  private:
   // Per-state facts the mask walks fill on first use (mask_walk.cpp): racing walks compute

@@ -278,6 +278,8 @@ double CompiledGrammar::compile_ms() const { return impl_->compile_ms; }
 MaskPrecomputeResult CompiledGrammar::precompute_masks(const MaskPrecompute& opts, const std::atomic<bool>* cancel) const {
   return impl_->precompute_masks(opts, cancel);
 }
+int64_t CompiledGrammar::mask_cache_bytes() const { return impl_->mask_cache_bytes(); }
+int64_t CompiledGrammar::release_mask_caches() const { return impl_->release_mask_caches(); }
 
 GrammarCompiler::GrammarCompiler(std::shared_ptr<const TokenVocabulary> vocab, CompilerOptions options)
     : vocab_(std::move(vocab)), options_(options) {

@@ -151,6 +151,7 @@ std::shared_ptr<const StateMaskCache> CompiledGrammarImpl::state_cache(int32_t s
     if (!key.empty()) vocab->shared_masks_.insert(key, c);
   }
   std::lock_guard<std::mutex> lock(mu_);
+  if (caches_.empty()) caches_.resize(pda.num_states());  // released meanwhile (release_mask_caches)
   if (!caches_[state]) caches_[state] = std::move(c);
   return caches_[state];
 }
@@ -165,6 +166,14 @@ int64_t cache_bytes(const StateMaskCache& c) {
   return static_cast<int64_t>(sizeof c + c.accepted_bits.size() * sizeof(uint32_t) +
                               c.accepted_ids.size() * sizeof(int32_t) + c.uncertain.size() * sizeof(RankRange));
 }
+int64_t pair_bytes(const PairMaskCache& p) {
+  return static_cast<int64_t>(sizeof p + p.accepted_ids.size() * sizeof(int32_t) + p.uncertain.size() * sizeof(RankRange));
+}
+int64_t subtree_bytes(const SubtreeResult& t) {
+  return static_cast<int64_t>(sizeof t + t.words.size() * sizeof(uint64_t) + t.uncertain.size() * sizeof(RankRange));
+}
+// A map node and its bucket slot, roughly (libstdc++: next pointer, key, value, cached hash).
+constexpr int64_t kMapNodeBytes = 48;
 
 }  // namespace
 
@@ -204,9 +213,7 @@ MaskPrecomputeResult CompiledGrammarImpl::precompute_masks(const MaskPrecompute&
            r.bytes >= opts.max_cache_bytes;
   };
   auto fill_pair = [&](int32_t s, int32_t ret) {
-    const std::shared_ptr<const PairMaskCache> p = pair_cache(s, ret);
-    r.bytes += static_cast<int64_t>(sizeof *p + p->accepted_ids.size() * sizeof(int32_t) +
-                                    p->uncertain.size() * sizeof(RankRange));
+    r.bytes += pair_bytes(*pair_cache(s, ret));
     ++r.pairs;
   };
   auto add_ret = [&](int32_t rule, int32_t ret) {
@@ -260,6 +267,47 @@ MaskPrecomputeResult CompiledGrammarImpl::precompute_masks(const MaskPrecompute&
   r.complete = true;
   r.ms = elapsed_ms();
   return r;
+}
+
+int64_t CompiledGrammarImpl::mask_cache_bytes() const {
+  // An entry shared by several states (or with the vocabulary's cache) is counted at each: the
+  // ledger wants an upper bound, and sharing inside one grammar is rare (state keys differ).
+  int64_t bytes = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    bytes += static_cast<int64_t>(caches_.capacity() * sizeof caches_[0]);
+    for (const auto& c : caches_)
+      if (c) bytes += cache_bytes(*c);
+  }
+  {
+    std::lock_guard<std::mutex> lock(pair_mu_);
+    for (const auto& [k, p] : pairs_) bytes += kMapNodeBytes + pair_bytes(*p);
+  }
+  std::lock_guard<std::mutex> lock(sub_mu_);
+  for (const auto& [k, t] : subtrees_) bytes += kMapNodeBytes + subtree_bytes(*t);
+  return bytes;
+}
+
+int64_t CompiledGrammarImpl::release_mask_caches() const {
+  const int64_t bytes = mask_cache_bytes();
+  // Swapped out under each lock, destroyed outside it (a mask call holding a copy keeps that
+  // entry alive until it is done; state_cache re-sizes the emptied table on its next call).
+  std::vector<std::shared_ptr<const StateMaskCache>> caches;
+  std::unordered_map<uint64_t, std::shared_ptr<const PairMaskCache>> pairs;
+  std::unordered_map<uint64_t, std::shared_ptr<const SubtreeResult>> subtrees;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    caches.swap(caches_);
+  }
+  {
+    std::lock_guard<std::mutex> lock(pair_mu_);
+    pairs.swap(pairs_);
+  }
+  {
+    std::lock_guard<std::mutex> lock(sub_mu_);
+    subtrees.swap(subtrees_);
+  }
+  return bytes;
 }
 
 }  // namespace deepinfer::structured

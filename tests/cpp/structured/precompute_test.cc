@@ -226,3 +226,127 @@ TEST(MaskPrecompute, WorkersPrecomputeAfterCompile) {
 
 }  // namespace
 }  // namespace deepinfer::structured::test
+
+namespace deepinfer::structured::test {
+namespace {
+
+// Schema i of a family of distinct objects (8 properties named after i, 2 required) and a
+// valid instance of it.
+std::string family_schema(int i) {
+  const char* types[] = {"string", "integer", "number", "boolean"};
+  std::string props;
+  for (int j = 0; j < 8; ++j)
+    props += (j ? ", " : "") + ("\"g" + std::to_string(i) + "_" + std::to_string(j) + "\": {\"type\": \"" + types[j % 4] + "\"}");
+  return R"({"json_schema": {"type": "object", "properties": {)" + props + R"(}, "required": ["g)" + std::to_string(i) +
+         R"(_0", "g)" + std::to_string(i) + R"(_1"]}})";
+}
+std::string family_instance(int i) {
+  const std::string p = "\"g" + std::to_string(i) + "_";
+  return "{" + p + "1\":-17," + p + "0\":\"a\\u00e9b\"," + p + "3\":true," + p + "2\":2.5e3}";
+}
+
+// Masks of `g` along `text` equal those of a fresh grammar that precomputed nothing; with
+// release_at < text.size(), g's caches are released there, mid-walk.
+void expect_masks_equal_fresh(GrammarCompiler& c, const std::shared_ptr<const CompiledGrammar>& g,
+                              const std::string& args, const std::string& text, size_t release_at = SIZE_MAX) {
+  const int32_t vs = vocabulary_size(*c.vocabulary());
+  std::vector<int32_t> wa((vs + 31) / 32), wb((vs + 31) / 32);
+  GrammarMatcher a(g), b(c.compile_uncached(args));
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (i == release_at) g->release_mask_caches();
+    a.fill_next_token_bitmask(wa);
+    b.fill_next_token_bitmask(wb);
+    ASSERT_EQ(wa, wb) << args << " after " << text.substr(0, i);
+    ASSERT_TRUE(a.accept_bytes(text.substr(i, 1))) << text.substr(0, i + 1);
+    ASSERT_TRUE(b.accept_bytes(text.substr(i, 1))) << text.substr(0, i + 1);
+  }
+}
+
+TEST(MaskPrecompute, WorkersGlobalCapReleasesLeastRecentlyUsed) {
+  auto v = mixed_vocab(53, 700, 11);
+  GrammarCompiler c(v);
+  EXPECT_THROW(StructuredWorkers(1, {.max_total_bytes = -1}), InvalidArgument);
+  // One grammar's full precompute, measured; the cap holds about three of them.
+  auto probe = c.compile_uncached(family_schema(999));
+  ASSERT_TRUE(probe->precompute_masks({.time_budget_ms = 60000}).complete);
+  const int64_t one = probe->mask_cache_bytes();
+  ASSERT_GT(one, 0);
+  EXPECT_EQ(probe->release_mask_caches(), one);
+  EXPECT_EQ(probe->mask_cache_bytes(), 0);
+  const int64_t cap = one * 7 / 2;
+  constexpr int kGrammars = 12;
+  std::vector<std::shared_ptr<const CompiledGrammar>> gs;
+  // One worker: compile i + 1 runs after precompute i, so each get() sees the ledger settled
+  // up to the previous grammar.
+  StructuredWorkers w(1, {.time_budget_ms = 60000, .max_cache_bytes = 16 << 20, .max_total_bytes = cap});
+  for (int i = 0; i < kGrammars; ++i) {
+    gs.push_back(w.compile_async(c, family_schema(i)).get());
+    EXPECT_LE(w.precompute_stats().bytes, cap) << i;
+  }
+  while (w.precompute_stats().finished < kGrammars) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const StructuredWorkers::PrecomputeStats st = w.precompute_stats();
+  int64_t live = 0;
+  for (const auto& g : gs) live += g->mask_cache_bytes();
+  EXPECT_EQ(live, st.bytes);  // no mask calls: the ledger is exact
+  EXPECT_LE(live, cap);
+  EXPECT_GE(st.released, kGrammars - 4);
+  EXPECT_GE(st.grammars, 2);
+  EXPECT_EQ(st.skipped, 0);
+  EXPECT_EQ(gs.front()->mask_cache_bytes(), 0);  // least recently used: released
+  EXPECT_GT(gs.back()->mask_cache_bytes(), 0);   // the newest keeps its caches
+  // A new request for a released grammar (a compiler cache hit) precomputes it again, as the
+  // most recent, and releases the oldest still held.
+  EXPECT_EQ(w.compile_async(c, family_schema(0)).get(), gs.front());
+  while (w.precompute_stats().finished < kGrammars + 1) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_GT(gs.front()->mask_cache_bytes(), 0);
+  EXPECT_GT(w.precompute_stats().released, st.released);
+  EXPECT_LE(w.precompute_stats().bytes, cap);
+  // Masks are those of a grammar that precomputed nothing: released, kept, and released mid-walk.
+  for (int i : {0, 1, kGrammars / 2, kGrammars - 1})
+    expect_masks_equal_fresh(c, gs[size_t(i)], family_schema(i), family_instance(i));
+  expect_masks_equal_fresh(c, gs.back(), family_schema(kGrammars - 1), family_instance(kGrammars - 1), 9);
+  // A cap below one grammar's budget still bounds it; a zero cap precomputes nothing.
+  StructuredWorkers tiny(2, {.time_budget_ms = 60000, .max_total_bytes = one / 3});
+  for (int i = 20; i < 26; ++i) gs.push_back(tiny.compile_async(c, family_schema(i)).get());
+  while (tiny.precompute_stats().finished < 6) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_LE(tiny.precompute_stats().bytes, one / 3);
+  StructuredWorkers none(1, {.time_budget_ms = 60000, .max_total_bytes = 0});
+  auto g0 = none.compile_async(c, family_schema(40)).get();
+  while (none.precompute_stats().finished == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_EQ(g0->mask_cache_bytes(), 0);
+  expect_masks_equal_fresh(c, g0, family_schema(40), family_instance(40));
+}
+
+// A compile is never queued behind a precompute: on one worker, the second request's compile
+// runs while the first grammar's precompute is still unfinished (it stops for the compile and
+// resumes after, to the same caches).
+TEST(MaskPrecompute, CompileGoesBeforeARunningPrecompute) {
+  auto v = mixed_vocab(59, 2500, 13);
+  GrammarCompiler c(v);
+  auto probe = c.compile_uncached(family_schema(70));
+  const MaskPrecomputeResult full = probe->precompute_masks({.time_budget_ms = 60000});
+  ASSERT_TRUE(full.complete);
+  ASSERT_GT(full.ms, 5) << "the precompute must outlast posting the next compile";
+  StructuredWorkers w(1, {.time_budget_ms = 60000});
+  auto a = w.compile_async(c, family_schema(71)).get();
+  auto b = w.compile_async(c, family_schema(72)).get();
+  EXPECT_EQ(w.precompute_stats().finished, 0);  // before: b's compile waited for a's precompute
+  while (w.precompute_stats().finished < 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  // Resumed to the end: the states and pairs of an uninterrupted precompute of the same grammar,
+  // and nothing left for another one to fill.
+  auto ref = c.compile_uncached(family_schema(71));
+  const MaskPrecomputeResult rr = ref->precompute_masks({.time_budget_ms = 60000});
+  ASSERT_TRUE(rr.complete);
+  const int64_t before = a->mask_cache_bytes();
+  const MaskPrecomputeResult again = a->precompute_masks({.time_budget_ms = 60000});
+  EXPECT_TRUE(again.complete);
+  EXPECT_EQ(again.states, rr.states);
+  EXPECT_EQ(again.pairs, rr.pairs);
+  EXPECT_EQ(again.bytes, rr.bytes);
+  EXPECT_EQ(a->mask_cache_bytes(), before);
+  expect_masks_equal_fresh(c, a, family_schema(71), family_instance(71));
+  expect_masks_equal_fresh(c, b, family_schema(72), family_instance(72));
+}
+
+}  // namespace
+}  // namespace deepinfer::structured::test
