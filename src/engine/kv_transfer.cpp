@@ -7,82 +7,47 @@
 #include "core/check.h"
 #include "deepinfer/error.h"
 #include "engine/engine.h"
+#include "parallel/wire.h"
 
 namespace deepinfer::engine {
 namespace {
 constexpr char kMagic[8] = {'D', 'I', 'K', 'V', 'B', 'N', 'D', '1'};
 
-template <class T>
-void put(std::vector<uint8_t>& out, const T& v) {
-  const auto* p = reinterpret_cast<const uint8_t*>(&v);
-  out.insert(out.end(), p, p + sizeof(T));
-}
-
-struct Reader {
-  std::span<const uint8_t> b;
-  size_t off = 0;
-  template <class T>
-  T get(const char* field) {
-    if (b.size() - off < sizeof(T))
-      DI_THROW(InvalidArgument, "KV bundle: truncated at field '", field, "' (offset ", off, " of ", b.size(), " bytes)");
-    T v;
-    std::memcpy(&v, b.data() + off, sizeof(T));
-    off += sizeof(T);
-    return v;
-  }
-  void bytes(void* dst, size_t n, const char* field) {
-    if (b.size() - off < n)
-      DI_THROW(InvalidArgument, "KV bundle: field '", field, "' needs ", n, " bytes, ", b.size() - off, " left");
-    if (n) std::memcpy(dst, b.data() + off, n);
-    off += n;
-  }
-};
-
-// Keeps a hostile length from allocating the whole address space: no field outgrows the message.
-uint64_t bounded(Reader& r, uint64_t n, size_t elem, const char* field) {
-  if (elem && n > (r.b.size() - r.off) / elem)
-    DI_THROW(InvalidArgument, "KV bundle: field '", field, "' claims ", n, " elements, more than the message holds");
-  return n;
-}
 }  // namespace
 
 std::vector<uint8_t> encode_kv_bundle(const KvBundle& b) {
   if (b.on_device())
     DI_THROW(InvalidArgument, "KV bundle: its ", b.device_blocks.bytes, " block bytes are in device memory (device ",
              b.device_blocks.device, "), not encodable: export to the host or hand it over through cuda-ipc");
-  std::vector<uint8_t> out(kMagic, kMagic + sizeof kMagic);
-  out.reserve(64 + b.tokens.size() * 4 + b.blocks.size() + b.checkpoint.bytes.size());
-  put(out, b.hash_seed);
-  put(out, b.block_tokens);
-  put(out, uint64_t(b.block_bytes));
-  put(out, uint64_t(b.tokens.size()));
-  const auto* t = reinterpret_cast<const uint8_t*>(b.tokens.data());
-  out.insert(out.end(), t, t + b.tokens.size() * sizeof(int32_t));
-  put(out, uint64_t(b.blocks.size()));
-  out.insert(out.end(), b.blocks.begin(), b.blocks.end());
-  put(out, b.checkpoint.num_tokens);
-  put(out, uint64_t(b.checkpoint.bytes.size()));
-  out.insert(out.end(), b.checkpoint.bytes.begin(), b.checkpoint.bytes.end());
-  return out;
+  // The layout: magic, hash_seed u64, block_tokens i64, block_bytes u64, tokens (u64 count + i32s),
+  // blocks (u64 count + bytes), checkpoint.num_tokens i64, checkpoint bytes (u64 count + bytes).
+  parallel::WireWriter w;
+  w.put_raw(kMagic, sizeof kMagic);
+  w.put(b.hash_seed);
+  w.put(b.block_tokens);
+  w.put(uint64_t(b.block_bytes));
+  w.put_vec(b.tokens);
+  w.put_vec(b.blocks);
+  w.put(b.checkpoint.num_tokens);
+  w.put_vec(b.checkpoint.bytes);
+  return w.take();
 }
 
 KvBundle decode_kv_bundle(std::span<const uint8_t> bytes) {
-  Reader r{bytes};
+  // From another server (the disaggregated hand-off): malformed input is InvalidArgument.
+  parallel::WireReader r(bytes, "KV bundle", parallel::WireSource::kPeer);
   char magic[sizeof kMagic];
-  r.bytes(magic, sizeof magic, "magic");
-  if (std::memcmp(magic, kMagic, sizeof magic) != 0) DI_THROW(InvalidArgument, "KV bundle: bad magic (not a DIKVBND1 message)");
+  r.get_raw(magic, sizeof magic, "magic");
+  if (std::memcmp(magic, kMagic, sizeof magic) != 0) r.fail("bad magic (not a DIKVBND1 message)");
   KvBundle b;
   b.hash_seed = r.get<uint64_t>("hash_seed");
   b.block_tokens = r.get<int64_t>("block_tokens");
   b.block_bytes = size_t(r.get<uint64_t>("block_bytes"));
-  b.tokens.resize(bounded(r, r.get<uint64_t>("tokens.size"), sizeof(int32_t), "tokens"));
-  r.bytes(b.tokens.data(), b.tokens.size() * sizeof(int32_t), "tokens");
-  b.blocks.resize(bounded(r, r.get<uint64_t>("blocks.size"), 1, "blocks"));
-  r.bytes(b.blocks.data(), b.blocks.size(), "blocks");
+  b.tokens = r.get_vec<int32_t>("tokens");
+  b.blocks = r.get_vec<uint8_t>("blocks");
   b.checkpoint.num_tokens = r.get<int64_t>("checkpoint.num_tokens");
-  b.checkpoint.bytes.resize(bounded(r, r.get<uint64_t>("checkpoint.size"), 1, "checkpoint"));
-  r.bytes(b.checkpoint.bytes.data(), b.checkpoint.bytes.size(), "checkpoint");
-  if (r.off != bytes.size()) DI_THROW(InvalidArgument, "KV bundle: ", bytes.size() - r.off, " trailing bytes");
+  b.checkpoint.bytes = r.get_vec<uint8_t>("checkpoint");
+  r.expect_done();
   if (b.empty()) return b;
   if (b.block_tokens <= 0 || b.num_tokens() % b.block_tokens != 0)
     DI_THROW(InvalidArgument, "KV bundle: ", b.num_tokens(), " tokens is not a whole number of ", b.block_tokens,

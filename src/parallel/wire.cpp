@@ -2,6 +2,7 @@
 #include "parallel/wire.h"
 
 #include "core/check.h"
+#include "deepinfer/error.h"
 
 namespace deepinfer::parallel {
 
@@ -14,24 +15,28 @@ void WireWriter::put_strs(const std::vector<std::string>& v) {
   for (const std::string& s : v) put_str(s);
 }
 
+void WireReader::fail(const std::string& message) const {
+  if (source_ == WireSource::kPeer) DI_THROW(InvalidArgument, what_, ": ", message);
+  DI_THROW(InternalError, "wire: ", what_, " ", message);
+}
+
 void WireReader::need(size_t n, const char* field) const {
   if (n > b_.size() - at_)
-    DI_THROW(InternalError, "wire: ", what_, " ends early reading '", field, "' (", n, " bytes at byte ", at_, " of ",
-             b_.size(), ")");
+    fail(detail::str_cat("ends early reading '", field, "' (", n, " bytes at byte ", at_, " of ", b_.size(), ")"));
 }
 
 uint64_t WireReader::count(size_t elem_bytes, const char* field) {
   const uint64_t n = get<uint64_t>(field);
   const size_t left = b_.size() - at_;
   if (elem_bytes > 0 && n > left / elem_bytes)
-    DI_THROW(InternalError, "wire: ", what_, " claims ", n, " items of ", elem_bytes, " bytes for '", field, "' with ",
-             left, " bytes left (at byte ", at_, ")");
+    fail(detail::str_cat("claims ", n, " items of ", elem_bytes, " bytes for '", field, "' with ", left,
+                         " bytes left (at byte ", at_, ")"));
   return n;
 }
 
 bool WireReader::get_bool(const char* field) {
   const uint8_t v = get<uint8_t>(field);
-  if (v > 1) DI_THROW(InternalError, "wire: ", what_, " has ", int(v), " for the flag '", field, "' at byte ", at_ - 1);
+  if (v > 1) fail(detail::str_cat("has ", int(v), " for the flag '", field, "' at byte ", at_ - 1));
   return v == 1;
 }
 
@@ -52,7 +57,7 @@ std::vector<std::string> WireReader::get_strs(const char* field) {
 }
 
 void WireReader::expect_done() const {
-  if (!done()) DI_THROW(InternalError, "wire: ", what_, " has ", b_.size() - at_, " bytes left over after byte ", at_);
+  if (!done()) fail(detail::str_cat("has ", b_.size() - at_, " bytes left over after byte ", at_));
 }
 
 }  // namespace deepinfer::parallel

@@ -3,6 +3,9 @@
 // and vectors, appended in order and read back in the same order. The ranks run the same build,
 // so there is no versioning; a message that ends early or carries an impossible length is an
 // InternalError naming what was being read and at which byte, never a read past the buffer.
+// Messages from outside the process tree (the KV hand-off between servers, its CUDA IPC control
+// messages) use the same codec with WireSource::kPeer, which makes the same faults
+// InvalidArgument: bad input from a peer, not a broken invariant of this build.
 #pragma once
 #include <cstdint>
 #include <cstring>
@@ -14,6 +17,12 @@
 
 namespace deepinfer::parallel {
 
+// Who wrote the bytes, which decides the error type of a malformed message.
+enum class WireSource {
+  kRank,  // another rank of this run (same build): InternalError
+  kPeer,  // another process or server (untrusted input): InvalidArgument
+};
+
 class WireWriter {
  public:
   template <class T>
@@ -24,6 +33,12 @@ class WireWriter {
     std::memcpy(buf_.data() + at, &v, sizeof(T));
   }
   void put_bool(bool v) { put<uint8_t>(v ? 1 : 0); }
+  // Bytes with no length prefix (fixed-size fields: magics, UUIDs, handles).
+  void put_raw(const void* p, size_t n) {
+    const size_t at = buf_.size();
+    buf_.resize(at + n);
+    if (n) std::memcpy(buf_.data() + at, p, n);
+  }
   void put_str(const std::string& s);
   template <class T>
     requires std::is_arithmetic_v<T>
@@ -53,7 +68,8 @@ class WireWriter {
 class WireReader {
  public:
   // `what` names the message in errors ("data-parallel commands from rank 0").
-  WireReader(std::span<const uint8_t> bytes, std::string what) : b_(bytes), what_(std::move(what)) {}
+  WireReader(std::span<const uint8_t> bytes, std::string what, WireSource source = WireSource::kRank)
+      : b_(bytes), what_(std::move(what)), source_(source) {}
 
   template <class T>
     requires std::is_arithmetic_v<T>
@@ -65,6 +81,11 @@ class WireReader {
     return v;
   }
   bool get_bool(const char* field);
+  void get_raw(void* dst, size_t n, const char* field) {
+    need(n, field);
+    if (n) std::memcpy(dst, b_.data() + at_, n);
+    at_ += n;
+  }
   std::string get_str(const char* field);
   template <class T>
     requires std::is_arithmetic_v<T>
@@ -85,14 +106,19 @@ class WireReader {
   // length cannot allocate gigabytes).
   uint64_t count(size_t elem_bytes, const char* field);
   bool done() const { return at_ == b_.size(); }
-  // InternalError unless every byte was read (a message of another layout).
+  size_t offset() const { return at_; }
+  std::span<const uint8_t> rest() const { return b_.subspan(at_); }
+  // An error unless every byte was read (a message of another layout).
   void expect_done() const;
+  // Throws this reader's error type (by WireSource) with `what` in front of the message parts.
+  [[noreturn]] void fail(const std::string& message) const;
 
  private:
   void need(size_t n, const char* field) const;
   std::span<const uint8_t> b_;
   size_t at_ = 0;
   std::string what_;
+  WireSource source_;
 };
 
 }  // namespace deepinfer::parallel

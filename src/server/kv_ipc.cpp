@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "deepinfer/error.h"
+#include "parallel/wire.h"
 
 namespace deepinfer::server {
 namespace {
@@ -10,59 +11,16 @@ constexpr uint32_t kHelloMagic = 0x4F4C4849;   // "IHLO"
 constexpr uint32_t kBundleMagic = 0x444E4249;  // "IBND"
 constexpr uint32_t kAckMagic = 0x4B434149;     // "IACK"
 
-struct Writer {
-  std::vector<uint8_t> out;
-  template <class T>
-  void put(const T& v) {
-    const auto* p = reinterpret_cast<const uint8_t*>(&v);
-    out.insert(out.end(), p, p + sizeof(T));
-  }
-  void bytes(const void* p, size_t n) {
-    const auto* b = static_cast<const uint8_t*>(p);
-    out.insert(out.end(), b, b + n);
-  }
-  void str(const std::string& s) {
-    put(uint64_t(s.size()));
-    bytes(s.data(), s.size());
-  }
-};
+using parallel::WireReader;
+using parallel::WireSource;
+using parallel::WireWriter;
 
-struct Reader {
-  std::span<const uint8_t> b;
-  const char* what;  // the message kind, for errors
-  size_t off = 0;
-  void need(size_t n, const char* field) const {
-    if (b.size() - off < n)
-      DI_THROW(InvalidArgument, what, ": truncated at field '", field, "' (needs ", n, " bytes at offset ", off, " of ",
-               b.size(), ")");
-  }
-  template <class T>
-  T get(const char* field) {
-    need(sizeof(T), field);
-    T v;
-    std::memcpy(&v, b.data() + off, sizeof(T));
-    off += sizeof(T);
-    return v;
-  }
-  void bytes(void* dst, size_t n, const char* field) {
-    need(n, field);
-    if (n) std::memcpy(dst, b.data() + off, n);
-    off += n;
-  }
-  std::string str(const char* field) {
-    const uint64_t n = get<uint64_t>(field);
-    need(size_t(n), field);
-    std::string s(reinterpret_cast<const char*>(b.data() + off), size_t(n));
-    off += size_t(n);
-    return s;
-  }
-  void magic(uint32_t m) {
-    if (get<uint32_t>("magic") != m) DI_THROW(InvalidArgument, what, ": bad magic (not this kind of message)");
-  }
-  void end() const {
-    if (off != b.size()) DI_THROW(InvalidArgument, what, ": ", b.size() - off, " trailing bytes");
-  }
-};
+// The control messages come from another server process: malformed ones are InvalidArgument.
+WireReader peer_reader(std::span<const uint8_t> bytes, const char* what) { return {bytes, what, WireSource::kPeer}; }
+
+void expect_magic(WireReader& r, uint32_t m) {
+  if (r.get<uint32_t>("magic") != m) r.fail("bad magic (not this kind of message)");
+}
 }  // namespace
 
 KvTransportKind parse_kv_transport(const std::string& s) {
@@ -81,38 +39,38 @@ const char* kv_transport_name(KvTransportKind k) {
 }
 
 std::vector<uint8_t> encode_ipc_hello(const IpcHello& h) {
-  Writer w;
+  WireWriter w;
   w.put(kHelloMagic);
   w.put(uint8_t(h.offer));
-  w.str(h.reason);
-  w.str(h.host_id);
+  w.put_str(h.reason);
+  w.put_str(h.host_id);
   w.put(h.pid);
-  w.bytes(h.device_uuid.data(), h.device_uuid.size());
+  w.put_raw(h.device_uuid.data(), h.device_uuid.size());
   w.put(h.buffer_bytes);
   w.put(uint32_t(h.mem_handles.size()));
-  for (const IpcHandle& x : h.mem_handles) w.bytes(x.data(), x.size());
+  for (const IpcHandle& x : h.mem_handles) w.put_raw(x.data(), x.size());
   w.put(uint32_t(h.event_handles.size()));
-  for (const IpcHandle& x : h.event_handles) w.bytes(x.data(), x.size());
-  return std::move(w.out);
+  for (const IpcHandle& x : h.event_handles) w.put_raw(x.data(), x.size());
+  return w.take();
 }
 
 IpcHello decode_ipc_hello(std::span<const uint8_t> bytes) {
-  Reader r{bytes, "KV IPC hello"};
-  r.magic(kHelloMagic);
+  WireReader r = peer_reader(bytes, "KV IPC hello");
+  expect_magic(r, kHelloMagic);
   IpcHello h;
   h.offer = r.get<uint8_t>("offer") != 0;
-  h.reason = r.str("reason");
-  h.host_id = r.str("host_id");
+  h.reason = r.get_str("reason");
+  h.host_id = r.get_str("host_id");
   h.pid = r.get<int64_t>("pid");
-  r.bytes(h.device_uuid.data(), h.device_uuid.size(), "device_uuid");
+  r.get_raw(h.device_uuid.data(), h.device_uuid.size(), "device_uuid");
   h.buffer_bytes = r.get<uint64_t>("buffer_bytes");
   for (auto* list : {&h.mem_handles, &h.event_handles}) {
     const uint32_t n = r.get<uint32_t>(list == &h.mem_handles ? "mem_handles.size" : "event_handles.size");
     if (n > kIpcBuffers * 4) DI_THROW(InvalidArgument, "KV IPC hello: ", n, " handles (at most ", kIpcBuffers * 4, ")");
     list->resize(n);
-    for (IpcHandle& x : *list) r.bytes(x.data(), x.size(), "handle");
+    for (IpcHandle& x : *list) r.get_raw(x.data(), x.size(), "handle");
   }
-  r.end();
+  r.expect_done();
   if (h.offer && (h.mem_handles.size() != kIpcBuffers || h.event_handles.size() != kIpcBuffers || h.buffer_bytes == 0))
     DI_THROW(InvalidArgument, "KV IPC hello: an offer needs ", kIpcBuffers, " memory and event handles and a buffer size (got ",
              h.mem_handles.size(), ", ", h.event_handles.size(), ", ", h.buffer_bytes, " bytes)");
@@ -122,40 +80,35 @@ IpcHello decode_ipc_hello(std::span<const uint8_t> bytes) {
 std::vector<uint8_t> encode_ipc_bundle(const IpcBundleRef& ref, const engine::KvBundle& b) {
   if (!b.blocks.empty() || b.on_device())
     DI_THROW(InvalidArgument, "KV IPC bundle: the header must not carry the payload (it is in the staging buffer)");
-  Writer w;
+  WireWriter w;
   w.put(kBundleMagic);
   w.put(ref.buffer);
   w.put(ref.seq);
   w.put(ref.bytes);
   w.put(ref.num_blocks);
   w.put(ref.block_bytes);
-  w.put(uint64_t(b.tokens.size()));
-  w.bytes(b.tokens.data(), b.tokens.size() * sizeof(int32_t));
+  w.put_vec(b.tokens);
   engine::KvBundle header;  // no tokens, so the codec's payload checks pass on an empty bundle
   header.hash_seed = b.hash_seed;
   header.block_tokens = b.block_tokens;
   header.block_bytes = b.block_bytes;
   header.checkpoint = b.checkpoint;
   const std::vector<uint8_t> e = engine::encode_kv_bundle(header);
-  w.bytes(e.data(), e.size());
-  return std::move(w.out);
+  w.put_raw(e.data(), e.size());  // the header's own codec, to the end of the message
+  return w.take();
 }
 
 std::pair<IpcBundleRef, engine::KvBundle> decode_ipc_bundle(std::span<const uint8_t> bytes, uint64_t buffer_bytes) {
-  Reader r{bytes, "KV IPC bundle"};
-  r.magic(kBundleMagic);
+  WireReader r = peer_reader(bytes, "KV IPC bundle");
+  expect_magic(r, kBundleMagic);
   IpcBundleRef ref;
   ref.buffer = r.get<uint32_t>("buffer");
   ref.seq = r.get<uint64_t>("seq");
   ref.bytes = r.get<uint64_t>("bytes");
   ref.num_blocks = r.get<uint64_t>("num_blocks");
   ref.block_bytes = r.get<uint64_t>("block_bytes");
-  const uint64_t nt = r.get<uint64_t>("tokens.size");
-  if (nt > (bytes.size() - r.off) / sizeof(int32_t))
-    DI_THROW(InvalidArgument, "KV IPC bundle: field 'tokens' claims ", nt, " tokens, more than the message holds");
-  std::vector<int32_t> tokens(static_cast<size_t>(nt));
-  r.bytes(tokens.data(), tokens.size() * sizeof(int32_t), "tokens");
-  engine::KvBundle b = engine::decode_kv_bundle(bytes.subspan(r.off));
+  std::vector<int32_t> tokens = r.get_vec<int32_t>("tokens");
+  engine::KvBundle b = engine::decode_kv_bundle(r.rest());
   b.tokens = std::move(tokens);
   if (ref.buffer >= kIpcBuffers)
     DI_THROW(InvalidArgument, "KV IPC bundle: field 'buffer' is ", ref.buffer, ", outside [0, ", kIpcBuffers, ")");
@@ -179,26 +132,26 @@ std::pair<IpcBundleRef, engine::KvBundle> decode_ipc_bundle(std::span<const uint
 }
 
 std::vector<uint8_t> encode_ipc_ack(const IpcAck& a) {
-  Writer w;
+  WireWriter w;
   w.put(kAckMagic);
   w.put(uint8_t(a.kind));
   w.put(a.buffer);
   w.put(a.seq);
-  w.str(a.reason);
-  return std::move(w.out);
+  w.put_str(a.reason);
+  return w.take();
 }
 
 IpcAck decode_ipc_ack(std::span<const uint8_t> bytes) {
-  Reader r{bytes, "KV IPC ack"};
-  r.magic(kAckMagic);
+  WireReader r = peer_reader(bytes, "KV IPC ack");
+  expect_magic(r, kAckMagic);
   IpcAck a;
   const uint8_t k = r.get<uint8_t>("kind");
   if (k < IpcAck::kAccept || k > IpcAck::kBye) DI_THROW(InvalidArgument, "KV IPC ack: field 'kind' is ", int(k));
   a.kind = IpcAck::Kind(k);
   a.buffer = r.get<uint32_t>("buffer");
   a.seq = r.get<uint64_t>("seq");
-  a.reason = r.str("reason");
-  r.end();
+  a.reason = r.get_str("reason");
+  r.expect_done();
   return a;
 }
 

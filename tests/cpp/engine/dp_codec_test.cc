@@ -228,6 +228,52 @@ TEST(DpCodec, TruncatedAndCorruptMessagesRefused) {
   EXPECT_THROW(rx.expect_done(), InternalError);
 }
 
+// The same codec reads other servers' messages (the KV hand-off) as WireSource::kPeer: the same
+// faults are then InvalidArgument (bad input), with the message's name in front.
+TEST(DpCodec, PeerMessagesFailAsInvalidArgument) {
+  WireWriter w;
+  const char magic[4] = {'a', 'b', 'c', 'd'};
+  w.put_raw(magic, sizeof magic);
+  w.put_vec(std::vector<int32_t>{5, -7, 11});
+  w.put_str("tail");
+  const std::vector<uint8_t> bytes = w.bytes();
+  {
+    WireReader r(bytes, "peer hello", parallel::WireSource::kPeer);
+    char m[4];
+    r.get_raw(m, sizeof m, "magic");
+    EXPECT_EQ(std::memcmp(m, magic, 4), 0);
+    EXPECT_EQ(r.offset(), 4u);
+    EXPECT_EQ(r.get_vec<int32_t>("ids"), (std::vector<int32_t>{5, -7, 11}));
+    EXPECT_EQ(r.rest().size(), 8u + 4u);
+    EXPECT_EQ(r.get_str("tail"), "tail");
+    r.expect_done();
+  }
+  for (size_t cut = 0; cut < bytes.size(); ++cut) {
+    std::vector<uint8_t> part(bytes.begin(), bytes.begin() + int64_t(cut));
+    WireReader r(part, "peer hello", parallel::WireSource::kPeer);
+    try {
+      char m[4];
+      r.get_raw(m, sizeof m, "magic");
+      r.get_vec<int32_t>("ids");
+      r.get_str("tail");
+      FAIL() << "cut at " << cut << " accepted";
+    } catch (const InvalidArgument& e) {
+      EXPECT_EQ(std::string(e.what()).rfind("peer hello: ", 0), 0u) << e.what();
+    }
+  }
+  std::vector<uint8_t> longer = bytes;
+  longer.push_back(0);
+  WireReader r(longer, "peer hello", parallel::WireSource::kPeer);
+  r.get_raw(nullptr, 0, "nothing");
+  r.get_raw(std::vector<char>(4).data(), 4, "magic");
+  r.get_vec<int32_t>("ids");
+  r.get_str("tail");
+  EXPECT_THROW(r.expect_done(), InvalidArgument);
+  EXPECT_THROW(r.fail("by hand"), InvalidArgument);
+  WireReader rank(longer, "rank message");
+  EXPECT_THROW(rank.fail("by hand"), InternalError);
+}
+
 RankLoad load(int64_t running, int64_t waiting, int64_t free_blocks, int64_t total) {
   RankLoad l;
   l.sched.running_tokens = running, l.sched.waiting_tokens = waiting;
