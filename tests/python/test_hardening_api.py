@@ -217,6 +217,9 @@ def test_concurrent_generate_from_threads_matches_sequential(llm):
 def test_keyboard_interrupt_cancels_generate_promptly():
     script = textwrap.dedent("""
         import os, signal, threading, time, sys
+        # A process started in the background of a non-interactive shell (nohup ./.ci/run &) inherits SIGINT
+        # ignored, and Python then installs no KeyboardInterrupt handler: install it, as a terminal would have.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         from deepinfer import LLM, SamplingParams
         llm = LLM("builtin:toy", max_num_batched_tokens=64)
         sp = SamplingParams(temperature=0, max_tokens=2000, ignore_eos=True)

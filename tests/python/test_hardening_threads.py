@@ -112,6 +112,9 @@ def _engine_empty(llm):
 def test_ctrl_c_in_the_main_thread_while_other_threads_generate():
     script = textwrap.dedent("""
         import os, signal, threading, time
+        # A process started in the background of a non-interactive shell (nohup ./.ci/run &) inherits SIGINT
+        # ignored, and Python then installs no KeyboardInterrupt handler: install it, as a terminal would have.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         from deepinfer import LLM, SamplingParams
         llm = LLM("builtin:toy", max_num_batched_tokens=64)
         sp = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
