@@ -166,6 +166,18 @@ if [ -n "$INV_BIN" ] && [ "$BUILD_ONLY" = 0 ]; then
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[       OK |^\[  FAILED  \]" "$LOG_DIR/invariance_gpu.log" | head -20
 fi
 
+# ---- the KV hand-off between two processes over CUDA IPC (issue #18): 7 bundles, bit-identical ----
+IPC=skipped
+IPC_BIN=""
+if [ -n "$PREBUILT" ] && [ -x "$PREBUILT/server_kv_ipc_gpu_test" ]; then IPC_BIN=$PREBUILT/server_kv_ipc_gpu_test
+elif [ -n "${BUILD:-}" ]; then IPC_BIN=$(find "$BUILD" -name server_kv_ipc_gpu_test -type f -perm -u+x 2>/dev/null | head -1); fi
+if [ -n "$IPC_BIN" ] && [ "$BUILD_ONLY" = 0 ]; then
+  step "KV hand-off over CUDA IPC between two processes (server_kv_ipc_gpu_test)"
+  timeout 120 "$IPC_BIN" --gtest_filter='KvIpcGpu.TwoProcessesHandOffBitIdentical' >"$LOG_DIR/kv_ipc_gpu.log" 2>&1 \
+    && IPC=pass || IPC=FAIL
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED  \]" "$LOG_DIR/kv_ipc_gpu.log" | head -5
+fi
+
 echo
 echo "op                   cases  max_rel_err  tolerance  result"
 grep '^DI_CUDA_ERR|' "$LOG_DIR/cuda_tests.log" | awk -F'|' '
@@ -178,5 +190,5 @@ echo
 echo "kernel          shape                     median_us  rate"
 grep '^DI_CUDA_TIME|' "$LOG_DIR/cuda_tests.log" | awk -F'|' '{ printf "%-15s %-25s %9s  %s\n", $2, $3, $4, $5 }'
 echo
-echo "tests rc=$TEST_RC  sanitizer=$SAN_RC  golden=$GOLD  model=$MODEL  smoke=$SMOKE  dp=$DP  invariance=$INV  total $(( $(date +%s) - T0 ))s"
-[ "$TEST_RC" = 0 ] && { [ "$SAN_RC" = skipped ] || [ "$SAN_RC" = 0 ]; } && [ "$MODEL" != FAIL ] && [ "$SMOKE" != FAIL ] && [ "$DP" != FAIL ] && [ "$INV" != FAIL ]
+echo "tests rc=$TEST_RC  sanitizer=$SAN_RC  golden=$GOLD  model=$MODEL  smoke=$SMOKE  dp=$DP  invariance=$INV  ipc=$IPC  total $(( $(date +%s) - T0 ))s"
+[ "$TEST_RC" = 0 ] && { [ "$SAN_RC" = skipped ] || [ "$SAN_RC" = 0 ]; } && [ "$MODEL" != FAIL ] && [ "$SMOKE" != FAIL ] && [ "$DP" != FAIL ] && [ "$INV" != FAIL ] && [ "$IPC" != FAIL ]
