@@ -143,10 +143,10 @@ DP_BIN=""
 if [ -n "$PREBUILT" ] && [ -x "$PREBUILT/engine_dp_test" ]; then DP_BIN=$PREBUILT/engine_dp_test; export DEEPINFER_CLI=$PREBUILT/deepinfer
 elif [ -n "${BUILD:-}" ]; then DP_BIN=$(find "$BUILD" -name engine_dp_test -type f -perm -u+x 2>/dev/null | head -1); fi
 if [ -n "$DP_BIN" ] && [ "$BUILD_ONLY" = 0 ]; then
-  step "data-parallel / expert-parallel GPU ranks (engine_dp_test, DEEPINFER_TEST_ACCELERATOR=nvidia)"
+  step "data-parallel / expert-parallel / context-parallel GPU ranks (engine_dp_test, DEEPINFER_TEST_ACCELERATOR=nvidia)"
   # Batch-invariant: a request's batch differs between the layouts (dp_llm_test.cc says so), and
   # production numerics round a row differently in another batch (a seeded draw can flip).
-  DEEPINFER_TEST_ACCELERATOR=nvidia DEEPINFER_BATCH_INVARIANT=1 timeout 180 "$DP_BIN" --gtest_filter='*DataParallel*' \
+  DEEPINFER_TEST_ACCELERATOR=nvidia DEEPINFER_BATCH_INVARIANT=1 timeout 180 "$DP_BIN" --gtest_filter='*DataParallel*:ContextParallelLLM.*' \
     >"$LOG_DIR/dp_gpu.log" 2>&1 \
     && DP=pass || DP=FAIL
   grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]" "$LOG_DIR/dp_gpu.log" | head -10

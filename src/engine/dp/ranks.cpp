@@ -199,9 +199,13 @@ parallel::ParallelConfig parallel_config(const LLMConfig& config, const EnvConfi
                               .expert_parallel_size = ep > 0 ? ep : config.data_parallel_size};
   pc.validate();
   if (config.context_parallel_size > 1) {
-    if (!runs_on_cpu(env))
+    // GPU ranks split the attention core as CPU ranks do (its rows gathered through the host
+    // group); the experts sharded over the CP group are built on the CPU backend only.
+    if (!runs_on_cpu(env) && cp_shards_experts(config))
       DI_THROW(InvalidArgument, "LLMConfig.context_parallel_size=", config.context_parallel_size,
-               ": context parallelism runs on the CPU backend only (accelerator=\"cpu\") in this version");
+               " with expert_parallel_size=", config.expert_parallel_size,
+               ": context parallelism with experts sharded over its group runs on the CPU backend only "
+               "(accelerator=\"cpu\") in this version; on GPU ranks use expert_parallel_size 0 or 1");
     if (!parallel::have_gloo())
       DI_THROW(InvalidArgument, "LLMConfig.context_parallel_size=", config.context_parallel_size,
                ": this build has no gloo (libgloo-dev), which the ranks' group needs");

@@ -218,6 +218,10 @@ class Backend {
   // The context-parallel group whose split steps the forward's attention core follows
   // (context_parallel.h); null: every step runs whole on this rank.
   virtual ContextParallel* context_parallel() const { return nullptr; }
+  // A split step's all-gather of the attention output rows buf [T, row_bytes] (this step's buffer):
+  // host buffers go to the group as they are (ContextParallel::gather_rows); a device backend
+  // stages them through the host.
+  virtual void gather_cp_rows(ContextParallel& cp, void* buf, int64_t T, int64_t row_bytes);
 
   virtual void gather(const GatherArgs& a) = 0;
   // y[M, out] = x[M, in] W^T (x in act(), fp32 accumulation, y in y_dtype).

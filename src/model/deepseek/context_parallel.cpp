@@ -4,6 +4,7 @@
 
 #include "core/check.h"
 #include "deepinfer/error.h"
+#include "model/deepseek/backend.h"
 
 namespace deepinfer::model::ds {
 
@@ -56,6 +57,10 @@ void ContextParallel::gather_rows(void* buf, int64_t row_bytes) {
   }
   bytes_received_ += total - int64_t(send_.size());
   ++gathers_;
+}
+
+void Backend::gather_cp_rows(ContextParallel& cp, void* buf, int64_t /*T*/, int64_t row_bytes) {
+  cp.gather_rows(buf, row_bytes);
 }
 
 }  // namespace deepinfer::model::ds

@@ -20,7 +20,8 @@
 // that are not split take the ordinary expert-parallel dispatch, so every rank then joins every
 // step's MoE exchanges (a rank without the step's tokens runs an empty forward).
 //
-// CPU backend only.
+// On the CPU and the CUDA backend (there the gathered rows are staged through the host:
+// CudaBackend::gather_cp_rows). Not with expert parallelism on the GPU (refused).
 #pragma once
 #include <cstdint>
 #include <vector>

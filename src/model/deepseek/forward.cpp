@@ -254,7 +254,7 @@ void attention_block(Backend& be, const Dims& g, const ModelPlan& plan, const La
     part.num_tokens = s.size();
     be.sparse_attention(part);
   }
-  if (cp && cp->active()) cp->gather_rows(be.buf(Buf::kO), int64_t(qrow));
+  if (cp && cp->active()) be.gather_cp_rows(*cp, be.buf(Buf::kO), T, int64_t(qrow));
   be.gather({.src_a = be.buf(Buf::kKv), .a_stride = d, .src_dtype = act, .src_index = ix.win_store_src,
              .dst = own.window, .dst_stride = d, .dst_dtype = act, .dst_index = ix.win_store_dst,
              .rows = int64_t(M.win_store_src.size()), .width = d});

@@ -209,13 +209,17 @@ struct CpLayout {
 void PrintTo(const CpLayout& l, std::ostream* os) {
   *os << "dp " << l.dp << " cp " << l.cp << " ep " << l.ep << (l.eplb ? " eplb" : "");
 }
-// Context parallelism runs on the CPU backend only (a GPU accelerator is refused), so these tests
-// pin the CPU, also under DEEPINFER_TEST_ACCELERATOR=nvidia, and so does their one-rank reference.
-LLMConfig cpu_config(const std::string& model, int dp, int ep) {
+// Context parallelism with experts sharded over its group runs on the CPU backend only (a GPU
+// accelerator is refused), so those layouts pin the CPU, also under
+// DEEPINFER_TEST_ACCELERATOR=nvidia, and so does their one-rank reference; the others run on the
+// test accelerator (GPU ranks sharing the GPU there; run with DEEPINFER_BATCH_INVARIANT=1 as the
+// data-parallel checks are).
+LLMConfig cp_config(const std::string& model, int dp, int ep, bool sharded) {
   LLMConfig c = config(model, dp, ep);
-  c.accelerator = "cpu";
+  if (sharded) c.accelerator = "cpu";
   return c;
 }
+LLMConfig cpu_config(const std::string& model, int dp, int ep) { return cp_config(model, dp, ep, true); }
 class ContextParallelLLM : public ::testing::TestWithParam<CpLayout> {};
 
 TEST_P(ContextParallelLLM, MatchesOneRank) {
@@ -236,13 +240,14 @@ TEST_P(ContextParallelLLM, MatchesOneRank) {
     }
     prompts.push_back(prompts.back());  // its prefix comes from the cache
   };
+  const bool sharded = ep == cp;
   {
-    LLM one(cpu_config(tiny_model(), 1, 0));
+    LLM one(cp_config(tiny_model(), 1, 0, sharded));
     vocab = one.vocab_size();
     make_prompts();
     ref = one.generate(prompts, params);
   }
-  LLMConfig c = cpu_config(tiny_model(), dp, ep);
+  LLMConfig c = cp_config(tiny_model(), dp, ep, sharded);
   c.context_parallel_size = cp;
   c.context_parallel_min_tokens = 16;
   c.worker_command = worker();
@@ -275,6 +280,22 @@ INSTANTIATE_TEST_SUITE_P(Ranks, ContextParallelLLM,
                                   "cp" + std::to_string(info.param.cp) + "_ep" + std::to_string(info.param.ep) +
                                   (info.param.eplb ? "_eplb" : "");
                          });
+
+// On GPU ranks the experts cannot be sharded over the CP group yet: refused before any rank starts,
+// naming both fields (checked without a GPU too: the layout is validated first).
+TEST(ContextParallelLLM, GpuRanksRefuseExpertsShardedOverTheGroup) {
+  LLMConfig c = config(tiny_model(), 1, 2);
+  c.accelerator = "nvidia";
+  c.context_parallel_size = 2, c.context_parallel_min_tokens = 16, c.worker_command = worker();
+  try {
+    LLM par(c);
+    FAIL() << "accepted cp 2 ep 2 on GPU ranks";
+  } catch (const InvalidArgument& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("context_parallel_size=2 with expert_parallel_size=2"), std::string::npos) << m;
+    EXPECT_NE(m.find("CPU backend only"), std::string::npos) << m;
+  }
+}
 
 // A request the engine refuses (a token id outside the vocabulary) fails alone under context and
 // expert parallelism (one CP group; two as data-parallel ranks): the others run to the end.

@@ -7,6 +7,7 @@
 
 #include "core/check.h"
 #include "deepinfer/error.h"
+#include "model/deepseek/context_parallel.h"
 #include "model/deepseek/cuda/glue_kernels.h"
 #include "model/deepseek/cuda/moe_decode.h"
 #include "ops/cuda/compressor.h"
@@ -353,6 +354,7 @@ std::vector<int32_t> CudaBackend::device_ids_to_host(const int32_t* sampled_ids,
 
 void CudaBackend::begin_step(StepPlan plan) {
   plan_ = std::move(plan);
+  if (cp_) cp_->begin_step(plan_);  // every rank of the group decides the split alike
   const cudaStream_t st = stream_.get();
   const MetaOffsets mo = pack_meta(plan_, meta_pack_);
   const size_t patch_off = Packer{meta_pack_}.add(input_patch_);

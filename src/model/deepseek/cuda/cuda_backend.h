@@ -73,6 +73,11 @@ class CudaBackend final : public ModelBackend {
   // Expert parallelism, host-staged through the group (cuda_expert_parallel.cpp).
   bool joins_collectives() const override { return ep_ != nullptr; }
   void set_expert_parallel(std::shared_ptr<ExpertParallel> ep) override;
+  // Context parallelism (cuda_context_parallel.cpp): the split step's attention rows through the
+  // host group; not together with expert parallelism on this backend (refused).
+  void set_context_parallel(std::shared_ptr<ContextParallel> cp) override;
+  ContextParallel* context_parallel() const override { return cp_.get(); }
+  void gather_cp_rows(ContextParallel& cp, void* buf, int64_t T, int64_t row_bytes) override;
   void begin_step(StepPlan plan) override;
   void launch(const std::function<void()>& body, int32_t graph) override;
   ForwardOutput end_step(const ForwardOptions& options, int64_t rows, int64_t hidden_rows) override;
@@ -220,6 +225,8 @@ class CudaBackend final : public ModelBackend {
   // Expert parallelism: the group's view, the layer in flight, host staging, device scratch sized
   // by the rows received (other ranks' tokens: not bounded by this rank's step).
   std::shared_ptr<ExpertParallel> ep_;
+  std::shared_ptr<ContextParallel> cp_;
+  std::vector<uint8_t> cp_stage_;  // host copy of a split step's attention rows
   bool ep_step_ = false;
   std::vector<char> ep_stage_;
   std::vector<float> ep_rows_, ep_wts_;

@@ -55,6 +55,9 @@ void from_f32(const float* src, DType dt, int64_t n, char* dst) {
 void CudaBackend::set_expert_parallel(std::shared_ptr<ExpertParallel> ep) {
   if (ep && act_ != DType::kBF16 && act_ != DType::kF32)
     DI_THROW(InvalidArgument, describe(), ": expert parallelism needs bf16 or f32 activations");
+  if (ep && cp_)
+    DI_THROW(InvalidArgument, describe(), ": expert parallelism together with context parallelism is not built on the "
+             "GPU backend (the CPU backend runs both over one group)");
   ep_ = std::move(ep);
   ModelRef& m = weights_->refs;
   for (size_t l = 0; l < m.layers.size(); ++l) m.layers[l].ffn.ep_layer = ep_ ? int32_t(l) : -1;
