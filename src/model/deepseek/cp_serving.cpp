@@ -1,5 +1,6 @@
 #include "model/deepseek/cp_serving.h"
 
+#include <algorithm>
 #include <cstring>
 #include <unordered_map>
 
@@ -51,7 +52,18 @@ struct BlockMirror {
 std::vector<uint8_t> encode_step(DeepseekModel& m, const ForwardBatch& b, BlockMirror& mirror) {
   parallel::WireWriter w;
   w.put<uint8_t>(kStep);
-  w.put_vec(b.token_ids);
+  if (b.device_inputs.empty()) {
+    w.put_vec(b.token_ids);
+  } else {
+    // Asynchronous scheduling on the GPU: tokens the previous step sampled on the device are
+    // placeholders here; the helpers get their ids (one small copy back, split steps only).
+    int32_t n = 0;
+    for (const DeviceInput& d : b.device_inputs) n = std::max(n, d.sample_row + 1);
+    const std::vector<int32_t> drawn = m.backend().device_ids_to_host(b.sampled_ids, n);
+    std::vector<int32_t> ids = b.token_ids;
+    for (const DeviceInput& d : b.device_inputs) ids.at(size_t(d.token_index)) = drawn.at(size_t(d.sample_row));
+    w.put_vec(ids);
+  }
   w.put_vec(b.logits_indices);
   w.put_vec(b.hidden_indices);
   w.put<uint64_t>(b.seqs.size());
