@@ -87,18 +87,14 @@ bool cp_shards_experts(const LLMConfig& c) {
   return c.context_parallel_size > 1 && c.expert_parallel_size == c.context_parallel_size;
 }
 
-// What rank `rank` prepares: its expert shard whenever experts are sharded, except with EPLB on a
-// backend that cannot move expert weights between ranks (the CUDA backend, host-staged: it holds
-// every expert then and a re-placement only re-routes). On the CPU, EPLB moves the gained experts.
+// What rank `rank` prepares: its expert shard whenever experts are sharded; with EPLB a
+// re-placement moves the gained experts between ranks (both backends are expert stores).
 std::optional<parallel::ExpertShard> expert_shard_for(const LLMConfig& config, const EnvConfig& env, int rank) {
   if (cp_shards_experts(config))
     return parallel::ExpertShard{.rank = rank % config.context_parallel_size, .size = config.context_parallel_size,
                                  .num_redundant = config.num_redundant_experts};
   const parallel::ParallelConfig pc = parallel_config(config, env);
   if (pc.expert_parallel_size <= 1) return std::nullopt;
-  const bool on_cpu = env.accelerator == Accelerator::kCPU ||
-                      (env.accelerator == Accelerator::kAuto && model::accelerator_count() == 0);
-  if (config.enable_eplb && !on_cpu) return std::nullopt;
   const parallel::RankPlace place = parallel::place_rank(pc, rank);
   return parallel::ExpertShard{.rank = place.ep_rank, .size = pc.expert_parallel_size,
                                .num_redundant = config.num_redundant_experts};

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "model/deepseek/backend.h"
+#include "model/deepseek/expert_weights.h"
 #include "model/deepseek/cuda/arena.h"
 #include "model/deepseek/cuda/cuda_cache.h"
 #include "model/deepseek/cuda/op_timer.h"
@@ -37,7 +38,7 @@ void ensure(deepinfer::cuda::DeviceBuffer& b, size_t bytes, int device);
 // Sizes the backend's workspace for a step (the family's dense-FP8 needs).
 using Fp8Workspace = std::function<void(int64_t tokens, size_t* fp8_ws_bytes, size_t* wdq_bytes)>;
 
-class CudaBackend final : public ModelBackend {
+class CudaBackend final : public ModelBackend, public ExpertWeightStore {
  public:
   CudaBackend(const Arch& arch, std::vector<kv::LayerCacheSpec> specs, std::unique_ptr<GpuWeightStore> weights,
               const CudaModelOptions& options, deepinfer::cuda::MemoryPlan memory, Fp8Workspace fp8_workspace,
@@ -73,6 +74,13 @@ class CudaBackend final : public ModelBackend {
   // Expert parallelism, host-staged through the group (cuda_expert_parallel.cpp).
   bool joins_collectives() const override { return ep_ != nullptr; }
   void set_expert_parallel(std::shared_ptr<ExpertParallel> ep) override;
+  // EPLB on a sharded model moves routed experts between ranks (cuda_expert_store.cpp).
+  ExpertWeightStore* expert_weight_store() override { return this; }
+  bool holds_expert(int64_t layer, int32_t expert) const override;
+  int64_t expert_bytes(int64_t layer) const override;
+  void pack_expert(int64_t layer, int32_t expert, std::span<std::byte> dst) const override;
+  void adopt_expert(int64_t layer, int32_t expert, std::span<const std::byte> src) override;
+  void release_expert(int64_t layer, int32_t expert) override;
   // Context parallelism (cuda_context_parallel.cpp): the split step's attention rows through the
   // host group; not together with expert parallelism on this backend (refused).
   void set_context_parallel(std::shared_ptr<ContextParallel> cp) override;
@@ -226,6 +234,12 @@ class CudaBackend final : public ModelBackend {
   // by the rows received (other ranks' tokens: not bounded by this rank's step).
   std::shared_ptr<ExpertParallel> ep_;
   std::shared_ptr<ContextParallel> cp_;
+  // Expert store: a layer's regions of released experts, reused by the next adopted expert.
+  std::map<int64_t, std::vector<std::array<void*, 4>>> spare_experts_;
+  MoeRef& expert_layer(int64_t layer) const;
+  const ExpertRef& expert_ref(int64_t layer, int32_t expert) const;
+  std::array<int64_t, 4> expert_regions(int64_t layer) const;
+  void set_expert_tables(MoeRef& M, int32_t expert);
   std::vector<uint8_t> cp_stage_;  // host copy of a split step's attention rows
   bool ep_step_ = false;
   std::vector<char> ep_stage_;
