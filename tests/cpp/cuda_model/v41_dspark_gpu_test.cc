@@ -8,6 +8,9 @@
 //    and confidence logits within 1e-4 of the reference (as on the CPU, dspark_test.cc);
 //  * a round whose tap rows stay on the device (ForwardOptions::hidden_to_host false, what the
 //    engine asks for when it samples on the device) drafts what the host rows draft;
+//  * the device stages against the host stages (ModelOptions::dspark_host_stages) on the same taps:
+//    rounds at every accept length with rollbacks, a two-sequence round, a snapshot round trip;
+//  * a printed draft-round timing, host vs device stages, batch 1 and 8;
 //  * through the Engine: greedy output with DSpark drafting (fixed L and confidence-scheduled
 //    varlen) is token-identical to plain decoding, batched, on graphs; acceptance printed.
 // SKIPs without a GPU.

@@ -14,7 +14,9 @@
 // State: every slot's rings in one device buffer [slots, stages, capacity, head_dim] (grown by
 // doubling, contents kept), position p in row p mod capacity. Work runs on the stages' own
 // stream, ordered after the target step through an event on HiddenRows::stream; block() and
-// read_ring() wait for their results (the ids or rows come back to the host).
+// read_ring() wait for their results (the ids or rows come back to the host). The weights are
+// uploaded when the drafter is made, before the trunk's memory plan, which therefore sees them as
+// memory in use (plan_device_memory reads the free memory).
 #pragma once
 #include <memory>
 
