@@ -40,6 +40,18 @@ void check_taps(const HiddenRows& taps, int64_t elems, const DraftSeq& s, size_t
     DI_THROW(InvalidArgument, "dspark propose: sequence ", i, " reads tap rows [", s.first_hidden_row, ", ",
              s.first_hidden_row + s.num_positions, ") of ", taps.rows);
 }
+
+// Device stages read host or device rows.
+void check_device_taps(const HiddenRows& taps, int64_t elems, const DraftSeq& s, size_t i) {
+  if (!taps.device && (!taps.host.defined() || taps.host.dtype() != DType::kF32))
+    DI_THROW(InvalidArgument, "dspark propose: sequence ", i, ": no tap rows (neither host f32 nor device)");
+  if (taps.row_elems != elems)
+    DI_THROW(InvalidArgument, "dspark propose: tap rows of ", taps.row_elems, " floats, the drafter reads ", elems,
+             " (taps x hidden)");
+  if (s.first_hidden_row < 0 || s.first_hidden_row + s.num_positions > taps.rows)
+    DI_THROW(InvalidArgument, "dspark propose: sequence ", i, " reads tap rows [", s.first_hidden_row, ", ",
+             s.first_hidden_row + s.num_positions, ") of ", taps.rows);
+}
 }  // namespace
 
 DSparkDrafter::DSparkDrafter(const DeepseekV41Config& cfg, const V41Weights& w, const DSparkOptions& o)
@@ -49,13 +61,21 @@ DSparkDrafter::DSparkDrafter(const DeepseekV41Config& cfg, const V41Weights& w, 
       window_(cfg.sliding_window),
       max_rollback_(std::max<int64_t>(o.max_rollback, 0)),
       qat_(o.qat),
-      host_taps_(o.host_taps) {}
+      host_taps_(o.host_taps) {
+  if (!o.stages) return;
+  dev_ = o.stages(cfg_, *w_, ring_capacity(), qat_);
+  // The stages now hold their own copy: the host keeps only what its picker tail reads (the
+  // Markov head and the confidence weights), not the stages, main_proj, embedding or lm head.
+  DSparkWeights& w2 = *w_;
+  w2.stages.clear();
+  w2.main_proj = w2.main_norm = w2.norm = w2.embed = w2.head = Tensor();
+}
 
 DSparkDrafter::~DSparkDrafter() = default;
 
 std::string DSparkDrafter::describe() const {
   return "DeepSeek-V4.1 DSpark (" + std::to_string(cfg_.dspark.num_stages) + " stages, block " +
-         std::to_string(block_size_) + ")";
+         std::to_string(block_size_) + (dev_ ? ", " + dev_->describe() : std::string()) + ")";
 }
 
 DSparkDrafter::SlotRings& DSparkDrafter::slot(int32_t s) {
@@ -64,7 +84,7 @@ DSparkDrafter::SlotRings& DSparkDrafter::slot(int32_t s) {
   auto& r = slots_[size_t(s)];
   if (!r) {
     r = std::make_unique<SlotRings>();
-    r->kv.assign(size_t(cfg_.dspark.num_stages * ring_capacity() * cfg_.head_dim), 0.f);
+    if (!dev_) r->kv.assign(size_t(cfg_.dspark.num_stages * ring_capacity() * cfg_.head_dim), 0.f);
   }
   return *r;
 }
@@ -80,17 +100,26 @@ void DSparkDrafter::rollback(int32_t s, int64_t keep) {
   r.valid_lo = std::min(r.valid_lo, r.fed_end);
 }
 
-// Ring rows of the committed positions [first, first + num): kv_s(p) for every stage.
-void DSparkDrafter::feed(const DraftSeq& s, const HiddenRows& taps, size_t index) {
-  const int64_t D = cfg_.hidden_size, d = cfg_.head_dim, nt = int64_t(cfg_.dspark.target_layer_ids.size());
+// Which positions the slot's rings hold after feeding [first, first + num); returns the first of
+// the fed rows that is written (earlier ones would be overwritten by the same feed).
+int64_t DSparkDrafter::advance(const DraftSeq& s) {
   const int64_t P = s.num_positions, cap = ring_capacity();
-  check_taps(taps, nt * D, s, index);
   SlotRings& r = slot(s.cache_slot);
   // Older positions stay usable when the ring still holds them (a rollback, or fed in order).
   const int64_t f = s.first_position;
   const int64_t kept_lo = f > r.fed_end ? f : std::min(f, std::max(r.valid_lo, r.fed_end - cap));
   r.valid_lo = std::max({kept_lo, f + P - cap, int64_t(0)});
   r.fed_end = s.first_position + P;
+  return std::max<int64_t>(0, P - cap);
+}
+
+// Ring rows of the committed positions [first, first + num): kv_s(p) for every stage.
+void DSparkDrafter::feed(const DraftSeq& s, const HiddenRows& taps, size_t index) {
+  const int64_t D = cfg_.hidden_size, d = cfg_.head_dim, nt = int64_t(cfg_.dspark.target_layer_ids.size());
+  const int64_t P = s.num_positions, cap = ring_capacity();
+  check_taps(taps, nt * D, s, index);
+  advance(s);
+  SlotRings& r = slot(s.cache_slot);
   const float* tap = taps.host.data<float>() + s.first_hidden_row * nt * D;
   std::vector<float> m(static_cast<size_t>(P * D)), kv(static_cast<size_t>(P * d));
   oc::linear(tap, P, nt * D, fp(w_->main_proj), D, m.data());
@@ -198,7 +227,7 @@ void DSparkDrafter::run_block(const std::vector<const DraftSeq*>& seqs, std::vec
     SlotRings& r = slot(q.cache_slot);
     rings.push_back(&r);
     last[size_t(s)] = q.first_position + q.num_positions - 1;
-    lo[size_t(s)] = std::max(r.valid_lo, last[size_t(s)] - window_ + 1);
+    lo[size_t(s)] = ring_lo(q);
     for (int64_t i = 0; i < B; ++i) {
       const int64_t t = s * B + i;
       pos[size_t(t)] = last[size_t(s)] + 1 + i;
@@ -231,19 +260,96 @@ void DSparkDrafter::run_block(const std::vector<const DraftSeq*>& seqs, std::vec
   oc::hc_collapse(X.data(), T, spec, prev_pre.data(), xhat.data());
 }
 
-std::vector<DraftProposal> DSparkDrafter::propose(const DraftBatch& in, Tensor* draft_logits) {
+int64_t DSparkDrafter::ring_lo(const DraftSeq& q) {
+  return std::max(slot(q.cache_slot).valid_lo, q.first_position + q.num_positions - window_);
+}
+
+// Draft i of sequence j: base_i + bias(prev), the pick, its raw log-softmax and the confidence
+// c_i = w_c·[xhat_i; e_prev] (double sums), in draft order (each bias reads the previous draft).
+void DSparkDrafter::host_tail(const DraftBatch& in, const std::vector<const DraftSeq*>& drafting,
+                              const std::vector<size_t>& index, const std::vector<float>& xhat,
+                              std::vector<float>& base, std::vector<DraftProposal>& out,
+                              std::vector<std::vector<float>>* kept) {
   const int64_t V = cfg_.vocab_size, D = cfg_.hidden_size, Rk = cfg_.dspark.markov_rank, B = block_size_;
+  std::vector<float> bias(static_cast<size_t>(V));
+  for (size_t j = 0; j < drafting.size(); ++j) {
+    const DraftSeq& s = *drafting[j];
+    DraftProposal& p = out[index[j]];
+    int32_t prev = s.next_tokens.back();
+    for (int64_t i = 0; i < s.num_drafts; ++i) {
+      const int64_t t = int64_t(j) * B + i;
+      const float* e = fp(w_->mk_embed) + int64_t(prev) * Rk;
+      oc::linear(e, 1, Rk, fp(w_->mk_head), V, bias.data());
+      float* row = base.data() + t * V;
+      for (int64_t v = 0; v < V; ++v) row[v] += bias[size_t(v)];
+      double c = 0;
+      for (int64_t k = 0; k < D; ++k) c += double(fp(w_->conf)[k]) * double(xhat[size_t(t * D + k)]);
+      for (int64_t k = 0; k < Rk; ++k) c += double(fp(w_->conf)[D + k]) * double(e[k]);
+      const int32_t tok = in.picker ? in.picker->pick(index[j], int32_t(i), row, V)
+                                    : int32_t(std::max_element(row, row + V) - row);
+      DI_CHECK(tok >= 0 && tok < V, "draft picker chose token ", tok, " of ", V);
+      const float mx = *std::max_element(row, row + V);
+      double sum = 0;
+      for (int64_t v = 0; v < V; ++v) sum += std::exp(double(row[v]) - double(mx));
+      p.tokens.push_back(tok);
+      p.logprobs.push_back(float(double(row[tok]) - double(mx) - std::log(sum)));
+      p.confidence.push_back(float(1.0 / (1.0 + std::exp(-c))));
+      last_conf_.push_back(float(c));
+      if (kept) (*kept)[index[j]].insert((*kept)[index[j]].end(), row, row + V);
+      prev = tok;
+    }
+  }
+}
+
+// The block on the stages' device. Greedy rounds (no picker, or one whose every pick is the
+// argmax) take the Markov tail there too: only ids, log-probabilities and c_i come back.
+void DSparkDrafter::device_propose(const DraftBatch& in, const std::vector<const DraftSeq*>& drafting,
+                                   const std::vector<size_t>& index, std::vector<DraftProposal>& out,
+                                   std::vector<std::vector<float>>* kept) {
+  const int64_t V = cfg_.vocab_size, B = block_size_;
+  bool greedy = true;
+  for (size_t j = 0; j < drafting.size() && in.picker; ++j) greedy = greedy && in.picker->greedy(index[j]);
+  std::vector<DSparkBlockSeq> seqs;
+  for (const DraftSeq* q : drafting) {
+    const int64_t last = q->first_position + q->num_positions - 1;
+    seqs.push_back({.slot = q->cache_slot, .lo = ring_lo(*q), .last = last, .anchor = q->next_tokens.back(),
+                    .num_drafts = q->num_drafts});
+  }
+  DSparkBlockOut o;
+  dev_->block(seqs, greedy, kept != nullptr, o);
+  if (!greedy) return host_tail(in, drafting, index, o.xhat, o.base, out, kept);
+  for (size_t j = 0; j < drafting.size(); ++j) {
+    DraftProposal& p = out[index[j]];
+    for (int64_t i = 0; i < drafting[j]->num_drafts; ++i) {
+      const size_t t = j * size_t(B) + size_t(i);
+      DI_CHECK(o.tokens[t] >= 0 && o.tokens[t] < V, "dspark device draft ", o.tokens[t], " of ", V);
+      p.tokens.push_back(o.tokens[t]);
+      p.logprobs.push_back(o.logprobs[t]);
+      const double c = o.conf_logits[t];
+      p.confidence.push_back(float(1.0 / (1.0 + std::exp(-c))));
+      last_conf_.push_back(o.conf_logits[t]);
+      if (kept) (*kept)[index[j]].insert((*kept)[index[j]].end(), o.logits.begin() + t * V,
+                                         o.logits.begin() + (t + 1) * V);
+    }
+  }
+}
+
+std::vector<DraftProposal> DSparkDrafter::propose(const DraftBatch& in, Tensor* draft_logits) {
+  const int64_t V = cfg_.vocab_size, D = cfg_.hidden_size, B = block_size_;
+  const int64_t nt = int64_t(cfg_.dspark.target_layer_ids.size());
   std::vector<DraftProposal> out(in.seqs.size());
-  // A device backend's tap rows without a host copy: fetched once for the whole batch.
+  // A device backend's tap rows without a host copy: fetched once for the whole batch (host
+  // stages only; device stages read them where they are).
   HiddenRows fetched;
   const HiddenRows* taps = &in.target_hidden;
-  if (!taps->host.defined() && taps->device && host_taps_ && !in.seqs.empty()) {
+  if (!dev_ && !taps->host.defined() && taps->device && host_taps_ && !in.seqs.empty()) {
     fetched = *taps;
     fetched.host = host_taps_(*taps);
     taps = &fetched;
   }
   std::vector<const DraftSeq*> drafting;
   std::vector<size_t> index;
+  std::vector<DSparkFeed> feeds;
   for (size_t i = 0; i < in.seqs.size(); ++i) {
     const DraftSeq& s = in.seqs[i];
     if (s.num_positions <= 0 || int64_t(s.next_tokens.size()) != s.num_positions)
@@ -251,45 +357,28 @@ std::vector<DraftProposal> DSparkDrafter::propose(const DraftBatch& in, Tensor* 
                s.next_tokens.size(), " next tokens");
     if (s.num_drafts < 0 || s.num_drafts > B)
       DI_THROW(InvalidArgument, "dspark propose: sequence ", i, " asks ", s.num_drafts, " drafts, the block holds ", B);
-    feed(s, *taps, i);
+    if (!dev_) {
+      feed(s, *taps, i);
+    } else {
+      check_device_taps(*taps, nt * D, s, i);
+      const int64_t from = advance(s);
+      feeds.push_back({.slot = s.cache_slot, .first_position = s.first_position, .first_row = s.first_hidden_row,
+                       .from = from, .num = s.num_positions});
+    }
     if (s.num_drafts > 0) drafting.push_back(&s), index.push_back(i);
   }
+  if (dev_ && !feeds.empty()) dev_->feed(*taps, feeds);
   std::vector<std::vector<float>> kept(in.seqs.size());
   last_conf_.clear();
-  if (!drafting.empty()) {
+  if (!drafting.empty() && dev_) {
+    device_propose(in, drafting, index, out, draft_logits ? &kept : nullptr);
+  } else if (!drafting.empty()) {
     const int64_t T = int64_t(drafting.size()) * B;
     std::vector<float> xhat, hn(size_t(T * D)), base(size_t(T * V));
     run_block(drafting, xhat);
     oc::rmsnorm(xhat.data(), D, fp(w_->norm), hn.data(), D, T, D, float(cfg_.rms_norm_eps));
     oc::linear(hn.data(), T, D, fp(w_->head), V, base.data());
-    std::vector<float> bias(static_cast<size_t>(V));
-    for (size_t j = 0; j < drafting.size(); ++j) {
-      const DraftSeq& s = *drafting[j];
-      DraftProposal& p = out[index[j]];
-      int32_t prev = s.next_tokens.back();
-      for (int64_t i = 0; i < s.num_drafts; ++i) {
-        const int64_t t = int64_t(j) * B + i;
-        const float* e = fp(w_->mk_embed) + int64_t(prev) * Rk;
-        oc::linear(e, 1, Rk, fp(w_->mk_head), V, bias.data());
-        float* row = base.data() + t * V;
-        for (int64_t v = 0; v < V; ++v) row[v] += bias[size_t(v)];
-        double c = 0;
-        for (int64_t k = 0; k < D; ++k) c += double(fp(w_->conf)[k]) * double(xhat[size_t(t * D + k)]);
-        for (int64_t k = 0; k < Rk; ++k) c += double(fp(w_->conf)[D + k]) * double(e[k]);
-        const int32_t tok = in.picker ? in.picker->pick(index[j], int32_t(i), row, V)
-                                      : int32_t(std::max_element(row, row + V) - row);
-        DI_CHECK(tok >= 0 && tok < V, "draft picker chose token ", tok, " of ", V);
-        const float mx = *std::max_element(row, row + V);
-        double sum = 0;
-        for (int64_t v = 0; v < V; ++v) sum += std::exp(double(row[v]) - double(mx));
-        p.tokens.push_back(tok);
-        p.logprobs.push_back(float(double(row[tok]) - double(mx) - std::log(sum)));
-        p.confidence.push_back(float(1.0 / (1.0 + std::exp(-c))));
-        last_conf_.push_back(float(c));
-        if (draft_logits) kept[index[j]].insert(kept[index[j]].end(), row, row + V);
-        prev = tok;
-      }
-    }
+    host_tail(in, drafting, index, xhat, base, out, draft_logits ? &kept : nullptr);
   }
   if (draft_logits) {
     int64_t rows = 0;
@@ -313,9 +402,16 @@ void DSparkDrafter::append_snapshot(int32_t s, int64_t n, std::vector<uint8_t>& 
   const size_t at = bytes.size(), row = size_t(d) * sizeof(float);
   bytes.resize(at + size_t(stages * (hi - lo)) * row + 3 * sizeof(int64_t));
   uint8_t* dst = bytes.data() + at;
-  for (int64_t k = 0; k < stages; ++k)
-    for (int64_t p = lo; p < hi; ++p, dst += row)
-      std::memcpy(dst, r->kv.data() + (k * cap + p % cap) * d, row);
+  if (dev_ && hi > lo) {
+    std::vector<float> rows(size_t(stages * (hi - lo) * d));  // the bytes need not be float aligned
+    dev_->read_ring(s, lo, hi, rows.data());
+    std::memcpy(dst, rows.data(), rows.size() * sizeof(float));
+    dst += rows.size() * sizeof(float);
+  } else if (!dev_) {
+    for (int64_t k = 0; k < stages; ++k)
+      for (int64_t p = lo; p < hi; ++p, dst += row)
+        std::memcpy(dst, r->kv.data() + (k * cap + p % cap) * d, row);
+  }
   const int64_t trailer[3] = {lo, hi, kSnapshotMagic};
   std::memcpy(dst, trailer, sizeof(trailer));
 }
@@ -333,8 +429,14 @@ void DSparkDrafter::take_snapshot(int32_t s, std::vector<uint8_t>& bytes) {
   SlotRings& r = slot(s);
   const size_t at = bytes.size() - sizeof(trailer) - size_t(stages * (hi - lo)) * row;
   const uint8_t* src = bytes.data() + at;
-  for (int64_t k = 0; k < stages; ++k)
-    for (int64_t p = lo; p < hi; ++p, src += row) std::memcpy(r.kv.data() + (k * cap + p % cap) * d, src, row);
+  if (dev_ && hi > lo) {
+    std::vector<float> rows(size_t(stages * (hi - lo) * d));  // the bytes need not be float aligned
+    std::memcpy(rows.data(), src, rows.size() * sizeof(float));
+    dev_->write_ring(s, lo, hi, rows.data());
+  } else if (!dev_) {
+    for (int64_t k = 0; k < stages; ++k)
+      for (int64_t p = lo; p < hi; ++p, src += row) std::memcpy(r.kv.data() + (k * cap + p % cap) * d, src, row);
+  }
   r.valid_lo = lo;
   r.fed_end = hi;
   bytes.resize(at);

@@ -14,8 +14,10 @@
 //
 // Rollback contract (causal_lm.h): each ring holds window + max_rollback positions (slot p mod
 // capacity), so positions the target rolls back are simply fed again; the rings travel in slot
-// snapshots (the model appends them). All math is f32 on the host, the trunk's CPU ops, also under
-// the GPU model (its taps are computed on the device and copied here: DSparkOptions::host_taps).
+// snapshots (the model appends them). All math is f32: on the host with the trunk's CPU ops, or,
+// when DSparkOptions::stages is set (the GPU model), behind DSparkStages (dspark_stages.h): the
+// rings, stage weights and stage math on the device, this class keeping the slot bookkeeping and
+// the snapshot framing (the same bytes either way).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -26,6 +28,7 @@
 #include "core/tensor.h"
 #include "model/drafter.h"
 #include "model/deepseek_v41/config.h"
+#include "model/deepseek_v41/dspark_stages.h"
 
 namespace deepinfer::model::v41 {
 
@@ -39,7 +42,8 @@ using HostTaps = std::function<Tensor(const HiddenRows&)>;
 struct DSparkOptions {
   int64_t max_rollback = 0;  // ring slack (ModelLimits::max_rollback)
   bool qat = true;           // FP8 round trip of the ring / block keys (V41PlanOptions::qat)
-  HostTaps host_taps;        // null: tap rows must come on the host
+  HostTaps host_taps;        // null: tap rows must come on the host (host stages only)
+  DSparkStagesMaker stages;  // set: the stage forward runs there (tap rows host or device)
 };
 
 class DSparkDrafter final : public Drafter {
@@ -66,19 +70,30 @@ class DSparkDrafter final : public Drafter {
   void take_snapshot(int32_t slot, std::vector<uint8_t>& bytes);
 
   int64_t block_size() const { return block_size_; }
+  bool stages_on_device() const { return dev_ != nullptr; }
   int64_t ring_capacity() const { return window_ + max_rollback_; }
 
  private:
   struct SlotRings;
   SlotRings& slot(int32_t s);
+  int64_t advance(const DraftSeq& s);  // ring bookkeeping of a feed; returns the first row written
   void feed(const DraftSeq& s, const HiddenRows& taps, size_t index);
   void run_block(const std::vector<const DraftSeq*>& seqs, std::vector<float>& xhat);
+  int64_t ring_lo(const DraftSeq& s);  // first ring position a block of `s` reads
+  // Markov head, picks and confidences from host base logits [S*B, V] / xhat [S*B, D].
+  void host_tail(const DraftBatch& in, const std::vector<const DraftSeq*>& drafting, const std::vector<size_t>& index,
+                 const std::vector<float>& xhat, std::vector<float>& base, std::vector<DraftProposal>& out,
+                 std::vector<std::vector<float>>* kept);
+  void device_propose(const DraftBatch& in, const std::vector<const DraftSeq*>& drafting,
+                      const std::vector<size_t>& index, std::vector<DraftProposal>& out,
+                      std::vector<std::vector<float>>* kept);
 
   DeepseekV41Config cfg_;
   std::unique_ptr<DSparkWeights> w_;
   int64_t block_size_ = 0, window_ = 0, max_rollback_ = 0;
   bool qat_ = true;
   HostTaps host_taps_;
+  std::unique_ptr<DSparkStages> dev_;  // set: the stages run there (the host keeps no rings)
   std::vector<std::unique_ptr<SlotRings>> slots_;
   std::vector<float> last_conf_;
   static constexpr int64_t kSnapshotMagic = 0x4b52415053440001;  // "DSPARK" + format 1

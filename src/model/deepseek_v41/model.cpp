@@ -57,7 +57,8 @@ std::unique_ptr<DeepseekV41Model> DeepseekV41Model::load(const std::string& dir,
       model::cache_specs(arch.plan, {.head_dim = cfg.head_dim, .index_head_dim = cfg.index_head_dim});
   std::unique_ptr<DSparkDrafter> drafter;
   if (dspark) drafter = std::make_unique<DSparkDrafter>(cfg, w, DSparkOptions{.max_rollback = o.max_rollback, .qat = o.qat,
-                                                                       .host_taps = o.dspark_host_taps});
+                                                                       .host_taps = o.dspark_host_taps,
+                                                                       .stages = o.dspark_stages});
   std::unique_ptr<ds::ModelBackend> be;
   if (make)
     be = make(cfg, arch, specs, w);

@@ -34,6 +34,8 @@ struct ModelOptions {
   std::optional<parallel::ExpertShard> expert_shard = std::nullopt;  // ModelLoadOptions::expert_shard (v41_prepare_cpu)
   bool dspark = true;  // false: DSpark stages in the checkpoint are not loaded (no drafter, no taps)
   HostTaps dspark_host_taps;  // a device backend's tap rows to the host (DSparkOptions::host_taps)
+  DSparkStagesMaker dspark_stages;  // set: the DSpark stages run there (DSparkOptions::stages)
+  bool dspark_host_stages = false;  // device loaders: keep the stages on the host (A/B tests, timing)
 };
 
 // Makes the backend a model runs on from the mapped checkpoint (load with a maker: no CPU

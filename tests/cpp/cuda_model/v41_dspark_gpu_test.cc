@@ -1,17 +1,22 @@
 // DeepSeek-V4.1's DSpark drafter with the GPU model (issue #11 / #22): the taps come from the
-// device (stream_mean at the tapped layers' input, copied to the host), the drafter's stages run on
-// the host in f32 (DSparkDrafter, the CPU code).
+// device (stream_mean at the tapped layers' input), and the drafter's stages run on
+// the device too (v41_dspark_cuda.h; DeviceStagesMatchHostStages holds them to the host stages,
+// the CPU code, which ModelOptions::dspark_host_stages still selects).
 //  * the GPU trunk's taps of t37 (exact numerics) against the CPU model's;
 //  * the golden schedule of tests/data/golden/v41_a_release/dspark_t37_* (rings seeded by positions
 //    0..19, one greedy round per position 20..36) from the GPU's taps: drafts exact, block logits
 //    and confidence logits within 1e-4 of the reference (as on the CPU, dspark_test.cc);
 //  * a round whose tap rows stay on the device (ForwardOptions::hidden_to_host false, what the
 //    engine asks for when it samples on the device) drafts what the host rows draft;
+//  * the device stages against the host stages (ModelOptions::dspark_host_stages) on the same taps:
+//    rounds at every accept length with rollbacks, a two-sequence round, a snapshot round trip;
+//  * a printed draft-round timing, host vs device stages, batch 1 and 8;
 //  * through the Engine: greedy output with DSpark drafting (fixed L and confidence-scheduled
 //    varlen) is token-identical to plain decoding, batched, on graphs; acceptance printed.
 // SKIPs without a GPU.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -166,6 +171,157 @@ TEST(V41GpuDSpark, DeviceOnlyTapRowsDraftLikeHostRows) {
   ASSERT_EQ(got[1].size(), 1u);
   EXPECT_EQ(got[0][0].tokens, got[1][0].tokens);
   EXPECT_EQ(got[0][0].confidence, got[1][0].confidence);
+}
+
+// The device stages (v41_dspark_cuda.h, the default) against the host stages on the same GPU taps:
+// rounds at every accept length 0..B with drafter rollbacks of 0..2 positions in between, a
+// two-sequence round, and a snapshot round trip (device bytes == host bytes; host bytes restored
+// into the device drafter draft what the host drafts). Drafts identical, logits and confidence
+// logits within 1e-5 relative.
+struct Parity {
+  double logit = 0, conf = 0;
+  int64_t drafts = 0, equal = 0;
+  void add(const std::vector<DraftProposal>& a, const std::vector<DraftProposal>& b, const Tensor& la,
+           const Tensor& lb, const std::vector<float>& ca, const std::vector<float>& cb) {
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t j = 0; j < a.size(); ++j) {
+      ASSERT_EQ(a[j].tokens.size(), b[j].tokens.size());
+      for (size_t i = 0; i < a[j].tokens.size(); ++i) equal += a[j].tokens[i] == b[j].tokens[i], ++drafts;
+      EXPECT_EQ(a[j].tokens, b[j].tokens) << "sequence " << j;
+    }
+    ASSERT_EQ(ca.size(), cb.size());
+    for (size_t i = 0; i < ca.size(); ++i)
+      conf = std::max(conf, std::fabs(double(ca[i]) - double(cb[i])) / (1.0 + std::fabs(double(cb[i]))));
+    ASSERT_EQ(la.numel(), lb.numel());
+    for (int64_t i = 0; i < la.numel(); ++i)
+      logit = std::max(logit, std::fabs(double(la.data<float>()[i]) - double(lb.data<float>()[i])) /
+                                  (1.0 + std::fabs(double(lb.data<float>()[i]))));
+  }
+};
+
+DraftSeq seq_of(const std::vector<int32_t>& ids, int32_t slot, int64_t first, int64_t n, int32_t drafts) {
+  DraftSeq s{.cache_slot = slot, .first_position = first, .num_positions = int32_t(n), .num_drafts = drafts,
+             .first_hidden_row = first};
+  for (int64_t i = 0; i < n; ++i) s.next_tokens.push_back(ids[size_t(std::min<int64_t>(first + i + 1, 36))]);
+  return s;
+}
+
+std::vector<DraftProposal> round(DeepseekV41Model& m, std::vector<DraftSeq> seqs, const HiddenRows& h, Tensor* lg) {
+  DraftBatch b;
+  b.seqs = std::move(seqs);
+  b.target_hidden = h;
+  return m.dspark()->propose(b, lg);
+}
+
+TEST(V41GpuDSpark, DeviceStagesMatchHostStages) {
+  if (!have_gpu()) GTEST_SKIP() << "CUDA test skipped: " << cuda::cuda_unavailable_reason();
+  const std::string dir = golden_dir("v41_a_release");
+  auto dev = load_v41_cuda(dir, options(Numerics::kExact));
+  ModelOptions host_stages;
+  host_stages.dspark_host_stages = true;
+  auto host = load_v41_cuda(dir, options(Numerics::kExact), host_stages);
+  ASSERT_TRUE(dev->dspark()->stages_on_device());
+  ASSERT_FALSE(host->dspark()->stages_on_device());
+  dev->allocate_cache_for(3, 256);
+  const std::vector<int32_t> ids = read_inputs(dir).at("t37");
+  Tensor gt;
+  run_sequence(*dev, dev->cache_geometry(), ids, {37}, 1, &gt);
+  const HiddenRows h = host_rows(gt);
+  Parity par;
+  for (DeepseekV41Model* m : {dev.get(), host.get()}) m->dspark()->reset_slot(0), m->dspark()->reset_slot(1);
+  for (DeepseekV41Model* m : {dev.get(), host.get()}) round(*m, {seq_of(ids, 0, 0, 12, 0)}, h, nullptr);
+  int64_t n = 12;  // positions fed
+  for (int r = 0; n < 33; ++r) {
+    const int64_t back = r % 3, accept = r % (kB + 1);  // roll back `back`, then feed 1 + accept positions
+    const int64_t keep = n - back, feed_n = std::min<int64_t>(1 + accept, 36 - keep);
+    std::vector<DraftProposal> out[2];
+    Tensor lg[2];
+    std::vector<float> cl[2];
+    for (int k = 0; k < 2; ++k) {
+      DeepseekV41Model& m = k == 0 ? *dev : *host;
+      m.dspark()->rollback(0, keep);
+      out[k] = round(m, {seq_of(ids, 0, keep, feed_n, int32_t(kB - r % 2))}, h, &lg[k]);
+      cl[k] = m.dspark()->last_confidence_logits();
+    }
+    par.add(out[0], out[1], lg[0], lg[1], cl[0], cl[1]);
+    n = keep + feed_n;
+  }
+  // Snapshot of slot 0 at n: the same bytes from both; the host's restored into the device's slot 1
+  // drafts (with slot 0, one batch) what the host drafts from its own slot 0 and 1.
+  std::vector<uint8_t> bd, bh;
+  dev->dspark()->append_snapshot(0, n, bd);
+  host->dspark()->append_snapshot(0, n, bh);
+  ASSERT_EQ(bd.size(), bh.size());
+  double snap = 0;
+  for (size_t i = 0; i + 24 < bd.size(); i += 4) {
+    float a, b;
+    std::memcpy(&a, bd.data() + i, 4), std::memcpy(&b, bh.data() + i, 4);
+    snap = std::max(snap, std::fabs(double(a) - double(b)));
+  }
+  EXPECT_EQ(std::memcmp(bd.data() + bd.size() - 24, bh.data() + bh.size() - 24, 24), 0) << "trailer";
+  std::vector<uint8_t> bh2 = bh;
+  dev->dspark()->take_snapshot(1, bh);
+  host->dspark()->take_snapshot(1, bh2);
+  EXPECT_TRUE(bh.empty());
+  std::vector<DraftProposal> out[2];
+  Tensor lg[2];
+  std::vector<float> cl[2];
+  for (int k = 0; k < 2; ++k) {
+    DeepseekV41Model& m = k == 0 ? *dev : *host;
+    out[k] = round(m, {seq_of(ids, 0, n, 1, int32_t(kB)), seq_of(ids, 1, n, 2, 3)}, h, &lg[k]);
+    cl[k] = m.dspark()->last_confidence_logits();
+  }
+  par.add(out[0], out[1], lg[0], lg[1], cl[0], cl[1]);
+  std::printf("[gpu-v41-dspark] device stages vs host stages: drafts %lld/%lld equal, max rel |dlogit| %.3g, "
+              "max rel |dconfidence logit| %.3g, snapshot rows max |d| %.3g (%zu bytes)\n",
+              (long long)par.equal, (long long)par.drafts, par.logit, par.conf, snap, bd.size());
+  EXPECT_EQ(par.equal, par.drafts);
+  EXPECT_LE(par.logit, 1e-5);
+  EXPECT_LE(par.conf, 1e-5);
+  EXPECT_LE(snap, 1e-5);
+}
+
+// Draft round time (feed 1 position + draft B) of host vs device stages at batch 1 and 8, tap
+// rows on the device (as the engine leaves them). Printed only.
+TEST(V41GpuDSpark, DraftRoundTiming) {
+  if (!have_gpu()) GTEST_SKIP() << "CUDA test skipped: " << cuda::cuda_unavailable_reason();
+  const std::string dir = golden_dir("v41_a_release");
+  auto dev = load_v41_cuda(dir, options(Numerics::kExact));
+  ModelOptions host_stages;
+  host_stages.dspark_host_stages = true;
+  auto host = load_v41_cuda(dir, options(Numerics::kExact), host_stages);
+  dev->allocate_cache_for(2, 256);
+  const std::vector<int32_t> ids = read_inputs(dir).at("t37");
+  Tensor gt;
+  run_sequence(*dev, dev->cache_geometry(), ids, {37}, 1, &gt);
+  cuda::DeviceBuffer taps(size_t(gt.nbytes()));
+  cuda::copy_h2d(taps.data(), gt.raw_data(), size_t(gt.nbytes()), nullptr);
+  HiddenRows h;
+  h.device = taps.as<float>();
+  h.rows = gt.size(0);
+  h.row_elems = gt.numel() / gt.size(0);
+  for (const int batch : {1, 8}) {
+    double us[2];
+    for (int k = 0; k < 2; ++k) {
+      DeepseekV41Model& m = k == 0 ? *dev : *host;
+      for (int s = 0; s < batch; ++s) m.dspark()->reset_slot(s);
+      std::vector<DraftSeq> prefill;
+      for (int s = 0; s < batch; ++s) prefill.push_back(seq_of(ids, s, 0, 16, 0));
+      round(m, prefill, h, nullptr);
+      const int warm = 3, timed = 16;
+      std::chrono::steady_clock::time_point t0;
+      for (int r = 0; r < warm + timed; ++r) {
+        if (r == warm) t0 = std::chrono::steady_clock::now();
+        std::vector<DraftSeq> seqs;
+        for (int s = 0; s < batch; ++s) seqs.push_back(seq_of(ids, s, 16 + r, 1, int32_t(kB)));
+        round(m, seqs, h, nullptr);
+      }
+      us[k] = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / timed;
+    }
+    std::printf("[gpu-v41-dspark] draft round (feed 1 + %lld drafts), v41_a_release, batch %d: host stages %.1f us, "
+                "device stages %.1f us (%.2fx)\n",
+                (long long)kB, batch, us[1], us[0], us[1] / us[0]);
+  }
 }
 
 #if defined(DEEPINFER_TEST_HAVE_ENGINE)

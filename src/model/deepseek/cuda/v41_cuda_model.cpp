@@ -12,6 +12,7 @@
 #include "model/deepseek/cuda/arena.h"
 #include "model/deepseek/cuda/cuda_backend.h"
 #include "model/deepseek/cuda/cuda_model.h"
+#include "model/deepseek/cuda/v41_dspark_cuda.h"
 #include "model/deepseek_v41/family.h"
 #include "model/deepseek_v41/plan.h"
 #include "model/deepseek_v41/prepare.h"
@@ -131,8 +132,8 @@ std::unique_ptr<DeepseekV41Model> load_v41_cuda(const std::string& dir, const Cu
     DI_THROW(InvalidArgument, "device ", o.device, " requested, ", dc::cuda_device_count(), " visible");
   DI_CUDA_CHECK(cudaSetDevice(o.device));
   if (probe.dspark.num_stages > 0 && mo.dspark)
-    DI_INFO("deepseek_v41 cuda: ", dir, ": the DSpark drafter's ", probe.dspark.num_stages,
-            " stages run on the host (f32); its taps are computed on the GPU and copied back each step");
+    DI_INFO("deepseek_v41 cuda: ", dir, ": the DSpark drafter's ", probe.dspark.num_stages, " stages run ",
+            mo.dspark_host_stages ? "on the host (f32; taps copied back each round)" : "on the GPU (f32)");
   else if (probe.dspark.num_stages > 0)
     DI_INFO("deepseek_v41 cuda: ", dir, ": the ", probe.dspark.num_stages, " DSpark stages are not loaded (no "
             "drafts on the GPU yet; the CPU backend drafts with them)");
@@ -144,6 +145,8 @@ std::unique_ptr<DeepseekV41Model> load_v41_cuda(const std::string& dir, const Cu
   m.expert_shard.reset();
   // The host drafter reads tap rows a device step left on the device (the engine asks for none
   // on the host when it samples on the device): one copy of the step's rows per round.
+  // The stages on the device (v41_dspark_cuda.h), reading the taps where the step left them.
+  if (!mo.dspark_host_stages) m.dspark_stages = cuda_dspark_stages(o.device);
   m.dspark_host_taps = [](const HiddenRows& h) {
     Tensor t = Tensor::empty({h.rows, h.row_elems}, DType::kF32);
     DI_CUDA_CHECK(cudaSetDevice(h.device_index));
@@ -197,9 +200,9 @@ std::unique_ptr<CausalLM> load_cuda(const std::string& dir, const ModelLoadOptio
   CudaModelOptions o = v4::engine_cuda_options(l);
   const bool compact = l.env.yoco_truncation_mode.value_or("full") == "compact";
   const int64_t keep = compact ? l.env.yoco_keep_tokens.value_or(int(kDefaultReplayKeep)) : 0;
-  // DSpark only when drafting is asked for explicitly: its stages run on the host in f32 (the release's
-  // three stages of 128 experts are ~54 GB of host memory and CPU time every round), so a GPU
-  // model does not take them on by default as the CPU model does.
+  // DSpark only when drafting is asked for explicitly: its stages run on the GPU in f32 (the release's
+  // three stages of 128 experts would be ~54 GB there, v41_dspark_cuda.h), so a GPU model does not
+  // take them on by default as the CPU model does.
   const bool draft = l.env.use_nextn_decode.value_or(0) > 0;
   return load_v41_cuda(dir, o, {.replay_keep = keep, .dspark = draft});
 }

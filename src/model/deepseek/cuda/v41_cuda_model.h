@@ -12,10 +12,13 @@
 // are the same model here.
 // Refused on the GPU (ConfigError / InvalidArgument naming the reason): routing without top-k
 // normalisation (the GPU router always normalises), expert shards, hc_mult > 4, head widths the
-// kernels do not take. DSpark stages in the checkpoint make the model's drafter as on the CPU (when
+// kernels do not take. DSpark stages in the checkpoint make the model's drafter (when
 // `model.dspark`; the registry's load_cuda sets it only when DEEPINFER_USE_NEXTN_DECODE > 0): the
-// taps are computed on the device (stream_mean), copied to the host each round, and the stages run
-// there in f32 (ModelOptions::dspark_host_taps; the stage forward on the device is not done yet).
+// taps are computed on the device (stream_mean) and the whole stage forward runs there too, in f32
+// (v41_dspark_cuda.h, behind DSparkDrafter's DSparkStages): rings on the device, only draft ids,
+// log-probabilities and confidences come back (logits too for a sampling picker or when asked).
+// `model.dspark_host_stages` keeps the stages on the host as before (taps copied back each round,
+// ModelOptions::dspark_host_taps): the A/B reference of the tests and timings.
 #pragma once
 #include <memory>
 #include <string>
@@ -30,7 +33,7 @@ namespace deepinfer::model::v41 {
 
 // Loads <dir> onto device `options.device`. `model` carries the V4.1 options (replay keep; qat =
 // false for tests only); rollback, batch invariance and progress come from `options`, expert_shard
-// is refused there; DSpark as `model.dspark` says (its stages on the host).
+// is refused there; DSpark as `model.dspark` says (its stages on the GPU unless dspark_host_stages).
 std::unique_ptr<DeepseekV41Model> load_v41_cuda(const std::string& dir, const ds::cuda::CudaModelOptions& options,
                                                 const ModelOptions& model = {});
 

@@ -1,0 +1,32 @@
+// DeepSeek-V4.1's DSpark stages on one NVIDIA GPU (issue #11 item 5): DSparkStages
+// (deepseek_v41/dspark_stages.h) over the CUDA ops, for the GPU V4.1 model's drafter.
+//
+// Numerics: f32 throughout, as the host drafter (dspark.cpp): the stage weights are the drafter's
+// f32 copies uploaded as they are (no FP8/FP4 storage yet: the release's 3 stages x 128 experts
+// are ~54 GB in f32, so today this fits the test and width-reduced stacks, not the release), the
+// linears are cuBLASLt f32 GEMMs (CUBLAS_COMPUTE_32F_PEDANTIC: no TF32), the ring / block keys take
+// the same QAT FP8 round trip (ops/cuda/qat.h, bit-equal to the CPU's), attention is the f32
+// CUDA-core sparse_attention over a gathered key list per sequence ([ring lo..last, block keys],
+// the host drafter's list), the stage MoE is router + moe_decode (plain f32 experts) +
+// moe_combine, and the greedy Markov tail is dspark_kernels.h. The results differ from the host
+// drafter only by summation order (~1e-6 relative on logits / confidence logits).
+//
+// State: every slot's rings in one device buffer [slots, stages, capacity, head_dim] (grown by
+// doubling, contents kept), position p in row p mod capacity. Work runs on the stages' own
+// stream, ordered after the target step through an event on HiddenRows::stream; block() and
+// read_ring() wait for their results (the ids or rows come back to the host). The weights are
+// uploaded when the drafter is made, before the trunk's memory plan, which therefore sees them as
+// memory in use (plan_device_memory reads the free memory).
+#pragma once
+#include <memory>
+
+#include "model/deepseek_v41/dspark_stages.h"
+
+namespace deepinfer::model::v41 {
+
+// A maker for DSparkOptions::stages on device `device` (the current device when the drafter is
+// made). Throws ConfigError for shapes the kernels do not take (routing without top-k
+// normalisation, head_dim not a multiple of 32, widths not multiples of 8, > 1024 experts).
+DSparkStagesMaker cuda_dspark_stages(int device);
+
+}  // namespace deepinfer::model::v41
