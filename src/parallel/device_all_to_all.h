@@ -37,6 +37,7 @@ class DeviceAllToAllV {
 void exchange_device_counts(DeviceAllToAllV& a2a, void* stream, const int64_t* send_counts, int64_t* recv_counts);
 
 // Over a group whose memory() is kDevice (make_nccl_group); the group must outlive the result.
+// Each call sets the group's stream to the caller's (set_stream), which stays set afterwards.
 // InvalidArgument for a host group (its buffers are host memory: use the host-staged path).
 std::unique_ptr<DeviceAllToAllV> make_group_all_to_all(ProcessGroup& device_group);
 
