@@ -70,6 +70,16 @@ void ExpertParallel::rebalance() {
   if (moved > 0) ++rebalances_, slots_moved_ += moved;
 }
 
+void ExpertParallel::set_device_exchange(std::shared_ptr<parallel::DeviceAllToAllV> a2a) {
+  if (a2a && (a2a->size() != size() || a2a->rank() != rank()))
+    DI_THROW(InvalidArgument, "expert parallelism: device exchange ", a2a->describe(), " is rank ", a2a->rank(), " of ",
+             a2a->size(), ", the group (", group_.describe(), ") rank ", rank(), " of ", size());
+  if (a2a && eplb_.enabled)
+    DI_THROW(InvalidArgument, "expert parallelism: EPLB with the device exchange is not built (use the host-staged "
+             "exchange, or EPLB off)");
+  device_a2a_ = std::move(a2a);
+}
+
 void ExpertParallel::set_weight_store(ExpertWeightStore* store) {
   if (store)
     for (size_t l = 0; l < layers_.size(); ++l)

@@ -19,9 +19,11 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "model/deepseek/expert_weights.h"
+#include "parallel/device_all_to_all.h"
 #include "parallel/eplb.h"
 #include "parallel/process_group.h"
 
@@ -48,6 +50,17 @@ class ExpertParallel {
   ExpertParallel(parallel::ProcessGroup& group, std::vector<parallel::ExpertPlacement> layers, EplbOptions eplb = {});
   int rank() const { return group_.rank(); }
   int size() const { return group_.size(); }
+  std::string describe_group() const { return group_.describe(); }
+
+  // The device-side exchange (issue #14): an all-to-all of device buffers over the same ranks
+  // in the same order (NCCL between GPUs: parallel::make_group_all_to_all over make_nccl_group;
+  // a loopback in tests). A CUDA backend given one moves the MoE rows from device memory on its
+  // step stream (cuda/device_expert_exchange.h) instead of staging them through the host group;
+  // this object still steps (begin_step) and holds the placements. Not built with it: EPLB (its
+  // load counts live on the device then, and weight moves are host-side), so InvalidArgument
+  // when EPLB is on, or for a size/rank that differs from the group's. Every rank sets one or none.
+  void set_device_exchange(std::shared_ptr<parallel::DeviceAllToAllV> a2a);
+  parallel::DeviceAllToAllV* device_exchange() const { return device_a2a_.get(); }
   const parallel::ExpertPlacement& layout(int64_t layer) const { return layers_.at(size_t(layer)); }
 
   // Sends each assignment's row (h[pair / K], D floats) to a rank holding expert ids[pair]; after
@@ -114,6 +127,7 @@ class ExpertParallel {
   std::unique_ptr<parallel::ExpertLoadWindow> window_;
   std::vector<std::vector<int64_t>> since_window_;  // this rank's counts since the last window step
   int64_t steps_ = 0, rebalances_ = 0, slots_moved_ = 0;
+  std::shared_ptr<parallel::DeviceAllToAllV> device_a2a_;
   ExpertWeightStore* store_ = nullptr;  // the backend's (outlives this object's use of it)
   int64_t experts_received_ = 0, experts_released_ = 0, bytes_received_ = 0;
   // The step in flight.

@@ -19,6 +19,7 @@
 #include "model/deepseek/expert_weights.h"
 #include "model/deepseek/cuda/arena.h"
 #include "model/deepseek/cuda/cuda_cache.h"
+#include "model/deepseek/cuda/device_expert_exchange.h"
 #include "model/deepseek/cuda/op_timer.h"
 #include "model/deepseek/cuda/options.h"
 #include "model/deepseek/cuda/v4_device.h"
@@ -71,7 +72,8 @@ class CudaBackend final : public ModelBackend, public ExpertWeightStore {
   std::optional<FixedShape> fixed_shape(const ForwardBatch& batch) const override;
   void set_device_inputs(std::span<const DeviceInput> inputs, const int32_t* sampled_ids) override;
   std::vector<int32_t> device_ids_to_host(const int32_t* sampled_ids, int64_t n) override;
-  // Expert parallelism, host-staged through the group (cuda_expert_parallel.cpp).
+  // Expert parallelism (cuda_expert_parallel.cpp): host-staged through the group, or the device
+  // exchange when the ExpertParallel carries one (device_expert_exchange.h).
   bool joins_collectives() const override { return ep_ != nullptr; }
   void set_expert_parallel(std::shared_ptr<ExpertParallel> ep) override;
   // EPLB on a sharded model moves routed experts between ranks (cuda_expert_store.cpp).
@@ -169,6 +171,7 @@ class CudaBackend final : public ModelBackend, public ExpertWeightStore {
   void ep_dispatch(const MoeRef& M);
   void ep_experts(const MoeRef& M);
   void ep_combine();
+  void ep_experts_device(const MoeRef& M);
   ArenaSizes arena_sizes(const StepPlan& p, ops::cuda::AttnSplit* split) const;
   void ensure_fixed_buffers();
   template <typename T>
@@ -245,6 +248,8 @@ class CudaBackend final : public ModelBackend, public ExpertWeightStore {
   std::vector<char> ep_stage_;
   std::vector<float> ep_rows_, ep_wts_;
   std::vector<int32_t> ep_ids_;
+  std::unique_ptr<DeviceExpertExchange> ep_dev_;  // set: the device exchange serves the MoE layers
+  DeviceExpertExchange::Received ep_recv_;        // the layer in flight (device path)
   deepinfer::cuda::DeviceBuffer ep_x_, ep_gu_, ep_act_, ep_ye_, ep_perm_w_, ep_perm_src_, ep_seg_, ep_tiles_, ep_out_,
       ep_comb_;
 };

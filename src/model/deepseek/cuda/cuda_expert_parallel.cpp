@@ -1,25 +1,36 @@
-// Expert parallelism on the CUDA backend (expert_parallel.h), host-staged: a main MoE layer's
-// dispatch copies the step's rows, routing ids and weights to the host, exchanges them through the
-// expert-parallel group (gloo: any number of ranks, also several processes sharing one GPU), runs
-// this rank's slots on the device with the same kernels as one rank (grouped GEMM in bf16, the
-// per-expert cuBLASLt GEMMs in exact numerics), copies the outputs back and returns them to the
-// ranks that routed them; the combine then sums each token's k outputs in k order, as the
-// single-rank combine does, so a rank's tokens get the same additions in the same order.
+// Expert parallelism on the CUDA backend (expert_parallel.h), two exchanges:
 //
-// Why host staging: it is exact whatever group the engine built (the DP engine's groups are gloo)
-// and it makes a multi-rank test possible on one GPU (NCCL refuses two ranks on one device). The
-// cost is two device<->host copies per layer and a sync; the NCCL device path (rows exchanged
-// from device memory on the step stream) is the performance path for several GPUs, left to do
-// (docs/PARALLEL.md). Fixed-shape (graph) steps are off under expert parallelism: the exchange
-// sizes are only known on the host.
+// Device (issue #14; when the ExpertParallel carries a device all-to-all, NCCL between GPUs):
+// the rows, slots and routed weights are packed per destination rank on the device and
+// exchanged from device memory on the step stream (device_expert_exchange.h); only the per-peer
+// row counts come back to the host (one small copy per layer, to size the transfers). The
+// received rows run through this rank's slots with the single-rank kernels (device moe_route
+// over the rows' logical ids, grouped GEMM or per-expert cuBLASLt), the outputs go back the same
+// way and land where the combine gathers them.
+//
+// Host-staged (any other group: gloo, also several processes sharing one GPU, which is how the
+// engine's multi-rank runs are tested on one H200): a main MoE layer's dispatch copies the
+// step's rows, routing ids and weights to the host, exchanges them through the group, runs this
+// rank's slots on the device with the same kernels, copies the outputs back and returns them to
+// the ranks that routed them. Cost: two device<->host copies per layer and a sync.
+//
+// Both: every rank receives the same rows in the same order (each sender's pairs ascending,
+// senders in rank order) and the combine sums each token's k outputs in k order, as the
+// single-rank combine does, so a rank's tokens get the same additions in the same order.
+// DEEPINFER_EP_EXCHANGE=host forces host staging even when a device exchange is there; =device
+// refuses to run without one. Fixed-shape (graph) steps are off under expert parallelism: the
+// exchange sizes are only known on the host (docs/PARALLEL.md, Not built yet).
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 
 #include "core/check.h"
+#include "core/logging.h"
 #include "core/numeric.h"
 #include "deepinfer/error.h"
 #include "model/deepseek/cuda/cuda_backend.h"
+#include "model/deepseek/cuda/ep_exchange.h"
 #include "model/deepseek/cuda/glue_kernels.h"
 #include "model/deepseek/expert_parallel.h"
 #include "ops/cuda/grouped_gemm.h"
@@ -58,7 +69,21 @@ void CudaBackend::set_expert_parallel(std::shared_ptr<ExpertParallel> ep) {
   if (ep && cp_)
     DI_THROW(InvalidArgument, describe(), ": expert parallelism together with context parallelism is not built on the "
              "GPU backend (the CPU backend runs both over one group)");
+  ep_dev_.reset();
   ep_ = std::move(ep);
+  if (ep_) {
+    const char* env = std::getenv("DEEPINFER_EP_EXCHANGE");
+    const std::string want = env ? env : "auto";
+    if (want != "auto" && want != "host" && want != "device")
+      DI_THROW(InvalidArgument, "DEEPINFER_EP_EXCHANGE=", want, ": expected auto, host or device");
+    parallel::DeviceAllToAllV* a2a = ep_->device_exchange();
+    if (want == "device" && !a2a)
+      DI_THROW(InvalidArgument, describe(), ": DEEPINFER_EP_EXCHANGE=device but the expert-parallel group (",
+               ep_->describe_group(), ") has no device exchange (NCCL)");
+    if (a2a && want != "host") ep_dev_ = std::make_unique<DeviceExpertExchange>(*a2a, opts_.device);
+    DI_INFO(describe(), ": expert parallelism rank ", ep_->rank(), " of ", ep_->size(), ", ",
+            ep_dev_ ? "device exchange over " + a2a->describe() : "host-staged exchange over " + ep_->describe_group());
+  }
   ModelRef& m = weights_->refs;
   for (size_t l = 0; l < m.layers.size(); ++l) m.layers[l].ffn.ep_layer = ep_ ? int32_t(l) : -1;
 }
@@ -69,8 +94,13 @@ void CudaBackend::ep_dispatch(const MoeRef& M) {
   const int64_t T = plan_.T, D = g.hidden, K = g.topk, ab = int64_t(dtype_bits(act_) / 8);
   const cudaStream_t st = stream_.get();
   if (M.ep_layer == 0) ep_->begin_step();  // once per main forward, on every rank alike
+  if (ep_dev_) {
+    ep_recv_ = ep_dev_->dispatch(M.ep_layer, ep_->layout(M.ep_layer), buf(Buf::kH), act_, T, D,
+                                 at<int32_t>(L_.buf[size_t(Buf::kIds)]), at<float>(L_.buf[size_t(Buf::kWts)]), K, st);
+    return;
+  }
   ep_ids_.resize(size_t(T * K));
-  ep_wts_.resize(size_t(T * K));
+  ep_wts_.resize(size_t(std::max<int64_t>(T * K, 1)));  // never null: a rank without tokens still passes weights
   ep_stage_.resize(size_t(T * D * ab));
   if (T > 0) {
     dc::copy_d2h(ep_stage_.data(), buf(Buf::kH), ep_stage_.size(), st, false);
@@ -85,6 +115,7 @@ void CudaBackend::ep_dispatch(const MoeRef& M) {
 // stable permutation as moe_route), the routed weight applied before W2 as on one rank; outputs
 // back in arrival order, returned to their ranks, uploaded as [T*K, D] for the combine.
 void CudaBackend::ep_experts(const MoeRef& M) {
+  if (ep_dev_) return ep_experts_device(M);
   const Dims& g = arch_.dims;
   const int64_t T = plan_.T, D = g.hidden, K = g.topk, I = g.moe_inter, E = g.experts;
   const int64_t ab = int64_t(dtype_bits(act_) / 8);
@@ -184,9 +215,78 @@ void CudaBackend::ep_experts(const MoeRef& M) {
   dc::copy_h2d(ep_comb_.data(), iota.data(), iota.size() * 8, st, true);  // host vectors die here
 }
 
+// The device path's received rows (arrival order, ep_recv_) through this rank's slots, all on
+// the device: moe_route over their logical ids (one assignment per row: the same stable sort by
+// expert as moe_route_host in the host-staged path), the GEMMs of the host-staged path, the
+// outputs gathered back to arrival order and returned.
+void CudaBackend::ep_experts_device(const MoeRef& M) {
+  const Dims& g = arch_.dims;
+  const int64_t D = g.hidden, I = g.moe_inter, E = g.experts, m = ep_recv_.rows;
+  const int64_t ab = int64_t(dtype_bits(act_) / 8);
+  const cudaStream_t st = stream_.get();
+  const int dev = opts_.device;
+  if (m > 0) {
+    const int64_t max_tiles = oc::moe_route_max_tiles(m, E, oc::kGroupedTileM);
+    grow(ep_seg_, size_t(E + 1) * 4, dev), grow(ep_perm_src_, size_t(m) * 8, dev), grow(ep_perm_w_, size_t(m) * 4, dev);
+    grow(ep_comb_, size_t(m) * 8, dev), grow(ep_tiles_, size_t(max_tiles + 1) * 4, dev);
+    grow(ep_gu_, size_t(m * 2 * I * ab), dev), grow(ep_act_, size_t(m * I * ab), dev), grow(ep_ye_, size_t(m * D) * 4, dev);
+    grow(ep_out_, size_t(m * D) * 4, dev);
+    int32_t* tiles = ep_tiles_.as<int32_t>();
+    oc::moe_route({.ids = ep_recv_.logical, .weights = ep_recv_.weight, .tokens = m, .topk = 1, .experts = E,
+                   .tile_m = oc::kGroupedTileM, .seg = ep_seg_.as<int32_t>(), .perm_src = ep_perm_src_.as<int64_t>(),
+                   .perm_w = ep_perm_w_.as<float>(), .comb = ep_comb_.as<int64_t>(), .tiles = tiles,
+                   .num_tiles = tiles + max_tiles, .max_tiles = max_tiles},
+                  st);
+    if (moe_path(M) == MoePath::kGrouped) {
+      oc::GroupedGemmParams gp{.x = ep_recv_.x, .ldx = D, .x_rows = ep_perm_src_.as<int64_t>(), .w = M.tables.w13,
+                               .scale = M.tables.w13_scale, .format = expert_format(M.tables.dtype),
+                               .seg = ep_seg_.as<int32_t>(), .tiles = tiles, .num_tiles = tiles + max_tiles,
+                               .max_tiles = max_tiles, .experts = E, .N = 2 * I, .K = D, .y = ep_gu_.data(),
+                               .ldy = 2 * I, .y_dtype = act_};
+      oc::grouped_gemm(gp, st);
+      swiglu_rows(ep_gu_.data(), ep_act_.data(), ep_perm_w_.as<float>(), m);
+      gp.x = ep_act_.data(), gp.ldx = I, gp.x_rows = nullptr, gp.w = M.tables.w2, gp.scale = M.tables.w2_scale;
+      gp.N = D, gp.K = I, gp.y = ep_ye_.data(), gp.ldy = D, gp.y_dtype = DType::kF32;
+      oc::grouped_gemm(gp, st);
+    } else {
+      // Exact numerics: per-expert cuBLASLt GEMMs over sorted rows; their shapes need the
+      // segment offsets on the host (one small read-back, as one rank's exact path has).
+      grow(ep_x_, size_t(m * D * ab), dev);
+      cuda::gather_rows({.src_a = ep_recv_.x, .a_stride = D, .src_dtype = act_, .src_index = ep_perm_src_.as<int64_t>(),
+                         .dst = ep_x_.data(), .dst_stride = D, .dst_dtype = act_, .rows = m, .width = D},
+                        st);
+      std::vector<int32_t> seg(size_t(E + 1));
+      dc::copy_d2h(seg.data(), ep_seg_.data(), seg.size() * 4, st, true);
+      if (seg[size_t(E)] != m)
+        DI_THROW(InternalError, "expert-parallel rank ", ep_->rank(), ": layer ", M.ep_layer, " received ", m - seg[size_t(E)],
+                 " rows for experts outside [0, ", E, ")");
+      char* xs = ep_x_.as<char>();
+      char* gu = ep_gu_.as<char>();
+      char* act = ep_act_.as<char>();
+      for (int64_t e = 0; e < E; ++e) {
+        const int64_t a0 = seg[size_t(e)], n = seg[size_t(e + 1)] - a0;
+        if (n > 0) linear(M.experts[size_t(e)].w13, xs + a0 * D * ab, D, n, gu + a0 * 2 * I * ab, act_, 2 * I);
+      }
+      swiglu_rows(gu, act, ep_perm_w_.as<float>(), m);
+      for (int64_t e = 0; e < E; ++e) {
+        const int64_t a0 = seg[size_t(e)], n = seg[size_t(e + 1)] - a0;
+        if (n > 0) linear(M.experts[size_t(e)].w2, act + a0 * I * ab, I, n, ep_ye_.as<float>() + a0 * D, DType::kF32, D);
+      }
+    }
+    ep_gather_f32(ep_ye_.as<float>(), ep_comb_.as<int64_t>(), m, D, ep_out_.as<float>(), st);  // back to arrival order
+  }
+  ep_dev_->give_back(ep_out_.as<float>(), st);
+}
+
 void CudaBackend::ep_combine() {
   const Dims& g = arch_.dims;
   if (plan_.T == 0) return;
+  if (ep_dev_) {
+    cuda::moe_combine({.ye = ep_dev_->out(), .rows = ep_dev_->rows(), .shared = at<float>(L_.buf[size_t(Buf::kShared)]),
+                       .out = at<float>(L_.buf[size_t(Buf::kY)]), .tokens = plan_.T, .topk = g.topk, .dim = g.hidden},
+                      stream_.get());
+    return;
+  }
   cuda::moe_combine({.ye = ep_out_.as<float>(), .rows = ep_comb_.as<int64_t>(),
                      .shared = at<float>(L_.buf[size_t(Buf::kShared)]), .out = at<float>(L_.buf[size_t(Buf::kY)]),
                      .tokens = plan_.T, .topk = g.topk, .dim = g.hidden},
