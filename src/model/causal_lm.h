@@ -27,6 +27,7 @@
 
 namespace deepinfer::parallel {
 class ProcessGroup;
+class DeviceAllToAllV;  // parallel/device_all_to_all.h
 }
 
 namespace deepinfer::model {
@@ -39,6 +40,9 @@ struct ExpertParallelOptions {
   bool enable_eplb = false;
   int32_t eplb_window_size = 1000;
   int32_t eplb_step_interval = 3000;
+  // The group's exchange in device memory (NCCL between GPUs, one per rank); null: the backend
+  // exchanges through `group` (host-staged on the GPU). The caller keeps its group alive.
+  std::shared_ptr<parallel::DeviceAllToAllV> device_exchange;
 };
 
 class Drafter;

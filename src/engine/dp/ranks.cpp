@@ -16,7 +16,9 @@
 #include "engine/engine_factory.h"
 #include "model/deepseek/cp_serving.h"
 #include "model/registry.h"
+#include "parallel/device_all_to_all.h"
 #include "parallel/gloo_group.h"
+#include "parallel/nccl_group.h"
 
 namespace deepinfer::engine::dp {
 namespace fs = std::filesystem;
@@ -143,6 +145,29 @@ void connect_cp(RankRuntime& rt, const LLMConfig& config, const EnvConfig& env, 
   rt.engine = make_engine(config, env, std::move(parts));
 }
 
+uint64_t host_hash(const std::string& host) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : host) h = (h ^ c) * 0x100000001b3ull;
+  return h;
+}
+
+// The expert group's device exchange, when ep_device_exchange says so: the seats are all-gathered
+// over the (gloo) expert group, then an NCCL communicator is made over it. Null otherwise.
+std::shared_ptr<parallel::DeviceAllToAllV> make_ep_device_exchange(RankRuntime& rt, parallel::ProcessGroup& ep,
+                                                                   const LLMConfig& config, const EnvConfig& env,
+                                                                   int device, const std::string& host) {
+  const char* knob = std::getenv("DEEPINFER_EP_EXCHANGE");
+  const EpSeat mine{.host = host_hash(host), .device = device,
+                    .capable = !runs_on_cpu(env) && parallel::have_nccl() && !config.enable_eplb && device >= 0 &&
+                               !(knob && std::string(knob) == "host")};
+  std::vector<EpSeat> seats(size_t(ep.size()));
+  const std::vector<int64_t> sizes(size_t(ep.size()), int64_t(sizeof(EpSeat)));
+  ep.all_gather_v(&mine, int64_t(sizeof(EpSeat)), seats.data(), sizes);
+  if (!ep_device_exchange(seats)) return nullptr;
+  rt.ep_device_group = parallel::make_nccl_group(ep, device, "ep");
+  return std::shared_ptr<parallel::DeviceAllToAllV>(parallel::make_group_all_to_all(*rt.ep_device_group));
+}
+
 // Every rank after its model is loaded: the groups, expert parallelism, the engine.
 void connect(RankRuntime& rt, const LLMConfig& config, const EnvConfig& env, LoadedParts parts,
              const std::string& dir, const std::string& host) {
@@ -159,9 +184,12 @@ void connect(RankRuntime& rt, const LLMConfig& config, const EnvConfig& env, Loa
                                                .hostname = host, .timeout = kGroupTimeout});
       ep = rt.ep_group.get();
     }
+    std::shared_ptr<parallel::DeviceAllToAllV> a2a =
+        make_ep_device_exchange(rt, *ep, config, env, parts.model->device_ordinal(), host);
     parts.model->enable_expert_parallel(
         *ep, {.num_redundant_experts = config.num_redundant_experts, .enable_eplb = config.enable_eplb,
-              .eplb_window_size = config.eplb_window_size, .eplb_step_interval = config.eplb_step_interval});
+              .eplb_window_size = config.eplb_window_size, .eplb_step_interval = config.eplb_step_interval,
+              .device_exchange = std::move(a2a)});
   }
   rt.engine = make_engine(config, env, std::move(parts));
 }
@@ -178,6 +206,7 @@ RankRuntime::~RankRuntime() {
   }
   engine.reset();
   cp.reset();
+  ep_device_group.reset();
   ep_group.reset();
   leaders.reset();
   cp_group.reset();
@@ -185,6 +214,15 @@ RankRuntime::~RankRuntime() {
   if (workers && !workers->wait(std::chrono::seconds(30)))
     DI_WARN("data-parallel workers did not exit within 30 s of shutdown; killing them");
   workers.reset();
+}
+
+bool ep_device_exchange(std::span<const EpSeat> seats) {
+  for (size_t i = 0; i < seats.size(); ++i) {
+    if (!seats[i].capable) return false;
+    for (size_t j = 0; j < i; ++j)
+      if (seats[j].host == seats[i].host && seats[j].device == seats[i].device) return false;
+  }
+  return !seats.empty();
 }
 
 parallel::ParallelConfig parallel_config(const LLMConfig& config, const EnvConfig& env) {

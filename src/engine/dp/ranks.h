@@ -15,6 +15,7 @@
 // shuts down (parallel::RankEnv says which is which).
 #pragma once
 #include <memory>
+#include <span>
 #include <optional>
 #include <string>
 
@@ -37,6 +38,8 @@ struct RankRuntime {
   std::unique_ptr<parallel::WorkerProcesses> workers;  // self-launched rank 0 only
   std::unique_ptr<parallel::ProcessGroup> world;
   std::unique_ptr<parallel::ProcessGroup> ep_group;    // null when the expert group is the world
+  // The expert group's NCCL communicator when every rank has a GPU of its own (ep_device_exchange).
+  std::unique_ptr<parallel::ProcessGroup> ep_device_group;
   // Context parallelism with data_parallel_size > 1: this rank's CP group, and (CP leaders only)
   // the group of the leaders, which the data-parallel rounds run over.
   std::unique_ptr<parallel::ProcessGroup> cp_group, leaders;
@@ -54,6 +57,19 @@ struct RankRuntime {
 // validated (InvalidArgument naming the LLMConfig field) against the accelerator: the GPU
 // backend has no expert parallelism yet and needs one device per rank.
 parallel::ParallelConfig parallel_config(const LLMConfig& config, const EnvConfig& env);
+
+// One rank of the expert group as ep_device_exchange sees it: its host (a hash of the name it was
+// launched with), its GPU (-1: none) and whether it can take the device exchange at all.
+struct EpSeat {
+  uint64_t host = 0;
+  int64_t device = -1;
+  bool capable = false;
+};
+// Whether the expert group's MoE exchange runs on the device over NCCL: every rank capable (GPU
+// backend, NCCL in the build, EPLB off — not built with it —, DEEPINFER_EP_EXCHANGE not "host")
+// and no two ranks on the same GPU of the same host (NCCL refuses that; ranks sharing one GPU,
+// how one H200 runs the tests, keep the host-staged exchange). Every rank decides from the same seats.
+bool ep_device_exchange(std::span<const EpSeat> seats);
 
 // Rank 0 of a parallel LLM (self-launched when `launched` is nullopt). Throws naming the rank
 // that failed.

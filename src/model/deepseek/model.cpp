@@ -300,6 +300,7 @@ void DeepseekModel::enable_expert_parallel(parallel::ProcessGroup& group, const 
   auto ep = std::make_shared<ExpertParallel>(group, std::move(layers), eplb);
   // A sharded model's re-placements move weights (the gained experts from their old holders).
   if (shard_ && options.enable_eplb) ep->set_weight_store(be_->expert_weight_store());
+  if (options.device_exchange) ep->set_device_exchange(options.device_exchange);  // before the backend sees ep
   be_->set_expert_parallel(std::move(ep));
 }
 

@@ -8,6 +8,7 @@
 #include "deepinfer/error.h"
 #include "engine/dp/codec.h"
 #include "engine/dp/dp_engine.h"
+#include "engine/dp/ranks.h"
 
 namespace deepinfer::engine::dp {
 namespace {
@@ -272,6 +273,21 @@ TEST(DpCodec, PeerMessagesFailAsInvalidArgument) {
   EXPECT_THROW(r.fail("by hand"), InvalidArgument);
   WireReader rank(longer, "rank message");
   EXPECT_THROW(rank.fail("by hand"), InternalError);
+}
+
+// The device (NCCL) expert exchange only when every rank is capable and has a GPU of its own:
+// ranks sharing one GPU on a host (NCCL refuses them; one H200's tests) stay host-staged.
+TEST(DpPlacement, DeviceExpertExchangeNeedsOneGpuPerRank) {
+  const EpSeat a{.host = 1, .device = 0, .capable = true}, b{.host = 1, .device = 1, .capable = true};
+  const EpSeat other_host{.host = 2, .device = 0, .capable = true};
+  EXPECT_TRUE(ep_device_exchange(std::vector<EpSeat>{a, b}));
+  EXPECT_TRUE(ep_device_exchange(std::vector<EpSeat>{a, b, other_host}));
+  EXPECT_FALSE(ep_device_exchange(std::vector<EpSeat>{a, b, a})) << "two ranks on GPU 0 of host 1";
+  EpSeat cpu = b;
+  cpu.capable = false;
+  EXPECT_FALSE(ep_device_exchange(std::vector<EpSeat>{a, cpu}));
+  EXPECT_FALSE(ep_device_exchange(std::vector<EpSeat>{}));
+  EXPECT_TRUE(ep_device_exchange(std::vector<EpSeat>{a}));
 }
 
 RankLoad load(int64_t running, int64_t waiting, int64_t free_blocks, int64_t total) {
