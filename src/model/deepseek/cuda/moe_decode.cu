@@ -447,6 +447,9 @@ void launch_variant(const MoeDecodeGroupedParams& p, cudaStream_t stream) {
     case 6:
     case 7:
     case 8: return launch_v5(p, v, stream);  // shared-memory ring (moe_decode_v5.cu)
+    case 9:  // v3 with fewer instructions per FP4 byte (moe_decode_v9.cu); FP8 and bf16 rows: v3 itself
+      if constexpr (F != ExpertFormat::kFP4) return launch<F, true, 4, 4, 2>(p, stream);
+      else return launch_v9(p, stream);
     default:  // 4: FP4 through the byte table (the first version)
       if constexpr (F == ExpertFormat::kFP4) return launch<F, false, 2, 4, 2>(p, stream);
       else return launch<F, true, 2, 4, 2>(p, stream);
