@@ -243,7 +243,7 @@ TEST(MoeDecodeGrouped, MatchesHostTwin) {
   twin_case(ExpertFormat::kFP8, 13, 7, 3, 256, 384, ++seed);
 }
 
-// The shared-memory rings (v5..v8) and the instruction diet (v9) against v3 at the model widths, bit for bit:
+// The shared-memory rings (v5..v8) and the instruction diet (v9..v11) against v3 at the model widths, bit for bit:
 // FP4 / FP8 / bf16 weights, odd tile fills (a hot expert over several tiles, experts with 1..8
 // rows), an invalid id; ye of every written row compared as bytes.
 TEST(MoeDecodeGrouped, SharedRingMatchesV3AtModelWidths) {
@@ -278,7 +278,7 @@ TEST(MoeDecodeGrouped, SharedRingMatchesV3AtModelWidths) {
         EXPECT_EQ(0, std::memcmp(got.data(), ref.data(), size_t(rows * w.D) * 4))
             << w.name << " " << oc::expert_format_name(f) << " variant " << v;
       }
-      std::printf("[gpu-moe] moe_decode_grouped %s %s: v5..v9 == v3 bit for bit (%lld rows x %lld)\n", w.name,
+      std::printf("[gpu-moe] moe_decode_grouped %s %s: v5..v11 == v3 bit for bit (%lld rows x %lld)\n", w.name,
                   oc::expert_format_name(f), (long long)rows, (long long)w.D);
     }
 }
@@ -402,7 +402,7 @@ TEST(MoeDecodeGrouped, BatchInvariant) {
     }
   }
   // Expert outputs of token rows `tok` (a batch): out[i][k] = ye row of (tok[i], k).
-  for (int variant : {0, 5, 7, 8, 9}) {
+  for (int variant : {0, 5, 7, 8, 9, 11}) {
     auto batch = [&](const std::vector<int64_t>& tok) {
       const int64_t n = int64_t(tok.size());
       std::vector<uint16_t> bx(size_t(n * D));
@@ -557,7 +557,7 @@ void timing(const char* name, int64_t E, int64_t K, int64_t D, int64_t I) {
     const int vb = int(std::min_element(t_new, t_new + kNv) - t_new);
     std::printf("[gpu-moe] grouped-decode %s B=%lld: %.1f distinct experts (%.0f MB; pairs %.0f MB) | pair kernel %s | "
                 "grouped v0 %.1f us %.0f GB/s %.0f%% (v1 %.1f v2 %.1f v3 %.1f table v4 %.1f | smem v5 %.1f us %.0f GB/s %.0f%% "
-                "v6 %.1f v7 %.1f v8 %.1f | diet v9 %.1f us %.0f GB/s %.0f%%; best v%d %.0f%%; route %.1f us) | "
+                "v6 %.1f v7 %.1f v8 %.1f | diet v9 %.1f us %.0f GB/s %.0f%% v10 %.1f v11 %.1f; best v%d %.0f%%; route %.1f us) | "
                 "prefill GEMM %.1f us %.0f%%\n",
                 name, (long long)T, distinct, dbytes / 1e6, pbytes / 1e6,
                 t_old > 0 ? (std::to_string(int(t_old * 10) / 10.0).substr(0, 6) + " us " +
@@ -566,7 +566,7 @@ void timing(const char* name, int64_t E, int64_t K, int64_t D, int64_t I) {
                           : "-",
                 t_new[0], rate(t_new[0]), 100 * rate(t_new[0]) / 4300, t_new[1], t_new[2], t_new[3], t_new[4],
                 t_new[5], rate(t_new[5]), 100 * rate(t_new[5]) / 4300, t_new[6], t_new[7], t_new[8], t_new[9],
-                rate(t_new[9]), 100 * rate(t_new[9]) / 4300, vb,
+                rate(t_new[9]), 100 * rate(t_new[9]) / 4300, t_new[10], t_new[11], vb,
                 100 * rate(t_new[vb]) / 4300, t_route, t_gemm, 100 * rate(t_gemm) / 4300);
     if (T == 32) {  // same routing: the grouped result vs the pair kernel's, through comb
       Route& rt = rts[0];

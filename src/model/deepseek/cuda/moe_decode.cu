@@ -433,6 +433,14 @@ int auto_variant(const MoeDecodeGroupedParams& p) {
   return blocks <= int64_t(per_sm) * sms ? 1 : 2;
 }
 
+// Variants 9..11 for FP8 / bf16 weights: the v3 / v2 / v1 kernels (the diet is FP4's).
+template <ExpertFormat F>
+void launch_variant_v3shape(const MoeDecodeGroupedParams& p, int v, cudaStream_t stream) {
+  if (v == 10) return launch<F, true, 2, 4, 3>(p, stream);
+  if (v == 11) return launch<F, true, 1, 4, 4>(p, stream);
+  return launch<F, true, 4, 4, 2>(p, stream);
+}
+
 // Variants (moe_decode.h): the same sums, other warp shapes. 0 picks by the step's size: small
 // steps (a few experts) need many warps and deep pipelines to keep enough bytes in flight.
 template <ExpertFormat F>
@@ -447,9 +455,11 @@ void launch_variant(const MoeDecodeGroupedParams& p, cudaStream_t stream) {
     case 6:
     case 7:
     case 8: return launch_v5(p, v, stream);  // shared-memory ring (moe_decode_v5.cu)
-    case 9:  // v3 with fewer instructions per FP4 byte (moe_decode_v9.cu); FP8 and bf16 rows: v3 itself
-      if constexpr (F != ExpertFormat::kFP4) return launch<F, true, 4, 4, 2>(p, stream);
-      else return launch_v9(p, stream);
+    case 9:  // v3, v2, v1 with fewer instructions per FP4 byte (moe_decode_v9.cu); FP8 and bf16 rows:
+    case 10:  // v3, v2, v1 themselves
+    case 11:
+      if constexpr (F != ExpertFormat::kFP4) return launch_variant_v3shape<F>(p, v, stream);
+      else return launch_v9(p, v, stream);
     default:  // 4: FP4 through the byte table (the first version)
       if constexpr (F == ExpertFormat::kFP4) return launch<F, false, 2, 4, 2>(p, stream);
       else return launch<F, true, 2, 4, 2>(p, stream);

@@ -1,6 +1,7 @@
-// Grouped MoE decode, variant 9 (issue #13; moe_decode.h): v3's shape (4 warps x 4 m-tiles, 2
-// register stages) with fewer instructions per FP4 weight byte, and the same MMA operands in the
-// same order, so v9 == v3 bit for bit (MoeDecodeGrouped tests):
+// Grouped MoE decode, variants 9..11 (issue #13; moe_decode.h): v3's, v2's and v1's warp shapes
+// (4 warps x 4 / 2 / 1 m-tiles, 2 / 3 / 4 register stages) with fewer instructions per FP4 weight
+// byte, and the same MMA operands in the same order, so v9..v11 == v3 bit for bit
+// (MoeDecodeGrouped tests):
 //  * FP4 nibbles -> bf16x2 words by fp4_pair_words (moe_fp4_pairs.h): 13 integer instructions per
 //    32-bit weight word instead of 15 (same bits: MoeFp4Pairs.MatchesReference);
 //  * the rare scale > 2^1 path (two multiplies) is one branch per m-tile instead of one per row;
@@ -23,7 +24,7 @@ namespace {
 using deepinfer::cuda::ceil_div;
 using deepinfer::cuda::kWarpSize;
 
-constexpr int kMT = 4, kW = 4;  // v3's warp shape: the sums do not depend on it anyway
+constexpr int kW = 4;  // warps per block (v1..v3's); the sums depend on neither W nor MT nor S
 
 // A lane's load addresses at chunk c (per row: its 16-byte vectors, its scale byte; its 32 inputs
 // of x), advanced by whole chunks: loads then use immediate offsets, no per-chunk index math.
@@ -142,26 +143,30 @@ __device__ __forceinline__ void compute9(const Stage<F, MT>& st, const uint32_t*
   else compute_stage<F, true, MT>(st, lut, acc);
 }
 
-// run_rows<F, kAlu, MT, 2> (the same chunk order, so the same sums) with load9 / compute9: the
-// full chunks two per trip (one pointer bump per trip), then a tail chunk when K % 128 != 0.
-template <ExpertFormat F, int MT>
+// run_rows<F, kAlu, MT, S> (the same chunk order, so the same sums) with load9 / compute9: the
+// full chunks S per trip (one pointer bump per trip, S - 1 chunks of loads in flight), then a
+// tail chunk when K % 128 != 0.
+template <ExpertFormat F, int MT, int S>
 __device__ __forceinline__ void run_rows9(const uint8_t* w, const uint8_t* sc, const int64_t (&rows)[MT][2], int64_t K,
                                           const __nv_bfloat16* col, int t, const uint32_t* lut, float (&acc)[MT][4]) {
   const int nf = int(K / kChunk);
   Ptrs<F, MT> P = make_ptrs<F, MT>(w, sc, rows, K, col, t);
-  Stage<F, MT> st[2];
-  if (nf > 0) load9<F, MT>(st[0], P, 0);
+  Stage<F, MT> st[S];
+#pragma unroll
+  for (int u = 0; u < S - 1; ++u)
+    if (u < nf) load9<F, MT>(st[u], P, u);
   int c = 0;
-  for (; c < nf; c += 2) {  // P at chunk c
-    if (c + 1 < nf) load9<F, MT>(st[1], P, 1);
-    compute9<F, MT>(st[0], lut, acc);
-    if (c + 1 < nf) {
-      if (c + 2 < nf) load9<F, MT>(st[0], P, 2);
-      compute9<F, MT>(st[1], lut, acc);
+  for (; c < nf; c += S) {  // P at chunk c
+#pragma unroll
+    for (int u = 0; u < S; ++u) {
+      if (c + u < nf) {
+        if (c + u + S - 1 < nf) load9<F, MT>(st[(u + S - 1) % S], P, u + S - 1);
+        compute9<F, MT>(st[u], lut, acc);
+      }
     }
-    P.advance(2);
+    P.advance(S);
   }
-  if (K % kChunk) {  // chunk nf, P at chunk c (nf or nf + 1)
+  if (K % kChunk) {  // chunk nf; P at chunk c (nf .. nf + S - 1)
     load9<F, MT, true>(st[0], P, nf - c, int64_t(nf) * kChunk + 32 * t < K);
     compute9<F, MT>(st[0], lut, acc);
   }
@@ -171,7 +176,7 @@ template <ExpertFormat F>
 constexpr bool kLut9 = F == ExpertFormat::kFP8;
 
 // grid (max_tiles, ceil(inter / (8*MT*W))): as grouped_up_kernel (moe_decode.cu).
-template <ExpertFormat F>
+template <ExpertFormat F, int kMT, int S>
 __global__ void __launch_bounds__(kW * kWarpSize) v9_up_kernel(const __grid_constant__ MoeDecodeGroupedParams p) {
   __shared__ uint32_t lut[kLut9<F> ? 256 : 1];
   if (int64_t(blockIdx.x) >= *p.num_tiles) return;
@@ -193,12 +198,12 @@ __global__ void __launch_bounds__(kW * kWarpSize) v9_up_kernel(const __grid_cons
   const __nv_bfloat16* col = static_cast<const __nv_bfloat16*>(p.x) + p.perm_src[tr.r0 + (g < tr.n ? g : 0)] * D;
   const uint8_t* sc = F == ExpertFormat::kPlain ? nullptr : p.w13_scale[tr.e];
   float acc[kMT][4] = {};
-  run_rows9<F, kMT>(static_cast<const uint8_t*>(p.w13[tr.e]), sc, rows, D, col, t, lut, acc);
+  run_rows9<F, kMT, S>(static_cast<const uint8_t*>(p.w13[tr.e]), sc, rows, D, col, t, lut, acc);
   store_up<kMT>(p, tr, i0, g, t, acc);
 }
 
 // grid (max_tiles, ceil(dim / (16*MT*W))): as grouped_down_kernel.
-template <ExpertFormat F>
+template <ExpertFormat F, int kMT, int S>
 __global__ void __launch_bounds__(kW * kWarpSize) v9_down_kernel(const __grid_constant__ MoeDecodeGroupedParams p) {
   __shared__ uint32_t lut[kLut9<F> ? 256 : 1];
   if (int64_t(blockIdx.x) >= *p.num_tiles) return;
@@ -218,27 +223,31 @@ __global__ void __launch_bounds__(kW * kWarpSize) v9_down_kernel(const __grid_co
   const __nv_bfloat16* col = static_cast<const __nv_bfloat16*>(p.act) + (tr.r0 + (g < tr.n ? g : 0)) * I;
   const uint8_t* sc = F == ExpertFormat::kPlain ? nullptr : p.w2_scale[tr.e];
   float acc[kMT][4] = {};
-  run_rows9<F, kMT>(static_cast<const uint8_t*>(p.w2[tr.e]), sc, rows, I, col, t, lut, acc);
+  run_rows9<F, kMT, S>(static_cast<const uint8_t*>(p.w2[tr.e]), sc, rows, I, col, t, lut, acc);
   store_down<kMT>(p, tr, j0, g, t, acc);
 }
 
-template <ExpertFormat F>
+template <ExpertFormat F, int kMT, int S>
 void launch_format(const MoeDecodeGroupedParams& p, cudaStream_t stream) {
   const unsigned tiles = unsigned(p.max_tiles);
-  v9_up_kernel<F><<<dim3(tiles, unsigned(ceil_div(p.inter, 8 * kMT * kW))), kW * kWarpSize, 0, stream>>>(p);
+  v9_up_kernel<F, kMT, S><<<dim3(tiles, unsigned(ceil_div(p.inter, 8 * kMT * kW))), kW * kWarpSize, 0, stream>>>(p);
   DI_CUDA_CHECK_LAUNCH();
-  v9_down_kernel<F><<<dim3(tiles, unsigned(ceil_div(p.dim, 16 * kMT * kW))), kW * kWarpSize, 0, stream>>>(p);
+  v9_down_kernel<F, kMT, S><<<dim3(tiles, unsigned(ceil_div(p.dim, 16 * kMT * kW))), kW * kWarpSize, 0, stream>>>(p);
   DI_CUDA_CHECK_LAUNCH();
 }
 }  // namespace
 
-void launch_v9(const MoeDecodeGroupedParams& p, cudaStream_t stream) {
+void launch_v9(const MoeDecodeGroupedParams& p, int shape, cudaStream_t stream) {
   // bf16 rows have no decode to diet on, and FP8's doubled raw vectors spill here (255
   // registers): moe_decode.cu runs v3 for both.
   if (p.format != ExpertFormat::kFP4)
     DI_THROW(InvalidArgument, "moe_decode_grouped variant 9: ", ops::cuda::expert_format_name(p.format),
              " weights take v3 (moe_decode.cu)");
-  launch_format<ExpertFormat::kFP4>(p, stream);
+  switch (shape) {  // v3's, v2's and v1's warp shapes (m-tiles per warp, register stages)
+    case 10: return launch_format<ExpertFormat::kFP4, 2, 3>(p, stream);
+    case 11: return launch_format<ExpertFormat::kFP4, 1, 4>(p, stream);
+    default: return launch_format<ExpertFormat::kFP4, 4, 2>(p, stream);
+  }
 }
 
 }  // namespace deepinfer::model::ds::cuda::moe_grouped
