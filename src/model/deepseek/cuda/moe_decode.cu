@@ -433,10 +433,10 @@ int auto_variant(const MoeDecodeGroupedParams& p) {
   return blocks <= int64_t(per_sm) * sms ? 1 : 2;
 }
 
-// Variants 9..11 for FP8 / bf16 weights: the v3 / v2 / v1 kernels (the diet is FP4's).
+// Variants 9..12 for FP8 / bf16 weights: the v3 / v2 / v1 / v2 kernels (the diet is FP4's).
 template <ExpertFormat F>
 void launch_variant_v3shape(const MoeDecodeGroupedParams& p, int v, cudaStream_t stream) {
-  if (v == 10) return launch<F, true, 2, 4, 3>(p, stream);
+  if (v == 10 || v == 12) return launch<F, true, 2, 4, 3>(p, stream);
   if (v == 11) return launch<F, true, 1, 4, 4>(p, stream);
   return launch<F, true, 4, 4, 2>(p, stream);
 }
@@ -455,9 +455,10 @@ void launch_variant(const MoeDecodeGroupedParams& p, cudaStream_t stream) {
     case 6:
     case 7:
     case 8: return launch_v5(p, v, stream);  // shared-memory ring (moe_decode_v5.cu)
-    case 9:  // v3, v2, v1 with fewer instructions per FP4 byte (moe_decode_v9.cu); FP8 and bf16 rows:
-    case 10:  // v3, v2, v1 themselves
+    case 9:  // v3, v2, v1 (and 2 m-tiles x 2 stages) with fewer instructions per FP4 byte
+    case 10:  // (moe_decode_v9.cu); FP8 and bf16 rows: the register-staged kernels above
     case 11:
+    case 12:
       if constexpr (F != ExpertFormat::kFP4) return launch_variant_v3shape<F>(p, v, stream);
       else return launch_v9(p, v, stream);
     default:  // 4: FP4 through the byte table (the first version)

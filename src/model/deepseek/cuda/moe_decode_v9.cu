@@ -1,6 +1,7 @@
-// Grouped MoE decode, variants 9..11 (issue #13; moe_decode.h): v3's, v2's and v1's warp shapes
-// (4 warps x 4 / 2 / 1 m-tiles, 2 / 3 / 4 register stages) with fewer instructions per FP4 weight
-// byte, and the same MMA operands in the same order, so v9..v11 == v3 bit for bit
+// Grouped MoE decode, variants 9..12 (issue #13; moe_decode.h): v3's, v2's and v1's warp shapes
+// (4 warps x 4 / 2 / 1 m-tiles, 2 / 3 / 4 register stages) and 2 m-tiles x 2 stages (156
+// registers: 3 blocks per SM) with fewer instructions per FP4 weight byte, and the same MMA
+// operands in the same order, so v9..v12 == v3 bit for bit
 // (MoeDecodeGrouped tests):
 //  * FP4 nibbles -> bf16x2 words by fp4_pair_words (moe_fp4_pairs.h): 13 integer instructions per
 //    32-bit weight word instead of 15 (same bits: MoeFp4Pairs.MatchesReference);
@@ -243,9 +244,10 @@ void launch_v9(const MoeDecodeGroupedParams& p, int shape, cudaStream_t stream) 
   if (p.format != ExpertFormat::kFP4)
     DI_THROW(InvalidArgument, "moe_decode_grouped variant 9: ", ops::cuda::expert_format_name(p.format),
              " weights take v3 (moe_decode.cu)");
-  switch (shape) {  // v3's, v2's and v1's warp shapes (m-tiles per warp, register stages)
+  switch (shape) {  // v3's, v2's and v1's warp shapes (m-tiles per warp, register stages), then 2 x 2
     case 10: return launch_format<ExpertFormat::kFP4, 2, 3>(p, stream);
     case 11: return launch_format<ExpertFormat::kFP4, 1, 4>(p, stream);
+    case 12: return launch_format<ExpertFormat::kFP4, 2, 2>(p, stream);  // fewer registers: more warps
     default: return launch_format<ExpertFormat::kFP4, 4, 2>(p, stream);
   }
 }
