@@ -414,13 +414,16 @@ void launch(const MoeDecodeGroupedParams& p, cudaStream_t stream) {
   DI_CUDA_CHECK_LAUNCH();
 }
 
-// Variant 0's pick (H200, MoeDecodeGrouped.Timing: v3 fastest by 6-10% from 8 tokens up at both
-// V4 and V4.1 widths; at one token v1 (the most warps, 4 stages) when its blocks fit one wave,
-// else v2: V4 57 us v1 / 62 v2, V4.1 101 v1 (two waves) / 74 v2).
+// Variant 0's pick (H200, MoeDecodeGrouped.Timing): from 8 tokens up v9 (v3's shape with the FP4
+// instruction diet, bit-identical to v3; session 12: 0.8-2.8% faster than v3 at B = 8..256 at both
+// V4 and V4.1 widths; v3 itself had been 6-10% faster than v2); at one token v1 (the most warps,
+// 4 stages) when its blocks fit one wave, else v10 (v2's shape with the diet): V4 57.1 us v1 /
+// 57.2 v11 / 61.6 v2, V4.1 100.6 v1 (two waves) / 74.0 v2 / 69.8 v10. For FP8 and bf16 weights
+// 9 and 10 run the v3 and v2 kernels (the diet is FP4's), so their pick is unchanged.
 template <ExpertFormat F>
 int auto_variant(const MoeDecodeGroupedParams& p) {
   const int64_t P = p.tokens * p.topk;
-  if (P > 16) return 3;
+  if (P > 16) return 9;
   static const int per_sm = [] {
     int n = 0;
     DI_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, grouped_up_kernel<F, true, 1, 4, 4>, 4 * kWarpSize, 0));
@@ -430,7 +433,7 @@ int auto_variant(const MoeDecodeGroupedParams& p) {
   DI_CUDA_CHECK(cudaGetDevice(&dev));
   DI_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   const int64_t blocks = P * std::max(ceil_div(p.inter, 32), ceil_div(p.dim, 64));  // v1, every pair its own expert
-  return blocks <= int64_t(per_sm) * sms ? 1 : 2;
+  return blocks <= int64_t(per_sm) * sms ? 1 : 10;
 }
 
 // Variants 9..12 for FP8 / bf16 weights: the v3 / v2 / v1 / v2 kernels (the diet is FP4's).
