@@ -4,7 +4,7 @@
 //  * vs its host twin: FP4 / FP8 / bf16 weights, odd token counts, experts hit by 0, 1 and more
 //    than a tile of tokens, an invalid id, widths that are not multiples of the 128-input chunk or
 //    of a block's rows; every warp shape (variant) bit-identical to the default one, including the
-//    shared-memory rings v5..v8 and the FP4 instruction diet v9..v12 (and those against v3 at the
+//    shared-memory rings v5..v8 and the FP4 instruction diet v9..v13 (and those against v3 at the
 //    V4 / V4.1 widths); the diet's nibble decode against the reference form on the CPU.
 //  * batch invariance: a token alone and inside random batches (other positions, other
 //    neighbours) gives bit-identical expert outputs.
@@ -244,7 +244,7 @@ TEST(MoeDecodeGrouped, MatchesHostTwin) {
   twin_case(ExpertFormat::kFP8, 13, 7, 3, 256, 384, ++seed);
 }
 
-// The shared-memory rings (v5..v8) and the instruction diet (v9..v12) against v3 at the model widths, bit for bit:
+// The shared-memory rings (v5..v8) and the instruction diet (v9..v13) against v3 at the model widths, bit for bit:
 // FP4 / FP8 / bf16 weights, odd tile fills (a hot expert over several tiles, experts with 1..8
 // rows), an invalid id; ye of every written row compared as bytes.
 TEST(MoeDecodeGrouped, SharedRingMatchesV3AtModelWidths) {
@@ -279,7 +279,7 @@ TEST(MoeDecodeGrouped, SharedRingMatchesV3AtModelWidths) {
         EXPECT_EQ(0, std::memcmp(got.data(), ref.data(), size_t(rows * w.D) * 4))
             << w.name << " " << oc::expert_format_name(f) << " variant " << v;
       }
-      std::printf("[gpu-moe] moe_decode_grouped %s %s: v5..v12 == v3 bit for bit (%lld rows x %lld)\n", w.name,
+      std::printf("[gpu-moe] moe_decode_grouped %s %s: v5..v13 == v3 bit for bit (%lld rows x %lld)\n", w.name,
                   oc::expert_format_name(f), (long long)rows, (long long)w.D);
     }
 }
@@ -558,7 +558,7 @@ void timing(const char* name, int64_t E, int64_t K, int64_t D, int64_t I) {
     const int vb = int(std::min_element(t_new, t_new + kNv) - t_new);
     std::printf("[gpu-moe] grouped-decode %s B=%lld: %.1f distinct experts (%.0f MB; pairs %.0f MB) | pair kernel %s | "
                 "grouped v0 %.1f us %.0f GB/s %.0f%% (v1 %.1f v2 %.1f v3 %.1f table v4 %.1f | smem v5 %.1f us %.0f GB/s %.0f%% "
-                "v6 %.1f v7 %.1f v8 %.1f | diet v9 %.1f us %.0f GB/s %.0f%% v10 %.1f v11 %.1f v12 %.1f; best v%d %.0f%%; route %.1f us) | "
+                "v6 %.1f v7 %.1f v8 %.1f | diet v9 %.1f us %.0f GB/s %.0f%% v10 %.1f v11 %.1f v12 %.1f v13 %.1f; best v%d %.0f%%; route %.1f us) | "
                 "prefill GEMM %.1f us %.0f%%\n",
                 name, (long long)T, distinct, dbytes / 1e6, pbytes / 1e6,
                 t_old > 0 ? (std::to_string(int(t_old * 10) / 10.0).substr(0, 6) + " us " +
@@ -567,7 +567,7 @@ void timing(const char* name, int64_t E, int64_t K, int64_t D, int64_t I) {
                           : "-",
                 t_new[0], rate(t_new[0]), 100 * rate(t_new[0]) / 4300, t_new[1], t_new[2], t_new[3], t_new[4],
                 t_new[5], rate(t_new[5]), 100 * rate(t_new[5]) / 4300, t_new[6], t_new[7], t_new[8], t_new[9],
-                rate(t_new[9]), 100 * rate(t_new[9]) / 4300, t_new[10], t_new[11], t_new[12], vb,
+                rate(t_new[9]), 100 * rate(t_new[9]) / 4300, t_new[10], t_new[11], t_new[12], t_new[13], vb,
                 100 * rate(t_new[vb]) / 4300, t_route, t_gemm, 100 * rate(t_gemm) / 4300);
     if (T == 32) {  // same routing: the grouped result vs the pair kernel's, through comb
       Route& rt = rts[0];

@@ -436,10 +436,10 @@ int auto_variant(const MoeDecodeGroupedParams& p) {
   return blocks <= int64_t(per_sm) * sms ? 1 : 10;
 }
 
-// Variants 9..12 for FP8 / bf16 weights: the v3 / v2 / v1 / v2 kernels (the diet is FP4's).
+// Variants 9..13 for FP8 / bf16 weights: the v3 / v2 / v1 / v2 / v2 kernels (the diet is FP4's).
 template <ExpertFormat F>
 void launch_variant_v3shape(const MoeDecodeGroupedParams& p, int v, cudaStream_t stream) {
-  if (v == 10 || v == 12) return launch<F, true, 2, 4, 3>(p, stream);
+  if (v == 10 || v >= 12) return launch<F, true, 2, 4, 3>(p, stream);
   if (v == 11) return launch<F, true, 1, 4, 4>(p, stream);
   return launch<F, true, 4, 4, 2>(p, stream);
 }
@@ -462,6 +462,7 @@ void launch_variant(const MoeDecodeGroupedParams& p, cudaStream_t stream) {
     case 10:  // (moe_decode_v9.cu); FP8 and bf16 rows: the register-staged kernels above
     case 11:
     case 12:
+    case 13:
       if constexpr (F != ExpertFormat::kFP4) return launch_variant_v3shape<F>(p, v, stream);
       else return launch_v9(p, v, stream);
     default:  // 4: FP4 through the byte table (the first version)

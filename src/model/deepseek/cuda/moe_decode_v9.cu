@@ -1,7 +1,8 @@
-// Grouped MoE decode, variants 9..12 (issue #13; moe_decode.h): v3's, v2's and v1's warp shapes
-// (4 warps x 4 / 2 / 1 m-tiles, 2 / 3 / 4 register stages) and 2 m-tiles x 2 stages (156
-// registers: 3 blocks per SM) with fewer instructions per FP4 weight byte, and the same MMA
-// operands in the same order, so v9..v12 == v3 bit for bit
+// Grouped MoE decode, variants 9..13 (issue #13; moe_decode.h): v3's, v2's and v1's warp shapes
+// (4 warps x 4 / 2 / 1 m-tiles, 2 / 3 / 4 register stages), 2 m-tiles x 2 stages (v12, 156
+// registers: 3 blocks per SM) and 2 m-tiles with loads in pairs of chunks (v13, run_rows9's
+// kPairs) with fewer instructions per FP4 weight byte, and the same MMA operands in the same
+// order, so v9..v13 == v3 bit for bit
 // (MoeDecodeGrouped tests):
 //  * FP4 nibbles -> bf16x2 words by fp4_pair_words (moe_fp4_pairs.h): 13 integer instructions per
 //    32-bit weight word instead of 15 (same bits: MoeFp4Pairs.MatchesReference);
@@ -147,20 +148,32 @@ __device__ __forceinline__ void compute9(const Stage<F, MT>& st, const uint32_t*
 // run_rows<F, kAlu, MT, S> (the same chunk order, so the same sums) with load9 / compute9: the
 // full chunks S per trip (one pointer bump per trip, S - 1 chunks of loads in flight), then a
 // tail chunk when K % 128 != 0.
-template <ExpertFormat F, int MT, int S>
+// kPairs (S = 4): the loads go out two chunks at a time (chunks c + 2, c + 3 while c is computed),
+// so the 16-byte pieces of a quad's two consecutive chunks (128 contiguous bytes of each FP4 row)
+// reach the memory system back to back, as v6's two-chunk ring stages do; the MMAs still take the
+// chunks in order (the same sums).
+template <ExpertFormat F, int MT, int S, bool kPairs = false>
 __device__ __forceinline__ void run_rows9(const uint8_t* w, const uint8_t* sc, const int64_t (&rows)[MT][2], int64_t K,
                                           const __nv_bfloat16* col, int t, const uint32_t* lut, float (&acc)[MT][4]) {
+  static_assert(!kPairs || S == 4, "paired loads: two stages of two chunks");
   const int nf = int(K / kChunk);
   Ptrs<F, MT> P = make_ptrs<F, MT>(w, sc, rows, K, col, t);
   Stage<F, MT> st[S];
+  constexpr int kAhead = kPairs ? 2 : S - 1;  // chunks loaded before the loop
 #pragma unroll
-  for (int u = 0; u < S - 1; ++u)
+  for (int u = 0; u < kAhead; ++u)
     if (u < nf) load9<F, MT>(st[u], P, u);
   int c = 0;
   for (; c < nf; c += S) {  // P at chunk c
 #pragma unroll
     for (int u = 0; u < S; ++u) {
-      if (c + u < nf) {
+      if constexpr (kPairs) {
+        if (u % 2 == 0) {  // slots u + 2, u + 3 (mod 4) were computed before this point
+          if (c + u + 2 < nf) load9<F, MT>(st[(u + 2) % S], P, u + 2);
+          if (c + u + 3 < nf) load9<F, MT>(st[(u + 3) % S], P, u + 3);
+        }
+        if (c + u < nf) compute9<F, MT>(st[u], lut, acc);
+      } else if (c + u < nf) {
         if (c + u + S - 1 < nf) load9<F, MT>(st[(u + S - 1) % S], P, u + S - 1);
         compute9<F, MT>(st[u], lut, acc);
       }
@@ -177,7 +190,7 @@ template <ExpertFormat F>
 constexpr bool kLut9 = F == ExpertFormat::kFP8;
 
 // grid (max_tiles, ceil(inter / (8*MT*W))): as grouped_up_kernel (moe_decode.cu).
-template <ExpertFormat F, int kMT, int S>
+template <ExpertFormat F, int kMT, int S, bool kPairs>
 __global__ void __launch_bounds__(kW * kWarpSize) v9_up_kernel(const __grid_constant__ MoeDecodeGroupedParams p) {
   __shared__ uint32_t lut[kLut9<F> ? 256 : 1];
   if (int64_t(blockIdx.x) >= *p.num_tiles) return;
@@ -199,12 +212,12 @@ __global__ void __launch_bounds__(kW * kWarpSize) v9_up_kernel(const __grid_cons
   const __nv_bfloat16* col = static_cast<const __nv_bfloat16*>(p.x) + p.perm_src[tr.r0 + (g < tr.n ? g : 0)] * D;
   const uint8_t* sc = F == ExpertFormat::kPlain ? nullptr : p.w13_scale[tr.e];
   float acc[kMT][4] = {};
-  run_rows9<F, kMT, S>(static_cast<const uint8_t*>(p.w13[tr.e]), sc, rows, D, col, t, lut, acc);
+  run_rows9<F, kMT, S, kPairs>(static_cast<const uint8_t*>(p.w13[tr.e]), sc, rows, D, col, t, lut, acc);
   store_up<kMT>(p, tr, i0, g, t, acc);
 }
 
 // grid (max_tiles, ceil(dim / (16*MT*W))): as grouped_down_kernel.
-template <ExpertFormat F, int kMT, int S>
+template <ExpertFormat F, int kMT, int S, bool kPairs>
 __global__ void __launch_bounds__(kW * kWarpSize) v9_down_kernel(const __grid_constant__ MoeDecodeGroupedParams p) {
   __shared__ uint32_t lut[kLut9<F> ? 256 : 1];
   if (int64_t(blockIdx.x) >= *p.num_tiles) return;
@@ -224,16 +237,16 @@ __global__ void __launch_bounds__(kW * kWarpSize) v9_down_kernel(const __grid_co
   const __nv_bfloat16* col = static_cast<const __nv_bfloat16*>(p.act) + (tr.r0 + (g < tr.n ? g : 0)) * I;
   const uint8_t* sc = F == ExpertFormat::kPlain ? nullptr : p.w2_scale[tr.e];
   float acc[kMT][4] = {};
-  run_rows9<F, kMT, S>(static_cast<const uint8_t*>(p.w2[tr.e]), sc, rows, I, col, t, lut, acc);
+  run_rows9<F, kMT, S, kPairs>(static_cast<const uint8_t*>(p.w2[tr.e]), sc, rows, I, col, t, lut, acc);
   store_down<kMT>(p, tr, j0, g, t, acc);
 }
 
-template <ExpertFormat F, int kMT, int S>
+template <ExpertFormat F, int kMT, int S, bool kPairs = false>
 void launch_format(const MoeDecodeGroupedParams& p, cudaStream_t stream) {
   const unsigned tiles = unsigned(p.max_tiles);
-  v9_up_kernel<F, kMT, S><<<dim3(tiles, unsigned(ceil_div(p.inter, 8 * kMT * kW))), kW * kWarpSize, 0, stream>>>(p);
+  v9_up_kernel<F, kMT, S, kPairs><<<dim3(tiles, unsigned(ceil_div(p.inter, 8 * kMT * kW))), kW * kWarpSize, 0, stream>>>(p);
   DI_CUDA_CHECK_LAUNCH();
-  v9_down_kernel<F, kMT, S><<<dim3(tiles, unsigned(ceil_div(p.dim, 16 * kMT * kW))), kW * kWarpSize, 0, stream>>>(p);
+  v9_down_kernel<F, kMT, S, kPairs><<<dim3(tiles, unsigned(ceil_div(p.dim, 16 * kMT * kW))), kW * kWarpSize, 0, stream>>>(p);
   DI_CUDA_CHECK_LAUNCH();
 }
 }  // namespace
@@ -248,6 +261,7 @@ void launch_v9(const MoeDecodeGroupedParams& p, int shape, cudaStream_t stream) 
     case 10: return launch_format<ExpertFormat::kFP4, 2, 3>(p, stream);
     case 11: return launch_format<ExpertFormat::kFP4, 1, 4>(p, stream);
     case 12: return launch_format<ExpertFormat::kFP4, 2, 2>(p, stream);  // fewer registers: more warps
+    case 13: return launch_format<ExpertFormat::kFP4, 2, 4, true>(p, stream);  // chunk pairs
     default: return launch_format<ExpertFormat::kFP4, 4, 2>(p, stream);
   }
 }
