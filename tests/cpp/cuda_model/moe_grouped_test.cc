@@ -4,7 +4,8 @@
 //  * vs its host twin: FP4 / FP8 / bf16 weights, odd token counts, experts hit by 0, 1 and more
 //    than a tile of tokens, an invalid id, widths that are not multiples of the 128-input chunk or
 //    of a block's rows; every warp shape (variant) bit-identical to the default one, including the
-//    shared-memory rings v5..v8 (and those against v3 at the V4 / V4.1 widths).
+//    shared-memory rings v5..v8 and the FP4 instruction diet v9..v13 (and those against v3 at the
+//    V4 / V4.1 widths); the diet's nibble decode against the reference form on the CPU.
 //  * batch invariance: a token alone and inside random batches (other positions, other
 //    neighbours) gives bit-identical expert outputs.
 //  * timing (V4-Flash and V4.1-Flash widths, random top-6 routing, a fresh routing every call):
@@ -25,6 +26,7 @@
 #include "core/numeric.h"
 #include "model/deepseek/cuda/cuda_model.h"
 #include "model/deepseek/cuda/moe_decode.h"
+#include "model/deepseek/cuda/moe_fp4_pairs.h"
 #include "ops/cuda/grouped_gemm.h"
 #include "ops/cuda/moe_route.h"
 #include "ops/cuda/runtime.h"
@@ -218,7 +220,7 @@ void twin_case(ExpertFormat f, int64_t T, int64_t E, int64_t K, int64_t D, int64
               oc::expert_format_name(f), (long long)T, (long long)E, (long long)D, (long long)I, rel, nt[0]);
   for (int v = 1; v <= gpu::kMoeDecodeGroupedVariants; ++v) {  // other shapes: the same sums, bit for bit (4: FP4 by table)
     const auto gv = run_grouped(ex, rt, dx, D, I, v, 0.9f);
-    if (v < 4 || f != ExpertFormat::kFP4) {
+    if (v != 4 || f != ExpertFormat::kFP4) {
       EXPECT_EQ(0, std::memcmp(gv.data(), got.data(), size_t(seg[size_t(E)] * D) * 4)) << "variant " << v;
       continue;
     }
@@ -242,7 +244,7 @@ TEST(MoeDecodeGrouped, MatchesHostTwin) {
   twin_case(ExpertFormat::kFP8, 13, 7, 3, 256, 384, ++seed);
 }
 
-// The shared-memory rings (v5..v8) against v3 (register stages) at the model widths, bit for bit:
+// The shared-memory rings (v5..v8) and the instruction diet (v9..v13) against v3 at the model widths, bit for bit:
 // FP4 / FP8 / bf16 weights, odd tile fills (a hot expert over several tiles, experts with 1..8
 // rows), an invalid id; ye of every written row compared as bytes.
 TEST(MoeDecodeGrouped, SharedRingMatchesV3AtModelWidths) {
@@ -277,7 +279,7 @@ TEST(MoeDecodeGrouped, SharedRingMatchesV3AtModelWidths) {
         EXPECT_EQ(0, std::memcmp(got.data(), ref.data(), size_t(rows * w.D) * 4))
             << w.name << " " << oc::expert_format_name(f) << " variant " << v;
       }
-      std::printf("[gpu-moe] moe_decode_grouped %s %s: v5..v8 == v3 bit for bit (%lld rows x %lld)\n", w.name,
+      std::printf("[gpu-moe] moe_decode_grouped %s %s: v5..v13 == v3 bit for bit (%lld rows x %lld)\n", w.name,
                   oc::expert_format_name(f), (long long)rows, (long long)w.D);
     }
 }
@@ -335,6 +337,38 @@ TEST(MoeDecodeGrouped, HostTwinMatchesPairTwin) {
   }
 }
 
+// CPU only: v9's FP4 decode (13 instructions per word) gives v1..v3's words bit for bit: every
+// nibble value at every position among random neighbours, random words, the all-sign / all-max words.
+TEST(MoeFp4Pairs, MatchesReference) {
+  namespace mg = gpu::moe_grouped;
+  std::mt19937 g(13);
+  auto check = [](uint32_t w) {
+    uint32_t o[4];
+    mg::fp4_pair_words(w, o);
+    for (int q = 0; q < 4; ++q)
+      if (o[q] != mg::fp4_pair_bits_ref(w, q)) {
+        ADD_FAILURE() << "word " << std::hex << w << " q " << q << ": " << o[q] << " vs " << mg::fp4_pair_bits_ref(w, q);
+        return false;
+      }
+    return true;
+  };
+  for (uint32_t w : {0u, 0xFFFFFFFFu, 0x88888888u, 0x77777777u, 0x80808080u, 0x08080808u, 0x12345678u}) ASSERT_TRUE(check(w));
+  for (int pos = 0; pos < 8; ++pos)
+    for (uint32_t c = 0; c < 16; ++c)
+      for (int r = 0; r < 256; ++r) {
+        const uint32_t w = (uint32_t(g()) & ~(0xFu << (4 * pos))) | (c << (4 * pos));
+        ASSERT_TRUE(check(w));
+      }
+  for (int r = 0; r < 1 << 20; ++r) ASSERT_TRUE(check(uint32_t(g())));
+  // the words are e2m1 * 2^-126 as bf16 bits: nibble 0 of word 0 through the numeric reference
+  for (uint32_t c = 0; c < 16; ++c) {
+    uint32_t o[4];
+    mg::fp4_pair_words(c | (c << 16), o);
+    EXPECT_EQ(bf16_to_f32(uint16_t(o[0] & 0xFFFF)), fp4e2m1_to_f32(uint8_t(c)) * std::ldexp(1.f, -126)) << c;
+    EXPECT_EQ(o[0] >> 16, o[0] & 0xFFFF) << c;
+  }
+}
+
 TEST(MoeDecodeGrouped, RejectsUnsupportedShapes) {
   EXPECT_FALSE(gpu::moe_decode_grouped_supported(DType::kF32, 64, 64));
   EXPECT_FALSE(gpu::moe_decode_grouped_supported(DType::kBF16, 48, 64));
@@ -369,7 +403,7 @@ TEST(MoeDecodeGrouped, BatchInvariant) {
     }
   }
   // Expert outputs of token rows `tok` (a batch): out[i][k] = ye row of (tok[i], k).
-  for (int variant : {0, 5, 7, 8}) {
+  for (int variant : {0, 5, 7, 8, 9, 11}) {
     auto batch = [&](const std::vector<int64_t>& tok) {
       const int64_t n = int64_t(tok.size());
       std::vector<uint16_t> bx(size_t(n * D));
@@ -524,7 +558,7 @@ void timing(const char* name, int64_t E, int64_t K, int64_t D, int64_t I) {
     const int vb = int(std::min_element(t_new, t_new + kNv) - t_new);
     std::printf("[gpu-moe] grouped-decode %s B=%lld: %.1f distinct experts (%.0f MB; pairs %.0f MB) | pair kernel %s | "
                 "grouped v0 %.1f us %.0f GB/s %.0f%% (v1 %.1f v2 %.1f v3 %.1f table v4 %.1f | smem v5 %.1f us %.0f GB/s %.0f%% "
-                "v6 %.1f v7 %.1f v8 %.1f; best v%d %.0f%%; route %.1f us) | "
+                "v6 %.1f v7 %.1f v8 %.1f | diet v9 %.1f us %.0f GB/s %.0f%% v10 %.1f v11 %.1f v12 %.1f v13 %.1f; best v%d %.0f%%; route %.1f us) | "
                 "prefill GEMM %.1f us %.0f%%\n",
                 name, (long long)T, distinct, dbytes / 1e6, pbytes / 1e6,
                 t_old > 0 ? (std::to_string(int(t_old * 10) / 10.0).substr(0, 6) + " us " +
@@ -532,7 +566,8 @@ void timing(const char* name, int64_t E, int64_t K, int64_t D, int64_t I) {
                                 .c_str()
                           : "-",
                 t_new[0], rate(t_new[0]), 100 * rate(t_new[0]) / 4300, t_new[1], t_new[2], t_new[3], t_new[4],
-                t_new[5], rate(t_new[5]), 100 * rate(t_new[5]) / 4300, t_new[6], t_new[7], t_new[8], vb,
+                t_new[5], rate(t_new[5]), 100 * rate(t_new[5]) / 4300, t_new[6], t_new[7], t_new[8], t_new[9],
+                rate(t_new[9]), 100 * rate(t_new[9]) / 4300, t_new[10], t_new[11], t_new[12], t_new[13], vb,
                 100 * rate(t_new[vb]) / 4300, t_route, t_gemm, 100 * rate(t_gemm) / 4300);
     if (T == 32) {  // same routing: the grouped result vs the pair kernel's, through comb
       Route& rt = rts[0];

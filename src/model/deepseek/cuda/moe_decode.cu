@@ -414,13 +414,16 @@ void launch(const MoeDecodeGroupedParams& p, cudaStream_t stream) {
   DI_CUDA_CHECK_LAUNCH();
 }
 
-// Variant 0's pick (H200, MoeDecodeGrouped.Timing: v3 fastest by 6-10% from 8 tokens up at both
-// V4 and V4.1 widths; at one token v1 (the most warps, 4 stages) when its blocks fit one wave,
-// else v2: V4 57 us v1 / 62 v2, V4.1 101 v1 (two waves) / 74 v2).
+// Variant 0's pick (H200, MoeDecodeGrouped.Timing): from 8 tokens up v9 (v3's shape with the FP4
+// instruction diet, bit-identical to v3; session 12: 0.8-2.8% faster than v3 at B = 8..256 at both
+// V4 and V4.1 widths; v3 itself had been 6-10% faster than v2); at one token v1 (the most warps,
+// 4 stages) when its blocks fit one wave, else v10 (v2's shape with the diet): V4 57.1 us v1 /
+// 57.2 v11 / 61.6 v2, V4.1 100.6 v1 (two waves) / 74.0 v2 / 69.8 v10. For FP8 and bf16 weights
+// 9 and 10 run the v3 and v2 kernels (the diet is FP4's), so their pick is unchanged.
 template <ExpertFormat F>
 int auto_variant(const MoeDecodeGroupedParams& p) {
   const int64_t P = p.tokens * p.topk;
-  if (P > 16) return 3;
+  if (P > 16) return 9;
   static const int per_sm = [] {
     int n = 0;
     DI_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, grouped_up_kernel<F, true, 1, 4, 4>, 4 * kWarpSize, 0));
@@ -430,7 +433,15 @@ int auto_variant(const MoeDecodeGroupedParams& p) {
   DI_CUDA_CHECK(cudaGetDevice(&dev));
   DI_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   const int64_t blocks = P * std::max(ceil_div(p.inter, 32), ceil_div(p.dim, 64));  // v1, every pair its own expert
-  return blocks <= int64_t(per_sm) * sms ? 1 : 2;
+  return blocks <= int64_t(per_sm) * sms ? 1 : 10;
+}
+
+// Variants 9..13 for FP8 / bf16 weights: the v3 / v2 / v1 / v2 / v2 kernels (the diet is FP4's).
+template <ExpertFormat F>
+void launch_variant_v3shape(const MoeDecodeGroupedParams& p, int v, cudaStream_t stream) {
+  if (v == 10 || v >= 12) return launch<F, true, 2, 4, 3>(p, stream);
+  if (v == 11) return launch<F, true, 1, 4, 4>(p, stream);
+  return launch<F, true, 4, 4, 2>(p, stream);
 }
 
 // Variants (moe_decode.h): the same sums, other warp shapes. 0 picks by the step's size: small
@@ -447,6 +458,13 @@ void launch_variant(const MoeDecodeGroupedParams& p, cudaStream_t stream) {
     case 6:
     case 7:
     case 8: return launch_v5(p, v, stream);  // shared-memory ring (moe_decode_v5.cu)
+    case 9:  // v3, v2, v1 (and 2 m-tiles x 2 stages) with fewer instructions per FP4 byte
+    case 10:  // (moe_decode_v9.cu); FP8 and bf16 rows: the register-staged kernels above
+    case 11:
+    case 12:
+    case 13:
+      if constexpr (F != ExpertFormat::kFP4) return launch_variant_v3shape<F>(p, v, stream);
+      else return launch_v9(p, v, stream);
     default:  // 4: FP4 through the byte table (the first version)
       if constexpr (F == ExpertFormat::kFP4) return launch<F, false, 2, 4, 2>(p, stream);
       else return launch<F, true, 2, 4, 2>(p, stream);

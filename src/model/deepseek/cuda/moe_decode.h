@@ -73,7 +73,7 @@ constexpr int kMoeDecodeTileM = 8;
 // at V4.1 widths too), so it is the measured limit; fixed steps go up to 384 tokens (verify).
 constexpr int64_t kMoeDecodeGroupedMaxTokens = 256;
 // Variants 1..kMoeDecodeGroupedVariants of MoeDecodeGroupedParams::variant (0 picks one).
-constexpr int kMoeDecodeGroupedVariants = 8;
+constexpr int kMoeDecodeGroupedVariants = 13;
 
 struct MoeDecodeGroupedParams {
   const void* x = nullptr;              // [tokens, dim] bf16 (the normed hidden h)
@@ -94,7 +94,10 @@ struct MoeDecodeGroupedParams {
   float limit = 0.f;                    // swiglu clamp (<= 0: none)
   int variant = 0;                      // tuning (timing tests): 0 by size; 1..3 warp shapes; 4 FP4 by table;
                                         // 5..8 weights staged in shared memory by cp.async (moe_decode_v5.cu:
-                                        // 5, 6 one ring per block; 7, 8 one ring per warp)
+                                        // 5, 6 one ring per block; 7, 8 one ring per warp); 9, 10, 11
+                                        // v3, v2, v1 with fewer instructions per FP4 byte, 12 the same
+                                        // with 2 m-tiles x 2 stages, 13 with 2 m-tiles and loads in
+                                        // pairs of chunks (moe_decode_v9.cu)
 };
 // Whether moe_decode_grouped takes these shapes (bf16 activations, widths multiples of 32).
 bool moe_decode_grouped_supported(DType act, int64_t dim, int64_t inter);

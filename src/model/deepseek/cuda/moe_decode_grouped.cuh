@@ -234,5 +234,9 @@ __device__ __forceinline__ void store_down(const MoeDecodeGroupedParams& p, cons
 
 // Launches the shared-memory ring's up and down kernels (moe_decode_v5.cu); shape = variant 5..8 (moe_decode.h).
 void launch_v5(const MoeDecodeGroupedParams& p, int shape, cudaStream_t stream);
+// Launches variants 9..13 (moe_decode_v9.cu): v3's sums with fewer instructions per FP4 byte, in
+// v3's / v2's / v1's warp shape, 2 m-tiles x 2 stages, or 2 m-tiles with loads in chunk pairs
+// (shape = the variant number; FP4 only).
+void launch_v9(const MoeDecodeGroupedParams& p, int shape, cudaStream_t stream);
 
 }  // namespace deepinfer::model::ds::cuda::moe_grouped
