@@ -30,21 +30,12 @@ struct DSparkDrafter::SlotRings {
 namespace {
 const float* fp(const Tensor& t) { return t.data<float>(); }
 
-void check_taps(const HiddenRows& taps, int64_t elems, const DraftSeq& s, size_t i) {
-  if (!taps.host.defined() || taps.host.dtype() != DType::kF32)
-    DI_THROW(InvalidArgument, "dspark propose: sequence ", i, ": the CPU drafter needs host f32 tap rows");
-  if (taps.row_elems != elems)
-    DI_THROW(InvalidArgument, "dspark propose: tap rows of ", taps.row_elems, " floats, the drafter reads ", elems,
-             " (taps x hidden)");
-  if (s.first_hidden_row < 0 || s.first_hidden_row + s.num_positions > taps.rows)
-    DI_THROW(InvalidArgument, "dspark propose: sequence ", i, " reads tap rows [", s.first_hidden_row, ", ",
-             s.first_hidden_row + s.num_positions, ") of ", taps.rows);
-}
-
-// Device stages read host or device rows.
-void check_device_taps(const HiddenRows& taps, int64_t elems, const DraftSeq& s, size_t i) {
-  if (!taps.device && (!taps.host.defined() || taps.host.dtype() != DType::kF32))
-    DI_THROW(InvalidArgument, "dspark propose: sequence ", i, ": no tap rows (neither host f32 nor device)");
+// The host stages read host f32 rows; the device stages (`device_ok`) host or device rows.
+void check_taps(const HiddenRows& taps, int64_t elems, const DraftSeq& s, size_t i, bool device_ok = false) {
+  const bool host = taps.host.defined() && taps.host.dtype() == DType::kF32;
+  if (!host && !(device_ok && taps.device))
+    DI_THROW(InvalidArgument, "dspark propose: sequence ", i,
+             device_ok ? ": no tap rows (neither host f32 nor device)" : ": the CPU drafter needs host f32 tap rows");
   if (taps.row_elems != elems)
     DI_THROW(InvalidArgument, "dspark propose: tap rows of ", taps.row_elems, " floats, the drafter reads ", elems,
              " (taps x hidden)");
@@ -360,7 +351,7 @@ std::vector<DraftProposal> DSparkDrafter::propose(const DraftBatch& in, Tensor* 
     if (!dev_) {
       feed(s, *taps, i);
     } else {
-      check_device_taps(*taps, nt * D, s, i);
+      check_taps(*taps, nt * D, s, i, /*device_ok=*/true);
       const int64_t from = advance(s);
       feeds.push_back({.slot = s.cache_slot, .first_position = s.first_position, .first_row = s.first_hidden_row,
                        .from = from, .num = s.num_positions});
