@@ -172,6 +172,7 @@ class CudaBackend final : public ModelBackend, public ExpertWeightStore {
   void ep_experts(const MoeRef& M);
   void ep_combine();
   void ep_experts_device(const MoeRef& M);
+  void ep_expert_gemms(const MoeRef& M, const std::vector<int32_t>& seg, int64_t m);
   ArenaSizes arena_sizes(const StepPlan& p, ops::cuda::AttnSplit* split) const;
   void ensure_fixed_buffers();
   template <typename T>

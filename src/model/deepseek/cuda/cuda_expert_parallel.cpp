@@ -114,6 +114,25 @@ void CudaBackend::ep_dispatch(const MoeRef& M) {
 // The received rows through this rank's slots: sorted by logical expert on the host (the same
 // stable permutation as moe_route), the routed weight applied before W2 as on one rank; outputs
 // back in arrival order, returned to their ranks, uploaded as [T*K, D] for the combine.
+// Exact numerics: each local expert's rows [seg[e], seg[e+1]) of the received (expert-sorted)
+// rows through its own cuBLASLt GEMMs (host shapes), the routed weight applied in swiglu_rows.
+void CudaBackend::ep_expert_gemms(const MoeRef& M, const std::vector<int32_t>& seg, int64_t m) {
+  const Dims& g = arch_.dims;
+  const int64_t D = g.hidden, I = g.moe_inter, E = int64_t(seg.size()) - 1, ab = int64_t(dtype_bits(act_) / 8);
+  char* xs = ep_x_.as<char>();
+  char* gu = ep_gu_.as<char>();
+  char* act = ep_act_.as<char>();
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t a0 = seg[size_t(e)], n = seg[size_t(e + 1)] - a0;
+    if (n > 0) linear(M.experts[size_t(e)].w13, xs + a0 * D * ab, D, n, gu + a0 * 2 * I * ab, act_, 2 * I);
+  }
+  swiglu_rows(gu, act, ep_perm_w_.as<float>(), m);
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t a0 = seg[size_t(e)], n = seg[size_t(e + 1)] - a0;
+    if (n > 0) linear(M.experts[size_t(e)].w2, act + a0 * I * ab, I, n, ep_ye_.as<float>() + a0 * D, DType::kF32, D);
+  }
+}
+
 void CudaBackend::ep_experts(const MoeRef& M) {
   if (ep_dev_) return ep_experts_device(M);
   const Dims& g = arch_.dims;
@@ -186,18 +205,7 @@ void CudaBackend::ep_experts(const MoeRef& M) {
       gp.y_dtype = DType::kF32;
       oc::grouped_gemm(gp, st);
     } else {
-      char* xs = ep_x_.as<char>();
-      char* gu = ep_gu_.as<char>();
-      char* act = ep_act_.as<char>();
-      for (int64_t e = 0; e < E; ++e) {
-        const int64_t a0 = seg[size_t(e)], n = seg[size_t(e + 1)] - a0;
-        if (n > 0) linear(M.experts[size_t(e)].w13, xs + a0 * D * ab, D, n, gu + a0 * 2 * I * ab, act_, 2 * I);
-      }
-      swiglu_rows(gu, act, ep_perm_w_.as<float>(), m);
-      for (int64_t e = 0; e < E; ++e) {
-        const int64_t a0 = seg[size_t(e)], n = seg[size_t(e + 1)] - a0;
-        if (n > 0) linear(M.experts[size_t(e)].w2, act + a0 * I * ab, I, n, ep_ye_.as<float>() + a0 * D, DType::kF32, D);
-      }
+      ep_expert_gemms(M, seg, m);
     }
     std::vector<float> ye(static_cast<size_t>(m * D));
     dc::copy_d2h(ye.data(), ep_ye_.data(), ye.size() * 4, st, true);
@@ -260,18 +268,7 @@ void CudaBackend::ep_experts_device(const MoeRef& M) {
       if (seg[size_t(E)] != m)
         DI_THROW(InternalError, "expert-parallel rank ", ep_->rank(), ": layer ", M.ep_layer, " received ", m - seg[size_t(E)],
                  " rows for experts outside [0, ", E, ")");
-      char* xs = ep_x_.as<char>();
-      char* gu = ep_gu_.as<char>();
-      char* act = ep_act_.as<char>();
-      for (int64_t e = 0; e < E; ++e) {
-        const int64_t a0 = seg[size_t(e)], n = seg[size_t(e + 1)] - a0;
-        if (n > 0) linear(M.experts[size_t(e)].w13, xs + a0 * D * ab, D, n, gu + a0 * 2 * I * ab, act_, 2 * I);
-      }
-      swiglu_rows(gu, act, ep_perm_w_.as<float>(), m);
-      for (int64_t e = 0; e < E; ++e) {
-        const int64_t a0 = seg[size_t(e)], n = seg[size_t(e + 1)] - a0;
-        if (n > 0) linear(M.experts[size_t(e)].w2, act + a0 * I * ab, I, n, ep_ye_.as<float>() + a0 * D, DType::kF32, D);
-      }
+      ep_expert_gemms(M, seg, m);
     }
     ep_gather_f32(ep_ye_.as<float>(), ep_comb_.as<int64_t>(), m, D, ep_out_.as<float>(), st);  // back to arrival order
   }
