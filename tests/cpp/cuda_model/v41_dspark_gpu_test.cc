@@ -10,7 +10,9 @@
 //    engine asks for when it samples on the device) drafts what the host rows draft;
 //  * the device stages against the host stages (ModelOptions::dspark_host_stages) on the same taps:
 //    rounds at every accept length with rollbacks, a two-sequence round, a snapshot round trip;
-//  * a printed draft-round timing, host vs device stages, batch 1 and 8;
+//  * draft rounds replayed from CUDA graphs (DecodePath::kGraph) against the same rounds launched
+//    eagerly: batches 1, 3, 5, 8 (padded ones among them), rollbacks, bit-identical results;
+//  * a printed draft-round timing, host vs device (eager) vs device (graphs) stages, batch 1 and 8;
 //  * through the Engine: greedy output with DSpark drafting (fixed L and confidence-scheduled
 //    varlen) is token-identical to plain decoding, batched, on graphs; acceptance printed.
 // SKIPs without a GPU.
@@ -281,12 +283,80 @@ TEST(V41GpuDSpark, DeviceStagesMatchHostStages) {
   EXPECT_LE(snap, 1e-5);
 }
 
-// Draft round time (feed 1 position + draft B) of host vs device stages at batch 1 and 8, tap
-// rows on the device (as the engine leaves them). Printed only.
+// Rounds of the graph-replaying stages (the V4.1 loader with DecodePath::kGraph) against the eager
+// ones (kGeneral) on the same host taps: batches 1, 3, 5, 8 (3 and 5 pad to 4 and 8), each sequence
+// rolled back 0..2 positions and fed 1..5 between rounds, 4 or 3 drafts. Eager rounds pad like the
+// graphs, so drafts, block logits and confidence logits must agree bit for bit; the graph model
+// must have replayed (its describe() counts replays).
+TEST(V41GpuDSpark, GraphRoundsMatchEagerRounds) {
+  if (!have_gpu()) GTEST_SKIP() << "CUDA test skipped: " << cuda::cuda_unavailable_reason();
+  const std::string dir = golden_dir("v41_a_release");
+  auto eager = load_v41_cuda(dir, options(Numerics::kExact));
+  auto graph = load_v41_cuda(dir, options(Numerics::kExact, DecodePath::kGraph));
+  ASSERT_TRUE(eager->dspark()->stages_on_device());
+  ASSERT_EQ(eager->dspark()->describe().find("CUDA graphs"), std::string::npos) << eager->dspark()->describe();
+  eager->allocate_cache_for(2, 256);
+  const std::vector<int32_t> ids = read_inputs(dir).at("t37");
+  Tensor gt;
+  run_sequence(*eager, eager->cache_geometry(), ids, {37}, 1, &gt);
+  const HiddenRows h = host_rows(gt);
+  int64_t rounds = 0, drafts = 0, value_diffs = 0;
+  for (const int batch : {1, 3, 5, 8}) {
+    std::vector<int64_t> fed(size_t(batch), 12);
+    for (DeepseekV41Model* m : {eager.get(), graph.get()}) {
+      std::vector<DraftSeq> prefill;
+      for (int s = 0; s < batch; ++s) m->dspark()->reset_slot(s), prefill.push_back(seq_of(ids, s, 0, 12, 0));
+      round(*m, prefill, h, nullptr);
+    }
+    for (int r = 0; r < 6; ++r) {
+      std::vector<DraftSeq> seqs;
+      for (int s = 0; s < batch; ++s) {
+        const int64_t keep = std::min<int64_t>(fed[size_t(s)] - (r + s) % 3, 30), n = 1 + (r + s) % (kB + 1);
+        for (DeepseekV41Model* m : {eager.get(), graph.get()}) m->dspark()->rollback(s, keep);
+        seqs.push_back(seq_of(ids, s, keep, n, int32_t(kB - (r + s) % 2)));
+        fed[size_t(s)] = keep + n;
+      }
+      Tensor lg[2];
+      std::vector<DraftProposal> out[2];
+      std::vector<float> cl[2];
+      for (int k = 0; k < 2; ++k) {
+        DeepseekV41Model& m = k == 0 ? *eager : *graph;
+        out[k] = round(m, seqs, h, &lg[k]);
+        cl[k] = m.dspark()->last_confidence_logits();
+      }
+      ASSERT_EQ(out[0].size(), size_t(batch));
+      ASSERT_EQ(out[1].size(), size_t(batch));
+      for (int s = 0; s < batch; ++s) {
+        EXPECT_EQ(out[0][size_t(s)].tokens, out[1][size_t(s)].tokens) << "batch " << batch << " round " << r;
+        EXPECT_EQ(out[0][size_t(s)].confidence, out[1][size_t(s)].confidence) << "batch " << batch << " round " << r;
+        drafts += int64_t(out[0][size_t(s)].tokens.size());
+      }
+      ASSERT_EQ(lg[0].nbytes(), lg[1].nbytes());
+      ASSERT_EQ(cl[0].size(), cl[1].size());
+      for (int64_t i = 0; i < lg[0].numel(); ++i)
+        value_diffs += std::memcmp(lg[0].data<float>() + i, lg[1].data<float>() + i, 4) != 0;
+      for (size_t i = 0; i < cl[0].size(); ++i) value_diffs += std::memcmp(&cl[0][i], &cl[1][i], 4) != 0;
+      ++rounds;
+    }
+  }
+  const std::string what = graph->dspark()->describe();
+  const size_t at = what.find("CUDA graphs: ");
+  ASSERT_NE(at, std::string::npos) << what;
+  const long replays = std::stol(what.substr(at + 13));
+  std::printf("[gpu-v41-dspark] graph vs eager device rounds: %lld rounds (batches 1, 3, 5, 8), %lld drafts, "
+              "%lld logit / confidence values differing in any bit; %s\n",
+              (long long)rounds, (long long)drafts, (long long)value_diffs, what.c_str());
+  EXPECT_EQ(value_diffs, 0);
+  EXPECT_GE(replays, 12) << "rounds 3..6 of each batch replay";
+}
+
+// Draft round time (feed 1 position + draft B) of host vs device stages (eager launches, CUDA
+// graphs) at batch 1 and 8, tap rows on the device (as the engine leaves them). Printed only.
 TEST(V41GpuDSpark, DraftRoundTiming) {
   if (!have_gpu()) GTEST_SKIP() << "CUDA test skipped: " << cuda::cuda_unavailable_reason();
   const std::string dir = golden_dir("v41_a_release");
   auto dev = load_v41_cuda(dir, options(Numerics::kExact));
+  auto graphs = load_v41_cuda(dir, options(Numerics::kExact, DecodePath::kGraph));
   ModelOptions host_stages;
   host_stages.dspark_host_stages = true;
   auto host = load_v41_cuda(dir, options(Numerics::kExact), host_stages);
@@ -301,9 +371,9 @@ TEST(V41GpuDSpark, DraftRoundTiming) {
   h.rows = gt.size(0);
   h.row_elems = gt.numel() / gt.size(0);
   for (const int batch : {1, 8}) {
-    double us[2];
-    for (int k = 0; k < 2; ++k) {
-      DeepseekV41Model& m = k == 0 ? *dev : *host;
+    double us[3];
+    for (int k = 0; k < 3; ++k) {
+      DeepseekV41Model& m = k == 0 ? *dev : k == 1 ? *host : *graphs;
       for (int s = 0; s < batch; ++s) m.dspark()->reset_slot(s);
       std::vector<DraftSeq> prefill;
       for (int s = 0; s < batch; ++s) prefill.push_back(seq_of(ids, s, 0, 16, 0));
@@ -319,8 +389,9 @@ TEST(V41GpuDSpark, DraftRoundTiming) {
       us[k] = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / timed;
     }
     std::printf("[gpu-v41-dspark] draft round (feed 1 + %lld drafts), v41_a_release, batch %d: host stages %.1f us, "
-                "device stages %.1f us (%.2fx)\n",
-                (long long)kB, batch, us[1], us[0], us[1] / us[0]);
+                "device stages eager %.1f us, device stages on graphs %.1f us (graphs vs eager %.2fx, vs host "
+                "%.2fx)\n",
+                (long long)kB, batch, us[1], us[0], us[2], us[0] / us[2], us[1] / us[2]);
   }
 }
 

@@ -146,7 +146,8 @@ std::unique_ptr<DeepseekV41Model> load_v41_cuda(const std::string& dir, const Cu
   // The host drafter reads tap rows a device step left on the device (the engine asks for none
   // on the host when it samples on the device): one copy of the step's rows per round.
   // The stages on the device (v41_dspark_cuda.h), reading the taps where the step left them.
-  if (!mo.dspark_host_stages) m.dspark_stages = cuda_dspark_stages(o.device);
+  // Draft rounds on CUDA graphs when the trunk decodes on graphs (the one graphs switch).
+  if (!mo.dspark_host_stages) m.dspark_stages = cuda_dspark_stages(o.device, o.decode == DecodePath::kGraph);
   m.dspark_host_taps = [](const HiddenRows& h) {
     Tensor t = Tensor::empty({h.rows, h.row_elems}, DType::kF32);
     DI_CUDA_CHECK(cudaSetDevice(h.device_index));

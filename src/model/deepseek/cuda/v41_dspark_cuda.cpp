@@ -3,14 +3,17 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <vector>
 
 #include "core/check.h"
+#include "core/logging.h"
 #include "deepinfer/error.h"
 #include "model/deepseek/cuda/dspark_kernels.h"
 #include "model/deepseek/cuda/glue_kernels.h"
 #include "model/deepseek/cuda/moe_decode.h"
 #include "model/deepseek_v41/dspark_weights.h"
+#include "model/plan/step_plan.h"
 #include "ops/cuda/attention.h"
 #include "ops/cuda/gemm.h"
 #include "ops/cuda/hc.h"
@@ -37,12 +40,27 @@ struct StageDev {  // device f32 copies of DSparkStageWeights
 
 // Scratch buffers, each grown on demand and reused across rounds (same stream: no overlap).
 enum Buf { kTaps, kM, kKvF, kX, kX2, kMixA, kMixF, kHcWs, kU, kH, kY, kQa, kQ, kKv, kKeys, kO, kZ, kGlog, kWts,
-           kAct, kYe, kGu, kActS, kSh, kXhat, kHn, kBase, kI64, kI32, kIds, kOut, kNumBufs };
+           kAct, kYe, kGu, kActS, kSh, kXhat, kHn, kBase, kI64, kBlk64, kBlk32, kIds, kOut, kNumBufs };
+
+// A block round's inputs, in fixed places of two device buffers for Sp (padded) sequences of B:
+// int64 [pos T | embedding rows T*n | combine rows T*K | keys Sp*(cap+B)], int32 [begin T | count T |
+// anchor Sp | drafts Sp], T = Sp*B. Sequence s's keys sit at s*(cap+B) whatever its ring length, so
+// a round's kernels see the same pointers and sizes at every Sp: what a CUDA graph needs.
+struct BlockLayout {
+  int64_t Sp, B, T, n, K, cap;
+  int64_t keys_per_seq() const { return cap + B; }
+  int64_t emb() const { return T; }
+  int64_t comb() const { return T + T * n; }
+  int64_t keys() const { return comb() + T * K; }
+  int64_t num_keys() const { return Sp * keys_per_seq(); }
+  int64_t n64() const { return keys() + num_keys(); }
+  int64_t n32() const { return 2 * T + 2 * Sp; }
+};
 
 class CudaDSparkStages final : public DSparkStages {
  public:
-  CudaDSparkStages(const DeepseekV41Config& c, const DSparkWeights& w, int64_t cap, bool qat, int device)
-      : c_(c), cap_(cap), qat_(qat), device_(device), lt_(size_t(32) << 20, device) {
+  CudaDSparkStages(const DeepseekV41Config& c, const DSparkWeights& w, int64_t cap, bool qat, int device, bool graphs)
+      : c_(c), cap_(cap), qat_(qat), device_(device), graphs_(graphs), lt_(size_t(32) << 20, device) {
     DI_CUDA_CHECK(cudaSetDevice(device));
     main_proj_ = up(w.main_proj), main_norm_ = up(w.main_norm), norm_ = up(w.norm);
     mk_embed_ = up(w.mk_embed), mk_head_ = up(w.mk_head), conf_ = up(w.conf), embed_ = up(w.embed);
@@ -62,7 +80,8 @@ class CudaDSparkStages final : public DSparkStages {
   }
 
   std::string describe() const override {
-    return "stages on GPU " + std::to_string(device_) + " (f32, " + std::to_string(weight_bytes_ >> 20) + " MiB)";
+    return "stages on GPU " + std::to_string(device_) + " (f32, " + std::to_string(weight_bytes_ >> 20) + " MiB, " +
+           (graphs_ ? "draft rounds on CUDA graphs: " + std::to_string(replays_) + " replays" : "eager") + ")";
   }
 
   void feed(const HiddenRows& taps, const std::vector<DSparkFeed>& feeds) override;
@@ -88,7 +107,14 @@ class CudaDSparkStages final : public DSparkStages {
   T* buf(Buf id, int64_t n) {
     DeviceBuffer& b = bufs_[id];
     const size_t need = std::max<size_t>(size_t(n) * sizeof(T), 16);
-    if (b.size_bytes() < need) b = DeviceBuffer(need * 2, device_);  // cudaFree syncs the device first
+    if (b.size_bytes() < need) {
+      // Sizes inside a round depend on its padded batch only, which the eager run before each
+      // capture has already sized for: growing here would be a bug (and a sync, failing the capture).
+      DI_CHECK(!capturing_, "dspark: scratch buffer ", int(id), " grows inside a graph capture");
+      b = DeviceBuffer(need * 2, device_);  // cudaFree syncs the device first
+      // Graphs that captured the old pointer are stale (feed's own buffers are never captured).
+      if (id != kTaps && id != kM && id != kKvF && id != kI64) ++generation_;
+    }
     return b.as<T>();
   }
   template <typename T>
@@ -130,11 +156,28 @@ class CudaDSparkStages final : public DSparkStages {
                  int64_t num_keys, const int32_t* win_begin, const int32_t* win_count);
   void moe(const StageDev& W, int64_t T, const int64_t* comb_rows);
   void hc_site(const float* fn, const float* base, const float* scale, const float* x, float* mix, int64_t T);
+  BlockLayout layout(int64_t Sp) const {
+    return {Sp, c_.dspark.block_size, Sp * c_.dspark.block_size, c_.hc_mult, c_.dspark.num_experts_per_tok, cap_};
+  }
+  void upload_block(const std::vector<DSparkBlockSeq>& seqs, const BlockLayout& L);
+  void block_kernels(const BlockLayout& L, bool greedy);  // every launch of a round, nothing else
+  void launch_round(const BlockLayout& L, bool greedy);   // block_kernels eagerly or as a graph
+
+  struct RoundGraph {
+    dc::CudaGraph graph;
+    bool warmed = false, broken = false;
+    uint64_t generation = 0;
+  };
 
   DeepseekV41Config c_;
   int64_t cap_;
   bool qat_;
   int device_;
+  bool graphs_;
+  bool capturing_ = false;
+  uint64_t generation_ = 0;  // bumped whenever a buffer a round reads or writes moves
+  int64_t replays_ = 0;
+  std::map<std::pair<int64_t, bool>, RoundGraph> round_graphs_;  // (padded sequences, greedy)
   dc::Stream stream_;
   dc::Event taps_ready_, taps_read_;
   oc::CublasLt lt_;
@@ -159,6 +202,7 @@ void CudaDSparkStages::ensure_slots(int64_t n) {
   stream_.synchronize();
   rings_ = std::move(grown);
   num_slots_ = slots;
+  ++generation_;
 }
 
 // Positions [lo, hi) of every stage, in at most two contiguous runs per stage (the wrap).
@@ -197,7 +241,7 @@ void CudaDSparkStages::feed(const HiddenRows& taps, const std::vector<DSparkFeed
   for (const DSparkFeed& f : feeds)
     for (int64_t i = f.from; i < f.num; ++i) idx.push_back(ring_row(f.slot, f.first_position + i));
   float* tap = buf<float>(kTaps, F * W);
-  const int64_t* src = upload(kI64, idx);
+  const int64_t* src = upload(kI64, idx);  // feed's own index buffer: a round's graphs never read it
   const int64_t* pos = src + F;
   const int64_t* dst_rows = pos + F;
   if (taps.device) {  // the target step's rows, where it left them: wait for that step
@@ -353,51 +397,49 @@ void CudaDSparkStages::stage(int64_t k, int64_t T, const int64_t* pos, const int
   post(X2, mixF, X);
 }
 
-void CudaDSparkStages::block(const std::vector<DSparkBlockSeq>& seqs, bool greedy, bool want_logits,
-                             DSparkBlockOut& out) {
-  DI_CUDA_CHECK(cudaSetDevice(device_));
-  const int64_t S = int64_t(seqs.size()), B = c_.dspark.block_size, T = S * B, n = c_.hc_mult;
-  const int64_t D = c_.hidden_size, V = c_.vocab_size, K = c_.dspark.num_experts_per_tok;
-  if (S == 0) return;
-  // int64 [pos T | embedding rows T*n | combine rows T*K | key rows], int32 [begin T | count T | anchor S | drafts S]
-  std::vector<int64_t> i64;
-  std::vector<int32_t> begin, count, anchor, drafts;
+// Host side of a round: the inputs of Sp >= S sequences in their fixed places. Padding sequences
+// draft nothing: anchor 0, no ring keys (their block attends only to itself), results dropped.
+void CudaDSparkStages::upload_block(const std::vector<DSparkBlockSeq>& seqs, const BlockLayout& L) {
+  const int64_t S = int64_t(seqs.size()), B = L.B, V = c_.vocab_size;
+  std::vector<int64_t> i64(size_t(L.n64()));
+  std::vector<int32_t> i32(size_t(L.n32()));
   int32_t max_slot = 0;
-  for (const DSparkBlockSeq& q : seqs)
-    for (int64_t i = 0; i < B; ++i) i64.push_back(q.last + 1 + i);
-  for (int64_t s = 0; s < S; ++s) {
-    const DSparkBlockSeq& q = seqs[size_t(s)];
+  for (int64_t s = 0; s < L.Sp; ++s) {
+    const DSparkBlockSeq q = s < S ? seqs[size_t(s)] : DSparkBlockSeq{.lo = 0, .last = -1};
     if (q.anchor < 0 || q.anchor >= V) DI_THROW(InvalidArgument, "dspark block: sequence ", s, " anchor ", q.anchor);
     if (q.num_drafts < 0 || q.num_drafts > B || q.last - q.lo + 1 > cap_ || q.lo < 0)
       DI_THROW(InvalidArgument, "dspark block: sequence ", s, ": ", q.num_drafts, " drafts, ring [", q.lo, ", ",
                q.last, "]");
-    for (int64_t i = 0; i < B; ++i)
-      for (int64_t k = 0; k < n; ++k) i64.push_back(i == 0 ? q.anchor : c_.dspark.noise_token_id);
     max_slot = std::max(max_slot, q.slot);
-    anchor.push_back(q.anchor), drafts.push_back(q.num_drafts);
+    const int64_t at = s * L.keys_per_seq(), n_ring = q.last - q.lo + 1;
+    int64_t* keys = i64.data() + L.keys() + at;
+    for (int64_t p = q.lo; p <= q.last; ++p) *keys++ = ring_row(q.slot, p);
+    for (int64_t i = 0; i < B; ++i) *keys++ = -(s * B + i) - 1;  // block key i: row s*B + i of kv
+    for (int64_t j = n_ring + B; j < L.keys_per_seq(); ++j) *keys++ = -(s * B) - 1;  // unread filler
+    for (int64_t i = 0; i < B; ++i) {
+      const int64_t t = s * B + i;
+      i64[size_t(t)] = q.last + 1 + i;
+      for (int64_t k = 0; k < L.n; ++k) i64[size_t(L.emb() + t * L.n + k)] = i == 0 ? q.anchor : c_.dspark.noise_token_id;
+      i32[size_t(t)] = int32_t(at), i32[size_t(L.T + t)] = int32_t(n_ring + B);
+    }
+    i32[size_t(2 * L.T + s)] = q.anchor, i32[size_t(2 * L.T + L.Sp + s)] = q.num_drafts;
   }
-  for (int64_t t = 0; t < T * K; ++t) i64.push_back(t);  // moe_decode writes pair (t, k) at row t*K + k
-  const size_t keys_at = i64.size();
-  for (int64_t s = 0; s < S; ++s) {
-    const DSparkBlockSeq& q = seqs[size_t(s)];
-    const int64_t at = int64_t(i64.size() - keys_at), n_ring = q.last - q.lo + 1;
-    for (int64_t p = q.lo; p <= q.last; ++p) i64.push_back(ring_row(q.slot, p));
-    for (int64_t i = 0; i < B; ++i) i64.push_back(-(s * B + i) - 1);  // block key i: row s*B + i of kv
-    for (int64_t i = 0; i < B; ++i) begin.push_back(int32_t(at)), count.push_back(int32_t(n_ring + B));
-  }
-  const int64_t num_keys = int64_t(i64.size() - keys_at);
+  for (int64_t t = 0; t < L.T * L.K; ++t) i64[size_t(L.comb() + t)] = t;  // moe_decode: pair (t, k) at row t*K + k
   ensure_slots(int64_t(max_slot) + 1);
-  begin.insert(begin.end(), count.begin(), count.end());
-  begin.insert(begin.end(), anchor.begin(), anchor.end());
-  begin.insert(begin.end(), drafts.begin(), drafts.end());
-  const int64_t* d64 = upload(kI64, i64);
-  const int32_t* d32 = upload(kI32, begin);
-  const int64_t *pos = d64, *emb = d64 + T, *comb = emb + T * n, *key_idx = d64 + keys_at;
+  upload(kBlk64, i64);
+  upload(kBlk32, i32);
+}
+
+void CudaDSparkStages::block_kernels(const BlockLayout& L, bool greedy) {
+  const int64_t T = L.T, n = L.n, D = c_.hidden_size, V = c_.vocab_size;
+  const int64_t* d64 = buf<int64_t>(kBlk64, L.n64());
+  const int32_t* d32 = buf<int32_t>(kBlk32, L.n32());
   float* X = buf<float>(kX, T * n * D);
-  gc::gather_rows({.src_a = embed_, .a_stride = D, .src_dtype = DType::kF32, .src_index = emb, .dst = X,
+  gc::gather_rows({.src_a = embed_, .a_stride = D, .src_dtype = DType::kF32, .src_index = d64 + L.emb(), .dst = X,
                    .dst_stride = D, .dst_dtype = DType::kF32, .rows = T * n, .width = D},
                   stream_.get());
-  for (int64_t k = 0; k < int64_t(stages_.size()); ++k) stage(k, T, pos, key_idx, num_keys, d32, d32 + T, comb);
+  for (int64_t k = 0; k < int64_t(stages_.size()); ++k)
+    stage(k, T, d64, d64 + L.keys(), L.num_keys(), d32, d32 + T, d64 + L.comb());
   const int64_t M = oc::hc_num_mix(int(n), oc::HcMode::kLayer);
   float* xhat = buf<float>(kXhat, T * D);
   float* hn = buf<float>(kHn, T * D);
@@ -407,25 +449,89 @@ void CudaDSparkStages::block(const std::vector<DSparkBlockSeq>& seqs, bool greed
                   stream_.get());
   rmsnorm(xhat, norm_, hn, T, D);
   linear(hn, T, D, head_, V, base);
-  if (!greedy) {
+  if (!greedy) return;
+  float* res = buf<float>(kOut, 3 * T);  // tokens (as int32 bits) | logprobs | confidence logits
+  gc::dspark_tail({.logits = base, .xhat = xhat, .mk_embed = mk_embed_, .mk_head = mk_head_, .conf = conf_,
+                   .anchor = d32 + 2 * T, .num_drafts = d32 + 2 * T + L.Sp,
+                   .tokens = reinterpret_cast<int32_t*>(res), .logprobs = res + T, .conf_logits = res + 2 * T,
+                   .seqs = L.Sp, .block = L.B, .vocab = V, .dim = D, .rank = c_.dspark.markov_rank},
+                  stream_.get());
+}
+
+// One graph per (padded batch, greedy), as the backend's decode graphs (CudaBackend::launch): the
+// first round at a shape runs eagerly (it sizes the scratch buffers and does the one-time lazy work:
+// cuBLASLt heuristics, kernel attributes), the second captures (thread-local mode: a host sync in
+// the round fails the capture) and replays, later ones replay. A buffer that moved (a larger batch
+// grew it, the rings grew) makes every graph stale: they are captured again the same way. A capture
+// that fails leaves that shape eager (logged once), never a wrong round.
+void CudaDSparkStages::launch_round(const BlockLayout& L, bool greedy) {
+  if (!graphs_) return block_kernels(L, greedy);
+  RoundGraph& g = round_graphs_[{L.Sp, greedy}];
+  if (g.generation != generation_ && !g.broken) g.graph = dc::CudaGraph(), g.warmed = false;
+  if (g.graph.ready()) {
+    g.graph.replay(stream_.get());
+    ++replays_;
+    return;
+  }
+  if (!g.warmed || g.broken) {
+    block_kernels(L, greedy);
+    g.warmed = true, g.generation = generation_;
+    return;
+  }
+  const cudaStream_t st = stream_.get();
+  capturing_ = true;
+  try {
+    g.graph.begin_capture(st);
+    block_kernels(L, greedy);
+    capturing_ = false;
+    g.graph.end_capture();
+  } catch (const std::exception& e) {
+    capturing_ = false;
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(st, &status) == cudaSuccess && status != cudaStreamCaptureStatusNone) {
+      cudaGraph_t left = nullptr;
+      cudaStreamEndCapture(st, &left);  // leave the stream usable
+      if (left) cudaGraphDestroy(left);
+    }
+    (void)cudaGetLastError();
+    g.graph = dc::CudaGraph(), g.broken = true;
+    DI_WARN("dspark: draft round of ", L.Sp, " sequences stays eager, its graph capture failed: ", e.what());
+    return block_kernels(L, greedy);
+  }
+  g.generation = generation_;
+  g.graph.replay(st);
+  ++replays_;
+}
+
+void CudaDSparkStages::block(const std::vector<DSparkBlockSeq>& seqs, bool greedy, bool want_logits,
+                             DSparkBlockOut& out) {
+  DI_CUDA_CHECK(cudaSetDevice(device_));
+  const int64_t S = int64_t(seqs.size()), B = c_.dspark.block_size, T = S * B;
+  const int64_t D = c_.hidden_size, V = c_.vocab_size;
+  if (S == 0) return;
+  // Padded as the engine's decode graphs (0 above the last bucket: no padding, eager). Eager rounds
+  // pad too, so that both run the same shapes (cuBLASLt's f32 order depends on M) and agree bit for bit.
+  const int64_t bucket = model::decode_bucket(S);
+  const BlockLayout L = layout(bucket > 0 ? bucket : S);
+  upload_block(seqs, L);
+  if (bucket > 0) launch_round(L, greedy);
+  else block_kernels(L, greedy);
+  const float* base = buf<float>(kBase, L.T * V);
+  if (!greedy) {  // rows of the S real sequences are the prefix
     out.base.resize(size_t(T * V));
     out.xhat.resize(size_t(T * D));
     dc::copy_d2h(out.base.data(), base, out.base.size() * sizeof(float), stream_.get(), false);
-    dc::copy_d2h(out.xhat.data(), xhat, out.xhat.size() * sizeof(float), stream_.get(), true);
+    dc::copy_d2h(out.xhat.data(), buf<float>(kXhat, L.T * D), out.xhat.size() * sizeof(float), stream_.get(), true);
     return;
   }
-  float* res = buf<float>(kOut, 3 * T);  // tokens (as int32 bits) | logprobs | confidence logits
-  gc::dspark_tail({.logits = base, .xhat = xhat, .mk_embed = mk_embed_, .mk_head = mk_head_, .conf = conf_,
-                   .anchor = d32 + 2 * T, .num_drafts = d32 + 2 * T + S, .tokens = reinterpret_cast<int32_t*>(res),
-                   .logprobs = res + T, .conf_logits = res + 2 * T, .seqs = S, .block = B, .vocab = V,
-                   .dim = D, .rank = c_.dspark.markov_rank},
-                  stream_.get());
+  const float* res = buf<float>(kOut, 3 * L.T);
   std::vector<float> host(size_t(3 * T));
   if (want_logits) {
     out.logits.resize(size_t(T * V));
     dc::copy_d2h(out.logits.data(), base, out.logits.size() * sizeof(float), stream_.get(), false);
   }
-  dc::copy_d2h(host.data(), res, host.size() * sizeof(float), stream_.get(), true);
+  for (int64_t part = 0; part < 3; ++part)
+    dc::copy_d2h(host.data() + part * T, res + part * L.T, size_t(T) * sizeof(float), stream_.get(), part == 2);
   out.tokens.resize(size_t(T));
   std::memcpy(out.tokens.data(), host.data(), size_t(T) * sizeof(int32_t));
   out.logprobs.assign(host.begin() + T, host.begin() + 2 * T);
@@ -448,11 +554,11 @@ void check_stage_shapes(const DeepseekV41Config& c) {
 }
 }  // namespace
 
-DSparkStagesMaker cuda_dspark_stages(int device) {
-  return [device](const DeepseekV41Config& c, const DSparkWeights& w, int64_t cap,
-                  bool qat) -> std::unique_ptr<DSparkStages> {
+DSparkStagesMaker cuda_dspark_stages(int device, bool graphs) {
+  return [device, graphs](const DeepseekV41Config& c, const DSparkWeights& w, int64_t cap,
+                          bool qat) -> std::unique_ptr<DSparkStages> {
     check_stage_shapes(c);
-    return std::make_unique<CudaDSparkStages>(c, w, cap, qat, device);
+    return std::make_unique<CudaDSparkStages>(c, w, cap, qat, device, graphs);
   };
 }
 

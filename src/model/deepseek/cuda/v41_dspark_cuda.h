@@ -11,6 +11,10 @@
 // moe_combine, and the greedy Markov tail is dspark_kernels.h. The results differ from the host
 // drafter only by summation order (~1e-6 relative on logits / confidence logits).
 //
+// Launches: a round is ~115 small kernels (launch-bound on the test fixture: 0.8 ms a round eager at
+// batch 1 vs 0.2 ms for the host stages), hence the graphs (docs/PERFORMANCE.md, issue #11). The
+// feed (ring writes) stays eager: its row count varies with the accepted drafts.
+//
 // State: every slot's rings in one device buffer [slots, stages, capacity, head_dim] (grown by
 // doubling, contents kept), position p in row p mod capacity. Work runs on the stages' own
 // stream, ordered after the target step through an event on HiddenRows::stream; block() and
@@ -25,8 +29,11 @@
 namespace deepinfer::model::v41 {
 
 // A maker for DSparkOptions::stages on device `device` (the current device when the drafter is
-// made). Throws ConfigError for shapes the kernels do not take (routing without top-k
+// made). `graphs`: a greedy or sampled round's launches (every stage, the head, the tail) replay as
+// one CUDA graph per padded batch (model::decode_bucket), the inputs written into fixed device
+// buffers first; off: the same padded launches run eagerly (bit-identical results, the A/B switch;
+// the V4.1 GPU loader turns graphs on with DecodePath::kGraph). Throws ConfigError for shapes the kernels do not take (routing without top-k
 // normalisation, head_dim not a multiple of 32, widths not multiples of 8, > 1024 experts).
-DSparkStagesMaker cuda_dspark_stages(int device);
+DSparkStagesMaker cuda_dspark_stages(int device, bool graphs);
 
 }  // namespace deepinfer::model::v41
