@@ -178,6 +178,23 @@ if [ -n "$IPC_BIN" ] && [ "$BUILD_ONLY" = 0 ]; then
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED  \]" "$LOG_DIR/kv_ipc_gpu.log" | head -5
 fi
 
+# ---- the device-side expert-parallel exchange (issue #14): kernels vs twins, loopback ranks, and
+# the backend's MoE through an NCCL group of one, bit for bit against one rank ----
+EP=skipped
+EP_BINS=()
+for t in ep_device_test ep_backend_gpu_test; do
+  if [ -n "$PREBUILT" ] && [ -x "$PREBUILT/$t" ]; then EP_BINS+=("$PREBUILT/$t")
+  elif [ -n "${BUILD:-}" ]; then b=$(find "$BUILD" -name "$t" -type f -perm -u+x 2>/dev/null | head -1); [ -n "$b" ] && EP_BINS+=("$b"); fi
+done
+if [ ${#EP_BINS[@]} -gt 0 ] && [ "$BUILD_ONLY" = 0 ]; then
+  step "expert-parallel device exchange (${EP_BINS[*]##*/})"
+  EP=pass
+  for b in "${EP_BINS[@]}"; do
+    timeout 180 "$b" --gtest_color=no >"$LOG_DIR/$(basename "$b").log" 2>&1 || EP=FAIL
+    grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED  \]" "$LOG_DIR/$(basename "$b").log" | head -5
+  done
+fi
+
 echo
 echo "op                   cases  max_rel_err  tolerance  result"
 grep '^DI_CUDA_ERR|' "$LOG_DIR/cuda_tests.log" | awk -F'|' '
@@ -190,5 +207,5 @@ echo
 echo "kernel          shape                     median_us  rate"
 grep '^DI_CUDA_TIME|' "$LOG_DIR/cuda_tests.log" | awk -F'|' '{ printf "%-15s %-25s %9s  %s\n", $2, $3, $4, $5 }'
 echo
-echo "tests rc=$TEST_RC  sanitizer=$SAN_RC  golden=$GOLD  model=$MODEL  smoke=$SMOKE  dp=$DP  invariance=$INV  ipc=$IPC  total $(( $(date +%s) - T0 ))s"
-[ "$TEST_RC" = 0 ] && { [ "$SAN_RC" = skipped ] || [ "$SAN_RC" = 0 ]; } && [ "$MODEL" != FAIL ] && [ "$SMOKE" != FAIL ] && [ "$DP" != FAIL ] && [ "$INV" != FAIL ] && [ "$IPC" != FAIL ]
+echo "tests rc=$TEST_RC  sanitizer=$SAN_RC  golden=$GOLD  model=$MODEL  smoke=$SMOKE  dp=$DP  invariance=$INV  ipc=$IPC  ep=$EP  total $(( $(date +%s) - T0 ))s"
+[ "$TEST_RC" = 0 ] && { [ "$SAN_RC" = skipped ] || [ "$SAN_RC" = 0 ]; } && [ "$MODEL" != FAIL ] && [ "$SMOKE" != FAIL ] && [ "$DP" != FAIL ] && [ "$INV" != FAIL ] && [ "$IPC" != FAIL ] && [ "$EP" != FAIL ]

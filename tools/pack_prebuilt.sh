@@ -16,9 +16,9 @@ PACK=${2:-$BUILD/pack}
 GEN=(); command -v ninja >/dev/null && GEN=(-G Ninja)
 cmake -S . -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDEEPINFER_BUILD_PYTHON=OFF \
   -DDEEPINFER_CUDA_SM90_ONLY=ON >/dev/null
-cmake --build "$BUILD" -j "${JOBS:-2}" --target cuda_ops_test cuda_model_test engine_dp_test engine_test server_kv_ipc_gpu_test deepinfer
+cmake --build "$BUILD" -j "${JOBS:-2}" --target cuda_ops_test cuda_model_test engine_dp_test engine_test server_kv_ipc_gpu_test ep_device_test ep_backend_gpu_test deepinfer
 rm -rf "$PACK" && mkdir -p "$PACK/lib"
-for t in cuda_ops_test cuda_model_test engine_dp_test engine_test server_kv_ipc_gpu_test; do
+for t in cuda_ops_test cuda_model_test engine_dp_test engine_test server_kv_ipc_gpu_test ep_device_test ep_backend_gpu_test; do
   bin=$(find "$BUILD/tests" -name "$t" -type f -perm -u+x | head -1)
   [ -n "$bin" ] || { echo "pack_prebuilt: $t was not built (is CUDA on?)" >&2; exit 1; }
   strip -o "$PACK/$t" "$bin"
@@ -27,7 +27,7 @@ strip -o "$PACK/deepinfer" "$BUILD/deepinfer"  # the CLI: generate / bench-flash
 # Libraries the device image does not ship (its CUDA and libstdc++ are used as they are).
 # PCRE2, gloo and its dependencies come from Debian packages the image lacks; OpenBLAS (and its
 # Fortran runtime) is packed too, so the binaries do not depend on which build the image carries.
-for bin in "$PACK"/cuda_model_test "$PACK"/engine_dp_test "$PACK"/engine_test "$PACK"/server_kv_ipc_gpu_test "$PACK"/deepinfer; do
+for bin in "$PACK"/cuda_model_test "$PACK"/engine_dp_test "$PACK"/engine_test "$PACK"/server_kv_ipc_gpu_test "$PACK"/ep_device_test "$PACK"/ep_backend_gpu_test "$PACK"/deepinfer; do
   ldd "$bin" | awk '$3 ~ /^\// { print $1, $3 }' |
     while read -r name path; do
       case "$name" in libpcre2*|libgloo*|libhiredis*|libibverbs*|libnl-*|librdmacm*|libopenblas*|libgfortran*|libquadmath*) cp -Ln "$path" "$PACK/lib/" ;; esac
