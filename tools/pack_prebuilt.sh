@@ -3,7 +3,7 @@
 # shared libraries the GPU image lacks, into one folder to carry to the device, so a device call
 # runs tests instead of spending its minutes on a build:
 #   tools/pack_prebuilt.sh [BUILD_DIR] [OUT_DIR]      (defaults: build-prebuilt, build-prebuilt/pack)
-# It also writes build-pack/pack.tar.xz (~17 MB): the tracked tree is ~38 MiB of the 64 MiB carry
+# It also writes build-pack/pack.tar.xz (~13 MB at xz -9): the tracked tree is ~38 MiB of the 64 MiB carry
 # limit, so the uncompressed pack (~35 MB) and .gpudeps (25 MB) no longer fit beside it. Then,
 # through the device tool:
 #   run: tar xJf build-pack/pack.tar.xz -C build-pack && tools/gpu_check.sh --prebuilt build-pack/pack
@@ -35,5 +35,5 @@ for bin in "$PACK"/cuda_model_test "$PACK"/engine_dp_test "$PACK"/engine_test "$
 done
 du -sh "$PACK"
 mkdir -p build-pack && rm -rf build-pack/pack
-tar cJf build-pack/pack.tar.xz -C "$(dirname "$PACK")" "$(basename "$PACK")"
+XZ_OPT=${XZ_OPT:--9 -T2} tar cJf build-pack/pack.tar.xz -C "$(dirname "$PACK")" "$(basename "$PACK")"
 du -sh build-pack/pack.tar.xz
