@@ -6,6 +6,7 @@
 #include <unordered_map>
 
 #include "core/check.h"
+#include "structured/set_table.h"
 
 namespace deepinfer::structured {
 namespace {
@@ -144,60 +145,8 @@ std::vector<bool> recursive_rules(const Grammar& g) {
 
 struct NfaEdge { uint8_t lo, hi; int32_t to; };
 
-// Interned NFA state sets of one rule's subset construction: the sorted sets lie back to back
-// in one arena and an open-addressing table maps a set to its index. Every DFA transition
-// looks a set up, so no allocation per lookup (an unordered_map of vectors spent a third of
-// compile time in malloc/free).
-class SetTable {
- public:
-  void clear() {
-    arena_.clear();
-    begin_.assign(1, 0);
-    hashes_.clear();
-    slots_.assign(256, -1);
-  }
-  int32_t size() const { return static_cast<int32_t>(hashes_.size()); }
-  const int32_t* data(int32_t k) const { return arena_.data() + begin_[k]; }
-  uint32_t length(int32_t k) const { return begin_[k + 1] - begin_[k]; }
-  // Index of `set` (sorted, unique); added as index size() when absent (*added = true).
-  int32_t intern(const std::vector<int32_t>& set, bool* added) {
-    uint64_t h = 0x9e3779b97f4a7c15ull ^ set.size();
-    for (int32_t x : set) h = (h ^ static_cast<uint32_t>(x)) * 0x100000001b3ull + (h >> 29);
-    const size_t mask = slots_.size() - 1;
-    for (size_t i = h & mask;; i = (i + 1) & mask) {
-      const int32_t k = slots_[i];
-      if (k < 0) break;
-      if (hashes_[k] == h && length(k) == set.size() &&
-          std::equal(set.begin(), set.end(), data(k))) {
-        *added = false;
-        return k;
-      }
-    }
-    const int32_t k = size();
-    hashes_.push_back(h);
-    arena_.insert(arena_.end(), set.begin(), set.end());
-    begin_.push_back(static_cast<uint32_t>(arena_.size()));
-    if (hashes_.size() * 2 > slots_.size()) {
-      slots_.assign(slots_.size() * 2, -1);
-      for (int32_t j = 0; j < k; ++j) place(j);
-    }
-    place(k);
-    *added = true;
-    return k;
-  }
+// SetTable (set_table.h) interns the NFA state sets of one rule's subset construction.
 
- private:
-  void place(int32_t k) {
-    const size_t mask = slots_.size() - 1;
-    size_t i = hashes_[k] & mask;
-    while (slots_[i] >= 0) i = (i + 1) & mask;
-    slots_[i] = k;
-  }
-  std::vector<int32_t> arena_;
-  std::vector<uint32_t> begin_;   // [size + 1] offsets into arena_
-  std::vector<uint64_t> hashes_;  // [size]
-  std::vector<int32_t> slots_;    // power of two; set index or -1
-};
 // uint64 -> int32 open-addressing map (keys != ~0); clear() keeps the capacity.
 class FlatMap {
  public:
