@@ -266,6 +266,8 @@ class Builder {
   std::vector<int32_t> work_;
   // Subset-construction scratch, reused across states and rules (no allocation per state).
   SetTable sets_;
+  SetTable raw_seen_;               // raw target sets met in this rule
+  std::vector<int32_t> raw_state_;  // [raw_seen_ index] their DFA state or -1
   std::vector<std::vector<int32_t>> targets_;  // [class] NFA targets of the current state
   std::vector<int32_t> touched_;               // classes with targets_ non-empty
   std::vector<int32_t> closed_, ret_set_;
@@ -650,8 +652,10 @@ void Builder::determinize(int32_t idx, Pda& pda) {
   const int32_t nc = pda.num_classes;
   const int32_t first = static_cast<int32_t>(pda.states.size());
   sets_.clear();
+  raw_seen_.clear();
+  raw_state_.clear();
   // Closes `raw` (NFA targets) into closed_ and returns its DFA state, adding it when new.
-  auto intern = [&](const std::vector<int32_t>& raw) -> int32_t {
+  auto close_and_intern = [&](const std::vector<int32_t>& raw) -> int32_t {
     closed_.assign(raw.begin(), raw.end());
     eps_closure(closed_);
     if (closed_.empty()) return -1;  // only dead ends: no state
@@ -663,6 +667,16 @@ void Builder::determinize(int32_t idx, Pda& pda) {
       pda.states.push_back(PdaState{.rule = idx, .guard = guard_of(closed_, idx, pda)});
       pda.trans.resize(pda.trans.size() + nc, -1);
     }
+    return id;
+  };
+  // The same raw targets recur across states and classes (every state inside a string steps
+  // to the same body); closing them again would give the same state.
+  auto intern = [&](const std::vector<int32_t>& raw) -> int32_t {
+    bool added = false;
+    const int32_t k = raw_seen_.intern(raw, &added);
+    if (!added) return raw_state_[k];
+    const int32_t id = close_and_intern(raw);
+    raw_state_.push_back(id);
     return id;
   };
   pda.rule_start[idx] = intern({0});

@@ -179,7 +179,11 @@ std::optional<Dfa> expr_to_dfa(const GrammarBuilder& b, ExprId e, int32_t max_st
   // discovers them). `set` and `work` are scratch reused by every lookup.
   SetTable sets;
   std::vector<int32_t> set, work;
-  auto intern = [&](const std::vector<int32_t>& raw) {
+  // Raw target sets seen before -> their DFA state (or -1): many (state, class) pairs step to
+  // the same targets, and closing, sorting and trimming them again gives the same state.
+  SetTable raw_seen;
+  std::vector<int32_t> raw_state;  // [raw_seen index]
+  auto close_and_intern = [&](const std::vector<int32_t>& raw) {
     set.assign(raw.begin(), raw.end());
     closure(nfa, set, work, stamp, ++gen);
     // Only states with byte edges and the end decide behaviour: closures differing in
@@ -193,6 +197,14 @@ std::optional<Dfa> expr_to_dfa(const GrammarBuilder& b, ExprId e, int32_t max_st
     if (id >= max_states) too_large(max_states);
     d.final.push_back(std::binary_search(set.begin(), set.end(), end));
     d.trans.resize(d.trans.size() + d.num_classes, -1);
+    return id;
+  };
+  auto intern = [&](const std::vector<int32_t>& raw) {
+    bool added = false;
+    const int32_t k = raw_seen.intern(raw, &added);
+    if (!added) return raw_state[k];
+    const int32_t id = close_and_intern(raw);
+    raw_state.push_back(id);
     return id;
   };
   d.start = intern({start});
