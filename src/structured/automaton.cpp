@@ -6,6 +6,7 @@
 #include <unordered_map>
 
 #include "core/check.h"
+#include "structured/set_table.h"
 
 namespace deepinfer::structured {
 namespace {
@@ -144,60 +145,8 @@ std::vector<bool> recursive_rules(const Grammar& g) {
 
 struct NfaEdge { uint8_t lo, hi; int32_t to; };
 
-// Interned NFA state sets of one rule's subset construction: the sorted sets lie back to back
-// in one arena and an open-addressing table maps a set to its index. Every DFA transition
-// looks a set up, so no allocation per lookup (an unordered_map of vectors spent a third of
-// compile time in malloc/free).
-class SetTable {
- public:
-  void clear() {
-    arena_.clear();
-    begin_.assign(1, 0);
-    hashes_.clear();
-    slots_.assign(256, -1);
-  }
-  int32_t size() const { return static_cast<int32_t>(hashes_.size()); }
-  const int32_t* data(int32_t k) const { return arena_.data() + begin_[k]; }
-  uint32_t length(int32_t k) const { return begin_[k + 1] - begin_[k]; }
-  // Index of `set` (sorted, unique); added as index size() when absent (*added = true).
-  int32_t intern(const std::vector<int32_t>& set, bool* added) {
-    uint64_t h = 0x9e3779b97f4a7c15ull ^ set.size();
-    for (int32_t x : set) h = (h ^ static_cast<uint32_t>(x)) * 0x100000001b3ull + (h >> 29);
-    const size_t mask = slots_.size() - 1;
-    for (size_t i = h & mask;; i = (i + 1) & mask) {
-      const int32_t k = slots_[i];
-      if (k < 0) break;
-      if (hashes_[k] == h && length(k) == set.size() &&
-          std::equal(set.begin(), set.end(), data(k))) {
-        *added = false;
-        return k;
-      }
-    }
-    const int32_t k = size();
-    hashes_.push_back(h);
-    arena_.insert(arena_.end(), set.begin(), set.end());
-    begin_.push_back(static_cast<uint32_t>(arena_.size()));
-    if (hashes_.size() * 2 > slots_.size()) {
-      slots_.assign(slots_.size() * 2, -1);
-      for (int32_t j = 0; j < k; ++j) place(j);
-    }
-    place(k);
-    *added = true;
-    return k;
-  }
+// SetTable (set_table.h) interns the NFA state sets of one rule's subset construction.
 
- private:
-  void place(int32_t k) {
-    const size_t mask = slots_.size() - 1;
-    size_t i = hashes_[k] & mask;
-    while (slots_[i] >= 0) i = (i + 1) & mask;
-    slots_[i] = k;
-  }
-  std::vector<int32_t> arena_;
-  std::vector<uint32_t> begin_;   // [size + 1] offsets into arena_
-  std::vector<uint64_t> hashes_;  // [size]
-  std::vector<int32_t> slots_;    // power of two; set index or -1
-};
 // uint64 -> int32 open-addressing map (keys != ~0); clear() keeps the capacity.
 class FlatMap {
  public:
@@ -317,6 +266,8 @@ class Builder {
   std::vector<int32_t> work_;
   // Subset-construction scratch, reused across states and rules (no allocation per state).
   SetTable sets_;
+  SetTable raw_seen_;               // raw target sets met in this rule
+  std::vector<int32_t> raw_state_;  // [raw_seen_ index] their DFA state or -1
   std::vector<std::vector<int32_t>> targets_;  // [class] NFA targets of the current state
   std::vector<int32_t> touched_;               // classes with targets_ non-empty
   std::vector<int32_t> closed_, ret_set_;
@@ -701,8 +652,10 @@ void Builder::determinize(int32_t idx, Pda& pda) {
   const int32_t nc = pda.num_classes;
   const int32_t first = static_cast<int32_t>(pda.states.size());
   sets_.clear();
+  raw_seen_.clear();
+  raw_state_.clear();
   // Closes `raw` (NFA targets) into closed_ and returns its DFA state, adding it when new.
-  auto intern = [&](const std::vector<int32_t>& raw) -> int32_t {
+  auto close_and_intern = [&](const std::vector<int32_t>& raw) -> int32_t {
     closed_.assign(raw.begin(), raw.end());
     eps_closure(closed_);
     if (closed_.empty()) return -1;  // only dead ends: no state
@@ -714,6 +667,16 @@ void Builder::determinize(int32_t idx, Pda& pda) {
       pda.states.push_back(PdaState{.rule = idx, .guard = guard_of(closed_, idx, pda)});
       pda.trans.resize(pda.trans.size() + nc, -1);
     }
+    return id;
+  };
+  // The same raw targets recur across states and classes (every state inside a string steps
+  // to the same body); closing them again would give the same state.
+  auto intern = [&](const std::vector<int32_t>& raw) -> int32_t {
+    bool added = false;
+    const int32_t k = raw_seen_.intern(raw, &added);
+    if (!added) return raw_state_[k];
+    const int32_t id = close_and_intern(raw);
+    raw_state_.push_back(id);
     return id;
   };
   pda.rule_start[idx] = intern({0});

@@ -2,6 +2,7 @@
 // references) and json_schema_parts.cpp (numbers, strings, formats, literals, allOf merging).
 #pragma once
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -13,6 +14,7 @@
 namespace deepinfer::structured {
 
 using json = nlohmann::ordered_json;
+struct Pda;
 
 [[noreturn]] void schema_error(const std::string& ptr, const std::string& what);
 std::string ptr_escape(const std::string& key);  // JSON pointer token escaping
@@ -122,6 +124,7 @@ class SchemaLowerer {
   void object_difference(const json& rt, const json& n, const std::string& ptr, const std::string& nptr, int depth,
                          std::vector<ExprId>& alts);
   bool validates(const json& schema, const std::string& ptr, const json& value);
+  std::shared_ptr<const Pda> validation_pda(const json& schema, const std::string& ptr);
   const json* resolve(const std::string& ref, const std::string& ptr, std::string* target_ptr);
   void index_ids(const json& s, const std::string& ptr, bool in_root_resource);
   ExprId members(const std::vector<ExprId>& props, const std::vector<bool>& required, ExprId additional,
@@ -173,6 +176,8 @@ class SchemaLowerer {
   std::map<std::string, RuleId> ref_rules_;        // target pointer -> rule
   std::map<std::string, std::string> id_index_;    // $id / $anchor -> pointer
   std::set<std::string> anchor_in_root_;           // anchors defined in the root resource
+  // validation_pda: "pointer\nschema" -> its automaton (schemas other than {}).
+  std::map<std::string, std::shared_ptr<const Pda>> validation_pdas_;
 };
 
 }  // namespace deepinfer::structured

@@ -1,22 +1,42 @@
 #include "structured/regular.h"
 
 #include <algorithm>
-#include <map>
-#include <unordered_map>
 
 #include "core/check.h"
+#include "structured/set_table.h"
 
 namespace deepinfer::structured {
 namespace {
 
+// Thompson NFA. Edges are collected as (from, edge) while building (a state gains edges after
+// later states exist) and laid out by state in one array each by finish(): no vector per state.
 struct Nfa {
   struct Edge { uint8_t lo, hi; int32_t to; };
-  std::vector<std::vector<int32_t>> eps;  // [states]
-  std::vector<std::vector<Edge>> bytes;   // [states]
-  int32_t add() {
-    eps.emplace_back();
-    bytes.emplace_back();
-    return static_cast<int32_t>(eps.size() - 1);
+  int32_t num_states = 0;
+  std::vector<std::pair<int32_t, int32_t>> raw_eps;
+  std::vector<std::pair<int32_t, Edge>> raw_bytes;
+  std::vector<int32_t> eps_begin, eps;  // [states + 1] offsets into eps (targets)
+  std::vector<int32_t> byte_begin;      // [states + 1] offsets into bytes
+  std::vector<Edge> bytes;
+  int32_t add() { return num_states++; }
+  void add_eps(int32_t from, int32_t to) { raw_eps.push_back({from, to}); }
+  void add_byte(int32_t from, Edge e) { raw_bytes.push_back({from, e}); }
+  bool has_bytes(int32_t s) const { return byte_begin[s] != byte_begin[s + 1]; }
+  void finish() {
+    lay_out(raw_eps, eps_begin, eps);
+    lay_out(raw_bytes, byte_begin, bytes);
+  }
+
+ private:
+  // Counting sort by source state, stable (each state keeps its edges' insertion order).
+  template <class T>
+  void lay_out(const std::vector<std::pair<int32_t, T>>& raw, std::vector<int32_t>& begin, std::vector<T>& out) {
+    begin.assign(num_states + 1, 0);
+    for (const auto& [from, _] : raw) ++begin[from + 1];
+    for (int32_t s = 0; s < num_states; ++s) begin[s + 1] += begin[s];
+    std::vector<int32_t> fill(begin.begin(), begin.end() - 1);
+    out.resize(raw.size());
+    for (const auto& [from, e] : raw) out[fill[from]++] = e;
   }
 };
 
@@ -27,7 +47,7 @@ class NfaBuilder {
   Nfa nfa;
   bool build(ExprId id, int32_t start, int32_t* end, int depth) {
     if (depth > 64) return false;  // deep rule nesting: treat as not regular
-    if (static_cast<int32_t>(nfa.eps.size()) > max_) DI_THROW(GrammarError, "regular-language operation too large");
+    if (nfa.num_states > max_) DI_THROW(GrammarError, "regular-language operation too large");
     const Expr& e = b_.expr(id);
     switch (e.kind) {
       case ExprKind::kNothing: *end = nfa.add(); return true;
@@ -35,7 +55,7 @@ class NfaBuilder {
       case ExprKind::kBytes: {
         if (e.mark >= 0) return false;  // a tracked object's key set is not a regular language
         int32_t t = nfa.add();
-        for (ByteRange r : e.ranges) nfa.bytes[start].push_back({r.lo, r.hi, t});
+        for (ByteRange r : e.ranges) nfa.add_byte(start, {r.lo, r.hi, t});
         *end = t;
         return true;
       }
@@ -50,9 +70,9 @@ class NfaBuilder {
         int32_t t = nfa.add();
         for (ExprId c : e.children) {
           int32_t s = nfa.add(), ce;
-          nfa.eps[start].push_back(s);
+          nfa.add_eps(start, s);
           if (!build(c, s, &ce, depth)) return false;
-          nfa.eps[ce].push_back(t);
+          nfa.add_eps(ce, t);
         }
         *end = t;
         return true;
@@ -63,20 +83,20 @@ class NfaBuilder {
           if (!build(e.children[0], cur, &cur, depth)) return false;
         if (e.max == kUnbounded) {
           int32_t loop = nfa.add(), t;
-          nfa.eps[cur].push_back(loop);
+          nfa.add_eps(cur, loop);
           if (!build(e.children[0], loop, &t, depth)) return false;
-          nfa.eps[t].push_back(loop);
+          nfa.add_eps(t, loop);
           *end = loop;
           return true;
         }
         int32_t t = nfa.add();
         for (int32_t i = e.min; i < e.max; ++i) {
-          nfa.eps[cur].push_back(t);
+          nfa.add_eps(cur, t);
           int32_t s = nfa.add();
-          nfa.eps[cur].push_back(s);
+          nfa.add_eps(cur, s);
           if (!build(e.children[0], s, &cur, depth)) return false;
         }
-        nfa.eps[cur].push_back(t);
+        nfa.add_eps(cur, t);
         *end = t;
         return true;
       }
@@ -87,13 +107,13 @@ class NfaBuilder {
       }
       case ExprKind::kAutomaton: {
         const ByteAutomaton& a = b_.automaton_at(e.automaton);
-        int32_t base = static_cast<int32_t>(nfa.eps.size());
+        int32_t base = nfa.num_states;
         for (int32_t i = 0; i < a.num_states; ++i) nfa.add();
         int32_t t = nfa.add();
-        for (const auto& ed : a.edges) nfa.bytes[base + ed.from].push_back({ed.lo, ed.hi, base + ed.to});
+        for (const auto& ed : a.edges) nfa.add_byte(base + ed.from, {ed.lo, ed.hi, base + ed.to});
         for (int32_t i = 0; i < a.num_states; ++i)
-          if (a.final[i]) nfa.eps[base + i].push_back(t);
-        nfa.eps[start].push_back(base + a.start);
+          if (a.final[i]) nfa.add_eps(base + i, t);
+        nfa.add_eps(start, base + a.start);
         *end = t;
         return true;
       }
@@ -106,14 +126,18 @@ class NfaBuilder {
   int32_t max_;
 };
 
-void closure(const Nfa& n, std::vector<int32_t>& set, std::vector<uint32_t>& stamp, uint32_t gen) {
-  std::vector<int32_t> work(set);
+// Adds the states reachable by epsilon edges to `set` and sorts it; `work` is scratch.
+void closure(const Nfa& n, std::vector<int32_t>& set, std::vector<int32_t>& work, std::vector<uint32_t>& stamp,
+             uint32_t gen) {
+  work.assign(set.begin(), set.end());
   for (int32_t s : set) stamp[s] = gen;
   while (!work.empty()) {
     int32_t s = work.back();
     work.pop_back();
-    for (int32_t t : n.eps[s])
+    for (int32_t q = n.eps_begin[s]; q < n.eps_begin[s + 1]; ++q) {
+      const int32_t t = n.eps[q];
       if (stamp[t] != gen) { stamp[t] = gen; set.push_back(t); work.push_back(t); }
+    }
   }
   std::sort(set.begin(), set.end());
 }
@@ -137,37 +161,50 @@ std::optional<Dfa> expr_to_dfa(const GrammarBuilder& b, ExprId e, int32_t max_st
   NfaBuilder nb(b, max_states);
   int32_t start = nb.nfa.add(), end;
   if (!nb.build(e, start, &end, 0)) return std::nullopt;
+  nb.nfa.finish();
   const Nfa& nfa = nb.nfa;
   Dfa d;
   std::vector<bool> boundary(257, false);
   boundary[0] = boundary[256] = true;
-  for (const auto& es : nfa.bytes)
-    for (const auto& ed : es) boundary[ed.lo] = boundary[ed.hi + 1] = true;
+  for (const auto& ed : nfa.bytes) boundary[ed.lo] = boundary[ed.hi + 1] = true;
   int32_t cls = -1;
   for (int c = 0; c < 256; ++c) {
     if (boundary[c]) ++cls;
     d.byte_class[c] = static_cast<uint8_t>(cls);
   }
   d.num_classes = cls + 1;
-  std::vector<uint32_t> stamp(nfa.eps.size(), 0);
+  std::vector<uint32_t> stamp(nfa.num_states, 0);
   uint32_t gen = 0;
-  std::map<std::vector<int32_t>, int32_t> ids;
-  std::vector<std::vector<int32_t>> sets;
-  auto intern = [&](std::vector<int32_t> set) {
-    closure(nfa, set, stamp, ++gen);
+  // DFA state k = set k of `sets` (ids in first-insertion order, as the subset construction
+  // discovers them). `set` and `work` are scratch reused by every lookup.
+  SetTable sets;
+  std::vector<int32_t> set, work;
+  // Raw target sets seen before -> their DFA state (or -1): many (state, class) pairs step to
+  // the same targets, and closing, sorting and trimming them again gives the same state.
+  SetTable raw_seen;
+  std::vector<int32_t> raw_state;  // [raw_seen index]
+  auto close_and_intern = [&](const std::vector<int32_t>& raw) {
+    set.assign(raw.begin(), raw.end());
+    closure(nfa, set, work, stamp, ++gen);
     // Only states with byte edges and the end decide behaviour: closures differing in
     // pass-through states are one DFA state (no twin per character class).
-    set.erase(std::remove_if(set.begin(), set.end(), [&](int32_t s) { return nfa.bytes[s].empty() && s != end; }),
+    set.erase(std::remove_if(set.begin(), set.end(), [&](int32_t s) { return !nfa.has_bytes(s) && s != end; }),
               set.end());
     if (set.empty()) return -1;
-    auto it = ids.find(set);
-    if (it != ids.end()) return it->second;
-    int32_t id = static_cast<int32_t>(sets.size());
+    bool added = false;
+    const int32_t id = sets.intern(set, &added);
+    if (!added) return id;
     if (id >= max_states) too_large(max_states);
-    ids.emplace(set, id);
     d.final.push_back(std::binary_search(set.begin(), set.end(), end));
     d.trans.resize(d.trans.size() + d.num_classes, -1);
-    sets.push_back(std::move(set));
+    return id;
+  };
+  auto intern = [&](const std::vector<int32_t>& raw) {
+    bool added = false;
+    const int32_t k = raw_seen.intern(raw, &added);
+    if (!added) return raw_state[k];
+    const int32_t id = close_and_intern(raw);
+    raw_state.push_back(id);
     return id;
   };
   d.start = intern({start});
@@ -177,16 +214,20 @@ std::optional<Dfa> expr_to_dfa(const GrammarBuilder& b, ExprId e, int32_t max_st
     d.trans.assign(d.num_classes, -1);
   }
   std::vector<std::vector<int32_t>> targets(d.num_classes);
-  for (size_t cur = 0; cur < sets.size(); ++cur) {
+  for (int32_t cur = 0; cur < sets.size(); ++cur) {
     for (auto& t : targets) t.clear();
-    for (int32_t s : sets[cur])
-      for (const auto& ed : nfa.bytes[s])
+    // All of set cur is read before the first intern below (which may move the arena).
+    const int32_t* cs = sets.data(cur);
+    for (uint32_t j = 0, n = sets.length(cur); j < n; ++j)
+      for (int32_t q = nfa.byte_begin[cs[j]]; q < nfa.byte_begin[cs[j] + 1]; ++q) {
+        const Nfa::Edge& ed = nfa.bytes[q];
         for (int c = d.byte_class[ed.lo]; c <= d.byte_class[ed.hi]; ++c) targets[c].push_back(ed.to);
+      }
     for (int c = 0; c < d.num_classes; ++c) {
       if (targets[c].empty()) continue;
       std::sort(targets[c].begin(), targets[c].end());
       targets[c].erase(std::unique(targets[c].begin(), targets[c].end()), targets[c].end());
-      d.trans[cur * d.num_classes + c] = intern(targets[c]);
+      d.trans[static_cast<size_t>(cur) * d.num_classes + c] = intern(targets[c]);
     }
   }
   return d;
@@ -195,46 +236,54 @@ std::optional<Dfa> expr_to_dfa(const GrammarBuilder& b, ExprId e, int32_t max_st
 Dfa dfa_product(const std::vector<const Dfa*>& dfas, const std::function<bool(uint32_t)>& accept, int32_t max_states) {
   DI_CHECK(!dfas.empty() && dfas.size() <= 31, "dfa_product of ", dfas.size(), " automata");
   Dfa d;
-  // Classes: bytes equivalent in every operand.
-  std::map<std::vector<uint8_t>, int32_t> sig_class;
+  const size_t k = dfas.size();
+  // Classes: bytes equivalent in every operand, numbered by first occurrence. A byte usually
+  // has its predecessor's signature; otherwise it is compared with each class's first byte.
+  auto same_sig = [&](int x, int y) {
+    for (const Dfa* a : dfas)
+      if (a->byte_class[x] != a->byte_class[y]) return false;
+    return true;
+  };
+  std::vector<uint8_t> rep;  // [class] its first byte
   for (int c = 0; c < 256; ++c) {
-    std::vector<uint8_t> sig;
-    for (const Dfa* x : dfas) sig.push_back(x->byte_class[c]);
-    auto [it, ins] = sig_class.emplace(sig, static_cast<int32_t>(sig_class.size()));
-    d.byte_class[c] = static_cast<uint8_t>(it->second);
+    int32_t cl = -1;
+    if (c > 0 && same_sig(c, c - 1)) cl = d.byte_class[c - 1];
+    for (size_t r = 0; cl < 0 && r < rep.size(); ++r)
+      if (same_sig(c, rep[r])) cl = static_cast<int32_t>(r);
+    if (cl < 0) {
+      cl = static_cast<int32_t>(rep.size());
+      rep.push_back(static_cast<uint8_t>(c));
+    }
+    d.byte_class[c] = static_cast<uint8_t>(cl);
   }
-  d.num_classes = static_cast<int32_t>(sig_class.size());
-  std::vector<uint8_t> rep(d.num_classes);
-  for (int c = 255; c >= 0; --c) rep[d.byte_class[c]] = static_cast<uint8_t>(c);
-  std::map<std::vector<int32_t>, int32_t> ids;
-  std::vector<std::vector<int32_t>> tuples;
-  auto intern = [&](std::vector<int32_t> t) {
-    auto it = ids.find(t);
-    if (it != ids.end()) return it->second;
-    int32_t id = static_cast<int32_t>(tuples.size());
+  d.num_classes = static_cast<int32_t>(rep.size());
+  // Product state n = tuple n of `tuples` (k operand states, -1 = dead), first-insertion order.
+  SetTable tuples;
+  auto intern = [&](const std::vector<int32_t>& t) {
+    bool added = false;
+    const int32_t id = tuples.intern(t, &added);
+    if (!added) return id;
     if (id >= max_states) too_large(max_states);
     uint32_t mask = 0;
-    for (size_t i = 0; i < t.size(); ++i)
+    for (size_t i = 0; i < k; ++i)
       if (t[i] >= 0 && dfas[i]->final[t[i]]) mask |= 1u << i;
     d.final.push_back(accept(mask));
     d.trans.resize(d.trans.size() + d.num_classes, -1);
-    ids.emplace(t, id);
-    tuples.push_back(std::move(t));
     return id;
   };
-  std::vector<int32_t> s0;
-  for (const Dfa* x : dfas) s0.push_back(x->start);
-  d.start = intern(s0);
-  for (size_t cur = 0; cur < tuples.size(); ++cur) {
+  std::vector<int32_t> t(k), cur_t(k);
+  for (size_t i = 0; i < k; ++i) t[i] = dfas[i]->start;
+  d.start = intern(t);
+  for (int32_t cur = 0; cur < tuples.size(); ++cur) {
+    std::copy(tuples.data(cur), tuples.data(cur) + k, cur_t.begin());  // interning may move the arena
     for (int c = 0; c < d.num_classes; ++c) {
-      std::vector<int32_t> t(dfas.size());
       bool any = false;
-      for (size_t i = 0; i < dfas.size(); ++i) {
-        int32_t s = tuples[cur][i];
+      for (size_t i = 0; i < k; ++i) {
+        const int32_t s = cur_t[i];
         t[i] = s < 0 ? -1 : dfas[i]->next(s, rep[c]);
         any |= t[i] >= 0;
       }
-      if (any) d.trans[cur * d.num_classes + c] = intern(std::move(t));
+      if (any) d.trans[static_cast<size_t>(cur) * d.num_classes + c] = intern(t);
     }
   }
   return d;
@@ -244,12 +293,16 @@ namespace {
 // States from which some final state is reachable.
 std::vector<bool> live_states(const Dfa& d) {
   const int32_t n = d.num_states();
-  std::vector<std::vector<int32_t>> preds(n);
-  for (int32_t s = 0; s < n; ++s)
-    for (int c = 0; c < d.num_classes; ++c) {
-      int32_t t = d.trans[static_cast<size_t>(s) * d.num_classes + c];
-      if (t >= 0) preds[t].push_back(s);
-    }
+  const size_t nt = static_cast<size_t>(n) * d.num_classes;
+  // Predecessor lists laid out by target state (counting sort): one array, not one per state.
+  std::vector<int32_t> pred_begin(n + 1, 0), preds;
+  for (size_t q = 0; q < nt; ++q)
+    if (d.trans[q] >= 0) ++pred_begin[d.trans[q] + 1];
+  for (int32_t s = 0; s < n; ++s) pred_begin[s + 1] += pred_begin[s];
+  preds.resize(pred_begin[n]);
+  std::vector<int32_t> fill(pred_begin.begin(), pred_begin.end() - 1);
+  for (size_t q = 0; q < nt; ++q)
+    if (d.trans[q] >= 0) preds[fill[d.trans[q]]++] = static_cast<int32_t>(q / d.num_classes);
   std::vector<bool> live(n, false);
   std::vector<int32_t> work;
   for (int32_t s = 0; s < n; ++s)
@@ -257,8 +310,8 @@ std::vector<bool> live_states(const Dfa& d) {
   while (!work.empty()) {
     int32_t s = work.back();
     work.pop_back();
-    for (int32_t p : preds[s])
-      if (!live[p]) { live[p] = true; work.push_back(p); }
+    for (int32_t q = pred_begin[s]; q < pred_begin[s + 1]; ++q)
+      if (!live[preds[q]]) { live[preds[q]] = true; work.push_back(preds[q]); }
   }
   return live;
 }
