@@ -42,6 +42,14 @@ constexpr Region kRegions[4] = {{&LinearRef::w, true, false}, {&LinearRef::scale
                                 {&LinearRef::w, false, false}, {&LinearRef::scale, false, true}};
 }  // namespace
 
+// How the layer's experts are stored: as a held expert says (every expert of a layer is stored
+// alike), else as the layer's device tables record.
+static DType expert_dtype(const MoeRef& M) {
+  for (const ExpertRef& e : M.experts)
+    if (e.w13.defined()) return e.w13.dtype;
+  return M.tables.dtype;
+}
+
 MoeRef& CudaBackend::expert_layer(int64_t layer) const {
   std::vector<LayerRef>& layers = weights_->refs.layers;
   if (layer < 0 || layer >= int64_t(layers.size()))
@@ -66,8 +74,9 @@ bool CudaBackend::holds_expert(int64_t layer, int32_t expert) const {
 std::array<int64_t, 4> CudaBackend::expert_regions(int64_t layer) const {
   const MoeRef& M = expert_layer(layer);
   const int64_t I = arch_.dims.moe_inter, D = arch_.dims.hidden;
-  const auto [w13, s13] = matrix_bytes(M.tables.dtype, 2 * I, D);
-  const auto [w2, s2] = matrix_bytes(M.tables.dtype, D, I);
+  const DType dt = expert_dtype(M);
+  const auto [w13, s13] = matrix_bytes(dt, 2 * I, D);
+  const auto [w2, s2] = matrix_bytes(dt, D, I);
   return {w13, s13, w2, s2};
 }
 
@@ -124,8 +133,9 @@ void CudaBackend::adopt_expert(int64_t layer, int32_t expert, std::span<const st
   // Every expert of a layer has the same shape and dtype: take them from the layer's format.
   const int64_t I = arch_.dims.moe_inter, D = arch_.dims.hidden;
   ExpertRef& e = M.experts[size_t(expert)];
-  e.w13 = {.w = at[0], .scale = at[1], .dtype = M.tables.dtype, .out = 2 * I, .in = D};
-  e.w2 = {.w = at[2], .scale = at[3], .dtype = M.tables.dtype, .out = D, .in = I};
+  const DType dt = expert_dtype(M);
+  e.w13 = {.w = at[0], .scale = at[1], .dtype = dt, .out = 2 * I, .in = D};
+  e.w2 = {.w = at[2], .scale = at[3], .dtype = dt, .out = D, .in = I};
   set_expert_tables(M, expert);  // synchronizes: `src` is read before the call returns
 }
 
