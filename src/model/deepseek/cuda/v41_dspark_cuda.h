@@ -34,6 +34,11 @@ namespace deepinfer::model::v41 {
 // buffers first; off: the same padded launches run eagerly (bit-identical results, the A/B switch;
 // the V4.1 GPU loader turns graphs on with DecodePath::kGraph). Throws ConfigError for shapes the kernels do not take (routing without top-k
 // normalisation, head_dim not a multiple of 32, widths not multiples of 8, > 1024 experts).
-DSparkStagesMaker cuda_dspark_stages(int device, bool graphs);
+// `stored_formats` (default on): the stage linears the checkpoint stores FP8 stay FP8 on the device
+// (ops/cuda/gemm_fp8w, 1 byte a weight + e8m0 scales) and FP4 routed experts stay FP4 (moe_decode
+// kFP4): the release's stages fit in their stored size instead of ~4x-8x that in f32. Off, or for
+// tensors the kernels cannot take as stored (bf16 / f32 in the checkpoint, FP8 experts, scale
+// exponents past kFp8wMaxScaleExp): the f32 copies, the reference path.
+DSparkStagesMaker cuda_dspark_stages(int device, bool graphs, bool stored_formats = true);
 
 }  // namespace deepinfer::model::v41
