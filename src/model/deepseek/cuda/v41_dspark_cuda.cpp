@@ -82,7 +82,7 @@ StoredBytes stored_bytes(const V41Weights* sw, const std::string& name, v4::Weig
 
 // Scratch buffers, each grown on demand and reused across rounds (same stream: no overlap).
 enum Buf { kTaps, kM, kKvF, kX, kX2, kMixA, kMixF, kHcWs, kU, kH, kY, kQa, kQ, kKv, kKeys, kO, kZ, kGlog, kWts,
-           kAct, kYe, kGu, kActS, kSh, kXhat, kHn, kBase, kI64, kBlk64, kBlk32, kIds, kOut, kXb, kNumBufs };
+           kAct, kYe, kGu, kActS, kSh, kXhat, kHn, kBase, kI64, kBlk64, kBlk32, kIds, kOut, kXb, kXbF, kNumBufs };
 
 // A block round's inputs, in fixed places of two device buffers for Sp (padded) sequences of B:
 // int64 [pos T | embedding rows T*n | combine rows T*K | keys Sp*(cap+B)], int32 [begin T | count T |
@@ -182,7 +182,7 @@ class CudaDSparkStages final : public DSparkStages {
       DI_CHECK(!capturing_, "dspark: scratch buffer ", int(id), " grows inside a graph capture");
       b = DeviceBuffer(need * 2, device_);  // cudaFree syncs the device first
       // Graphs that captured the old pointer are stale (feed's own buffers are never captured).
-      if (id != kTaps && id != kM && id != kKvF && id != kI64) ++generation_;
+      if (id != kTaps && id != kM && id != kKvF && id != kI64 && id != kXbF) ++generation_;
     }
     return b.as<T>();
   }
@@ -198,8 +198,9 @@ class CudaDSparkStages final : public DSparkStages {
              stream_.get());
   }
   // y [M, batch*N] f32 = x [M, ldx] · Wᵀ; batch > 1: the grouped wo_a (group g reads columns g*K..).
+  // `scratch`: the bf16 copy of x for FP8 weights (feed has its own, kXbF: graphs never read it).
   void linear(const float* x, int64_t M, int64_t K, const DevLinear& w, int64_t N, float* y, int64_t ldx = 0,
-              int64_t batch = 1);
+              int64_t batch = 1, Buf scratch = kXb);
   void rmsnorm(const float* x, const float* w, float* y, int64_t rows, int64_t dim) {
     oc::rmsnorm({.x = x, .x_dtype = DType::kF32, .x_stride = dim, .w = w, .w_dtype = DType::kF32, .y = y,
                  .y_dtype = DType::kF32, .y_stride = dim, .rows = rows, .dim = dim, .eps = float(c_.rms_norm_eps)},
@@ -340,7 +341,7 @@ void CudaDSparkStages::feed(const HiddenRows& taps, const std::vector<DSparkFeed
   linear(tap, F, W, main_proj_, D, m);
   rmsnorm(m, main_norm_, m, F, D);
   for (size_t k = 0; k < stages_.size(); ++k) {
-    linear(m, F, D, stages_[k].wkv, d, kv);
+    linear(m, F, D, stages_[k].wkv, d, kv, 0, 1, kXbF);
     rmsnorm(kv, stages_[k].kv_norm, kv, F, d);
     rope(kv, F, 1, pos, false);
     qat(kv, F);
@@ -647,7 +648,7 @@ void CudaDSparkStages::experts(const V41Weights* sw, const std::string& f, const
 }
 
 void CudaDSparkStages::linear(const float* x, int64_t M, int64_t K, const DevLinear& w, int64_t N, float* y,
-                              int64_t ldx, int64_t batch) {
+                              int64_t ldx, int64_t batch, Buf scratch) {
   if (ldx == 0) ldx = K;
   if (w.f32) {
     lt_.gemm({.x = x, .ldx = ldx, .w = w.f32, .ldw = K, .y = y, .ldy = batch * N, .in_dtype = DType::kF32,
@@ -658,7 +659,7 @@ void CudaDSparkStages::linear(const float* x, int64_t M, int64_t K, const DevLin
   }
   // The FP8 GEMM takes bf16 activations: x rounded once (round to nearest even) into a scratch.
   const int64_t W = ldx;
-  uint16_t* xb = buf<uint16_t>(kXb, M * W);
+  uint16_t* xb = buf<uint16_t>(scratch, M * W);
   gc::gather_rows({.src_a = x, .a_stride = W, .src_dtype = DType::kF32, .dst = xb, .dst_stride = W,
                    .dst_dtype = DType::kBF16, .rows = M, .width = W},
                   stream_.get());
