@@ -207,9 +207,10 @@ std::unique_ptr<CausalLM> load_cuda(const std::string& dir, const ModelLoadOptio
   CudaModelOptions o = v4::engine_cuda_options(l);
   const bool compact = l.env.yoco_truncation_mode.value_or("full") == "compact";
   const int64_t keep = compact ? l.env.yoco_keep_tokens.value_or(int(kDefaultReplayKeep)) : 0;
-  // DSpark only when drafting is asked for explicitly: its stages run on the GPU in f32 (the release's
-  // three stages of 128 experts would be ~54 GB there, v41_dspark_cuda.h), so a GPU model does not
-  // take them on by default as the CPU model does.
+  // DSpark only when drafting is asked for explicitly: its stages' weights stay in their stored
+  // formats on the GPU outside kExact (v41_dspark_cuda.h), but the load still dequantises every stage
+  // tensor to f32 on the host once (DSparkWeights::load; ~54 GB at the release's shapes), so a GPU
+  // model does not take them on by default as the CPU model does.
   const bool draft = l.env.use_nextn_decode.value_or(0) > 0;
   return load_v41_cuda(dir, o, {.replay_keep = keep, .dspark = draft});
 }
