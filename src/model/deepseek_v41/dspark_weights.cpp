@@ -60,6 +60,7 @@ DSparkWeights DSparkWeights::load(const DeepseekV41Config& cfg, const V41Weights
   d.embed = get("embed.weight");
   d.head = get("head.weight");
   d.inv_freq = v41_inv_freq(cfg.rope, cfg.rope_head_dim);
+  d.stored = &w;
   return d;
 }
 

@@ -25,6 +25,10 @@ struct DSparkWeights {
   Tensor norm, mk_embed, mk_head, conf;  // last stage: [D], [V, Rk], [V, Rk], [1, D + Rk]
   Tensor embed, head;                    // trunk: [V, D] each
   std::vector<float> inv_freq;           // the stages' rope (cfg.rope: theta, no YaRN)
+  // The checkpoint the tensors came from (alive while a DSparkStagesMaker runs, not after): a
+  // device maker reads the stored FP8 / FP4 bytes + e8m0 scales of the mtp.* linears from it
+  // instead of uploading the f32 copies above. Null for weights built by hand.
+  const V41Weights* stored = nullptr;
 
   // Throws CheckpointError naming the first missing tensor.
   static DSparkWeights load(const DeepseekV41Config& cfg, const V41Weights& w);

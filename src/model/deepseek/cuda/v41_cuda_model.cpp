@@ -133,7 +133,9 @@ std::unique_ptr<DeepseekV41Model> load_v41_cuda(const std::string& dir, const Cu
   DI_CUDA_CHECK(cudaSetDevice(o.device));
   if (probe.dspark.num_stages > 0 && mo.dspark)
     DI_INFO("deepseek_v41 cuda: ", dir, ": the DSpark drafter's ", probe.dspark.num_stages, " stages run ",
-            mo.dspark_host_stages ? "on the host (f32; taps copied back each round)" : "on the GPU (f32)");
+            mo.dspark_host_stages ? "on the host (f32; taps copied back each round)"
+            : o.numerics == ds::cuda::Numerics::kExact ? "on the GPU (f32 weights)"
+                                                       : "on the GPU (stage weights in their stored FP8 / FP4)");
   else if (probe.dspark.num_stages > 0)
     DI_INFO("deepseek_v41 cuda: ", dir, ": the ", probe.dspark.num_stages, " DSpark stages are not loaded (no "
             "drafts on the GPU yet; the CPU backend drafts with them)");
@@ -147,7 +149,11 @@ std::unique_ptr<DeepseekV41Model> load_v41_cuda(const std::string& dir, const Cu
   // on the host when it samples on the device): one copy of the step's rows per round.
   // The stages on the device (v41_dspark_cuda.h), reading the taps where the step left them.
   // Draft rounds on CUDA graphs when the trunk decodes on graphs (the one graphs switch).
-  if (!mo.dspark_host_stages) m.dspark_stages = cuda_dspark_stages(o.device, o.decode == DecodePath::kGraph);
+  // Stage weights in their stored formats (FP8 dense, FP4 experts) unless the trunk is kExact (f32
+  // everywhere, the reference the tests hold the stages to).
+  if (!mo.dspark_host_stages)
+    m.dspark_stages =
+        cuda_dspark_stages(o.device, o.decode == DecodePath::kGraph, o.numerics != ds::cuda::Numerics::kExact);
   m.dspark_host_taps = [](const HiddenRows& h) {
     Tensor t = Tensor::empty({h.rows, h.row_elems}, DType::kF32);
     DI_CUDA_CHECK(cudaSetDevice(h.device_index));
@@ -201,9 +207,10 @@ std::unique_ptr<CausalLM> load_cuda(const std::string& dir, const ModelLoadOptio
   CudaModelOptions o = v4::engine_cuda_options(l);
   const bool compact = l.env.yoco_truncation_mode.value_or("full") == "compact";
   const int64_t keep = compact ? l.env.yoco_keep_tokens.value_or(int(kDefaultReplayKeep)) : 0;
-  // DSpark only when drafting is asked for explicitly: its stages run on the GPU in f32 (the release's
-  // three stages of 128 experts would be ~54 GB there, v41_dspark_cuda.h), so a GPU model does not
-  // take them on by default as the CPU model does.
+  // DSpark only when drafting is asked for explicitly: its stages' weights stay in their stored
+  // formats on the GPU outside kExact (v41_dspark_cuda.h), but the load still dequantises every stage
+  // tensor to f32 on the host once (DSparkWeights::load; ~54 GB at the release's shapes), so a GPU
+  // model does not take them on by default as the CPU model does.
   const bool draft = l.env.use_nextn_decode.value_or(0) > 0;
   return load_v41_cuda(dir, o, {.replay_keep = keep, .dspark = draft});
 }

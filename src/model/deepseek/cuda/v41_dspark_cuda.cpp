@@ -13,9 +13,11 @@
 #include "model/deepseek/cuda/glue_kernels.h"
 #include "model/deepseek/cuda/moe_decode.h"
 #include "model/deepseek_v41/dspark_weights.h"
+#include "model/deepseek_v41/weights.h"
 #include "model/plan/step_plan.h"
 #include "ops/cuda/attention.h"
 #include "ops/cuda/gemm.h"
+#include "ops/cuda/gemm_fp8w.h"
 #include "ops/cuda/hc.h"
 #include "ops/cuda/norm.h"
 #include "ops/cuda/qat.h"
@@ -31,16 +33,56 @@ namespace gc = ds::cuda;
 namespace dc = deepinfer::cuda;
 using deepinfer::cuda::DeviceBuffer;
 
-struct StageDev {  // device f32 copies of DSparkStageWeights
-  const float *attn_norm, *ffn_norm, *hc_attn_fn, *hc_attn_base, *hc_attn_scale, *hc_ffn_fn, *hc_ffn_base,
-      *hc_ffn_scale, *wq_a, *q_norm, *wq_b, *wkv, *kv_norm, *wo_a, *wo_b, *sink, *gate, *gate_bias, *shared13, *shared2;
-  const void* const* w13;  // [E] device table of expert pointers
-  const void* const* w2;
+// A dense stage linear on the device: f32 [N, K], or (stored formats) the checkpoint's e4m3 bytes
+// [N, K] with their e8m0 scales [ceil(N/blk), ceil(K/blk)] (gemm_fp8w, bf16 activations).
+struct DevLinear {
+  const float* f32 = nullptr;
+  const uint8_t *fp8 = nullptr, *scale = nullptr;
 };
+
+struct StageDev {  // device copies of DSparkStageWeights
+  const float *attn_norm, *ffn_norm, *hc_attn_fn, *hc_attn_base, *hc_attn_scale, *hc_ffn_fn, *hc_ffn_base,
+      *hc_ffn_scale, *q_norm, *kv_norm, *sink, *gate, *gate_bias;
+  DevLinear wq_a, wq_b, wkv, wo_a, wo_b, shared13, shared2;
+  const void* const* w13 = nullptr;  // [E] device table of expert pointers (f32, or FP4 bytes)
+  const void* const* w2 = nullptr;
+  const uint8_t* const* w13_scale = nullptr;  // [E] e8m0 tables (FP4 only)
+  const uint8_t* const* w2_scale = nullptr;
+  oc::ExpertFormat format = oc::ExpertFormat::kPlain;
+};
+
+// The stored form of one checkpoint entry (its parts stacked by rows), when the device kernels can
+// take it as stored: FP8 blocks the fp8w GEMM tiles (block rows dividing every part but the last,
+// K % 16, scale exponents <= kFp8wMaxScaleExp), or FP4 per-32 scales (moe_decode). Empty otherwise.
+struct StoredBytes {
+  std::vector<uint8_t> w, scale;
+  bool ok() const { return !w.empty(); }
+};
+StoredBytes stored_bytes(const V41Weights* sw, const std::string& name, v4::WeightFormat want, int64_t block) {
+  StoredBytes b;
+  if (!sw) return b;
+  const int64_t i = sw->find(name);
+  if (i < 0) return b;
+  const std::vector<v4::Linear>& parts = sw->parts[size_t(i)];
+  for (size_t j = 0; j < parts.size(); ++j) {
+    const v4::Linear& L = parts[j];
+    if (L.format != want || !L.weight.defined() || !L.scale.defined() || L.weight.dim() != 2) return {};
+    if (want == v4::WeightFormat::kFP8Block && (L.in_features() % 16 || (j + 1 < parts.size() && L.out_features() % block)))
+      return {};
+    const Tensor w = L.weight.contiguous(), s = L.scale.contiguous();
+    const uint8_t* sp = s.data<uint8_t>();
+    if (want == v4::WeightFormat::kFP8Block)
+      for (size_t e = 0; e < s.nbytes(); ++e)
+        if (sp[e] > oc::kFp8wMaxScaleExp) return {};  // the GEMM's in-register dequantisation range
+    b.w.insert(b.w.end(), w.data<uint8_t>(), w.data<uint8_t>() + w.nbytes());
+    b.scale.insert(b.scale.end(), sp, sp + s.nbytes());
+  }
+  return b;
+}
 
 // Scratch buffers, each grown on demand and reused across rounds (same stream: no overlap).
 enum Buf { kTaps, kM, kKvF, kX, kX2, kMixA, kMixF, kHcWs, kU, kH, kY, kQa, kQ, kKv, kKeys, kO, kZ, kGlog, kWts,
-           kAct, kYe, kGu, kActS, kSh, kXhat, kHn, kBase, kI64, kBlk64, kBlk32, kIds, kOut, kNumBufs };
+           kAct, kYe, kGu, kActS, kSh, kXhat, kHn, kBase, kI64, kBlk64, kBlk32, kIds, kOut, kXb, kXbF, kNumBufs };
 
 // A block round's inputs, in fixed places of two device buffers for Sp (padded) sequences of B:
 // int64 [pos T | embedding rows T*n | combine rows T*K | keys Sp*(cap+B)], int32 [begin T | count T |
@@ -59,28 +101,40 @@ struct BlockLayout {
 
 class CudaDSparkStages final : public DSparkStages {
  public:
-  CudaDSparkStages(const DeepseekV41Config& c, const DSparkWeights& w, int64_t cap, bool qat, int device, bool graphs)
+  CudaDSparkStages(const DeepseekV41Config& c, const DSparkWeights& w, int64_t cap, bool qat, int device, bool graphs,
+                   bool stored_formats)
       : c_(c), cap_(cap), qat_(qat), device_(device), graphs_(graphs), lt_(size_t(32) << 20, device) {
     DI_CUDA_CHECK(cudaSetDevice(device));
+    DI_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device));
+    const V41Weights* sw = stored_formats ? w.stored : nullptr;
     main_proj_ = up(w.main_proj), main_norm_ = up(w.main_norm), norm_ = up(w.norm);
     mk_embed_ = up(w.mk_embed), mk_head_ = up(w.mk_head), conf_ = up(w.conf), embed_ = up(w.embed);
     head_ = up(w.head), inv_freq_ = up_raw(w.inv_freq.data(), w.inv_freq.size());
-    for (const DSparkStageWeights& s : w.stages) {
+    const size_t before_stages = weight_bytes_;
+    for (size_t k = 0; k < w.stages.size(); ++k) {
+      const DSparkStageWeights& s = w.stages[k];
+      const std::string o = "mtp." + std::to_string(k) + ".", a = o + "attn.", f = o + "ffn.";
       StageDev d{up(s.attn_norm), up(s.ffn_norm), up(s.hc_attn_fn), up(s.hc_attn_base), up(s.hc_attn_scale),
-                 up(s.hc_ffn_fn), up(s.hc_ffn_base), up(s.hc_ffn_scale), up(s.wq_a), up(s.q_norm), up(s.wq_b),
-                 up(s.wkv), up(s.kv_norm), up(s.wo_a), up(s.wo_b), up(s.sink), up(s.gate), up(s.gate_bias),
-                 up(s.shared13), up(s.shared2), nullptr, nullptr};
-      std::vector<const void*> t13, t2;
-      for (size_t e = 0; e < s.w13.size(); ++e) t13.push_back(up(s.w13[e])), t2.push_back(up(s.w2[e]));
-      d.w13 = reinterpret_cast<const void* const*>(up_raw(t13.data(), t13.size() * sizeof(void*) / sizeof(float)));
-      d.w2 = reinterpret_cast<const void* const*>(up_raw(t2.data(), t2.size() * sizeof(void*) / sizeof(float)));
+                 up(s.hc_ffn_fn), up(s.hc_ffn_base), up(s.hc_ffn_scale), up(s.q_norm), up(s.kv_norm), up(s.sink),
+                 up(s.gate), up(s.gate_bias)};
+      d.wq_a = dense(sw, a + "wq_a.weight", s.wq_a), d.wq_b = dense(sw, a + "wq_b.weight", s.wq_b);
+      d.wkv = dense(sw, a + "wkv.weight", s.wkv), d.wo_a = dense(sw, a + "wo_a.weight", s.wo_a);
+      d.wo_b = dense(sw, a + "wo_b.weight", s.wo_b);
+      d.shared13 = dense(sw, f + "shared_experts.w1.weight", s.shared13);
+      d.shared2 = dense(sw, f + "shared_experts.w2.weight", s.shared2);
+      experts(sw, f, s, d);
       stages_.push_back(d);
     }
+    stage_bytes_ = weight_bytes_ - before_stages;
     stream_.synchronize();
   }
 
   std::string describe() const override {
-    return "stages on GPU " + std::to_string(device_) + " (f32, " + std::to_string(weight_bytes_ >> 20) + " MiB, " +
+    auto size = [](size_t b) {
+      return b >= (size_t(1) << 20) ? std::to_string(b >> 20) + " MiB" : std::to_string(b >> 10) + " KiB";
+    };
+    return "stages on GPU " + std::to_string(device_) + " (" + formats_ + "; stage weights " + size(stage_bytes_) +
+           " (" + std::to_string(stage_bytes_) + " B), all weights " + size(weight_bytes_) + " on the device; " +
            (graphs_ ? "draft rounds on CUDA graphs: " + std::to_string(replays_) + " replays" : "eager") + ")";
   }
 
@@ -93,16 +147,31 @@ class CudaDSparkStages final : public DSparkStages {
 
  private:
   const float* up(const Tensor& t) {
+    if (!t.defined()) return nullptr;  // not kept in f32 (stored formats)
     DI_CHECK(t.defined() && t.dtype() == DType::kF32, "dspark device upload of a non-f32 tensor");
     return up_raw(t.data<float>(), size_t(t.numel()));
   }
   const float* up_raw(const void* p, size_t floats) {
-    DeviceBuffer b(std::max<size_t>(floats, 1) * sizeof(float), device_);
-    dc::copy_h2d(b.data(), p, floats * sizeof(float), stream_.get(), /*sync=*/false);
+    return static_cast<const float*>(up_bytes(p, floats * sizeof(float)));
+  }
+  const void* up_bytes(const void* p, size_t bytes) {
+    DeviceBuffer b(std::max<size_t>(bytes, 16), device_);
+    dc::copy_h2d(b.data(), p, bytes, stream_.get(), /*sync=*/false);
+    stream_.synchronize();  // p may be a temporary of the caller (stored bytes): copy before it goes
     weight_bytes_ += b.size_bytes();
     weights_.push_back(std::move(b));
-    return weights_.back().as<float>();
+    return weights_.back().data();
   }
+  // Stored FP8 when the GEMM takes it (the f32 copy is not uploaded then), else f32.
+  DevLinear dense(const V41Weights* sw, const std::string& name, const Tensor& f32) {
+    const StoredBytes b = stored_bytes(sw, name, v4::WeightFormat::kFP8Block, c_.fp8_block_in);
+    if (!b.ok()) return {.f32 = up(f32)};
+    DI_CHECK(int64_t(b.w.size()) == f32.numel(), "dspark: stored ", name, " does not match its f32 shape");
+    ++stored_dense_;
+    return {.fp8 = static_cast<const uint8_t*>(up_bytes(b.w.data(), b.w.size())),
+            .scale = static_cast<const uint8_t*>(up_bytes(b.scale.data(), b.scale.size()))};
+  }
+  void experts(const V41Weights* sw, const std::string& f, const DSparkStageWeights& s, StageDev& d);
   template <typename T>
   T* buf(Buf id, int64_t n) {
     DeviceBuffer& b = bufs_[id];
@@ -113,7 +182,7 @@ class CudaDSparkStages final : public DSparkStages {
       DI_CHECK(!capturing_, "dspark: scratch buffer ", int(id), " grows inside a graph capture");
       b = DeviceBuffer(need * 2, device_);  // cudaFree syncs the device first
       // Graphs that captured the old pointer are stale (feed's own buffers are never captured).
-      if (id != kTaps && id != kM && id != kKvF && id != kI64) ++generation_;
+      if (id != kTaps && id != kM && id != kKvF && id != kI64 && id != kXbF) ++generation_;
     }
     return b.as<T>();
   }
@@ -128,6 +197,10 @@ class CudaDSparkStages final : public DSparkStages {
               .out_dtype = DType::kF32, .M = M, .N = N, .K = K},
              stream_.get());
   }
+  // y [M, batch*N] f32 = x [M, ldx] · Wᵀ; batch > 1: the grouped wo_a (group g reads columns g*K..).
+  // `scratch`: the bf16 copy of x for FP8 weights (feed has its own, kXbF: graphs never read it).
+  void linear(const float* x, int64_t M, int64_t K, const DevLinear& w, int64_t N, float* y, int64_t ldx = 0,
+              int64_t batch = 1, Buf scratch = kXb);
   void rmsnorm(const float* x, const float* w, float* y, int64_t rows, int64_t dim) {
     oc::rmsnorm({.x = x, .x_dtype = DType::kF32, .x_stride = dim, .w = w, .w_dtype = DType::kF32, .y = y,
                  .y_dtype = DType::kF32, .y_stride = dim, .rows = rows, .dim = dim, .eps = float(c_.rms_norm_eps)},
@@ -170,6 +243,10 @@ class CudaDSparkStages final : public DSparkStages {
   };
 
   DeepseekV41Config c_;
+  int num_sms_ = 132;
+  int stored_dense_ = 0, stored_experts_ = 0;
+  size_t stage_bytes_ = 0;  // of the mtp.k.* tensors (weight_bytes_ adds the embedding, head, Markov head)
+  std::string formats_ = "f32";
   int64_t cap_;
   bool qat_;
   int device_;
@@ -264,7 +341,7 @@ void CudaDSparkStages::feed(const HiddenRows& taps, const std::vector<DSparkFeed
   linear(tap, F, W, main_proj_, D, m);
   rmsnorm(m, main_norm_, m, F, D);
   for (size_t k = 0; k < stages_.size(); ++k) {
-    linear(m, F, D, stages_[k].wkv, d, kv);
+    linear(m, F, D, stages_[k].wkv, d, kv, 0, 1, kXbF);
     rmsnorm(kv, stages_[k].kv_norm, kv, F, d);
     rope(kv, F, 1, pos, false);
     qat(kv, F);
@@ -317,10 +394,7 @@ void CudaDSparkStages::attention(const StageDev& W, int64_t k, int64_t T, const 
                        stream_.get());
   rope(o, T, H, pos, true);
   // Grouped wo_a: group g reads its H*d/G slice of o with the rows g*R.. of wo_a.
-  lt_.gemm({.x = o, .ldx = H * d, .w = W.wo_a, .ldw = gw, .y = z, .ldy = G * R, .in_dtype = DType::kF32,
-            .out_dtype = DType::kF32, .M = T, .N = R, .K = gw, .batch = G, .batch_stride_x = gw,
-            .batch_stride_w = R * gw, .batch_stride_y = R},
-           stream_.get());
+  linear(o, T, gw, W.wo_a, R, z, H * d, G);
   linear(z, T, G * R, W.wo_b, D, buf<float>(kY, T * D));
 }
 
@@ -346,7 +420,7 @@ void CudaDSparkStages::moe(const StageDev& W, int64_t T, const int64_t* comb_row
   for (int64_t t0 = 0; t0 < T; t0 += gc::kMoeDecodeMaxTokens) {
     const int64_t n = std::min<int64_t>(gc::kMoeDecodeMaxTokens, T - t0);
     gc::moe_decode({.x = h + t0 * D, .expert_ids = ids + t0 * K, .weights = wts + t0 * K, .w13 = W.w13, .w2 = W.w2,
-                    .format = oc::ExpertFormat::kPlain, .act = act + t0 * K * I, .ye = ye + t0 * K * D,
+                    .format = W.format, .w13_scale = W.w13_scale, .w2_scale = W.w2_scale, .act = act + t0 * K * I, .ye = ye + t0 * K * D,
                     .tokens = n, .topk = K, .num_experts = E, .dim = D, .inter = I, .dtype = DType::kF32,
                     .limit = float(c_.swiglu_limit)},
                    stream_.get());
@@ -538,6 +612,67 @@ void CudaDSparkStages::block(const std::vector<DSparkBlockSeq>& seqs, bool greed
   out.conf_logits.assign(host.begin() + 2 * T, host.end());
 }
 
+// Routed experts: the stored FP4 bytes + per-32 scales (moe_decode kFP4, f32 activations) when
+// every expert of the stage has them, else the f32 copies. Stored FP8 experts (V4.1: 32x32
+// blocks) stay f32: moe_decode's FP8 reads one scale per 128 inputs of a row.
+void CudaDSparkStages::experts(const V41Weights* sw, const std::string& f, const DSparkStageWeights& s, StageDev& d) {
+  const int64_t E = int64_t(s.w13.size());
+  std::vector<const void*> t13, t2;
+  std::vector<const uint8_t*> s13, s2;
+  const bool fp4_ok = sw && c_.hidden_size % 32 == 0 && c_.moe_intermediate_size % 32 == 0;
+  for (int64_t e = 0; fp4_ok && e < E; ++e) {
+    const std::string eo = f + "experts." + std::to_string(e) + ".";
+    const StoredBytes a = stored_bytes(sw, eo + "w1.weight", v4::WeightFormat::kFP4, 32);
+    const StoredBytes b = stored_bytes(sw, eo + "w2.weight", v4::WeightFormat::kFP4, 32);
+    if (!a.ok() || !b.ok()) break;
+    DI_CHECK(int64_t(a.w.size()) * 2 == s.w13[size_t(e)].numel() && int64_t(b.w.size()) * 2 == s.w2[size_t(e)].numel(),
+             "dspark: stored FP4 expert ", e, " does not match its f32 shape");
+    t13.push_back(up_bytes(a.w.data(), a.w.size())), t2.push_back(up_bytes(b.w.data(), b.w.size()));
+    s13.push_back(static_cast<const uint8_t*>(up_bytes(a.scale.data(), a.scale.size())));
+    s2.push_back(static_cast<const uint8_t*>(up_bytes(b.scale.data(), b.scale.size())));
+  }
+  if (int64_t(t13.size()) == E && E > 0) {
+    d.format = oc::ExpertFormat::kFP4;
+    d.w13_scale = static_cast<const uint8_t* const*>(up_bytes(s13.data(), s13.size() * sizeof(void*)));
+    d.w2_scale = static_cast<const uint8_t* const*>(up_bytes(s2.data(), s2.size() * sizeof(void*)));
+    stored_experts_ += int(E);
+  } else {  // f32 (the buffers of a partial FP4 upload stay allocated: a checkpoint mixing formats is unexpected)
+    t13.clear(), t2.clear();
+    for (int64_t e = 0; e < E; ++e) t13.push_back(up(s.w13[size_t(e)])), t2.push_back(up(s.w2[size_t(e)]));
+  }
+  d.w13 = static_cast<const void* const*>(up_bytes(t13.data(), t13.size() * sizeof(void*)));
+  d.w2 = static_cast<const void* const*>(up_bytes(t2.data(), t2.size() * sizeof(void*)));
+  if (stored_dense_ + stored_experts_ > 0)
+    formats_ = "stored formats: " + std::to_string(stored_dense_) + " FP8 linears, " + std::to_string(stored_experts_) +
+               " FP4 experts, f32 activations (bf16 into the FP8 GEMM)";
+}
+
+void CudaDSparkStages::linear(const float* x, int64_t M, int64_t K, const DevLinear& w, int64_t N, float* y,
+                              int64_t ldx, int64_t batch, Buf scratch) {
+  if (ldx == 0) ldx = K;
+  if (w.f32) {
+    lt_.gemm({.x = x, .ldx = ldx, .w = w.f32, .ldw = K, .y = y, .ldy = batch * N, .in_dtype = DType::kF32,
+              .out_dtype = DType::kF32, .M = M, .N = N, .K = K, .batch = batch, .batch_stride_x = batch > 1 ? K : 0,
+              .batch_stride_w = batch > 1 ? N * K : 0, .batch_stride_y = batch > 1 ? N : 0},
+             stream_.get());
+    return;
+  }
+  // The FP8 GEMM takes bf16 activations: x rounded once (round to nearest even) into a scratch.
+  const int64_t W = ldx;
+  uint16_t* xb = buf<uint16_t>(scratch, M * W);
+  gc::gather_rows({.src_a = x, .a_stride = W, .src_dtype = DType::kF32, .dst = xb, .dst_stride = W,
+                   .dst_dtype = DType::kBF16, .rows = M, .width = W},
+                  stream_.get());
+  for (int64_t m0 = 0; m0 < M; m0 += oc::kFp8wMaxM) {
+    const int64_t m = std::min<int64_t>(oc::kFp8wMaxM, M - m0);
+    oc::gemm_fp8w({.x = xb + m0 * W, .ldx = W, .w = w.fp8, .scale = w.scale, .scale_rows = c_.fp8_block_out,
+                   .scale_k = c_.fp8_block_in, .y = y + m0 * batch * N, .ldy = batch * N, .out_dtype = DType::kF32,
+                   .M = m, .N = N, .K = K, .batch = batch, .batch_stride_x = K, .batch_stride_y = N,
+                   .num_sms = num_sms_},
+                  stream_.get());
+  }
+}
+
 void check_stage_shapes(const DeepseekV41Config& c) {
   if (!c.norm_topk_prob || c.dspark.num_experts_per_tok <= 1)
     DI_THROW(ConfigError, c.origin, ": the GPU router always normalises the top-k weights; the DSpark stages' "
@@ -554,11 +689,11 @@ void check_stage_shapes(const DeepseekV41Config& c) {
 }
 }  // namespace
 
-DSparkStagesMaker cuda_dspark_stages(int device, bool graphs) {
-  return [device, graphs](const DeepseekV41Config& c, const DSparkWeights& w, int64_t cap,
-                          bool qat) -> std::unique_ptr<DSparkStages> {
+DSparkStagesMaker cuda_dspark_stages(int device, bool graphs, bool stored_formats) {
+  return [device, graphs, stored_formats](const DeepseekV41Config& c, const DSparkWeights& w, int64_t cap,
+                                          bool qat) -> std::unique_ptr<DSparkStages> {
     check_stage_shapes(c);
-    return std::make_unique<CudaDSparkStages>(c, w, cap, qat, device, graphs);
+    return std::make_unique<CudaDSparkStages>(c, w, cap, qat, device, graphs, stored_formats);
   };
 }
 

@@ -1,10 +1,17 @@
 // DeepSeek-V4.1's DSpark stages on one NVIDIA GPU (issue #11 item 5): DSparkStages
 // (deepseek_v41/dspark_stages.h) over the CUDA ops, for the GPU V4.1 model's drafter.
 //
-// Numerics: f32 throughout, as the host drafter (dspark.cpp): the stage weights are the drafter's
-// f32 copies uploaded as they are (no FP8/FP4 storage yet: the release's 3 stages x 128 experts
-// are ~54 GB in f32, so today this fits the test and width-reduced stacks, not the release), the
-// linears are cuBLASLt f32 GEMMs (CUBLAS_COMPUTE_32F_PEDANTIC: no TF32), the ring / block keys take
+// Weights: `stored_formats` (the GPU model's default outside kExact) keeps what the checkpoint
+// stores FP8 / FP4 in that format: dense FP8 linears (wq_a, wq_b, wkv, wo_a, wo_b, shared expert)
+// as e4m3 bytes + e8m0 block scales through ops/cuda/gemm_fp8w, FP4 routed experts as packed
+// nibbles + per-32 scales through moe_decode kFP4 (the release's 3 stages x 128 experts: ~54 GB in
+// f32). The activations stay f32 everywhere except the FP8 GEMM's input, which that kernel takes in
+// bf16 (rounded once per linear): the experts' GEMV takes f32 input with exactly dequantised FP4, so
+// the routed experts equal the f32 path up to summation order. Still f32: norms, mHC, the router
+// gate (bf16 in the release), main_proj, the Markov / confidence heads, the trunk's embedding and
+// head copies, and FP8-stored experts (moe_decode's FP8 takes one scale per 128 inputs, V4.1's are
+// 32x32). Numerics of the f32 path (stored_formats off: the reference), as the host drafter
+// (dspark.cpp): the linears are cuBLASLt f32 GEMMs (CUBLAS_COMPUTE_32F_PEDANTIC: no TF32), the ring / block keys take
 // the same QAT FP8 round trip (ops/cuda/qat.h, bit-equal to the CPU's), attention is the f32
 // CUDA-core sparse_attention over a gathered key list per sequence ([ring lo..last, block keys],
 // the host drafter's list), the stage MoE is router + moe_decode (plain f32 experts) +
@@ -34,6 +41,11 @@ namespace deepinfer::model::v41 {
 // buffers first; off: the same padded launches run eagerly (bit-identical results, the A/B switch;
 // the V4.1 GPU loader turns graphs on with DecodePath::kGraph). Throws ConfigError for shapes the kernels do not take (routing without top-k
 // normalisation, head_dim not a multiple of 32, widths not multiples of 8, > 1024 experts).
-DSparkStagesMaker cuda_dspark_stages(int device, bool graphs);
+// `stored_formats` (default on): the stage linears the checkpoint stores FP8 stay FP8 on the device
+// (ops/cuda/gemm_fp8w, 1 byte a weight + e8m0 scales) and FP4 routed experts stay FP4 (moe_decode
+// kFP4): the release's stages fit in their stored size instead of ~4x-8x that in f32. Off, or for
+// tensors the kernels cannot take as stored (bf16 / f32 in the checkpoint, FP8 experts, scale
+// exponents past kFp8wMaxScaleExp): the f32 copies, the reference path.
+DSparkStagesMaker cuda_dspark_stages(int device, bool graphs, bool stored_formats = true);
 
 }  // namespace deepinfer::model::v41
