@@ -33,8 +33,8 @@ struct ModelOptions {
   int64_t replay_keep = 0;       // bounded replay's keep length, 0 = full prefill (V41PlanOptions)
   std::optional<parallel::ExpertShard> expert_shard = std::nullopt;  // ModelLoadOptions::expert_shard (v41_prepare_cpu)
   bool dspark = true;  // false: DSpark stages in the checkpoint are not loaded (no drafter, no taps)
-  HostTaps dspark_host_taps;  // a device backend's tap rows to the host (DSparkOptions::host_taps)
-  DSparkStagesMaker dspark_stages;  // set: the DSpark stages run there (DSparkOptions::stages)
+  HostTaps dspark_host_taps{};  // a device backend's tap rows to the host (DSparkOptions::host_taps)
+  DSparkStagesMaker dspark_stages{};  // set: the DSpark stages run there (DSparkOptions::stages)
   bool dspark_host_stages = false;  // device loaders: keep the stages on the host (A/B tests, timing)
 };
 
