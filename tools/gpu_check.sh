@@ -135,13 +135,18 @@ if [ -n "$CLI" ] && [ "$BUILD_ONLY" = 0 ]; then
   grep -vE "^\s*$" "$LOG_DIR/smoke.log" | grep -iE "tok/s|tokens/s|backend|error|cuda" | tail -6
 fi
 
+# A test binary of the stages below: the prebuilt pack's, else the build folder's ("" when neither has it).
+test_bin() {
+  if [ -n "$PREBUILT" ] && [ -x "$PREBUILT/$1" ]; then echo "$PREBUILT/$1"
+  elif [ -n "${BUILD:-}" ]; then find "$BUILD" -name "$1" -type f -perm -u+x 2>/dev/null | head -1; fi
+}
+
 # ---- data-parallel ranks on the GPU (processes sharing it; experts sharded): tokens == one rank ----
 DP=skipped
-DP_BIN=""
 # The test starts its worker ranks as `deepinfer rank-worker`; its baked-in CLI path is this
 # machine's build folder, so a prebuilt pack points it at the pack's CLI.
-if [ -n "$PREBUILT" ] && [ -x "$PREBUILT/engine_dp_test" ]; then DP_BIN=$PREBUILT/engine_dp_test; export DEEPINFER_CLI=$PREBUILT/deepinfer
-elif [ -n "${BUILD:-}" ]; then DP_BIN=$(find "$BUILD" -name engine_dp_test -type f -perm -u+x 2>/dev/null | head -1); fi
+DP_BIN=$(test_bin engine_dp_test)
+if [ -n "$PREBUILT" ] && [ "$DP_BIN" = "$PREBUILT/engine_dp_test" ]; then export DEEPINFER_CLI=$PREBUILT/deepinfer; fi
 if [ -n "$DP_BIN" ] && [ "$BUILD_ONLY" = 0 ]; then
   step "data-parallel / expert-parallel / context-parallel GPU ranks (engine_dp_test, DEEPINFER_TEST_ACCELERATOR=nvidia)"
   # Batch-invariant: a request's batch differs between the layouts (dp_llm_test.cc says so), and
@@ -156,9 +161,7 @@ fi
 # with DEEPINFER_TEST_ACCELERATOR=nvidia (batch invariance vs 1..255 neighbours, prefix-cache hits,
 # eviction, host tier, chunking, drafting and grammars: tokens and logprob bits) ----
 INV=skipped
-INV_BIN=""
-if [ -n "$PREBUILT" ] && [ -x "$PREBUILT/engine_test" ]; then INV_BIN=$PREBUILT/engine_test
-elif [ -n "${BUILD:-}" ]; then INV_BIN=$(find "$BUILD" -name engine_test -type f -perm -u+x 2>/dev/null | head -1); fi
+INV_BIN=$(test_bin engine_test)
 if [ -n "$INV_BIN" ] && [ "$BUILD_ONLY" = 0 ]; then
   step "engine bit-identity on the GPU (engine_test PrefixCacheInvariance.*, BatchInvariance.*)"
   DEEPINFER_TEST_ACCELERATOR=nvidia timeout 300 "$INV_BIN" --gtest_filter='PrefixCacheInvariance.*:BatchInvariance.*' \
@@ -168,9 +171,7 @@ fi
 
 # ---- the KV hand-off between two processes over CUDA IPC (issue #18): 7 bundles, bit-identical ----
 IPC=skipped
-IPC_BIN=""
-if [ -n "$PREBUILT" ] && [ -x "$PREBUILT/server_kv_ipc_gpu_test" ]; then IPC_BIN=$PREBUILT/server_kv_ipc_gpu_test
-elif [ -n "${BUILD:-}" ]; then IPC_BIN=$(find "$BUILD" -name server_kv_ipc_gpu_test -type f -perm -u+x 2>/dev/null | head -1); fi
+IPC_BIN=$(test_bin server_kv_ipc_gpu_test)
 if [ -n "$IPC_BIN" ] && [ "$BUILD_ONLY" = 0 ]; then
   step "KV hand-off over CUDA IPC between two processes (server_kv_ipc_gpu_test)"
   timeout 120 "$IPC_BIN" --gtest_filter='KvIpcGpu.TwoProcessesHandOffBitIdentical' >"$LOG_DIR/kv_ipc_gpu.log" 2>&1 \
@@ -183,8 +184,7 @@ fi
 EP=skipped
 EP_BINS=()
 for t in ep_device_test ep_backend_gpu_test; do
-  if [ -n "$PREBUILT" ] && [ -x "$PREBUILT/$t" ]; then EP_BINS+=("$PREBUILT/$t")
-  elif [ -n "${BUILD:-}" ]; then b=$(find "$BUILD" -name "$t" -type f -perm -u+x 2>/dev/null | head -1); [ -n "$b" ] && EP_BINS+=("$b"); fi
+  b=$(test_bin "$t"); [ -n "$b" ] && EP_BINS+=("$b")
 done
 if [ ${#EP_BINS[@]} -gt 0 ] && [ "$BUILD_ONLY" = 0 ]; then
   step "expert-parallel device exchange (${EP_BINS[*]##*/})"

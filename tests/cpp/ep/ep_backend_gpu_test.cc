@@ -25,26 +25,10 @@ using deepinfer::testing::golden_dir;
 using deepinfer::testing::read_inputs;
 using gpu::Numerics;
 
-// Logits of `ids` fed in `chunks` (one forward each), the last rows of each chunk only.
+// Logits of every position of `ids` fed in `chunks` (one forward each), as a flat vector.
 std::vector<float> run_chunks(DeepseekV4CudaModel& m, const std::vector<int32_t>& ids, const std::vector<int64_t>& chunks) {
-  const int64_t V = m.vocab_size();
-  const kv::CacheGeometry g = m.cache_geometry();
-  m.reset_slot(0);
-  SeqInBatch seq{.cache_slot = 0, .block_table = slot_block_table(g, 0)};
-  std::vector<float> out;
-  int64_t done = 0;
-  for (int64_t c : chunks) {
-    ForwardBatch b;
-    b.token_ids.assign(ids.begin() + done, ids.begin() + done + c);
-    seq.num_computed_tokens = done;
-    seq.num_new_tokens = int32_t(c);
-    b.seqs = {seq};
-    for (int64_t i = 0; i < c; ++i) b.logits_indices.push_back(int32_t(i));
-    ForwardOutput o = m.run(b, {});
-    out.insert(out.end(), o.logits.data<float>(), o.logits.data<float>() + c * V);
-    done += c;
-  }
-  return out;
+  const Tensor l = run_sequence(m, m.cache_geometry(), ids, chunks);
+  return std::vector<float>(l.data<float>(), l.data<float>() + l.numel());
 }
 
 class EpBackendGpu : public ::testing::TestWithParam<Numerics> {};
