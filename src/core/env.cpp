@@ -36,6 +36,14 @@ void parse_log_level(EnvConfig& e, const char* name, const char* v) {
   e.log_level = s;
 }
 
+void parse_ep_exchange(EnvConfig& e, const char* name, const char* v) {
+  const std::string s(v);
+  if (s == "auto") e.ep_exchange = EpExchange::kAuto;
+  else if (s == "host") e.ep_exchange = EpExchange::kHost;
+  else if (s == "device") e.ep_exchange = EpExchange::kDevice;
+  else DI_THROW(InvalidArgument, name, "='", s, "' is not one of: auto, host, device");
+}
+
 std::string none(const EnvConfig&, const KnobContext&) { return {}; }
 
 // The table. A knob is refused only for the values that ask for a feature not built yet;
@@ -104,6 +112,12 @@ const EnvKnob kKnobs[] = {
      "cannot pay for the drafts (0 = always draft; unset = on for GPU models)",
      [](EnvConfig& e, const char* n, const char* v) { e.spec_adaptive = parse_bool(n, v); }, none},
     {"DEEPINFER_LOG_LEVEL", "log level: error | warn | info | debug", parse_log_level, none},
+    // `device` on a group that cannot have the device exchange is refused when the backend joins
+    // the group (the ranks' devices are known only then).
+    {"DEEPINFER_EP_EXCHANGE",
+     "expert parallelism on GPU ranks: device = NCCL all-to-all, host = staged through the host, auto (default) "
+     "= device when every rank of the group has a GPU of its own and EPLB is off",
+     parse_ep_exchange, none},
 };
 }  // namespace
 
@@ -115,6 +129,15 @@ const char* accelerator_name(Accelerator a) {
     case Accelerator::kCPU: return "cpu";
     case Accelerator::kNvidia: return "nvidia";
     case Accelerator::kAscend: return "ascend";
+  }
+  return "?";
+}
+
+const char* ep_exchange_name(EpExchange x) {
+  switch (x) {
+    case EpExchange::kAuto: return "auto";
+    case EpExchange::kHost: return "host";
+    case EpExchange::kDevice: return "device";
   }
   return "?";
 }

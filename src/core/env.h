@@ -15,6 +15,9 @@
 namespace deepinfer {
 
 enum class Accelerator { kAuto, kCPU, kNvidia, kAscend };
+// How an expert-parallel group on GPU ranks moves token rows (DEEPINFER_EP_EXCHANGE): auto = over
+// NCCL when every rank of the group has a GPU of its own, else staged through the host.
+enum class EpExchange { kAuto, kHost, kDevice };
 
 // Default maximum draft length when DEEPINFER_USE_NEXTN_DECODE is unset (DeepInfer's default).
 constexpr int kDefaultNextnDecode = 5;
@@ -34,6 +37,7 @@ struct EnvConfig {
   // DEEPINFER_SPEC_ADAPTIVE: a request stops drafting while it cannot pay; unset = on for a model
   // that keeps its logits on a device (the GPU), off on the CPU backend.
   std::optional<bool> spec_adaptive;
+  EpExchange ep_exchange = EpExchange::kAuto;    // DEEPINFER_EP_EXCHANGE: auto | host | device
   // DEEPINFER_LOG_LEVEL: error | warn | info | debug. Validated here; core/logging applies it to
   // the process-wide logger when it first logs (logging is process-wide by nature).
   std::optional<std::string> log_level;
@@ -68,5 +72,6 @@ std::span<const EnvKnob> env_knobs();
 void check_env_knobs(const EnvConfig& env, const KnobContext& ctx);
 
 const char* accelerator_name(Accelerator a);
+const char* ep_exchange_name(EpExchange x);
 
 }  // namespace deepinfer

@@ -84,7 +84,7 @@ class DeviceSampler {
  private:
   struct Impl;
   explicit DeviceSampler(int64_t vocab);
-  int64_t vocab_;
+  [[maybe_unused]] int64_t vocab_;  // unread in a build without CUDA
   std::unique_ptr<Impl> impl_;
   Stats stats_;
 };

@@ -48,15 +48,6 @@ bool type_admits(const std::set<std::string>& ts, const std::string& t) {
   return ts.count(t) || (t == "integer" && ts.count("number"));
 }
 
-std::string value_type(const json& v) {
-  if (v.is_null()) return "null";
-  if (v.is_boolean()) return "boolean";
-  if (v.is_object()) return "object";
-  if (v.is_array()) return "array";
-  if (v.is_string()) return "string";
-  return "number";
-}
-
 // The enum/const candidates of a schema, if it has any.
 std::optional<std::vector<json>> value_list(const json& s) {
   if (!s.is_object() || (!s.contains("enum") && !s.contains("const"))) return std::nullopt;

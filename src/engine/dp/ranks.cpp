@@ -156,10 +156,9 @@ uint64_t host_hash(const std::string& host) {
 std::shared_ptr<parallel::DeviceAllToAllV> make_ep_device_exchange(RankRuntime& rt, parallel::ProcessGroup& ep,
                                                                    const LLMConfig& config, const EnvConfig& env,
                                                                    int device, const std::string& host) {
-  const char* knob = std::getenv("DEEPINFER_EP_EXCHANGE");
   const EpSeat mine{.host = host_hash(host), .device = device,
                     .capable = !runs_on_cpu(env) && parallel::have_nccl() && !config.enable_eplb && device >= 0 &&
-                               !(knob && std::string(knob) == "host")};
+                               env.ep_exchange != EpExchange::kHost};
   std::vector<EpSeat> seats(size_t(ep.size()));
   const std::vector<int64_t> sizes(size_t(ep.size()), int64_t(sizeof(EpSeat)));
   ep.all_gather_v(&mine, int64_t(sizeof(EpSeat)), seats.data(), sizes);

@@ -20,7 +20,6 @@ constexpr const char* kArchitecture = "DeepseekV41ForCausalLM";
 constexpr int64_t kMaxDim = int64_t(1) << 24;
 constexpr int64_t kMaxLayers = 4096;
 constexpr int64_t kMaxStages = 64;
-constexpr int64_t kMaxSinkhornIters = 10000;
 constexpr int64_t kMaxBlock = 4096;
 
 // Keys transformers writes into every config (or that only training reads): accepted, unused.

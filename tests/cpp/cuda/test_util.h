@@ -69,6 +69,21 @@ struct DevArray {
   T* get() const { return buf.as<T>(); }
 };
 
+// A device copy of `v` (at least one byte, so an empty vector still gets a valid pointer) and a
+// host copy of a device buffer's first `n` elements: for tests that hold plain DeviceBuffers.
+template <typename T>
+DeviceBuffer up(const std::vector<T>& v) {
+  DeviceBuffer b(std::max<size_t>(v.size(), 1) * sizeof(T));
+  if (!v.empty()) copy_h2d(b.data(), v.data(), v.size() * sizeof(T), nullptr);
+  return b;
+}
+template <typename T>
+std::vector<T> down(const DeviceBuffer& b, size_t n) {
+  std::vector<T> v(n);
+  copy_d2h(v.data(), b.data(), n * sizeof(T), nullptr);
+  return v;
+}
+
 inline double max_rel_err(const std::vector<float>& out, const std::vector<float>& ref) {
   EXPECT_EQ(out.size(), ref.size());
   double maxref = 0, maxdiff = 0;

@@ -11,6 +11,7 @@
 #include "deepinfer/error.h"
 #include "model/deepseek/cuda/dspark_kernels.h"
 #include "ops/cuda/runtime.h"
+#include "../cuda/test_util.h"
 
 namespace deepinfer::model::ds::cuda {
 namespace cuda = deepinfer::cuda;
@@ -23,18 +24,8 @@ std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.f) {
   for (auto& x : v) x = scale * (d(g) + 1e-3f);
   return v;
 }
-template <typename T>
-cuda::DeviceBuffer up(const std::vector<T>& v) {
-  cuda::DeviceBuffer b(std::max<size_t>(v.size(), 1) * sizeof(T));
-  cuda::copy_h2d(b.data(), v.data(), v.size() * sizeof(T), nullptr);
-  return b;
-}
-template <typename T>
-std::vector<T> down(const cuda::DeviceBuffer& b, size_t n) {
-  std::vector<T> v(n);
-  cuda::copy_d2h(v.data(), b.data(), n * sizeof(T), nullptr);
-  return v;
-}
+using cuda::test::down;
+using cuda::test::up;
 
 TEST(DSparkKernels, TailMatchesHost) {
   if (cuda::cuda_device_count() == 0) GTEST_SKIP() << "CUDA test skipped: " << cuda::cuda_unavailable_reason();

@@ -313,7 +313,7 @@ TEST_F(GpuEngine, OpProfilingTimesEveryOpAndChangesNothing) {
   for (size_t i = 0; i < ops.size(); ++i) {
     EXPECT_GT(ops[i].calls, 0) << ops[i].op;
     EXPECT_GE(ops[i].ms, 0.0) << ops[i].op;
-    if (i > 0) EXPECT_GE(ops[i - 1].ms, ops[i].ms) << "largest first";
+    if (i > 0) { EXPECT_GE(ops[i - 1].ms, ops[i].ms) << "largest first"; }
     total += ops[i].ms;
     attention |= ops[i].op == "sparse_attention";
     linear |= ops[i].op.rfind("linear ", 0) == 0;

@@ -11,17 +11,12 @@
 #include "deepinfer/error.h"
 #include "model/deepseek/cuda/glue_kernels.h"
 #include "ops/cuda/runtime.h"
+#include "../cuda/test_util.h"
 
 namespace deepinfer::model::ds::cuda {
 namespace cuda = deepinfer::cuda;
 using ops::cpu::GatherRowsArgs;
 namespace {
-
-#define REQUIRE_GPU()                                                                      \
-  do {                                                                                     \
-    if (cuda::cuda_device_count() == 0)                                                    \
-      GTEST_SKIP() << "CUDA test skipped: " << cuda::cuda_unavailable_reason();            \
-  } while (0)
 
 std::vector<float> randn(size_t n, uint32_t seed) {
   std::mt19937 g(seed);
@@ -30,18 +25,8 @@ std::vector<float> randn(size_t n, uint32_t seed) {
   for (auto& x : v) x = d(g) + (d(g) == 0.f ? 1e-3f : 0.f);
   return v;
 }
-template <typename T>
-cuda::DeviceBuffer up(const std::vector<T>& v) {
-  cuda::DeviceBuffer b(std::max<size_t>(v.size(), 1) * sizeof(T));
-  if (!v.empty()) cuda::copy_h2d(b.data(), v.data(), v.size() * sizeof(T), nullptr);
-  return b;
-}
-template <typename T>
-std::vector<T> down(const cuda::DeviceBuffer& b, size_t n) {
-  std::vector<T> v(n);
-  cuda::copy_d2h(v.data(), b.data(), n * sizeof(T), nullptr);
-  return v;
-}
+using cuda::test::down;
+using cuda::test::up;
 std::vector<uint16_t> bf16(const std::vector<float>& v) {
   std::vector<uint16_t> o(v.size());
   for (size_t i = 0; i < v.size(); ++i) o[i] = f32_to_bf16(v[i]);
@@ -49,7 +34,7 @@ std::vector<uint16_t> bf16(const std::vector<float>& v) {
 }
 
 TEST(GlueKernels, GatherRowsMatchesHostAllDtypes) {
-  REQUIRE_GPU();
+  DI_REQUIRE_GPU();
   for (int64_t width : {1, 19, 64, 111}) {
     for (int mode = 0; mode < 4; ++mode) {
       const bool s32 = mode & 1, d32 = mode & 2;
@@ -94,7 +79,7 @@ TEST(GlueKernels, GatherRowsMatchesHostAllDtypes) {
 }
 
 TEST(GlueKernels, PositionBiasAndCombineMatchHost) {
-  REQUIRE_GPU();
+  DI_REQUIRE_GPU();
   const int64_t rows = 37, width = 45, m = 4, stride = 2 * width;
   std::vector<float> z = randn(size_t(rows * stride), 3), bias = randn(size_t(m * width), 4);
   std::vector<int64_t> pos(rows);
@@ -125,7 +110,7 @@ TEST(GlueKernels, PositionBiasAndCombineMatchHost) {
 // Greedy picks of the MTP drafter on the device: argmax (lowest id on ties, planted twice per row,
 // one row all equal) and the log-softmax value, vs a host loop in double. Odd sizes, padded stride.
 TEST(GlueKernels, GreedyRowsMatchHost) {
-  REQUIRE_GPU();
+  DI_REQUIRE_GPU();
   const int64_t rows = 13, V = 1237, stride = 1240;
   std::vector<float> x = randn(size_t(rows * stride), 21);
   for (int64_t r = 0; r < rows; ++r) {
@@ -152,7 +137,7 @@ TEST(GlueKernels, GreedyRowsMatchHost) {
 // DSpark taps: the stream mean at a layer's input, written at a column offset of a wider row (the
 // tap buffer holds several layers' taps per token), bit for bit the CPU backend's formula.
 TEST(GlueKernels, StreamMeanMatchesHostBitForBit) {
-  REQUIRE_GPU();
+  DI_REQUIRE_GPU();
   for (int64_t T : {1, 7, 133}) {
     const int64_t n = 4, D = 37, stride = 3 * D + 5, col = D;
     const std::vector<float> x = randn(size_t(T * n * D), 31 + uint32_t(T));

@@ -186,7 +186,7 @@ TEST_P(GpuGoldenChain, Greedy64MatchesCpuModel) {
   while (same < g_chain.size() && g_chain[same] == c_chain[same]) ++same;
   std::printf("[gpu-chain] tiny %s greedy 64: %zu leading tokens equal to the CPU chain\n", mode_name(GetParam()),
               same);
-  if (GetParam() == Numerics::kExact) EXPECT_EQ(g_chain, c_chain);
+  if (GetParam() == Numerics::kExact) { EXPECT_EQ(g_chain, c_chain); }
 }
 INSTANTIATE_TEST_SUITE_P(Modes, GpuGoldenChain, ::testing::Values(Numerics::kExact, Numerics::kBf16),
                          [](const auto& info) { return std::string(mode_name(info.param)); });

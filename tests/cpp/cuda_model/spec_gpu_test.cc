@@ -236,11 +236,11 @@ TEST_P(GpuSpec, GreedyOutputIdenticalToPlain) {
         run_engine(load(c.dir, c.numerics, DecodePath::kGraph, c.invariant), 0, {prompts[i]}, p, 1);
     EXPECT_EQ(alone.tokens[0], plain_alone.tokens[0]) << c.name << " request " << i << " alone";
     batch_invariant += plain_alone.tokens[0] == plain.tokens[i];
-    if (c.invariant) EXPECT_EQ(plain_alone.tokens[0], plain.tokens[i]) << c.name << " request " << i;
+    if (c.invariant) { EXPECT_EQ(plain_alone.tokens[0], plain.tokens[i]) << c.name << " request " << i; }
   }
   EXPECT_GT(spec.runner.verify_steps, 0) << c.name;
   EXPECT_GT(spec.runner.device_steps, 0) << c.name;
-  if (c.dir == default_model()) EXPECT_GT(spec.acceptance_length(), 2.0) << c.name;  // a trained MTP head
+  if (c.dir == default_model()) { EXPECT_GT(spec.acceptance_length(), 2.0) << c.name; }  // a trained MTP head
   int64_t equal = 0;
   for (size_t i = 0; i < prompts.size(); ++i) equal += spec.tokens[i] == plain.tokens[i];
   std::printf("[spec-gpu] %s greedy identity: %lld/%zu requests equal; acceptance length %.2f (per position %s); "
@@ -516,7 +516,7 @@ TEST_F(GpuSpecTiming, AdaptiveRuleAgainstAlwaysAndPlain) {
           verifies += m.num_verify_steps, tokens += m.num_generation_tokens;
         }
         std::sort(acc.begin(), acc.end());
-        if (!sampled_run && B * (kL + 1) <= 64) EXPECT_EQ(adapt.tokens, plain.tokens) << label << " B=" << B;
+        if (!sampled_run && B * (kL + 1) <= 64) { EXPECT_EQ(adapt.tokens, plain.tokens) << label << " B=" << B; }
         std::printf("[spec-gpu] adaptive %s B=%lld %s: plain %.0f tok/s | always %.0f (%.2fx, acc %.2f) | adaptive %.0f "
                     "(%.2fx, %.2fx always; acc %.2f, per request %.2f / %.2f / %.2f; %lld verify steps for %lld tokens; "
                     "steps: %lld drafter, %lld plain; %lld stops, %lld re-probes, %lld probes, threshold %.2f)\n",

@@ -211,7 +211,7 @@ TEST(AsyncScheduling, DraftingStepsReturnThePreviousStepAfterLaunchingTheNext) {
       reported += outs.empty() ? 0 : 1;
       // Every step of this lone request samples: sync reports each call's own step, pipelined the
       // previous call's (its own forward still in flight).
-      if (!finished) EXPECT_EQ(reported + (async ? 1 : 0), toy->num_forward_calls()) << "call " << calls;
+      if (!finished) { EXPECT_EQ(reported + (async ? 1 : 0), toy->num_forward_calls()) << "call " << calls; }
     }
     EXPECT_EQ(tokens, 20u);
     EXPECT_TRUE(finished);
@@ -244,7 +244,7 @@ TEST(AsyncScheduling, StepReturnsThePreviousStepAfterLaunchingTheNext) {
       }
       ++calls;
       // Sync: every call's forward is applied; async: the last forward is still in flight.
-      if (!finished) EXPECT_EQ(int64_t(tokens) + (async ? 1 : 0), toy->num_forward_calls()) << "call " << calls;
+      if (!finished) { EXPECT_EQ(int64_t(tokens) + (async ? 1 : 0), toy->num_forward_calls()) << "call " << calls; }
     }
     EXPECT_EQ(tokens, 4u);
     EXPECT_TRUE(finished);
@@ -281,10 +281,11 @@ TEST(AsyncScheduling, OutputsIdenticalOnAndOff) {
       EXPECT_GT(async->scheduler().prefix_cache().stats().checkpoints_saved, 0) << name;
       // Same boundaries saved; with preemption the two engines preempt at different steps (an
       // async one waits for blocks a step in flight holds), so recomputed prefixes differ.
-      if (std::string(name).find("preempted") == std::string::npos)
+      if (std::string(name).find("preempted") == std::string::npos) {
         EXPECT_EQ(async->scheduler().prefix_cache().stats().checkpoints_saved,
                   sync->scheduler().prefix_cache().stats().checkpoints_saved)
             << name;
+      }
     }
     // The stop-string, EOS and grammar requests did stop early: their late rows were dropped.
     EXPECT_NE(a.at("r1").find("|stop|"), std::string::npos) << a.at("r1");
@@ -317,7 +318,7 @@ TEST(AsyncScheduling, DraftingOutputsIdenticalOnAndOff) {
     EXPECT_EQ(x.num_draft_tokens, y.num_draft_tokens) << name << ": the same drafts were verified";
     EXPECT_EQ(x.num_accepted_drafts, y.num_accepted_drafts) << name;
     EXPECT_EQ(x.num_preemptions, y.num_preemptions) << name << ": the plans are the synchronous ones";
-    if (std::string(name).find("preempted") != std::string::npos) EXPECT_GT(y.num_preemptions, 0) << name;
+    if (std::string(name).find("preempted") != std::string::npos) { EXPECT_GT(y.num_preemptions, 0) << name; }
     if (cfg.prefix) {
       EXPECT_EQ(sync->scheduler().prefix_cache().stats().checkpoints_saved,
                 pipelined->scheduler().prefix_cache().stats().checkpoints_saved)

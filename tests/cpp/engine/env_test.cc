@@ -80,13 +80,17 @@ TEST(EnvKnobs, TableParsesEveryKnobOnce) {
   EXPECT_EQ(e.accelerator, Accelerator::kCPU);
   EXPECT_EQ(e.log_level, "debug");
   EXPECT_EQ(e.hf_model_dir, "/x");
+  EXPECT_EQ(d.ep_exchange, EpExchange::kAuto);
+  EXPECT_EQ(parse({{"DEEPINFER_EP_EXCHANGE", "host"}}).ep_exchange, EpExchange::kHost);
+  EXPECT_EQ(parse({{"DEEPINFER_EP_EXCHANGE", "device"}}).ep_exchange, EpExchange::kDevice);
 }
 
 TEST(EnvKnobs, BadValuesNameTheVariable) {
   for (auto [name, value] : std::vector<std::pair<const char*, const char*>>{
            {"DEEPINFER_CUDA_GRAPHS", "2"}, {"DEEPINFER_DEVICE_SAMPLING", "maybe"}, {"DEEPINFER_USE_NEXTN_DECODE", "-1"},
            {"DEEPINFER_USE_NEXTN_DECODE", "99"}, {"DEEPINFER_ACCELERATOR", "tpu"}, {"DEEPINFER_LOG_LEVEL", "loud"},
-           {"DEEPINFER_BATCH_INVARIANT", "yes please"}, {"DEEPINFER_YOCO_PREFILL_KEEP_TOKENS", "x"}}) {
+           {"DEEPINFER_BATCH_INVARIANT", "yes please"}, {"DEEPINFER_YOCO_PREFILL_KEEP_TOKENS", "x"},
+           {"DEEPINFER_EP_EXCHANGE", "nccl"}, {"DEEPINFER_EP_EXCHANGE", "Device"}}) {
     try {
       parse({{name, value}});
       ADD_FAILURE() << name << "=" << value << " accepted";

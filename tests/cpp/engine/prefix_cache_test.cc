@@ -96,16 +96,18 @@ void expect_same(const PrefixRun& a, const PrefixRun& b, const std::string& what
       EXPECT_EQ(x.outputs[k].token_ids, y.outputs[k].token_ids) << what << ", request " << id;
       EXPECT_EQ(x.outputs[k].finish_reason, y.outputs[k].finish_reason) << what << ", request " << id;
       ASSERT_EQ(x.outputs[k].logprobs.has_value(), y.outputs[k].logprobs.has_value());
-      if (x.outputs[k].logprobs)
+      if (x.outputs[k].logprobs) {
         for (size_t j = 0; j < x.outputs[k].logprobs->size(); ++j)
           EXPECT_EQ((*x.outputs[k].logprobs)[j][0].second.logprob, (*y.outputs[k].logprobs)[j][0].second.logprob)
               << what << ", request " << id << " token " << j;
+      }
     }
     ASSERT_EQ(x.prompt_logprobs.has_value(), y.prompt_logprobs.has_value()) << what;
-    if (x.prompt_logprobs)
+    if (x.prompt_logprobs) {
       for (size_t j = 1; j < x.prompt_logprobs->size(); ++j)
         EXPECT_EQ((*x.prompt_logprobs)[j]->at(0).second.logprob, (*y.prompt_logprobs)[j]->at(0).second.logprob)
             << what << ", request " << id << " prompt position " << j;
+    }
   }
 }
 
@@ -180,7 +182,7 @@ TEST(PrefixCacheUnit, AutomaticIntervalKeepsChunksAboveTheWeightPass) {
       while (eng.has_unfinished())
         for (const RequestOutput& o : eng.step())
           if (o.finished) cached = o.num_cached_tokens;
-      if (p == &b) EXPECT_EQ(cached, interval ? 32 : 0) << "prompt sharing 40 tokens";
+      if (p == &b) { EXPECT_EQ(cached, interval ? 32 : 0) << "prompt sharing 40 tokens"; }
     }
     return cached;  // a again: its last boundary
   };
@@ -345,7 +347,7 @@ TEST(PrefixCache, RandomizedNoCrosstalk) {
     std::vector<size_t> waves = {4, 8, 11};
     const PrefixRun on = run_waves(s, prompts, params, waves);  // params.size() == prompts.size(): one each
     EXPECT_GT(on.prefix.num_hits, 0) << "trial " << trial;
-    if (s.host_blocks) EXPECT_GT(on.to_host, 0) << "trial " << trial;
+    if (s.host_blocks) { EXPECT_GT(on.to_host, 0) << "trial " << trial; }
     for (size_t i = 0; i < prompts.size(); ++i) {
       const PrefixRun alone = run_waves({.prefix = false}, {prompts[i]}, {params[i]}, {});
       PrefixRun one;

@@ -83,8 +83,9 @@ SpecRun run_all(const SpecSetup& s, const std::vector<std::vector<int32_t>>& pro
     eng.cache().check_invariants();
     // Plain runs schedule asynchronously (the default): a step in flight may hold released blocks;
     // drafting steps are pipelined (applied before the next is planned): nothing waits.
-    if (!eng.async_scheduling() || eng.pipelined_drafting())
+    if (!eng.async_scheduling() || eng.pipelined_drafting()) {
       EXPECT_EQ(eng.cache().num_pending_blocks(), 0) << "synchronous steps release everything at update()";
+    }
     const model::ForwardBatch b = eng.runner().last_batch();
     EXPECT_LE(b.num_tokens(), s.max_batched);
     EXPECT_LE(int64_t(b.seqs.size()), s.max_seqs);
@@ -192,12 +193,12 @@ TEST(SpecDecode, GreedyIdenticalForEveryAcceptLength) {
     ASSERT_GT(spec.stats.num_draft_tokens, 0);
     // Greedy without sampling transforms: the target accepts exactly the correct drafts, min(a,
     // drafts scheduled) per step (fewer than L are scheduled near max_tokens).
-    if (a == 0) EXPECT_EQ(spec.stats.num_accepted_drafts, 0);
-    if (a == kL) EXPECT_EQ(spec.stats.num_accepted_drafts, spec.stats.num_draft_tokens);
+    if (a == 0) { EXPECT_EQ(spec.stats.num_accepted_drafts, 0); }
+    if (a == kL) { EXPECT_EQ(spec.stats.num_accepted_drafts, spec.stats.num_draft_tokens); }
     EXPECT_GE(spec.stats.num_accepted_drafts * kL, spec.stats.num_draft_tokens * a) << "accept " << a;
     EXPECT_LT(spec.stats.num_steps, plain.stats.num_steps + (a == 0 ? 1 : 0)) << "accept " << a;
     EXPECT_GT(spec.drafter_fed, 0);
-    if (a < kL) EXPECT_GT(spec.model_rollbacks, 0);
+    if (a < kL) { EXPECT_GT(spec.model_rollbacks, 0); }
   }
   SpecSetup mixed;
   mixed.drafts = kL;
@@ -227,7 +228,7 @@ TEST(SpecDecode, IdenticalUnderChunkingAndPreemption) {
       s.pattern = [a](int64_t pos) { return (pos % 3 == 0) ? kL : a; };
       const SpecRun spec = run_all(s, prompts, params);
       expect_same(plain, spec, std::string(c.name) + ", accept " + std::to_string(a));
-      if (c.preempts) EXPECT_GT(spec.stats.num_preemptions, 0) << c.name;
+      if (c.preempts) { EXPECT_GT(spec.stats.num_preemptions, 0) << c.name; }
       EXPECT_GT(spec.stats.num_draft_tokens, 0) << c.name;
     }
 }
@@ -285,9 +286,9 @@ TEST(SpecDecode, StopsInsideAcceptedRun) {
       s.pattern = [a](int64_t) { return a; };
       const SpecRun spec = run_all(s, prompts, {p});
       expect_same(plain, spec, "case " + std::to_string(k - 1) + ", accept " + std::to_string(a));
-      if (a == kL) EXPECT_GT(spec.stats.num_accepted_drafts, 0);
+      if (a == kL) { EXPECT_GT(spec.stats.num_accepted_drafts, 0); }
     }
-    if (k == 5) EXPECT_EQ(plain.out.at("0").outputs[0].stop_token_id, toks[17]) << "EOS ended request 0";
+    if (k == 5) { EXPECT_EQ(plain.out.at("0").outputs[0].stop_token_id, toks[17]) << "EOS ended request 0"; }
   }
   const SpecRun with_stop = run_all({}, prompts, {stop_str});
   EXPECT_EQ(with_stop.out.at("0").outputs[0].finish_reason, "stop");
@@ -311,7 +312,7 @@ TEST(SpecDecode, GrammarIdenticalWithDrafts) {
     s.pattern = [a](int64_t) { return a; };
     const SpecRun spec = run_all(s, prompts, {p, s2}, true);
     expect_same(plain, spec, "grammar, accept " + std::to_string(a));
-    if (a > 0) EXPECT_GT(spec.stats.num_accepted_drafts, 0) << "drafts inside the grammar are verified";
+    if (a > 0) { EXPECT_GT(spec.stats.num_accepted_drafts, 0) << "drafts inside the grammar are verified"; }
   }
 }
 

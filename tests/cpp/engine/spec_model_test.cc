@@ -181,7 +181,7 @@ TEST_F(SpecDefaultModel, EveryForcedAcceptLengthIdentical) {
     const SpecRun spec = run(s, prompts, p);
     EXPECT_EQ(spec.tokens, plain.tokens) << "accept " << a;
     EXPECT_GT(spec.stats.num_draft_tokens, 0);
-    if (a == 0) EXPECT_EQ(spec.stats.num_accepted_drafts, 0);
+    if (a == 0) { EXPECT_EQ(spec.stats.num_accepted_drafts, 0); }
     // Every draft scheduled at accept length a: min(a, scheduled) accepted (fewer are scheduled
     // near max_tokens), and a rejection whenever a < L.
     EXPECT_GE(spec.stats.num_accepted_drafts * kL, spec.stats.num_draft_tokens * a) << "accept " << a;

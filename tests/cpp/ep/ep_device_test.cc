@@ -111,7 +111,7 @@ TEST(EpDevice, KernelsMatchTwins) {
           ASSERT_EQ(download<int64_t>(pos.data(), size_t(P)), want.pos) << at;
           std::vector<int32_t> slot_h = download<int32_t>(slot.data(), size_t(P));
           for (int64_t i = 0; i < P; ++i)
-            if (want.dest[size_t(i)] >= 0) ASSERT_EQ(slot_h[size_t(i)], want.slot[size_t(i)]) << at << " pair " << i;
+            if (want.dest[size_t(i)] >= 0) { ASSERT_EQ(slot_h[size_t(i)], want.slot[size_t(i)]) << at << " pair " << i; }
           int64_t rows = 0;
           for (int32_t q = 0; q < W; ++q) rows += want.counts[size_t(q)];
           const int64_t rb = ep_row_bytes(D, act);
@@ -223,7 +223,7 @@ RankCase make_case(std::mt19937& rng, const parallel::ExpertPlacement& L, int64_
 
 void expect_bits(const std::vector<float>& a, const std::vector<float>& b, const std::string& at) {
   ASSERT_EQ(a.size(), b.size()) << at;
-  if (!a.empty()) ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << at;
+  if (!a.empty()) { ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << at; }
 }
 
 TEST(EpDevice, LoopbackMatchesOneRank) {

@@ -160,7 +160,7 @@ TEST(EpPlan, SimulatedRanksMatchOneRank) {
           for (int64_t d = 0; d < D; ++d)
             back[size_t(r)][size_t((off + j) * D + d)] = expert_fn(x[size_t(j * D + d)], lg[size_t(j)], wt[size_t(j)]);
       }
-      if (q == 1) EXPECT_EQ(received, 0) << "W " << W;
+      if (q == 1) { EXPECT_EQ(received, 0) << "W " << W; }
     }
     for (int32_t r = 0; r < W; ++r)
       for (int64_t t = 0; t < T[size_t(r)]; ++t)

@@ -87,7 +87,7 @@ class CausalLMConformance : public ::testing::TestWithParam<ConformanceCase> {
     std::printf("[conformance] %s %s: max|d| %.3g (rel %.3g), argmax flips %lld/%lld\n", GetParam().name.c_str(),
                 what.c_str(), diff, diff / std::max(scale, 1e-30f), (long long)flips, (long long)rows);
     EXPECT_LE(diff, GetParam().tol * std::max(scale, 1.f)) << what;
-    if (GetParam().argmax_exact) EXPECT_EQ(flips, 0) << what;
+    if (GetParam().argmax_exact) { EXPECT_EQ(flips, 0) << what; }
   }
 
   std::string dir_;

@@ -97,7 +97,6 @@ TEST(Weights, OfficialLayoutDequantisesToTheTransformersWeights) {
   EXPECT_EQ(o.mtp[0].e_proj.format, WeightFormat::kFP8Block);
   EXPECT_FALSE(o.mtp[0].block.attn.compressor.has_value());
   const auto& lo = o.layers[2];
-  const auto& lh = h.layers[2];
   EXPECT_EQ(lo.attn.wq_b.format, WeightFormat::kFP8Block);
   EXPECT_EQ(lo.attn.wq_b.scale.dtype(), DType::kE8M0);
   EXPECT_EQ(lo.ffn.experts[0].w2.format, WeightFormat::kFP4);

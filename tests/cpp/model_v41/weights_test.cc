@@ -67,7 +67,7 @@ void expect_same_values(const std::string& hf_dir, const std::string& rel_dir) {
       signed_zero += pa[j] == 0.f && std::signbit(pa[j]) != std::signbit(pb[j]);
     }
     EXPECT_EQ(diff, 0) << e.name() << " differs between layouts";
-    if (e.store != V41Store::kExpert) EXPECT_EQ(signed_zero, 0) << e.name();
+    if (e.store != V41Store::kExpert) { EXPECT_EQ(signed_zero, 0) << e.name(); }
     zeros += signed_zero;
   }
   EXPECT_GT(fp8, 0);

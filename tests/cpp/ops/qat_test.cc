@@ -234,7 +234,7 @@ TEST(V41Qat, NanCodesAreCanonical) {
     };
     EXPECT_EQ(code(1, 0), qat_is_fp8(f) ? 0x7f : 0) << qat_format_name(f);
     EXPECT_EQ(code(2, 3), qat_is_fp8(f) ? 0x7f : 0) << qat_format_name(f);
-    if (f != QatFormat::kFp4E4m3Block16) EXPECT_EQ(code(0, 0), qat_is_fp8(f) ? 0x7f : 0) << qat_format_name(f);
+    if (f != QatFormat::kFp4E4m3Block16) { EXPECT_EQ(code(0, 0), qat_is_fp8(f) ? 0x7f : 0) << qat_format_name(f); }
     std::vector<float> y(x.size());
     qat_unpack(f, p.data(), 3, n, y.data(), n);
     for (int64_t r = 0; r < 3; ++r) EXPECT_TRUE(std::isnan(y[size_t(r * n + (r == 2 ? 3 : 0))])) << r;

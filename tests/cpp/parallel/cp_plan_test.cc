@@ -25,7 +25,7 @@ void expect_valid(const CpPlan& plan, int64_t cached, int64_t n, int32_t cp, int
     const auto& spans = plan.spans[size_t(r)];
     for (size_t i = 0; i < spans.size(); ++i) {
       EXPECT_LT(spans[i].begin, spans[i].end) << "rank " << r << " span " << i;
-      if (i > 0) EXPECT_LT(spans[i - 1].end, spans[i].begin) << "rank " << r << " spans touch or overlap";
+      if (i > 0) { EXPECT_LT(spans[i - 1].end, spans[i].begin) << "rank " << r << " spans touch or overlap"; }
       all.push_back(spans[i]);
     }
     tokens += plan.tokens_of(r);
@@ -36,7 +36,7 @@ void expect_valid(const CpPlan& plan, int64_t cached, int64_t n, int32_t cp, int
   for (const CpSpan& s : all) {
     EXPECT_EQ(s.begin, at) << "gap or overlap at " << at;
     for (int64_t edge : {s.begin, s.end})
-      if (edge != cached && edge != cached + n) EXPECT_EQ(edge % align, 0) << "unaligned boundary " << edge;
+      if (edge != cached && edge != cached + n) { EXPECT_EQ(edge % align, 0) << "unaligned boundary " << edge; }
     at = s.end;
   }
   EXPECT_EQ(at, cached + n);

@@ -65,8 +65,9 @@ std::pair<size_t, size_t> expect_same(const Grammar& g, const std::string& what)
   // The unshared build may run out of its state budget where the shared one fits (that is what
   // sharing is for: integer spellings, tracked objects); never the other way round.
   const bool plain_too_large = e_plain.find("grammar too large") != std::string::npos;
-  if (!(plain_too_large && e_shared.empty()))
+  if (!(plain_too_large && e_shared.empty())) {
     EXPECT_EQ(e_plain.empty(), e_shared.empty()) << what << ": " << e_plain << " | " << e_shared;
+  }
   if (!e_plain.empty() || !e_shared.empty()) return {0, 0};
   EXPECT_EQ(bisim(plain, shared), "") << what;
   EXPECT_LE(shared.num_states(), plain.num_states()) << what;

@@ -163,7 +163,7 @@ TEST(MaskWalkRandom, TextRuns) {
       if (k != i && k > i && v->depth_[k] < v->depth_[i]) break;
     }
     ASSERT_EQ(v->text_run_end_[i], want_end) << "node " << i << " '" << path[i] << "'";
-    if (want_end > static_cast<int32_t>(i)) ASSERT_EQ(v->text_run_height_[i], want_h) << "node " << i;
+    if (want_end > static_cast<int32_t>(i)) { ASSERT_EQ(v->text_run_height_[i], want_h) << "node " << i; }
   }
 }
 

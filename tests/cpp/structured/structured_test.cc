@@ -216,7 +216,7 @@ void random_walks(const std::string& args, int walks, int max_steps) {
       ASSERT_TRUE(m.accept_token(pick));
       if (!v.is_stop(pick)) text += v.bytes(pick);
     }
-    if (m.is_terminated()) EXPECT_TRUE(matches(compile(args), text)) << text;
+    if (m.is_terminated()) { EXPECT_TRUE(matches(compile(args), text)) << text; }
   }
 }
 

@@ -73,7 +73,7 @@ TEST(Workers, DraftMasksEqualStepByStep) {
   for (int32_t k = 0; k < rows; ++k) {
     step.fill_next_token_bitmask(want);
     EXPECT_TRUE(std::equal(want.begin(), want.end(), words.begin() + k * row)) << "row " << k;
-    if (k + 1 < rows) ASSERT_TRUE(step.accept_token(draft[k]));
+    if (k + 1 < rows) { ASSERT_TRUE(step.accept_token(draft[k])); }
   }
   EXPECT_FALSE(step.accept_token('q'));
 }

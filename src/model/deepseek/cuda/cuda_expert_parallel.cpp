@@ -21,7 +21,6 @@
 // refuses to run without one. Fixed-shape (graph) steps are off under expert parallelism: the
 // exchange sizes are only known on the host (docs/PARALLEL.md, Not built yet).
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <numeric>
 
@@ -72,15 +71,12 @@ void CudaBackend::set_expert_parallel(std::shared_ptr<ExpertParallel> ep) {
   ep_dev_.reset();
   ep_ = std::move(ep);
   if (ep_) {
-    const char* env = std::getenv("DEEPINFER_EP_EXCHANGE");
-    const std::string want = env ? env : "auto";
-    if (want != "auto" && want != "host" && want != "device")
-      DI_THROW(InvalidArgument, "DEEPINFER_EP_EXCHANGE=", want, ": expected auto, host or device");
+    const EpExchange want = opts_.ep_exchange;
     parallel::DeviceAllToAllV* a2a = ep_->device_exchange();
-    if (want == "device" && !a2a)
+    if (want == EpExchange::kDevice && !a2a)
       DI_THROW(InvalidArgument, describe(), ": DEEPINFER_EP_EXCHANGE=device but the expert-parallel group (",
                ep_->describe_group(), ") has no device exchange (NCCL)");
-    if (a2a && want != "host") ep_dev_ = std::make_unique<DeviceExpertExchange>(*a2a, opts_.device);
+    if (a2a && want != EpExchange::kHost) ep_dev_ = std::make_unique<DeviceExpertExchange>(*a2a, opts_.device);
     DI_INFO(describe(), ": expert parallelism rank ", ep_->rank(), " of ", ep_->size(), ", ",
             ep_dev_ ? "device exchange over " + a2a->describe() : "host-staged exchange over " + ep_->describe_group());
   }

@@ -121,6 +121,7 @@ CudaModelOptions engine_cuda_options(const ModelLoadOptions& l) {
   if (l.limits.max_model_len > 0) o.max_context = l.limits.max_model_len;
   o.max_rollback = l.limits.max_rollback;
   o.batch_invariant = l.env.batch_invariant;
+  o.ep_exchange = l.env.ep_exchange;
   o.expert_shard = l.expert_shard;
   return o;
 }

@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "core/dtype.h"
+#include "core/env.h"
 #include "parallel/eplb.h"
 
 namespace deepinfer::model::ds::cuda {
@@ -80,6 +81,7 @@ struct CudaModelOptions {
   // kInvariantSplitKeys keys whatever the batch, and the fixed decode path's experts through the
   // grouped GEMM as prefill's (docs/DETERMINISM.md). Exact numerics (cuBLASLt fp32) is refused.
   bool batch_invariant = false;
+  EpExchange ep_exchange = EpExchange::kAuto;  // DEEPINFER_EP_EXCHANGE (set_expert_parallel)
   // The numerics whose storage dtype the buffers use.
   Numerics storage_numerics() const { return f32_storage ? Numerics::kExact : numerics; }
 };
