@@ -7,6 +7,7 @@
 // wgmma on compute capability 9.0) run every case; a row's output is checked bit-identical
 // whatever rows share its tile (batch invariance).
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "deepinfer/error.h"
@@ -271,8 +272,24 @@ void gemm_case(const GemmCase& c, uint64_t seed, GroupedGemmKernel kern) {
                          std::to_string(c.T) + "x" + std::to_string(c.K_top) + " E=" + std::to_string(c.E) +
                          " N=" + std::to_string(c.N) + " K=" + std::to_string(c.K);
   // f32 out: fp32 summation order only; bf16 out: one rounding flip (2^-8 of an element).
-  report("grouped_gemm", cs, max_rel_err(as_f32(got, c.y_dtype), as_f32(yref, c.y_dtype)),
-         c.y_dtype == DType::kF32 ? 2e-5 : 8e-3);
+  const auto gf = as_f32(got, c.y_dtype), rf = as_f32(yref, c.y_dtype);
+  const double tol = c.y_dtype == DType::kF32 ? 2e-5 : 8e-3, err = max_rel_err(gf, rf);
+  report("grouped_gemm", cs, err, tol);
+  if (!(err <= tol)) {  // where it goes wrong (row within its segment, column): a layout bug shows a pattern
+    double mx = 0;
+    for (float v : rf) mx = std::max(mx, double(std::fabs(v)));
+    int shown = 0;
+    for (int64_t a = 0; a < valid && shown < 8; ++a)
+      for (int64_t n = 0; n < c.N && shown < 8; ++n) {
+        const float g = gf[size_t(a * c.N + n)], h = rf[size_t(a * c.N + n)];
+        if (!(std::fabs(g - h) <= tol * mx)) {
+          const int64_t e = std::upper_bound(r.seg.begin(), r.seg.end(), int32_t(a)) - r.seg.begin() - 1;
+          std::printf("  mismatch expert %lld row %lld (segment row %lld) col %lld: got %g want %g\n", (long long)e,
+                      (long long)a, (long long)(a - r.seg[size_t(e)]), (long long)n, g, h);
+          ++shown;
+        }
+      }
+  }
   if (c.f != ExpertFormat::kPlain) {
     EXPECT_TRUE(got == got2) << cs << ": native differs from dequantised bf16";
   }
