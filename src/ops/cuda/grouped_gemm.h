@@ -11,9 +11,12 @@
 // fp8 operands only — no e2m1 — and needs the scale group to be a multiple of the K tile, whose
 // minimum is 64 (K_BLOCK_MAX >= 4 wgmma k16 steps), so one scale per 32 inputs is not
 // expressible; block-scaled FP4 MMA is sm_100+ only, and a wgmma kernel would not compile for the
-// sm_100a half of CI. So: mma.sync m16n8k16 bf16 (sm_80+; sm_90a and sm_100a alike), weight tile
-// dequantised to bf16 while staging it in shared memory, fp32 accumulators. Tiles are scheduled
-// from a device tile list (moe_route.h) so the launch shape depends only on host-known bounds.
+// sm_100a half of CI. So two hand-written kernels, the weight tile dequantised to bf16 while
+// staging it in shared memory, fp32 accumulators: mma.sync m16n8k16 bf16 with 64 x 128 tiles
+// (sm_80+; sm_100a and every non-Hopper device), and on compute capability 9.0 warpgroup MMA
+// (wgmma m64n256k16, 128 x 256 tiles: grouped_gemm_sm90.cu; its code exists only in the sm_90a
+// object). Tiles are scheduled from a device tile list (moe_route.h) so the launch shape depends
+// only on host-known bounds.
 //
 // Per row, the sum over k runs in the same order whatever the other rows of the tile are, so a
 // token's result does not depend on its batch neighbours (batch invariant).
@@ -38,7 +41,14 @@ inline int64_t expert_scale_block(ExpertFormat f) { return f == ExpertFormat::kF
 int64_t expert_matrix_bytes(ExpertFormat f, int64_t n, int64_t k, int64_t plain_bytes = 2);
 
 constexpr int kGroupedTileM = 64;   // rows of one tile (one expert segment each)
-constexpr int kGroupedTileN = 128;  // outputs of one tile
+constexpr int kGroupedTileN = 128;  // outputs of one tile (mma.sync kernel)
+
+// Which kernel runs: kAuto = the default (grouped_gemm.cu: kWgmmaByDefault; mma.sync off sm_90). The
+// others force one (side-by-side timing, tests); kWgmma on another device throws InvalidArgument.
+enum class GroupedGemmKernel : uint8_t { kAuto, kMmaSync, kWgmma };
+const char* grouped_gemm_kernel_name(GroupedGemmKernel k);
+// True when the current device can run the wgmma kernel (compute capability 9.0).
+bool grouped_gemm_wgmma_available();
 
 struct GroupedGemmParams {
   const void* x = nullptr;            // bf16 activations, row stride ldx
@@ -55,6 +65,7 @@ struct GroupedGemmParams {
   void* y = nullptr;                  // [rows, ldy] out
   int64_t ldy = 0;
   DType y_dtype = DType::kBF16;       // bf16 | f32
+  GroupedGemmKernel kernel = GroupedGemmKernel::kAuto;  // device path only; the host twin ignores it
 };
 void grouped_gemm(const GroupedGemmParams& p, cudaStream_t stream);
 

@@ -3,8 +3,11 @@
 // several tiles, N not a multiple of the tile, K a multiple of 32 but not of 64, invalid expert
 // ids; bf16 / FP4 e2m1+e8m0 / FP8 e4m3+e8m0 weights; bf16 and f32 outputs. Also: FP4/FP8 native
 // equals the same weights dequantised to bf16 bit for bit, bad arguments throw InvalidArgument,
-// and V4-Flash-shaped timings (DI_CUDA_TIME lines).
+// and V4-Flash-shaped timings (DI_CUDA_TIME lines). Both device kernels (mma.sync everywhere,
+// wgmma on compute capability 9.0) run every case; a row's output is checked bit-identical
+// whatever rows share its tile (batch invariance).
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "deepinfer/error.h"
@@ -17,6 +20,14 @@ namespace {
 using namespace test;
 namespace oc = ops::cuda;
 using oc::ExpertFormat;
+using oc::GroupedGemmKernel;
+
+// The device kernels this GPU runs (wgmma only on compute capability 9.0).
+std::vector<GroupedGemmKernel> kernels() {
+  std::vector<GroupedGemmKernel> k{GroupedGemmKernel::kMmaSync};
+  if (oc::grouped_gemm_wgmma_available()) k.push_back(GroupedGemmKernel::kWgmma);
+  return k;
+}
 
 // ---- routing ----
 struct Route {
@@ -209,7 +220,7 @@ struct GemmCase {
   int64_t T, K_top, E, N, K;
 };
 
-void gemm_case(const GemmCase& c, uint64_t seed) {
+void gemm_case(const GemmCase& c, uint64_t seed, GroupedGemmKernel kern) {
   const int64_t rows = c.T * c.K_top, ldx = c.K + 8;
   const auto ids = random_ids(rows, c.E, seed, true, true);
   const std::vector<float> rw = randn(size_t(rows), seed + 1);
@@ -229,7 +240,7 @@ void gemm_case(const GemmCase& c, uint64_t seed) {
   oc::GroupedGemmParams hp{.x = x.data(), .ldx = ldx, .x_rows = r.perm_src.data(), .w = hw.data(), .scale = hs.data(),
                            .format = c.f, .seg = r.seg.data(), .tiles = r.tiles.data(), .num_tiles = r.ntiles.data(),
                            .max_tiles = r.max_tiles, .experts = c.E, .N = c.N, .K = c.K, .y = yref.data(),
-                           .ldy = c.N, .y_dtype = c.y_dtype};
+                           .ldy = c.N, .y_dtype = c.y_dtype, .kernel = kern};
   oc::grouped_gemm_host(hp);
   // device: native format, then the dequantised bf16 weights through the plain kernel
   DevArray<uint16_t> dx(x);
@@ -257,26 +268,49 @@ void gemm_case(const GemmCase& c, uint64_t seed) {
   got.resize(size_t(valid * c.N) * yb);
   got2.resize(got.size());
   yref.resize(got.size());
-  const std::string cs = std::string(oc::expert_format_name(c.f)) + " y=" + std::string(dtype_name(c.y_dtype)) + " T=" +
+  const std::string cs = std::string(oc::grouped_gemm_kernel_name(kern)) + " " + oc::expert_format_name(c.f) + " y=" + std::string(dtype_name(c.y_dtype)) + " T=" +
                          std::to_string(c.T) + "x" + std::to_string(c.K_top) + " E=" + std::to_string(c.E) +
                          " N=" + std::to_string(c.N) + " K=" + std::to_string(c.K);
   // f32 out: fp32 summation order only; bf16 out: one rounding flip (2^-8 of an element).
-  report("grouped_gemm", cs, max_rel_err(as_f32(got, c.y_dtype), as_f32(yref, c.y_dtype)),
-         c.y_dtype == DType::kF32 ? 2e-5 : 8e-3);
-  if (c.f != ExpertFormat::kPlain) EXPECT_TRUE(got == got2) << cs << ": native differs from dequantised bf16";
+  const auto gf = as_f32(got, c.y_dtype), rf = as_f32(yref, c.y_dtype);
+  const double tol = c.y_dtype == DType::kF32 ? 2e-5 : 8e-3, err = max_rel_err(gf, rf);
+  report("grouped_gemm", cs, err, tol);
+  if (!(err <= tol)) {  // where it goes wrong (row within its segment, column): a layout bug shows a pattern
+    double mx = 0;
+    for (float v : rf) mx = std::max(mx, double(std::fabs(v)));
+    int shown = 0;
+    for (int64_t a = 0; a < valid && shown < 8; ++a)
+      for (int64_t n = 0; n < c.N && shown < 8; ++n) {
+        const float g = gf[size_t(a * c.N + n)], h = rf[size_t(a * c.N + n)];
+        if (!(std::fabs(g - h) <= tol * mx)) {
+          const int64_t e = std::upper_bound(r.seg.begin(), r.seg.end(), int32_t(a)) - r.seg.begin() - 1;
+          std::printf("  mismatch expert %lld row %lld (segment row %lld) col %lld: got %g want %g\n", (long long)e,
+                      (long long)a, (long long)(a - r.seg[size_t(e)]), (long long)n, g, h);
+          ++shown;
+        }
+      }
+  }
+  if (c.f != ExpertFormat::kPlain) {
+    EXPECT_TRUE(got == got2) << cs << ": native differs from dequantised bf16";
+  }
 }
 
 TEST(CudaGroupedGemm, MatchesHostTwin) {
   DI_REQUIRE_GPU();
-  uint64_t seed = 1000;
-  for (ExpertFormat f : {ExpertFormat::kPlain, ExpertFormat::kFP4, ExpertFormat::kFP8})
-    for (DType y : {DType::kBF16, DType::kF32}) {
-      gemm_case({f, y, 1, 6, 16, 200, 96}, ++seed);
-      gemm_case({f, y, 133, 2, 5, 200, 96}, ++seed);    // segments over several tiles, skewed
-      gemm_case({f, y, 37, 2, 8, 64, 32}, ++seed);      // tiny_official down-like K = 32
-      gemm_case({f, y, 301, 6, 13, 136, 160}, ++seed);  // N not a multiple of 128, K of 64
-      gemm_case({f, y, 97, 6, 7, 264, 512}, ++seed);    // the multi-stage pipeline in steady state
-    }
+  for (GroupedGemmKernel kern : kernels()) {
+    uint64_t seed = 1000;
+    for (ExpertFormat f : {ExpertFormat::kPlain, ExpertFormat::kFP4, ExpertFormat::kFP8})
+      for (DType y : {DType::kBF16, DType::kF32}) {
+        gemm_case({f, y, 1, 6, 16, 200, 96}, ++seed, kern);   // segments of 1 row, N < 256
+        gemm_case({f, y, 133, 2, 5, 200, 96}, ++seed, kern);  // segments over several tiles, skewed
+        gemm_case({f, y, 37, 2, 8, 64, 32}, ++seed, kern);    // tiny_official down-like K = 32
+        gemm_case({f, y, 301, 6, 13, 136, 160}, ++seed, kern);  // N not a multiple of 128, K of 64
+        gemm_case({f, y, 97, 6, 7, 264, 512}, ++seed, kern);  // the multi-stage pipeline in steady state
+        gemm_case({f, y, 300, 1, 2, 264, 96}, ++seed, kern);  // 3 tiles per expert: one full 128-row block + a half
+        gemm_case({f, y, 50, 3, 4, 77, 64}, ++seed, kern);    // odd N (odd ldy: unpaired stores)
+        gemm_case({f, y, 37, 2, 3, 136, 2048 + 32}, ++seed, kern);  // long K ending in a half k-slab
+      }
+  }
 }
 
 TEST(CudaGroupedGemm, BadArgumentsThrow) {
@@ -294,6 +328,56 @@ TEST(CudaGroupedGemm, BadArgumentsThrow) {
   EXPECT_THROW(oc::grouped_gemm_host(p), InvalidArgument);
   p.y_dtype = DType::kBF16;
   EXPECT_THROW(oc::grouped_gemm(p, nullptr), InvalidArgument);  // no tile list
+  if (!oc::grouped_gemm_wgmma_available()) {  // forcing wgmma off sm_90 is refused, not ignored
+    std::vector<int32_t> tiles{0}, nt{1};
+    p.tiles = tiles.data();
+    p.num_tiles = nt.data();
+    p.kernel = GroupedGemmKernel::kWgmma;
+    EXPECT_THROW(oc::grouped_gemm(p, nullptr), InvalidArgument);
+  }
+}
+
+// Batch invariance: one expert; a row's f32 output must be bit-identical whether it sits in a
+// 150-row segment (identity order), in the same segment reversed (other position in its tile,
+// other neighbours), or alone in a 1-row segment.
+TEST(CudaGroupedGemm, RowsIndependentOfTheirTile) {
+  DI_REQUIRE_GPU();
+  const int64_t R = 150, N = 264, K = 160;
+  const auto x = to_bf16(randn(size_t(R * K), 31));
+  DevArray<uint16_t> dx(x);
+  auto run = [&](const DevSet& w, const DevSet& s, ExpertFormat f, GroupedGemmKernel kern,
+                 const std::vector<int64_t>& rows) {
+    const int64_t n = int64_t(rows.size()), nt = (n + oc::kGroupedTileM - 1) / oc::kGroupedTileM;
+    std::vector<int32_t> tiles(static_cast<size_t>(nt));
+    for (int64_t t = 0; t < nt; ++t) tiles[size_t(t)] = int32_t(t);  // expert 0, tile t
+    DevArray<int64_t> drows(rows);
+    DevArray<int32_t> dseg(std::vector<int32_t>{0, int32_t(n)}), dtiles(tiles), dn(std::vector<int32_t>{int32_t(nt)});
+    DevArray<float> dy(size_t(n * N));
+    dy.poison();
+    oc::grouped_gemm({.x = dx.get(), .ldx = K, .x_rows = drows.get(), .w = w.get<void>(), .scale = s.get<uint8_t>(),
+                      .format = f, .seg = dseg.get(), .tiles = dtiles.get(), .num_tiles = dn.get(), .max_tiles = nt,
+                      .experts = 1, .N = N, .K = K, .y = dy.get(), .ldy = N, .y_dtype = DType::kF32, .kernel = kern},
+                     nullptr);
+    return dy.download();
+  };
+  std::vector<int64_t> ident(static_cast<size_t>(R)), rev(static_cast<size_t>(R));
+  for (int64_t a = 0; a < R; ++a) ident[size_t(a)] = a, rev[size_t(a)] = R - 1 - a;
+  for (GroupedGemmKernel kern : kernels())
+    for (ExpertFormat f : {ExpertFormat::kFP4, ExpertFormat::kFP8, ExpertFormat::kPlain}) {
+      const Weights W = random_weights(f, 1, N, K, 41, false);
+      const DevSet dw(W.w), ds(W.s);
+      const auto y_id = run(dw, ds, f, kern, ident), y_rev = run(dw, ds, f, kern, rev);
+      int bad = 0;
+      for (int64_t a = 0; a < R; ++a)
+        bad += std::memcmp(&y_rev[size_t(a * N)], &y_id[size_t((R - 1 - a) * N)], size_t(N) * 4) != 0;
+      for (int64_t probe : {int64_t(0), int64_t(63), int64_t(64), int64_t(127), int64_t(149)}) {
+        const auto y1 = run(dw, ds, f, kern, {probe});
+        bad += std::memcmp(y1.data(), &y_id[size_t(probe * N)], size_t(N) * 4) != 0;
+      }
+      const std::string cs = std::string(oc::grouped_gemm_kernel_name(kern)) + " " + oc::expert_format_name(f);
+      std::printf("DI_CUDA_ERR|grouped_gemm batch invariance|%s|%d|0|%s\n", cs.c_str(), bad, bad ? "FAIL" : "PASS");
+      EXPECT_EQ(bad, 0) << cs << ": rows whose output depends on their tile neighbours";
+    }
 }
 
 // V4-Flash shapes (D 4096, I 2048, 256 experts top-6): route + up (N 2I, bf16 out) + down (N D,
@@ -342,14 +426,30 @@ TEST(CudaGroupedGemm, FlashShapeTiming) {
                      .comb = dcomb.get(), .tiles = dtiles.get(), .num_tiles = dn.get(), .max_tiles = r.max_tiles},
                     nullptr);
     });
-    const double t_up = time_us([&] { oc::grouped_gemm(up, nullptr); });
-    const double t_down = time_us([&] { oc::grouped_gemm(down, nullptr); });
-    const double fl_up = 2.0 * rows * 2 * I * D, fl_down = 2.0 * rows * D * I;
-    const std::string name = oc::expert_format_name(f);
     report_time("moe_route", "T=4096 k=6 E=256", t_route, "-");
-    report_time("grouped_gemm " + name, "up T=4096x6 N=4096 K=4096", t_up, std::to_string(fl_up / t_up / 1e6) + " TFLOP/s");
-    report_time("grouped_gemm " + name, "down T=4096x6 N=4096 K=2048", t_down,
-                std::to_string(fl_down / t_down / 1e6) + " TFLOP/s");
+    const double fl_up = 2.0 * rows * 2 * I * D, fl_down = 2.0 * rows * D * I;
+    std::vector<std::vector<float>> outs;  // per kernel: up then down outputs, for the cross-check
+    for (GroupedGemmKernel kern : kernels()) {
+      up.kernel = down.kernel = kern;
+      const double t_up = time_us([&] { oc::grouped_gemm(up, nullptr); });
+      const double t_down = time_us([&] { oc::grouped_gemm(down, nullptr); });
+      const std::string name = std::string(oc::expert_format_name(f)) + " " + oc::grouped_gemm_kernel_name(kern);
+      report_time("grouped_gemm " + name, "up T=4096x6 N=4096 K=4096", t_up, std::to_string(fl_up / t_up / 1e6) + " TFLOP/s");
+      report_time("grouped_gemm " + name, "down T=4096x6 N=4096 K=2048", t_down,
+                  std::to_string(fl_down / t_down / 1e6) + " TFLOP/s");
+      const auto gu = dgu.download();
+      std::vector<float> o(gu.size());
+      for (size_t i = 0; i < gu.size(); ++i) o[i] = bf16_to_f32(gu[i]);
+      outs.push_back(std::move(o));
+      outs.push_back(dye.download());
+    }
+    // wgmma vs mma.sync at the real shape: the same sums in another fp32 order (bf16: one
+    // rounding flip; f32: summation order over K = 2048).
+    if (outs.size() == 4) {
+      const std::string name = oc::expert_format_name(f);
+      report("grouped_gemm wgmma vs mma.sync", name + " up", max_rel_err(outs[2], outs[0]), 8e-3);
+      report("grouped_gemm wgmma vs mma.sync", name + " down", max_rel_err(outs[3], outs[1]), 1e-4);
+    }
   }
 }
 

@@ -1,0 +1,320 @@
+// Grouped expert GEMM on Hopper warpgroup MMA (grouped_gemm_sm90.h). One block = 2 warpgroups
+// (256 threads) computes a 128 x 256 output tile: warpgroup g owns rows 64g..64g+63 (tile 2j+g of
+// the expert) with 128 f32 accumulators per thread (m64n256k16 bf16 wgmma). Why this shape: the
+// dequantised weight slab (256 x 64 per K step) feeds both warpgroups, so each dequantised weight
+// serves 128 rows instead of 64; dequantisation, not the MMA, is the cost to spread.
+//
+// Per K step of 64 (one 128-byte swizzle atom wide):
+//   global -> smem by cp.async (kStages-deep ring): the activation rows gathered through x_rows,
+//     written straight into wgmma's 128B-swizzled K-major layout, and the raw weight bytes
+//     (FP4/FP8, linear) or the bf16 weights (plain, swizzled, read by wgmma in place);
+//   FP4/FP8: raw -> bf16 into one of two swizzled B tiles (lookup table + exact power-of-two
+//     multiply, as the mma.sync kernel), done by the same warps while the previous step's wgmma
+//     runs asynchronously on the tensor cores;
+//   fence.proxy.async + barrier, then 4 wgmma (k16 slices) per warpgroup, committed as one group.
+// The lookup table has 32 copies (one per lane: entry b of lane l at b * 32 + l), so the random
+// byte lookups of a warp never collide on a bank.
+//
+// Numerics: fp32 accumulation, k16 slices in increasing k for every row whatever its neighbours
+// (batch invariant); plain weights go through the identical MMA sequence, so FP4/FP8 equal their
+// bf16 dequantisation bit for bit. Zero-filled rows/columns/k past the segment, N and K add 0.
+#include "ops/cuda/grouped_gemm_sm90.h"
+
+#include <cuda_bf16.h>
+
+#include "deepinfer/error.h"
+#include "ops/cuda/common.cuh"
+#include "ops/cuda/moe_dequant.h"
+#include "ops/cuda/wgmma_sm90.cuh"
+
+#if defined(__CUDA_ARCH__) && !DI_WGMMA_ENABLED
+// Device passes other than sm_90a (sm_100a) compile the kernel body out, leaving its helpers
+// unreferenced; that is by design, not a mistake to warn about.
+#pragma nv_diag_suppress 177
+#endif
+
+namespace deepinfer::ops::cuda {
+namespace {
+
+constexpr int WM = kWgmmaTileM, WN = kWgmmaTileN, BK = 64, kThreads = 256;
+constexpr int kAtomRow = BK * 2;  // bytes of one swizzled row (64 bf16)
+
+template <ExpertFormat F>
+struct Cfg {
+  // cp.async ring depth: as deep as the 227 KB of shared memory allow (prefetch distance
+  // kStages - 2 steps, with one block per SM the only latency hiding there is).
+  static constexpr int kStages = F == ExpertFormat::kFP4 ? 5 : 4;
+  // raw bytes of one weight row per K step; chunk = 16 bytes = kElems weights
+  static constexpr int kRawRow = F == ExpertFormat::kFP4 ? 32 : F == ExpertFormat::kFP8 ? 64 : kAtomRow;
+  static constexpr int kElems = F == ExpertFormat::kFP4 ? 32 : F == ExpertFormat::kFP8 ? 16 : 8;
+  static constexpr int kChunksPerRow = kRawRow / 16;
+  static constexpr int kChunks = WN * kChunksPerRow / kThreads;  // per thread: FP4 2, FP8 4, plain 8
+  static constexpr int kAStage = WM * kAtomRow;                  // 16 KB
+  static constexpr int kStage = kAStage + WN * kRawRow;          // multiple of 1024 (atom alignment)
+  static constexpr int kBTile = WN * kAtomRow;                   // one bf16 B tile, 32 KB
+  static constexpr int kBs = F == ExpertFormat::kPlain ? 0 : 2 * kBTile;
+  static constexpr int kLut = F == ExpertFormat::kPlain ? 0 : 256 * 32 * 4;
+  // + 1024: the dynamic smem base is aligned up to an atom by hand.
+  // FP4 217 KB, FP8 225 KB, plain 193 KB: one block per SM.
+  static constexpr int kBytes = kStages * kStage + kBs + kLut + 1024;
+};
+static_assert(Cfg<ExpertFormat::kFP8>::kBytes + WM * 8 <= 227 * 1024, "FP8 shared memory over the sm_90 limit");
+static_assert(Cfg<ExpertFormat::kFP4>::kBytes + WM * 8 <= 227 * 1024, "FP4 shared memory over the sm_90 limit");
+
+// Byte offset of 16-byte chunk c of row r in a swizzled K-major tile.
+__device__ __forceinline__ uint32_t sw(int r, int c) { return uint32_t(r * kAtomRow + ((c ^ (r & 7)) << 4)); }
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// cp.async of K step k0: A (128 gathered rows) into the swizzled A stage, the weight rows
+// n0..n0+255 into the B part. Rows past the segment / N and k past K are zero-filled.
+template <ExpertFormat F>
+__device__ __forceinline__ void issue_stage(const GroupedGemmParams& p, const int64_t* xrow, int64_t k0,
+                                            const uint8_t* w, int64_t n0, uint32_t st) {
+  using C = Cfg<F>;
+  const int tid = threadIdx.x;
+  const __nv_bfloat16* x = static_cast<const __nv_bfloat16*>(p.x);
+#pragma unroll
+  for (int j = 0; j < WM * 8 / kThreads; ++j) {
+    const int i = tid + j * kThreads, r = i / 8, ch = i % 8;
+    const int64_t k = k0 + ch * 8;
+    const bool ok = xrow[r] >= 0 && k < p.K;
+    cp_async16(st + sw(r, ch), ok ? x + xrow[r] * p.ldx + k : x, ok ? 16 : 0);
+  }
+#pragma unroll
+  for (int j = 0; j < C::kChunks; ++j) {
+    const int i = tid + j * kThreads, r = i / C::kChunksPerRow, ch = i % C::kChunksPerRow;
+    const int64_t n = n0 + r, k = k0 + ch * C::kElems;
+    const bool ok = n < p.N && k < p.K;  // K % 32 == 0: a chunk is all in or all out
+    const uint8_t* src = w;
+    if (ok) {
+      if constexpr (F == ExpertFormat::kFP4) src = w + n * (p.K / 2) + k / 2;
+      else if constexpr (F == ExpertFormat::kFP8) src = w + n * p.K + k;
+      else src = w + (n * p.K + k) * 2;
+    }
+    const uint32_t dst = F == ExpertFormat::kPlain ? sw(r, ch) : uint32_t(r * C::kRawRow + ch * 16);
+    cp_async16(st + C::kAStage + dst, src, ok ? 16 : 0);
+  }
+}
+
+// The e8m0 scales of the thread's raw chunks in step k0 (127 = 1.0 past N or K).
+template <ExpertFormat F>
+__device__ __forceinline__ void load_scales(const GroupedGemmParams& p, const uint8_t* sc, int64_t n0, int64_t k0,
+                                            uint32_t (&s)[Cfg<F>::kChunks]) {
+  using C = Cfg<F>;
+  constexpr int blk = F == ExpertFormat::kFP4 ? 32 : 128;
+  const int64_t ns = (p.K + blk - 1) / blk;
+#pragma unroll
+  for (int j = 0; j < C::kChunks; ++j) {
+    const int i = threadIdx.x + j * kThreads, r = i / C::kChunksPerRow, ch = i % C::kChunksPerRow;
+    const int64_t n = n0 + r, k = k0 + ch * C::kElems;
+    s[j] = n < p.N && k < p.K ? __ldg(sc + n * ns + k / blk) : 127u;
+  }
+}
+
+// Lane-replicated table: FP4 byte -> bf16x2 of its nibbles (low nibble low half); FP8 byte -> bf16.
+template <ExpertFormat F>
+__device__ void fill_lut(uint32_t* lut) {
+  for (int i = threadIdx.x; i < 256 * 32; i += kThreads) {
+    const uint32_t b = uint32_t(i) >> 5;
+    lut[i] = F == ExpertFormat::kFP4 ? fp4_bf16_bits(b & 15) | (fp4_bf16_bits(b >> 4) << 16) : fp8_bf16_bits(b);
+  }
+}
+
+// Raw weight stage -> swizzled bf16 B tile. lut: this lane's column of the table.
+template <ExpertFormat F>
+__device__ __forceinline__ void dequant(const uint8_t* raw, uint8_t* bs, const uint32_t* lut,
+                                        const uint32_t (&s)[Cfg<F>::kChunks]) {
+  using C = Cfg<F>;
+#pragma unroll
+  for (int j = 0; j < C::kChunks; ++j) {
+    const int i = threadIdx.x + j * kThreads, r = i / C::kChunksPerRow, ch = i % C::kChunksPerRow;
+    const uint32_t s2 = e8m0_bf16x2(s[j]);
+    const uint4 rv = *reinterpret_cast<const uint4*>(raw + r * C::kRawRow + ch * 16);
+    const uint32_t w[4] = {rv.x, rv.y, rv.z, rv.w};
+    if constexpr (F == ExpertFormat::kFP4) {  // 16 bytes -> 32 bf16 = 4 swizzle chunks
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        uint4 o;
+        o.x = mul_bf16x2(lut[(w[q] & 0xff) * 32], s2);
+        o.y = mul_bf16x2(lut[((w[q] >> 8) & 0xff) * 32], s2);
+        o.z = mul_bf16x2(lut[((w[q] >> 16) & 0xff) * 32], s2);
+        o.w = mul_bf16x2(lut[(w[q] >> 24) * 32], s2);
+        *reinterpret_cast<uint4*>(bs + sw(r, 4 * ch + q)) = o;
+      }
+    } else {  // 16 e4m3 bytes -> 16 bf16 = 2 swizzle chunks
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        uint32_t o[4];
+#pragma unroll
+        for (int b = 0; b < 4; ++b) {
+          const uint32_t word = w[2 * q + b / 2], sh = 16 * (b % 2);
+          o[b] = mul_bf16x2(lut[((word >> sh) & 0xff) * 32] | (lut[((word >> (sh + 8)) & 0xff) * 32] << 16), s2);
+        }
+        *reinterpret_cast<uint4*>(bs + sw(r, 2 * ch + q)) = make_uint4(o[0], o[1], o[2], o[3]);
+      }
+    }
+  }
+}
+
+__device__ __forceinline__ void fence_acc(float (&acc)[128]) {
+#pragma unroll
+  for (int i = 0; i < 128; ++i) wgmma::fence_operand(acc[i]);
+}
+
+// The 4 k16 wgmmas of one K step for this warpgroup: A rows at a_addr, B tile at b_addr.
+__device__ __forceinline__ void mma_step(float (&acc)[128], uint32_t a_addr, uint32_t b_addr) {
+  fence_acc(acc);
+  wgmma::fence();
+#pragma unroll
+  for (int kk = 0; kk < BK / 16; ++kk)
+    wgmma::mma_m64n256k16(acc, wgmma::desc_sw128(a_addr + kk * 32), wgmma::desc_sw128(b_addr + kk * 32), 1);
+  wgmma::commit();
+  fence_acc(acc);
+}
+
+// Rows of this warpgroup inside the segment, columns inside N; pairs stored together when aligned.
+__device__ __forceinline__ void store_tile(const GroupedGemmParams& p, const float (&acc)[128], int64_t row0,
+                                           int64_t row_end, int64_t n0) {
+  const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, wg = threadIdx.x / 128;
+  const bool f32 = p.y_dtype == DType::kF32;
+  const bool vec = p.ldy % 2 == 0 && (reinterpret_cast<uintptr_t>(p.y) & (f32 ? 7 : 3)) == 0;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t a = row0 + wg * 64 + warp * 16 + lane / 4 + 8 * h;
+    if (a >= row_end) continue;
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      const int64_t n = n0 + 8 * j + 2 * (lane % 4);
+      if (n >= p.N) continue;
+      const float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
+      const bool both = n + 1 < p.N;
+      if (f32) {
+        float* y = static_cast<float*>(p.y) + a * p.ldy + n;
+        if (both && vec) *reinterpret_cast<float2*>(y) = make_float2(v0, v1);
+        else { y[0] = v0; if (both) y[1] = v1; }
+      } else {
+        __nv_bfloat16* y = static_cast<__nv_bfloat16*>(p.y) + a * p.ldy + n;
+        if (both && vec) *reinterpret_cast<__nv_bfloat162*>(y) = __floats2bfloat162_rn(v0, v1);
+        else { y[0] = __float2bfloat16_rn(v0); if (both) y[1] = __float2bfloat16_rn(v1); }
+      }
+    }
+  }
+}
+
+template <ExpertFormat F>
+__global__ void __launch_bounds__(kThreads, 1) grouped_gemm_wgmma_kernel(const __grid_constant__ GroupedGemmParams p) {
+#if DI_WGMMA_ENABLED
+  using C = Cfg<F>;
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  __shared__ int64_t xrow[WM];
+  // 1-D grid, the column block fastest: blocks running together share their activation rows
+  // (L2 hits) and each expert's weights are read once.
+  const int64_t ncol = (p.N + WN - 1) / WN, tile = int64_t(blockIdx.x) / ncol;
+  if (tile >= *p.num_tiles) return;
+  const int32_t code = p.tiles[tile];
+  const int t = code & 0xffff;
+  if (t & 1) return;  // the second half of the block of tile t - 1
+  const int e = code >> 16;
+  const int64_t row0 = p.seg[e] + int64_t(t) * kGroupedTileM, row_end = p.seg[e + 1];
+  const int64_t n0 = (int64_t(blockIdx.x) % ncol) * WN;
+  const int tid = threadIdx.x, wg = tid / 128;
+  if (tid < WM) {
+    const int64_t a = row0 + tid;
+    xrow[tid] = a < row_end ? (p.x_rows ? p.x_rows[a] : a) : -1;
+  }
+  const uint32_t base_raw = smem_u32(smem_raw), pad = ((base_raw + 1023) & ~1023u) - base_raw;
+  uint8_t* smem = smem_raw + pad;
+  const uint32_t sbase = base_raw + pad;
+  uint8_t* bs = smem + C::kStages * C::kStage;
+  const uint32_t* lut = reinterpret_cast<const uint32_t*>(bs + C::kBs) + tid % 32;
+  if constexpr (F != ExpertFormat::kPlain) fill_lut<F>(reinterpret_cast<uint32_t*>(bs + C::kBs));
+  __syncthreads();  // xrow, table
+
+  const uint8_t* w = static_cast<const uint8_t*>(p.w[e]);
+  const uint8_t* sc = F == ExpertFormat::kPlain ? nullptr : p.scale[e];
+  const int nk = int((p.K + BK - 1) / BK);
+  auto stage = [&](int i) { return sbase + uint32_t((i % C::kStages) * C::kStage); };
+#pragma unroll
+  for (int s = 0; s < C::kStages - 1; ++s) {
+    if (s < nk) issue_stage<F>(p, xrow, int64_t(s) * BK, w, n0, stage(s));
+    cp_async_commit();
+  }
+  uint32_t scl[C::kChunks];
+  if constexpr (F != ExpertFormat::kPlain) load_scales<F>(p, sc, n0, 0, scl);
+  cp_async_wait<C::kStages - 2>();
+  __syncthreads();  // step 0 landed
+  if constexpr (F != ExpertFormat::kPlain) {
+    dequant<F>(smem + C::kAStage, bs, lut, scl);
+    if (nk > 1) load_scales<F>(p, sc, n0, BK, scl);
+  }
+  wgmma::fence_proxy_async();
+  __syncthreads();
+
+  const bool active = row0 + wg * 64 < row_end;  // warpgroup-uniform: rows of its tile exist
+  float acc[128];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) acc[i] = 0.f;
+  for (int i = 0; i < nk; ++i) {
+    // step i: A in stage(i), B in bf16 tile i % 2 (plain: in stage(i)); ready, fenced, synced
+    const uint32_t a_addr = stage(i) + uint32_t(wg * 64 * kAtomRow);
+    const uint32_t b_addr = F == ExpertFormat::kPlain ? stage(i) + C::kAStage : sbase + uint32_t(C::kStages * C::kStage + (i & 1) * C::kBTile);
+    if (active) {
+      mma_step(acc, a_addr, b_addr);
+      wgmma::wait<1>();  // step i-1's MMAs done: its stage and B tile are free for this warpgroup
+      fence_acc(acc);
+    }
+    cp_async_wait<C::kStages - 3>();  // step i+1 landed (this thread's copies)
+    __syncthreads();               // ... for all threads; step i-1 free in both warpgroups
+    if (i + C::kStages - 1 < nk) issue_stage<F>(p, xrow, int64_t(i + C::kStages - 1) * BK, w, n0, stage(i + C::kStages - 1));
+    cp_async_commit();
+    if (i + 1 < nk) {
+      if constexpr (F != ExpertFormat::kPlain) {
+        dequant<F>(smem + ((i + 1) % C::kStages) * C::kStage + C::kAStage, bs + ((i + 1) & 1) * C::kBTile, lut, scl);
+        if (i + 2 < nk) load_scales<F>(p, sc, n0, int64_t(i + 2) * BK, scl);
+      }
+      wgmma::fence_proxy_async();
+    }
+    __syncthreads();
+  }
+  if (active) {
+    wgmma::wait<0>();
+    fence_acc(acc);
+    store_tile(p, acc, row0, row_end, n0);
+  }
+#else
+  __trap();  // never launched: the host dispatches here only on sm_90
+#endif
+}
+
+template <ExpertFormat F>
+void launch(const GroupedGemmParams& p, dim3 grid, cudaStream_t stream) {
+  constexpr int smem = Cfg<F>::kBytes;
+  DI_CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_wgmma_kernel<F>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  grouped_gemm_wgmma_kernel<F><<<grid, kThreads, smem, stream>>>(p);
+}
+
+}  // namespace
+
+void grouped_gemm_wgmma(const GroupedGemmParams& p, cudaStream_t stream) {
+  const int64_t blocks = p.max_tiles * ((p.N + WN - 1) / WN);
+  if (blocks >= (int64_t(1) << 31))
+    DI_THROW(InvalidArgument, "grouped_gemm (wgmma): grid too large (tiles ", p.max_tiles, ", N ", p.N, ")");
+  const dim3 grid(static_cast<unsigned>(blocks));
+  switch (p.format) {
+    case ExpertFormat::kPlain: launch<ExpertFormat::kPlain>(p, grid, stream); break;
+    case ExpertFormat::kFP4: launch<ExpertFormat::kFP4>(p, grid, stream); break;
+    case ExpertFormat::kFP8: launch<ExpertFormat::kFP8>(p, grid, stream); break;
+  }
+  DI_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace deepinfer::ops::cuda
