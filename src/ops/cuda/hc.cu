@@ -182,6 +182,117 @@ __global__ void __launch_bounds__(kThreads) hc_finalize_kernel(const __grid_cons
   }
 }
 
+// ---- the wide finalize (session 13): the same results bit for bit, in a few us at few tokens ----
+//
+// The legacy kernel above is latency bound at one token: the fold is 25 serial chains of 16 global
+// loads, the pre/post transform one thread, the Sinkhorn 20 x 4 dependent shuffle rounds, and u one
+// block walking the token's n*D inputs. Here every step keeps its operation order and only runs
+// wider: the workspace slab is staged in shared memory (one coalesced read), each thread folds and
+// transforms ONE mix (the same sequential sum and the same expressions), the Sinkhorn keeps a whole
+// column per lane (the column sums become local adds in the butterfly's order, see below), and u is
+// split over `gridDim.y` blocks per token, each recomputing the (cheap) mixes redundantly: every
+// block's mixes are the same bits, so its slice of u is the legacy value.
+
+constexpr int kFoldTile = 40;  // chunks staged per shared-memory pass (V4: 16 chunks, one pass)
+
+// Sinkhorn with lane k (< n, a power of two) holding column k, c[j] = C[j][k]; lanes >= n hold a
+// copy of column lane & (n-1) so every shuffle partner is valid. Bitwise the warp version: its row
+// sum at lane (j,k) is (C[j][k] + C[j][k^1]) + (C[j][k^2] + C[j][k^3]), the same butterfly across
+// lanes here; its column sum (C[j][k] + C[j^1][k]) + (C[j^2][k] + C[j^3][k]) equals, add by add
+// (IEEE addition is commutative), the local (c0 + c1) + (c2 + c3). Row max is order-free.
+__device__ void hc_sinkhorn_cols(float* m, const HcPreParams& p) {
+  const int n = p.n, k = threadIdx.x & (n - 1);
+  float c[kHcMaxStreams];
+#pragma unroll
+  for (int j = 0; j < kHcMaxStreams; ++j)
+    c[j] = j < n ? m[2 * n + j * n + k] * p.scale[2] + p.base[2 * n + j * n + k] : 0.f;
+  auto row_sum = [&](float v) { return group_sum(v, 1, n / 2); };
+  auto col_sum = [&] {
+    if (n == 1) return c[0];
+    if (n == 2) return c[0] + c[1];
+    return (c[0] + c[1]) + (c[2] + c[3]);
+  };
+#pragma unroll
+  for (int j = 0; j < kHcMaxStreams; ++j) {
+    if (j >= n) break;
+    const float mx = group_max(c[j], 1, n / 2);
+    c[j] = expf(c[j] - mx);
+    c[j] = c[j] / row_sum(c[j]) + p.hc_eps;
+  }
+  float cs = col_sum() + p.hc_eps;
+#pragma unroll
+  for (int j = 0; j < kHcMaxStreams; ++j) c[j] = c[j] / cs;
+  for (int it = 1; it < p.sinkhorn_iters; ++it) {
+    float rs[kHcMaxStreams];
+#pragma unroll
+    for (int j = 0; j < kHcMaxStreams; ++j) rs[j] = j < n ? row_sum(c[j]) : 1.f;
+#pragma unroll
+    for (int j = 0; j < kHcMaxStreams; ++j) c[j] = c[j] / (rs[j] + p.hc_eps);
+    cs = col_sum() + p.hc_eps;
+#pragma unroll
+    for (int j = 0; j < kHcMaxStreams; ++j) c[j] = c[j] / cs;
+  }
+  if (threadIdx.x < n)
+#pragma unroll
+    for (int j = 0; j < kHcMaxStreams; ++j)
+      if (j < n) m[2 * n + j * n + k] = c[j];
+}
+
+// Grid (tokens, u blocks). Mixes: thread j folds and transforms mix j; block (t, 0) writes them.
+// u: block y covers dims [y·per, (y+1)·per) of the token.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) hc_finalize_wide_kernel(const __grid_constant__ HcPreParams p,
+                                                                    int num_mix, int num_chunks, int64_t per) {
+  __shared__ float m[kMaxMix + 1];
+  __shared__ float stage[kFoldTile * (kMaxMix + 1)];
+  const int64_t t = blockIdx.x;
+  const int per_tok = num_mix + 1, j = threadIdx.x;
+  const float* ws = p.workspace + t * num_chunks * per_tok;
+  float sum = 0.f;
+  for (int s0 = 0; s0 < num_chunks; s0 += kFoldTile) {
+    const int s1 = min(num_chunks, s0 + kFoldTile);
+    for (int e = threadIdx.x; e < (s1 - s0) * per_tok; e += kThreads) stage[e] = ws[s0 * per_tok + e];
+    __syncthreads();
+    if (j < per_tok)
+      for (int s = 0; s < s1 - s0; ++s) sum += stage[s * per_tok + j];  // chunk order, as the legacy fold
+    __syncthreads();
+  }
+  if (j == num_mix) m[num_mix] = sum;
+  __syncthreads();
+  if (j < num_mix) {
+    const float r = 1.0f / sqrtf(m[num_mix] / float(int64_t(p.n) * p.dim) + p.norm_eps);
+    float v = sum * r;  // hc_split_pre_post's expressions, one mix per thread
+    if (j < p.n) v = sigmoidf_(v * p.scale[0] + p.base[j]) + p.hc_eps;
+    else if (j < 2 * p.n) v = 2.0f * sigmoidf_(v * p.scale[1] + p.base[j]);
+    m[j] = v;
+  }
+  __syncthreads();
+  if (p.mode == HcMode::kLayer) {
+    const bool pow2 = (p.n & (p.n - 1)) == 0;
+    if (pow2 && threadIdx.x < kWarpSize) hc_sinkhorn_cols(m, p);
+    if (!pow2 && threadIdx.x == 0) hc_sinkhorn_serial(m, p);
+    __syncthreads();
+  }
+  if (blockIdx.y == 0 && p.mix && j < num_mix) p.mix[t * num_mix + j] = m[j];
+  if (!p.u) return;
+  const T* x = static_cast<const T*>(p.x) + t * p.x_stride;
+  T* u = static_cast<T*>(p.u) + t * p.u_stride;
+  float pre[kHcMaxStreams];
+#pragma unroll
+  for (int k = 0; k < kHcMaxStreams; ++k) pre[k] = k < p.n ? m[k] : 0.f;
+  const int64_t d1 = min(p.dim, int64_t(blockIdx.y + 1) * per);
+  for (int64_t d = int64_t(blockIdx.y) * per + threadIdx.x; d < d1; d += kThreads) {
+    float xs[kHcMaxStreams];  // all n loads in flight before the sum
+#pragma unroll
+    for (int k = 0; k < kHcMaxStreams; ++k) xs[k] = k < p.n ? to_f32(x[k * p.dim + d]) : 0.f;
+    float acc = 0.f;
+#pragma unroll
+    for (int k = 0; k < kHcMaxStreams; ++k)
+      if (k < p.n) acc += pre[k] * xs[k];
+    u[d] = from_f32<T>(acc);
+  }
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kThreads) hc_post_kernel(const __grid_constant__ HcPostParams p) {
   const int64_t idx = int64_t(blockIdx.x) * kThreads + threadIdx.x;
@@ -227,15 +338,30 @@ __global__ void __launch_bounds__(kThreads) hc_collapse_kernel(const __grid_cons
 // fewer blocks than a quarter of the SMs: each group reads x again, and on the H200 (132 SMs) the
 // split paid at 16 blocks (1 and 4 tokens: 39.8 -> 33.5 us) and cost at 64 (16 tokens: 40.3 ->
 // 42.5 us; CudaTiming.HcPreMixSplit, 2026-12-03).
-int auto_mix_split(int64_t blocks, int num_mix) {
+int num_sms() {
   static const int sms = [] {
     int dev = 0, n = 0;
     DI_CUDA_CHECK(cudaGetDevice(&dev));
     DI_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
     return n;
   }();
+  return sms;
+}
+
+int auto_mix_split(int64_t blocks, int num_mix) {
+  const int sms = num_sms();
   if (blocks * 4 >= sms) return 1;
   return int(std::min<int64_t>(num_mix, std::max<int64_t>(1, ceil_div(int64_t(sms), blocks))));
+}
+
+// Dims of u per finalize block: u_split blocks per token (0: about two blocks per SM over the
+// launch, none narrower than one pass of the block), rounded up to whole passes of kThreads.
+int64_t u_slice(const HcPreParams& p) {
+  const int64_t max_split = ceil_div(p.dim, kThreads);
+  int64_t split = p.u_split;
+  if (split == 0) split = ceil_div(2 * int64_t(num_sms()), p.tokens);
+  split = std::max<int64_t>(1, std::min(split, max_split));
+  return ceil_div(ceil_div(p.dim, split), kThreads) * kThreads;
 }
 
 void check_common(int n, int64_t dim, int64_t tokens, const char* what) {
@@ -261,6 +387,7 @@ void hc_pre(const HcPreParams& p, cudaStream_t stream) {
     DI_THROW(InvalidArgument, "hc_pre: strides x ", p.x_stride, " / u ", p.u_stride, " too small");
   if (p.sinkhorn_iters < 1) DI_THROW(InvalidArgument, "hc_pre: sinkhorn_iters must be >= 1");
   if (p.mix_split < 0) DI_THROW(InvalidArgument, "hc_pre: mix_split ", p.mix_split, " < 0");
+  if (p.u_split < 0) DI_THROW(InvalidArgument, "hc_pre: u_split ", p.u_split, " < 0");
   if (p.tokens == 0) return;
   if (p.tokens > 65535) DI_THROW(InvalidArgument, "hc_pre: ", p.tokens, " tokens > 65535 per launch; split the batch");
   const int num_mix = hc_num_mix(p.n, p.mode);
@@ -272,7 +399,13 @@ void hc_pre(const HcPreParams& p, cudaStream_t stream) {
     const unsigned groups = unsigned(ceil_div(int64_t(num_mix), int64_t(mix_per)));  // none empty
     hc_partials_kernel<T><<<dim3(chunks, tiles, groups), kThreads, 0, stream>>>(p, num_mix, chunks, mix_per);
     DI_CUDA_CHECK_LAUNCH();
-    hc_finalize_kernel<T><<<unsigned(p.tokens), kThreads, 0, stream>>>(p, num_mix, chunks);
+    if (p.legacy_finalize) {
+      hc_finalize_kernel<T><<<unsigned(p.tokens), kThreads, 0, stream>>>(p, num_mix, chunks);
+    } else {
+      const int64_t per = u_slice(p);
+      const unsigned ys = p.u ? unsigned(ceil_div(p.dim, per)) : 1u;
+      hc_finalize_wide_kernel<T><<<dim3(unsigned(p.tokens), ys), kThreads, 0, stream>>>(p, num_mix, chunks, per);
+    }
     DI_CUDA_CHECK_LAUNCH();
   });
 }

@@ -45,6 +45,13 @@ struct HcPreParams {
   // tokens: 16 chunks x 1 tile would use 16 SMs), 1 = all M in one block. The sums are the same
   // bit for bit for every value (each mix's partial is computed by one block in a fixed order).
   int mix_split = 0;
+  // Finalize blocks per token that share the u output (each recomputes the token's mixes, the same
+  // bits): 0 = enough to fill the GPU at few tokens (1 from ~2 tokens per SM up), else at most
+  // ceil(D / 256). u and the mixes are bit-identical for every value.
+  int u_split = 0;
+  // The one-block-per-token finalize of sessions <= 12 (serial fold, one-thread transform, the
+  // warp Sinkhorn): bit-identical, kept as the timing baseline (CudaTiming.HcPreFinalize).
+  bool legacy_finalize = false;
 };
 
 struct HcPostParams {

@@ -2,8 +2,10 @@
 
 #include <mutex>
 #include <utility>
+#include <vector>
 
 #include "core/check.h"
+#include "core/logging.h"
 
 namespace deepinfer::cuda {
 
@@ -183,6 +185,26 @@ float Event::elapsed_ms_since(const Event& start) const {
   return ms;
 }
 
+namespace {
+// The launch count of one replay (DEEPINFER_LOG_LEVEL=debug): kernels, copies, memsets, others.
+void log_graph_nodes(cudaGraph_t g) {
+  size_t n = 0;
+  DI_CUDA_CHECK(cudaGraphGetNodes(g, nullptr, &n));
+  std::vector<cudaGraphNode_t> nodes(n);
+  if (n) DI_CUDA_CHECK(cudaGraphGetNodes(g, nodes.data(), &n));
+  size_t kernels = 0, copies = 0, sets = 0;
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType t{};
+    DI_CUDA_CHECK(cudaGraphNodeGetType(node, &t));
+    kernels += t == cudaGraphNodeTypeKernel;
+    copies += t == cudaGraphNodeTypeMemcpy;
+    sets += t == cudaGraphNodeTypeMemset;
+  }
+  DI_DEBUG("cuda graph captured: ", n, " nodes (", kernels, " kernels, ", copies, " memcpy, ", sets, " memset, ",
+           n - kernels - copies - sets, " other)");
+}
+}  // namespace
+
 CudaGraph::~CudaGraph() { reset(); }
 void CudaGraph::reset() {
   if (exec_) cudaGraphExecDestroy(exec_);
@@ -216,6 +238,7 @@ void CudaGraph::end_capture() {
   cudaStream_t s = std::exchange(capturing_, nullptr);
   DI_CUDA_CHECK(cudaStreamEndCapture(s, &graph_));
   DI_CUDA_CHECK(cudaGraphInstantiate(&exec_, graph_, 0));
+  if (log_level() >= LogLevel::kDebug) log_graph_nodes(graph_);
 }
 void CudaGraph::replay(cudaStream_t s) const {
   DI_CHECK(exec_ != nullptr, "CudaGraph: replay before a successful capture");

@@ -209,6 +209,78 @@ TEST(CudaHc, MixSplitBitIdentical) {
   EXPECT_THROW(oc::hc_pre(bad, nullptr), InvalidArgument);
 }
 
+// The wide finalize (u split over blocks, per-mix fold, column-per-lane Sinkhorn) against the
+// legacy one-block kernel: mixes and u bit for bit, for every u split (1, uneven 3, one block per
+// 256 dims, clamped 9999, automatic 0), both modes, hc_mult 4, 2, 1 and 3 (the serial Sinkhorn),
+// 20 and 7 iterations, f32 and bf16, mixes only (u null), odd widths (a partial chunk, D = 37).
+std::vector<float> run_pre(const Site& st, const void* x, DType dt, int64_t T_, int n, int64_t dim, oc::HcMode mode,
+                           int iters, bool with_u, bool legacy, int u_split) {
+  const int M = oc::hc_num_mix(n, mode);
+  DevArray<float> dfn(st.fn), dbase(st.base), dscale(st.scale), mix(T_ * M), u(T_ * dim);
+  DevArray<float> ws(oc::hc_pre_workspace_bytes(T_, n, dim, mode) / sizeof(float) + 1);
+  mix.poison(), u.poison();
+  oc::hc_pre({.x = x, .dtype = dt, .x_stride = n * dim, .fn = dfn.get(), .base = dbase.get(), .scale = dscale.get(),
+              .u = with_u ? u.get() : nullptr, .u_stride = dim, .mix = mix.get(), .workspace = ws.get(), .tokens = T_,
+              .n = n, .dim = dim, .mode = mode, .sinkhorn_iters = iters, .u_split = u_split,
+              .legacy_finalize = legacy},
+             nullptr);
+  std::vector<float> out = mix.download(), uh = u.download();
+  if (dt == DType::kBF16) uh.resize((T_ * dim + 1) / 2);  // the bf16 elements written, as f32 words
+  if (with_u) out.insert(out.end(), uh.begin(), uh.end());
+  return out;
+}
+
+TEST(CudaHc, WideFinalizeBitIdenticalToLegacy) {
+  DI_REQUIRE_GPU();
+  uint64_t seed = 7000;
+  int cases = 0;
+  for (oc::HcMode mode : {oc::HcMode::kLayer, oc::HcMode::kHead})
+    for (int n : {4, 2, 1, 3})
+      for (int64_t T_ : {int64_t(1), int64_t(3), int64_t(9)})
+        for (int64_t dim : {int64_t(4096), int64_t(1000), int64_t(37)})
+          for (DType dt : {DType::kF32, DType::kBF16}) {
+            const Site st = make_site(n, dim, mode, seed += 10);
+            const std::vector<float> X = randn(T_ * n * dim, seed + 3, 1.0f);
+            DevArray<float> dXf(X);
+            DevArray<uint16_t> dXb(to_bf16(X));
+            const void* x = dt == DType::kF32 ? static_cast<const void*>(dXf.get()) : dXb.get();
+            const int iters = n == 2 ? 7 : 20;
+            for (bool with_u : {true, false}) {
+              if (!with_u && mode == oc::HcMode::kHead) continue;  // head mode needs u
+              const auto ref = run_pre(st, x, dt, T_, n, dim, mode, iters, with_u, true, 0);
+              for (int split : {0, 1, 3, 16, 9999}) {
+                const auto got = run_pre(st, x, dt, T_, n, dim, mode, iters, with_u, false, split);
+                ASSERT_EQ(got.size(), ref.size());
+                EXPECT_EQ(0, std::memcmp(got.data(), ref.data(), ref.size() * sizeof(float)))
+                    << "u_split " << split << " n=" << n << " T=" << T_ << " D=" << dim << " " << dtype_name(dt)
+                    << (mode == oc::HcMode::kLayer ? " layer" : " head") << (with_u ? "" : " mixes only");
+                ++cases;
+              }
+            }
+          }
+  EXPECT_GT(cases, 0);
+  float f = 0;
+  oc::HcPreParams bad{.x = &f, .x_stride = 32, .fn = &f, .base = &f, .scale = &f, .u = &f, .u_stride = 8, .mix = &f,
+                      .workspace = &f, .tokens = 1, .dim = 8, .u_split = -2};
+  EXPECT_THROW(oc::hc_pre(bad, nullptr), InvalidArgument);
+}
+
+// Batch invariance of the finalize: a token's mixes and u are the same bits alone (one token: the
+// widest u split) as in a batch of 9 (a narrower automatic split), whatever its neighbours hold.
+TEST(CudaHc, WideFinalizeBatchInvariant) {
+  DI_REQUIRE_GPU();
+  const int n = 4, M = 24;
+  const int64_t dim = 4096, T_ = 9;
+  const Site st = make_site(n, dim, oc::HcMode::kLayer, 7777);
+  const std::vector<float> X = randn(T_ * n * dim, 7780, 1.0f);
+  const std::vector<float> X0(X.begin() + 4 * n * dim, X.begin() + 5 * n * dim);  // token 4 alone
+  DevArray<float> dX(X), dX0(X0);
+  const auto all = run_pre(st, dX.get(), DType::kF32, T_, n, dim, oc::HcMode::kLayer, 20, true, false, 0);
+  const auto one = run_pre(st, dX0.get(), DType::kF32, 1, n, dim, oc::HcMode::kLayer, 20, true, false, 0);
+  EXPECT_EQ(0, std::memcmp(one.data(), all.data() + 4 * M, M * sizeof(float))) << "mixes";
+  EXPECT_EQ(0, std::memcmp(one.data() + M, all.data() + T_ * M + 4 * dim, dim * sizeof(float))) << "u";
+}
+
 TEST(CudaHc, InPlacePostEqualsOutOfPlace) {
   DI_REQUIRE_GPU();
   const int64_t T_ = 7, dim = 256;

@@ -42,6 +42,43 @@ TEST(CudaTiming, HcPreMixSplit) {
   }
 }
 
+// hc_pre (partials + finalize) with the legacy one-block finalize against the wide one (session 13),
+// f32 streams as the CUDA backend holds them (bf16 at one token for the older figures), with u and
+// mixes only (the single-pass wiring's call: no u), V4's n = 4, D = 4096.
+TEST(CudaTiming, HcPreFinalize) {
+  DI_REQUIRE_GPU();
+  Stream st;
+  const cudaStream_t s = st.get();
+  const int64_t D = 4096;
+  struct Case { int64_t T; DType dt; bool u; };
+  for (Case c : {Case{1, DType::kF32, true}, Case{1, DType::kF32, false}, Case{1, DType::kBF16, true},
+                 Case{4, DType::kF32, true}, Case{16, DType::kF32, true}, Case{64, DType::kF32, true},
+                 Case{512, DType::kF32, true}}) {
+    const size_t elem = c.dt == DType::kF32 ? 4 : 2;
+    DevArray<float> xf(randn(c.T * 4 * D, 3)), u(c.T * D);
+    DevArray<uint16_t> xb(to_bf16(randn(c.dt == DType::kBF16 ? c.T * 4 * D : 1, 3)));
+    const void* xp = c.dt == DType::kF32 ? static_cast<const void*>(xf.get()) : xb.get();
+    DevArray<float> fn(randn(24 * 4 * D, 4, 0.05f)), base(randn(24, 5)), sc(randn(3, 6)), mix(c.T * 24);
+    DevArray<float> ws(oc::hc_pre_workspace_bytes(c.T, 4, D, oc::HcMode::kLayer) / 4 + 1);
+    // One call between events carries its launch and submission (~30 us at one token, session 13);
+    // 50 calls back to back keep the queue full, so their mean is the device time of one call.
+    for (int reps : {1, 50})
+      for (bool legacy : {true, false}) {
+        const double us = median_us([&](cudaStream_t q) {
+          for (int r = 0; r < reps; ++r)
+            oc::hc_pre({.x = xp, .dtype = c.dt, .x_stride = 4 * D, .fn = fn.get(), .base = base.get(),
+                        .scale = sc.get(), .u = c.u ? u.get() : nullptr, .u_stride = D, .mix = mix.get(),
+                        .workspace = ws.get(), .tokens = c.T, .dim = D, .legacy_finalize = legacy},
+                       q);
+        }, s) / reps;
+        report_time("hc_pre", std::string(dtype_name(c.dt)) + " T=" + std::to_string(c.T) + (c.u ? "" : " mixes only") +
+                                  (legacy ? " legacy finalize" : " wide finalize") +
+                                  (reps > 1 ? " (mean of 50 back to back)" : ""),
+                    us, gbps(c.T * 4 * D * double(elem) + 24 * 4 * D * 4.0, us));
+      }
+  }
+}
+
 TEST(CudaTiming, Kernels) {
   DI_REQUIRE_GPU();
   Stream st;
