@@ -465,6 +465,21 @@ void launch_variant(const MoeDecodeGroupedParams& p, cudaStream_t stream) {
     case 13:
       if constexpr (F != ExpertFormat::kFP4) return launch_variant_v3shape<F>(p, v, stream);
       else return launch_v9(p, v, stream);
+    case 14:  // FP4 rows by bulk copies (moe_decode_v14.cu) where it takes the shape, else v9 / v3
+    case 15:
+    case 16:
+      if constexpr (F != ExpertFormat::kFP4) return launch_variant_v3shape<F>(p, 9, stream);
+      else return v14_supported(p) ? launch_v14(p, v, stream) : launch_v9(p, 9, stream);
+    case kMoeDecodeGroupedProbeFirst:  // load-only diagnostics (FP4; validate checked)
+    case kMoeDecodeGroupedProbeFirst + 1:
+      if constexpr (F == ExpertFormat::kFP4) return launch_v9(p, v, stream);
+      break;
+    case kMoeDecodeGroupedProbeFirst + 2:
+    case kMoeDecodeGroupedProbeFirst + 3:
+    case kMoeDecodeGroupedProbeFirst + 4:
+    case kMoeDecodeGroupedProbeFirst + 5:
+      if constexpr (F == ExpertFormat::kFP4) return launch_v14(p, v, stream);
+      break;
     default:  // 4: FP4 through the byte table (the first version)
       if constexpr (F == ExpertFormat::kFP4) return launch<F, false, 2, 4, 2>(p, stream);
       else return launch<F, true, 2, 4, 2>(p, stream);
@@ -484,7 +499,11 @@ void validate(const MoeDecodeGroupedParams& p) {
   if (p.tokens > 0 && (!p.x || !p.seg || !p.perm_src || !p.perm_w || !p.tiles || !p.num_tiles || !p.w13 || !p.w2 ||
                        !p.act || !p.ye || (p.format != ExpertFormat::kPlain && (!p.w13_scale || !p.w2_scale))))
     DI_THROW(InvalidArgument, "moe_decode_grouped: null input, table or output");
-  if (p.variant < 0 || p.variant > kMoeDecodeGroupedVariants) DI_THROW(InvalidArgument, "moe_decode_grouped: variant ", p.variant);
+  const bool probe = p.variant >= kMoeDecodeGroupedProbeFirst && p.variant <= kMoeDecodeGroupedProbeLast;
+  if ((p.variant < 0 || p.variant > kMoeDecodeGroupedVariants) && !probe)
+    DI_THROW(InvalidArgument, "moe_decode_grouped: variant ", p.variant);
+  if (probe && (p.format != ExpertFormat::kFP4 || p.dim % 128 || p.inter % 128))
+    DI_THROW(InvalidArgument, "moe_decode_grouped: probe variant ", p.variant, " needs FP4, widths multiples of 128");
 }
 }  // namespace grouped
 }  // namespace
