@@ -414,14 +414,16 @@ void launch(const MoeDecodeGroupedParams& p, cudaStream_t stream) {
   DI_CUDA_CHECK_LAUNCH();
 }
 
-// Variant 0's pick (H200, MoeDecodeGrouped.Timing): from 8 tokens up v9 (v3's shape with the FP4
-// instruction diet, bit-identical to v3; session 12: 0.8-2.8% faster than v3 at B = 8..256 at both
-// V4 and V4.1 widths; v3 itself had been 6-10% faster than v2); at one token v1 (the most warps,
-// 4 stages) when its blocks fit one wave, else v10 (v2's shape with the diet): V4 57.1 us v1 /
-// 57.2 v11 / 61.6 v2, V4.1 100.6 v1 (two waves) / 74.0 v2 / 69.8 v10. For FP8 and bf16 weights
-// 9 and 10 run the v3 and v2 kernels (the diet is FP4's), so their pick is unchanged.
+// Variant 0's pick (H200, MoeDecodeGrouped.Timing). FP4 (session 13): v13 at every size (the
+// diet with 2 m-tiles and its loads issued two chunks at a time, bit-identical to v3): 6-13%
+// faster than v9 at B = 8..128 at both widths (V4 B = 32: 737 vs 821 us, V4.1 B = 32: 1112 vs
+// 1274), 1-6% at B = 256, and at one token 56.8 us vs v1's 57.2 (V4) / 66.1 vs v10's 70.0 (V4.1);
+// v6 was within 1.1% of it only at V4.1 B = 128 / 256. (Before: v9 above 16 pairs, at one token
+// v1 when its blocks fit one wave, else v10; session 12.) For FP8 and bf16 weights 9 and 10 run
+// the v3 and v2 kernels (the diet is FP4's), so their pick is unchanged.
 template <ExpertFormat F>
 int auto_variant(const MoeDecodeGroupedParams& p) {
+  if constexpr (F == ExpertFormat::kFP4) return 13;
   const int64_t P = p.tokens * p.topk;
   if (P > 16) return 9;
   static const int per_sm = [] {

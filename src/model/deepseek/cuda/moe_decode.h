@@ -97,7 +97,7 @@ struct MoeDecodeGroupedParams {
   float* ye = nullptr;                  // [tokens*topk, dim] f32 out, sorted rows (invalid ids: unwritten)
   int64_t tokens = 0, topk = 0, num_experts = 0, dim = 0, inter = 0;  // dim, inter multiples of 32
   float limit = 0.f;                    // swiglu clamp (<= 0: none)
-  int variant = 0;                      // tuning (timing tests): 0 by size; 1..3 warp shapes; 4 FP4 by table;
+  int variant = 0;                      // tuning (timing tests): 0 by size (FP4: 13); 1..3 warp shapes; 4 FP4 by table;
                                         // 5..8 weights staged in shared memory by cp.async (moe_decode_v5.cu:
                                         // 5, 6 one ring per block; 7, 8 one ring per warp); 9, 10, 11
                                         // v3, v2, v1 with fewer instructions per FP4 byte, 12 the same

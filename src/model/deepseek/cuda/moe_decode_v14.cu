@@ -17,6 +17,12 @@
 // not copied (their smem is stale): an MMA output element reads only its own B column, and those
 // columns are never stored.
 //
+// Measured (H200, session 13, docs/PERFORMANCE.md "the memory side"): SLOWER than v9..v13 (0.8-1.5
+// TB/s at B >= 8 vs v13's 2.2-2.6), and so are its load-only probes (0.9-2.3 TB/s vs 2.8-3.1 for
+// v3's addressing): the per-row copies (256..1024 bytes each, 136 per stage) cap the ring, which
+// grew with the copy size. Not picked by variant 0; kept as the tested base for a 2-D tensor-map
+// (cp.async.bulk.tensor) ring, which would move a stage's rows in one copy.
+//
 // Needs K % 128 == 0 (whole chunks per stage; else v9 runs), 16-byte aligned expert bases and
 // activations (what v3's 16-byte loads already need), FP4 weights (FP8 / bf16 take v3's kernel).
 //
@@ -45,7 +51,9 @@ __device__ __forceinline__ void mbar_init(uint64_t* b, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(b)), "r"(count) : "memory");
 }
 // Makes the initialised barriers visible to the async proxy (the bulk copies' complete_tx).
-__device__ __forceinline__ void mbar_fence_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+__device__ __forceinline__ void mbar_fence_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
 __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* b, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(b)), "r"(bytes) : "memory");
 }
@@ -100,7 +108,8 @@ __device__ __forceinline__ int64_t ring_row(int ri, int64_t base, int64_t I, int
 
 // grid (max_tiles, up: ceil(inter / 8W), down: ceil(dim / 16W)), (W + 1) warps: W consumers, 1 producer.
 template <bool kUp, int W, int KC, int S, bool kProbe>
-__global__ void __launch_bounds__(V14Cfg<W, KC, S>::kThreads, V14Cfg<W, KC, S>::kBlocks) v14_kernel(const __grid_constant__ MoeDecodeGroupedParams p) {
+__global__ void __launch_bounds__(V14Cfg<W, KC, S>::kThreads, V14Cfg<W, KC, S>::kBlocks)
+    v14_kernel(const __grid_constant__ MoeDecodeGroupedParams p) {
   using C = V14Cfg<W, KC, S>;
   extern __shared__ __align__(128) uint8_t smem[];
   if (int64_t(blockIdx.x) >= *p.num_tiles) return;
@@ -225,7 +234,7 @@ void launch_v14(const MoeDecodeGroupedParams& p, int shape, cudaStream_t stream)
     case kMoeDecodeGroupedProbeFirst + 2: return launch14<8, 512, 4, true>(p, stream);
     case kMoeDecodeGroupedProbeFirst + 3: return launch14<8, 1024, 2, true>(p, stream);
     case kMoeDecodeGroupedProbeFirst + 4: return launch14<4, 512, 3, true>(p, stream);
-    case kMoeDecodeGroupedProbeFirst + 5: return launch14<4, 2048, 2, true>(p, stream);  // whole 1 KB FP4 rows of I = 2048
+    case kMoeDecodeGroupedProbeFirst + 5: return launch14<4, 2048, 2, true>(p, stream);  // whole rows at I = 2048
     default: return launch14<8, 512, 4, false>(p, stream);
   }
 }
