@@ -4,8 +4,9 @@
 //  * vs its host twin: FP4 / FP8 / bf16 weights, odd token counts, experts hit by 0, 1 and more
 //    than a tile of tokens, an invalid id, widths that are not multiples of the 128-input chunk or
 //    of a block's rows; every warp shape (variant) bit-identical to the default one, including the
-//    shared-memory rings v5..v8 and the FP4 instruction diet v9..v13 (and those against v3 at the
-//    V4 / V4.1 widths); the diet's nibble decode against the reference form on the CPU.
+//    shared-memory rings v5..v8, the FP4 instruction diet v9..v13 and the bulk-copy rings v14..v16
+//    (and those against v3 at the V4 / V4.1 widths); the diet's nibble decode against the
+//    reference form on the CPU.
 //  * batch invariance: a token alone and inside random batches (other positions, other
 //    neighbours) gives bit-identical expert outputs.
 //  * timing (V4-Flash and V4.1-Flash widths, random top-6 routing, a fresh routing every call):
@@ -17,6 +18,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <set>
@@ -279,7 +281,7 @@ TEST(MoeDecodeGrouped, SharedRingMatchesV3AtModelWidths) {
         EXPECT_EQ(0, std::memcmp(got.data(), ref.data(), size_t(rows * w.D) * 4))
             << w.name << " " << oc::expert_format_name(f) << " variant " << v;
       }
-      std::printf("[gpu-moe] moe_decode_grouped %s %s: v5..v13 == v3 bit for bit (%lld rows x %lld)\n", w.name,
+      std::printf("[gpu-moe] moe_decode_grouped %s %s: v5..v16 == v3 bit for bit (%lld rows x %lld)\n", w.name,
                   oc::expert_format_name(f), (long long)rows, (long long)w.D);
     }
 }
@@ -380,13 +382,21 @@ TEST(MoeDecodeGrouped, RejectsUnsupportedShapes) {
   p.tokens = 2;
   p.max_tiles = 1;  // below moe_route's bound
   EXPECT_THROW(gpu::moe_decode_grouped_host(p), InvalidArgument);
+  // diagnostic (load-only) variants: FP4 and widths multiples of 128 only; no variant past them
+  gpu::MoeDecodeGroupedParams q{.ye = ye.data(), .tokens = 0, .topk = 1, .num_experts = 1, .dim = 128, .inter = 128};
+  q.format = ExpertFormat::kFP8, q.variant = gpu::kMoeDecodeGroupedProbeFirst;
+  EXPECT_THROW(gpu::moe_decode_grouped_host(q), InvalidArgument);
+  q.format = ExpertFormat::kFP4, q.dim = 96;
+  EXPECT_THROW(gpu::moe_decode_grouped_host(q), InvalidArgument);
+  q.dim = 128, q.variant = gpu::kMoeDecodeGroupedVariants + 1;
+  EXPECT_THROW(gpu::moe_decode_grouped_host(q), InvalidArgument);
 }
 
 // A token's expert outputs do not depend on the batch: alone, and inside two batches (different
 // positions and neighbours, tiles shared with other tokens), bit for bit.
 TEST(MoeDecodeGrouped, BatchInvariant) {
   if (cuda::cuda_device_count() == 0) GTEST_SKIP() << "CUDA test skipped: " << cuda::cuda_unavailable_reason();
-  const int64_t E = 24, K = 6, D = 288, I = 224, T = 40;
+  const int64_t E = 24, K = 6, D = 384, I = 256, T = 40;  // multiples of 128: v14..v16's rings run
   std::mt19937 g(91);
   const Experts ex(ExpertFormat::kFP4, E, D, I, g);
   const auto x = rand_x(T * D, g);
@@ -403,7 +413,17 @@ TEST(MoeDecodeGrouped, BatchInvariant) {
     }
   }
   // Expert outputs of token rows `tok` (a batch): out[i][k] = ye row of (tok[i], k).
-  for (int variant : {0, 5, 7, 8, 9, 11}) {
+  // DI_MOE_GROUPED_TEST_VARIANTS="14,16" narrows the list (compute-sanitizer runs of one kernel)
+  std::vector<int> variants{0, 5, 7, 8, 9, 11, 14, 15, 16};
+  if (const char* only = std::getenv("DI_MOE_GROUPED_TEST_VARIANTS")) {
+    variants.clear();
+    for (const char* c = only; *c;) {
+      char* end = nullptr;
+      variants.push_back(int(std::strtol(c, &end, 10)));
+      c = *end ? end + 1 : end;
+    }
+  }
+  for (int variant : variants) {
     auto batch = [&](const std::vector<int64_t>& tok) {
       const int64_t n = int64_t(tok.size());
       std::vector<uint16_t> bx(size_t(n * D));
@@ -555,6 +575,18 @@ void timing(const char* name, int64_t E, int64_t K, int64_t D, int64_t I) {
       q.y = ye.data(), q.ldy = D, q.y_dtype = DType::kF32;
       oc::grouped_gemm(q, nullptr);
     });
+    // load-only probes of the access patterns (moe_decode.h): v9's (v3's), v13's, v14..v16's rings
+    constexpr int kNp = gpu::kMoeDecodeGroupedProbeLast - gpu::kMoeDecodeGroupedProbeFirst + 1;
+    double t_probe[kNp];
+    for (int v = 0; v < kNp; ++v)
+      t_probe[v] = tm.us(reps, [&](int r) {
+        Route& rt = rts[size_t(r % NR)];
+        rt.run();
+        gpu::MoeDecodeGroupedParams p = gp;
+        rt.params(p);
+        p.variant = gpu::kMoeDecodeGroupedProbeFirst + v;
+        gpu::moe_decode_grouped(p, nullptr);
+      });
     const int vb = int(std::min_element(t_new, t_new + kNv) - t_new);
     std::printf("[gpu-moe] grouped-decode %s B=%lld: %.1f distinct experts (%.0f MB; pairs %.0f MB) | pair kernel %s | "
                 "grouped v0 %.1f us %.0f GB/s %.0f%% (v1 %.1f v2 %.1f v3 %.1f table v4 %.1f | smem v5 %.1f us %.0f GB/s %.0f%% "
@@ -569,6 +601,14 @@ void timing(const char* name, int64_t E, int64_t K, int64_t D, int64_t I) {
                 t_new[5], rate(t_new[5]), 100 * rate(t_new[5]) / 4300, t_new[6], t_new[7], t_new[8], t_new[9],
                 rate(t_new[9]), 100 * rate(t_new[9]) / 4300, t_new[10], t_new[11], t_new[12], t_new[13], vb,
                 100 * rate(t_new[vb]) / 4300, t_route, t_gemm, 100 * rate(t_gemm) / 4300);
+    std::printf("[gpu-moe] grouped-decode %s B=%lld: bulk ring v14 %.1f us %.0f GB/s %.0f%% v15 %.1f us %.0f GB/s v16 %.1f us "
+                "%.0f GB/s | v13 %.1f us %.0f GB/s v6 %.1f us %.0f GB/s v9 %.1f v10 %.1f | load-only: v3 addressing %.1f us "
+                "%.0f GB/s, v13's %.1f us %.0f GB/s, ring 8x512x4 %.1f us %.0f GB/s, 8x1024x2 %.1f us %.0f GB/s, 4x512x3 %.1f "
+                "us %.0f GB/s, 4x2048x2 %.1f us %.0f GB/s (times include route %.1f us)\n",
+                name, (long long)T, t_new[14], rate(t_new[14]), 100 * rate(t_new[14]) / 4300, t_new[15], rate(t_new[15]),
+                t_new[16], rate(t_new[16]), t_new[13], rate(t_new[13]), t_new[6], rate(t_new[6]), t_new[9], t_new[10],
+                t_probe[0], rate(t_probe[0]), t_probe[1], rate(t_probe[1]), t_probe[2], rate(t_probe[2]), t_probe[3],
+                rate(t_probe[3]), t_probe[4], rate(t_probe[4]), t_probe[5], rate(t_probe[5]), t_route);
     if (T == 32) {  // same routing: the grouped result vs the pair kernel's, through comb
       Route& rt = rts[0];
       rt.run();

@@ -414,14 +414,16 @@ void launch(const MoeDecodeGroupedParams& p, cudaStream_t stream) {
   DI_CUDA_CHECK_LAUNCH();
 }
 
-// Variant 0's pick (H200, MoeDecodeGrouped.Timing): from 8 tokens up v9 (v3's shape with the FP4
-// instruction diet, bit-identical to v3; session 12: 0.8-2.8% faster than v3 at B = 8..256 at both
-// V4 and V4.1 widths; v3 itself had been 6-10% faster than v2); at one token v1 (the most warps,
-// 4 stages) when its blocks fit one wave, else v10 (v2's shape with the diet): V4 57.1 us v1 /
-// 57.2 v11 / 61.6 v2, V4.1 100.6 v1 (two waves) / 74.0 v2 / 69.8 v10. For FP8 and bf16 weights
-// 9 and 10 run the v3 and v2 kernels (the diet is FP4's), so their pick is unchanged.
+// Variant 0's pick (H200, MoeDecodeGrouped.Timing). FP4 (session 13): v13 at every size (the
+// diet with 2 m-tiles and its loads issued two chunks at a time, bit-identical to v3): 6-13%
+// faster than v9 at B = 8..128 at both widths (V4 B = 32: 737 vs 821 us, V4.1 B = 32: 1112 vs
+// 1274), 1-6% at B = 256, and at one token 56.8 us vs v1's 57.2 (V4) / 66.1 vs v10's 70.0 (V4.1);
+// v6 was within 1.1% of it only at V4.1 B = 128 / 256. (Before: v9 above 16 pairs, at one token
+// v1 when its blocks fit one wave, else v10; session 12.) For FP8 and bf16 weights 9 and 10 run
+// the v3 and v2 kernels (the diet is FP4's), so their pick is unchanged.
 template <ExpertFormat F>
 int auto_variant(const MoeDecodeGroupedParams& p) {
+  if constexpr (F == ExpertFormat::kFP4) return 13;
   const int64_t P = p.tokens * p.topk;
   if (P > 16) return 9;
   static const int per_sm = [] {
@@ -465,6 +467,21 @@ void launch_variant(const MoeDecodeGroupedParams& p, cudaStream_t stream) {
     case 13:
       if constexpr (F != ExpertFormat::kFP4) return launch_variant_v3shape<F>(p, v, stream);
       else return launch_v9(p, v, stream);
+    case 14:  // FP4 rows by bulk copies (moe_decode_v14.cu) where it takes the shape, else v9 / v3
+    case 15:
+    case 16:
+      if constexpr (F != ExpertFormat::kFP4) return launch_variant_v3shape<F>(p, 9, stream);
+      else return v14_supported(p) ? launch_v14(p, v, stream) : launch_v9(p, 9, stream);
+    case kMoeDecodeGroupedProbeFirst:  // load-only diagnostics (FP4; validate checked)
+    case kMoeDecodeGroupedProbeFirst + 1:
+      if constexpr (F == ExpertFormat::kFP4) return launch_v9(p, v, stream);
+      break;
+    case kMoeDecodeGroupedProbeFirst + 2:
+    case kMoeDecodeGroupedProbeFirst + 3:
+    case kMoeDecodeGroupedProbeFirst + 4:
+    case kMoeDecodeGroupedProbeFirst + 5:
+      if constexpr (F == ExpertFormat::kFP4) return launch_v14(p, v, stream);
+      break;
     default:  // 4: FP4 through the byte table (the first version)
       if constexpr (F == ExpertFormat::kFP4) return launch<F, false, 2, 4, 2>(p, stream);
       else return launch<F, true, 2, 4, 2>(p, stream);
@@ -484,7 +501,11 @@ void validate(const MoeDecodeGroupedParams& p) {
   if (p.tokens > 0 && (!p.x || !p.seg || !p.perm_src || !p.perm_w || !p.tiles || !p.num_tiles || !p.w13 || !p.w2 ||
                        !p.act || !p.ye || (p.format != ExpertFormat::kPlain && (!p.w13_scale || !p.w2_scale))))
     DI_THROW(InvalidArgument, "moe_decode_grouped: null input, table or output");
-  if (p.variant < 0 || p.variant > kMoeDecodeGroupedVariants) DI_THROW(InvalidArgument, "moe_decode_grouped: variant ", p.variant);
+  const bool probe = p.variant >= kMoeDecodeGroupedProbeFirst && p.variant <= kMoeDecodeGroupedProbeLast;
+  if ((p.variant < 0 || p.variant > kMoeDecodeGroupedVariants) && !probe)
+    DI_THROW(InvalidArgument, "moe_decode_grouped: variant ", p.variant);
+  if (probe && (p.format != ExpertFormat::kFP4 || p.dim % 128 || p.inter % 128))
+    DI_THROW(InvalidArgument, "moe_decode_grouped: probe variant ", p.variant, " needs FP4, widths multiples of 128");
 }
 }  // namespace grouped
 }  // namespace

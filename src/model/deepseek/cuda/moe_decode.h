@@ -73,7 +73,12 @@ constexpr int kMoeDecodeTileM = 8;
 // at V4.1 widths too), so it is the measured limit; fixed steps go up to 384 tokens (verify).
 constexpr int64_t kMoeDecodeGroupedMaxTokens = 256;
 // Variants 1..kMoeDecodeGroupedVariants of MoeDecodeGroupedParams::variant (0 picks one).
-constexpr int kMoeDecodeGroupedVariants = 13;
+constexpr int kMoeDecodeGroupedVariants = 16;
+// Diagnostic variants (timing only; their outputs are garbage): the access patterns alone, loads
+// folded by xor, no decode and no MMA, FP4 only. First: v9's (= v3's) addressing, + 1: v13's
+// (128 contiguous bytes per row and pair of chunks), + 2 .. + 4: v14 / v15 / v16's bulk-copy rings,
+// + 5: a ring of 4 warps x 2048 inputs (whole 1 KB rows of an I = 2048 down matrix) x 2 stages.
+constexpr int kMoeDecodeGroupedProbeFirst = 101, kMoeDecodeGroupedProbeLast = 106;
 
 struct MoeDecodeGroupedParams {
   const void* x = nullptr;              // [tokens, dim] bf16 (the normed hidden h)
@@ -92,12 +97,16 @@ struct MoeDecodeGroupedParams {
   float* ye = nullptr;                  // [tokens*topk, dim] f32 out, sorted rows (invalid ids: unwritten)
   int64_t tokens = 0, topk = 0, num_experts = 0, dim = 0, inter = 0;  // dim, inter multiples of 32
   float limit = 0.f;                    // swiglu clamp (<= 0: none)
-  int variant = 0;                      // tuning (timing tests): 0 by size; 1..3 warp shapes; 4 FP4 by table;
+  int variant = 0;                      // tuning (timing tests): 0 by size (FP4: 13); 1..3 warp shapes; 4 FP4 by table;
                                         // 5..8 weights staged in shared memory by cp.async (moe_decode_v5.cu:
                                         // 5, 6 one ring per block; 7, 8 one ring per warp); 9, 10, 11
                                         // v3, v2, v1 with fewer instructions per FP4 byte, 12 the same
                                         // with 2 m-tiles x 2 stages, 13 with 2 m-tiles and loads in
-                                        // pairs of chunks (moe_decode_v9.cu)
+                                        // pairs of chunks (moe_decode_v9.cu); 14..16 FP4 rows streamed
+                                        // by bulk copies (TMA 1-D) into a shared-memory ring of
+                                        // 8 warps x 512 inputs x 4 stages / 8 x 1024 x 2 / 4 x 512
+                                        // x 3 (2 blocks per SM) (moe_decode_v14.cu; K % 128 != 0:
+                                        // v9); the probes above
 };
 // Whether moe_decode_grouped takes these shapes (bf16 activations, widths multiples of 32).
 bool moe_decode_grouped_supported(DType act, int64_t dim, int64_t inter);

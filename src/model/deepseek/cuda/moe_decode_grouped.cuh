@@ -238,5 +238,9 @@ void launch_v5(const MoeDecodeGroupedParams& p, int shape, cudaStream_t stream);
 // v3's / v2's / v1's warp shape, 2 m-tiles x 2 stages, or 2 m-tiles with loads in chunk pairs
 // (shape = the variant number; FP4 only).
 void launch_v9(const MoeDecodeGroupedParams& p, int shape, cudaStream_t stream);
+// Variants 14..16 (moe_decode_v14.cu): FP4 rows by bulk copies into a shared-memory ring; only
+// where v14_supported (FP4, dim and inter multiples of 128, 16-byte aligned x and act).
+bool v14_supported(const MoeDecodeGroupedParams& p);
+void launch_v14(const MoeDecodeGroupedParams& p, int shape, cudaStream_t stream);
 
 }  // namespace deepinfer::model::ds::cuda::moe_grouped

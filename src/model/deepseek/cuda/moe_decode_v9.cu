@@ -18,7 +18,7 @@
 
 #include "deepinfer/error.h"
 #include "model/deepseek/cuda/moe_decode_grouped.cuh"
-#include "model/deepseek/cuda/moe_fp4_pairs.h"
+#include "model/deepseek/cuda/moe_decode_fp4.cuh"
 #include "ops/cuda/common.cuh"
 
 namespace deepinfer::model::ds::cuda::moe_grouped {
@@ -88,60 +88,10 @@ __device__ __forceinline__ void load9(Stage<F, MT>& st, const Ptrs<F, MT>& P, in
   for (int v = 0; v < 4; ++v) st.x[v] = kTail && !ok ? z : __ldg(P.x + j * Ptrs<F, MT>::kX + v);
 }
 
-// One FP4 row's 16 words as dequant_row<kFP4, kAlu> builds them (the same bits), except that a
-// scale past 2^1 (s > 128) only gets its first factor 2^126 here; returns whether it needs the
-// second (fix_big).
-__device__ __forceinline__ bool dequant_fp4(const uint4& raw, uint32_t s, uint32_t (&a)[16], uint32_t se, uint32_t so) {
-  const uint32_t* rw = reinterpret_cast<const uint32_t*>(&raw);
-  const bool big = s > 128;
-  const uint32_t m1 = big ? 0x7E807E80u : ((s + 126u) << 7) * 0x10001u;
-#pragma unroll
-  for (int wi = 0; wi < 4; ++wi) {
-    uint32_t o[4];
-    fp4_pair_words(rw[wi], o, se, so);
-#pragma unroll
-    for (int q = 0; q < 4; ++q) a[4 * wi + q] = mul_bf16x2(o[q], m1);
-  }
-  return big;
-}
-// The second factor of a big scale (2^(s-127)); rows that are not big are multiplied by 1.0,
-// which is exact for every finite bf16 (they are finite: s <= 128 keeps |w| <= 6 * 2^1).
-__device__ __forceinline__ void fix_big(uint32_t s, uint32_t (&a)[16]) {
-  const uint32_t m2 = s > 128 ? e8m0_bf16x2(s) : 0x3F803F80u;
-#pragma unroll
-  for (int j = 0; j < 16; ++j) a[j] = mul_bf16x2(a[j], m2);
-}
-
-// compute_stage<kFP4, kAlu, MT> with the cheaper decode; same operands, same MMA order.
-template <int MT>
-__device__ __forceinline__ void compute_fp4(const Stage<ExpertFormat::kFP4, MT>& st, float (&acc)[MT][4]) {
-  // fp4_pair_words' sign masks as values the compiler cannot fold (blockIdx.z is 0: launch_format
-  // launches a 2-D grid), so each stays one mask shared by two words
-  const uint32_t se = kFp4EvenSigns | blockIdx.z, so = kFp4OddSigns | blockIdx.z;
-  const uint32_t* xw = reinterpret_cast<const uint32_t*>(st.x);
-  uint32_t xb[16];  // B words in the A words' input order (inputs 8wi+q | 8wi+q+4)
-#pragma unroll
-  for (int j = 0; j < 16; ++j) {
-    const int wi = j / 4, q = j % 4, m1 = 4 * wi + q / 2;
-    xb[j] = __byte_perm(xw[m1], xw[m1 + 2], q % 2 ? 0x7632 : 0x5410);
-  }
-#pragma unroll
-  for (int m = 0; m < MT; ++m) {
-    uint32_t a0[16], a1[16];
-    const bool b0 = dequant_fp4(st.w[m][0][0], st.s[m][0], a0, se, so);
-    const bool b1 = dequant_fp4(st.w[m][1][0], st.s[m][1], a1, se, so);
-    if (b0 || b1) {  // e8m0 > 128: not in the released checkpoints' FP4 scales, kept exact
-      fix_big(st.s[m][0], a0);
-      fix_big(st.s[m][1], a1);
-    }
-#pragma unroll
-    for (int s = 0; s < 8; ++s) mma_bf16(acc[m], a0[2 * s], a1[2 * s], a0[2 * s + 1], a1[2 * s + 1], xb[2 * s], xb[2 * s + 1]);
-  }
-}
-
-template <ExpertFormat F, int MT>
+template <ExpertFormat F, int MT, bool kProbe = false>
 __device__ __forceinline__ void compute9(const Stage<F, MT>& st, const uint32_t* lut, float (&acc)[MT][4]) {
-  if constexpr (F == ExpertFormat::kFP4) compute_fp4<MT>(st, acc);
+  if constexpr (kProbe) probe_fold<F, MT>(st, acc);  // load-only diagnostic
+  else if constexpr (F == ExpertFormat::kFP4) compute_fp4<MT>(st, acc);
   else compute_stage<F, true, MT>(st, lut, acc);
 }
 
@@ -152,7 +102,7 @@ __device__ __forceinline__ void compute9(const Stage<F, MT>& st, const uint32_t*
 // so the 16-byte pieces of a quad's two consecutive chunks (128 contiguous bytes of each FP4 row)
 // reach the memory system back to back, as v6's two-chunk ring stages do; the MMAs still take the
 // chunks in order (the same sums).
-template <ExpertFormat F, int MT, int S, bool kPairs = false>
+template <ExpertFormat F, int MT, int S, bool kPairs = false, bool kProbe = false>
 __device__ __forceinline__ void run_rows9(const uint8_t* w, const uint8_t* sc, const int64_t (&rows)[MT][2], int64_t K,
                                           const __nv_bfloat16* col, int t, const uint32_t* lut, float (&acc)[MT][4]) {
   static_assert(!kPairs || S == 4, "paired loads: two stages of two chunks");
@@ -172,17 +122,17 @@ __device__ __forceinline__ void run_rows9(const uint8_t* w, const uint8_t* sc, c
           if (c + u + 2 < nf) load9<F, MT>(st[(u + 2) % S], P, u + 2);
           if (c + u + 3 < nf) load9<F, MT>(st[(u + 3) % S], P, u + 3);
         }
-        if (c + u < nf) compute9<F, MT>(st[u], lut, acc);
+        if (c + u < nf) compute9<F, MT, kProbe>(st[u], lut, acc);
       } else if (c + u < nf) {
         if (c + u + S - 1 < nf) load9<F, MT>(st[(u + S - 1) % S], P, u + S - 1);
-        compute9<F, MT>(st[u], lut, acc);
+        compute9<F, MT, kProbe>(st[u], lut, acc);
       }
     }
     P.advance(S);
   }
   if (K % kChunk) {  // chunk nf; P at chunk c (nf .. nf + S - 1)
     load9<F, MT, true>(st[0], P, nf - c, int64_t(nf) * kChunk + 32 * t < K);
-    compute9<F, MT>(st[0], lut, acc);
+    compute9<F, MT, kProbe>(st[0], lut, acc);
   }
 }
 
@@ -190,7 +140,7 @@ template <ExpertFormat F>
 constexpr bool kLut9 = F == ExpertFormat::kFP8;
 
 // grid (max_tiles, ceil(inter / (8*MT*W))): as grouped_up_kernel (moe_decode.cu).
-template <ExpertFormat F, int kMT, int S, bool kPairs>
+template <ExpertFormat F, int kMT, int S, bool kPairs, bool kProbe>
 __global__ void __launch_bounds__(kW * kWarpSize) v9_up_kernel(const __grid_constant__ MoeDecodeGroupedParams p) {
   __shared__ uint32_t lut[kLut9<F> ? 256 : 1];
   if (int64_t(blockIdx.x) >= *p.num_tiles) return;
@@ -212,12 +162,12 @@ __global__ void __launch_bounds__(kW * kWarpSize) v9_up_kernel(const __grid_cons
   const __nv_bfloat16* col = static_cast<const __nv_bfloat16*>(p.x) + p.perm_src[tr.r0 + (g < tr.n ? g : 0)] * D;
   const uint8_t* sc = F == ExpertFormat::kPlain ? nullptr : p.w13_scale[tr.e];
   float acc[kMT][4] = {};
-  run_rows9<F, kMT, S, kPairs>(static_cast<const uint8_t*>(p.w13[tr.e]), sc, rows, D, col, t, lut, acc);
+  run_rows9<F, kMT, S, kPairs, kProbe>(static_cast<const uint8_t*>(p.w13[tr.e]), sc, rows, D, col, t, lut, acc);
   store_up<kMT>(p, tr, i0, g, t, acc);
 }
 
 // grid (max_tiles, ceil(dim / (16*MT*W))): as grouped_down_kernel.
-template <ExpertFormat F, int kMT, int S, bool kPairs>
+template <ExpertFormat F, int kMT, int S, bool kPairs, bool kProbe>
 __global__ void __launch_bounds__(kW * kWarpSize) v9_down_kernel(const __grid_constant__ MoeDecodeGroupedParams p) {
   __shared__ uint32_t lut[kLut9<F> ? 256 : 1];
   if (int64_t(blockIdx.x) >= *p.num_tiles) return;
@@ -237,16 +187,16 @@ __global__ void __launch_bounds__(kW * kWarpSize) v9_down_kernel(const __grid_co
   const __nv_bfloat16* col = static_cast<const __nv_bfloat16*>(p.act) + (tr.r0 + (g < tr.n ? g : 0)) * I;
   const uint8_t* sc = F == ExpertFormat::kPlain ? nullptr : p.w2_scale[tr.e];
   float acc[kMT][4] = {};
-  run_rows9<F, kMT, S, kPairs>(static_cast<const uint8_t*>(p.w2[tr.e]), sc, rows, I, col, t, lut, acc);
+  run_rows9<F, kMT, S, kPairs, kProbe>(static_cast<const uint8_t*>(p.w2[tr.e]), sc, rows, I, col, t, lut, acc);
   store_down<kMT>(p, tr, j0, g, t, acc);
 }
 
-template <ExpertFormat F, int kMT, int S, bool kPairs = false>
+template <ExpertFormat F, int kMT, int S, bool kPairs = false, bool kProbe = false>
 void launch_format(const MoeDecodeGroupedParams& p, cudaStream_t stream) {
   const unsigned tiles = unsigned(p.max_tiles);
-  v9_up_kernel<F, kMT, S, kPairs><<<dim3(tiles, unsigned(ceil_div(p.inter, 8 * kMT * kW))), kW * kWarpSize, 0, stream>>>(p);
+  v9_up_kernel<F, kMT, S, kPairs, kProbe><<<dim3(tiles, unsigned(ceil_div(p.inter, 8 * kMT * kW))), kW * kWarpSize, 0, stream>>>(p);
   DI_CUDA_CHECK_LAUNCH();
-  v9_down_kernel<F, kMT, S, kPairs><<<dim3(tiles, unsigned(ceil_div(p.dim, 16 * kMT * kW))), kW * kWarpSize, 0, stream>>>(p);
+  v9_down_kernel<F, kMT, S, kPairs, kProbe><<<dim3(tiles, unsigned(ceil_div(p.dim, 16 * kMT * kW))), kW * kWarpSize, 0, stream>>>(p);
   DI_CUDA_CHECK_LAUNCH();
 }
 }  // namespace
@@ -262,6 +212,9 @@ void launch_v9(const MoeDecodeGroupedParams& p, int shape, cudaStream_t stream) 
     case 11: return launch_format<ExpertFormat::kFP4, 1, 4>(p, stream);
     case 12: return launch_format<ExpertFormat::kFP4, 2, 2>(p, stream);  // fewer registers: more warps
     case 13: return launch_format<ExpertFormat::kFP4, 2, 4, true>(p, stream);  // chunk pairs
+    // load-only probes of v9's (v3's) and v13's addressing (moe_decode.h kMoeDecodeGroupedProbeFirst)
+    case kMoeDecodeGroupedProbeFirst: return launch_format<ExpertFormat::kFP4, 4, 2, false, true>(p, stream);
+    case kMoeDecodeGroupedProbeFirst + 1: return launch_format<ExpertFormat::kFP4, 2, 4, true, true>(p, stream);
     default: return launch_format<ExpertFormat::kFP4, 4, 2>(p, stream);
   }
 }
