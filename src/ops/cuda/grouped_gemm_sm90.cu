@@ -8,9 +8,10 @@
 //   global -> smem by cp.async (kStages-deep ring): the activation rows gathered through x_rows,
 //     written straight into wgmma's 128B-swizzled K-major layout, and the raw weight bytes
 //     (FP4/FP8, linear) or the bf16 weights (plain, swizzled, read by wgmma in place);
-//   FP4/FP8: raw -> bf16 into one of two swizzled B tiles (lookup table + exact power-of-two
-//     multiply, as the mma.sync kernel), done by the same warps while the previous step's wgmma
-//     runs asynchronously on the tensor cores;
+//   FP4/FP8: raw -> bf16 into one of two swizzled B tiles, done by the same warps while the
+//     previous step's wgmma runs asynchronously on the tensor cores: by bit arithmetic (FP4 by
+//     default; moe_dequant.h) or through a lookup table + the exact power-of-two multiply, as the
+//     mma.sync kernel (FP8 by default: measured faster there, see grouped_gemm_wgmma);
 //   fence.proxy.async + barrier, then 4 wgmma (k16 slices) per warpgroup, committed as one group.
 // The lookup table has 32 copies (one per lane: entry b of lane l at b * 32 + l), so the random
 // byte lookups of a warp never collide on a bank.
@@ -499,7 +500,12 @@ void grouped_gemm_wgmma(const GroupedGemmParams& p, cudaStream_t stream) {
   if (blocks >= (int64_t(1) << 31))
     DI_THROW(InvalidArgument, "grouped_gemm (wgmma): grid too large (tiles ", p.max_tiles, ", N ", p.N, ")");
   const dim3 grid(static_cast<unsigned>(blocks));
-  const bool table = p.kernel == GroupedGemmKernel::kWgmmaTable, ws = p.kernel == GroupedGemmKernel::kWgmmaWs;
+  // Default per format, as measured on an H200 (docs/PERFORMANCE.md "#13 ... round two"): FP4 the
+  // table-free decode (248 / 234 TFLOP/s up / down vs 246 / 227 with the table), FP8 the table
+  // (190 / 179 vs 151 / 132: its table-free decode, with a NaN test per word, is slower there).
+  const bool table = p.kernel == GroupedGemmKernel::kWgmmaTable ||
+                     (p.kernel != GroupedGemmKernel::kWgmmaBits && p.format == ExpertFormat::kFP8);
+  const bool ws = p.kernel == GroupedGemmKernel::kWgmmaWs;
   if (ws && p.format != ExpertFormat::kPlain) {
     p.format == ExpertFormat::kFP4 ? launch_ws<ExpertFormat::kFP4>(p, grid, stream) : launch_ws<ExpertFormat::kFP8>(p, grid, stream);
     DI_CUDA_CHECK_LAUNCH();

@@ -13,7 +13,7 @@ namespace deepinfer::ops::cuda {
 constexpr int kWgmmaTileM = 2 * kGroupedTileM;
 constexpr int kWgmmaTileN = 256;
 
-// p already validated; launches on `stream`. p.kernel kWgmmaTable picks round one's table dequantisation.
+// p already validated; launches on `stream`. p.kernel picks the variant (grouped_gemm.h).
 void grouped_gemm_wgmma(const GroupedGemmParams& p, cudaStream_t stream);
 
 // Test hook for the kernel's table-free decoder (any device): word i (FP4 8 nibbles, FP8 4 bytes,

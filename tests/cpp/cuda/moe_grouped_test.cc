@@ -25,7 +25,8 @@ namespace oc = ops::cuda;
 using oc::ExpertFormat;
 using oc::GroupedGemmKernel;
 
-// The device kernels this GPU runs (wgmma, both dequantisations, only on compute capability 9.0).
+// The device kernels this GPU runs (wgmma as dispatched and with each dequantisation forced, only
+// on compute capability 9.0).
 // DI_TEST_WGMMA_WS=1: mma.sync and the experimental warp-specialised kernel instead (run apart, so
 // a hang there cannot take the other results with it).
 std::vector<GroupedGemmKernel> kernels() {
@@ -36,6 +37,7 @@ std::vector<GroupedGemmKernel> kernels() {
   } else if (oc::grouped_gemm_wgmma_available()) {
     k.push_back(GroupedGemmKernel::kWgmma);
     k.push_back(GroupedGemmKernel::kWgmmaTable);
+    k.push_back(GroupedGemmKernel::kWgmmaBits);
   }
   return k;
 }
