@@ -39,6 +39,9 @@ const char* grouped_gemm_kernel_name(GroupedGemmKernel k) {
     case GroupedGemmKernel::kAuto: return "auto";
     case GroupedGemmKernel::kMmaSync: return "mma.sync";
     case GroupedGemmKernel::kWgmma: return "wgmma";
+    case GroupedGemmKernel::kWgmmaTable: return "wgmma-table";
+    case GroupedGemmKernel::kWgmmaBits: return "wgmma-bits";
+    case GroupedGemmKernel::kWgmmaWs: return "wgmma-ws";
   }
   return "?";
 }
@@ -347,12 +350,14 @@ void grouped_gemm(const GroupedGemmParams& p, cudaStream_t stream) {
   validate(p);
   if (!p.tiles || !p.num_tiles) DI_THROW(InvalidArgument, "grouped_gemm: null tile list");
   const bool sm90 = grouped_gemm_wgmma_available();
-  if (p.kernel == GroupedGemmKernel::kWgmma && !sm90)
+  const bool wgmma = p.kernel == GroupedGemmKernel::kWgmma || p.kernel == GroupedGemmKernel::kWgmmaTable ||
+                     p.kernel == GroupedGemmKernel::kWgmmaBits || p.kernel == GroupedGemmKernel::kWgmmaWs;
+  if (wgmma && !sm90)
     DI_THROW(InvalidArgument, "grouped_gemm: kernel wgmma needs a compute capability 9.0 device");
   if (p.max_tiles == 0) return;
   if (p.max_tiles >= (int64_t(1) << 31) || (p.N + BN - 1) / BN > 65535)
     DI_THROW(InvalidArgument, "grouped_gemm: grid too large (tiles ", p.max_tiles, ", N ", p.N, ")");
-  if (p.kernel == GroupedGemmKernel::kWgmma || (p.kernel == GroupedGemmKernel::kAuto && sm90 && kWgmmaByDefault)) {
+  if (wgmma || (p.kernel == GroupedGemmKernel::kAuto && sm90 && kWgmmaByDefault)) {
     grouped_gemm_wgmma(p, stream);
     return;
   }

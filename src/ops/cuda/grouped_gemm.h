@@ -45,7 +45,10 @@ constexpr int kGroupedTileN = 128;  // outputs of one tile (mma.sync kernel)
 
 // Which kernel runs: kAuto = the default (grouped_gemm.cu: kWgmmaByDefault; mma.sync off sm_90). The
 // others force one (side-by-side timing, tests); kWgmma on another device throws InvalidArgument.
-enum class GroupedGemmKernel : uint8_t { kAuto, kMmaSync, kWgmma };
+// kWgmma takes, per format, the dequantisation that measured faster (grouped_gemm_sm90.cu); for
+// timing, kWgmmaTable / kWgmmaBits force the lookup-table / the table-free one for both formats,
+// and kWgmmaWs runs the experimental warp-specialised kernel (plain weights: the default one).
+enum class GroupedGemmKernel : uint8_t { kAuto, kMmaSync, kWgmma, kWgmmaTable, kWgmmaBits, kWgmmaWs };
 const char* grouped_gemm_kernel_name(GroupedGemmKernel k);
 // True when the current device can run the wgmma kernel (compute capability 9.0).
 bool grouped_gemm_wgmma_available();

@@ -8,9 +8,10 @@
 //   global -> smem by cp.async (kStages-deep ring): the activation rows gathered through x_rows,
 //     written straight into wgmma's 128B-swizzled K-major layout, and the raw weight bytes
 //     (FP4/FP8, linear) or the bf16 weights (plain, swizzled, read by wgmma in place);
-//   FP4/FP8: raw -> bf16 into one of two swizzled B tiles (lookup table + exact power-of-two
-//     multiply, as the mma.sync kernel), done by the same warps while the previous step's wgmma
-//     runs asynchronously on the tensor cores;
+//   FP4/FP8: raw -> bf16 into one of two swizzled B tiles, done by the same warps while the
+//     previous step's wgmma runs asynchronously on the tensor cores: by bit arithmetic (FP4 by
+//     default; moe_dequant.h) or through a lookup table + the exact power-of-two multiply, as the
+//     mma.sync kernel (FP8 by default: measured faster there, see grouped_gemm_wgmma);
 //   fence.proxy.async + barrier, then 4 wgmma (k16 slices) per warpgroup, committed as one group.
 // The lookup table has 32 copies (one per lane: entry b of lane l at b * 32 + l), so the random
 // byte lookups of a warp never collide on a bank.
@@ -39,11 +40,9 @@ namespace {
 constexpr int WM = kWgmmaTileM, WN = kWgmmaTileN, BK = 64, kThreads = 256;
 constexpr int kAtomRow = BK * 2;  // bytes of one swizzled row (64 bf16)
 
+// The stage layout of format F.
 template <ExpertFormat F>
-struct Cfg {
-  // cp.async ring depth: as deep as the 227 KB of shared memory allow (prefetch distance
-  // kStages - 2 steps, with one block per SM the only latency hiding there is).
-  static constexpr int kStages = F == ExpertFormat::kFP4 ? 5 : 4;
+struct Layout {
   // raw bytes of one weight row per K step; chunk = 16 bytes = kElems weights
   static constexpr int kRawRow = F == ExpertFormat::kFP4 ? 32 : F == ExpertFormat::kFP8 ? 64 : kAtomRow;
   static constexpr int kElems = F == ExpertFormat::kFP4 ? 32 : F == ExpertFormat::kFP8 ? 16 : 8;
@@ -53,13 +52,28 @@ struct Cfg {
   static constexpr int kStage = kAStage + WN * kRawRow;          // multiple of 1024 (atom alignment)
   static constexpr int kBTile = WN * kAtomRow;                   // one bf16 B tile, 32 KB
   static constexpr int kBs = F == ExpertFormat::kPlain ? 0 : 2 * kBTile;
-  static constexpr int kLut = F == ExpertFormat::kPlain ? 0 : 256 * 32 * 4;
-  // + 1024: the dynamic smem base is aligned up to an atom by hand.
-  // FP4 217 KB, FP8 225 KB, plain 193 KB: one block per SM.
-  static constexpr int kBytes = kStages * kStage + kBs + kLut + 1024;
 };
+// kTable: round one's table dequantisation (GroupedGemmKernel::kWgmmaTable, kept for timing);
+// otherwise bit arithmetic (moe_dequant.h), which frees the table's 32 KB for one more stage.
+template <ExpertFormat F, bool kTable = false>
+struct Cfg : Layout<F> {
+  using L = Layout<F>;
+  // cp.async ring depth: as deep as the 227 KB of shared memory allow (prefetch distance
+  // kStages - 2 steps, with one block per SM the only latency hiding there is).
+  static constexpr int kStages = F == ExpertFormat::kPlain ? 4 : F == ExpertFormat::kFP4 ? (kTable ? 5 : 6) : (kTable ? 4 : 5);
+  static constexpr int kLut = F == ExpertFormat::kPlain || !kTable ? 0 : 256 * 32 * 4;
+  // + 1024: the dynamic smem base is aligned up to an atom by hand.
+  // Table: FP4 217 KB, FP8 225 KB; bits: FP4 209 KB, FP8 225 KB; plain 193 KB: one block per SM.
+  static constexpr int kBytes = kStages * L::kStage + L::kBs + kLut + 1024;
+};
+// Raw chunks per thread when kT threads share the copies / dequantisation of a stage.
+template <ExpertFormat F, int kT>
+constexpr int kChunksOf = WN * Cfg<F>::kChunksPerRow / kT;
+
 static_assert(Cfg<ExpertFormat::kFP8>::kBytes + WM * 8 <= 227 * 1024, "FP8 shared memory over the sm_90 limit");
 static_assert(Cfg<ExpertFormat::kFP4>::kBytes + WM * 8 <= 227 * 1024, "FP4 shared memory over the sm_90 limit");
+static_assert(Cfg<ExpertFormat::kFP8, true>::kBytes + WM * 8 <= 227 * 1024, "FP8 shared memory over the sm_90 limit");
+static_assert(Cfg<ExpertFormat::kFP4, true>::kBytes + WM * 8 <= 227 * 1024, "FP4 shared memory over the sm_90 limit");
 
 // Byte offset of 16-byte chunk c of row r in a swizzled K-major tile.
 __device__ __forceinline__ uint32_t sw(int r, int c) { return uint32_t(r * kAtomRow + ((c ^ (r & 7)) << 4)); }
@@ -76,22 +90,22 @@ __device__ __forceinline__ void cp_async_wait() {
 
 // cp.async of K step k0: A (128 gathered rows) into the swizzled A stage, the weight rows
 // n0..n0+255 into the B part. Rows past the segment / N and k past K are zero-filled.
-template <ExpertFormat F>
+// kT threads (thread index tid) share the copies.
+template <ExpertFormat F, int kT = kThreads>
 __device__ __forceinline__ void issue_stage(const GroupedGemmParams& p, const int64_t* xrow, int64_t k0,
-                                            const uint8_t* w, int64_t n0, uint32_t st) {
+                                            const uint8_t* w, int64_t n0, uint32_t st, int tid) {
   using C = Cfg<F>;
-  const int tid = threadIdx.x;
   const __nv_bfloat16* x = static_cast<const __nv_bfloat16*>(p.x);
 #pragma unroll
-  for (int j = 0; j < WM * 8 / kThreads; ++j) {
-    const int i = tid + j * kThreads, r = i / 8, ch = i % 8;
+  for (int j = 0; j < WM * 8 / kT; ++j) {
+    const int i = tid + j * kT, r = i / 8, ch = i % 8;
     const int64_t k = k0 + ch * 8;
     const bool ok = xrow[r] >= 0 && k < p.K;
     cp_async16(st + sw(r, ch), ok ? x + xrow[r] * p.ldx + k : x, ok ? 16 : 0);
   }
 #pragma unroll
-  for (int j = 0; j < C::kChunks; ++j) {
-    const int i = tid + j * kThreads, r = i / C::kChunksPerRow, ch = i % C::kChunksPerRow;
+  for (int j = 0; j < kChunksOf<F, kT>; ++j) {
+    const int i = tid + j * kT, r = i / C::kChunksPerRow, ch = i % C::kChunksPerRow;
     const int64_t n = n0 + r, k = k0 + ch * C::kElems;
     const bool ok = n < p.N && k < p.K;  // K % 32 == 0: a chunk is all in or all out
     const uint8_t* src = w;
@@ -106,15 +120,15 @@ __device__ __forceinline__ void issue_stage(const GroupedGemmParams& p, const in
 }
 
 // The e8m0 scales of the thread's raw chunks in step k0 (127 = 1.0 past N or K).
-template <ExpertFormat F>
+template <ExpertFormat F, int kT = kThreads>
 __device__ __forceinline__ void load_scales(const GroupedGemmParams& p, const uint8_t* sc, int64_t n0, int64_t k0,
-                                            uint32_t (&s)[Cfg<F>::kChunks]) {
+                                            uint32_t (&s)[kChunksOf<F, kT>], int tid) {
   using C = Cfg<F>;
   constexpr int blk = F == ExpertFormat::kFP4 ? 32 : 128;
   const int64_t ns = (p.K + blk - 1) / blk;
 #pragma unroll
-  for (int j = 0; j < C::kChunks; ++j) {
-    const int i = threadIdx.x + j * kThreads, r = i / C::kChunksPerRow, ch = i % C::kChunksPerRow;
+  for (int j = 0; j < kChunksOf<F, kT>; ++j) {
+    const int i = tid + j * kT, r = i / C::kChunksPerRow, ch = i % C::kChunksPerRow;
     const int64_t n = n0 + r, k = k0 + ch * C::kElems;
     s[j] = n < p.N && k < p.K ? __ldg(sc + n * ns + k / blk) : 127u;
   }
@@ -126,6 +140,58 @@ __device__ void fill_lut(uint32_t* lut) {
   for (int i = threadIdx.x; i < 256 * 32; i += kThreads) {
     const uint32_t b = uint32_t(i) >> 5;
     lut[i] = F == ExpertFormat::kFP4 ? fp4_bf16_bits(b & 15) | (fp4_bf16_bits(b >> 4) << 16) : fp8_bf16_bits(b);
+  }
+}
+
+// Table-free decode of one raw 32-bit word with e8m0 scale e: FP4 8 nibbles -> o[0..3], FP8 4
+// bytes -> o[0..1] (bf16x2, lower k in the low half). An FP8 word holding a NaN code takes the
+// exact per-byte decoder (never in real weights; keeps NaN a NaN).
+template <ExpertFormat F>
+__device__ __forceinline__ void decode_word(uint32_t w, const Bf16x2Scale& s, uint32_t* o) {
+  if constexpr (F == ExpertFormat::kFP4) {
+    const uint32_t w4 = w << 4;
+    o[0] = apply_scale(fp4x2_bits_biased<0>(w, w4), s);
+    o[1] = apply_scale(fp4x2_bits_biased<1>(w, w4), s);
+    o[2] = apply_scale(fp4x2_bits_biased<2>(w, w4), s);
+    o[3] = apply_scale(fp4x2_bits_biased<3>(w, w4), s);
+  } else {
+    if (fp8_word_has_nan(w)) {
+      o[0] = mul_bf16x2(fp8_bf16_bits(w & 0xff) | (fp8_bf16_bits((w >> 8) & 0xff) << 16), s.m2);
+      o[1] = mul_bf16x2(fp8_bf16_bits((w >> 16) & 0xff) | (fp8_bf16_bits(w >> 24) << 16), s.m2);
+    } else {
+      o[0] = apply_scale(fp8x2_bits_biased<0>(w), s);
+      o[1] = apply_scale(fp8x2_bits_biased<2>(w), s);
+    }
+  }
+}
+
+// Raw weight stage -> swizzled bf16 B tile, table-free (decode_word).
+template <ExpertFormat F, int kT = kThreads>
+__device__ __forceinline__ void dequant_bits(const uint8_t* raw, uint8_t* bs, const uint32_t (&s)[kChunksOf<F, kT>],
+                                             int tid) {
+  using C = Cfg<F>;
+#pragma unroll
+  for (int j = 0; j < kChunksOf<F, kT>; ++j) {
+    const int i = tid + j * kT, r = i / C::kChunksPerRow, ch = i % C::kChunksPerRow;
+    const Bf16x2Scale sc = bf16x2_scale<F == ExpertFormat::kFP4 ? 126 : 120>(s[j]);
+    const uint4 rv = *reinterpret_cast<const uint4*>(raw + r * C::kRawRow + ch * 16);
+    const uint32_t w[4] = {rv.x, rv.y, rv.z, rv.w};
+    if constexpr (F == ExpertFormat::kFP4) {  // 16 bytes -> 32 bf16 = 4 swizzle chunks, one word each
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        uint32_t o[4];
+        decode_word<F>(w[q], sc, o);
+        *reinterpret_cast<uint4*>(bs + sw(r, 4 * ch + q)) = make_uint4(o[0], o[1], o[2], o[3]);
+      }
+    } else {  // 16 bytes -> 16 bf16 = 2 swizzle chunks, two words each
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        uint32_t o[4];
+        decode_word<F>(w[2 * q], sc, o);
+        decode_word<F>(w[2 * q + 1], sc, o + 2);
+        *reinterpret_cast<uint4*>(bs + sw(r, 2 * ch + q)) = make_uint4(o[0], o[1], o[2], o[3]);
+      }
+    }
   }
 }
 
@@ -182,9 +248,10 @@ __device__ __forceinline__ void mma_step(float (&acc)[128], uint32_t a_addr, uin
 }
 
 // Rows of this warpgroup inside the segment, columns inside N; pairs stored together when aligned.
+// wg: the warpgroup's 64-row half of the block tile.
 __device__ __forceinline__ void store_tile(const GroupedGemmParams& p, const float (&acc)[128], int64_t row0,
-                                           int64_t row_end, int64_t n0) {
-  const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, wg = threadIdx.x / 128;
+                                           int64_t row_end, int64_t n0, int wg) {
+  const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const bool f32 = p.y_dtype == DType::kF32;
   const bool vec = p.ldy % 2 == 0 && (reinterpret_cast<uintptr_t>(p.y) & (f32 ? 7 : 3)) == 0;
 #pragma unroll
@@ -210,10 +277,10 @@ __device__ __forceinline__ void store_tile(const GroupedGemmParams& p, const flo
   }
 }
 
-template <ExpertFormat F>
+template <ExpertFormat F, bool kTable>
 __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_wgmma_kernel(const __grid_constant__ GroupedGemmParams p) {
 #if DI_WGMMA_ENABLED
-  using C = Cfg<F>;
+  using C = Cfg<F, kTable>;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   __shared__ int64_t xrow[WM];
   // 1-D grid, the column block fastest: blocks running together share their activation rows
@@ -236,7 +303,7 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_wgmma_kernel(const _
   const uint32_t sbase = base_raw + pad;
   uint8_t* bs = smem + C::kStages * C::kStage;
   const uint32_t* lut = reinterpret_cast<const uint32_t*>(bs + C::kBs) + tid % 32;
-  if constexpr (F != ExpertFormat::kPlain) fill_lut<F>(reinterpret_cast<uint32_t*>(bs + C::kBs));
+  if constexpr (F != ExpertFormat::kPlain && kTable) fill_lut<F>(reinterpret_cast<uint32_t*>(bs + C::kBs));
   __syncthreads();  // xrow, table
 
   const uint8_t* w = static_cast<const uint8_t*>(p.w[e]);
@@ -245,16 +312,17 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_wgmma_kernel(const _
   auto stage = [&](int i) { return sbase + uint32_t((i % C::kStages) * C::kStage); };
 #pragma unroll
   for (int s = 0; s < C::kStages - 1; ++s) {
-    if (s < nk) issue_stage<F>(p, xrow, int64_t(s) * BK, w, n0, stage(s));
+    if (s < nk) issue_stage<F>(p, xrow, int64_t(s) * BK, w, n0, stage(s), tid);
     cp_async_commit();
   }
   uint32_t scl[C::kChunks];
-  if constexpr (F != ExpertFormat::kPlain) load_scales<F>(p, sc, n0, 0, scl);
+  if constexpr (F != ExpertFormat::kPlain) load_scales<F>(p, sc, n0, 0, scl, tid);
   cp_async_wait<C::kStages - 2>();
   __syncthreads();  // step 0 landed
   if constexpr (F != ExpertFormat::kPlain) {
-    dequant<F>(smem + C::kAStage, bs, lut, scl);
-    if (nk > 1) load_scales<F>(p, sc, n0, BK, scl);
+    if constexpr (kTable) dequant<F>(smem + C::kAStage, bs, lut, scl);
+    else dequant_bits<F>(smem + C::kAStage, bs, scl, tid);
+    if (nk > 1) load_scales<F>(p, sc, n0, BK, scl, tid);
   }
   wgmma::fence_proxy_async();
   __syncthreads();
@@ -274,12 +342,14 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_wgmma_kernel(const _
     }
     cp_async_wait<C::kStages - 3>();  // step i+1 landed (this thread's copies)
     __syncthreads();               // ... for all threads; step i-1 free in both warpgroups
-    if (i + C::kStages - 1 < nk) issue_stage<F>(p, xrow, int64_t(i + C::kStages - 1) * BK, w, n0, stage(i + C::kStages - 1));
+    if (i + C::kStages - 1 < nk) issue_stage<F>(p, xrow, int64_t(i + C::kStages - 1) * BK, w, n0, stage(i + C::kStages - 1), tid);
     cp_async_commit();
     if (i + 1 < nk) {
       if constexpr (F != ExpertFormat::kPlain) {
-        dequant<F>(smem + ((i + 1) % C::kStages) * C::kStage + C::kAStage, bs + ((i + 1) & 1) * C::kBTile, lut, scl);
-        if (i + 2 < nk) load_scales<F>(p, sc, n0, int64_t(i + 2) * BK, scl);
+        const uint8_t* raw = smem + ((i + 1) % C::kStages) * C::kStage + C::kAStage;
+        if constexpr (kTable) dequant<F>(raw, bs + ((i + 1) & 1) * C::kBTile, lut, scl);
+        else dequant_bits<F>(raw, bs + ((i + 1) & 1) * C::kBTile, scl, tid);
+        if (i + 2 < nk) load_scales<F>(p, sc, n0, int64_t(i + 2) * BK, scl, tid);
       }
       wgmma::fence_proxy_async();
     }
@@ -288,31 +358,167 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_wgmma_kernel(const _
   if (active) {
     wgmma::wait<0>();
     fence_acc(acc);
-    store_tile(p, acc, row0, row_end, n0);
+    store_tile(p, acc, row0, row_end, n0, wg);
   }
 #else
   __trap();  // never launched: the host dispatches here only on sm_90
 #endif
 }
 
+// ---- warp-specialised variant (GroupedGemmKernel::kWgmmaWs, FP4/FP8; experimental) ----
+// 3 warpgroups. WG0, the producer: cp.async of A + raw weights into the kStages ring, table-free
+// dequantisation into a 2-deep ring of bf16 B tiles. WG1/WG2, the consumers (rows 0..63 / 64..127):
+// wait, 4 wgmma, commit, keep one MMA group in flight across steps. No block-wide barrier in the
+// loop: full[b] (128 producer arrivals) says B tile b and its A stage are ready; empty[s] (one
+// arrival per consumer warp, 8) says both consumers finished the step that used ring stage s.
+// The producer waits for step i-1's release after publishing step i, which frees both the ring
+// stage it prefetches into and the B tile step i+1 dequantises into. Registers: 384 threads fit
+// 168 each, enough for the 128 accumulators without setmaxnreg.
+constexpr int kWsThreads = 384, kWsProducer = 128;
+
 template <ExpertFormat F>
-void launch(const GroupedGemmParams& p, dim3 grid, cudaStream_t stream) {
+__global__ void __launch_bounds__(kWsThreads, 1) grouped_gemm_wgmma_ws_kernel(const __grid_constant__ GroupedGemmParams p) {
+#if DI_WGMMA_ENABLED
+  using C = Cfg<F>;
+  constexpr int kP = kWsProducer;
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  __shared__ int64_t xrow[WM];
+  __shared__ __align__(8) uint64_t bars[2 + C::kStages];
+  const int64_t ncol = (p.N + WN - 1) / WN, tile = int64_t(blockIdx.x) / ncol;
+  if (tile >= *p.num_tiles) return;
+  const int32_t code = p.tiles[tile];
+  const int t = code & 0xffff;
+  if (t & 1) return;
+  const int e = code >> 16;
+  const int64_t row0 = p.seg[e] + int64_t(t) * kGroupedTileM, row_end = p.seg[e + 1];
+  const int64_t n0 = (int64_t(blockIdx.x) % ncol) * WN;
+  // warp-uniform as far as the compiler can tell (a plain tid / 128 makes it serialise the wgmmas)
+  const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid / 128, 0);
+  if (tid < WM) {
+    const int64_t a = row0 + tid;
+    xrow[tid] = a < row_end ? (p.x_rows ? p.x_rows[a] : a) : -1;
+  }
+  const uint32_t full0 = smem_u32(&bars[0]), empty0 = smem_u32(&bars[2]);
+  if (tid == 0) {
+    wgmma::mbar_init(full0, kP);
+    wgmma::mbar_init(full0 + 8, kP);
+    for (int s = 0; s < C::kStages; ++s) wgmma::mbar_init(empty0 + 8 * s, 8);
+    wgmma::mbar_init_fence();
+  }
+  const uint32_t base_raw = smem_u32(smem_raw), pad = ((base_raw + 1023) & ~1023u) - base_raw;
+  uint8_t* smem = smem_raw + pad;
+  const uint32_t sbase = base_raw + pad, bsbase = sbase + uint32_t(C::kStages * C::kStage);
+  uint8_t* bs = smem + C::kStages * C::kStage;
+  __syncthreads();  // xrow, barriers
+
+  const int nk = int((p.K + BK - 1) / BK);
+  auto stage = [&](int i) { return sbase + uint32_t((i % C::kStages) * C::kStage); };
+  if (wg == 0) {
+    const uint8_t* w = static_cast<const uint8_t*>(p.w[e]);
+    const uint8_t* sc = p.scale[e];
+#pragma unroll
+    for (int s = 0; s < C::kStages - 1; ++s) {
+      if (s < nk) issue_stage<F, kP>(p, xrow, int64_t(s) * BK, w, n0, stage(s), tid);
+      cp_async_commit();
+    }
+    uint32_t scl[kChunksOf<F, kP>];
+    load_scales<F, kP>(p, sc, n0, 0, scl, tid);
+    for (int i = 0; i < nk; ++i) {
+      cp_async_wait<C::kStages - 2>();  // step i landed (this thread's copies; the barrier gathers all)
+      dequant_bits<F, kP>(smem + (i % C::kStages) * C::kStage + C::kAStage, bs + (i & 1) * C::kBTile, scl, tid);
+      if (i + 1 < nk) load_scales<F, kP>(p, sc, n0, int64_t(i + 1) * BK, scl, tid);
+      wgmma::fence_proxy_async();  // dequantised B and cp.async'd A -> visible to wgmma
+      wgmma::mbar_arrive(full0 + 8 * (i & 1));
+      if (i >= 1) wgmma::mbar_wait(empty0 + 8 * ((i - 1) % C::kStages), uint32_t((i - 1) / C::kStages) & 1);
+      const int j = i + C::kStages - 1;  // into the stage of step i - 1, now free
+      if (j < nk) issue_stage<F, kP>(p, xrow, int64_t(j) * BK, w, n0, stage(j), tid);
+      cp_async_commit();
+    }
+  } else {
+    const int cw = wg - 1, lane = tid % 32;
+    const bool active = row0 + cw * 64 < row_end;  // warpgroup-uniform; an idle one still signals
+    float acc[128];
+#pragma unroll
+    for (int i = 0; i < 128; ++i) acc[i] = 0.f;
+    for (int i = 0; i < nk; ++i) {
+      wgmma::mbar_wait(full0 + 8 * (i & 1), uint32_t(i >> 1) & 1);
+      if (active) {
+        mma_step(acc, stage(i) + uint32_t(cw * 64 * kAtomRow), bsbase + uint32_t((i & 1) * C::kBTile));
+        wgmma::wait<1>();  // step i-1's MMAs done
+        fence_acc(acc);
+      }
+      if (i >= 1 && lane == 0) wgmma::mbar_arrive(empty0 + 8 * ((i - 1) % C::kStages));
+    }
+    if (active) {
+      wgmma::wait<0>();
+      fence_acc(acc);
+      store_tile(p, acc, row0, row_end, n0, cw);
+    }
+  }
+#else
+  __trap();
+#endif
+}
+
+template <ExpertFormat F>
+void launch_ws(const GroupedGemmParams& p, dim3 grid, cudaStream_t stream) {
   constexpr int smem = Cfg<F>::kBytes;
-  DI_CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_wgmma_kernel<F>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  grouped_gemm_wgmma_kernel<F><<<grid, kThreads, smem, stream>>>(p);
+  DI_CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_wgmma_ws_kernel<F>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  grouped_gemm_wgmma_ws_kernel<F><<<grid, kWsThreads, smem, stream>>>(p);
+}
+
+template <ExpertFormat F, bool kTable = false>
+void launch(const GroupedGemmParams& p, dim3 grid, cudaStream_t stream) {
+  constexpr int smem = Cfg<F, kTable>::kBytes;
+  DI_CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_wgmma_kernel<F, kTable>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  grouped_gemm_wgmma_kernel<F, kTable><<<grid, kThreads, smem, stream>>>(p);
+}
+
+template <ExpertFormat F>
+__global__ void dequant_probe_kernel(const uint32_t* words, const uint8_t* scales, int64_t n, uint32_t* out) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  uint32_t o[4] = {0, 0, 0, 0};
+  decode_word<F>(words[i], bf16x2_scale<F == ExpertFormat::kFP4 ? 126 : 120>(scales[i]), o);
+  for (int q = 0; q < 4; ++q) out[4 * i + q] = o[q];
 }
 
 }  // namespace
+
+void expert_dequant_probe(ExpertFormat f, const uint32_t* words, const uint8_t* scales, int64_t n, uint32_t* out,
+                          cudaStream_t stream) {
+  if (f == ExpertFormat::kPlain || n <= 0 || n >= (int64_t(1) << 30))
+    DI_THROW(InvalidArgument, "expert_dequant_probe: format ", expert_format_name(f), ", n ", n, " (FP4/FP8, 1..2^30)");
+  const unsigned blocks = unsigned((n + 255) / 256);
+  if (f == ExpertFormat::kFP4) dequant_probe_kernel<ExpertFormat::kFP4><<<blocks, 256, 0, stream>>>(words, scales, n, out);
+  else dequant_probe_kernel<ExpertFormat::kFP8><<<blocks, 256, 0, stream>>>(words, scales, n, out);
+  DI_CUDA_CHECK_LAUNCH();
+}
 
 void grouped_gemm_wgmma(const GroupedGemmParams& p, cudaStream_t stream) {
   const int64_t blocks = p.max_tiles * ((p.N + WN - 1) / WN);
   if (blocks >= (int64_t(1) << 31))
     DI_THROW(InvalidArgument, "grouped_gemm (wgmma): grid too large (tiles ", p.max_tiles, ", N ", p.N, ")");
   const dim3 grid(static_cast<unsigned>(blocks));
+  // Default per format, as measured on an H200 (docs/PERFORMANCE.md "#13 ... round two"): FP4 the
+  // table-free decode (248 / 234 TFLOP/s up / down vs 246 / 227 with the table), FP8 the table
+  // (190 / 179 vs 151 / 132: its table-free decode, with a NaN test per word, is slower there).
+  const bool table = p.kernel == GroupedGemmKernel::kWgmmaTable ||
+                     (p.kernel != GroupedGemmKernel::kWgmmaBits && p.format == ExpertFormat::kFP8);
+  const bool ws = p.kernel == GroupedGemmKernel::kWgmmaWs;
+  if (ws && p.format != ExpertFormat::kPlain) {
+    p.format == ExpertFormat::kFP4 ? launch_ws<ExpertFormat::kFP4>(p, grid, stream) : launch_ws<ExpertFormat::kFP8>(p, grid, stream);
+    DI_CUDA_CHECK_LAUNCH();
+    return;
+  }
   switch (p.format) {
     case ExpertFormat::kPlain: launch<ExpertFormat::kPlain>(p, grid, stream); break;
-    case ExpertFormat::kFP4: launch<ExpertFormat::kFP4>(p, grid, stream); break;
-    case ExpertFormat::kFP8: launch<ExpertFormat::kFP8>(p, grid, stream); break;
+    case ExpertFormat::kFP4:
+      table ? launch<ExpertFormat::kFP4, true>(p, grid, stream) : launch<ExpertFormat::kFP4>(p, grid, stream);
+      break;
+    case ExpertFormat::kFP8:
+      table ? launch<ExpertFormat::kFP8, true>(p, grid, stream) : launch<ExpertFormat::kFP8>(p, grid, stream);
+      break;
   }
   DI_CUDA_CHECK_LAUNCH();
 }

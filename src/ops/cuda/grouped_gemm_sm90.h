@@ -13,7 +13,13 @@ namespace deepinfer::ops::cuda {
 constexpr int kWgmmaTileM = 2 * kGroupedTileM;
 constexpr int kWgmmaTileN = 256;
 
-// p already validated; launches on `stream`.
+// p already validated; launches on `stream`. p.kernel picks the variant (grouped_gemm.h).
 void grouped_gemm_wgmma(const GroupedGemmParams& p, cudaStream_t stream);
+
+// Test hook for the kernel's table-free decoder (any device): word i (FP4 8 nibbles, FP8 4 bytes,
+// lowest first) with e8m0 scale scales[i] -> out[4i..4i+3] bf16x2 words (FP8: out[4i+2..3] = 0).
+// Device pointers.
+void expert_dequant_probe(ExpertFormat f, const uint32_t* words, const uint8_t* scales, int64_t n, uint32_t* out,
+                          cudaStream_t stream);
 
 }  // namespace deepinfer::ops::cuda

@@ -35,4 +35,51 @@ __device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
   return *reinterpret_cast<const uint32_t*>(&r);
 }
 
+
+// ---- table-free decoders (the wgmma kernel's dequantisation) ----
+// Moving a code's bits into bf16 position gives value * 2^-bias with ONE bias for every code,
+// subnormals included: e4m3 magnitude bits at bf16 bits 4..10 read as value * 2^-120 (e = 0
+// lands on bf16 subnormals, m * 2^-129 = (m * 2^-9) * 2^-120), e2m1 magnitude bits at 6..8 as
+// value * 2^-126. One bf16x2 multiply by 2^(e-127+bias) then applies the e8m0 scale with the
+// single rounding of value * scale (bf16 multiplies keep subnormals). Where 2^(e-127+bias) is
+// past bf16's range (biased exponent e + bias > 254: FP8 e > 134, FP4 e > 128, the NaN scale 255)
+// it takes two: the exact 2^bias first, then the scale itself.
+struct Bf16x2Scale {
+  uint32_t m1, m2;  // bf16x2 multipliers; m2 used only when two
+  bool two;
+};
+template <int kBias>  // 120 (e4m3) or 126 (e2m1)
+__device__ __forceinline__ Bf16x2Scale bf16x2_scale(uint32_t e) {
+  Bf16x2Scale s;
+  s.two = e + kBias > 254;
+  const uint32_t b1 = s.two ? uint32_t(127 + kBias) << 7 : (e + kBias) << 7;
+  s.m1 = b1 | (b1 << 16);
+  s.m2 = e8m0_bf16x2(e);
+  return s;
+}
+__device__ __forceinline__ uint32_t apply_scale(uint32_t v, const Bf16x2Scale& s) {
+  const uint32_t o = mul_bf16x2(v, s.m1);
+  return s.two ? mul_bf16x2(o, s.m2) : o;
+}
+// e4m3 bytes j, j+1 of w (j = 0 or 2) -> bf16x2 bits of value * 2^-120 (low byte low half). The
+// byte permute puts byte j at bits 8..15 and byte j+1 at 24..31 (zeros elsewhere), so each sign is
+// already at 15 / 31 and the magnitude moves right by 4. NaN codes (0x7f/0xff) come out as 480:
+// callers check fp8_word_has_nan.
+template <int j>
+__device__ __forceinline__ uint32_t fp8x2_bits_biased(uint32_t w) {
+  const uint32_t t = __byte_perm(w, 0u, ((j + 1) << 12) | (4 << 8) | (j << 4) | 4);
+  return (t & 0x80008000u) | ((t >> 4) & 0x07f007f0u);
+}
+__device__ __forceinline__ bool fp8_word_has_nan(uint32_t w) {
+  return (((w & 0x7f7f7f7fu) + 0x01010101u) & 0x80808080u) != 0;  // a 0x7f magnitude carries into bit 7
+}
+// e2m1 nibbles of byte j of w -> bf16x2 bits of value * 2^-126 (low nibble low half); w4 = w << 4.
+// The permute puts the low nibble at bits 12..15 (from w4) and the high one at 28..31 (from w);
+// the other bits it brings fall outside both masks.
+template <int j>
+__device__ __forceinline__ uint32_t fp4x2_bits_biased(uint32_t w, uint32_t w4) {
+  const uint32_t t = __byte_perm(w4, w, ((4 + j) << 12) | (j << 8) | (j << 4) | j);
+  return (t & 0x80008000u) | ((t >> 6) & 0x01c001c0u);
+}
+
 }  // namespace deepinfer::ops::cuda

@@ -47,6 +47,33 @@ __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 #endif
 }
+// Shared-memory mbarriers (arrive counts, phase-parity waits) for the warp-specialised kernel.
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+#if DI_WGMMA_ENABLED
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_init_fence() {  // inits visible to the other threads (and the async proxy)
+#if DI_WGMMA_ENABLED
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {  // release: this thread's earlier writes
+#if DI_WGMMA_ENABLED
+  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
+#endif
+}
+// Blocks until the phase of parity `parity` has completed (acquire).
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+#if DI_WGMMA_ENABLED
+  asm volatile(
+      "{\n.reg .pred done;\nLAB_WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra LAB_WAIT;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+#endif
+}
 // Keeps the compiler from moving accumulator registers across the asynchronous MMA window.
 __device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
 
