@@ -66,6 +66,7 @@ class Stats:
         self.passed = self.compile_errors = self.fa = self.fr = self.schemas = 0
         self.compile_ms = []
         self.mask_us = []
+        self.mask_where = []  # deepinfer: (schema, instance, token) of each mask_us entry, for --slowest
         self.precompute_ms = []  # deepinfer --precompute-ms: the fill before each first mask
 
     def row(self):
@@ -129,8 +130,10 @@ def run_deepinfer(cases, tok_path, exe, cpu_clock=False, precompute_ms=0.0):
         st.compile_ms.append(rows[0][0]["compile_ms"])
         if "precompute_ms" in rows[0][0]:
             st.precompute_ms.append(rows[0][0]["precompute_ms"])
-        for r, _ in rows:
-            st.mask_us.extend(r.get("mask_us", []))
+        for ii, (r, _) in enumerate(rows):
+            us = r.get("mask_us", [])
+            st.mask_us.extend(us)
+            st.mask_where.extend((cases[ci][0], ii, t) for t in range(len(us)))
         record(st, [(r["accepted"], v) for r, v in rows])
     return st
 
@@ -233,6 +236,9 @@ def main():
     ap.add_argument("--precompute-ms", type=float, default=0.0,
                     help="deepinfer: fill mask caches for up to this many ms after each compile, before the "
                          "first mask (the engine's worker does so while the prompt is prefilled); 0 = off")
+    ap.add_argument("--slowest", type=int, default=0,
+                    help="deepinfer: also print the N slowest single masks (best of --repeat) with schema, "
+                         "instance and token index")
     args = ap.parse_args()
     if args.cpu_clock:
         global CLOCK
@@ -263,6 +269,12 @@ def main():
         row["runs"] = max(1, args.repeat)
         row["wall_s"] = round(wall[eng], 1)
         rows.append(row)
+    if args.slowest and "deepinfer" in best and best["deepinfer"].mask_where:
+        st = best["deepinfer"]
+        top = sorted(range(len(st.mask_us)), key=lambda i: -st.mask_us[i])[:args.slowest]
+        for i in top:
+            name, inst, tok = st.mask_where[i]
+            print(json.dumps({"slowest_us": round(st.mask_us[i], 1), "schema": name, "instance": inst, "token": tok}))
     keys = list(rows[0].keys())
     print("| " + " | ".join(keys) + " |")
     print("|" + "---|" * len(keys))

@@ -124,6 +124,7 @@ struct CompiledGrammarImpl {
     std::atomic<uint64_t> loops[4]{};      // 256-bit set of bytes on which the state steps to itself
     std::atomic<int8_t> loops_known{0};     // loops filled
     std::atomic<int8_t> text_alive{-1};     // text_stays_alive: -1 not yet known, 0, 1
+    std::atomic<int8_t> text_any{-1};       // text_stays_alive over every JSON text byte (text_any_alive)
     // Counted text (strings with maxLength, {m,n} repeats): the chain step of the state (the
     // target `chain_next` most ASCII bytes step to, those bytes, whether every valid
     // multi-byte character steps there too) and how many characters a text may have before
@@ -154,6 +155,11 @@ struct CompiledGrammarImpl {
   // the count is above TokenVocabulary::kMaxTextLe).
   int32_t counted_text_left(int32_t state, bool* long_uncertain) const;
   StateFacts* state_facts() const;  // [num_states], allocated on first use
+  // True if every JSON string text (any ASCII text byte, any valid multi-byte character)
+  // keeps `state` alive, through whatever states it steps to (at most 32 of them): a pattern
+  // searched for but not found yet, whose states step text among themselves without dying.
+  // Then a subtree of text below a node in `state` is accepted whole. Memoised per state.
+  bool text_any_alive(int32_t state) const;
   std::array<uint64_t, 4> self_loops(int32_t state) const;
   std::shared_ptr<const SubtreeResult> find_subtree(uint64_t key) const;
   void store_subtree(uint64_t key, std::shared_ptr<const SubtreeResult> r) const;

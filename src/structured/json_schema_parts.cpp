@@ -303,9 +303,19 @@ ExprId SchemaLowerer::lower_string(const json& s, const std::string& ptr) {
       const uint32_t all = (1u << ops.size()) - 1;
       // A pattern with a length bound multiplies (pattern states x length); e-mail patterns
       // with maxLength 254 reach ~50k states, so this product may go past the default limit.
-      content = dfa_to_expr(b, dfa_product(ops, [all](uint32_t m) { return m == all; }, kMaxStringStates));
+      // Minimised, so that a searched pattern once found is one string body per position
+      // (regular.h dfa_minimize: the mask walk's counted-text shortcut needs that chain).
+      content = dfa_to_expr(b, dfa_minimize(dfa_product(ops, [all](uint32_t m) { return m == all; }, kMaxStringStates)));
     } catch (const GrammarError& e) {
       schema_error(ptr, std::string("pattern/format/length intersection: ") + e.what());
+    }
+  } else if (!patterns.empty() || !fmt.empty()) {
+    // A lone pattern or format, minimised for the same reason (a pattern searched for leaves
+    // several equivalent "found" states; minimal, they are one string body with self-loops).
+    // Past the state bound the expression stays as it was: the automaton build decides then.
+    try {
+      if (std::optional<Dfa> d = expr_to_dfa(b, content, kMaxStringStates)) content = dfa_to_expr(b, dfa_minimize(*d));
+    } catch (const GrammarError&) {
     }
   }
   return b.seq({b.byte('"'), content, b.byte('"')});

@@ -76,25 +76,35 @@ bool unguarded(const NodePool& pool, const std::vector<Frame>& frames) {
 
 namespace {
 
-bool text_stays_alive(const Pda& pda, int32_t state, const std::array<uint64_t, 4>& loops) {
+// max_closure bounds the states visited (past it: false). On true, *members (if given) gets
+// the closure, each member of which then stays alive under the same text too. On false
+// because some text dies, *dead_path (if given) gets the states on the path from `state` to
+// the one it dies at: each of them reaches that death by text, so none stays alive.
+bool text_stays_alive(const Pda& pda, int32_t state, const std::array<uint64_t, 4>& loops, size_t kMaxClosure = 32,
+                      std::vector<int32_t>* members = nullptr, std::vector<int32_t>* dead_path = nullptr) {
   using R = TextSpan;
   const auto& kChars = text_chain_utf8_chars();
-  constexpr size_t kMaxClosure = 32;
   int class_end[256];
   class_ends(pda, class_end);
-  std::vector<int32_t> closure{state}, cur, next;
-  auto add = [&](int32_t t) {
-    if (std::find(closure.begin(), closure.end(), t) == closure.end()) closure.push_back(t);
+  std::vector<int32_t> closure{state}, parent{-1}, cur, next;
+  auto add = [&](int32_t t, int32_t from) {
+    if (std::find(closure.begin(), closure.end(), t) == closure.end()) closure.push_back(t), parent.push_back(from);
+  };
+  auto dies_at = [&](size_t k) {
+    if (dead_path)
+      for (int32_t j = static_cast<int32_t>(k); j >= 0; j = parent[j]) dead_path->push_back(closure[j]);
+    return false;
   };
   for (size_t k = 0; k < closure.size(); ++k) {
     if (closure.size() > kMaxClosure) return false;
     const int32_t s = closure[k];
     if (pda.states[s].guard >= 0) return false;  // key-set checks are for the general walk
-    for (int b = 0; b < 128; b = class_end[b] + 1) {
-      if (!(loops[b >> 6] >> (b & 63) & 1)) continue;  // loops hold whole classes
+    // Every byte of the set (a class may hold bytes in and out of it, e.g. `"` beside `!`).
+    for (int b = 0; b < 128; ++b) {
+      if (!(loops[b >> 6] >> (b & 63) & 1)) continue;
       const int32_t t = pda.next(s, static_cast<uint8_t>(b));
-      if (t < 0) return false;
-      add(t);
+      if (t < 0) return dies_at(k);
+      add(t, static_cast<int32_t>(k));
     }
     for (const auto& ch : kChars) {
       cur.assign(1, s);
@@ -103,14 +113,15 @@ bool text_stays_alive(const Pda& pda, int32_t state, const std::array<uint64_t, 
         for (int32_t u : cur)
           for (int b = r.lo; b <= r.hi; b = class_end[b] + 1) {
             const int32_t t = pda.next(u, static_cast<uint8_t>(b));
-            if (t < 0) return false;
+            if (t < 0) return dies_at(k);
             if (std::find(next.begin(), next.end(), t) == next.end()) next.push_back(t);
           }
         std::swap(cur, next);
       }
-      for (int32_t t : cur) add(t);
+      for (int32_t t : cur) add(t, static_cast<int32_t>(k));
     }
   }
+  if (members) *members = std::move(closure);
   return true;
 }
 
@@ -202,6 +213,30 @@ int32_t CompiledGrammarImpl::canonical(int32_t state) const {
   std::lock_guard<std::mutex> lock(sub_mu_);
   if (rep == state && canon_buckets_[h].size() < 4) canon_buckets_[h].push_back(state);
   return canon_.emplace(state, rep).first->second;
+}
+
+bool CompiledGrammarImpl::text_any_alive(int32_t state) const {
+  StateFacts* facts = state_facts();
+  int8_t known = facts[state].text_any.load(std::memory_order_relaxed);
+  if (known >= 0) return known == 1;
+  const uint64_t* json = TokenVocabulary::kJsonText;
+  const ChainStep c = chain_step(state);
+  if (c.next >= 0 && c.utf8 && !(json[0] & ~c.ascii[0]) && !(json[1] & ~c.ascii[1])) {
+    // A counter (every text character one step along): alive under any token's text exactly
+    // when its chain outlasts the longest token. Its closure would be the whole count.
+    known = chain_run(state, true) >= vocab->max_depth_ ? 1 : 0;
+  } else {
+    // A searched pattern's states step text among themselves: the closure may hold a few
+    // hundred (a run of 162 characters searched for); each member of a closure that stays
+    // alive stays alive too, so one closure decides all of them.
+    constexpr size_t kMaxTextClosure = 512;
+    std::vector<int32_t> members, dead;
+    known = text_stays_alive(pda, state, {json[0], json[1], 0, 0}, kMaxTextClosure, &members, &dead) ? 1 : 0;
+    for (int32_t m : members) facts[m].text_any.store(1, std::memory_order_relaxed);
+    for (int32_t m : dead) facts[m].text_any.store(0, std::memory_order_relaxed);  // a counter: one walk, not one per position
+  }
+  facts[state].text_any.store(known, std::memory_order_relaxed);
+  return known == 1;
 }
 
 // Computed per state on first use: a walk touches few states, a grammar may have many.
@@ -449,6 +484,7 @@ std::shared_ptr<const StateMaskCache> CompiledGrammarImpl::compute_state_cache(i
       }
       if (f.text_alive == 1) return true;
     }
+    if (text_any_alive(s)) return true;
     // A text chain steps every JSON text byte alike: three lookups reject other states (key
     // literals, numbers) before the chain facts are worked out.
     const int32_t ta = pda.next(s, 'a');
@@ -584,6 +620,9 @@ std::shared_ptr<const StateMaskCache> CompiledGrammarImpl::compute_state_cache(i
           }
         }
       }
+      if (!whole && !((b[0] & ~TokenVocabulary::kJsonText[0]) | (b[1] & ~TokenVocabulary::kJsonText[1])) &&
+          (!(b[2] | b[3]) || (utf8_below[i] & 1)))
+        whole = text_any_alive(t);  // text below, and every text keeps t alive
       if (whole) {
         accept_range(tok_begin[i], tok_begin[end[i]]);
         i = end[i];

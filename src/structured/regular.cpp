@@ -350,3 +350,117 @@ ExprId dfa_to_expr(GrammarBuilder& b, const Dfa& d) {
 }
 
 }  // namespace deepinfer::structured
+
+namespace deepinfer::structured {
+
+// Hopcroft's algorithm over the completed automaton (a sink state n stands for every missing
+// transition). The partition lives in one permutation `elems` with each block a range; a
+// splitter (block, class) marks the predecessors of the block's states on that class, moving
+// them to the front of their blocks, and each touched block splits into its marked and
+// unmarked parts. The smaller part becomes the new block and is queued for every class (if
+// the old block was queued, both are now; if not, the smaller is enough), which bounds the
+// work by O(classes * n log n).
+Dfa dfa_minimize(const Dfa& d) {
+  const int32_t n = d.num_states();
+  const int32_t N = n + 1;  // + sink
+  const int32_t k = d.num_classes;
+  auto target = [&](int32_t s, int32_t c) {
+    if (s == n) return n;
+    const int32_t t = d.trans[static_cast<size_t>(s) * k + c];
+    return t < 0 ? n : t;
+  };
+  // Predecessors by (class, target): inv[inv_begin[c * N + t] .. inv_begin[c * N + t + 1]).
+  std::vector<int32_t> inv_begin(static_cast<size_t>(k) * N + 1, 0), inv(static_cast<size_t>(k) * N);
+  for (int32_t s = 0; s < N; ++s)
+    for (int32_t c = 0; c < k; ++c) ++inv_begin[static_cast<size_t>(c) * N + target(s, c) + 1];
+  for (size_t i = 0; i + 1 < inv_begin.size(); ++i) inv_begin[i + 1] += inv_begin[i];
+  {
+    std::vector<int32_t> fill(inv_begin.begin(), inv_begin.end() - 1);
+    for (int32_t s = 0; s < N; ++s)
+      for (int32_t c = 0; c < k; ++c) inv[fill[static_cast<size_t>(c) * N + target(s, c)]++] = s;
+  }
+  // Blocks: [first, end) of elems; marked: how many of its first elements are marked.
+  std::vector<int32_t> elems(N), pos(N), blk(N);
+  std::vector<int32_t> first, end, marked;
+  {
+    int32_t f = 0;
+    for (int32_t s = 0; s < n; ++s)
+      if (d.final[s]) elems[f++] = s;
+    int32_t o = f;
+    for (int32_t s = 0; s <= n; ++s)
+      if (s == n || !d.final[s]) elems[o++] = s;
+    if (f > 0) first.push_back(0), end.push_back(f), marked.push_back(0);
+    first.push_back(f), end.push_back(N), marked.push_back(0);  // the sink's block is never empty
+    for (int32_t i = 0; i < N; ++i) {
+      pos[elems[i]] = i;
+      blk[elems[i]] = i < f ? 0 : static_cast<int32_t>(first.size()) - 1;
+    }
+  }
+  std::vector<std::pair<int32_t, int32_t>> work;  // (block, class) splitters
+  {
+    const int32_t smaller = first.size() == 1 ? 0 : (end[0] - first[0] <= end[1] - first[1] ? 0 : 1);
+    for (int32_t c = 0; c < k; ++c) work.push_back({smaller, c});
+  }
+  std::vector<int32_t> splitter, touched;
+  while (!work.empty()) {
+    const auto [b, c] = work.back();
+    work.pop_back();
+    // The splitter's states first: marking moves states inside their blocks, b included.
+    splitter.assign(elems.begin() + first[b], elems.begin() + end[b]);
+    for (int32_t s : splitter)
+      for (int32_t q = inv_begin[static_cast<size_t>(c) * N + s]; q < inv_begin[static_cast<size_t>(c) * N + s + 1]; ++q) {
+        const int32_t p = inv[q];
+        const int32_t y = blk[p];
+        const int32_t m = first[y] + marked[y];
+        if (pos[p] < m) continue;  // marked already
+        const int32_t other = elems[m];
+        std::swap(elems[pos[p]], elems[m]);
+        pos[other] = pos[p];
+        pos[p] = m;
+        if (marked[y]++ == 0) touched.push_back(y);
+      }
+    for (int32_t y : touched) {
+      const int32_t m = marked[y], size = end[y] - first[y];
+      marked[y] = 0;
+      if (m == size) continue;
+      const int32_t z = static_cast<int32_t>(first.size());
+      if (m <= size - m) {  // z: the marked front
+        first.push_back(first[y]), end.push_back(first[y] + m);
+        first[y] += m;
+      } else {  // z: the unmarked back
+        first.push_back(first[y] + m), end.push_back(end[y]);
+        end[y] = first[y] + m;
+      }
+      marked.push_back(0);
+      for (int32_t i = first[z]; i < end[z]; ++i) blk[elems[i]] = z;
+      for (int32_t a = 0; a < k; ++a) work.push_back({z, a});
+    }
+    touched.clear();
+  }
+  // One state per block reachable from the start, breadth first; the sink's block is "dead".
+  Dfa r;
+  r.num_classes = k;
+  std::copy(std::begin(d.byte_class), std::end(d.byte_class), std::begin(r.byte_class));
+  const int32_t dead = blk[n];
+  std::vector<int32_t> id(first.size(), -1), order;
+  auto visit = [&](int32_t b0) {
+    if (id[b0] < 0) {
+      id[b0] = static_cast<int32_t>(order.size());
+      order.push_back(b0);
+    }
+    return id[b0];
+  };
+  r.start = 0;
+  visit(blk[d.start]);
+  for (size_t i = 0; i < order.size(); ++i) {
+    const int32_t rep = elems[first[order[i]]];
+    r.final.push_back(rep < n && d.final[rep]);
+    for (int32_t c = 0; c < k; ++c) {
+      const int32_t tb = blk[target(rep, c)];
+      r.trans.push_back(tb == dead ? -1 : visit(tb));
+    }
+  }
+  return r;
+}
+
+}  // namespace deepinfer::structured

@@ -41,6 +41,15 @@ std::optional<Dfa> expr_to_dfa(const GrammarBuilder& b, ExprId e, int32_t max_st
 Dfa dfa_product(const std::vector<const Dfa*>& dfas, const std::function<bool(uint32_t)>& accept,
                 int32_t max_states = kMaxRegularStates);
 
+// The minimal DFA of the same language (Hopcroft's partition refinement): states that accept
+// the same continuations are merged, dead states dropped. Subset and product constructions
+// keep equivalent states apart (a pattern searched for, once found, leaves several "found"
+// subsets; a length counter times them, one per position), and the mask walks recognise a
+// string body or a counter only by its self-loops and chains, so an unminimised copy costs a
+// full vocabulary walk on each first visit. Byte classes are kept; states are numbered
+// breadth first from the start (the same input gives the same automaton).
+Dfa dfa_minimize(const Dfa& d);
+
 bool dfa_is_empty(const Dfa& d);
 // As a grammar expression (dead and unreachable states removed).
 ExprId dfa_to_expr(GrammarBuilder& b, const Dfa& d);

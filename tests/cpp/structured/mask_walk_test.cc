@@ -79,6 +79,11 @@ const char* const kGrammars[] = {
     R"({"json_schema": {"type": "array", "items": {"type": "number"}}})",
     R"({"json_schema": {"type": "object", "properties": {"n": {"type": "integer"}, "m": {"type": "number"}, "s": {"type": "string"}}}})",
     R"({"json_object": true})",
+    // Searched patterns (minimised string DFAs, text that keeps every state alive) alone, with
+    // a length bound and inside an object.
+    R"({"json_schema": {"type": "string", "pattern": "ab"}})",
+    R"({"json_schema": {"type": "string", "pattern": "[0-9a]+", "minLength": 4, "maxLength": 6}})",
+    R"({"json_schema": {"type": "object", "properties": {"k": {"type": "string", "pattern": "z|b0"}, "e": {"type": "string", "pattern": "^a.*é$"}}}})",
 };
 
 TEST(MaskWalkRandom, FastEqualsReferenceOnCountedText) {
