@@ -232,6 +232,9 @@ __device__ void hc_sinkhorn_cols(float* m, const HcPreParams& p) {
 #pragma unroll
     for (int j = 0; j < kHcMaxStreams; ++j) c[j] = c[j] / cs;
   }
+  // Lanes >= n read their column copy from m at the top; with n = 1 no shuffle orders those reads
+  // before these writes (racecheck flagged it on the H200), so the warp meets first.
+  __syncwarp();
   if (threadIdx.x < n)
 #pragma unroll
     for (int j = 0; j < kHcMaxStreams; ++j)
