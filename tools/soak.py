@@ -178,6 +178,12 @@ class Soak:
                     self.stats["seeded_divergences"] += 1
 
     def client(self, cid):
+        try:
+            self.client_loop(cid)
+        except Exception as e:  # a client that dies is a failed soak, not a warning
+            self.problem(f"client {cid} died: {type(e).__name__}: {e}")
+
+    def client_loop(self, cid):
         rng = random.Random(self.args.seed * 1000 + cid)
         while True:
             k = self.take(rng.randint(1, 24))

@@ -219,6 +219,13 @@ class LLM:
         """One engine step for the streams: each output goes to the queue of its stream."""
         with self._stream_lock:
             outs = self._llm.step()
+            if not outs and self._stream_queues and not self._llm.has_unfinished():
+                # A generate() call on another thread may have run the engine to its end between
+                # our step() and has_unfinished() (two separate engine locks): the last outputs it
+                # routed to the streams are waiting, and this step hands them over. No stream
+                # request can be added meanwhile (we hold the stream lock), so after this one an
+                # empty answer means a request really was lost.
+                outs = self._llm.step()
             for o in outs:
                 q = self._stream_queues.get(o.request_id)
                 if q is None:
@@ -226,7 +233,7 @@ class LLM:
                 if o.finished:
                     del self._stream_queues[o.request_id]
                 q.append(o)
-            if not outs and not self._llm.has_unfinished() and self._stream_queues:
+            if not outs and self._stream_queues and not self._llm.has_unfinished():
                 lost = sorted(self._stream_queues)
                 self._stream_queues.clear()
                 raise RuntimeError(f"LLM.stream: request(s) {lost} left the engine without a final output")

@@ -93,3 +93,48 @@ def test_stream_chat(llm):
     conv = [{"role": "user", "content": "hi"}]
     whole = llm.chat(conv, sp, use_tqdm=False)[0].outputs[0].text
     assert "".join(o.outputs[0].text for o in llm.chat(conv, sp, stream=True)) == whole
+
+
+class _RacedEngine:
+    """Stands in for the bound engine at the moment the race left it in: another thread's
+    generate() ran the engine to its end between a stream's step() and has_unfinished(), so the
+    stream's final output already waits in its inbox and the engine has nothing unfinished."""
+
+    def __init__(self, pending):
+        self.pending = list(pending)
+        self.steps = 0
+
+    def step(self):
+        self.steps += 1
+        if self.steps == 1:
+            return []  # our step came just before the other caller routed the output
+        out, self.pending = self.pending, []
+        return out
+
+    def has_unfinished(self):
+        return False
+
+
+class _Out:
+    def __init__(self, rid, finished):
+        self.request_id, self.finished = rid, finished
+
+
+def _pump_with(engine, queues):
+    import threading
+    llm = object.__new__(LLM)  # only the attributes _pump reads
+    llm._llm, llm._stream_lock, llm._stream_queues = engine, threading.RLock(), queues
+    llm._pump()
+
+
+def test_pump_takes_outputs_another_callers_step_routed_after_its_own():
+    from collections import deque
+    q = deque()
+    _pump_with(_RacedEngine([_Out("7", True)]), {"7": q})
+    assert [o.request_id for o in q] == ["7"] and q[0].finished
+
+
+def test_pump_still_names_a_request_that_really_left_without_output():
+    from collections import deque
+    with pytest.raises(RuntimeError, match=r"\['7'\] left the engine without a final output"):
+        _pump_with(_RacedEngine([]), {"7": deque()})
