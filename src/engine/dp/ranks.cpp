@@ -162,7 +162,14 @@ std::shared_ptr<parallel::DeviceAllToAllV> make_ep_device_exchange(RankRuntime& 
   std::vector<EpSeat> seats(size_t(ep.size()));
   const std::vector<int64_t> sizes(size_t(ep.size()), int64_t(sizeof(EpSeat)));
   ep.all_gather_v(&mine, int64_t(sizeof(EpSeat)), seats.data(), sizes);
-  if (!ep_device_exchange(seats)) return nullptr;
+  if (!ep_device_exchange(seats)) {
+    // Every rank saw the same seats, so every rank refuses (none waits on a communicator).
+    if (env.ep_exchange == EpExchange::kDevice)
+      DI_THROW(InvalidArgument, "DEEPINFER_EP_EXCHANGE=device, but the expert-parallel group of ", ep.size(),
+               " ranks cannot have a device exchange: it needs every rank on a GPU of its own, NCCL in the build "
+               "and enable_eplb off (use auto or host)");
+    return nullptr;
+  }
   rt.ep_device_group = parallel::make_nccl_group(ep, device, "ep");
   return std::shared_ptr<parallel::DeviceAllToAllV>(parallel::make_group_all_to_all(*rt.ep_device_group));
 }

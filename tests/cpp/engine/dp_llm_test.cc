@@ -165,6 +165,23 @@ TEST(DataParallelLLM, WorkerThatCannotStartNamesIt) {
   }
 }
 
+// DEEPINFER_EP_EXCHANGE=device where the group cannot have a device exchange (here: CPU ranks) is
+// refused by name at construction, on every rank, rather than falling back to host staging.
+TEST(DataParallelLLM, DeviceExchangeRefusedWhereItCannotRun) {
+  if (!std::filesystem::exists(tiny_model() + "/config.json")) GTEST_SKIP() << "fixture absent";
+  LLMConfig c = config(tiny_model(), 2, 2);
+  c.accelerator = "cpu";
+  setenv("DEEPINFER_EP_EXCHANGE", "device", 1);
+  try {
+    LLM par(c);
+    unsetenv("DEEPINFER_EP_EXCHANGE");
+    FAIL() << "accepted DEEPINFER_EP_EXCHANGE=device on CPU ranks";
+  } catch (const Error& e) {
+    unsetenv("DEEPINFER_EP_EXCHANGE");
+    EXPECT_NE(std::string(e.what()).find("DEEPINFER_EP_EXCHANGE=device"), std::string::npos) << e.what();
+  }
+}
+
 TEST(DataParallelLLM, BadLayoutRefused) {
   LLMConfig c = config(tiny_model(), 2, 3);
   try {
