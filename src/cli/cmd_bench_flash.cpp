@@ -276,7 +276,16 @@ int run_bench_flash(int argc, char** argv) {
   app.add_option("--max-batched-tokens", max_batched,
                  "tokens per engine step (default: the longest context, at most 32768: longer prompts prefill in "
                  "chunks)");
+  int64_t checkpoint_blocks = -1;
+  app.add_option("--prefix-checkpoint-blocks", checkpoint_blocks,
+                 "prefill chunks end at every k-th cache block so the state there is saved (-1 = automatic: "
+                 "the model's weight-pass break-even; 0 = only the prompt's last block)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  if (checkpoint_blocks < -1) {
+    std::fprintf(stderr, "bench-flash: --prefix-checkpoint-blocks must be >= -1, got %ld\n", long(checkpoint_blocks));
+    return 2;
+  }
   if (breakdown_steps < 1) {
     std::fprintf(stderr, "bench-flash: --breakdown-steps must be >= 1, got %ld\n", long(breakdown_steps));
     return 2;
@@ -369,6 +378,7 @@ int run_bench_flash(int argc, char** argv) {
   lc.max_num_batched_tokens = max_batched;  // a whole prompt per step unless it is longer
   lc.kv_cache_memory_bytes = size_t(kv_gib * double(size_t(1) << 30));
   lc.accelerator = accelerator;
+  lc.prefix_checkpoint_blocks = checkpoint_blocks;
   auto t0 = Clock::now();
   LLM llm(lc);
   const double load_s = std::chrono::duration<double>(Clock::now() - t0).count();

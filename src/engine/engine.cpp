@@ -81,8 +81,14 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<model::CausalLM> mode
                                      : measure_step_cost(*model_, g, max_tokens, sc.max_num_seqs,
                                                          config_.device_sampling && model_->supports_device_logits());
   }
-  if (sc.prefix_cache.checkpoint_interval_blocks < 0)
+  if (sc.prefix_cache.checkpoint_interval_blocks < 0) {
     sc.prefix_cache.checkpoint_interval_blocks = auto_checkpoint_interval(*model_, g.block_tokens);
+    if (sc.prefix_cache.enabled && sc.prefix_cache.checkpoint_interval_blocks > 1)
+      DI_LOG(kInfo, "prefix cache: prefill chunks end every ", sc.prefix_cache.checkpoint_interval_blocks,
+             " blocks (", sc.prefix_cache.checkpoint_interval_blocks * g.block_tokens,
+             " tokens: shorter chunks would re-read the weights; prefix_checkpoint_blocks sets it), at the "
+             "prompt's last block and where a shared prefix ends");
+  }
   cache_ = std::make_unique<KVCacheManager>(g, block_hash_seed(cache_identity()));
   const size_t block_bytes = model_->paged_block_bytes();
   sc.prefix_cache.host_blocks = block_bytes ? int64_t(config_.prefix_host_bytes / block_bytes) : 0;

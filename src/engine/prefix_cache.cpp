@@ -36,6 +36,7 @@ PrefixMatch PrefixCache::match(const KVCacheManager& kv, std::span<const int32_t
     const int32_t s = b < 0 && host ? host->find(h, parent, tokens) : -1;
     if (b < 0 && s < 0) break;
     (b >= 0 ? chain : host_chain).push_back(b >= 0 ? b : s);
+    m.cached_tokens = (i + 1) * bt;
     if (auto it = index_.find(h); it != index_.end()) {
       m.num_tokens = (i + 1) * bt;
       m.checkpoint = it->second->snapshot;
@@ -56,13 +57,14 @@ void PrefixCache::count_lookup(int64_t num_tokens, int64_t hit_tokens) {
   stats_.hit_tokens += hit_tokens;
 }
 
-int64_t PrefixCache::cut_chunk(int64_t num_computed, int64_t n, int64_t num_tokens) const {
+int64_t PrefixCache::cut_chunk(int64_t num_computed, int64_t n, int64_t num_tokens, int64_t branch_point) const {
   if (!config_.enabled || n <= 1) return n;
   const int64_t bt = block_tokens_, end = num_computed + n;
   int64_t cut = ((num_tokens - 1) / bt) * bt;  // the prompt's last boundary before its last token
   if (cut <= num_computed) cut = end;
   if (const int64_t k = config_.checkpoint_interval_blocks * bt; k > 0)
     cut = std::min(cut, (num_computed / k + 1) * k);
+  if (branch_point > num_computed) cut = std::min(cut, branch_point);
   return cut < end ? cut - num_computed : n;
 }
 

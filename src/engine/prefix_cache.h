@@ -64,6 +64,12 @@ struct PrefixMatch {
   std::vector<int32_t> host_slots;                           // host-tier slots of the blocks after them
   std::shared_ptr<const model::SlotSnapshot> checkpoint;     // state at num_tokens; null = no hit
   int64_t num_tokens = 0;
+  // End of the run of cached blocks the tokens start with, checkpointed or not (>= num_tokens):
+  // blocks an earlier sequence computed, so where this one leaves them is a branch point of a
+  // shared prefix (a system prompt, say). The scheduler ends a prefill chunk there once, so the
+  // state is saved and the next sequence with that prefix hits there even when the checkpoint
+  // interval is long (Request::branch_point).
+  int64_t cached_tokens = 0;
 };
 
 // A checkpoint the scheduler asks for: the slot of `seq_id` at `num_tokens` positions (a block
@@ -105,8 +111,9 @@ class PrefixCache {
   PrefixMatch match(const KVCacheManager& kv, std::span<const int32_t> prompt, std::span<const int32_t> output,
                     bool count = true, const HostBlockTier* host = nullptr, int64_t max_tokens = INT64_MAX);
   // How many of `n` tokens after `num_computed` a prefill chunk of a `num_tokens`-token
-  // sequence schedules: cut at the first checkpoint boundary it would cross.
-  int64_t cut_chunk(int64_t num_computed, int64_t n, int64_t num_tokens) const;
+  // sequence schedules: cut at the first checkpoint boundary it would cross (every
+  // checkpoint_interval_blocks-th, the prompt's last, and `branch_point` when > 0).
+  int64_t cut_chunk(int64_t num_computed, int64_t n, int64_t num_tokens, int64_t branch_point = 0) const;
   // Checkpoint requests for the boundaries N in (after, first_position + tokens.size()] not
   // stored yet. `tokens` start at the block boundary first_position <= after (drafts included
   // at the end: the runner saves only what the step committed); `parent` is the hash of the

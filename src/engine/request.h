@@ -35,6 +35,7 @@ struct Request {
   int32_t stop_token_id = -1;           // set when a stop/eos token finished it
   int64_t num_preemptions = 0;
   int64_t num_cached_tokens = -1;       // tokens a prefix hit served at first admission (-1 = not yet)
+  int64_t branch_point = 0;             // PrefixMatch::cached_tokens past its hit at admission (0 = none)
   // Drafts the drafter proposed after the last output token, verified when next scheduled
   // (vLLM v1's spec_token_ids). Cleared when sent to the runner and on preemption.
   std::vector<int32_t> draft_tokens;

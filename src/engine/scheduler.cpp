@@ -192,6 +192,7 @@ void Scheduler::schedule_waiting(SchedulerOutput& out, int64_t& budget) {
                                              host_.capacity() ? &host_ : nullptr, max_hit)
                              : PrefixMatch{};
     const int64_t start = hit.num_tokens, remaining = r->num_tokens() - start;
+    r->branch_point = hit.cached_tokens > start ? hit.cached_tokens : 0;
     int64_t n = chunk_tokens(*r, std::min(remaining, budget), start);
     if (!config_.enable_chunked_prefill && n < remaining) break;
     if (!cache_.allocate_with_prefix(r->seq_id, hit.blocks, start + n)) break;  // head waits: FCFS
@@ -234,7 +235,7 @@ void Scheduler::schedule_waiting(SchedulerOutput& out, int64_t& budget) {
 
 int64_t Scheduler::chunk_tokens(const Request& r, int64_t n, int64_t from) const {
   if (from < 0) from = r.num_computed_tokens;
-  return config_.enable_chunked_prefill ? prefix_.cut_chunk(from, n, r.num_tokens()) : n;
+  return config_.enable_chunked_prefill ? prefix_.cut_chunk(from, n, r.num_tokens(), r.branch_point) : n;
 }
 
 void Scheduler::plan_checkpoints(const Request& r, int64_t n, std::span<const int32_t> drafts,

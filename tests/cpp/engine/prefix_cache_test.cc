@@ -150,6 +150,37 @@ TEST(PrefixCacheUnit, ChunksEndAtCheckpointBoundaries) {
   EXPECT_EQ(four.cut_chunk(10, 200, 300), 54);   // to 64
   PrefixCache off({.enabled = false}, 16);
   EXPECT_EQ(off.cut_chunk(0, 100, 100), 100);
+  // A branch point (the end of blocks an earlier sequence cached) is one more boundary.
+  EXPECT_EQ(last.cut_chunk(0, 100, 100, 32), 32);
+  EXPECT_EQ(last.cut_chunk(32, 68, 100, 32), 64);  // passed: only the last boundary is left
+  EXPECT_EQ(four.cut_chunk(10, 200, 300, 128), 54);  // the interval's boundary comes first
+  EXPECT_EQ(four.cut_chunk(64, 200, 300, 80), 16);
+  EXPECT_EQ(off.cut_chunk(0, 100, 100, 32), 100);  // nothing is cut with the cache off
+}
+
+// PrefixMatch::cached_tokens: the run of cached blocks, checkpointed or not.
+TEST(PrefixCacheUnit, MatchReportsTheCachedRunPastItsHit) {
+  kv::CacheGeometry g{.block_tokens = 4, .num_blocks = 8, .num_slots = 2};
+  KVCacheManager kv(g, block_hash_seed("t"));
+  const std::vector<int32_t> p = {5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17};
+  ASSERT_TRUE(kv.allocate(0, 13));
+  kv.hash_full_blocks(0, p, {}, 13);
+  PrefixCache pc({.enabled = true, .checkpoint_interval_blocks = 0}, 4);
+  std::vector<int32_t> q = {5, 6, 7, 8, 9, 10, 11, 12, 40, 41, 42, 43, 44, 45};  // shares 2 blocks
+  PrefixMatch m = pc.match(kv, q, {});
+  EXPECT_EQ(m.num_tokens, 0);  // no checkpoint anywhere
+  EXPECT_EQ(m.cached_tokens, 8);
+  pc.put({block_hash(kv.hash_seed(), std::span(p).first(4)), std::make_shared<const model::SlotSnapshot>(
+                                                                 model::SlotSnapshot{4, std::vector<uint8_t>(8)})});
+  m = pc.match(kv, q, {});
+  EXPECT_EQ(m.num_tokens, 4);
+  EXPECT_EQ(m.cached_tokens, 8);
+  m = pc.match(kv, std::span(p).first(9), {});  // 8 would leave no token: 2 blocks at most
+  EXPECT_EQ(m.cached_tokens, 8);
+  m = pc.match(kv, std::span(p).first(8), {});
+  EXPECT_EQ(m.cached_tokens, 4);
+  kv.free(0, 0);
+  kv.complete_step(0);
 }
 
 // checkpoint_interval_blocks = -1 (the default): every block unless the model says prefill chunks
@@ -188,6 +219,30 @@ TEST(PrefixCacheUnit, AutomaticIntervalKeepsChunksAboveTheWeightPass) {
   };
   EXPECT_EQ(hit_after_shared_40(std::nullopt), 96);
   EXPECT_EQ(hit_after_shared_40(1), 96);
+}
+
+// Long intervals keep shared prefixes reusable: the second prompt sharing a prefix ends a chunk
+// where the cached blocks it shares end (a branch point) and saves the state there, so from the
+// third on every prompt with that prefix hits at the last whole block inside it. Outputs are those
+// of the cache off, at every interval, asynchronous or not.
+TEST(PrefixCache, BranchPointsMakeSharedPrefixesHitUnderLongIntervals) {
+  const std::vector<int32_t> sys = tokens(71, 75);  // 4 whole blocks + 11 tokens
+  std::vector<std::vector<int32_t>> prompts;
+  for (uint32_t u = 0; u < 5; ++u) prompts.push_back(cat(sys, tokens(100 + u, 9 + 13 * u)));
+  const std::vector<SamplingParams> params = {sampled(6, 5)};
+  const std::vector<size_t> waves = {1, 2, 3, 4};  // one prompt at a time
+  const PrefixRun off = run_waves({.prefix = false}, prompts, params, waves);
+  for (int64_t interval : {0, 3, 8}) {
+    for (bool async : {false, true}) {
+      const std::string what = "interval " + std::to_string(interval) + (async ? ", async" : ", sync");
+      const PrefixRun on = run_waves({.interval = interval, .async = async}, prompts, params, waves);
+      expect_same(off, on, what);
+      EXPECT_EQ(on.out.at("0").num_cached_tokens, 0) << what;
+      // The second prompt's hit: interval 3 put a checkpoint at 48 inside the prefix; 0 and 8 none.
+      EXPECT_EQ(on.out.at("1").num_cached_tokens, interval == 3 ? 48 : 0) << what;
+      for (const char* id : {"2", "3", "4"}) EXPECT_EQ(on.out.at(id).num_cached_tokens, 64) << what << ", request " << id;
+    }
+  }
 }
 
 TEST(PrefixCacheUnit, CheckpointBudgetEvictsLeastRecentlyUsed) {

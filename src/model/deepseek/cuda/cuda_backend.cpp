@@ -13,6 +13,7 @@
 #include "ops/cuda/compressor.h"
 #include "ops/cuda/gemm_fp8w.h"
 #include "ops/cuda/grouped_gemm.h"
+#include "ops/cuda/grouped_gemm_cost.h"
 #include "ops/cuda/hc.h"
 #include "ops/cuda/indexer.h"
 #include "ops/cuda/moe_route.h"
@@ -546,12 +547,29 @@ CausalLM::StepProfile CudaBackend::take_profile() {
   return p;
 }
 
-// ANCHORS.md's H200 ceilings (device copy, bf16 dense GEMM); only their ratio and the weight pass's
-// absolute length matter here.
+// One weight pass against the tokens' arithmetic at the bf16 peak (790 TFLOP/s, ANCHORS.md). The
+// pass is what a step costs whatever its length: the dense weights at the copy rate (4.3 TB/s) and
+// the routed experts at the rate the grouped GEMM actually streams them at few rows per expert
+// (grouped_gemm_cost.h: ~1.15 TB/s for FP4, its dequantisation bound). Session 13 used 4.3 TB/s for
+// the experts too, which put the break-even at 1,333 tokens on the V4-Flash stack where the kernel's
+// own fit puts it near 5,000 (docs/PERFORMANCE.md, session 14).
 int64_t CudaBackend::prefill_weight_pass_tokens() const {
   constexpr double kBandwidth = 4.3e12, kFlops = 790e12, kShortPassS = 1e-3;
   const Dims& g = arch_.dims;
-  const double pass_s = double(weights_ ? weights_->bytes : 0) / kBandwidth;
+  if (!weights_) return 0;
+  double expert_s = 0.0;
+  int64_t expert_bytes = 0;
+  for (const LayerRef& l : weights_->refs.layers) {
+    const MoeRef& m = l.ffn;
+    if (m.experts.empty() || !m.tables.w13) continue;
+    const oc::ExpertFormat f = expert_format(m.tables.dtype);
+    const int64_t b = int64_t(m.experts.size()) * (oc::expert_matrix_bytes(f, 2 * g.moe_inter, g.hidden) +
+                                                   oc::expert_matrix_bytes(f, g.hidden, g.moe_inter));
+    expert_bytes += b;
+    expert_s += double(b) / oc::grouped_gemm_pass_bytes_per_s(f);
+  }
+  const double dense = std::max(0.0, double(weights_->bytes) - double(expert_bytes));
+  const double pass_s = dense / kBandwidth + expert_s;
   if (pass_s < kShortPassS) return 0;
   // Multiply-adds per token per layer: q/kv/o projections and the routed + one shared expert.
   const double D = double(g.hidden), Hd = double(g.heads * g.head_dim);
