@@ -15,61 +15,72 @@ constexpr int kMaxMix = (2 + kHcMaxStreams) * kHcMaxStreams;  // 24
 constexpr int kThreads = 256;
 constexpr int kChunk = 1024;  // x̂ elements per partial-sum block (4 per thread)
 
-constexpr int kTokTile = 4;  // tokens per partial-sum block: fn is read once per 4 tokens
+// Tokens per partial-sum block: fn is read once per tile. The decode shape takes 4 tokens and
+// every mix per block (the z split spreads few tokens over the GPU); from kWideTileFrom tokens the
+// prefill shape takes 8 tokens and at most 8 mixes per block (3 blocks for V4's 24, adjacent in
+// launch order so they share x through L2): fn traffic per token drops ~6x (CUDA.md: at 4,096
+// tokens the 4-token tile re-read the 1.5 MB fn 1,024 times). Every (token, mix) partial is the
+// same sequence of operations in both shapes, so they are bit-identical.
+constexpr int kTokTile = 4, kWideTokTile = 8, kWideMix = 8;
+constexpr int64_t kWideTileFrom = 256;
 
 // partials[t][s][0..M) = fn[:, chunk s] · x̂_t[chunk s];  partials[t][s][M] = Σ x̂_t² over the chunk,
-// for the kTokTile tokens blockIdx.y·kTokTile ... (each fn element loaded once for all of them) and
-// the mixes [blockIdx.z·mix_per, +mix_per) (Σ x̂² by z = 0). A mix's partial is the same sequence of
-// operations whatever mix_per is (the other mixes' accumulators are independent), so the grid's
-// z split never changes a bit; it only gives small token counts more blocks.
-template <typename T>
+// for the TOK tokens of the block's tile (each fn element loaded once for all of them) and the
+// mixes [group·mix_per, +mix_per) (Σ x̂² by group 0; NMIX >= mix_per accumulators). A mix's partial
+// is the same sequence of operations whatever mix_per, TOK or the grid are (the other mixes' and
+// tokens' accumulators are independent), so neither the split nor the tile changes a bit.
+// kGroupFast: grid (groups, chunks, tiles), else (chunks, tiles, groups).
+template <typename T, int TOK, int NMIX, bool kGroupFast>
 __global__ void __launch_bounds__(kThreads) hc_partials_kernel(const __grid_constant__ HcPreParams p, int num_mix,
                                                                int num_chunks, int mix_per) {
-  __shared__ float red[kThreads / kWarpSize][kTokTile][kMaxMix + 1];
-  const int64_t t0 = int64_t(blockIdx.y) * kTokTile, s = blockIdx.x;
-  const int j0 = int(blockIdx.z) * mix_per, j1 = j0 + mix_per < num_mix ? j0 + mix_per : num_mix;
-  const bool sq = blockIdx.z == 0;  // this block also sums x̂²
-  auto mine = [&](int j) { return j == kMaxMix ? sq : j >= j0 && j < j1; };
+  __shared__ float red[kThreads / kWarpSize][TOK][NMIX + 1];
+  const int group = kGroupFast ? int(blockIdx.x) : int(blockIdx.z);
+  const int64_t s = kGroupFast ? blockIdx.y : blockIdx.x;
+  const int64_t t0 = int64_t(kGroupFast ? blockIdx.z : blockIdx.y) * TOK;
+  const int j0 = group * mix_per, nj = j0 + mix_per < num_mix ? mix_per : num_mix - j0;  // mixes j0 .. j0+nj
+  const bool sq = group == 0;  // this block also sums x̂²
+  auto mine = [&](int jl) { return jl == NMIX ? sq : jl < nj; };  // block-uniform
   const int64_t K = int64_t(p.n) * p.dim;
   const T* x = static_cast<const T*>(p.x);
-  float acc[kTokTile][kMaxMix + 1];
+  float acc[TOK][NMIX + 1];
 #pragma unroll
-  for (int u = 0; u < kTokTile; ++u)
+  for (int u = 0; u < TOK; ++u)
 #pragma unroll
-    for (int j = 0; j <= kMaxMix; ++j) acc[u][j] = 0.f;
+    for (int j = 0; j <= NMIX; ++j) acc[u][j] = 0.f;
   for (int64_t k = s * kChunk + threadIdx.x; k < K && k < (s + 1) * kChunk; k += kThreads) {
-    float v[kTokTile];
+    float v[TOK];
 #pragma unroll
-    for (int u = 0; u < kTokTile; ++u) {
+    for (int u = 0; u < TOK; ++u) {
       v[u] = t0 + u < p.tokens ? to_f32(x[(t0 + u) * p.x_stride + k]) : 0.f;
-      acc[u][kMaxMix] += v[u] * v[u];
+      acc[u][NMIX] += v[u] * v[u];
     }
 #pragma unroll
-    for (int j = 0; j < kMaxMix; ++j) {
-      if (j >= j0 && j < j1) {
-        const float f = p.fn[int64_t(j) * K + k];
+    for (int jl = 0; jl < NMIX; ++jl) {
+      if (jl < nj) {
+        const float f = p.fn[int64_t(j0 + jl) * K + k];
 #pragma unroll
-        for (int u = 0; u < kTokTile; ++u) acc[u][j] += f * v[u];
+        for (int u = 0; u < TOK; ++u) acc[u][jl] += f * v[u];
       }
     }
   }
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
 #pragma unroll
-  for (int u = 0; u < kTokTile; ++u)
+  for (int u = 0; u < TOK; ++u)
 #pragma unroll
-    for (int j = 0; j <= kMaxMix; ++j) {
-      if (!mine(j)) continue;  // block-uniform
-      const float r = warp_sum(acc[u][j]);
-      if (lane == 0) red[warp][u][j] = r;
+    for (int jl = 0; jl <= NMIX; ++jl) {
+      if (!mine(jl)) continue;
+      const float r = warp_sum(acc[u][jl]);
+      if (lane == 0) red[warp][u][jl] = r;
     }
   __syncthreads();
   const int per_tok = num_mix + 1;
-  if (threadIdx.x < kTokTile * per_tok) {
-    const int u = threadIdx.x / per_tok, jj = threadIdx.x % per_tok;
-    const int j = jj == num_mix ? kMaxMix : jj;  // slot num_mix carries Σx²
-    if (t0 + u < p.tokens && mine(j)) {
+  static_assert(TOK * (NMIX + 1) <= kThreads, "one thread per (token, mix) of the tile");
+  if (threadIdx.x < TOK * (NMIX + 1)) {
+    const int u = threadIdx.x / (NMIX + 1), jl = threadIdx.x % (NMIX + 1);
+    const int jj = jl == NMIX ? num_mix : j0 + jl;  // slot num_mix carries Σx²
+    if (t0 + u < p.tokens && mine(jl)) {
       float sum = 0.f;
-      for (int w = 0; w < kThreads / kWarpSize; ++w) sum += red[w][u][j];
+      for (int w = 0; w < kThreads / kWarpSize; ++w) sum += red[w][u][jl];
       p.workspace[((t0 + u) * num_chunks + s) * per_tok + jj] = sum;
     }
   }
@@ -391,16 +402,31 @@ void hc_pre(const HcPreParams& p, cudaStream_t stream) {
   if (p.sinkhorn_iters < 1) DI_THROW(InvalidArgument, "hc_pre: sinkhorn_iters must be >= 1");
   if (p.mix_split < 0) DI_THROW(InvalidArgument, "hc_pre: mix_split ", p.mix_split, " < 0");
   if (p.u_split < 0) DI_THROW(InvalidArgument, "hc_pre: u_split ", p.u_split, " < 0");
+  if (p.token_tile != 0 && p.token_tile != kTokTile && p.token_tile != kWideTokTile)
+    DI_THROW(InvalidArgument, "hc_pre: token_tile ", p.token_tile, " is not 0 (automatic), ", kTokTile, " or ",
+             kWideTokTile);
   if (p.tokens == 0) return;
   if (p.tokens > 65535) DI_THROW(InvalidArgument, "hc_pre: ", p.tokens, " tokens > 65535 per launch; split the batch");
   const int num_mix = hc_num_mix(p.n, p.mode);
   const int chunks = int(ceil_div(int64_t(p.n) * p.dim, kChunk));
+  const int tile = p.token_tile ? p.token_tile : p.tokens >= kWideTileFrom ? kWideTokTile : kTokTile;
   DI_DISPATCH_FLOAT(p.dtype, T, "hc_pre x", [&] {
-    const unsigned tiles = unsigned(ceil_div(p.tokens, kTokTile));
-    const int split = p.mix_split > 0 ? p.mix_split : auto_mix_split(int64_t(chunks) * tiles, num_mix);
-    const int mix_per = int(ceil_div(int64_t(num_mix), int64_t(std::min(split, num_mix))));
-    const unsigned groups = unsigned(ceil_div(int64_t(num_mix), int64_t(mix_per)));  // none empty
-    hc_partials_kernel<T><<<dim3(chunks, tiles, groups), kThreads, 0, stream>>>(p, num_mix, chunks, mix_per);
+    if (tile == kWideTokTile) {
+      // At most kWideMix mixes per block (mix_split, when given, can only split them further).
+      const int split = std::max(p.mix_split, int(ceil_div(int64_t(num_mix), int64_t(kWideMix))));
+      const int mix_per = int(ceil_div(int64_t(num_mix), int64_t(std::min(split, num_mix))));
+      const unsigned groups = unsigned(ceil_div(int64_t(num_mix), int64_t(mix_per)));
+      const unsigned tiles = unsigned(ceil_div(p.tokens, kWideTokTile));
+      hc_partials_kernel<T, kWideTokTile, kWideMix, true>
+          <<<dim3(groups, chunks, tiles), kThreads, 0, stream>>>(p, num_mix, chunks, mix_per);
+    } else {
+      const unsigned tiles = unsigned(ceil_div(p.tokens, kTokTile));
+      const int split = p.mix_split > 0 ? p.mix_split : auto_mix_split(int64_t(chunks) * tiles, num_mix);
+      const int mix_per = int(ceil_div(int64_t(num_mix), int64_t(std::min(split, num_mix))));
+      const unsigned groups = unsigned(ceil_div(int64_t(num_mix), int64_t(mix_per)));  // none empty
+      hc_partials_kernel<T, kTokTile, kMaxMix, false>
+          <<<dim3(chunks, tiles, groups), kThreads, 0, stream>>>(p, num_mix, chunks, mix_per);
+    }
     DI_CUDA_CHECK_LAUNCH();
     if (p.legacy_finalize) {
       hc_finalize_kernel<T><<<unsigned(p.tokens), kThreads, 0, stream>>>(p, num_mix, chunks);

@@ -52,6 +52,9 @@ struct HcPreParams {
   // The one-block-per-token finalize of sessions <= 12 (serial fold, one-thread transform, the
   // warp Sinkhorn): bit-identical, kept as the timing baseline (CudaTiming.HcPreFinalize).
   bool legacy_finalize = false;
+  // Tokens per partial-sum block: 0 = automatic (8, with at most 8 mixes per block, from 256
+  // tokens: prefill; else 4), or 4 / 8 forced (tests, timing). Bit-identical for every value.
+  int token_tile = 0;
 };
 
 struct HcPostParams {

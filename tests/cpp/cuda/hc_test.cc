@@ -167,6 +167,51 @@ TEST(CudaHc, SinglePassMixAndCollapseMatchCpuTwin) {
 // The partial-sum grid's split over the mixes (HcPreParams::mix_split) never changes a bit: mixes
 // and u of the one-block-per-chunk grid (1), the automatic one and uneven splits (5, 7, 24), both
 // modes, f32 and bf16, token counts across the 4-token tile, a width with a partial chunk.
+// The prefill shape of the partial sums (8 tokens and at most 8 mixes per block, automatic from 256
+// tokens) against the decode shape (4 tokens, every mix): mixes and u bit for bit, with the mix
+// split on top, both modes, n = 4 and 3, odd token counts on both sides of the automatic switch.
+TEST(CudaHc, TokenTileBitIdentical) {
+  DI_REQUIRE_GPU();
+  uint64_t seed = 7100;
+  for (oc::HcMode mode : {oc::HcMode::kLayer, oc::HcMode::kHead})
+    for (int n : {4, 3})
+      for (int64_t T_ : {int64_t(1), int64_t(13), int64_t(301)})
+        for (int64_t dim : {int64_t(4096), int64_t(1000)})
+          for (DType dt : {DType::kF32, DType::kBF16}) {
+            const int M = oc::hc_num_mix(n, mode);
+            const Site st = make_site(n, dim, mode, seed += 10);
+            std::vector<float> X = randn(T_ * n * dim, seed + 3, 1.0f);
+            DevArray<float> dXf(X), dfn(st.fn), dbase(st.base), dscale(st.scale);
+            DevArray<uint16_t> dXb(to_bf16(X));
+            DevArray<float> ws(oc::hc_pre_workspace_bytes(T_, n, dim, mode) / sizeof(float) + 1);
+            auto run = [&](int tile, int split) {
+              DevArray<float> mix(T_ * M), u(T_ * dim);
+              mix.poison(), u.poison();
+              oc::hc_pre({.x = dt == DType::kF32 ? static_cast<const void*>(dXf.get()) : dXb.get(), .dtype = dt,
+                          .x_stride = n * dim, .fn = dfn.get(), .base = dbase.get(), .scale = dscale.get(),
+                          .u = u.get(), .u_stride = dim, .mix = mix.get(), .workspace = ws.get(), .tokens = T_,
+                          .n = n, .dim = dim, .mode = mode, .mix_split = split, .token_tile = tile},
+                         nullptr);
+              std::vector<float> out = mix.download(), uh = u.download();
+              out.insert(out.end(), uh.begin(), uh.end());
+              return out;
+            };
+            const auto ref = run(4, 1);
+            for (auto [tile, split] : {std::pair{8, 0}, std::pair{8, 5}, std::pair{8, 24}, std::pair{0, 0}}) {
+              const auto got = run(tile, split);
+              ASSERT_EQ(got.size(), ref.size());
+              EXPECT_EQ(0, std::memcmp(got.data(), ref.data(), ref.size() * sizeof(float)))
+                  << "tile " << tile << " split " << split << " T=" << T_ << " n=" << n << " D=" << dim << " "
+                  << dtype_name(dt) << (mode == oc::HcMode::kLayer ? " layer" : " head");
+            }
+          }
+  oc::HcPreParams bad{.x = &seed, .x_stride = 32, .fn = reinterpret_cast<const float*>(&seed),
+                      .base = reinterpret_cast<const float*>(&seed), .scale = reinterpret_cast<const float*>(&seed),
+                      .u = &seed, .u_stride = 8, .mix = reinterpret_cast<float*>(&seed),
+                      .workspace = reinterpret_cast<float*>(&seed), .tokens = 1, .dim = 8, .token_tile = 6};
+  EXPECT_THROW(oc::hc_pre(bad, nullptr), InvalidArgument);
+}
+
 TEST(CudaHc, MixSplitBitIdentical) {
   DI_REQUIRE_GPU();
   uint64_t seed = 5000;

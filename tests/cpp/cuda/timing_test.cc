@@ -91,18 +91,28 @@ TEST(CudaTiming, Kernels) {
     }, s);
     report_time("rmsnorm", "bf16 8192x4096", us, gbps(2.0 * rows * dim * 2, us));
   }
-  for (int64_t T_ : {int64_t(64), int64_t(4096)}) {
-    const int64_t D = 4096;
-    DevArray<uint16_t> x(to_bf16(randn(T_ * 4 * D, 3))), u(T_ * D);
-    DevArray<float> fn(randn(24 * 4 * D, 4, 0.05f)), base(randn(24, 5)), sc(randn(3, 6)), mix(T_ * 24);
-    DevArray<float> ws(oc::hc_pre_workspace_bytes(T_, 4, D, oc::HcMode::kLayer) / 4 + 1);
-    const double us = median_us([&](cudaStream_t q) {
-      oc::hc_pre({.x = x.get(), .x_stride = 4 * D, .fn = fn.get(), .base = base.get(), .scale = sc.get(), .u = u.get(),
-                  .u_stride = D, .mix = mix.get(), .workspace = ws.get(), .tokens = T_, .dim = D}, q);
-    }, s);
-    report_time("hc_pre", "bf16 T=" + std::to_string(T_) + " D=4096", us,
-                tflops(2.0 * T_ * 24 * 4 * D, us) + ", " + gbps(T_ * 4 * D * 2.0 + 24 * 4 * D * 4.0, us));
-  }
+  // hc_pre at prefill sizes, f32 streams as the CUDA backend holds them (and bf16), with the decode
+  // shape of the partial sums (4-token tiles) against the prefill one (8 tokens, <= 8 mixes a block).
+  for (int64_t T_ : {int64_t(64), int64_t(512), int64_t(3840)})
+    for (DType dt : {DType::kBF16, DType::kF32})
+      for (int tile : {4, 8}) {
+        const int64_t D = 4096;
+        const double elem = dt == DType::kF32 ? 4.0 : 2.0;
+        DevArray<float> xf(randn(dt == DType::kF32 ? T_ * 4 * D : 1, 3)), u(T_ * D);
+        DevArray<uint16_t> xb(to_bf16(randn(dt == DType::kBF16 ? T_ * 4 * D : 1, 3)));
+        const void* xp = dt == DType::kF32 ? static_cast<const void*>(xf.get()) : xb.get();
+        DevArray<float> fn(randn(24 * 4 * D, 4, 0.05f)), base(randn(24, 5)), sc(randn(3, 6)), mix(T_ * 24);
+        DevArray<float> ws(oc::hc_pre_workspace_bytes(T_, 4, D, oc::HcMode::kLayer) / 4 + 1);
+        const double us = median_us([&](cudaStream_t q) {
+          oc::hc_pre({.x = xp, .dtype = dt, .x_stride = 4 * D, .fn = fn.get(), .base = base.get(), .scale = sc.get(),
+                      .u = u.get(), .u_stride = D, .mix = mix.get(), .workspace = ws.get(), .tokens = T_, .dim = D,
+                      .token_tile = tile},
+                     q);
+        }, s);
+        report_time("hc_pre", std::string(dtype_name(dt)) + " T=" + std::to_string(T_) + " D=4096 tile " +
+                                  std::to_string(tile),
+                    us, tflops(2.0 * T_ * 24 * 4 * D, us) + ", " + gbps(T_ * 4 * D * elem * 1.25 + 24 * 4 * D * 4.0, us));
+      }
   {
     oc::CublasLt lt;
     for (int64_t M : {int64_t(1), int64_t(64), int64_t(4096)}) {
