@@ -30,12 +30,14 @@ std::optional<std::vector<json>> unique_scalar_values(const json& s);
 ExprId int_range_expr(GrammarBuilder& b, std::optional<int64_t> lo, std::optional<int64_t> hi, bool neg_zero);
 // Intersection of regular expressions (DFA product); throws GrammarError when too large.
 ExprId intersect(GrammarBuilder& b, const std::vector<ExprId>& parts);
-// x{mn, mx} (mx < 0: unbounded) without unrolling large counts: blocks of 64 copies become a
-// called rule, recursively, so any bound up to kMaxCountBound costs O(64 log bound) states.
+// x{mn, mx} (mx < 0: unbounded) without unrolling large counts: bounds up to `direct` unroll,
+// larger ones count blocks of `block` copies, a called rule, recursively, so any bound up to
+// kMaxCountBound costs O(block log bound) states. Strings alone use kStringDirect/kStringBlock.
 inline constexpr int64_t kMaxCountBound = 100'000'000;
 // States allowed for a string's pattern/format/length intersection automaton.
 inline constexpr int32_t kMaxStringStates = 100'000;
-ExprId counted_repeat(GrammarBuilder& b, ExprId x, int64_t mn, int64_t mx);
+ExprId counted_repeat(GrammarBuilder& b, ExprId x, int64_t mn, int64_t mx, int64_t direct = 128, int64_t block = 64);
+inline constexpr int64_t kStringDirect = 256, kStringBlock = 128;
 // An integer divisible by k (k >= 1), any sign.
 ExprId multiple_of_expr(GrammarBuilder& b, int64_t k);
 

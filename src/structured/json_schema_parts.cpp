@@ -52,37 +52,38 @@ ExprId nonneg_range(GrammarBuilder& b, int64_t a, int64_t c) {
 
 bool is_int_value(double v) { return std::isfinite(v) && v == std::floor(v) && std::fabs(v) < 9.2e18; }
 
-ExprId counted_repeat_memo(GrammarBuilder& b, ExprId x, int64_t mn, int64_t mx, std::map<ExprId, ExprId>& blocks) {
-  constexpr int64_t kDirect = 128, kBlock = 64;
-  if (mx >= 0 && mx <= kDirect) return b.repeat(x, static_cast<int32_t>(mn), static_cast<int32_t>(mx));
+ExprId counted_repeat_memo(GrammarBuilder& b, ExprId x, int64_t mn, int64_t mx, std::map<ExprId, ExprId>& blocks,
+                           int64_t direct, int64_t block) {
+  if (mx >= 0 && mx <= direct) return b.repeat(x, static_cast<int32_t>(mn), static_cast<int32_t>(mx));
   if (mx < 0) {
-    if (mn <= kDirect) return b.repeat(x, static_cast<int32_t>(mn), kUnbounded);
-    return b.seq({counted_repeat_memo(b, x, mn, mn, blocks), b.star(x)});
+    if (mn <= direct) return b.repeat(x, static_cast<int32_t>(mn), kUnbounded);
+    return b.seq({counted_repeat_memo(b, x, mn, mn, blocks, direct, block), b.star(x)});
   }
   auto it = blocks.find(x);
   if (it == blocks.end()) {
     RuleId r = b.declare_rule("block");
     b.set_inline(r, false);  // a call: the caller's automaton counts blocks, not copies of x
-    b.define_rule(r, b.repeat(x, kBlock, kBlock));
+    b.define_rule(r, b.repeat(x, block, block));
     it = blocks.emplace(x, b.ref(r)).first;
   }
   const ExprId y = it->second;
-  // A length m = q * kBlock + r (r < kBlock) is q blocks then r units; split [mn, mx] by q.
-  const int64_t qa = mn / kBlock, ra = mn % kBlock, qb = mx / kBlock, rb = mx % kBlock;
+  // A length m = q * block + r (r < block) is q blocks then r units; split [mn, mx] by q.
+  const int64_t qa = mn / block, ra = mn % block, qb = mx / block, rb = mx % block;
   auto units = [&](int64_t lo, int64_t hi) { return b.repeat(x, static_cast<int32_t>(lo), static_cast<int32_t>(hi)); };
-  if (qa == qb) return b.seq({counted_repeat_memo(b, y, qa, qa, blocks), units(ra, rb)});
-  std::vector<ExprId> alts{b.seq({counted_repeat_memo(b, y, qa, qa, blocks), units(ra, kBlock - 1)})};
-  if (qa + 1 <= qb - 1) alts.push_back(b.seq({counted_repeat_memo(b, y, qa + 1, qb - 1, blocks), units(0, kBlock - 1)}));
-  alts.push_back(b.seq({counted_repeat_memo(b, y, qb, qb, blocks), units(0, rb)}));
+  if (qa == qb) return b.seq({counted_repeat_memo(b, y, qa, qa, blocks, direct, block), units(ra, rb)});
+  std::vector<ExprId> alts{b.seq({counted_repeat_memo(b, y, qa, qa, blocks, direct, block), units(ra, block - 1)})};
+  if (qa + 1 <= qb - 1) alts.push_back(b.seq({counted_repeat_memo(b, y, qa + 1, qb - 1, blocks, direct, block), units(0, block - 1)}));
+  alts.push_back(b.seq({counted_repeat_memo(b, y, qb, qb, blocks, direct, block), units(0, rb)}));
   return b.alt(std::move(alts));
 }
 
 }  // namespace
 
-ExprId counted_repeat(GrammarBuilder& b, ExprId x, int64_t mn, int64_t mx) {
+ExprId counted_repeat(GrammarBuilder& b, ExprId x, int64_t mn, int64_t mx, int64_t direct, int64_t block) {
   DI_CHECK(mn >= 0 && (mx < 0 || mx >= mn), "counted_repeat bounds ", mn, "..", mx);
+  DI_CHECK(block >= 1 && direct >= block, "counted_repeat block ", block, " direct ", direct);
   std::map<ExprId, ExprId> blocks;
-  return counted_repeat_memo(b, x, mn, mx, blocks);
+  return counted_repeat_memo(b, x, mn, mx, blocks, direct, block);
 }
 
 ExprId int_range_expr(GrammarBuilder& b, std::optional<int64_t> lo, std::optional<int64_t> hi, bool neg_zero) {
@@ -287,9 +288,14 @@ ExprId SchemaLowerer::lower_string(const json& s, const std::string& ptr) {
                    "string length bounds above " + std::to_string(limit) +
                        (alone ? "" : " together with pattern/format") + " are not supported");
     // Alone, long bounds count blocks of characters (a few hundred states for any bound);
-    // next to a pattern or format the bound must unroll for the DFA intersection.
+    // next to a pattern or format the bound must unroll for the DFA intersection. Strings
+    // use blocks of 128 characters and unroll up to 256 (items: 64 / 128): a mask at a
+    // position whose remaining block is longer than the longest text token is decided by the
+    // counter's chain, and only the positions near a block's end, where tokens cross into the
+    // caller, need the real stack; a longer block halves how many of those a string has
+    // (PERFORMANCE.md, fourteenth session: Github_easy/trivial first-visit masks).
     if (mn > 0 || mx >= 0)
-      parts.push_back(alone ? counted_repeat(b, json_string_char(b), mn, mx)
+      parts.push_back(alone ? counted_repeat(b, json_string_char(b), mn, mx, kStringDirect, kStringBlock)
                             : b.repeat(json_string_char(b), static_cast<int32_t>(mn), mx < 0 ? kUnbounded : static_cast<int32_t>(mx)));
   }
   if (parts.empty()) return string_rule();

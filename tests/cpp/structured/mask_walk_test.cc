@@ -84,6 +84,9 @@ const char* const kGrammars[] = {
     R"({"json_schema": {"type": "string", "pattern": "ab"}})",
     R"({"json_schema": {"type": "string", "pattern": "[0-9a]+", "minLength": 4, "maxLength": 6}})",
     R"({"json_schema": {"type": "object", "properties": {"k": {"type": "string", "pattern": "z|b0"}, "e": {"type": "string", "pattern": "^a.*é$"}}}})",
+    // Counted strings past the direct bound (256): called blocks of 128 characters.
+    R"({"json_schema": {"type": "string", "minLength": 140, "maxLength": 300}})",
+    R"({"json_schema": {"type": "object", "properties": {"k": {"type": "string", "maxLength": 1000}}}})",
 };
 
 TEST(MaskWalkRandom, FastEqualsReferenceOnCountedText) {
@@ -206,7 +209,7 @@ TEST(MaskWalkRandom, MasksMatchAcceptToken) {
 namespace deepinfer::structured::test {
 namespace {
 
-// Counted strings past the direct bound are called 64-character blocks (counted_repeat): at a
+// Counted strings past the direct bound (256) are called 128-character blocks (counted_repeat): at a
 // block's end nearly every token is uncertain and re-walked with the real stack, where the
 // text chain (matcher.cpp) accepts whole runs of text siblings. Masks must still equal
 // accept_token at every position, across block ends and up to the maximum length.
@@ -214,6 +217,8 @@ TEST(MaskWalkRandom, MasksMatchAcceptTokenAcrossBlocks) {
   const char* const grammars[] = {
       R"({"json_schema": {"type": "string", "maxLength": 140}})",
       R"({"json_schema": {"type": "string", "minLength": 130, "maxLength": 200}})",
+      R"({"json_schema": {"type": "string", "maxLength": 300}})",
+      R"({"json_schema": {"type": "string", "minLength": 250, "maxLength": 400}})",
       R"({"json_schema": {"type": "object", "properties": {"k": {"oneOf": [{"type": "string", "maxLength": 32767, "minLength": 50}, {"type": "null"}]}}, "required": ["k"]}})",
       R"({"json_schema": {"type": "array", "items": {"type": "string", "maxLength": 1000}, "maxItems": 3}})",
   };
@@ -227,7 +232,7 @@ TEST(MaskWalkRandom, MasksMatchAcceptTokenAcrossBlocks) {
       auto g = c.compile(args);
       for (int rep = 0; rep < 3; ++rep) {
         GrammarMatcher m(g);
-        for (int step = 0; step < 120 && !m.is_terminated(); ++step) {
+        for (int step = 0; step < 200 && !m.is_terminated(); ++step) {
           m.fill_next_token_bitmask(words);
           std::vector<int32_t> allowed, text;
           for (int32_t t = 0; t < vs; ++t) {
@@ -246,6 +251,49 @@ TEST(MaskWalkRandom, MasksMatchAcceptTokenAcrossBlocks) {
         }
       }
     }
+  }
+}
+
+}  // namespace
+}  // namespace deepinfer::structured::test
+
+namespace deepinfer::structured::test {
+namespace {
+
+// Counted strings alone, lengths 0..300 with random bounds on either side of the direct bound
+// (256) and the 128-character blocks: "a"*L (and "é"*L) closes exactly when the bounds allow,
+// and the fast walk equals the reference walk on every state of each grammar.
+TEST(MaskWalkRandom, CountedStringLengthsAroundBlocks) {
+  auto v = random_vocab(21, 200, 10);
+  GrammarCompiler c(v);
+  std::mt19937 rng(21);
+  std::uniform_int_distribution<int> len(0, 300);
+  const int32_t quote = '"';
+  for (int k = 0; k < 24; ++k) {
+    int mn = len(rng), mx = len(rng);
+    if (mn > mx) std::swap(mn, mx);
+    if (k % 6 == 0) mn = 0;
+    if (k % 6 == 1) mx = mn;
+    if (k == 2) mn = 127, mx = 129;
+    if (k == 3) mn = 255, mx = 257;
+    std::string args = R"({"json_schema": {"type": "string", "minLength": )" + std::to_string(mn) +
+                       (k % 5 == 4 ? std::string() : R"(, "maxLength": )" + std::to_string(mx)) + "}}";
+    const bool open_max = k % 5 == 4;
+    auto g = c.compile(args);
+    for (const std::string& ch : std::vector<std::string>{"a", "é"}) {
+      GrammarMatcher m(g);
+      ASSERT_TRUE(m.accept_token(quote)) << args;
+      for (int l = 0; l <= 300; ++l) {
+        GrammarMatcher probe = m.clone();
+        const bool want = l >= mn && (open_max || l <= mx);
+        ASSERT_EQ(probe.accept_token(quote) && probe.can_terminate(), want) << args << " length " << l << " " << ch;
+        bool ok = true;
+        for (unsigned char b : ch) ok = ok && m.accept_token(b);
+        ASSERT_EQ(ok, open_max || l + 1 <= mx) << args << " length " << l + 1 << " " << ch;
+        if (!ok) break;
+      }
+    }
+    if (k < 6) expect_fast_equals_reference(v, args);
   }
 }
 
