@@ -268,8 +268,11 @@ class Builder {
   SetTable sets_;
   SetTable raw_seen_;               // raw target sets met in this rule
   std::vector<int32_t> raw_state_;  // [raw_seen_ index] their DFA state or -1
-  std::vector<std::vector<int32_t>> targets_;  // [class] NFA targets of the current state
-  std::vector<int32_t> touched_;               // classes with targets_ non-empty
+  // The current state's byte edges as class intervals: (first class << 1 | 0, target) opens,
+  // (last class + 1 << 1 | 1, target) closes; swept in class order (determinize).
+  std::vector<std::pair<int32_t, int32_t>> events_;
+  std::vector<std::pair<int32_t, int32_t>> active_;  // (target, open intervals), by target
+  std::vector<int32_t> seg_, prev_seg_;              // targets of the current / previous segment
   std::vector<int32_t> closed_, ret_set_;
   std::vector<std::pair<int32_t, int32_t>> call_pairs_;  // (callee, NFA return state)
 
@@ -680,12 +683,10 @@ void Builder::determinize(int32_t idx, Pda& pda) {
     return id;
   };
   pda.rule_start[idx] = intern({0});
-  targets_.resize(std::max<size_t>(targets_.size(), nc));
   for (int32_t k = 0; k < sets_.size(); ++k) {
     if ((k & 255) == 0) check_time();
     const int32_t cur = first + k;
-    for (int32_t c : touched_) targets_[c].clear();
-    touched_.clear();
+    events_.clear();
     call_pairs_.clear();
     bool fin = false;
     // Read set k before interning anything (interning may move the arena).
@@ -695,29 +696,43 @@ void Builder::determinize(int32_t idx, Pda& pda) {
       if (s == nfa_final) fin = true;
       for (int32_t q = nfa.byte_begin[s]; q < nfa.byte_begin[s + 1]; ++q) {
         const NfaEdge& e = nfa.bytes[q];
-        for (int c = pda.byte_class[e.lo]; c <= pda.byte_class[e.hi]; ++c) {
-          if (targets_[c].empty()) touched_.push_back(c);
-          targets_[c].push_back(e.to);
-        }
+        events_.push_back({pda.byte_class[e.lo] << 1, e.to});
+        events_.push_back({(pda.byte_class[e.hi] + 1) << 1 | 1, e.to});
       }
       for (int32_t q = nfa.call_begin[s]; q < nfa.call_begin[s + 1]; ++q)
         call_pairs_.push_back({nfa.calls[q].rule, nfa.calls[q].to});
     }
     pda.states[cur].final = fin;
-    // Neighbouring classes usually have the same targets (every ordinary character of a
-    // string body): reuse the previous class's closure instead of closing and hashing again.
-    // Only the classes with a target (a literal's state has one or two of ~60), in order.
-    std::sort(touched_.begin(), touched_.end());
-    int32_t prev_c = -1, prev_t = -1;
-    for (int32_t c : touched_) {
-      std::vector<int32_t>& tc = targets_[c];
-      if (tc.size() > 1) {
-        std::sort(tc.begin(), tc.end());
-        tc.erase(std::unique(tc.begin(), tc.end()), tc.end());
+    // Class c's targets are those of the intervals holding c: constant between interval ends,
+    // so one sorted target set (and one intern) per segment instead of per class. Segments
+    // are visited in class order, so new DFA states are numbered as a per-class loop would
+    // (an equal set met again interns to the same state).
+    const bool any_bytes = !events_.empty();
+    std::sort(events_.begin(), events_.end());
+    active_.clear();
+    prev_seg_.clear();
+    int32_t prev_t = -1;
+    for (size_t j = 0; j < events_.size();) {
+      const int32_t at = events_[j].first >> 1;
+      for (; j < events_.size() && events_[j].first >> 1 == at; ++j) {
+        const int32_t to = events_[j].second;
+        auto it = std::lower_bound(active_.begin(), active_.end(), std::pair<int32_t, int32_t>{to, 0},
+                                   [](const auto& a, const auto& b) { return a.first < b.first; });
+        if (events_[j].first & 1) {
+          if (--it->second == 0) active_.erase(it);
+        } else if (it != active_.end() && it->first == to) {
+          ++it->second;
+        } else {
+          active_.insert(it, {to, 1});
+        }
       }
-      const int32_t t = prev_c >= 0 && tc == targets_[prev_c] ? prev_t : intern(tc);
-      pda.trans[static_cast<size_t>(cur) * nc + c] = t;
-      prev_c = c;
+      if (active_.empty()) continue;
+      const int32_t end = j < events_.size() ? events_[j].first >> 1 : nc;
+      seg_.clear();
+      for (const auto& a : active_) seg_.push_back(a.first);
+      const int32_t t = !prev_seg_.empty() && seg_ == prev_seg_ ? prev_t : intern(seg_);
+      for (int32_t c = at; c < end; ++c) pda.trans[static_cast<size_t>(cur) * nc + c] = t;
+      std::swap(seg_, prev_seg_);
       prev_t = t;
     }
     // Calls grouped by callee (ascending rule index): one return state per callee.
@@ -733,7 +748,7 @@ void Builder::determinize(int32_t idx, Pda& pda) {
     }
     pda.states[cur].calls_end = static_cast<int32_t>(pda.calls.size());
     pda.states[cur].has_calls = pda.states[cur].calls_end > pda.states[cur].calls_begin;
-    pda.states[cur].dead_end = fin && prev_c < 0 && !pda.states[cur].has_calls;
+    pda.states[cur].dead_end = fin && !any_bytes && !pda.states[cur].has_calls;
   }
 }
 
