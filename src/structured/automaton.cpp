@@ -39,7 +39,8 @@ std::vector<std::vector<RuleId>> rule_refs(const Grammar& g) {
 }
 
 // Rules that produce at least one finite string (fixpoint); refs to the others act as Nothing.
-std::vector<bool> productive_rules(const Grammar& g) {
+// `all_refs` is rule_refs(g); sorted and deduplicated here.
+std::vector<bool> productive_rules(const Grammar& g, std::vector<std::vector<RuleId>>& all_refs) {
   std::vector<bool> prod(g.rules.size(), false);
   // memo[e]: 0 unknown, 1 false, 2 true for the current evaluation (`gen`); shared
   // subexpressions are evaluated once.
@@ -75,7 +76,7 @@ std::vector<bool> productive_rules(const Grammar& g) {
   // Worklist: a rule is re-checked only when a rule it refers to became productive (a sweep
   // per change was quadratic on a chain of 100,000 rules).
   const size_t n = g.rules.size();
-  std::vector<std::vector<RuleId>> users(n), all_refs = rule_refs(g);
+  std::vector<std::vector<RuleId>> users(n);
   for (size_t r = 0; r < n; ++r) {
     std::vector<RuleId>& refs = all_refs[r];
     std::sort(refs.begin(), refs.end());
@@ -99,9 +100,9 @@ std::vector<bool> productive_rules(const Grammar& g) {
 
 // Rules on a cycle of references (Tarjan SCC: a rule is recursive when its SCC has > 1 rule
 // or it refers to itself). Iterative: a chain of 100,000 rules must not recurse that deep.
-std::vector<bool> recursive_rules(const Grammar& g) {
+// `adj` is rule_refs(g) (in any order: the SCCs do not depend on it).
+std::vector<bool> recursive_rules(const Grammar& g, const std::vector<std::vector<RuleId>>& adj) {
   size_t n = g.rules.size();
-  std::vector<std::vector<RuleId>> adj = rule_refs(g);
   std::vector<int> index(n, -1), low(n, 0);
   std::vector<bool> on_stack(n, false), rec(n, false);
   std::vector<int> stack;
@@ -222,8 +223,9 @@ class Builder {
  public:
   Builder(const Grammar& g, const AutomatonLimits& lim) : g_(g), lim_(lim) {
     shapes_.clear();
-    prod_ = productive_rules(g);
-    rec_ = recursive_rules(g);
+    std::vector<std::vector<RuleId>> refs = rule_refs(g);  // computed once for both
+    prod_ = productive_rules(g, refs);
+    rec_ = recursive_rules(g, refs);
     deadline_ = Clock::now() + std::chrono::microseconds(static_cast<int64_t>(lim.time_limit_ms * 1000));
   }
 
