@@ -275,6 +275,11 @@ class Builder {
   std::vector<std::pair<int32_t, int32_t>> events_;
   std::vector<std::pair<int32_t, int32_t>> active_;  // (target, open intervals), by target
   std::vector<int32_t> seg_, prev_seg_;              // targets of the current / previous segment
+  // States with many edges (large sets) step per class instead: the sweep's sort and sorted
+  // inserts grow faster with the edge count than per-class target lists do.
+  static constexpr size_t kMaxSweepEvents = 64;
+  std::vector<std::vector<int32_t>> targets_;  // [class] NFA targets of the current state
+  std::vector<int32_t> touched_;               // classes with targets_ non-empty
   std::vector<int32_t> closed_, ret_set_;
   std::vector<std::pair<int32_t, int32_t>> call_pairs_;  // (callee, NFA return state)
 
@@ -710,6 +715,36 @@ void Builder::determinize(int32_t idx, Pda& pda) {
     // are visited in class order, so new DFA states are numbered as a per-class loop would
     // (an equal set met again interns to the same state).
     const bool any_bytes = !events_.empty();
+    if (events_.size() > kMaxSweepEvents) {
+      // Per class, as before the sweep (same targets, same interning order).
+      if (targets_.size() < static_cast<size_t>(nc)) targets_.resize(nc);
+      for (int32_t c : touched_) targets_[c].clear();
+      touched_.clear();
+      for (uint32_t j = 0, n = sets_.length(k); j < n; ++j) {
+        const int32_t s = sets_.data(k)[j];
+        for (int32_t q = nfa.byte_begin[s]; q < nfa.byte_begin[s + 1]; ++q) {
+          const NfaEdge& e = nfa.bytes[q];
+          for (int c = pda.byte_class[e.lo]; c <= pda.byte_class[e.hi]; ++c) {
+            if (targets_[c].empty()) touched_.push_back(c);
+            targets_[c].push_back(e.to);
+          }
+        }
+      }
+      std::sort(touched_.begin(), touched_.end());
+      int32_t prev_c = -1, prev_ct = -1;
+      for (int32_t c : touched_) {
+        std::vector<int32_t>& tc = targets_[c];
+        if (tc.size() > 1) {
+          std::sort(tc.begin(), tc.end());
+          tc.erase(std::unique(tc.begin(), tc.end()), tc.end());
+        }
+        const int32_t t = prev_c >= 0 && tc == targets_[prev_c] ? prev_ct : intern(tc);
+        pda.trans[static_cast<size_t>(cur) * nc + c] = t;
+        prev_c = c;
+        prev_ct = t;
+      }
+      events_.clear();  // the sweep below has nothing to do
+    }
     std::sort(events_.begin(), events_.end());
     active_.clear();
     prev_seg_.clear();
