@@ -39,7 +39,8 @@ std::vector<std::vector<RuleId>> rule_refs(const Grammar& g) {
 }
 
 // Rules that produce at least one finite string (fixpoint); refs to the others act as Nothing.
-std::vector<bool> productive_rules(const Grammar& g) {
+// `all_refs` is rule_refs(g); sorted and deduplicated here.
+std::vector<bool> productive_rules(const Grammar& g, std::vector<std::vector<RuleId>>& all_refs) {
   std::vector<bool> prod(g.rules.size(), false);
   // memo[e]: 0 unknown, 1 false, 2 true for the current evaluation (`gen`); shared
   // subexpressions are evaluated once.
@@ -75,7 +76,7 @@ std::vector<bool> productive_rules(const Grammar& g) {
   // Worklist: a rule is re-checked only when a rule it refers to became productive (a sweep
   // per change was quadratic on a chain of 100,000 rules).
   const size_t n = g.rules.size();
-  std::vector<std::vector<RuleId>> users(n), all_refs = rule_refs(g);
+  std::vector<std::vector<RuleId>> users(n);
   for (size_t r = 0; r < n; ++r) {
     std::vector<RuleId>& refs = all_refs[r];
     std::sort(refs.begin(), refs.end());
@@ -99,9 +100,9 @@ std::vector<bool> productive_rules(const Grammar& g) {
 
 // Rules on a cycle of references (Tarjan SCC: a rule is recursive when its SCC has > 1 rule
 // or it refers to itself). Iterative: a chain of 100,000 rules must not recurse that deep.
-std::vector<bool> recursive_rules(const Grammar& g) {
+// `adj` is rule_refs(g) (in any order: the SCCs do not depend on it).
+std::vector<bool> recursive_rules(const Grammar& g, const std::vector<std::vector<RuleId>>& adj) {
   size_t n = g.rules.size();
-  std::vector<std::vector<RuleId>> adj = rule_refs(g);
   std::vector<int> index(n, -1), low(n, 0);
   std::vector<bool> on_stack(n, false), rec(n, false);
   std::vector<int> stack;
@@ -222,8 +223,9 @@ class Builder {
  public:
   Builder(const Grammar& g, const AutomatonLimits& lim) : g_(g), lim_(lim) {
     shapes_.clear();
-    prod_ = productive_rules(g);
-    rec_ = recursive_rules(g);
+    std::vector<std::vector<RuleId>> refs = rule_refs(g);  // computed once for both
+    prod_ = productive_rules(g, refs);
+    rec_ = recursive_rules(g, refs);
     deadline_ = Clock::now() + std::chrono::microseconds(static_cast<int64_t>(lim.time_limit_ms * 1000));
   }
 
@@ -268,6 +270,14 @@ class Builder {
   SetTable sets_;
   SetTable raw_seen_;               // raw target sets met in this rule
   std::vector<int32_t> raw_state_;  // [raw_seen_ index] their DFA state or -1
+  // The current state's byte edges as class intervals: (first class << 1 | 0, target) opens,
+  // (last class + 1 << 1 | 1, target) closes; swept in class order (determinize).
+  std::vector<std::pair<int32_t, int32_t>> events_;
+  std::vector<std::pair<int32_t, int32_t>> active_;  // (target, open intervals), by target
+  std::vector<int32_t> seg_, prev_seg_;              // targets of the current / previous segment
+  // States with many edges (large sets) step per class instead: the sweep's sort and sorted
+  // inserts grow faster with the edge count than per-class target lists do.
+  static constexpr size_t kMaxSweepEvents = 64;
   std::vector<std::vector<int32_t>> targets_;  // [class] NFA targets of the current state
   std::vector<int32_t> touched_;               // classes with targets_ non-empty
   std::vector<int32_t> closed_, ret_set_;
@@ -680,12 +690,10 @@ void Builder::determinize(int32_t idx, Pda& pda) {
     return id;
   };
   pda.rule_start[idx] = intern({0});
-  targets_.resize(std::max<size_t>(targets_.size(), nc));
   for (int32_t k = 0; k < sets_.size(); ++k) {
     if ((k & 255) == 0) check_time();
     const int32_t cur = first + k;
-    for (int32_t c : touched_) targets_[c].clear();
-    touched_.clear();
+    events_.clear();
     call_pairs_.clear();
     bool fin = false;
     // Read set k before interning anything (interning may move the arena).
@@ -695,29 +703,73 @@ void Builder::determinize(int32_t idx, Pda& pda) {
       if (s == nfa_final) fin = true;
       for (int32_t q = nfa.byte_begin[s]; q < nfa.byte_begin[s + 1]; ++q) {
         const NfaEdge& e = nfa.bytes[q];
-        for (int c = pda.byte_class[e.lo]; c <= pda.byte_class[e.hi]; ++c) {
-          if (targets_[c].empty()) touched_.push_back(c);
-          targets_[c].push_back(e.to);
-        }
+        events_.push_back({pda.byte_class[e.lo] << 1, e.to});
+        events_.push_back({(pda.byte_class[e.hi] + 1) << 1 | 1, e.to});
       }
       for (int32_t q = nfa.call_begin[s]; q < nfa.call_begin[s + 1]; ++q)
         call_pairs_.push_back({nfa.calls[q].rule, nfa.calls[q].to});
     }
     pda.states[cur].final = fin;
-    // Neighbouring classes usually have the same targets (every ordinary character of a
-    // string body): reuse the previous class's closure instead of closing and hashing again.
-    // Only the classes with a target (a literal's state has one or two of ~60), in order.
-    std::sort(touched_.begin(), touched_.end());
-    int32_t prev_c = -1, prev_t = -1;
-    for (int32_t c : touched_) {
-      std::vector<int32_t>& tc = targets_[c];
-      if (tc.size() > 1) {
-        std::sort(tc.begin(), tc.end());
-        tc.erase(std::unique(tc.begin(), tc.end()), tc.end());
+    // Class c's targets are those of the intervals holding c: constant between interval ends,
+    // so one sorted target set (and one intern) per segment instead of per class. Segments
+    // are visited in class order, so new DFA states are numbered as a per-class loop would
+    // (an equal set met again interns to the same state).
+    const bool any_bytes = !events_.empty();
+    if (events_.size() > kMaxSweepEvents) {
+      // Per class, as before the sweep (same targets, same interning order).
+      if (targets_.size() < static_cast<size_t>(nc)) targets_.resize(nc);
+      for (int32_t c : touched_) targets_[c].clear();
+      touched_.clear();
+      for (uint32_t j = 0, n = sets_.length(k); j < n; ++j) {
+        const int32_t s = sets_.data(k)[j];
+        for (int32_t q = nfa.byte_begin[s]; q < nfa.byte_begin[s + 1]; ++q) {
+          const NfaEdge& e = nfa.bytes[q];
+          for (int c = pda.byte_class[e.lo]; c <= pda.byte_class[e.hi]; ++c) {
+            if (targets_[c].empty()) touched_.push_back(c);
+            targets_[c].push_back(e.to);
+          }
+        }
       }
-      const int32_t t = prev_c >= 0 && tc == targets_[prev_c] ? prev_t : intern(tc);
-      pda.trans[static_cast<size_t>(cur) * nc + c] = t;
-      prev_c = c;
+      std::sort(touched_.begin(), touched_.end());
+      int32_t prev_c = -1, prev_ct = -1;
+      for (int32_t c : touched_) {
+        std::vector<int32_t>& tc = targets_[c];
+        if (tc.size() > 1) {
+          std::sort(tc.begin(), tc.end());
+          tc.erase(std::unique(tc.begin(), tc.end()), tc.end());
+        }
+        const int32_t t = prev_c >= 0 && tc == targets_[prev_c] ? prev_ct : intern(tc);
+        pda.trans[static_cast<size_t>(cur) * nc + c] = t;
+        prev_c = c;
+        prev_ct = t;
+      }
+      events_.clear();  // the sweep below has nothing to do
+    }
+    std::sort(events_.begin(), events_.end());
+    active_.clear();
+    prev_seg_.clear();
+    int32_t prev_t = -1;
+    for (size_t j = 0; j < events_.size();) {
+      const int32_t at = events_[j].first >> 1;
+      for (; j < events_.size() && events_[j].first >> 1 == at; ++j) {
+        const int32_t to = events_[j].second;
+        auto it = std::lower_bound(active_.begin(), active_.end(), std::pair<int32_t, int32_t>{to, 0},
+                                   [](const auto& a, const auto& b) { return a.first < b.first; });
+        if (events_[j].first & 1) {
+          if (--it->second == 0) active_.erase(it);
+        } else if (it != active_.end() && it->first == to) {
+          ++it->second;
+        } else {
+          active_.insert(it, {to, 1});
+        }
+      }
+      if (active_.empty()) continue;
+      const int32_t end = j < events_.size() ? events_[j].first >> 1 : nc;
+      seg_.clear();
+      for (const auto& a : active_) seg_.push_back(a.first);
+      const int32_t t = !prev_seg_.empty() && seg_ == prev_seg_ ? prev_t : intern(seg_);
+      for (int32_t c = at; c < end; ++c) pda.trans[static_cast<size_t>(cur) * nc + c] = t;
+      std::swap(seg_, prev_seg_);
       prev_t = t;
     }
     // Calls grouped by callee (ascending rule index): one return state per callee.
@@ -733,7 +785,7 @@ void Builder::determinize(int32_t idx, Pda& pda) {
     }
     pda.states[cur].calls_end = static_cast<int32_t>(pda.calls.size());
     pda.states[cur].has_calls = pda.states[cur].calls_end > pda.states[cur].calls_begin;
-    pda.states[cur].dead_end = fin && prev_c < 0 && !pda.states[cur].has_calls;
+    pda.states[cur].dead_end = fin && !any_bytes && !pda.states[cur].has_calls;
   }
 }
 

@@ -52,6 +52,7 @@ void split_utf8(uint32_t lo, uint32_t hi, std::vector<std::vector<ByteRange>>& o
 }  // namespace
 
 GrammarBuilder::GrammarBuilder() {
+  g_.exprs.reserve(256);  // a schema's lowering makes hundreds to thousands
   g_.exprs.push_back(Expr{.kind = ExprKind::kNothing});
   g_.exprs.push_back(Expr{.kind = ExprKind::kEmpty});
 }
@@ -63,28 +64,46 @@ ExprId GrammarBuilder::add(Expr e) {
 
 ExprId GrammarBuilder::bytes(std::vector<ByteRange> ranges) {
   if (ranges.empty()) return kNothingId;
-  std::sort(ranges.begin(), ranges.end(), [](ByteRange a, ByteRange b) { return a.lo < b.lo; });
-  std::vector<ByteRange> merged;
-  for (ByteRange r : ranges) {
-    if (!merged.empty() && static_cast<int>(r.lo) <= static_cast<int>(merged.back().hi) + 1)
-      merged.back().hi = std::max(merged.back().hi, r.hi);
-    else
-      merged.push_back(r);
+  // Sorted and merged in place (the vector is ours: one allocation fewer per byte set).
+  if (ranges.size() > 1) {
+    std::sort(ranges.begin(), ranges.end(), [](ByteRange a, ByteRange b) { return a.lo < b.lo; });
+    size_t w = 0;
+    for (size_t i = 0; i < ranges.size(); ++i) {
+      const ByteRange r = ranges[i];
+      if (w > 0 && static_cast<int>(r.lo) <= static_cast<int>(ranges[w - 1].hi) + 1)
+        ranges[w - 1].hi = std::max(ranges[w - 1].hi, r.hi);
+      else
+        ranges[w++] = r;
+    }
+    ranges.resize(w);
   }
-  return add(Expr{.kind = ExprKind::kBytes, .ranges = std::move(merged)});
+  return add(Expr{.kind = ExprKind::kBytes, .ranges = std::move(ranges)});
 }
 
 ExprId GrammarBuilder::literal(std::string_view s) {
   std::vector<ExprId> parts;
+  parts.reserve(s.size());
   for (char c : s) parts.push_back(byte(static_cast<uint8_t>(c)));
   return seq(std::move(parts));
 }
 
 ExprId GrammarBuilder::seq(std::vector<ExprId> parts) {
+  // Parts that need no flattening (no Nothing, Empty or Seq among them) become the children
+  // as they are: the vector is ours, so no copy (most sequences of a lowering are such).
+  bool plain = true;
+  for (ExprId p : parts) {
+    const ExprKind k = g_.exprs[p].kind;
+    if (k == ExprKind::kNothing) return kNothingId;
+    if (k == ExprKind::kEmpty || k == ExprKind::kSeq) plain = false;
+  }
+  if (plain) {
+    if (parts.empty()) return kEmptyId;
+    if (parts.size() == 1) return parts[0];
+    return add(Expr{.kind = ExprKind::kSeq, .children = std::move(parts)});
+  }
   std::vector<ExprId> out;
   for (ExprId p : parts) {
     const Expr& e = g_.exprs[p];
-    if (e.kind == ExprKind::kNothing) return kNothingId;
     if (e.kind == ExprKind::kEmpty) continue;
     if (e.kind == ExprKind::kSeq)
       out.insert(out.end(), e.children.begin(), e.children.end());
@@ -97,14 +116,24 @@ ExprId GrammarBuilder::seq(std::vector<ExprId> parts) {
 }
 
 ExprId GrammarBuilder::alt(std::vector<ExprId> parts) {
-  std::vector<ExprId> out;
+  // As seq: without a Nothing or Alt among the parts, they are sorted in place.
+  bool plain = true;
   for (ExprId p : parts) {
-    const Expr& e = g_.exprs[p];
-    if (e.kind == ExprKind::kNothing) continue;
-    if (e.kind == ExprKind::kAlt)
-      out.insert(out.end(), e.children.begin(), e.children.end());
-    else
-      out.push_back(p);
+    const ExprKind k = g_.exprs[p].kind;
+    if (k == ExprKind::kNothing || k == ExprKind::kAlt) plain = false;
+  }
+  std::vector<ExprId> out;
+  if (plain) {
+    out = std::move(parts);
+  } else {
+    for (ExprId p : parts) {
+      const Expr& e = g_.exprs[p];
+      if (e.kind == ExprKind::kNothing) continue;
+      if (e.kind == ExprKind::kAlt)
+        out.insert(out.end(), e.children.begin(), e.children.end());
+      else
+        out.push_back(p);
+    }
   }
   std::sort(out.begin(), out.end());
   out.erase(std::unique(out.begin(), out.end()), out.end());

@@ -83,9 +83,12 @@ ExprId SchemaLowerer::key_not_in(const std::vector<std::string>& keys) {
   const int32_t nc = static_cast<int32_t>(rep.size());
   // A pair is live (reaches acceptance) when it accepts or its string state has a way on: from
   // inside a string infinitely many endings remain and the keys exclude finitely many.
-  std::vector<uint8_t> any_out(any.num_states(), 0);
-  for (int32_t a = 0; a < any.num_states(); ++a)
-    for (int32_t c = 0; c < any.num_classes && !any_out[a]; ++c) any_out[a] = any.trans[static_cast<size_t>(a) * any.num_classes + c] >= 0;
+  static const std::vector<uint8_t> any_out = [] {
+    std::vector<uint8_t> out(any.num_states(), 0);
+    for (int32_t a = 0; a < any.num_states(); ++a)
+      for (int32_t c = 0; c < any.num_classes && !out[a]; ++c) out[a] = any.trans[static_cast<size_t>(a) * any.num_classes + c] >= 0;
+    return out;
+  }();
   // About one state per key byte: bounded like a grammar's automaton, not a regex's.
   constexpr size_t kMaxKeyStates = 200'000;
   // A pair (a, t >= 0) is determined by t (a is `any` after t's bytes) and (a, -1) by a, so
@@ -108,15 +111,14 @@ ExprId SchemaLowerer::key_not_in(const std::vector<std::string>& keys) {
   for (size_t cur = 0; cur < pairs.size(); ++cur) {
     const auto [a, t] = pairs[cur];
     int32_t run_to = -1;  // target of the open edge (classes merge while their target repeats)
+    // t's children in byte order, met in class order (every child byte starts a class).
+    const std::pair<uint8_t, int32_t>* kid = t >= 0 ? kids[t].data() : nullptr;
+    const std::pair<uint8_t, int32_t>* kid_end = t >= 0 ? kid + kids[t].size() : nullptr;
     for (int32_t c = 0; c < nc; ++c) {
       int32_t to = -1;
+      while (kid != kid_end && kid->first < rep[c]) ++kid;
       if (const int32_t na = any.next(a, rep[c]); na >= 0) {
-        int32_t nt = -1;
-        if (t >= 0) {
-          const auto& ks = kids[t];
-          auto it = std::lower_bound(ks.begin(), ks.end(), std::pair<uint8_t, int32_t>{rep[c], -1});
-          if (it != ks.end() && it->first == rep[c]) nt = it->second;
-        }
+        const int32_t nt = kid != kid_end && kid->first == rep[c] ? kid->second : -1;
         const bool fin = any.final[na] && (nt < 0 || !done[nt]);
         if (any_out[na] || fin) to = intern(na, nt);
       }
