@@ -743,8 +743,17 @@ void expert_dequant_probe(ExpertFormat f, const uint32_t* words, const uint8_t* 
   DI_CUDA_CHECK_LAUNCH();
 }
 
-// kAuto's choice of the swap-AB kernel (grouped_gemm_swapab_kernel): off until measured.
-static bool swapab_by_default(const GroupedGemmParams&) { return false; }
+// kAuto's choice of the swap-AB kernel: FP4/FP8 weights and at most ~40 rows per expert on
+// average, estimated from the host bound max_tiles = ceil(rows / 64) + min(experts, rows) (no
+// host sync). Measured on an H200 (docs/PERFORMANCE.md "#13 ... round three"): V4-Flash FP4 up /
+// down 1.03-1.12x the 128 x 256 wgmma kernel at 1,536 tokens (36 rows per expert), 1.32-1.43x at
+// 512 / 64 / 8 tokens, but 0.6x at 4,096 (96 rows per expert); the crossover between 36 and 96
+// rows was not measured. Plain weights: not measured, not chosen. Same output bits as the other
+// kernels at the measured shapes, so the switch does not change results.
+static bool swapab_by_default(const GroupedGemmParams& p) {
+  if (p.format == ExpertFormat::kPlain || p.experts <= 0) return false;
+  return (p.max_tiles - p.experts) * kGroupedTileM <= 40 * p.experts;
+}
 
 void grouped_gemm_wgmma(const GroupedGemmParams& p, cudaStream_t stream) {
   const int64_t blocks = p.max_tiles * ((p.N + WN - 1) / WN);
