@@ -42,6 +42,7 @@ const char* grouped_gemm_kernel_name(GroupedGemmKernel k) {
     case GroupedGemmKernel::kWgmmaTable: return "wgmma-table";
     case GroupedGemmKernel::kWgmmaBits: return "wgmma-bits";
     case GroupedGemmKernel::kWgmmaWs: return "wgmma-ws";
+    case GroupedGemmKernel::kWgmmaSwapAB: return "wgmma-swapab";
   }
   return "?";
 }
@@ -351,7 +352,8 @@ void grouped_gemm(const GroupedGemmParams& p, cudaStream_t stream) {
   if (!p.tiles || !p.num_tiles) DI_THROW(InvalidArgument, "grouped_gemm: null tile list");
   const bool sm90 = grouped_gemm_wgmma_available();
   const bool wgmma = p.kernel == GroupedGemmKernel::kWgmma || p.kernel == GroupedGemmKernel::kWgmmaTable ||
-                     p.kernel == GroupedGemmKernel::kWgmmaBits || p.kernel == GroupedGemmKernel::kWgmmaWs;
+                     p.kernel == GroupedGemmKernel::kWgmmaBits || p.kernel == GroupedGemmKernel::kWgmmaWs ||
+                     p.kernel == GroupedGemmKernel::kWgmmaSwapAB;
   if (wgmma && !sm90)
     DI_THROW(InvalidArgument, "grouped_gemm: kernel wgmma needs a compute capability 9.0 device");
   if (p.max_tiles == 0) return;

@@ -48,7 +48,9 @@ constexpr int kGroupedTileN = 128;  // outputs of one tile (mma.sync kernel)
 // kWgmma takes, per format, the dequantisation that measured faster (grouped_gemm_sm90.cu); for
 // timing, kWgmmaTable / kWgmmaBits force the lookup-table / the table-free one for both formats,
 // and kWgmmaWs runs the experimental warp-specialised kernel (plain weights: the default one).
-enum class GroupedGemmKernel : uint8_t { kAuto, kMmaSync, kWgmma, kWgmmaTable, kWgmmaBits, kWgmmaWs };
+// kWgmmaSwapAB: y^T = W x^T, the weights as wgmma's register A operand and the token rows as B
+// (n = 8..64), for few rows per expert (grouped_gemm_sm90.cu, "swap-AB variant").
+enum class GroupedGemmKernel : uint8_t { kAuto, kMmaSync, kWgmma, kWgmmaTable, kWgmmaBits, kWgmmaWs, kWgmmaSwapAB };
 const char* grouped_gemm_kernel_name(GroupedGemmKernel k);
 // True when the current device can run the wgmma kernel (compute capability 9.0).
 bool grouped_gemm_wgmma_available();

@@ -474,6 +474,254 @@ void launch(const GroupedGemmParams& p, dim3 grid, cudaStream_t stream) {
   grouped_gemm_wgmma_kernel<F, kTable><<<grid, kThreads, smem, stream>>>(p);
 }
 
+// ---- swap-AB variant (GroupedGemmKernel::kWgmmaSwapAB): y^T = W x^T for few rows per expert ----
+// One block = one warpgroup (128 threads) = one 64-row segment tile x one 64-feature slab. The
+// expert's weight rows are wgmma's A operand straight from registers (m64 = the 64 features):
+// each thread loads its fragment's raw bytes from global memory (16-byte loads, the 4 lanes of a
+// quad share one: a warp request touches 8 rows x 16 bytes), picks its bytes with prmt and decodes
+// them into bf16x2 registers (decode_word: an FP4 byte or an FP8 pair per register). The tile's
+// token rows are B in shared memory (cp.async, 128B-swizzled K-major, a 3-deep ring), wgmma's n =
+// the smallest of 8/16/32/64 covering the tile's rows, so empty rows cost (almost) nothing and no
+// bf16 weight tile round-trips shared memory. The next K step's weight bytes are loaded before
+// this step's MMAs (one step of register prefetch); latency is otherwise hidden by occupancy
+// (~40 KB smem or less, several blocks per SM).
+// Numerics: fp32 accumulation, k16 slices in increasing k (per row the same sequence whatever n
+// and the neighbours: batch invariant, as far as the MMA's own per-element order does not depend
+// on n; tested), the same bf16 weights as the other kernels; not bit-identical to them (another
+// MMA shape, so possibly another order inside a k16 slice).
+constexpr int kSwThreads = 128, kSwFeat = 64, kSwStages = 3;
+__device__ __forceinline__ void fence_reg(uint32_t& r) { asm volatile("" : "+r"(r)::"memory"); }
+
+// Raw weight bytes of one K step (64 inputs) for this thread's two fragment rows (g, g + 8).
+template <ExpertFormat F>
+struct SwRaw {
+  // FP4: 2 rows x 2 segments (32 inputs, 16 bytes); FP8: 2 rows x 4 slices (16 inputs, 16 bytes);
+  // plain: 2 rows x 4 slices x 2 words (k 2t and 2t + 8).
+  static constexpr int kVec = F == ExpertFormat::kFP4 ? 4 : F == ExpertFormat::kFP8 ? 8 : 0;
+  uint4 v[kVec > 0 ? kVec : 1];
+  uint32_t plain[F == ExpertFormat::kPlain ? 16 : 1];
+  uint32_t s[F == ExpertFormat::kFP4 ? 4 : 2];  // e8m0 scales: FP4 [row][seg], FP8 [row]
+};
+
+template <ExpertFormat F>
+__device__ __forceinline__ void sw_load(const GroupedGemmParams& p, const uint8_t* w, const uint8_t* sc, int64_t nrow,
+                                        int64_t k0, int t, SwRaw<F>& r) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t n = nrow + 8 * h;
+    const bool nok = n < p.N;
+    if constexpr (F == ExpertFormat::kFP4) {
+      const int64_t ns = p.K / 32;
+#pragma unroll
+      for (int s = 0; s < 2; ++s) {
+        const int64_t k = k0 + 32 * s;
+        const bool ok = nok && k < p.K;
+        r.v[2 * h + s] = ok ? __ldg(reinterpret_cast<const uint4*>(w + n * (p.K / 2) + k / 2)) : make_uint4(0, 0, 0, 0);
+        r.s[2 * h + s] = ok ? __ldg(sc + n * ns + k / 32) : 127u;
+      }
+    } else if constexpr (F == ExpertFormat::kFP8) {
+      const int64_t ns = (p.K + 127) / 128;
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        const int64_t k = k0 + 16 * kk;
+        const bool ok = nok && k < p.K;
+        r.v[4 * h + kk] = ok ? __ldg(reinterpret_cast<const uint4*>(w + n * p.K + k)) : make_uint4(0, 0, 0, 0);
+      }
+      r.s[h] = nok && k0 < p.K ? __ldg(sc + n * ns + k0 / 128) : 127u;
+    } else {
+      const uint32_t* wp = reinterpret_cast<const uint32_t*>(w);
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+        for (int q = 0; q < 2; ++q) {
+          const int64_t k = k0 + 16 * kk + 8 * q + 2 * t;
+          r.plain[8 * h + 2 * kk + q] = nok && k < p.K ? __ldg(wp + (n * p.K + k) / 2) : 0u;
+        }
+    }
+  }
+}
+
+// Raw bytes -> the 4 k16 A fragments of the step: a[kk] = {row g k 2t, row g+8 k 2t, row g k 2t+8,
+// row g+8 k 2t+8} (bf16x2 each).
+template <ExpertFormat F>
+__device__ __forceinline__ void sw_frag(const SwRaw<F>& r, int t, uint32_t (&a)[4][4]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if constexpr (F == ExpertFormat::kFP4) {
+      const uint32_t sel = uint32_t(t) | (uint32_t(t + 4) << 4);
+#pragma unroll
+      for (int s = 0; s < 2; ++s) {
+        const uint4 v = r.v[2 * h + s];
+        // byte t of each word: segment bytes t, 4+t, 8+t, 12+t = inputs 2t, 8+2t, 16+2t, 24+2t
+        const uint32_t word = __byte_perm(__byte_perm(v.x, v.y, sel), __byte_perm(v.z, v.w, sel), 0x5410);
+        uint32_t o[4];
+        decode_word<F>(word, bf16x2_scale<126>(r.s[2 * h + s]), o);
+        a[2 * s][h] = o[0];
+        a[2 * s][2 + h] = o[1];
+        a[2 * s + 1][h] = o[2];
+        a[2 * s + 1][2 + h] = o[3];
+      }
+    } else if constexpr (F == ExpertFormat::kFP8) {
+      const uint32_t sel = uint32_t(2 * t) | (uint32_t(2 * t + 1) << 4);
+      const Bf16x2Scale sc = bf16x2_scale<120>(r.s[h]);
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        const uint4 v = r.v[4 * h + kk];
+        // bytes 2t, 2t+1 (inputs 2t..) and 8+2t, 9+2t of the slice's 16
+        const uint32_t word = __byte_perm(__byte_perm(v.x, v.y, sel), __byte_perm(v.z, v.w, sel), 0x5410);
+        uint32_t o[4];
+        decode_word<F>(word, sc, o);
+        a[kk][h] = o[0];
+        a[kk][2 + h] = o[1];
+      }
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        a[kk][h] = r.plain[8 * h + 2 * kk];
+        a[kk][2 + h] = r.plain[8 * h + 2 * kk + 1];
+      }
+    }
+  }
+}
+
+template <int NT>
+__device__ __forceinline__ void sw_mma(float (&d)[NT / 2], const uint32_t (&a)[4], uint64_t db) {
+  if constexpr (NT == 8) wgmma::mma_m64n8k16_rs(d, a, db, 1);
+  else if constexpr (NT == 16) wgmma::mma_m64n16k16_rs(d, a, db, 1);
+  else if constexpr (NT == 32) wgmma::mma_m64n32k16_rs(d, a, db, 1);
+  else wgmma::mma_m64n64k16_rs(d, a, db, 1);
+}
+
+// cp.async of K step k0's token rows 0..NT-1 (gathered through xrow; -1 / past K: zero-filled).
+template <int NT>
+__device__ __forceinline__ void sw_issue_x(const GroupedGemmParams& p, const int64_t* xrow, int64_t k0, uint32_t st,
+                                           int tid) {
+  const __nv_bfloat16* x = static_cast<const __nv_bfloat16*>(p.x);
+  constexpr int kChunks = NT * 8;
+#pragma unroll
+  for (int j = 0; j < (kChunks + kSwThreads - 1) / kSwThreads; ++j) {
+    const int i = tid + j * kSwThreads;
+    if (kChunks % kSwThreads == 0 || i < kChunks) {
+      const int r = i / 8, ch = i % 8;
+      const int64_t k = k0 + ch * 8;
+      const bool ok = xrow[r] >= 0 && k < p.K;
+      cp_async16(st + sw(r, ch), ok ? x + xrow[r] * p.ldx + k : x, ok ? 16 : 0);
+    }
+  }
+}
+
+template <ExpertFormat F, int NT>
+__device__ __forceinline__ void sw_tile(const GroupedGemmParams& p, const int64_t* xrow, uint32_t sbase, int e,
+                                        int64_t row0, int64_t row_end, int64_t f0) {
+  constexpr int kStage = NT * kAtomRow;  // NT token rows x 64 bf16
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const uint8_t* w = static_cast<const uint8_t*>(p.w[e]);
+  const uint8_t* sc = F == ExpertFormat::kPlain ? nullptr : p.scale[e];
+  const int64_t nrow = f0 + warp * 16 + g;
+  const int nk = int((p.K + BK - 1) / BK);
+#pragma unroll
+  for (int s = 0; s < kSwStages - 1; ++s) {
+    if (s < nk) sw_issue_x<NT>(p, xrow, int64_t(s) * BK, sbase + uint32_t(s * kStage), tid);
+    cp_async_commit();
+  }
+  SwRaw<F> cur, nxt;
+  sw_load<F>(p, w, sc, nrow, 0, t, cur);
+  float acc[NT / 2];
+#pragma unroll
+  for (int i = 0; i < NT / 2; ++i) acc[i] = 0.f;
+  for (int i = 0; i < nk; ++i) {
+    if (i + 1 < nk) sw_load<F>(p, w, sc, nrow, int64_t(i + 1) * BK, t, nxt);
+    uint32_t a[4][4];
+    sw_frag<F>(cur, t, a);
+    cp_async_wait<kSwStages - 2>();  // step i landed (this thread's copies)
+    wgmma::fence_proxy_async();
+    __syncthreads();                 // ... all threads'; every thread's step i-1 MMAs done (wait<0>)
+    {
+      const int j = i + kSwStages - 1;  // into the slot of step i - 1
+      if (j < nk) sw_issue_x<NT>(p, xrow, int64_t(j) * BK, sbase + uint32_t((j % kSwStages) * kStage), tid);
+      cp_async_commit();
+    }
+    const uint32_t b = sbase + uint32_t((i % kSwStages) * kStage);
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) fence_reg(a[kk][q]);
+#pragma unroll
+    for (int q = 0; q < NT / 2; ++q) wgmma::fence_operand(acc[q]);
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; ++kk) sw_mma<NT>(acc, a[kk], wgmma::desc_sw128(b + kk * 32));
+    wgmma::commit();
+    wgmma::wait<0>();
+#pragma unroll
+    for (int q = 0; q < NT / 2; ++q) wgmma::fence_operand(acc[q]);
+    // the A registers stay allocated until the MMAs that read them are done
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) fence_reg(a[kk][q]);
+    cur = nxt;
+  }
+  // d[4j + 2h + q]: feature nrow + 8h, token 8j + 2t + q
+  const bool f32 = p.y_dtype == DType::kF32;
+#pragma unroll
+  for (int j = 0; j < NT / 8; ++j)
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      const int64_t a = row0 + 8 * j + 2 * t + q;
+      if (a >= row_end) continue;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t n = nrow + 8 * h;
+        if (n >= p.N) continue;
+        const float v = acc[4 * j + 2 * h + q];
+        if (f32) static_cast<float*>(p.y)[a * p.ldy + n] = v;
+        else static_cast<__nv_bfloat16*>(p.y)[a * p.ldy + n] = __float2bfloat16_rn(v);
+      }
+    }
+}
+
+template <ExpertFormat F>
+__global__ void __launch_bounds__(kSwThreads) grouped_gemm_swapab_kernel(const __grid_constant__ GroupedGemmParams p) {
+#if DI_WGMMA_ENABLED
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  __shared__ int64_t xrow[kGroupedTileM];
+  // 1-D grid, the feature slab fastest (blocks running together share the tile's token rows).
+  const int64_t nslab = (p.N + kSwFeat - 1) / kSwFeat, tile = int64_t(blockIdx.x) / nslab;
+  if (tile >= *p.num_tiles) return;
+  const int32_t code = p.tiles[tile];
+  const int e = code >> 16;
+  const int64_t row0 = p.seg[e] + int64_t(code & 0xffff) * kGroupedTileM;
+  const int64_t seg_end = p.seg[e + 1], row_end = seg_end < row0 + kGroupedTileM ? seg_end : row0 + kGroupedTileM;
+  const int64_t f0 = (int64_t(blockIdx.x) % nslab) * kSwFeat;
+  const int tid = threadIdx.x;
+  if (tid < kGroupedTileM) {
+    const int64_t a = row0 + tid;
+    xrow[tid] = a < row_end ? (p.x_rows ? p.x_rows[a] : a) : -1;
+  }
+  const uint32_t base_raw = smem_u32(smem_raw), pad = ((base_raw + 1023) & ~1023u) - base_raw;
+  const uint32_t sbase = base_raw + pad;
+  __syncthreads();  // xrow
+  const int64_t rows = row_end - row0;  // 1..64, block-uniform
+  if (rows <= 8) sw_tile<F, 8>(p, xrow, sbase, e, row0, row_end, f0);
+  else if (rows <= 16) sw_tile<F, 16>(p, xrow, sbase, e, row0, row_end, f0);
+  else if (rows <= 32) sw_tile<F, 32>(p, xrow, sbase, e, row0, row_end, f0);
+  else sw_tile<F, 64>(p, xrow, sbase, e, row0, row_end, f0);
+#else
+  __trap();
+#endif
+}
+
+template <ExpertFormat F>
+void launch_swapab(const GroupedGemmParams& p, cudaStream_t stream) {
+  const int64_t blocks = p.max_tiles * ((p.N + kSwFeat - 1) / kSwFeat);
+  if (blocks >= (int64_t(1) << 31))
+    DI_THROW(InvalidArgument, "grouped_gemm (wgmma swap-AB): grid too large (tiles ", p.max_tiles, ", N ", p.N, ")");
+  constexpr int smem = kSwStages * 64 * kAtomRow + 1024;  // the n = 64 ring + atom alignment: 25 KB
+  DI_CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_swapab_kernel<F>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  grouped_gemm_swapab_kernel<F><<<dim3(unsigned(blocks)), kSwThreads, smem, stream>>>(p);
+}
+
 template <ExpertFormat F>
 __global__ void dequant_probe_kernel(const uint32_t* words, const uint8_t* scales, int64_t n, uint32_t* out) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -495,6 +743,18 @@ void expert_dequant_probe(ExpertFormat f, const uint32_t* words, const uint8_t* 
   DI_CUDA_CHECK_LAUNCH();
 }
 
+// kAuto's choice of the swap-AB kernel: FP4/FP8 weights and at most ~40 rows per expert on
+// average, estimated from the host bound max_tiles = ceil(rows / 64) + min(experts, rows) (no
+// host sync). Measured on an H200 (docs/PERFORMANCE.md "#13 ... round three"): V4-Flash FP4 up /
+// down 1.03-1.12x the 128 x 256 wgmma kernel at 1,536 tokens (36 rows per expert), 1.32-1.43x at
+// 512 / 64 / 8 tokens, but 0.6x at 4,096 (96 rows per expert); the crossover between 36 and 96
+// rows was not measured. Plain weights: not measured, not chosen. Same output bits as the other
+// kernels at the measured shapes, so the switch does not change results.
+static bool swapab_by_default(const GroupedGemmParams& p) {
+  if (p.format == ExpertFormat::kPlain || p.experts <= 0) return false;
+  return (p.max_tiles - p.experts) * kGroupedTileM <= 40 * p.experts;
+}
+
 void grouped_gemm_wgmma(const GroupedGemmParams& p, cudaStream_t stream) {
   const int64_t blocks = p.max_tiles * ((p.N + WN - 1) / WN);
   if (blocks >= (int64_t(1) << 31))
@@ -505,6 +765,15 @@ void grouped_gemm_wgmma(const GroupedGemmParams& p, cudaStream_t stream) {
   // (190 / 179 vs 151 / 132: its table-free decode, with a NaN test per word, is slower there).
   const bool table = p.kernel == GroupedGemmKernel::kWgmmaTable ||
                      (p.kernel != GroupedGemmKernel::kWgmmaBits && p.format == ExpertFormat::kFP8);
+  if (p.kernel == GroupedGemmKernel::kWgmmaSwapAB || (p.kernel == GroupedGemmKernel::kAuto && swapab_by_default(p))) {
+    switch (p.format) {
+      case ExpertFormat::kPlain: launch_swapab<ExpertFormat::kPlain>(p, stream); break;
+      case ExpertFormat::kFP4: launch_swapab<ExpertFormat::kFP4>(p, stream); break;
+      case ExpertFormat::kFP8: launch_swapab<ExpertFormat::kFP8>(p, stream); break;
+    }
+    DI_CUDA_CHECK_LAUNCH();
+    return;
+  }
   const bool ws = p.kernel == GroupedGemmKernel::kWgmmaWs;
   if (ws && p.format != ExpertFormat::kPlain) {
     p.format == ExpertFormat::kFP4 ? launch_ws<ExpertFormat::kFP4>(p, grid, stream) : launch_ws<ExpertFormat::kFP8>(p, grid, stream);

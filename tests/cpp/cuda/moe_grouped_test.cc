@@ -27,9 +27,12 @@ using oc::GroupedGemmKernel;
 
 // The device kernels this GPU runs (wgmma as dispatched and with each dequantisation forced, only
 // on compute capability 9.0).
+// DI_TEST_SWAPAB_ONLY=1: the swap-AB kernel alone (sanitizer runs).
 // DI_TEST_WGMMA_WS=1: mma.sync and the experimental warp-specialised kernel instead (run apart, so
 // a hang there cannot take the other results with it).
 std::vector<GroupedGemmKernel> kernels() {
+  const char* only = std::getenv("DI_TEST_SWAPAB_ONLY");  // sanitizer runs of the swap-AB kernel alone
+  if (oc::grouped_gemm_wgmma_available() && only && std::string(only) == "1") return {GroupedGemmKernel::kWgmmaSwapAB};
   std::vector<GroupedGemmKernel> k{GroupedGemmKernel::kMmaSync};
   const char* ws = std::getenv("DI_TEST_WGMMA_WS");
   if (oc::grouped_gemm_wgmma_available() && ws && std::string(ws) == "1") {
@@ -38,6 +41,7 @@ std::vector<GroupedGemmKernel> kernels() {
     k.push_back(GroupedGemmKernel::kWgmma);
     k.push_back(GroupedGemmKernel::kWgmmaTable);
     k.push_back(GroupedGemmKernel::kWgmmaBits);
+    k.push_back(GroupedGemmKernel::kWgmmaSwapAB);  // last: not bit-identical to the others
   }
   return k;
 }
@@ -447,7 +451,7 @@ TEST(CudaGroupedGemm, FlashShapeTiming) {
   for (ExpertFormat f : {ExpertFormat::kFP4, ExpertFormat::kFP8}) {
     const Weights W13 = random_weights(f, 1, 2 * I, D, 8, false), W2 = random_weights(f, 1, D, I, 9, false);
     DevSet w13(W13.w[0], E), s13(W13.s[0], E), w2(W2.w[0], E), s2(W2.s[0], E);
-    for (const int64_t T : {int64_t(4096), int64_t(512), int64_t(64)}) {
+    for (const int64_t T : {int64_t(4096), int64_t(1536), int64_t(512), int64_t(64), int64_t(8)}) {
       const int64_t rows = T * Kt;
       const auto ids = random_ids(rows, E, 77, false, false);
       const Route r = route_host(ids, std::vector<float>(size_t(rows), 1.f), T, Kt, E);
@@ -517,7 +521,7 @@ TEST(CudaGroupedGemm, FlashShapeTiming) {
         // bit-identical to mma.sync? (a size-based dispatch between them would need this; printed)
         const bool same = outs[2 * k] == outs[0] && outs[2 * k + 1] == outs[1];
         std::printf("DI_CUDA_BITEQ|%s|%s\n", name.c_str(), same ? "identical" : "differs");
-        if (k >= 2) {
+        if (k >= 2 && kernels()[k] != GroupedGemmKernel::kWgmmaSwapAB) {
           EXPECT_TRUE(outs[2 * k] == outs[2] && outs[2 * k + 1] == outs[3]) << name << ": differs from wgmma";
         }
       }
