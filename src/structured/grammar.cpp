@@ -87,6 +87,22 @@ ExprId GrammarBuilder::literal(std::string_view s) {
   return seq(std::move(parts));
 }
 
+namespace {
+// The parts of a seq / alt with the neutral element (`skip`) dropped and nested `nest`s spliced in.
+std::vector<ExprId> flatten(const Grammar& g, const std::vector<ExprId>& parts, ExprKind skip, ExprKind nest) {
+  std::vector<ExprId> out;
+  for (ExprId p : parts) {
+    const Expr& e = g.exprs[p];
+    if (e.kind == skip) continue;
+    if (e.kind == nest)
+      out.insert(out.end(), e.children.begin(), e.children.end());
+    else
+      out.push_back(p);
+  }
+  return out;
+}
+}  // namespace
+
 ExprId GrammarBuilder::seq(std::vector<ExprId> parts) {
   // Parts that need no flattening (no Nothing, Empty or Seq among them) become the children
   // as they are: the vector is ours, so no copy (most sequences of a lowering are such).
@@ -101,15 +117,7 @@ ExprId GrammarBuilder::seq(std::vector<ExprId> parts) {
     if (parts.size() == 1) return parts[0];
     return add(Expr{.kind = ExprKind::kSeq, .children = std::move(parts)});
   }
-  std::vector<ExprId> out;
-  for (ExprId p : parts) {
-    const Expr& e = g_.exprs[p];
-    if (e.kind == ExprKind::kEmpty) continue;
-    if (e.kind == ExprKind::kSeq)
-      out.insert(out.end(), e.children.begin(), e.children.end());
-    else
-      out.push_back(p);
-  }
+  std::vector<ExprId> out = flatten(g_, parts, ExprKind::kEmpty, ExprKind::kSeq);
   if (out.empty()) return kEmptyId;
   if (out.size() == 1) return out[0];
   return add(Expr{.kind = ExprKind::kSeq, .children = std::move(out)});
@@ -122,19 +130,7 @@ ExprId GrammarBuilder::alt(std::vector<ExprId> parts) {
     const ExprKind k = g_.exprs[p].kind;
     if (k == ExprKind::kNothing || k == ExprKind::kAlt) plain = false;
   }
-  std::vector<ExprId> out;
-  if (plain) {
-    out = std::move(parts);
-  } else {
-    for (ExprId p : parts) {
-      const Expr& e = g_.exprs[p];
-      if (e.kind == ExprKind::kNothing) continue;
-      if (e.kind == ExprKind::kAlt)
-        out.insert(out.end(), e.children.begin(), e.children.end());
-      else
-        out.push_back(p);
-    }
-  }
+  std::vector<ExprId> out = plain ? std::move(parts) : flatten(g_, parts, ExprKind::kNothing, ExprKind::kAlt);
   std::sort(out.begin(), out.end());
   out.erase(std::unique(out.begin(), out.end()), out.end());
   if (out.empty()) return kNothingId;

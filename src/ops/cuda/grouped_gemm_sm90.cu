@@ -487,8 +487,9 @@ void launch(const GroupedGemmParams& p, dim3 grid, cudaStream_t stream) {
 // (~40 KB smem or less, several blocks per SM).
 // Numerics: fp32 accumulation, k16 slices in increasing k (per row the same sequence whatever n
 // and the neighbours: batch invariant, as far as the MMA's own per-element order does not depend
-// on n; tested), the same bf16 weights as the other kernels; not bit-identical to them (another
-// MMA shape, so possibly another order inside a k16 slice).
+// on n; tested), the same bf16 weights as the other kernels. Another MMA shape could order a k16
+// slice differently, so bit-identity with them is not guaranteed; on the H200 it held at every
+// V4-Flash shape measured (8-4,096 tokens, FP4 and FP8: PERFORMANCE.md "round three").
 constexpr int kSwThreads = 128, kSwFeat = 64, kSwStages = 3;
 __device__ __forceinline__ void fence_reg(uint32_t& r) { asm volatile("" : "+r"(r)::"memory"); }
 
@@ -718,7 +719,8 @@ void launch_swapab(const GroupedGemmParams& p, cudaStream_t stream) {
   if (blocks >= (int64_t(1) << 31))
     DI_THROW(InvalidArgument, "grouped_gemm (wgmma swap-AB): grid too large (tiles ", p.max_tiles, ", N ", p.N, ")");
   constexpr int smem = kSwStages * 64 * kAtomRow + 1024;  // the n = 64 ring + atom alignment: 25 KB
-  DI_CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_swapab_kernel<F>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  // Within the 48 KB any launch may take, so no opt-in attribute call on every launch.
+  static_assert(smem <= 48 * 1024, "swap-AB ring beyond the default dynamic shared memory");
   grouped_gemm_swapab_kernel<F><<<dim3(unsigned(blocks)), kSwThreads, smem, stream>>>(p);
 }
 
