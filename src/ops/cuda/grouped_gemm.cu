@@ -13,6 +13,7 @@
 
 #include <cuda_bf16.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -48,18 +49,22 @@ const char* grouped_gemm_kernel_name(GroupedGemmKernel k) {
 }
 
 // Compute capability of the current device, looked up once per device (at most 64 devices).
+// Atomic entries: several engine threads (data-parallel ranks) may ask at once; a lookup done
+// twice stores the same value.
 bool grouped_gemm_wgmma_available() {
-  static int cc[64] = {};  // 0 = not looked up yet; major * 10 + minor
+  static std::atomic<int> cc[64] = {};  // 0 = not looked up yet; major * 10 + minor
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
-  if (cc[dev] == 0) {
+  int v = cc[dev].load(std::memory_order_relaxed);
+  if (v == 0) {
     int major = 0, minor = 0;
     if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess)
       return false;
-    cc[dev] = major * 10 + minor;
+    v = major * 10 + minor;
+    cc[dev].store(v, std::memory_order_relaxed);
   }
-  return cc[dev] == 90;
+  return v == 90;
 }
 
 int64_t expert_matrix_bytes(ExpertFormat f, int64_t n, int64_t k, int64_t plain_bytes) {

@@ -35,6 +35,16 @@ std::string fixture() {
   return (src / "tests" / "data" / "golden" / "v41_a_release").string();
 }
 
+// Run outside ctest (e.g. a packed binary on the GPU machine), __FILE__ may be relative to a build
+// folder that is not the working directory: skip, naming the variable that points at the fixture.
+class SpecV41 : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!std::filesystem::exists(std::filesystem::path(fixture()) / "config.json"))
+      GTEST_SKIP() << fixture() << "/config.json not found: set DEEPINFER_SOURCE_DIR to the source tree";
+  }
+};
+
 struct Setup {
   int32_t drafts = kL;  // 0: plain decoding
   int64_t max_batched = 2048, max_seqs = 8;
@@ -117,7 +127,7 @@ std::vector<std::vector<int32_t>> long_prompts(int n, size_t len) {
 using spec_test::greedy;
 }  // namespace
 
-TEST(SpecV41, GreedyDSparkIdenticalAloneBatchedChunkedPreemptedVarlen) {
+TEST_F(SpecV41, GreedyDSparkIdenticalAloneBatchedChunkedPreemptedVarlen) {
   const auto ps = prompts(6);
   const SamplingParams p = greedy(24);
   const V41Run plain = run({.drafts = 0}, ps, p);
@@ -145,7 +155,7 @@ TEST(SpecV41, GreedyDSparkIdenticalAloneBatchedChunkedPreemptedVarlen) {
               (long long)var.stats.num_verify_steps);
 }
 
-TEST(SpecV41, SharedPrefixesRestoreTheDSparkRings) {
+TEST_F(SpecV41, SharedPrefixesRestoreTheDSparkRings) {
   // Requests sharing a long prefix run one after another: later ones start from the prefix
   // cache's slot checkpoints, which carry the DSpark rings.
   std::vector<std::vector<int32_t>> ps;
@@ -162,7 +172,7 @@ TEST(SpecV41, SharedPrefixesRestoreTheDSparkRings) {
               (long long)spec.runner.checkpoints_saved);
 }
 
-TEST(SpecV41, EveryForcedAcceptLengthIdentical) {
+TEST_F(SpecV41, EveryForcedAcceptLengthIdentical) {
   const auto ps = prompts(4);
   const SamplingParams p = greedy(30);
   const V41Run plain = run({.drafts = 0}, ps, p);
@@ -180,7 +190,7 @@ TEST(SpecV41, EveryForcedAcceptLengthIdentical) {
   EXPECT_GT(o.stats.draft_verified_at[0], o.stats.draft_accepted_at[0]);
 }
 
-TEST(SpecV41, SeededSamplingWithDraftsRepeats) {
+TEST_F(SpecV41, SeededSamplingWithDraftsRepeats) {
   const auto ps = prompts(3);
   SamplingParams p;
   p.temperature = 0.9f;
@@ -199,7 +209,7 @@ TEST(SpecV41, SeededSamplingWithDraftsRepeats) {
 // and the acceptance length (tokens committed per verify step) and per-position acceptance; and the
 // same verify path with an oracle drafter whose 4 drafts are always right (what a drafter that is
 // never wrong would give on this CPU: the engine's ceiling, not DSpark's).
-TEST(SpecV41, BenchDSparkAgainstPlain) {
+TEST_F(SpecV41, BenchDSparkAgainstPlain) {
   if (!std::getenv("DEEPINFER_SPEC_V41_BENCH")) GTEST_SKIP() << "set DEEPINFER_SPEC_V41_BENCH=1";
   const SamplingParams p = greedy(48);
   std::printf("| batch | plain tok/s | DSpark L=4 tok/s | speedup | varlen tok/s | accept len | per-position acceptance "
