@@ -27,106 +27,14 @@
 #include "core/env.h"
 #include "core/logging.h"
 #include "deepinfer/llm.h"
-#include "model/deepseek_v4/config.h"
+#include "cli/flash_floors.h"
 
 namespace {
 using namespace deepinfer;
-using model::v4::AttnKind;
-using model::v4::DeepseekV4Config;
 using Clock = std::chrono::steady_clock;
 
 constexpr double kBandwidth = 4.3e12;  // B/s, device-to-device copy (ANCHORS.md)
 constexpr double kFlops = 790e12;      // bf16 dense, cuBLAS 4096^3 (MODEL-DEEPSEEK-V4.md §10)
-
-// ---- cost model (per layer l), from the config alone ----
-struct CostModel {
-  const DeepseekV4Config& c;
-  double attn_linear_params(int64_t l) const {  // q/kv/o projections + compressor/indexer linears
-    const double D = c.hidden_size, H = c.num_heads, d = c.head_dim, r = c.q_lora_rank;
-    const double GR = double(c.o_groups * c.o_lora_rank);
-    double n = r * D + H * d * r + d * D + GR * (H * d / c.o_groups) + D * GR;
-    if (c.layer_types[l] == AttnKind::kCSA) {
-      const double Hi = c.index_n_heads, di = c.index_head_dim;
-      n += 2 * (2 * d) * D + 2 * (2 * di) * D + Hi * di * r + Hi * D;
-    } else if (c.layer_types[l] == AttnKind::kHCA) {
-      n += 2 * d * D;
-    }
-    return n;
-  }
-  double expert_params() const { return 3.0 * c.moe_intermediate_size * c.hidden_size; }
-  double hc_params() const { return 2.0 * c.hc_mix_dim() * c.hc_dim(); }  // two mHC sites
-  // Dense bytes one step reads in layer l (bf16 linears + f32 mHC, as uploaded; no routed experts).
-  double dense_bytes(int64_t l) const {
-    return 2 * (attn_linear_params(l) + double(c.n_routed_experts) * c.hidden_size + expert_params()) + 4 * hc_params();
-  }
-  // Same in the release precision: FP8 (1 B) for the quantised dense linears, bf16 for the rest.
-  double dense_bytes_release(int64_t l) const {
-    const double D = c.hidden_size, d = c.head_dim;
-    double bf16 = double(c.n_routed_experts) * D;  // router
-    if (c.layer_types[l] == AttnKind::kCSA)
-      bf16 += 2 * (2 * d) * D + 2 * (2.0 * c.index_head_dim) * D + double(c.index_n_heads) * D;
-    else if (c.layer_types[l] == AttnKind::kHCA)
-      bf16 += 2 * d * D;
-    const double fp8 = attn_linear_params(l) - bf16 + double(c.n_routed_experts) * D + expert_params();
-    return fp8 * (1 + 1.0 / 16384) + 2 * bf16 + 4 * hc_params();
-  }
-  double touched_experts(double tokens) const {
-    const double E = double(c.n_routed_experts), k = double(c.num_experts_per_tok);
-    return E * (1 - std::pow(1 - k / E, tokens));
-  }
-  double kv_bytes(int64_t l, double ctx) const {  // one sequence, bf16 as stored on the GPU
-    const double d = c.head_dim, W = double(c.sliding_window);
-    double n = std::min(ctx, W) * d;
-    if (c.layer_types[l] == AttnKind::kCSA)
-      n += std::min(std::floor(ctx / 4), double(c.index_topk)) * d + std::floor(ctx / 4) * c.index_head_dim;
-    else if (c.layer_types[l] == AttnKind::kHCA)
-      n += std::floor(ctx / double(c.compress_ratio[l])) * d;
-    return 2 * n;
-  }
-  double head_bytes() const { return 2.0 * c.vocab_size * c.hidden_size; }
-  static constexpr double kFp4Bytes = 0.5 + 1.0 / 32;  // e2m1 code + one e8m0 scale per 32
-  double decode_bytes(int64_t B, double ctx, bool release) const {
-    double n = head_bytes();
-    for (int64_t l = 0; l < c.num_layers; ++l)
-      n += (release ? dense_bytes_release(l) : dense_bytes(l)) +
-           touched_experts(double(B)) * expert_params() * kFp4Bytes + double(B) * kv_bytes(l, ctx);
-    return n;
-  }
-  double active_params(int64_t l) const {
-    return attn_linear_params(l) + double(c.n_routed_experts) * c.hidden_size +
-           double(1 + c.num_experts_per_tok) * expert_params() + hc_params() / 2;  // hc: 1 MAC per fn entry per site
-  }
-  double attn_flops(int64_t l, double p) const {  // token at position p (0-based)
-    const double H = c.num_heads, d = c.head_dim;
-    double keys = std::min(p + 1, double(c.sliding_window));
-    double extra = 0;
-    if (c.layer_types[l] == AttnKind::kCSA) {
-      keys += std::min(std::floor((p + 1) / 4), double(c.index_topk));
-      extra = 2.0 * c.index_n_heads * c.index_head_dim * std::floor((p + 1) / 4);  // indexer scan
-    } else if (c.layer_types[l] == AttnKind::kHCA) {
-      keys += std::floor((p + 1) / double(c.compress_ratio[l]));
-    }
-    return 4 * H * d * keys + extra;
-  }
-  double prefill_flops(int64_t P) const {
-    double f = 2.0 * c.vocab_size * c.hidden_size;  // logits of the last token
-    for (int64_t l = 0; l < c.num_layers; ++l) {
-      f += 2 * double(P) * active_params(l);
-      for (int64_t p = 0; p < P; ++p) f += attn_flops(l, double(p));
-    }
-    return f;
-  }
-  double prefill_bytes(int64_t P) const {
-    double n = head_bytes();
-    for (int64_t l = 0; l < c.num_layers; ++l) n += dense_bytes(l) + touched_experts(double(P)) * expert_params() * kFp4Bytes;
-    return n;
-  }
-  double decode_flops(int64_t B, double ctx) const {
-    double f = 2.0 * B * c.vocab_size * c.hidden_size;
-    for (int64_t l = 0; l < c.num_layers; ++l) f += B * (2 * active_params(l) + attn_flops(l, ctx));
-    return f;
-  }
-};
 
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -290,9 +198,9 @@ int run_bench_flash(int argc, char** argv) {
     std::fprintf(stderr, "bench-flash: --breakdown-steps must be >= 1, got %ld\n", long(breakdown_steps));
     return 2;
   }
-  const DeepseekV4Config cfg = DeepseekV4Config::from_file(model);
-  const CostModel cm{cfg};
-  const int64_t L = cfg.num_layers;
+  const std::unique_ptr<cli::FlashFloors> floors = cli::make_flash_floors(model);
+  const cli::FlashFloors& cm = *floors;
+  const int64_t L = cm.layers(), vocab = cm.vocab();
   // contexts[i] is decoded at batches_at[i].
   std::vector<int64_t> contexts;
   std::vector<std::vector<int64_t>> batches_at;
@@ -339,9 +247,9 @@ int run_bench_flash(int argc, char** argv) {
       maxB = std::max(maxB, B);
     }
   for (int64_t c : contexts)
-    if (c < 2 || c > cfg.max_position_embeddings) {
+    if (c < 2 || c > cm.max_positions()) {
       std::fprintf(stderr, "bench-flash: --contexts entry %ld is outside [2, %ld]\n", long(c),
-                   long(cfg.max_position_embeddings));
+                   long(cm.max_positions()));
       return 2;
     }
   if (shared_above < 0) {
@@ -351,7 +259,7 @@ int run_bench_flash(int argc, char** argv) {
   const int64_t maxP = *std::max_element(contexts.begin(), contexts.end());
   if (max_batched <= 0) max_batched = std::min<int64_t>(maxP, 32768);
   if (floors_only) {
-    std::printf("%ld layers [%s]\n", long(L), cfg.schedule_str().c_str());
+    std::printf("%s: %ld layers [%s]\n", cm.family().c_str(), long(L), cm.schedule().c_str());
     for (size_t ci = 0; ci < contexts.size(); ++ci) {
       const int64_t Pc = contexts[ci];
       const std::vector<int64_t>& batches = batches_at[ci];
@@ -419,7 +327,7 @@ int run_bench_flash(int argc, char** argv) {
     const bool prefill_from_b1 = reps == 1 && ci > 0 && distinct_b1;
     std::vector<double> pf;
     for (int64_t i = ci ? 1 : 0; reps > 0 && !prefill_from_b1 && i <= reps; ++i) {
-      RunResult r = run(llm, 1, Pc, 0, 0, cfg.vocab_size, salt);
+      RunResult r = run(llm, 1, Pc, 0, 0, vocab, salt);
       std::fprintf(stderr, "bench-flash: prefill %ld tokens %s: %.1f ms\n", long(Pc), i ? "" : "(warm-up)",
                    r.fill_s * 1e3);
       if (i) pf.push_back(r.fill_s);
@@ -429,7 +337,7 @@ int run_bench_flash(int argc, char** argv) {
     for (auto [B, sh] : runs) {
       if (sh && prefix.empty()) {
         // Fill the cache with the shared prefix once (its blocks stay cached after the request ends).
-        prefix = prompt_ids(Pc - kSuffix, cfg.vocab_size, 0x5eedull + uint64_t(Pc));
+        prefix = prompt_ids(Pc - kSuffix, vocab, 0x5eedull + uint64_t(Pc));
         SamplingParams sp;
         sp.temperature = 0;
         sp.max_tokens = 1;
@@ -438,7 +346,7 @@ int run_bench_flash(int argc, char** argv) {
         std::fprintf(stderr, "bench-flash: shared context prefix of %zu tokens prefilled in %.1f s\n", prefix.size(),
                      std::chrono::duration<double>(Clock::now() - f0).count());
       }
-      RunResult r = run(llm, B, Pc, warm, steps, cfg.vocab_size, salt, false, sh ? &prefix : nullptr);
+      RunResult r = run(llm, B, Pc, warm, steps, vocab, salt, false, sh ? &prefix : nullptr);
       if (prefill_from_b1 && B == 1 && !sh && pf.empty()) {
         pf.push_back(r.fill_s);
         std::fprintf(stderr, "bench-flash: prefill %ld tokens: %.1f ms (the batch-1 decode run's fill)\n", long(Pc),
@@ -454,7 +362,7 @@ int run_bench_flash(int argc, char** argv) {
       std::fprintf(stderr, "bench-flash: decode B=%ld ctx %ld%s: fill %.1f s (%ld prompt tokens cached), %zu timed steps, "
                    "median %.2f ms\n", long(B), long(Pc), sh ? " (shared context)" : "", r.fill_s, long(r.cached_tokens),
                    r.decode_s.size(), ms);
-      const double hf = Pc != 4096 ? 0 : B == 1 ? 9.3 : B == 8 ? 7.6 : B == 32 ? 8.4 : 0;
+      const double hf = cm.hf_layer_ms("decode", B, Pc);
       rows.push_back({"decode", B, ctx, ms, fl, fl, ms / L, hf, basis, r.impure, sh, r.fill_s, r.cached_tokens, Pc});
     }
     if (reps > 0 && !pf.empty()) {
@@ -465,7 +373,7 @@ int run_bench_flash(int argc, char** argv) {
                     flops / kFlops * 1e3, bytes / 1e9, bytes / kBandwidth * 1e3);
       const double ms = median(pf) * 1e3;
       rows.insert(rows.begin() + std::ptrdiff_t(prefill_row),
-                  Row{"prefill", 1, double(Pc), ms, fl, 0, ms / L, Pc == 4096 ? 55.0 : 0.0, basis, 0, false, 0, 0, Pc});
+                  Row{"prefill", 1, double(Pc), ms, fl, 0, ms / L, cm.hf_layer_ms("prefill", 1, Pc), basis, 0, false, 0, 0, Pc});
     }
   }
 
@@ -517,13 +425,13 @@ int run_bench_flash(int argc, char** argv) {
     if (!json_path.empty()) bjs.open(json_path, std::ios::app);
     const int64_t P0 = contexts.front();  // the per-op table is for the first context
     if (reps > 0) {
-      RunResult r = run(llm, 1, P0, 0, 0, cfg.vocab_size, salt, true);
+      RunResult r = run(llm, 1, P0, 0, 0, vocab, salt, true);
       char what[64];
       std::snprintf(what, sizeof what, "prefill %ld tokens", long(P0));
       print_breakdown(what, r.ops, 1.0, r.fill_s * 1e3, &bjs, 1);
     }
     for (int64_t B : batches_at.front()) {
-      RunResult r = run(llm, B, P0, 2, breakdown_steps, cfg.vocab_size, salt, true);
+      RunResult r = run(llm, B, P0, 2, breakdown_steps, vocab, salt, true);
       char what[64];
       std::snprintf(what, sizeof what, "decode B=%ld ctx %ld", long(B), long(P0));
       print_breakdown(what, r.ops, double(r.decode_s.size()), median(r.decode_s) * 1e3, &bjs, B);

@@ -17,6 +17,7 @@
 #include "core/numeric.h"
 #include "core/parallel.h"
 #include "io/safetensors.h"
+#include "model/deepseek_v4/fast_fill.h"
 
 namespace deepinfer::model::v4 {
 namespace fs = std::filesystem;
@@ -34,11 +35,7 @@ struct Spec {
   Store store;
 };
 
-uint64_t name_seed(uint64_t seed, const std::string& name) {
-  uint64_t h = 1469598103934665603ull ^ seed;
-  for (unsigned char c : name) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
+uint64_t name_seed(uint64_t seed, const std::string& name) { return fast::name_key(seed, name); }
 
 // (mean, sd) of a tensor's values by its Init kind (header comment).
 std::pair<double, double> init_moments(const Spec& s) {
@@ -183,11 +180,7 @@ struct Enumerator {
 };
 
 // Power-of-two scale (ue8m0) so that amax/scale <= qmax: 2^ceil(log2(amax/qmax)).
-uint8_t e8m0_for(float amax, float qmax) {
-  if (!(amax > 0)) return 127;
-  int e = int(std::ceil(std::log2(double(amax) / double(qmax))));
-  return uint8_t(std::clamp(e + 127, 1, 254));
-}
+uint8_t e8m0_for(float amax, float qmax) { return fast::e8m0_for(amax, qmax); }
 
 struct Out {  // one tensor ready for the writer
   std::string name, st_dtype;
@@ -310,282 +303,87 @@ void encode_transformers(std::vector<Out>& out, const std::vector<Spec>& specs, 
   }
 }
 
-// ---------------- fast mode (RandomCheckpointOptions::fast) ----------------
-inline uint64_t mix64(uint64_t x) {  // splitmix64 finaliser
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ull;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-// Values i0 .. i0+n-1 of the stream `key`, ~N(mean, sd^2): four values per hash, each the sum of two
-// 8-bit uniforms (triangular, scaled to unit variance, bounded at +-2.45 sd). Cheap on purpose:
-// the bench stacks only need the right scales, and a full-width layer has 6.4G expert values.
-inline void fast_normals(uint64_t key, uint64_t i0, int64_t n, float mean, float sd, float* out) {
-  const float k = sd * (2.449489743f / 256.0f);  // sd(a + b) = 104.5 ~ 256 / sqrt(6)
-  for (int64_t j = 0; j < n;) {
-    const uint64_t i = i0 + uint64_t(j);
-    const uint64_t h = mix64(key + (i >> 2) * 0x9e3779b97f4a7c15ull);
-    for (unsigned lane = unsigned(i & 3); lane < 4 && j < n; ++lane, ++j) {
-      const int a = int((h >> (16 * lane)) & 0xff), b = int((h >> (16 * lane + 8)) & 0xff);
-      out[j] = mean + k * float(a + b - 255);
-    }
-  }
-}
-// Same rounding as f32_to_fp4e2m1 (nearest, ties to the even code, saturating), without branches.
-inline uint8_t fp4_code(float f) {
-  const float a = std::fabs(f);
-  const int c = (a > 0.25f) + (a >= 0.75f) + (a > 1.25f) + (a >= 1.75f) + (a > 2.5f) + (a >= 3.5f) + (a > 5.0f);
-  return uint8_t(c | (f < 0 ? 8 : 0));
-}
-
-struct Piece {  // one stored tensor of the file
-  std::string name, st_dtype;
-  Shape shape;
-  uint64_t nbytes;
-};
-struct FastItem {  // one Spec: its stored tensors (weight, then scale) are adjacent in the file
-  const Spec* spec;
-  WeightFormat fmt;
-  std::vector<Piece> pieces;
-  uint64_t nbytes = 0;
-};
-
-FastItem plan_item(const Spec& s, const DeepseekV4Config& c) {
-  FastItem it{&s, s.store == Store::kExpert ? c.expert_format : c.dense_format, {}, 0};
+// ---------------- fast mode (RandomCheckpointOptions::fast; fast_fill.h) ----------------
+// One Spec as a streamed item: its stored tensors (weight, then scale) are adjacent in the file.
+fast::Item plan_item(const Spec& s, const DeepseekV4Config& c, uint64_t seed) {
+  fast::Item it;
+  const WeightFormat fmt = s.store == Store::kExpert ? c.expert_format : c.dense_format;
   int64_t n = 1;
   for (int64_t d : s.shape) n *= d;
-  auto add = [&](std::string name, const char* dt, Shape shape, uint64_t bytes) {
-    it.pieces.push_back({std::move(name), dt, std::move(shape), bytes});
-    it.nbytes += bytes;
-  };
   const std::string scale = s.off.substr(0, s.off.size() - std::string(".weight").size()) + ".scale";
+  bool quantised = false;
   switch (s.store) {
-    case Store::kI64: add(s.off, "I64", s.shape, uint64_t(n) * 8); break;
-    case Store::kF32: add(s.off, "F32", s.shape, uint64_t(n) * 4); break;
-    case Store::kBF16: add(s.off, "BF16", s.shape, uint64_t(n) * 2); break;
+    case Store::kI64: it.add(s.off, "I64", s.shape, uint64_t(n) * 8); break;
+    case Store::kF32: it.add(s.off, "F32", s.shape, uint64_t(n) * 4); break;
+    case Store::kBF16: it.add(s.off, "BF16", s.shape, uint64_t(n) * 2); break;
     case Store::kDense: case Store::kExpert: {
       const int64_t R = s.shape[0], C = s.shape[1];
-      if (it.fmt == WeightFormat::kFP8Block) {
+      if (fmt == WeightFormat::kFP8Block) {
         const int64_t b = c.fp8_block, sr = (R + b - 1) / b, sc = (C + b - 1) / b;
-        add(s.off, "F8_E4M3", s.shape, uint64_t(n));
-        add(scale, "F8_E8M0", {sr, sc}, uint64_t(sr * sc));
-      } else if (it.fmt == WeightFormat::kFP4) {
+        it.add(s.off, "F8_E4M3", s.shape, uint64_t(n));
+        it.add(scale, "F8_E8M0", {sr, sc}, uint64_t(sr * sc));
+        quantised = true;
+      } else if (fmt == WeightFormat::kFP4) {
         if (C % c.fp4_block != 0 || c.fp4_block % 2 != 0)
           DI_THROW(InvalidArgument, s.off, ": fp4 needs in-width % ", c.fp4_block, " == 0, got ", C);
-        add(s.off, "I8", {R, C / 2}, uint64_t(n / 2));
-        add(scale, "F8_E8M0", {R, C / c.fp4_block}, uint64_t(n / c.fp4_block));
-      } else if (it.fmt == WeightFormat::kF32) {
-        add(s.off, "F32", s.shape, uint64_t(n) * 4);
+        it.add(s.off, "I8", {R, C / 2}, uint64_t(n / 2));
+        it.add(scale, "F8_E8M0", {R, C / c.fp4_block}, uint64_t(n / c.fp4_block));
+        quantised = true;
+      } else if (fmt == WeightFormat::kF32) {
+        it.add(s.off, "F32", s.shape, uint64_t(n) * 4);
       } else {
-        add(s.off, "BF16", s.shape, uint64_t(n) * 2);
+        it.add(s.off, "BF16", s.shape, uint64_t(n) * 2);
       }
       break;
     }
   }
-  return it;
-}
-
-// FP8 e4m3 with one e8m0 scale per b x b block; one block row per task.
-void fill_fp8(uint8_t* q, uint8_t* sc, int64_t R, int64_t C, int64_t b, uint64_t key, float mean, float sd) {
-  const int64_t sr = (R + b - 1) / b, ncb = (C + b - 1) / b;
-  parallel_for(0, sr, [&](int64_t bi) {
-    const int64_t r0 = bi * b, r1 = std::min(R, r0 + b);
-    std::vector<float> v(static_cast<size_t>((r1 - r0) * C));
-    std::vector<float> amax(static_cast<size_t>(ncb), 0.f);
-    fast_normals(key, uint64_t(r0 * C), (r1 - r0) * C, mean, sd, v.data());
-    for (int64_t i = r0; i < r1; ++i)
-      for (int64_t j = 0; j < C; ++j)
-        amax[size_t(j / b)] = std::max(amax[size_t(j / b)], std::fabs(v[size_t((i - r0) * C + j)]));
-    std::vector<float> inv(static_cast<size_t>(ncb));
-    for (int64_t bj = 0; bj < ncb; ++bj) {
-      const uint8_t e = e8m0_for(amax[size_t(bj)], 448.f);
-      sc[bi * ncb + bj] = e;
-      inv[size_t(bj)] = 1.f / e8m0_to_f32(e);
-    }
-    for (int64_t i = r0; i < r1; ++i)
-      for (int64_t j = 0; j < C; ++j) q[i * C + j] = f32_to_fp8e4m3(v[size_t((i - r0) * C + j)] * inv[size_t(j / b)]);
-  });
-}
-
-// FP4 codes straight from random bytes (the bulk of a full-width stack: 6.4G expert values per
-// layer): code = table[byte], the e2m1 rounding of (mean + sd*z) / s at the 256 normal quantiles z,
-// with one e8m0 scale s = 2^floor(log2(sd/1.5)) for the whole tensor, so sd/s lies in [1.5, 3) and
-// the codes use the e2m1 range. Same mean and sd as the other modes up to the FP4 rounding.
-struct Fp4Table {
-  uint8_t code[256];
-  uint8_t e8m0;
-};
-Fp4Table make_fp4_table(float mean, float sd) {
-  Fp4Table t{};
-  const int ex = sd > 0 ? std::clamp(int(std::floor(std::log2(double(sd) / 1.5))), -126, 127) : 0;
-  const double s = std::ldexp(1.0, ex);
-  t.e8m0 = uint8_t(ex + 127);
-  for (int u = 0; u < 256; ++u) {
-    const double p = (u + 0.5) / 256;
-    double lo = -8, hi = 8;  // z with Phi(z) = p, by bisection
-    for (int it = 0; it < 60; ++it) {
-      const double mid = 0.5 * (lo + hi);
-      (0.5 * std::erfc(-mid / std::sqrt(2.0)) < p ? lo : hi) = mid;
-    }
-    t.code[u] = fp4_code(float((mean + sd * 0.5 * (lo + hi)) / s));
-  }
-  return t;
-}
-const Fp4Table& fp4_table(float mean, float sd) {  // called outside parallel regions
-  static std::map<std::pair<float, float>, Fp4Table> cache;
-  auto it = cache.find({mean, sd});
-  if (it == cache.end()) it = cache.emplace(std::pair{mean, sd}, make_fp4_table(mean, sd)).first;
-  return it->second;
-}
-
-// Packed e2m1 (element 2k in the low nibble) + e8m0 per b inputs; 8 random bytes per hash -> 4 bytes.
-void fill_fp4(uint8_t* q, uint8_t* sc, int64_t R, int64_t C, int64_t b, uint64_t key, float mean, float sd) {
-  const Fp4Table& t = fp4_table(mean, sd);
-  std::memset(sc, t.e8m0, size_t(R * (C / b)));
-  const int64_t nbytes = R * C / 2;
-  constexpr int64_t kChunk = 1 << 16;  // a multiple of 4: chunk boundaries never split a hash
-  parallel_for(0, (nbytes + kChunk - 1) / kChunk, [&](int64_t ch) {
-    const int64_t end = std::min(nbytes, (ch + 1) * kChunk);
-    for (int64_t i = ch * kChunk; i < end; i += 4) {
-      uint64_t h = mix64(key + uint64_t(i / 4) * 0x9e3779b97f4a7c15ull);
-      for (int64_t k = 0; k < 4 && i + k < end; ++k, h >>= 16)
-        q[i + k] = uint8_t(t.code[h & 0xff] | (t.code[(h >> 8) & 0xff] << 4));
-    }
-  });
-}
-
-void fill_item(const FastItem& it, uint64_t seed, int64_t num_experts, const DeepseekV4Config& c, uint8_t* dst) {
-  const Spec& s = *it.spec;
   const uint64_t key = name_seed(seed, s.off);
   const auto [mean_d, sd_d] = init_moments(s);
   const float mean = float(mean_d), sd = float(sd_d);
-  int64_t n = 1;
-  for (int64_t d : s.shape) n *= d;
-  if (s.init == Init::kTid2eid) {  // k distinct experts per row
-    const int64_t k = s.shape[1];
-    // dst sits wherever the tensor falls in the file (safetensors packs tensors back to back), so
-    // an int64_t store there can be misaligned (undefined; UBSan's finding): each row is drawn
-    // into an aligned buffer and copied.
-    parallel_for(0, s.shape[0], [&](int64_t r) {
-      std::vector<int64_t> row(static_cast<size_t>(k));
-      uint64_t draw = uint64_t(r) << 20;
-      for (int64_t j = 0; j < k; ++j) {
-        bool dup = true;
-        while (dup) {
-          row[size_t(j)] = int64_t(mix64(key + ++draw * 0x9e3779b97f4a7c15ull) % uint64_t(num_experts));
-          dup = false;
-          for (int64_t q = 0; q < j; ++q) dup |= row[size_t(q)] == row[size_t(j)];
-        }
-      }
-      std::memcpy(dst + size_t(r * k) * sizeof(int64_t), row.data(), size_t(k) * sizeof(int64_t));
-    }, 1024);
-    return;
-  }
-  const bool quantised = (s.store == Store::kDense || s.store == Store::kExpert) &&
-                         (it.fmt == WeightFormat::kFP8Block || it.fmt == WeightFormat::kFP4);
-  if (quantised) {
-    uint8_t* scale = dst + it.pieces[0].nbytes;
-    if (it.fmt == WeightFormat::kFP8Block) fill_fp8(dst, scale, s.shape[0], s.shape[1], c.fp8_block, key, mean, sd);
-    else fill_fp4(dst, scale, s.shape[0], s.shape[1], c.fp4_block, key, mean, sd);
-    return;
-  }
+  const uint64_t weight_bytes = it.pieces[0].nbytes;
   const bool f32 = it.pieces[0].st_dtype == "F32";
-  constexpr int64_t kChunk = 1 << 16;
-  parallel_for(0, (n + kChunk - 1) / kChunk, [&](int64_t ch) {
-    std::vector<float> v(static_cast<size_t>(kChunk));
-    const int64_t i0 = ch * kChunk, m = std::min(n, i0 + kChunk) - i0;
-    fast_normals(key, uint64_t(i0), m, mean, sd, v.data());
-    if (f32) {
-      std::memcpy(dst + 4 * i0, v.data(), size_t(m) * 4);
-    } else {
-      for (int64_t i = 0; i < m; ++i) {
-        const uint16_t h = f32_to_bf16(v[size_t(i)]);
-        std::memcpy(dst + 2 * (i0 + i), &h, 2);
-      }
+  const int64_t E = c.n_routed_experts, fp8_block = c.fp8_block, fp4_block = c.fp4_block;
+  const Spec* sp = &s;
+  it.fill = [=](uint8_t* dst) {
+    if (sp->init == Init::kTid2eid) {  // k distinct experts per row
+      const int64_t k = sp->shape[1];
+      // dst sits wherever the tensor falls in the file (safetensors packs tensors back to back), so
+      // an int64_t store there can be misaligned (undefined; UBSan's finding): each row is drawn
+      // into an aligned buffer and copied.
+      parallel_for(0, sp->shape[0], [&](int64_t r) {
+        std::vector<int64_t> row(static_cast<size_t>(k));
+        uint64_t draw = uint64_t(r) << 20;
+        for (int64_t j = 0; j < k; ++j) {
+          bool dup = true;
+          while (dup) {
+            row[size_t(j)] = int64_t(fast::mix64(key + ++draw * 0x9e3779b97f4a7c15ull) % uint64_t(E));
+            dup = false;
+            for (int64_t q = 0; q < j; ++q) dup |= row[size_t(q)] == row[size_t(j)];
+          }
+        }
+        std::memcpy(dst + size_t(r * k) * sizeof(int64_t), row.data(), size_t(k) * sizeof(int64_t));
+      }, 1024);
+      return;
     }
-  });
+    if (quantised) {
+      uint8_t* sc = dst + weight_bytes;
+      if (fmt == WeightFormat::kFP8Block)
+        fast::fill_fp8(dst, sc, sp->shape[0], sp->shape[1], fp8_block, fp8_block, key, mean, sd);
+      else
+        fast::fill_fp4(dst, sc, sp->shape[0], sp->shape[1], fp4_block, key, mean, sd);
+      return;
+    }
+    fast::fill_float(dst, n, f32, key, mean, sd);
+  };
+  return it;
 }
 
-// Streams the specs into `n` shards (release order, roughly equal bytes); each item is filled in
-// parallel into one of two buffers while the other is written by a helper thread.
 void write_fast(const std::string& dir, const DeepseekV4Config& c, const std::vector<Spec>& specs,
                 const RandomCheckpointOptions& opts) {
-  std::vector<FastItem> items;
-  uint64_t total = 0;
-  for (const Spec& s : specs) {
-    items.push_back(plan_item(s, c));
-    total += items.back().nbytes;
-  }
-  const int n = std::max(1, opts.num_shards);
-  auto shard_name = [&](int i) {
-    if (n == 1) return std::string("model.safetensors");
-    char buf[64];
-    std::snprintf(buf, sizeof buf, "model-%05d-of-%05d.safetensors", i + 1, n);
-    return std::string(buf);
-  };
-  std::vector<std::vector<const FastItem*>> shard_items(static_cast<size_t>(n));
-  std::map<std::string, std::string> weight_map;
-  uint64_t acc = 0;
-  for (const FastItem& it : items) {
-    const int si = std::min(n - 1, int(acc * uint64_t(n) / std::max<uint64_t>(total, 1)));
-    shard_items[size_t(si)].push_back(&it);
-    for (const Piece& p : it.pieces) weight_map[p.name] = shard_name(si);
-    acc += it.nbytes;
-  }
-  constexpr uint64_t kGroup = uint64_t(256) << 20;
-  std::vector<uint8_t> buf[2];
-  uint64_t written = 0;
-  int last_pct = -1;
-  for (int si = 0; si < n; ++si) {
-    nlohmann::json h = nlohmann::json::object();
-    h["__metadata__"] = {{"format", "pt"}};
-    uint64_t off = 0;
-    for (const FastItem* it : shard_items[size_t(si)])
-      for (const Piece& p : it->pieces) {
-        h[p.name] = {{"dtype", p.st_dtype}, {"shape", p.shape}, {"data_offsets", {off, off + p.nbytes}}};
-        off += p.nbytes;
-      }
-    std::string text = h.dump();
-    text.append((8 - text.size() % 8) % 8, ' ');
-    const std::string path = (fs::path(dir) / shard_name(si)).string();
-    std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path.c_str(), "wb"), &std::fclose);
-    if (!f) DI_THROW(CheckpointError, path, ": cannot open for writing");
-    const uint64_t hn = text.size();
-    bool ok = std::fwrite(&hn, 8, 1, f.get()) == 1 && std::fwrite(text.data(), 1, text.size(), f.get()) == text.size();
-    std::future<bool> pending;
-    int cur = 0;
-    const auto& its = shard_items[size_t(si)];
-    for (size_t i = 0; i < its.size() && ok;) {
-      uint64_t bytes = 0;
-      size_t j = i;
-      while (j < its.size() && (j == i || bytes + its[j]->nbytes <= kGroup)) bytes += its[j++]->nbytes;
-      std::vector<uint8_t>& b = buf[cur];
-      if (b.size() < bytes) b = std::vector<uint8_t>(bytes);  // no copy of the old contents
-      uint64_t o = 0;
-      for (size_t k = i; k < j; ++k) {
-        fill_item(*its[k], opts.seed, c.n_routed_experts, c, b.data() + o);
-        o += its[k]->nbytes;
-      }
-      if (pending.valid()) ok = pending.get();
-      pending = std::async(std::launch::async, [fp = f.get(), p = b.data(), bytes] {
-        return std::fwrite(p, 1, bytes, fp) == bytes;
-      });
-      cur ^= 1;
-      i = j;
-      written += bytes;
-      const int pct = int(100 * written / std::max<uint64_t>(total, 1));
-      if (opts.progress && pct != last_pct) {
-        std::fprintf(stderr, "\rdeepinfer: writing random checkpoint %.2f / %.2f GiB (%d%%)", double(written) / (1 << 30),
-                     double(total) / (1 << 30), pct);
-        last_pct = pct;
-      }
-    }
-    if (pending.valid()) ok = pending.get() && ok;
-    if (!ok) DI_THROW(CheckpointError, path, ": write failed (disk full?)");
-  }
-  if (opts.progress) std::fprintf(stderr, "\n");
-  if (n > 1) io::write_index(dir, weight_map, total);
+  std::vector<fast::Item> items;
+  items.reserve(specs.size());
+  for (const Spec& s : specs) items.push_back(plan_item(s, c, opts.seed));
+  fast::write_streamed(dir, items, opts.num_shards, opts.progress);
 }
 }  // namespace
 
