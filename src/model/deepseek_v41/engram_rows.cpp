@@ -4,6 +4,7 @@
 
 #include "core/check.h"
 #include "core/numeric.h"
+#include "core/parallel.h"
 #include "deepinfer/error.h"
 
 namespace deepinfer::model::v41 {
@@ -48,10 +49,20 @@ std::vector<std::vector<float>> engram_step_rows(const EngramHasher& hasher, con
   for (int64_t l = 0; l < L; ++l) {
     const ds::EngramRef& g = *tables[size_t(l)];
     DI_CHECK(g.defined(), "engram: layer ", hasher.layer_id(l), " has no table");
+    if (g.table_dtype != DType::kF8E4M3 && g.table_dtype != DType::kBF16 && g.table_dtype != DType::kF32)
+      DI_THROW(InternalError, "engram: table dtype ", dtype_name(g.table_dtype));
+    for (int64_t i = 0; i < T * C; ++i) {  // checked here: nothing may throw inside the parallel loop
+      const int64_t id = ids[size_t(((i / C) * L + l) * C + i % C)];
+      if (id < 0 || id >= g.rows)
+        DI_THROW(InternalError, "engram: row id ", id, " outside the table's ", g.rows, " rows");
+    }
     rows[size_t(l)].resize(size_t(T * C * g.dim));
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t c = 0; c < C; ++c)
-        widen_row(g, ids[size_t((t * L + l) * C + c)], rows[size_t(l)].data() + (t * C + c) * g.dim);
+    // A prefill widens T x C rows (4,096 tokens x 24 columns x 256 = 25M values per layer): by
+    // token over the host's threads; each row's values are the same whoever writes them.
+    float* out = rows[size_t(l)].data();
+    parallel_for(0, T, [&](int64_t t) {
+      for (int64_t c = 0; c < C; ++c) widen_row(g, ids[size_t((t * L + l) * C + c)], out + (t * C + c) * g.dim);
+    }, 16);
   }
   return rows;
 }

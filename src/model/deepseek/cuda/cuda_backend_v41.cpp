@@ -3,10 +3,12 @@
 // (the wkv linear reads act() rows), and the gated injection (ops/cuda/engram.h, CPU twin
 // ops/cpu/engram.h). Run by the V4.1 GPU model (v41_cuda_model.h; H200 parity: docs/MODEL-V41.md
 // "Phase 4: the GPU").
+#include <algorithm>
 #include <cstring>
 
 #include "core/check.h"
 #include "core/numeric.h"
+#include "core/parallel.h"
 #include "deepinfer/error.h"
 #include "model/deepseek/cuda/cuda_backend.h"
 #include "ops/cuda/engram.h"
@@ -54,7 +56,12 @@ void CudaBackend::stage_engram_rows(std::vector<std::vector<float>> rows) {
     } else {
       DI_CHECK(act_ == DType::kBF16, "engram rows in ", dtype_name(act_));
       uint16_t* o = reinterpret_cast<uint16_t*>(h.data());
-      for (size_t i = 0; i < rows[l].size(); ++i) o[i] = f32_to_bf16(rows[l][i]);
+      const float* in = rows[l].data();
+      const int64_t n = int64_t(rows[l].size());
+      constexpr int64_t kChunk = 1 << 15;  // a prefill's rows are tens of millions of values
+      parallel_for(0, (n + kChunk - 1) / kChunk, [&](int64_t ch) {
+        for (int64_t i = ch * kChunk, e = std::min(n, i + kChunk); i < e; ++i) o[i] = f32_to_bf16(in[i]);
+      });
     }
     // Stream-ordered after the previous step's reads; pageable source, so the call returns once
     // the bytes are staged (the host copy may change afterwards).
