@@ -4,9 +4,10 @@
 //    M = 1 wastes 7/8 of an n8 tile, not 15/16 of an m16 one);
 //  * K advances in stages of 128 (one e8m0 scale column, or 2 / 4 of them for scale_k 64 / 32): the block's weight tile (rows x 128 k,
 //    FP8 or bf16) and x tile (tokens x 128 k, bf16) go global -> shared memory by cp.async, 16 B per
-//    thread, whole 128-byte lines of a row per 8 threads, kStages deep, so 24-48 KB of weights per
-//    block are in flight (the previous version loaded 64-byte pieces of a row into registers, 4 KB
-//    per warp, and read x from L1 per warp);
+//    thread, whole 128-byte lines of a row per 8 threads. The depth is chosen per launch: as many
+//    stages as fit in the block's share of the SM's shared memory (up to 16, at most the split's
+//    chunks), so a launch of one block per SM has its whole K range in flight at once; session 14
+//    used a fixed 4 (3 above 32 tokens), 24-48 KB of weights in flight per block;
 //  * in each 64-k half of a stage, lane (g = lane/4, t = lane%4) takes 16 consecutive weights of its
 //    rows g and g+8 and the same 16 k of x (LDS.128, swizzled / padded so a quarter-warp hits 8
 //    distinct 16-byte bank groups). The MMA's k order is a permutation of the half, the same for A
@@ -42,6 +43,7 @@ namespace cg = cooperative_groups;
 
 constexpr int kChunk = 128;            // k per pipeline stage (= the scale block along K)
 constexpr int kMaxSplits = 8;          // portable cluster size
+constexpr int kMaxStages = 16;         // pipeline depth cap (cp_async_wait_dyn covers depth - 2 <= 14)
 constexpr int kSplitRows = 64;         // notional rows per block for the split rule (all kernels)
 constexpr int kXLd = 2 * kChunk + 16;  // bytes per x row in shared memory (padded: see the header)
 
@@ -62,6 +64,27 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+// wait_group takes an immediate: the pipeline depth is a launch parameter, so dispatch once per
+// wait (uniform across the block, so no divergence).
+__device__ __forceinline__ void cp_async_wait_dyn(int n) {
+  switch (n) {
+    case 0: cp_async_wait<0>(); break;
+    case 1: cp_async_wait<1>(); break;
+    case 2: cp_async_wait<2>(); break;
+    case 3: cp_async_wait<3>(); break;
+    case 4: cp_async_wait<4>(); break;
+    case 5: cp_async_wait<5>(); break;
+    case 6: cp_async_wait<6>(); break;
+    case 7: cp_async_wait<7>(); break;
+    case 8: cp_async_wait<8>(); break;
+    case 9: cp_async_wait<9>(); break;
+    case 10: cp_async_wait<10>(); break;
+    case 11: cp_async_wait<11>(); break;
+    case 12: cp_async_wait<12>(); break;
+    case 13: cp_async_wait<13>(); break;
+    default: cp_async_wait<14>(); break;
+  }
 }
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t sel) {
   uint32_t r;
@@ -106,10 +129,12 @@ struct Args {
   int64_t M, N, K, batch;
   int chunks_per_split;
   int scale_slots;       // distinct scale rows one block touches at most (FP8)
+  int stages;            // pipeline depth (slots of weight + x tiles), 2..kMaxStages (choose_stages)
 };
 
 // Shapes of one kernel variant. kNT token tiles of 8 (M <= 8·kNT). Shared memory per block:
-// kStages x (weight tile + x tile) + the scale bytes of the block's split.
+// stages x (weight tile + x tile) + the scale bytes of the block's split; the depth is a launch
+// parameter (choose_stages), kStages is the fixed depth of the previous version (Fp8wGemmParams::stages = -1).
 template <bool kFp8, int kNT>
 struct Cfg {
   // More rows per block amortise the x tile; two m16 row tiles per warp (256 rows per block, one
@@ -123,9 +148,8 @@ struct Cfg {
   static constexpr int kWTile = kRows * kWRow;
   static constexpr int kXRows = 8 * kNT;
   static constexpr int kStage = kWTile + kXRows * kXLd;
-  static constexpr int kPipe = kStages * kStage;
   static_assert(kRows * kWSegs % kThreads == 0 && kXRows * 16 % kThreads == 0, "whole copies per thread");
-  static_assert(kRows * kXRows * 4 <= kPipe, "partial sums reuse the pipeline buffers");
+  static_assert(kRows * kXRows * 4 <= 2 * kStage, "partial sums reuse the pipeline buffers (depth >= 2)");
 };
 // Swizzle of the 16-byte segment s of weight row r: a quarter-warp reads rows 2p, 2p+1 at segments
 // t + 4h (FP8) or 2t (+1) + 8h (bf16); flipping a bit by the row's parity sends them to 8 banks groups.
@@ -216,9 +240,19 @@ __device__ __forceinline__ void cluster_reduce(const Args& p, float* part, int64
   const int S = int(cl.num_blocks()), rank = int(cl.block_rank());
   const int mv = int(std::min<int64_t>(p.M, kXRows)), E = mv * kRows, per = (E + S - 1) / S;
   const int e1 = std::min(E, (rank + 1) * per);
+  const float* src[kMaxSplits];
+#pragma unroll
+  for (int s = 0; s < kMaxSplits; ++s) src[s] = cl.map_shared_rank(part, s < S ? s : 0);
   for (int e = rank * per + int(threadIdx.x); e < e1; e += kThreads) {
+    // All S remote loads are issued before the first add (one DSMEM round trip, not S in a
+    // chain); the sum is still 0 + p0 + p1 + ... in split order, the same bits as a serial loop.
+    float t[kMaxSplits];
+#pragma unroll
+    for (int s = 0; s < kMaxSplits; ++s) t[s] = s < S ? src[s][e] : 0.f;
     float v = 0.f;
-    for (int s = 0; s < S; ++s) v += cl.map_shared_rank(part, s)[e];
+#pragma unroll
+    for (int s = 0; s < kMaxSplits; ++s)
+      if (s < S) v += t[s];
     const int m = e / kRows;
     const int64_t n = n0 + e % kRows;
     if (n < p.N) static_cast<Out*>(p.y)[b * p.bsy + m * p.ldy + n] = deepinfer::cuda::from_f32<Out>(v);
@@ -239,13 +273,13 @@ __global__ void __launch_bounds__(Cfg<kFp8, kNT>::kThreads) fp8w_kernel(const __
   const int64_t wrow0 = b * p.N + n0, rows_left = p.N - n0;   // rows of the [batch*N, K] matrix
   const __nv_bfloat16* xb = p.x + b * p.bsx;
 
-#pragma unroll
-  for (int s = 0; s < C::kStages - 1; ++s) {
+  const int D = p.stages;  // pipeline depth: D - 1 stages in flight while one is consumed
+  for (int s = 0; s < D - 1; ++s) {
     if (s < nc) load_stage<kFp8, kNT>(p, smem, s, (c0 + s) * kChunk, wrow0, rows_left, xb);
     cp_async_commit();
   }
   // The split's scale bytes, [scale_slots][cps * sub], while the first stages are in flight.
-  uint8_t* sc = smem + C::kPipe;
+  uint8_t* sc = smem + size_t(D) * C::kStage;
   const int64_t sr = kFp8 ? p.scale_rows : 1, s_first = wrow0 / sr;
   const int sub = kFp8 ? p.scale_sub : 1;
   const int64_t sps = cps * sub;  // scale bytes per slot
@@ -264,13 +298,16 @@ __global__ void __launch_bounds__(Cfg<kFp8, kNT>::kThreads) fp8w_kernel(const __
   float acc[kNT][4];
 #pragma unroll
   for (int q = 0; q < kNT; ++q) acc[q][0] = acc[q][1] = acc[q][2] = acc[q][3] = 0.f;
-  for (int ci = 0; ci < nc; ++ci) {
-    cp_async_wait<C::kStages - 2>();
-    __syncthreads();  // stage ci landed for every thread; slot (ci-1) % kStages is free again
-    const int nx = ci + C::kStages - 1;
-    if (nx < nc) load_stage<kFp8, kNT>(p, smem, nx % C::kStages, (c0 + nx) * kChunk, wrow0, rows_left, xb);
+  // slot = ci % D (the stage consumed now); fill = (ci + D - 1) % D = the slot consumed last step.
+  for (int ci = 0, slot = 0, fill = D - 1; ci < nc; ++ci) {
+    cp_async_wait_dyn(D - 2);  // D - 1 + ci groups committed: stage ci's is complete
+    __syncthreads();  // stage ci landed for every thread; slot `fill` is free again
+    const int nx = ci + D - 1;
+    if (nx < nc) load_stage<kFp8, kNT>(p, smem, fill, (c0 + nx) * kChunk, wrow0, rows_left, xb);
     cp_async_commit();
-    const uint8_t* Ws = smem + (ci % C::kStages) * C::kStage;
+    const uint8_t* Ws = smem + slot * C::kStage;
+    fill = slot;
+    slot = slot + 1 == D ? 0 : slot + 1;
     uint32_t fa[2] = {0u, 0u}, fb[2] = {0u, 0u};
     if constexpr (kFp8) {
       const uint8_t* sa = sc + slotA * sps + ci * sub;
@@ -349,12 +386,81 @@ Split choose_split(int64_t N, int64_t K, int64_t batch, int num_sms, int max_spl
   return r;
 }
 
-template <bool kFp8, int kNT, typename Out>
-void launch_nt(Args a, const Split& sp, cudaStream_t stream) {
+struct SmemLimits {
+  int per_sm = 0, per_block = 0;  // bytes: the SM's shared memory, and the opt-in maximum of one block
+};
+SmemLimits smem_limits() {
+  int dev = 0;
+  SmemLimits l;
+  DI_CUDA_CHECK(cudaGetDevice(&dev));
+  DI_CUDA_CHECK(cudaDeviceGetAttribute(&l.per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
+  DI_CUDA_CHECK(cudaDeviceGetAttribute(&l.per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  return l;
+}
+
+// Launch plan of one kernel variant: pipeline depth and shared memory. The depth changes only how
+// many loads are in flight, never the arithmetic, so (unlike the split) it may depend on M.
+struct Plan {
+  int stages = 2, scale_slots = 0;
+  size_t smem = 0;
+};
+// Depth rule (requested: 0 = this rule, -1 = the fixed depth of the previous version, >= 2 = that
+// depth): the blocks of the grid share each SM's shared memory, ceil(blocks / SMs) per SM; each
+// takes as many stages as fit in its share, so small launches (one block per SM: wq_a, W2) put
+// their whole K range in flight at once and pay the first DRAM latency once; never more stages than
+// the split has chunks (+1), nor kMaxStages; and if the deeper blocks would no longer all be
+// resident at once (clusters place unevenly over the GPCs), fewer stages, down to the fixed depth.
+template <bool kFp8, int kNT>
+Plan plan_launch(const Args& a, const Split& sp, int num_sms, int requested, const SmemLimits& lim) {
   using C = Cfg<kFp8, kNT>;
-  a.scale_slots = kFp8 ? int(std::min<int64_t>(C::kRows, (C::kRows - 2) / a.scale_rows + 2)) : 0;
-  const size_t smem =
-      size_t(C::kPipe) + size_t(ceil_div(int64_t(a.scale_slots) * sp.chunks_per_split * a.scale_sub, 16) * 16);
+  Plan pl;
+  pl.scale_slots = kFp8 ? int(std::min<int64_t>(C::kRows, (C::kRows - 2) / a.scale_rows + 2)) : 0;
+  const size_t scale_bytes = size_t(ceil_div(int64_t(pl.scale_slots) * sp.chunks_per_split * a.scale_sub, 16) * 16);
+  const int64_t most = std::min<int64_t>(kMaxStages, sp.chunks_per_split + 1);
+  const int64_t fit = (int64_t(lim.per_block) - int64_t(scale_bytes)) / C::kStage;
+  const auto clamp_depth = [&](int64_t d) { return std::clamp<int64_t>(std::min(d, most), 2, std::max<int64_t>(2, fit)); };
+  int64_t d = requested < 0 ? C::kStages : requested;
+  if (requested == 0) {
+    constexpr int64_t kReservedPerBlock = 1024;  // the driver's shared memory reserve per block
+    const int64_t clusters = ceil_div(a.N, C::kRows) * a.batch, blocks = clusters * sp.splits;
+    const int64_t per_sm = std::max<int64_t>(1, ceil_div(blocks, std::max(num_sms, 1)));
+    const int64_t share = int64_t(lim.per_sm) / per_sm - kReservedPerBlock - int64_t(scale_bytes);
+    d = clamp_depth(std::max<int64_t>(C::kStages, share / C::kStage));
+    if (d > C::kStages) {
+      auto* fn = fp8w_kernel<kFp8, kNT, float>;  // the output type changes no resource
+      DI_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, lim.per_block));
+      cudaLaunchAttribute attr[1];
+      attr[0].id = cudaLaunchAttributeClusterDimension;
+      attr[0].val.clusterDim.x = 1;
+      attr[0].val.clusterDim.y = unsigned(sp.splits);
+      attr[0].val.clusterDim.z = 1;
+      cudaLaunchConfig_t cfg{};
+      cfg.gridDim = dim3(unsigned(ceil_div(a.N, C::kRows)), unsigned(sp.splits), unsigned(a.batch));
+      cfg.blockDim = dim3(C::kThreads);
+      cfg.attrs = attr;
+      cfg.numAttrs = 1;
+      for (; d > C::kStages; --d) {
+        cfg.dynamicSmemBytes = size_t(d) * C::kStage + scale_bytes;
+        int resident = 0;
+        DI_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&resident, fn, &cfg));
+        if (resident >= clusters) break;
+      }
+    }
+  }
+  pl.stages = int(clamp_depth(d));
+  pl.smem = size_t(pl.stages) * C::kStage + scale_bytes;
+  if (pl.smem > size_t(lim.per_block))
+    DI_THROW(InvalidArgument, "gemm_fp8w: ", pl.smem, " bytes of shared memory per block (", pl.stages,
+             " stages) exceed the device's ", lim.per_block);
+  return pl;
+}
+
+template <bool kFp8, int kNT, typename Out>
+void launch_nt(Args a, const Split& sp, const Plan& pl, cudaStream_t stream) {
+  using C = Cfg<kFp8, kNT>;
+  a.scale_slots = pl.scale_slots;
+  a.stages = pl.stages;
+  const size_t smem = pl.smem;
   auto* fn = fp8w_kernel<kFp8, kNT, Out>;
   DI_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   cudaLaunchConfig_t cfg{};
@@ -373,13 +479,23 @@ void launch_nt(Args a, const Split& sp, cudaStream_t stream) {
   DI_CUDA_CHECK_LAUNCH();
 }
 
-template <bool kFp8, typename Out>
-void launch(const Args& a, const Split& sp, int nt, cudaStream_t stream) {
+template <bool kFp8>
+Plan plan_nt(const Args& a, const Split& sp, int nt, int num_sms, int requested, const SmemLimits& lim) {
   switch (nt) {
-    case 1: launch_nt<kFp8, 1, Out>(a, sp, stream); break;
-    case 2: launch_nt<kFp8, 2, Out>(a, sp, stream); break;
-    case 4: launch_nt<kFp8, 4, Out>(a, sp, stream); break;
-    default: launch_nt<kFp8, 8, Out>(a, sp, stream); break;
+    case 1: return plan_launch<kFp8, 1>(a, sp, num_sms, requested, lim);
+    case 2: return plan_launch<kFp8, 2>(a, sp, num_sms, requested, lim);
+    case 4: return plan_launch<kFp8, 4>(a, sp, num_sms, requested, lim);
+    default: return plan_launch<kFp8, 8>(a, sp, num_sms, requested, lim);
+  }
+}
+
+template <bool kFp8, typename Out>
+void launch(const Args& a, const Split& sp, const Plan& pl, int nt, cudaStream_t stream) {
+  switch (nt) {
+    case 1: launch_nt<kFp8, 1, Out>(a, sp, pl, stream); break;
+    case 2: launch_nt<kFp8, 2, Out>(a, sp, pl, stream); break;
+    case 4: launch_nt<kFp8, 4, Out>(a, sp, pl, stream); break;
+    default: launch_nt<kFp8, 8, Out>(a, sp, pl, stream); break;
   }
 }
 
@@ -405,6 +521,21 @@ void validate(const Fp8wGemmParams& p) {
   if (fp8 && p.scale_k != 128 && p.scale_k != 64 && p.scale_k != 32)
     DI_THROW(InvalidArgument, "gemm_fp8w: scale_k=", p.scale_k, " must be 128, 64 or 32");
   if (p.batch > 65535) DI_THROW(InvalidArgument, "gemm_fp8w: batch=", p.batch, " > 65535");
+  if (p.stages < -1 || p.stages == 1 || p.stages > kMaxStages)
+    DI_THROW(InvalidArgument, "gemm_fp8w: stages=", p.stages, " (0: the default rule, -1: the fixed depth, or 2..",
+             kMaxStages, ")");
+}
+
+// The kernel arguments of the rows [m0, m0 + M) of x / y.
+Args make_args(const Fp8wGemmParams& p, const Split& sp, int64_t m0, int64_t M) {
+  const bool fp8 = p.w != nullptr;
+  const size_t ob = p.out_dtype == DType::kF32 ? 4 : 2;
+  return Args{.x = static_cast<const __nv_bfloat16*>(p.x) + m0 * p.ldx, .ldx = p.ldx, .bsx = p.batch_stride_x,
+              .w = fp8 ? p.w : static_cast<const uint8_t*>(p.w_bf16), .scale = p.scale, .scale_rows = p.scale_rows,
+              .scale_sub = fp8 ? int(kChunk / p.scale_k) : 1,
+              .y = static_cast<char*>(p.y) + size_t(m0 * p.ldy) * ob, .ldy = p.ldy, .bsy = p.batch_stride_y,
+              .M = M, .N = p.N, .K = p.K, .batch = p.batch, .chunks_per_split = sp.chunks_per_split,
+              .scale_slots = 0, .stages = 0};
 }
 }  // namespace
 
@@ -416,24 +547,34 @@ size_t fp8w_workspace_bytes(int64_t /*M*/, int64_t /*N*/, int64_t /*K*/, int64_t
   return 0;  // the K split is summed inside the kernel's cluster (distributed shared memory)
 }
 
+int fp8w_stages(const Fp8wGemmParams& p) {
+  validate(p);
+  const Split sp = choose_split(p.N, p.K, p.batch, p.num_sms, p.max_splits);
+  const int64_t M = std::min(kFp8wMaxM, p.M);
+  const Args a = make_args(p, sp, 0, M);
+  const SmemLimits lim = smem_limits();
+  return (p.w != nullptr ? plan_nt<true>(a, sp, token_tiles(M), p.num_sms, p.stages, lim)
+                         : plan_nt<false>(a, sp, token_tiles(M), p.num_sms, p.stages, lim))
+      .stages;
+}
+
 void gemm_fp8w(const Fp8wGemmParams& p, cudaStream_t stream) {
   validate(p);
   const bool fp8 = p.w != nullptr;
-  const size_t ob = p.out_dtype == DType::kF32 ? 4 : 2;
   const Split sp = choose_split(p.N, p.K, p.batch, p.num_sms, p.max_splits);
+  const SmemLimits lim = smem_limits();
   for (int64_t m0 = 0; m0 < p.M; m0 += kFp8wMaxM) {
     const int64_t M = std::min(kFp8wMaxM, p.M - m0);
-    Args a{.x = static_cast<const __nv_bfloat16*>(p.x) + m0 * p.ldx, .ldx = p.ldx, .bsx = p.batch_stride_x,
-           .w = fp8 ? p.w : static_cast<const uint8_t*>(p.w_bf16), .scale = p.scale, .scale_rows = p.scale_rows,
-           .scale_sub = fp8 ? int(kChunk / p.scale_k) : 1,
-           .y = static_cast<char*>(p.y) + size_t(m0 * p.ldy) * ob, .ldy = p.ldy, .bsy = p.batch_stride_y,
-           .M = M, .N = p.N, .K = p.K, .batch = p.batch, .chunks_per_split = sp.chunks_per_split, .scale_slots = 0};
+    const Args a = make_args(p, sp, m0, M);
     const int nt = token_tiles(M);
+    const Plan pl = fp8 ? plan_nt<true>(a, sp, nt, p.num_sms, p.stages, lim)
+                        : plan_nt<false>(a, sp, nt, p.num_sms, p.stages, lim);
     if (fp8)
-      p.out_dtype == DType::kF32 ? launch<true, float>(a, sp, nt, stream) : launch<true, __nv_bfloat16>(a, sp, nt, stream);
+      p.out_dtype == DType::kF32 ? launch<true, float>(a, sp, pl, nt, stream)
+                                 : launch<true, __nv_bfloat16>(a, sp, pl, nt, stream);
     else
-      p.out_dtype == DType::kF32 ? launch<false, float>(a, sp, nt, stream)
-                                 : launch<false, __nv_bfloat16>(a, sp, nt, stream);
+      p.out_dtype == DType::kF32 ? launch<false, float>(a, sp, pl, nt, stream)
+                                 : launch<false, __nv_bfloat16>(a, sp, pl, nt, stream);
   }
 }
 

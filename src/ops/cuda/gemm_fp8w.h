@@ -46,6 +46,10 @@ struct Fp8wGemmParams {
   size_t workspace_bytes = 0;
   int num_sms = 132;              // the device's SM count (sets the K split)
   int max_splits = 0;             // 0: the default split rule; 1..8 caps it (benchmarks of the rule)
+  int stages = 0;                 // cp.async pipeline depth: 0 the default rule (as many stages as fit in
+                                  // each block's share of the SM's shared memory, <= 16), -1 the fixed
+                                  // depth of session 14 (4; 3 above 32 tokens), 2..16 that depth
+                                  // (benchmarks). Never changes the arithmetic or its order.
 };
 
 // Rows of one kernel launch at most (8 token tiles of 8); larger M runs in chunks of this many.
@@ -58,6 +62,9 @@ size_t fp8w_workspace_bytes(int64_t M, int64_t N, int64_t K, int64_t batch, int 
 
 // Validates (InvalidArgument naming the field), then launches on `stream`. Graph-capturable.
 void gemm_fp8w(const Fp8wGemmParams& p, cudaStream_t stream);
+// Pipeline depth the launch of `p` uses (its first 64 rows), after clamping to the split's chunks
+// and to the device's shared memory (queries the current device).
+int fp8w_stages(const Fp8wGemmParams& p);
 
 // FP8 [N, K] + e8m0 scales -> bf16 [N, K] (K % 16 == 0), the values the GEMM
 // uses; one pass, 16 weights per thread (3 bytes of traffic per weight).

@@ -112,6 +112,23 @@ TEST(CudaGemmFp8w, MatchesHostTwinAndBf16PathBitForBit) {
     y1.poison();
     ws.poison();
     oc::gemm_fp8w(p, nullptr);
+    // The pipeline depth (default rule, session 14's fixed depth, shallowest, deepest) changes
+    // nothing but timing: every token row has the default launch's bits.
+    const std::vector<uint8_t> h_default = y1.download();
+    const size_t row_bytes = size_t(c.batch * c.N) * ob;
+    for (int stages : {-1, 2, 3, 16}) {
+      oc::Fp8wGemmParams q = p;
+      q.stages = stages;
+      q.y = y2.get();
+      y2.poison();
+      oc::gemm_fp8w(q, nullptr);
+      const std::vector<uint8_t> h = y2.download();
+      int differ = 0;
+      for (int64_t m = 0; m < c.M; ++m)
+        differ += std::memcmp(h.data() + size_t(m * ldy) * ob, h_default.data() + size_t(m * ldy) * ob, row_bytes) != 0;
+      EXPECT_EQ(differ, 0) << name(c) << ": stages=" << stages << " (depth " << oc::fp8w_stages(q) << " vs "
+                           << oc::fp8w_stages(p) << ") changes " << differ << " of " << c.M << " token rows";
+    }
     // dequantised weights: this module's kernel and quant.h's agree with the host bit for bit
     dwd.poison();
     dwd2.poison();
@@ -184,6 +201,11 @@ TEST(CudaGemmFp8w, TypedErrors) {
   bad = p;
   bad.scale_k = 16;  // 128, 64 or 32 only
   EXPECT_THROW(oc::gemm_fp8w(bad, nullptr), InvalidArgument);
+  for (int stages : {-2, 1, 17}) {  // 0, -1 or a depth of 2..16
+    bad = p;
+    bad.stages = stages;
+    EXPECT_THROW(oc::gemm_fp8w(bad, nullptr), InvalidArgument) << "stages=" << stages;
+  }
   EXPECT_THROW(oc::dequant_fp8w_bf16({.w = buf, .scale = buf, .out = buf, .N = 2, .K = 32, .scale_k = 48}, nullptr),
                InvalidArgument);
   EXPECT_THROW(oc::dequant_fp8w_bf16({.w = buf, .scale = buf, .out = buf, .N = 2, .K = 20}, nullptr), InvalidArgument);
@@ -301,6 +323,7 @@ TEST(CudaGemmFp8w, Timing) {
       }
   }
   std::printf("DI_FP8W_TABLE|shape|M|splits|fp8w us|GB/s|%% of 4.3 TB/s|cuBLASLt bf16 us|bf16 / fp8w\n");
+  std::printf("DI_FP8W_STAGES|shape|M|stages asked|depth|fp8w us|GB/s\n");
   for (const Shape& sh : shapes) {
     const int64_t N = sh.N, K = sh.K, B = sh.batch, rows = B * N, kb = (K + 127) / 128;
     const size_t wbytes = size_t(rows * K), sbytes = size_t((rows + 127) / 128 * kb);
@@ -333,6 +356,24 @@ TEST(CudaGemmFp8w, Timing) {
                  .K = K, .batch = B, .batch_stride_x = K, .batch_stride_w = N * K, .batch_stride_y = N},
                 q);
       };
+      // The pipeline depth (Fp8wGemmParams::stages; -1 = session 14's fixed depth), same kernel otherwise.
+      if (M == 1 || M == 8 || M == 32 || M == 64)
+        for (int stages : {-1, 0, 4, 6, 8, 12, 16}) {
+          int it2 = 0;
+          const oc::Fp8wGemmParams q{.x = x.get(), .ldx = B * K, .w = w8[0].get(), .scale = sc[0].get(), .y = y.get(),
+                                     .ldy = B * N, .M = M, .N = N, .K = K, .batch = B, .batch_stride_x = K,
+                                     .batch_stride_y = N, .num_sms = sms, .stages = stages};
+          const double ts = graph_us([&](cudaStream_t qs) {
+            oc::Fp8wGemmParams r = q;
+            const int i = it2++ % copies;
+            r.w = w8[i].get();
+            r.scale = sc[i].get();
+            oc::gemm_fp8w(r, qs);
+          }, s);
+          std::printf("DI_FP8W_STAGES|%s|%lld|%d|%d|%.2f|%.0f
+", sh.what, (long long)M, stages, oc::fp8w_stages(q), ts,
+                      double(wbytes + sbytes) / ts / 1e3);
+        }
       const double t8 = graph_us(fp8w, s), t1 = median_us(fp8w, s), tb = graph_us(bf16, s);
       const std::string shape = std::string(sh.what) + " M=" + std::to_string(M);
       const int splits = oc::fp8w_splits(M, N, K, B, sms);
