@@ -441,7 +441,7 @@ Plan plan_launch(const Args& a, const Split& sp, int num_sms, int requested, con
       cfg.numAttrs = 1;
       for (; d > C::kStages; --d) {
         cfg.dynamicSmemBytes = size_t(d) * C::kStage + scale_bytes;
-        int resident = 0;
+        int resident = 0;  // clusters of `splits` blocks (of one block when unsplit) resident at once
         DI_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&resident, fn, &cfg));
         if (resident >= clusters) break;
       }
@@ -474,7 +474,7 @@ void launch_nt(Args a, const Split& sp, const Plan& pl, cudaStream_t stream) {
   attr[0].val.clusterDim.y = unsigned(sp.splits);
   attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cfg.numAttrs = sp.splits > 1 ? 1 : 0;  // unsplit: a plain launch (the kernel touches the cluster only when split)
   DI_CUDA_CHECK(cudaLaunchKernelEx(&cfg, fn, a));
   DI_CUDA_CHECK_LAUNCH();
 }
