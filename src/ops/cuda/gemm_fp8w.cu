@@ -568,14 +568,18 @@ template <typename MoreParts>
 void run_chunks(const Fp8wGemmParams& p, const Split& sp, int parts, const MoreParts& more_parts, cudaStream_t stream) {
   const bool fp8 = p.w != nullptr;
   const SmemLimits lim = smem_limits();
+  Plan pl;
+  int planned_nt = 0;  // full 64-row chunks share one plan (the occupancy query costs host time)
   for (int64_t m0 = 0; m0 < p.M; m0 += kFp8wMaxM) {
     const int64_t M = std::min(kFp8wMaxM, p.M - m0);
     Args a = make_args(p, sp, m0, M);
     a.parts = parts;
     more_parts(a, m0);
     const int nt = token_tiles(M);
-    const Plan pl = fp8 ? plan_nt<true>(a, sp, nt, p.num_sms, p.stages, lim)
-                        : plan_nt<false>(a, sp, nt, p.num_sms, p.stages, lim);
+    if (nt != planned_nt) {
+      pl = fp8 ? plan_nt<true>(a, sp, nt, p.num_sms, p.stages, lim) : plan_nt<false>(a, sp, nt, p.num_sms, p.stages, lim);
+      planned_nt = nt;
+    }
     if (fp8)
       p.out_dtype == DType::kF32 ? launch<true, float>(a, sp, pl, nt, stream)
                                  : launch<true, __nv_bfloat16>(a, sp, pl, nt, stream);

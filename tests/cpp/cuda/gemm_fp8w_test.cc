@@ -438,8 +438,7 @@ TEST(CudaGemmFp8w, Timing) {
             r.scale = sc[i].get();
             oc::gemm_fp8w(r, qs);
           }, s);
-          std::printf("DI_FP8W_STAGES|%s|%lld|%d|%d|%.2f|%.0f
-", sh.what, (long long)M, stages, oc::fp8w_stages(q), ts,
+          std::printf("DI_FP8W_STAGES|%s|%lld|%d|%d|%.2f|%.0f\n", sh.what, (long long)M, stages, oc::fp8w_stages(q), ts,
                       double(wbytes + sbytes) / ts / 1e3);
         }
       const double t8 = graph_us(fp8w, s), t1 = median_us(fp8w, s), tb = graph_us(bf16, s);
@@ -504,7 +503,7 @@ TEST(CudaGemmFp8w, MultiTiming) {
   const int64_t Nt = 128, Kt = 1024;
   DevArray<uint8_t> wt(rand_fp8(size_t(Nt * Kt), 5)), stt(rand_e8m0(size_t(Kt / 128), 6, 115, 125));
   DevArray<uint16_t> xt(to_bf16(randn(size_t(Kt), 8)));
-  DevArray<float> yt(size_t(Nt));
+  DevArray<float> yt(static_cast<size_t>(Nt));
   for (int stages : {-1, 0}) {
     const double t = graph_us([&](cudaStream_t q) {
       oc::gemm_fp8w({.x = xt.get(), .ldx = Kt, .w = wt.get(), .scale = stt.get(), .y = yt.get(), .ldy = Nt,
