@@ -4,10 +4,9 @@
 //    M = 1 wastes 7/8 of an n8 tile, not 15/16 of an m16 one);
 //  * K advances in stages of 128 (one e8m0 scale column, or 2 / 4 of them for scale_k 64 / 32): the block's weight tile (rows x 128 k,
 //    FP8 or bf16) and x tile (tokens x 128 k, bf16) go global -> shared memory by cp.async, 16 B per
-//    thread, whole 128-byte lines of a row per 8 threads. The depth is chosen per launch: as many
-//    stages as fit in the block's share of the SM's shared memory (up to 16, at most the split's
-//    chunks), so a launch of one block per SM has its whole K range in flight at once; session 14
-//    used a fixed 4 (3 above 32 tokens), 24-48 KB of weights in flight per block;
+//    thread, whole 128-byte lines of a row per 8 threads, kStages deep, so 24-48 KB of weights per
+//    block are in flight (the previous version loaded 64-byte pieces of a row into registers, 4 KB
+//    per warp, and read x from L1 per warp);
 //  * in each 64-k half of a stage, lane (g = lane/4, t = lane%4) takes 16 consecutive weights of its
 //    rows g and g+8 and the same 16 k of x (LDS.128, swizzled / padded so a quarter-warp hits 8
 //    distinct 16-byte bank groups). The MMA's k order is a permutation of the half, the same for A
@@ -43,7 +42,6 @@ namespace cg = cooperative_groups;
 
 constexpr int kChunk = 128;            // k per pipeline stage (= the scale block along K)
 constexpr int kMaxSplits = 8;          // portable cluster size
-constexpr int kMaxStages = 16;         // pipeline depth cap (cp_async_wait_dyn covers depth - 2 <= 14)
 constexpr int kSplitRows = 64;         // notional rows per block for the split rule (all kernels)
 constexpr int kXLd = 2 * kChunk + 16;  // bytes per x row in shared memory (padded: see the header)
 
@@ -64,27 +62,6 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-// wait_group takes an immediate: the pipeline depth is a launch parameter, so dispatch once per
-// wait (uniform across the block, so no divergence).
-__device__ __forceinline__ void cp_async_wait_dyn(int n) {
-  switch (n) {
-    case 0: cp_async_wait<0>(); break;
-    case 1: cp_async_wait<1>(); break;
-    case 2: cp_async_wait<2>(); break;
-    case 3: cp_async_wait<3>(); break;
-    case 4: cp_async_wait<4>(); break;
-    case 5: cp_async_wait<5>(); break;
-    case 6: cp_async_wait<6>(); break;
-    case 7: cp_async_wait<7>(); break;
-    case 8: cp_async_wait<8>(); break;
-    case 9: cp_async_wait<9>(); break;
-    case 10: cp_async_wait<10>(); break;
-    case 11: cp_async_wait<11>(); break;
-    case 12: cp_async_wait<12>(); break;
-    case 13: cp_async_wait<13>(); break;
-    default: cp_async_wait<14>(); break;
-  }
 }
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t sel) {
   uint32_t r;
@@ -137,12 +114,32 @@ struct Args {
   int64_t M, K, batch;
   int chunks_per_split;
   int scale_slots;       // distinct scale rows one block touches at most (FP8)
-  int stages;            // pipeline depth (slots of weight + x tiles), 2..kMaxStages (choose_stages)
+};
+
+// Field access to part `i` of the launch by unrolled selects over constant indices: the fields stay
+// in the parameter bank (a copy of the part in registers raised the kernels by 10-26 registers and
+// took the 8-tile variant past 128, one block per SM instead of two).
+struct PartRef {
+  const Args& p;
+  int i;
+  template <typename F>
+  __device__ __forceinline__ auto get(F f) const {
+    auto v = f(p.part[0]);
+#pragma unroll
+    for (int j = 1; j < kFp8wMaxParts; ++j)
+      if (i == j) v = f(p.part[j]);
+    return v;
+  }
+  __device__ __forceinline__ const uint8_t* w() const { return get([](const Part& q) { return q.w; }); }
+  __device__ __forceinline__ const uint8_t* scale() const { return get([](const Part& q) { return q.scale; }); }
+  __device__ __forceinline__ void* y() const { return get([](const Part& q) { return q.y; }); }
+  __device__ __forceinline__ int64_t ldy() const { return get([](const Part& q) { return q.ldy; }); }
+  __device__ __forceinline__ int64_t N() const { return get([](const Part& q) { return q.N; }); }
+  __device__ __forceinline__ int64_t block0() const { return get([](const Part& q) { return q.block0; }); }
 };
 
 // Shapes of one kernel variant. kNT token tiles of 8 (M <= 8·kNT). Shared memory per block:
-// stages x (weight tile + x tile) + the scale bytes of the block's split; the depth is a launch
-// parameter (choose_stages), kStages is the fixed depth of the previous version (Fp8wGemmParams::stages = -1).
+// kStages x (weight tile + x tile) + the scale bytes of the block's split.
 template <bool kFp8, int kNT>
 struct Cfg {
   // More rows per block amortise the x tile; two m16 row tiles per warp (256 rows per block, one
@@ -150,14 +147,18 @@ struct Cfg {
   static constexpr int kWarps = kNT >= 4 ? 8 : 4;
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kRows = 16 * kWarps;
-  static constexpr int kStages = kNT >= 8 ? 3 : 4;  // 5 at kNT = 1 measured 10-30% slower
+  // Deeper measured slower at every decode shape (session 15's sweep of 4..16 stages, a runtime
+  // depth: e.g. wq_b M = 1 11.9 / 12.7 / 16.7 us at 4 / 5 / 6 stages, wo_b 15.5 / 16.3 / 24.9 at
+  // 4 / 6 / 8), so more bytes in flight per SM are not what these launches lack.
+  static constexpr int kStages = kNT >= 8 ? 3 : 4;
   static constexpr int kWRow = kFp8 ? kChunk : 2 * kChunk;  // bytes of one weight row per stage
   static constexpr int kWSegs = kWRow / 16;
   static constexpr int kWTile = kRows * kWRow;
   static constexpr int kXRows = 8 * kNT;
   static constexpr int kStage = kWTile + kXRows * kXLd;
+  static constexpr int kPipe = kStages * kStage;
   static_assert(kRows * kWSegs % kThreads == 0 && kXRows * 16 % kThreads == 0, "whole copies per thread");
-  static_assert(kRows * kXRows * 4 <= 2 * kStage, "partial sums reuse the pipeline buffers (depth >= 2)");
+  static_assert(kRows * kXRows * 4 <= kPipe, "partial sums reuse the pipeline buffers");
 };
 // Swizzle of the 16-byte segment s of weight row r: a quarter-warp reads rows 2p, 2p+1 at segments
 // t + 4h (FP8) or 2t (+1) + 8h (bf16); flipping a bit by the row's parity sends them to 8 banks groups.
@@ -242,7 +243,7 @@ __device__ __forceinline__ void compute_stage(const uint8_t* Ws, const uint8_t* 
 // Sums the cluster's partial sums (shared memory of every block, [kXRows][kRows] f32) in split
 // order; block `rank` writes its slice of the outputs.
 template <int kRows, int kXRows, int kThreads, typename Out>
-__device__ __forceinline__ void cluster_reduce(const Args& p, const Part& q, float* part, int64_t b, int64_t n0) {
+__device__ __forceinline__ void cluster_reduce(const Args& p, const PartRef& q, float* part, int64_t b, int64_t n0) {
   cg::cluster_group cl = cg::this_cluster();
   cl.sync();  // every block's partials are in its shared memory
   const int S = int(cl.num_blocks()), rank = int(cl.block_rank());
@@ -263,44 +264,47 @@ __device__ __forceinline__ void cluster_reduce(const Args& p, const Part& q, flo
       if (s < S) v += t[s];
     const int m = e / kRows;
     const int64_t n = n0 + e % kRows;
-    if (n < q.N) static_cast<Out*>(q.y)[b * p.bsy + m * q.ldy + n] = deepinfer::cuda::from_f32<Out>(v);
+    if (n < q.N()) static_cast<Out*>(q.y())[b * p.bsy + m * q.ldy() + n] = deepinfer::cuda::from_f32<Out>(v);
   }
   cl.sync();  // no block leaves while another still reads its shared memory
 }
 
-// grid (row blocks of every part, splits, batch), cluster (1, splits, 1).
+// grid (row blocks of every part, splits, batch), cluster (1, splits, 1). Two blocks per SM at
+// least: caps the 8-warp variants at 128 registers (session 15 measured one at 132, one block per
+// SM: 25% slower at M = 64).
 template <bool kFp8, int kNT, typename Out>
-__global__ void __launch_bounds__(Cfg<kFp8, kNT>::kThreads) fp8w_kernel(const __grid_constant__ Args p) {
+__global__ void __launch_bounds__(Cfg<kFp8, kNT>::kThreads, 2) fp8w_kernel(const __grid_constant__ Args p) {
   using C = Cfg<kFp8, kNT>;
   extern __shared__ __align__(16) uint8_t smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  Part q = p.part[0];  // this block's weight (static indices only: no local-memory copy of the array)
+  int pi = 0;  // this block's part
 #pragma unroll
   for (int i = 1; i < kFp8wMaxParts; ++i)
-    if (i < p.parts && int64_t(blockIdx.x) >= p.part[i].block0) q = p.part[i];
-  const int64_t b = blockIdx.z, n0 = (int64_t(blockIdx.x) - q.block0) * C::kRows;  // first row within the batch's N
+    if (i < p.parts && int64_t(blockIdx.x) >= p.part[i].block0) pi = i;
+  const PartRef q{p, pi};
+  const int64_t b = blockIdx.z, n0 = (int64_t(blockIdx.x) - q.block0()) * C::kRows;  // first row within the batch's N
   const int64_t chunks = cdiv(p.K, kChunk), cps = p.chunks_per_split;
   const int64_t c0 = int64_t(blockIdx.y) * cps;
   const int nc = int(std::min<int64_t>(cps, chunks - c0));  // >= 1 (choose_split)
-  const int64_t wrow0 = b * q.N + n0, rows_left = q.N - n0;   // rows of the [batch*N, K] matrix
+  const int64_t wrow0 = b * q.N() + n0, rows_left = q.N() - n0;   // rows of the [batch*N, K] matrix
   const __nv_bfloat16* xb = p.x + b * p.bsx;
 
-  const int D = p.stages;  // pipeline depth: D - 1 stages in flight while one is consumed
-  for (int s = 0; s < D - 1; ++s) {
-    if (s < nc) load_stage<kFp8, kNT>(p, q.w, smem, s, (c0 + s) * kChunk, wrow0, rows_left, xb);
+#pragma unroll
+  for (int s = 0; s < C::kStages - 1; ++s) {
+    if (s < nc) load_stage<kFp8, kNT>(p, q.w(), smem, s, (c0 + s) * kChunk, wrow0, rows_left, xb);
     cp_async_commit();
   }
   // The split's scale bytes, [scale_slots][cps * sub], while the first stages are in flight.
-  uint8_t* sc = smem + size_t(D) * C::kStage;
+  uint8_t* sc = smem + C::kPipe;
   const int64_t sr = kFp8 ? p.scale_rows : 1, s_first = wrow0 / sr;
   const int sub = kFp8 ? p.scale_sub : 1;
   const int64_t sps = cps * sub;  // scale bytes per slot
   if constexpr (kFp8) {
-    const int64_t kb = cdiv(p.K, kChunk / sub), srows = cdiv(p.batch * q.N, sr);
+    const int64_t kb = cdiv(p.K, kChunk / sub), srows = cdiv(p.batch * q.N(), sr);
     for (int i = threadIdx.x; i < p.scale_slots * nc * sub; i += C::kThreads) {
       const int slot = i / (nc * sub), c = i % (nc * sub);
       const int64_t col = c0 * sub + c;
-      sc[slot * sps + c] = s_first + slot < srows && col < kb ? q.scale[(s_first + slot) * kb + col] : uint8_t(0);
+      sc[slot * sps + c] = s_first + slot < srows && col < kb ? q.scale()[(s_first + slot) * kb + col] : uint8_t(0);
     }
   }
   // Scale column of the lane's 16 k in half h of a stage: (64h + 16t) / scale_k.
@@ -310,16 +314,13 @@ __global__ void __launch_bounds__(Cfg<kFp8, kNT>::kThreads) fp8w_kernel(const __
   float acc[kNT][4];
 #pragma unroll
   for (int j = 0; j < kNT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-  // slot = ci % D (the stage consumed now); fill = (ci + D - 1) % D = the slot consumed last step.
-  for (int ci = 0, slot = 0, fill = D - 1; ci < nc; ++ci) {
-    cp_async_wait_dyn(D - 2);  // D - 1 + ci groups committed: stage ci's is complete
-    __syncthreads();  // stage ci landed for every thread; slot `fill` is free again
-    const int nx = ci + D - 1;
-    if (nx < nc) load_stage<kFp8, kNT>(p, q.w, smem, fill, (c0 + nx) * kChunk, wrow0, rows_left, xb);
+  for (int ci = 0; ci < nc; ++ci) {
+    cp_async_wait<C::kStages - 2>();
+    __syncthreads();  // stage ci landed for every thread; slot (ci-1) % kStages is free again
+    const int nx = ci + C::kStages - 1;
+    if (nx < nc) load_stage<kFp8, kNT>(p, q.w(), smem, nx % C::kStages, (c0 + nx) * kChunk, wrow0, rows_left, xb);
     cp_async_commit();
-    const uint8_t* Ws = smem + slot * C::kStage;
-    fill = slot;
-    slot = slot + 1 == D ? 0 : slot + 1;
+    const uint8_t* Ws = smem + (ci % C::kStages) * C::kStage;
     uint32_t fa[2] = {0u, 0u}, fb[2] = {0u, 0u};
     if constexpr (kFp8) {
       const uint8_t* sa = sc + slotA * sps + ci * sub;
@@ -336,8 +337,8 @@ __global__ void __launch_bounds__(Cfg<kFp8, kNT>::kThreads) fp8w_kernel(const __
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int64_t n = n0 + warp * 16 + g + (i >= 2 ? 8 : 0), m = j * 8 + 2 * t + (i & 1);
-        if (n < q.N && m < p.M)
-          static_cast<Out*>(q.y)[b * p.bsy + m * q.ldy + n] = deepinfer::cuda::from_f32<Out>(acc[j][i]);
+        if (n < q.N() && m < p.M)
+          static_cast<Out*>(q.y())[b * p.bsy + m * q.ldy() + n] = deepinfer::cuda::from_f32<Out>(acc[j][i]);
       }
     return;
   }
@@ -408,83 +409,12 @@ int64_t assign_row_blocks(Args& a, int rows) {
   return blocks;
 }
 
-struct SmemLimits {
-  int per_sm = 0, per_block = 0;  // bytes: the SM's shared memory, and the opt-in maximum of one block
-};
-SmemLimits smem_limits() {
-  int dev = 0;
-  SmemLimits l;
-  DI_CUDA_CHECK(cudaGetDevice(&dev));
-  DI_CUDA_CHECK(cudaDeviceGetAttribute(&l.per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
-  DI_CUDA_CHECK(cudaDeviceGetAttribute(&l.per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  return l;
-}
-
-// Launch plan of one kernel variant: pipeline depth and shared memory. The depth changes only how
-// many loads are in flight, never the arithmetic, so (unlike the split) it may depend on M.
-struct Plan {
-  int stages = 2, scale_slots = 0;
-  size_t smem = 0;
-};
-// Depth rule (requested: 0 = this rule, -1 = the fixed depth of the previous version, >= 2 = that
-// depth): the blocks of the grid share each SM's shared memory, ceil(blocks / SMs) per SM; each
-// takes as many stages as fit in its share, so small launches (one block per SM: wq_a, W2) put
-// their whole K range in flight at once and pay the first DRAM latency once; never more stages than
-// the split has chunks (+1), nor kMaxStages; and if the deeper blocks would no longer all be
-// resident at once (clusters place unevenly over the GPCs), fewer stages, down to the fixed depth.
-template <bool kFp8, int kNT>
-Plan plan_launch(const Args& a, const Split& sp, int num_sms, int requested, const SmemLimits& lim) {
-  using C = Cfg<kFp8, kNT>;
-  Plan pl;
-  pl.scale_slots = kFp8 ? int(std::min<int64_t>(C::kRows, (C::kRows - 2) / a.scale_rows + 2)) : 0;
-  const size_t scale_bytes = size_t(ceil_div(int64_t(pl.scale_slots) * sp.chunks_per_split * a.scale_sub, 16) * 16);
-  const int64_t most = std::min<int64_t>(kMaxStages, sp.chunks_per_split + 1);
-  const int64_t fit = (int64_t(lim.per_block) - int64_t(scale_bytes)) / C::kStage;
-  const auto clamp_depth = [&](int64_t d) { return std::clamp<int64_t>(std::min(d, most), 2, std::max<int64_t>(2, fit)); };
-  int64_t d = requested < 0 ? C::kStages : requested;
-  if (requested == 0) {
-    constexpr int64_t kReservedPerBlock = 1024;  // the driver's shared memory reserve per block
-    Args t = a;
-    const int64_t row_blocks = assign_row_blocks(t, C::kRows);
-    const int64_t clusters = row_blocks * a.batch, blocks = clusters * sp.splits;
-    const int64_t per_sm = std::max<int64_t>(1, ceil_div(blocks, std::max(num_sms, 1)));
-    const int64_t share = int64_t(lim.per_sm) / per_sm - kReservedPerBlock - int64_t(scale_bytes);
-    d = clamp_depth(std::max<int64_t>(C::kStages, share / C::kStage));
-    if (d > C::kStages) {
-      auto* fn = fp8w_kernel<kFp8, kNT, float>;  // the output type changes no resource
-      DI_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, lim.per_block));
-      cudaLaunchAttribute attr[1];
-      attr[0].id = cudaLaunchAttributeClusterDimension;
-      attr[0].val.clusterDim.x = 1;
-      attr[0].val.clusterDim.y = unsigned(sp.splits);
-      attr[0].val.clusterDim.z = 1;
-      cudaLaunchConfig_t cfg{};
-      cfg.gridDim = dim3(unsigned(row_blocks), unsigned(sp.splits), unsigned(a.batch));
-      cfg.blockDim = dim3(C::kThreads);
-      cfg.attrs = attr;
-      cfg.numAttrs = 1;
-      for (; d > C::kStages; --d) {
-        cfg.dynamicSmemBytes = size_t(d) * C::kStage + scale_bytes;
-        int resident = 0;  // clusters of `splits` blocks (of one block when unsplit) resident at once
-        DI_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&resident, fn, &cfg));
-        if (resident >= clusters) break;
-      }
-    }
-  }
-  pl.stages = int(clamp_depth(d));
-  pl.smem = size_t(pl.stages) * C::kStage + scale_bytes;
-  if (pl.smem > size_t(lim.per_block))
-    DI_THROW(InvalidArgument, "gemm_fp8w: ", pl.smem, " bytes of shared memory per block (", pl.stages,
-             " stages) exceed the device's ", lim.per_block);
-  return pl;
-}
-
 template <bool kFp8, int kNT, typename Out>
-void launch_nt(Args a, const Split& sp, const Plan& pl, cudaStream_t stream) {
+void launch_nt(Args a, const Split& sp, cudaStream_t stream) {
   using C = Cfg<kFp8, kNT>;
-  a.scale_slots = pl.scale_slots;
-  a.stages = pl.stages;
-  const size_t smem = pl.smem;
+  a.scale_slots = kFp8 ? int(std::min<int64_t>(C::kRows, (C::kRows - 2) / a.scale_rows + 2)) : 0;
+  const size_t smem =
+      size_t(C::kPipe) + size_t(ceil_div(int64_t(a.scale_slots) * sp.chunks_per_split * a.scale_sub, 16) * 16);
   auto* fn = fp8w_kernel<kFp8, kNT, Out>;
   DI_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   cudaLaunchConfig_t cfg{};
@@ -503,23 +433,13 @@ void launch_nt(Args a, const Split& sp, const Plan& pl, cudaStream_t stream) {
   DI_CUDA_CHECK_LAUNCH();
 }
 
-template <bool kFp8>
-Plan plan_nt(const Args& a, const Split& sp, int nt, int num_sms, int requested, const SmemLimits& lim) {
-  switch (nt) {
-    case 1: return plan_launch<kFp8, 1>(a, sp, num_sms, requested, lim);
-    case 2: return plan_launch<kFp8, 2>(a, sp, num_sms, requested, lim);
-    case 4: return plan_launch<kFp8, 4>(a, sp, num_sms, requested, lim);
-    default: return plan_launch<kFp8, 8>(a, sp, num_sms, requested, lim);
-  }
-}
-
 template <bool kFp8, typename Out>
-void launch(const Args& a, const Split& sp, const Plan& pl, int nt, cudaStream_t stream) {
+void launch(const Args& a, const Split& sp, int nt, cudaStream_t stream) {
   switch (nt) {
-    case 1: launch_nt<kFp8, 1, Out>(a, sp, pl, stream); break;
-    case 2: launch_nt<kFp8, 2, Out>(a, sp, pl, stream); break;
-    case 4: launch_nt<kFp8, 4, Out>(a, sp, pl, stream); break;
-    default: launch_nt<kFp8, 8, Out>(a, sp, pl, stream); break;
+    case 1: launch_nt<kFp8, 1, Out>(a, sp, stream); break;
+    case 2: launch_nt<kFp8, 2, Out>(a, sp, stream); break;
+    case 4: launch_nt<kFp8, 4, Out>(a, sp, stream); break;
+    default: launch_nt<kFp8, 8, Out>(a, sp, stream); break;
   }
 }
 
@@ -545,9 +465,6 @@ void validate(const Fp8wGemmParams& p) {
   if (fp8 && p.scale_k != 128 && p.scale_k != 64 && p.scale_k != 32)
     DI_THROW(InvalidArgument, "gemm_fp8w: scale_k=", p.scale_k, " must be 128, 64 or 32");
   if (p.batch > 65535) DI_THROW(InvalidArgument, "gemm_fp8w: batch=", p.batch, " > 65535");
-  if (p.stages < -1 || p.stages == 1 || p.stages > kMaxStages)
-    DI_THROW(InvalidArgument, "gemm_fp8w: stages=", p.stages, " (0: the default rule, -1: the fixed depth, or 2..",
-             kMaxStages, ")");
 }
 
 // The kernel arguments of the rows [m0, m0 + M) of x / y.
@@ -557,7 +474,7 @@ Args make_args(const Fp8wGemmParams& p, const Split& sp, int64_t m0, int64_t M) 
   Args a{.x = static_cast<const __nv_bfloat16*>(p.x) + m0 * p.ldx, .ldx = p.ldx, .bsx = p.batch_stride_x,
          .part = {}, .parts = 1, .scale_rows = p.scale_rows, .scale_sub = fp8 ? int(kChunk / p.scale_k) : 1,
          .bsy = p.batch_stride_y, .M = M, .K = p.K, .batch = p.batch, .chunks_per_split = sp.chunks_per_split,
-         .scale_slots = 0, .stages = 0};
+         .scale_slots = 0};
   a.part[0] = Part{.w = fp8 ? p.w : static_cast<const uint8_t*>(p.w_bf16), .scale = p.scale,
                    .y = static_cast<char*>(p.y) + size_t(m0 * p.ldy) * ob, .ldy = p.ldy, .N = p.N, .block0 = 0};
   return a;
@@ -567,25 +484,17 @@ Args make_args(const Fp8wGemmParams& p, const Split& sp, int64_t m0, int64_t M) 
 template <typename MoreParts>
 void run_chunks(const Fp8wGemmParams& p, const Split& sp, int parts, const MoreParts& more_parts, cudaStream_t stream) {
   const bool fp8 = p.w != nullptr;
-  const SmemLimits lim = smem_limits();
-  Plan pl;
-  int planned_nt = 0;  // full 64-row chunks share one plan (the occupancy query costs host time)
   for (int64_t m0 = 0; m0 < p.M; m0 += kFp8wMaxM) {
     const int64_t M = std::min(kFp8wMaxM, p.M - m0);
     Args a = make_args(p, sp, m0, M);
     a.parts = parts;
     more_parts(a, m0);
     const int nt = token_tiles(M);
-    if (nt != planned_nt) {
-      pl = fp8 ? plan_nt<true>(a, sp, nt, p.num_sms, p.stages, lim) : plan_nt<false>(a, sp, nt, p.num_sms, p.stages, lim);
-      planned_nt = nt;
-    }
     if (fp8)
-      p.out_dtype == DType::kF32 ? launch<true, float>(a, sp, pl, nt, stream)
-                                 : launch<true, __nv_bfloat16>(a, sp, pl, nt, stream);
+      p.out_dtype == DType::kF32 ? launch<true, float>(a, sp, nt, stream) : launch<true, __nv_bfloat16>(a, sp, nt, stream);
     else
-      p.out_dtype == DType::kF32 ? launch<false, float>(a, sp, pl, nt, stream)
-                                 : launch<false, __nv_bfloat16>(a, sp, pl, nt, stream);
+      p.out_dtype == DType::kF32 ? launch<false, float>(a, sp, nt, stream)
+                                 : launch<false, __nv_bfloat16>(a, sp, nt, stream);
   }
 }
 
@@ -593,8 +502,7 @@ void run_chunks(const Fp8wGemmParams& p, const Split& sp, int parts, const MoreP
 Fp8wGemmParams part_params(const Fp8wMultiParams& p, int i) {
   const Fp8wPart& w = p.parts[i];
   return {.x = p.x, .ldx = p.ldx, .w = w.w, .scale = w.scale, .scale_rows = p.scale_rows, .scale_k = p.scale_k,
-          .y = w.y, .ldy = w.ldy, .out_dtype = p.out_dtype, .M = p.M, .N = w.N, .K = p.K, .num_sms = p.num_sms,
-          .stages = p.stages};
+          .y = w.y, .ldy = w.ldy, .out_dtype = p.out_dtype, .M = p.M, .N = w.N, .K = p.K, .num_sms = p.num_sms};
 }
 }  // namespace
 
@@ -604,17 +512,6 @@ int fp8w_splits(int64_t /*M*/, int64_t N, int64_t K, int64_t batch, int num_sms,
 
 size_t fp8w_workspace_bytes(int64_t /*M*/, int64_t /*N*/, int64_t /*K*/, int64_t /*batch*/, int /*num_sms*/) {
   return 0;  // the K split is summed inside the kernel's cluster (distributed shared memory)
-}
-
-int fp8w_stages(const Fp8wGemmParams& p) {
-  validate(p);
-  const Split sp = choose_split(p.N, p.K, p.batch, p.num_sms, p.max_splits);
-  const int64_t M = std::min(kFp8wMaxM, p.M);
-  const Args a = make_args(p, sp, 0, M);
-  const SmemLimits lim = smem_limits();
-  return (p.w != nullptr ? plan_nt<true>(a, sp, token_tiles(M), p.num_sms, p.stages, lim)
-                         : plan_nt<false>(a, sp, token_tiles(M), p.num_sms, p.stages, lim))
-      .stages;
 }
 
 void gemm_fp8w(const Fp8wGemmParams& p, cudaStream_t stream) {

@@ -46,10 +46,6 @@ struct Fp8wGemmParams {
   size_t workspace_bytes = 0;
   int num_sms = 132;              // the device's SM count (sets the K split)
   int max_splits = 0;             // 0: the default split rule; 1..8 caps it (benchmarks of the rule)
-  int stages = 0;                 // cp.async pipeline depth: 0 the default rule (as many stages as fit in
-                                  // each block's share of the SM's shared memory, <= 16), -1 the fixed
-                                  // depth of session 14 (4; 3 above 32 tokens), 2..16 that depth
-                                  // (benchmarks). Never changes the arithmetic or its order.
 };
 
 // Rows of one kernel launch at most (8 token tiles of 8); larger M runs in chunks of this many.
@@ -83,15 +79,12 @@ struct Fp8wMultiParams {
   int64_t scale_rows = 128, scale_k = 128;  // as Fp8wGemmParams, for every part
   DType out_dtype = DType::kBF16;
   int num_sms = 132;
-  int stages = 0;                  // as Fp8wGemmParams::stages
 };
 // Validates every part (InvalidArgument naming it); true when the parts run as one launch.
 bool gemm_fp8w_multi_fuses(const Fp8wMultiParams& p);
 void gemm_fp8w_multi(const Fp8wMultiParams& p, cudaStream_t stream);
 
-// Pipeline depth the launch of `p` uses (its first 64 rows), after clamping to the split's chunks
-// and to the device's shared memory (queries the current device).
-int fp8w_stages(const Fp8wGemmParams& p);
+
 
 // FP8 [N, K] + e8m0 scales -> bf16 [N, K] (K % 16 == 0), the values the GEMM
 // uses; one pass, 16 weights per thread (3 bytes of traffic per weight).

@@ -112,23 +112,6 @@ TEST(CudaGemmFp8w, MatchesHostTwinAndBf16PathBitForBit) {
     y1.poison();
     ws.poison();
     oc::gemm_fp8w(p, nullptr);
-    // The pipeline depth (default rule, session 14's fixed depth, shallowest, deepest) changes
-    // nothing but timing: every token row has the default launch's bits.
-    const std::vector<uint8_t> h_default = y1.download();
-    const size_t row_bytes = size_t(c.batch * c.N) * ob;
-    for (int stages : {-1, 2, 3, 16}) {
-      oc::Fp8wGemmParams q = p;
-      q.stages = stages;
-      q.y = y2.get();
-      y2.poison();
-      oc::gemm_fp8w(q, nullptr);
-      const std::vector<uint8_t> h = y2.download();
-      int differ = 0;
-      for (int64_t m = 0; m < c.M; ++m)
-        differ += std::memcmp(h.data() + size_t(m * ldy) * ob, h_default.data() + size_t(m * ldy) * ob, row_bytes) != 0;
-      EXPECT_EQ(differ, 0) << name(c) << ": stages=" << stages << " (depth " << oc::fp8w_stages(q) << " vs "
-                           << oc::fp8w_stages(p) << ") changes " << differ << " of " << c.M << " token rows";
-    }
     // dequantised weights: this module's kernel and quant.h's agree with the host bit for bit
     dwd.poison();
     dwd2.poison();
@@ -201,11 +184,6 @@ TEST(CudaGemmFp8w, TypedErrors) {
   bad = p;
   bad.scale_k = 16;  // 128, 64 or 32 only
   EXPECT_THROW(oc::gemm_fp8w(bad, nullptr), InvalidArgument);
-  for (int stages : {-2, 1, 17}) {  // 0, -1 or a depth of 2..16
-    bad = p;
-    bad.stages = stages;
-    EXPECT_THROW(oc::gemm_fp8w(bad, nullptr), InvalidArgument) << "stages=" << stages;
-  }
   oc::Fp8wPart parts[oc::kFp8wMaxParts + 1];
   for (auto& q : parts) q = {.w = buf, .scale = buf, .y = buf, .ldy = 8, .N = 8};
   oc::Fp8wMultiParams mp{.x = buf, .ldx = 32, .M = 1, .K = 32, .parts = parts, .num_parts = 0};
@@ -391,7 +369,6 @@ TEST(CudaGemmFp8w, Timing) {
       }
   }
   std::printf("DI_FP8W_TABLE|shape|M|splits|fp8w us|GB/s|%% of 4.3 TB/s|cuBLASLt bf16 us|bf16 / fp8w\n");
-  std::printf("DI_FP8W_STAGES|shape|M|stages asked|depth|fp8w us|GB/s\n");
   for (const Shape& sh : shapes) {
     const int64_t N = sh.N, K = sh.K, B = sh.batch, rows = B * N, kb = (K + 127) / 128;
     const size_t wbytes = size_t(rows * K), sbytes = size_t((rows + 127) / 128 * kb);
@@ -424,23 +401,6 @@ TEST(CudaGemmFp8w, Timing) {
                  .K = K, .batch = B, .batch_stride_x = K, .batch_stride_w = N * K, .batch_stride_y = N},
                 q);
       };
-      // The pipeline depth (Fp8wGemmParams::stages; -1 = session 14's fixed depth), same kernel otherwise.
-      if (M == 1 || M == 8 || M == 32 || M == 64)
-        for (int stages : {-1, 0, 4, 6, 8, 12, 16}) {
-          int it2 = 0;
-          const oc::Fp8wGemmParams q{.x = x.get(), .ldx = B * K, .w = w8[0].get(), .scale = sc[0].get(), .y = y.get(),
-                                     .ldy = B * N, .M = M, .N = N, .K = K, .batch = B, .batch_stride_x = K,
-                                     .batch_stride_y = N, .num_sms = sms, .stages = stages};
-          const double ts = graph_us([&](cudaStream_t qs) {
-            oc::Fp8wGemmParams r = q;
-            const int i = it2++ % copies;
-            r.w = w8[i].get();
-            r.scale = sc[i].get();
-            oc::gemm_fp8w(r, qs);
-          }, s);
-          std::printf("DI_FP8W_STAGES|%s|%lld|%d|%d|%.2f|%.0f\n", sh.what, (long long)M, stages, oc::fp8w_stages(q), ts,
-                      double(wbytes + sbytes) / ts / 1e3);
-        }
       const double t8 = graph_us(fp8w, s), t1 = median_us(fp8w, s), tb = graph_us(bf16, s);
       const std::string shape = std::string(sh.what) + " M=" + std::to_string(M);
       const int splits = oc::fp8w_splits(M, N, K, B, sms);
@@ -499,17 +459,18 @@ TEST(CudaGemmFp8w, MultiTiming) {
     }, s);
     std::printf("DI_FP8W_MULTI|%lld|%.2f|%.2f|%.2f|%.0f\n", (long long)M, two, one, two - one, bytes / one / 1e3);
   }
-  // The fixed cost: 128 x 1024 (128 KB), 20 launches in a graph.
+  // The fixed cost: 128 x 1024 (128 KB, L2-resident), 20 launches in a graph, as a cluster of 4
+  // (the split rule's) and as one plain block (max_splits = 1).
   const int64_t Nt = 128, Kt = 1024;
   DevArray<uint8_t> wt(rand_fp8(size_t(Nt * Kt), 5)), stt(rand_e8m0(size_t(Kt / 128), 6, 115, 125));
   DevArray<uint16_t> xt(to_bf16(randn(size_t(Kt), 8)));
   DevArray<float> yt(static_cast<size_t>(Nt));
-  for (int stages : {-1, 0}) {
+  for (int cap : {0, 1}) {
     const double t = graph_us([&](cudaStream_t q) {
       oc::gemm_fp8w({.x = xt.get(), .ldx = Kt, .w = wt.get(), .scale = stt.get(), .y = yt.get(), .ldy = Nt,
-                     .out_dtype = DType::kF32, .M = 1, .N = Nt, .K = Kt, .num_sms = sms, .stages = stages}, q);
+                     .out_dtype = DType::kF32, .M = 1, .N = Nt, .K = Kt, .num_sms = sms, .max_splits = cap}, q);
     }, s);
-    std::printf("DI_FP8W_FIXED|128x1024 M=1 splits=%d stages=%d|%.2f us\n", oc::fp8w_splits(1, Nt, Kt, 1, sms), stages, t);
+    std::printf("DI_FP8W_FIXED|128x1024 M=1 splits=%d|%.2f us\n", oc::fp8w_splits(1, Nt, Kt, 1, sms, cap), t);
   }
 }
 }  // namespace
