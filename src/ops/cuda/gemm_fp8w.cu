@@ -271,16 +271,20 @@ __device__ __forceinline__ void cluster_reduce(const Args& p, const PartRef& q, 
 
 // grid (row blocks of every part, splits, batch), cluster (1, splits, 1). Two blocks per SM at
 // least: caps the 8-warp variants at 128 registers (session 15 measured one at 132, one block per
-// SM: 25% slower at M = 64).
-template <bool kFp8, int kNT, typename Out>
+// SM: 25% slower at M = 64). kMulti: the launch has several parts (gemm_fp8w_multi); a separate
+// instantiation, as choosing the part at run time cost every single launch 0.1-0.4 us at M = 1
+// and up to 11% at M = 64 (session 15, variants A / C in docs/PERFORMANCE.md).
+template <bool kFp8, int kNT, typename Out, bool kMulti>
 __global__ void __launch_bounds__(Cfg<kFp8, kNT>::kThreads, 2) fp8w_kernel(const __grid_constant__ Args p) {
   using C = Cfg<kFp8, kNT>;
   extern __shared__ __align__(16) uint8_t smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   int pi = 0;  // this block's part
+  if constexpr (kMulti) {
 #pragma unroll
-  for (int i = 1; i < kFp8wMaxParts; ++i)
-    if (i < p.parts && int64_t(blockIdx.x) >= p.part[i].block0) pi = i;
+    for (int i = 1; i < kFp8wMaxParts; ++i)
+      if (i < p.parts && int64_t(blockIdx.x) >= p.part[i].block0) pi = i;
+  }
   const PartRef q{p, pi};
   const int64_t b = blockIdx.z, n0 = (int64_t(blockIdx.x) - q.block0()) * C::kRows;  // first row within the batch's N
   const int64_t chunks = cdiv(p.K, kChunk), cps = p.chunks_per_split;
@@ -409,13 +413,13 @@ int64_t assign_row_blocks(Args& a, int rows) {
   return blocks;
 }
 
-template <bool kFp8, int kNT, typename Out>
-void launch_nt(Args a, const Split& sp, cudaStream_t stream) {
+template <bool kFp8, int kNT, typename Out, bool kMulti>
+void launch_variant(Args a, const Split& sp, cudaStream_t stream) {
   using C = Cfg<kFp8, kNT>;
   a.scale_slots = kFp8 ? int(std::min<int64_t>(C::kRows, (C::kRows - 2) / a.scale_rows + 2)) : 0;
   const size_t smem =
       size_t(C::kPipe) + size_t(ceil_div(int64_t(a.scale_slots) * sp.chunks_per_split * a.scale_sub, 16) * 16);
-  auto* fn = fp8w_kernel<kFp8, kNT, Out>;
+  auto* fn = fp8w_kernel<kFp8, kNT, Out, kMulti>;
   DI_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(unsigned(assign_row_blocks(a, C::kRows)), unsigned(sp.splits), unsigned(a.batch));
@@ -431,6 +435,16 @@ void launch_nt(Args a, const Split& sp, cudaStream_t stream) {
   cfg.numAttrs = sp.splits > 1 ? 1 : 0;  // unsplit: a plain launch (the kernel touches the cluster only when split)
   DI_CUDA_CHECK(cudaLaunchKernelEx(&cfg, fn, a));
   DI_CUDA_CHECK_LAUNCH();
+}
+
+// Multi-part launches exist for FP8 weights only (no bf16 multi instantiations).
+template <bool kFp8, int kNT, typename Out>
+void launch_nt(const Args& a, const Split& sp, cudaStream_t stream) {
+  DI_CHECK(kFp8 || a.parts == 1, "gemm_fp8w: multi-part launches take FP8 weights");
+  if constexpr (kFp8) {
+    if (a.parts > 1) return launch_variant<kFp8, kNT, Out, true>(a, sp, stream);
+  }
+  launch_variant<kFp8, kNT, Out, false>(a, sp, stream);
 }
 
 template <bool kFp8, typename Out>
