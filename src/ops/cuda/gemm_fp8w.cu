@@ -15,7 +15,12 @@
 //  * K is split over the blocks of a thread-block cluster (grid.y = splits <= 8) when the rows alone
 //    do not fill the GPU. Each block leaves its partial sums in its shared memory and, after a
 //    cluster barrier, every block sums a slice of the outputs over the cluster's blocks in split
-//    order through distributed shared memory: no workspace, no second kernel, deterministic.
+//    order through distributed shared memory: no workspace, no second kernel, deterministic. The
+//    S remote loads of an output are issued together, then added in order. Unsplit launches carry
+//    no cluster attribute;
+//  * gemm_fp8w_multi puts up to kFp8wMaxParts weights that read the same x (and have the same
+//    split) into one grid, their row blocks one after another along grid.x: one launch's fixed
+//    cost (~4 us in a graph on the H200) instead of several.
 // Batch invariance: the splits, their k ranges and the MMA sequence inside each depend on the
 // weight's shape and the SM count only, and an MMA's output column depends only on its own token,
 // so every token's result is bit-identical for any M (1..64 per launch, chunks of 64 above) and any
@@ -116,9 +121,9 @@ struct Args {
   int scale_slots;       // distinct scale rows one block touches at most (FP8)
 };
 
-// Field access to part `i` of the launch by unrolled selects over constant indices: the fields stay
-// in the parameter bank (a copy of the part in registers raised the kernels by 10-26 registers and
-// took the 8-tile variant past 128, one block per SM instead of two).
+// Field access to part `i` of the launch by unrolled selects over constant indices, so the fields
+// stay in the parameter bank instead of a register copy of the part (the first session-15 version
+// copied it and compiled to 90-132 registers where session 14's kernels used 62-112).
 struct PartRef {
   const Args& p;
   int i;
@@ -270,10 +275,11 @@ __device__ __forceinline__ void cluster_reduce(const Args& p, const PartRef& q, 
 }
 
 // grid (row blocks of every part, splits, batch), cluster (1, splits, 1). Two blocks per SM at
-// least: caps the 8-warp variants at 128 registers (session 15 measured one at 132, one block per
-// SM: 25% slower at M = 64). kMulti: the launch has several parts (gemm_fp8w_multi); a separate
-// instantiation, as choosing the part at run time cost every single launch 0.1-0.4 us at M = 1
-// and up to 11% at M = 64 (session 15, variants A / C in docs/PERFORMANCE.md).
+// least: caps the 8-warp variants at 128 registers (the first session-15 version compiled the
+// 8-tile FP8 kernel to 132, one block per SM, and ran wq_b at M = 64 25% slower). kMulti: the
+// launch has several parts (gemm_fp8w_multi); its own instantiation, as choosing the part at run
+// time in every launch cost single launches 0.1-0.5 us at M = 1 and up to 11% at M = 64 (session
+// 15, variants A / C in docs/PERFORMANCE.md).
 template <bool kFp8, int kNT, typename Out, bool kMulti>
 __global__ void __launch_bounds__(Cfg<kFp8, kNT>::kThreads, 2) fp8w_kernel(const __grid_constant__ Args p) {
   using C = Cfg<kFp8, kNT>;
