@@ -511,7 +511,8 @@ void run_chunks(const Fp8wGemmParams& p, const Split& sp, int parts, const MoreP
     more_parts(a, m0);
     const int nt = token_tiles(M);
     if (fp8)
-      p.out_dtype == DType::kF32 ? launch<true, float>(a, sp, nt, stream) : launch<true, __nv_bfloat16>(a, sp, nt, stream);
+      p.out_dtype == DType::kF32 ? launch<true, float>(a, sp, nt, stream)
+                                 : launch<true, __nv_bfloat16>(a, sp, nt, stream);
     else
       p.out_dtype == DType::kF32 ? launch<false, float>(a, sp, nt, stream)
                                  : launch<false, __nv_bfloat16>(a, sp, nt, stream);

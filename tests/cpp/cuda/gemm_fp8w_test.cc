@@ -3,7 +3,9 @@
 // included) with random e8m0 scales, odd M/N/K, batched (wo_a-like) and K-split shapes, outputs
 // poisoned first; bit-for-bit against the same weights dequantised to bf16 (dequant_fp8w_bf16,
 // checked against the host and against quant.h's dequant_fp8_blockwise) through the kernel's bf16
-// path; typed errors; and DI_CUDA_TIME lines at decode sizes next to the bf16 cuBLASLt GEMM.
+// path; gemm_fp8w_multi (several weights, one launch) bit-identical to each weight's own launch;
+// typed errors; and DI_CUDA_TIME lines at decode sizes next to the bf16 cuBLASLt GEMM, plus one
+// launch against two for wq_a + wkv and the fixed cost of a tiny launch (MultiTiming).
 #include <algorithm>
 #include <cstring>
 #include <functional>
