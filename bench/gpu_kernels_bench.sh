@@ -13,7 +13,7 @@ BEFORE=${BEFORE:-}
 REPS=${REPS:-2}
 LOG=${OUT:-/tmp/di-kernels-bench}
 mkdir -p "$LOG"
-FILTER='CudaGemmFp8w.Timing:CudaGroupedGemm.FlashShapeTiming'
+FILTER='CudaGemmFp8w.Timing:CudaGemmFp8w.MultiTiming:CudaGroupedGemm.FlashShapeTiming'
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader || true
 for rep in $(seq 1 "$REPS"); do
   for which in after before; do
@@ -30,6 +30,7 @@ for which in after before; do
   echo "== $which: gemm_fp8w (graph-timed per launch) vs bf16 cuBLASLt"
   grep '^DI_FP8W_TABLE' "$f" | cut -d'|' -f2-
   grep -q '^DI_FP8W_SPLITS' "$f" && { echo "== $which: gemm_fp8w with the K split capped"; grep '^DI_FP8W_SPLITS' "$f" | cut -d'|' -f2-; }
+  grep -qE '^DI_FP8W_(MULTI|FIXED)' "$f" && { echo "== $which: gemm_fp8w_multi (wq_a + wkv) and a tiny launch"; grep -E '^DI_FP8W_(MULTI|FIXED)' "$f" | cut -d'|' -f2-; }
   echo "== $which: grouped expert GEMM"
   grep -E '^DI_CUDA_TIME\|(grouped_gemm|moe_route)' "$f" | cut -d'|' -f2-
 done | tee "$LOG/kernels_summary.txt"

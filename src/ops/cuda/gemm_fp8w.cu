@@ -15,7 +15,12 @@
 //  * K is split over the blocks of a thread-block cluster (grid.y = splits <= 8) when the rows alone
 //    do not fill the GPU. Each block leaves its partial sums in its shared memory and, after a
 //    cluster barrier, every block sums a slice of the outputs over the cluster's blocks in split
-//    order through distributed shared memory: no workspace, no second kernel, deterministic.
+//    order through distributed shared memory: no workspace, no second kernel, deterministic. The
+//    S remote loads of an output are issued together, then added in order. Unsplit launches carry
+//    no cluster attribute;
+//  * gemm_fp8w_multi puts up to kFp8wMaxParts weights that read the same x (and have the same
+//    split) into one grid, their row blocks one after another along grid.x: one launch's fixed
+//    cost (~4 us in a graph on the H200) instead of several.
 // Batch invariance: the splits, their k ranges and the MMA sequence inside each depend on the
 // weight's shape and the SM count only, and an MMA's output column depends only on its own token,
 // so every token's result is bit-identical for any M (1..64 per launch, chunks of 64 above) and any
@@ -94,18 +99,48 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// One weight of a launch: gemm_fp8w has one; gemm_fp8w_multi up to kFp8wMaxParts that read the
+// same x (their row blocks follow each other along grid.x).
+struct Part {
+  const uint8_t* w;      // FP8 bytes, or the bf16 weight as bytes
+  const uint8_t* scale;  // FP8 only
+  void* y;
+  int64_t ldy, N;
+  int64_t block0;        // first blockIdx.x of this part
+};
 struct Args {
   const __nv_bfloat16* x;
   int64_t ldx, bsx;
-  const uint8_t* w;      // FP8 bytes, or the bf16 weight as bytes
-  const uint8_t* scale;  // FP8 only
+  Part part[kFp8wMaxParts];
+  int parts;
   int64_t scale_rows;
   int scale_sub;         // scale columns per 128-k stage: 1 (scale_k 128), 2 (64) or 4 (32)
-  void* y;
-  int64_t ldy, bsy;
-  int64_t M, N, K, batch;
+  int64_t bsy;
+  int64_t M, K, batch;
   int chunks_per_split;
   int scale_slots;       // distinct scale rows one block touches at most (FP8)
+};
+
+// Field access to part `i` of the launch by unrolled selects over constant indices, so the fields
+// stay in the parameter bank instead of a register copy of the part (the first session-15 version
+// copied it and compiled to 90-132 registers where session 14's kernels used 62-112).
+struct PartRef {
+  const Args& p;
+  int i;
+  template <typename F>
+  __device__ __forceinline__ auto get(F f) const {
+    auto v = f(p.part[0]);
+#pragma unroll
+    for (int j = 1; j < kFp8wMaxParts; ++j)
+      if (i == j) v = f(p.part[j]);
+    return v;
+  }
+  __device__ __forceinline__ const uint8_t* w() const { return get([](const Part& q) { return q.w; }); }
+  __device__ __forceinline__ const uint8_t* scale() const { return get([](const Part& q) { return q.scale; }); }
+  __device__ __forceinline__ void* y() const { return get([](const Part& q) { return q.y; }); }
+  __device__ __forceinline__ int64_t ldy() const { return get([](const Part& q) { return q.ldy; }); }
+  __device__ __forceinline__ int64_t N() const { return get([](const Part& q) { return q.N; }); }
+  __device__ __forceinline__ int64_t block0() const { return get([](const Part& q) { return q.block0; }); }
 };
 
 // Shapes of one kernel variant. kNT token tiles of 8 (M <= 8·kNT). Shared memory per block:
@@ -117,7 +152,10 @@ struct Cfg {
   static constexpr int kWarps = kNT >= 4 ? 8 : 4;
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kRows = 16 * kWarps;
-  static constexpr int kStages = kNT >= 8 ? 3 : 4;  // 5 at kNT = 1 measured 10-30% slower
+  // Deeper measured slower at every decode shape (session 15's sweep of 4..16 stages, a runtime
+  // depth: e.g. wq_b M = 1 11.9 / 12.7 / 16.7 us at 4 / 5 / 6 stages, wo_b 15.5 / 16.3 / 24.9 at
+  // 4 / 6 / 8), so more bytes in flight per SM are not what these launches lack.
+  static constexpr int kStages = kNT >= 8 ? 3 : 4;
   static constexpr int kWRow = kFp8 ? kChunk : 2 * kChunk;  // bytes of one weight row per stage
   static constexpr int kWSegs = kWRow / 16;
   static constexpr int kWTile = kRows * kWRow;
@@ -136,8 +174,8 @@ __device__ __forceinline__ int wswz(int r, int s) {
 
 // Issues the cp.async copies of local chunk ci (global chunk c0 + ci) into pipeline slot `slot`.
 template <bool kFp8, int kNT>
-__device__ __forceinline__ void load_stage(const Args& p, uint8_t* smem, int slot, int64_t k0, int64_t wrow0,
-                                           int64_t rows_left, const __nv_bfloat16* xb) {
+__device__ __forceinline__ void load_stage(const Args& p, const uint8_t* w, uint8_t* smem, int slot, int64_t k0,
+                                           int64_t wrow0, int64_t rows_left, const __nv_bfloat16* xb) {
   using C = Cfg<kFp8, kNT>;
   uint8_t* Ws = smem + slot * C::kStage;
   uint8_t* Xs = Ws + C::kWTile;
@@ -148,7 +186,7 @@ __device__ __forceinline__ void load_stage(const Args& p, uint8_t* smem, int slo
     const int i = int(threadIdx.x) + j * C::kThreads, r = i / C::kWSegs, s = i % C::kWSegs;
     const int64_t k = k0 + s * kSegK;
     const bool ok = r < rows_left && k < p.K;  // K % 16 == 0: a segment is all in or all out
-    const uint8_t* src = ok ? p.w + ((wrow0 + r) * p.K + k) * kEb : p.w;
+    const uint8_t* src = ok ? w + ((wrow0 + r) * p.K + k) * kEb : w;
     cp_async16(Ws + r * C::kWRow + wswz<kFp8>(r, s) * 16, src, ok ? 16 : 0);
   }
 #pragma unroll
@@ -210,38 +248,60 @@ __device__ __forceinline__ void compute_stage(const uint8_t* Ws, const uint8_t* 
 // Sums the cluster's partial sums (shared memory of every block, [kXRows][kRows] f32) in split
 // order; block `rank` writes its slice of the outputs.
 template <int kRows, int kXRows, int kThreads, typename Out>
-__device__ __forceinline__ void cluster_reduce(const Args& p, float* part, int64_t b, int64_t n0) {
+__device__ __forceinline__ void cluster_reduce(const Args& p, const PartRef& q, float* part, int64_t b, int64_t n0) {
   cg::cluster_group cl = cg::this_cluster();
   cl.sync();  // every block's partials are in its shared memory
   const int S = int(cl.num_blocks()), rank = int(cl.block_rank());
   const int mv = int(std::min<int64_t>(p.M, kXRows)), E = mv * kRows, per = (E + S - 1) / S;
   const int e1 = std::min(E, (rank + 1) * per);
+  const float* src[kMaxSplits];
+#pragma unroll
+  for (int s = 0; s < kMaxSplits; ++s) src[s] = cl.map_shared_rank(part, s < S ? s : 0);
   for (int e = rank * per + int(threadIdx.x); e < e1; e += kThreads) {
+    // All S remote loads are issued before the first add (one DSMEM round trip, not S in a
+    // chain); the sum is still 0 + p0 + p1 + ... in split order, the same bits as a serial loop.
+    float t[kMaxSplits];
+#pragma unroll
+    for (int s = 0; s < kMaxSplits; ++s) t[s] = s < S ? src[s][e] : 0.f;
     float v = 0.f;
-    for (int s = 0; s < S; ++s) v += cl.map_shared_rank(part, s)[e];
+#pragma unroll
+    for (int s = 0; s < kMaxSplits; ++s)
+      if (s < S) v += t[s];
     const int m = e / kRows;
     const int64_t n = n0 + e % kRows;
-    if (n < p.N) static_cast<Out*>(p.y)[b * p.bsy + m * p.ldy + n] = deepinfer::cuda::from_f32<Out>(v);
+    if (n < q.N()) static_cast<Out*>(q.y())[b * p.bsy + m * q.ldy() + n] = deepinfer::cuda::from_f32<Out>(v);
   }
   cl.sync();  // no block leaves while another still reads its shared memory
 }
 
-// grid (row blocks, splits, batch), cluster (1, splits, 1).
-template <bool kFp8, int kNT, typename Out>
-__global__ void __launch_bounds__(Cfg<kFp8, kNT>::kThreads) fp8w_kernel(const __grid_constant__ Args p) {
+// grid (row blocks of every part, splits, batch), cluster (1, splits, 1). Two blocks per SM at
+// least: caps the 8-warp variants at 128 registers (the first session-15 version compiled the
+// 8-tile FP8 kernel to 132, one block per SM, and ran wq_b at M = 64 25% slower). kMulti: the
+// launch has several parts (gemm_fp8w_multi); its own instantiation, as choosing the part at run
+// time in every launch cost single launches 0.1-0.5 us at M = 1 and up to 11% at M = 64 (session
+// 15, variants A / C in docs/PERFORMANCE.md).
+template <bool kFp8, int kNT, typename Out, bool kMulti>
+__global__ void __launch_bounds__(Cfg<kFp8, kNT>::kThreads, 2) fp8w_kernel(const __grid_constant__ Args p) {
   using C = Cfg<kFp8, kNT>;
   extern __shared__ __align__(16) uint8_t smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int64_t b = blockIdx.z, n0 = int64_t(blockIdx.x) * C::kRows;  // first row within the batch's N
+  int pi = 0;  // this block's part
+  if constexpr (kMulti) {
+#pragma unroll
+    for (int i = 1; i < kFp8wMaxParts; ++i)
+      if (i < p.parts && int64_t(blockIdx.x) >= p.part[i].block0) pi = i;
+  }
+  const PartRef q{p, pi};
+  const int64_t b = blockIdx.z, n0 = (int64_t(blockIdx.x) - q.block0()) * C::kRows;  // first row within the batch's N
   const int64_t chunks = cdiv(p.K, kChunk), cps = p.chunks_per_split;
   const int64_t c0 = int64_t(blockIdx.y) * cps;
   const int nc = int(std::min<int64_t>(cps, chunks - c0));  // >= 1 (choose_split)
-  const int64_t wrow0 = b * p.N + n0, rows_left = p.N - n0;   // rows of the [batch*N, K] matrix
+  const int64_t wrow0 = b * q.N() + n0, rows_left = q.N() - n0;   // rows of the [batch*N, K] matrix
   const __nv_bfloat16* xb = p.x + b * p.bsx;
 
 #pragma unroll
   for (int s = 0; s < C::kStages - 1; ++s) {
-    if (s < nc) load_stage<kFp8, kNT>(p, smem, s, (c0 + s) * kChunk, wrow0, rows_left, xb);
+    if (s < nc) load_stage<kFp8, kNT>(p, q.w(), smem, s, (c0 + s) * kChunk, wrow0, rows_left, xb);
     cp_async_commit();
   }
   // The split's scale bytes, [scale_slots][cps * sub], while the first stages are in flight.
@@ -250,11 +310,11 @@ __global__ void __launch_bounds__(Cfg<kFp8, kNT>::kThreads) fp8w_kernel(const __
   const int sub = kFp8 ? p.scale_sub : 1;
   const int64_t sps = cps * sub;  // scale bytes per slot
   if constexpr (kFp8) {
-    const int64_t kb = cdiv(p.K, kChunk / sub), srows = cdiv(p.batch * p.N, sr);
+    const int64_t kb = cdiv(p.K, kChunk / sub), srows = cdiv(p.batch * q.N(), sr);
     for (int i = threadIdx.x; i < p.scale_slots * nc * sub; i += C::kThreads) {
       const int slot = i / (nc * sub), c = i % (nc * sub);
       const int64_t col = c0 * sub + c;
-      sc[slot * sps + c] = s_first + slot < srows && col < kb ? p.scale[(s_first + slot) * kb + col] : uint8_t(0);
+      sc[slot * sps + c] = s_first + slot < srows && col < kb ? q.scale()[(s_first + slot) * kb + col] : uint8_t(0);
     }
   }
   // Scale column of the lane's 16 k in half h of a stage: (64h + 16t) / scale_k.
@@ -263,12 +323,12 @@ __global__ void __launch_bounds__(Cfg<kFp8, kNT>::kThreads) fp8w_kernel(const __
 
   float acc[kNT][4];
 #pragma unroll
-  for (int q = 0; q < kNT; ++q) acc[q][0] = acc[q][1] = acc[q][2] = acc[q][3] = 0.f;
+  for (int j = 0; j < kNT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
   for (int ci = 0; ci < nc; ++ci) {
     cp_async_wait<C::kStages - 2>();
     __syncthreads();  // stage ci landed for every thread; slot (ci-1) % kStages is free again
     const int nx = ci + C::kStages - 1;
-    if (nx < nc) load_stage<kFp8, kNT>(p, smem, nx % C::kStages, (c0 + nx) * kChunk, wrow0, rows_left, xb);
+    if (nx < nc) load_stage<kFp8, kNT>(p, q.w(), smem, nx % C::kStages, (c0 + nx) * kChunk, wrow0, rows_left, xb);
     cp_async_commit();
     const uint8_t* Ws = smem + (ci % C::kStages) * C::kStage;
     uint32_t fa[2] = {0u, 0u}, fb[2] = {0u, 0u};
@@ -283,12 +343,12 @@ __global__ void __launch_bounds__(Cfg<kFp8, kNT>::kThreads) fp8w_kernel(const __
   // acc[q][0..1]: row g, tokens 8q + 2t, 2t+1; acc[q][2..3]: row g+8.
   if (gridDim.y == 1) {
 #pragma unroll
-    for (int q = 0; q < kNT; ++q)
+    for (int j = 0; j < kNT; ++j)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const int64_t n = n0 + warp * 16 + g + (i >= 2 ? 8 : 0), m = q * 8 + 2 * t + (i & 1);
-        if (n < p.N && m < p.M)
-          static_cast<Out*>(p.y)[b * p.bsy + m * p.ldy + n] = deepinfer::cuda::from_f32<Out>(acc[q][i]);
+        const int64_t n = n0 + warp * 16 + g + (i >= 2 ? 8 : 0), m = j * 8 + 2 * t + (i & 1);
+        if (n < q.N() && m < p.M)
+          static_cast<Out*>(q.y())[b * p.bsy + m * q.ldy() + n] = deepinfer::cuda::from_f32<Out>(acc[j][i]);
       }
     return;
   }
@@ -296,11 +356,11 @@ __global__ void __launch_bounds__(Cfg<kFp8, kNT>::kThreads) fp8w_kernel(const __
   __syncthreads();  // the pipeline buffers become the partial-sum buffer
   float* part = reinterpret_cast<float*>(smem);
 #pragma unroll
-  for (int q = 0; q < kNT; ++q)
+  for (int j = 0; j < kNT; ++j)
 #pragma unroll
     for (int i = 0; i < 4; ++i)
-      part[(q * 8 + 2 * t + (i & 1)) * C::kRows + warp * 16 + g + (i >= 2 ? 8 : 0)] = acc[q][i];
-  cluster_reduce<C::kRows, C::kXRows, C::kThreads, Out>(p, part, b, n0);
+      part[(j * 8 + 2 * t + (i & 1)) * C::kRows + warp * 16 + g + (i >= 2 ? 8 : 0)] = acc[j][i];
+  cluster_reduce<C::kRows, C::kXRows, C::kThreads, Out>(p, q, part, b, n0);
 }
 
 __global__ void dequant_kernel(const __grid_constant__ Fp8wDequantParams p) {
@@ -349,16 +409,26 @@ Split choose_split(int64_t N, int64_t K, int64_t batch, int num_sms, int max_spl
   return r;
 }
 
-template <bool kFp8, int kNT, typename Out>
-void launch_nt(Args a, const Split& sp, cudaStream_t stream) {
+// Sets each part's first row block for blocks of `rows` rows; returns the row blocks of all parts.
+int64_t assign_row_blocks(Args& a, int rows) {
+  int64_t blocks = 0;
+  for (int i = 0; i < a.parts; ++i) {
+    a.part[i].block0 = blocks;
+    blocks += ceil_div(a.part[i].N, int64_t(rows));
+  }
+  return blocks;
+}
+
+template <bool kFp8, int kNT, typename Out, bool kMulti>
+void launch_variant(Args a, const Split& sp, cudaStream_t stream) {
   using C = Cfg<kFp8, kNT>;
   a.scale_slots = kFp8 ? int(std::min<int64_t>(C::kRows, (C::kRows - 2) / a.scale_rows + 2)) : 0;
   const size_t smem =
       size_t(C::kPipe) + size_t(ceil_div(int64_t(a.scale_slots) * sp.chunks_per_split * a.scale_sub, 16) * 16);
-  auto* fn = fp8w_kernel<kFp8, kNT, Out>;
+  auto* fn = fp8w_kernel<kFp8, kNT, Out, kMulti>;
   DI_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(unsigned(ceil_div(a.N, C::kRows)), unsigned(sp.splits), unsigned(a.batch));
+  cfg.gridDim = dim3(unsigned(assign_row_blocks(a, C::kRows)), unsigned(sp.splits), unsigned(a.batch));
   cfg.blockDim = dim3(C::kThreads);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
@@ -368,9 +438,19 @@ void launch_nt(Args a, const Split& sp, cudaStream_t stream) {
   attr[0].val.clusterDim.y = unsigned(sp.splits);
   attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cfg.numAttrs = sp.splits > 1 ? 1 : 0;  // unsplit: a plain launch (the kernel touches the cluster only when split)
   DI_CUDA_CHECK(cudaLaunchKernelEx(&cfg, fn, a));
   DI_CUDA_CHECK_LAUNCH();
+}
+
+// Multi-part launches exist for FP8 weights only (no bf16 multi instantiations).
+template <bool kFp8, int kNT, typename Out>
+void launch_nt(const Args& a, const Split& sp, cudaStream_t stream) {
+  DI_CHECK(kFp8 || a.parts == 1, "gemm_fp8w: multi-part launches take FP8 weights");
+  if constexpr (kFp8) {
+    if (a.parts > 1) return launch_variant<kFp8, kNT, Out, true>(a, sp, stream);
+  }
+  launch_variant<kFp8, kNT, Out, false>(a, sp, stream);
 }
 
 template <bool kFp8, typename Out>
@@ -406,6 +486,45 @@ void validate(const Fp8wGemmParams& p) {
     DI_THROW(InvalidArgument, "gemm_fp8w: scale_k=", p.scale_k, " must be 128, 64 or 32");
   if (p.batch > 65535) DI_THROW(InvalidArgument, "gemm_fp8w: batch=", p.batch, " > 65535");
 }
+
+// The kernel arguments of the rows [m0, m0 + M) of x / y.
+Args make_args(const Fp8wGemmParams& p, const Split& sp, int64_t m0, int64_t M) {
+  const bool fp8 = p.w != nullptr;
+  const size_t ob = p.out_dtype == DType::kF32 ? 4 : 2;
+  Args a{.x = static_cast<const __nv_bfloat16*>(p.x) + m0 * p.ldx, .ldx = p.ldx, .bsx = p.batch_stride_x,
+         .part = {}, .parts = 1, .scale_rows = p.scale_rows, .scale_sub = fp8 ? int(kChunk / p.scale_k) : 1,
+         .bsy = p.batch_stride_y, .M = M, .K = p.K, .batch = p.batch, .chunks_per_split = sp.chunks_per_split,
+         .scale_slots = 0};
+  a.part[0] = Part{.w = fp8 ? p.w : static_cast<const uint8_t*>(p.w_bf16), .scale = p.scale,
+                   .y = static_cast<char*>(p.y) + size_t(m0 * p.ldy) * ob, .ldy = p.ldy, .N = p.N, .block0 = 0};
+  return a;
+}
+
+// The launches of `p` over its rows, 64 at a time; `a.part[1..parts)` set by `more_parts`.
+template <typename MoreParts>
+void run_chunks(const Fp8wGemmParams& p, const Split& sp, int parts, const MoreParts& more_parts, cudaStream_t stream) {
+  const bool fp8 = p.w != nullptr;
+  for (int64_t m0 = 0; m0 < p.M; m0 += kFp8wMaxM) {
+    const int64_t M = std::min(kFp8wMaxM, p.M - m0);
+    Args a = make_args(p, sp, m0, M);
+    a.parts = parts;
+    more_parts(a, m0);
+    const int nt = token_tiles(M);
+    if (fp8)
+      p.out_dtype == DType::kF32 ? launch<true, float>(a, sp, nt, stream)
+                                 : launch<true, __nv_bfloat16>(a, sp, nt, stream);
+    else
+      p.out_dtype == DType::kF32 ? launch<false, float>(a, sp, nt, stream)
+                                 : launch<false, __nv_bfloat16>(a, sp, nt, stream);
+  }
+}
+
+// Part i of a multi launch as a gemm_fp8w of its own.
+Fp8wGemmParams part_params(const Fp8wMultiParams& p, int i) {
+  const Fp8wPart& w = p.parts[i];
+  return {.x = p.x, .ldx = p.ldx, .w = w.w, .scale = w.scale, .scale_rows = p.scale_rows, .scale_k = p.scale_k,
+          .y = w.y, .ldy = w.ldy, .out_dtype = p.out_dtype, .M = p.M, .N = w.N, .K = p.K, .num_sms = p.num_sms};
+}
 }  // namespace
 
 int fp8w_splits(int64_t /*M*/, int64_t N, int64_t K, int64_t batch, int num_sms, int max_splits) {
@@ -418,23 +537,40 @@ size_t fp8w_workspace_bytes(int64_t /*M*/, int64_t /*N*/, int64_t /*K*/, int64_t
 
 void gemm_fp8w(const Fp8wGemmParams& p, cudaStream_t stream) {
   validate(p);
-  const bool fp8 = p.w != nullptr;
-  const size_t ob = p.out_dtype == DType::kF32 ? 4 : 2;
   const Split sp = choose_split(p.N, p.K, p.batch, p.num_sms, p.max_splits);
-  for (int64_t m0 = 0; m0 < p.M; m0 += kFp8wMaxM) {
-    const int64_t M = std::min(kFp8wMaxM, p.M - m0);
-    Args a{.x = static_cast<const __nv_bfloat16*>(p.x) + m0 * p.ldx, .ldx = p.ldx, .bsx = p.batch_stride_x,
-           .w = fp8 ? p.w : static_cast<const uint8_t*>(p.w_bf16), .scale = p.scale, .scale_rows = p.scale_rows,
-           .scale_sub = fp8 ? int(kChunk / p.scale_k) : 1,
-           .y = static_cast<char*>(p.y) + size_t(m0 * p.ldy) * ob, .ldy = p.ldy, .bsy = p.batch_stride_y,
-           .M = M, .N = p.N, .K = p.K, .batch = p.batch, .chunks_per_split = sp.chunks_per_split, .scale_slots = 0};
-    const int nt = token_tiles(M);
-    if (fp8)
-      p.out_dtype == DType::kF32 ? launch<true, float>(a, sp, nt, stream) : launch<true, __nv_bfloat16>(a, sp, nt, stream);
-    else
-      p.out_dtype == DType::kF32 ? launch<false, float>(a, sp, nt, stream)
-                                 : launch<false, __nv_bfloat16>(a, sp, nt, stream);
+  run_chunks(p, sp, 1, [](Args&, int64_t) {}, stream);
+}
+
+bool gemm_fp8w_multi_fuses(const Fp8wMultiParams& p) {
+  if (!p.parts || p.num_parts < 1 || p.num_parts > kFp8wMaxParts)
+    DI_THROW(InvalidArgument, "gemm_fp8w_multi: num_parts=", p.num_parts, " (1..", kFp8wMaxParts, ", parts non-null)");
+  for (int i = 0; i < p.num_parts; ++i) {
+    if (!p.parts[i].w) DI_THROW(InvalidArgument, "gemm_fp8w_multi: part ", i, " has no FP8 weight");
+    validate(part_params(p, i));
   }
+  const Split s0 = choose_split(p.parts[0].N, p.K, 1, p.num_sms, 0);
+  for (int i = 1; i < p.num_parts; ++i) {
+    const Split si = choose_split(p.parts[i].N, p.K, 1, p.num_sms, 0);
+    if (si.splits != s0.splits || si.chunks_per_split != s0.chunks_per_split) return false;
+  }
+  return true;
+}
+
+void gemm_fp8w_multi(const Fp8wMultiParams& p, cudaStream_t stream) {
+  if (!gemm_fp8w_multi_fuses(p)) {  // splits differ: one launch each (the same bits either way)
+    for (int i = 0; i < p.num_parts; ++i) gemm_fp8w(part_params(p, i), stream);
+    return;
+  }
+  const Fp8wGemmParams p0 = part_params(p, 0);
+  const Split sp = choose_split(p0.N, p0.K, 1, p0.num_sms, 0);
+  const size_t ob = p.out_dtype == DType::kF32 ? 4 : 2;
+  run_chunks(p0, sp, p.num_parts, [&](Args& a, int64_t m0) {
+    for (int i = 1; i < p.num_parts; ++i) {
+      const Fp8wPart& w = p.parts[i];
+      a.part[i] = Part{.w = w.w, .scale = w.scale, .y = static_cast<char*>(w.y) + size_t(m0 * w.ldy) * ob,
+                       .ldy = w.ldy, .N = w.N, .block0 = 0};
+    }
+  }, stream);
 }
 
 void dequant_fp8w_bf16(const Fp8wDequantParams& p, cudaStream_t stream) {

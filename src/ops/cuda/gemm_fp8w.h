@@ -58,6 +58,33 @@ size_t fp8w_workspace_bytes(int64_t M, int64_t N, int64_t K, int64_t batch, int 
 
 // Validates (InvalidArgument naming the field), then launches on `stream`. Graph-capturable.
 void gemm_fp8w(const Fp8wGemmParams& p, cudaStream_t stream);
+// Several FP8 linears that read the same x (V4: wq_a and wkv on the attention-normed h):
+// y_i[M, N_i] = x · W_iᵀ for i < num_parts, in ONE launch when their K splits agree (the split of
+// each (N_i, K) alone; small matrices all take the cluster's 8), else one launch each. Either way
+// every y_i is bit-identical to gemm_fp8w of that part alone (same split, same k order), so fusing
+// saves a launch's fixed cost without changing a bit. FP8 weights only, batch 1.
+constexpr int kFp8wMaxParts = 4;
+struct Fp8wPart {
+  const uint8_t* w = nullptr;      // e4m3 [N, K]
+  const uint8_t* scale = nullptr;  // e8m0 [ceil(N/scale_rows), ceil(K/scale_k)]
+  void* y = nullptr;               // [M, N] out_dtype, row stride ldy >= N
+  int64_t ldy = 0, N = 0;
+};
+struct Fp8wMultiParams {
+  const void* x = nullptr;         // bf16 [M, K], row stride ldx (shared by every part)
+  int64_t ldx = 0;
+  int64_t M = 0, K = 0;
+  const Fp8wPart* parts = nullptr; // num_parts in 1..kFp8wMaxParts
+  int num_parts = 0;
+  int64_t scale_rows = 128, scale_k = 128;  // as Fp8wGemmParams, for every part
+  DType out_dtype = DType::kBF16;
+  int num_sms = 132;
+};
+// Validates every part (InvalidArgument naming it); true when the parts run as one launch.
+bool gemm_fp8w_multi_fuses(const Fp8wMultiParams& p);
+void gemm_fp8w_multi(const Fp8wMultiParams& p, cudaStream_t stream);
+
+
 
 // FP8 [N, K] + e8m0 scales -> bf16 [N, K] (K % 16 == 0), the values the GEMM
 // uses; one pass, 16 weights per thread (3 bytes of traffic per weight).

@@ -3,7 +3,9 @@
 // included) with random e8m0 scales, odd M/N/K, batched (wo_a-like) and K-split shapes, outputs
 // poisoned first; bit-for-bit against the same weights dequantised to bf16 (dequant_fp8w_bf16,
 // checked against the host and against quant.h's dequant_fp8_blockwise) through the kernel's bf16
-// path; typed errors; and DI_CUDA_TIME lines at decode sizes next to the bf16 cuBLASLt GEMM.
+// path; gemm_fp8w_multi (several weights, one launch) bit-identical to each weight's own launch;
+// typed errors; and DI_CUDA_TIME lines at decode sizes next to the bf16 cuBLASLt GEMM, plus one
+// launch against two for wq_a + wkv and the fixed cost of a tiny launch (MultiTiming).
 #include <algorithm>
 #include <cstring>
 #include <functional>
@@ -184,9 +186,77 @@ TEST(CudaGemmFp8w, TypedErrors) {
   bad = p;
   bad.scale_k = 16;  // 128, 64 or 32 only
   EXPECT_THROW(oc::gemm_fp8w(bad, nullptr), InvalidArgument);
+  oc::Fp8wPart parts[oc::kFp8wMaxParts + 1];
+  for (auto& q : parts) q = {.w = buf, .scale = buf, .y = buf, .ldy = 8, .N = 8};
+  oc::Fp8wMultiParams mp{.x = buf, .ldx = 32, .M = 1, .K = 32, .parts = parts, .num_parts = 0};
+  EXPECT_THROW(oc::gemm_fp8w_multi(mp, nullptr), InvalidArgument);  // no parts
+  mp.num_parts = oc::kFp8wMaxParts + 1;
+  EXPECT_THROW(oc::gemm_fp8w_multi(mp, nullptr), InvalidArgument);  // too many
+  mp.num_parts = 2;
+  parts[1].w = nullptr;
+  EXPECT_THROW(oc::gemm_fp8w_multi(mp, nullptr), InvalidArgument);  // a part without its weight
+  parts[1].w = buf;
+  parts[1].ldy = 4;
+  EXPECT_THROW(oc::gemm_fp8w_multi(mp, nullptr), InvalidArgument);  // ldy < N
   EXPECT_THROW(oc::dequant_fp8w_bf16({.w = buf, .scale = buf, .out = buf, .N = 2, .K = 32, .scale_k = 48}, nullptr),
                InvalidArgument);
   EXPECT_THROW(oc::dequant_fp8w_bf16({.w = buf, .scale = buf, .out = buf, .N = 2, .K = 20}, nullptr), InvalidArgument);
+}
+
+// gemm_fp8w_multi: parts that read the same x, fused into one launch when their splits agree,
+// give every part's bits of gemm_fp8w alone (odd N, padded ldy, M over one 64-row chunk, both
+// output types); parts whose splits differ fall back to one launch each.
+TEST(CudaGemmFp8w, MultiMatchesSeparateLaunches) {
+  DI_REQUIRE_GPU();
+  const int sms = device_info().num_sms;
+  struct MultiCase {
+    int64_t K;
+    std::vector<int64_t> N;
+    bool fuses;
+  };
+  const std::vector<MultiCase> cases = {{1040, {333, 200, 520}, true},     // 3 splits each
+                                        {4096, {1024, 512}, true},         // V4 wq_a + wkv: 8 splits
+                                        {512, {96, 77, 130, 64}, true},    // 4 parts
+                                        {1024, {32768, 200}, false}};      // 1 split vs 4
+  uint64_t seed = 1300;
+  for (const MultiCase& c : cases)
+    for (DType out : {DType::kF32, DType::kBF16})
+      for (int64_t M : {int64_t(1), int64_t(7), int64_t(64), int64_t(70)}) {
+        const size_t ob = out == DType::kF32 ? 4 : 2;
+        const int64_t ldx = c.K + 8;
+        DevArray<uint16_t> dx(to_bf16(randn(size_t(M * ldx), ++seed)));
+        std::vector<DevArray<uint8_t>> w, sc, yf, ys;
+        std::vector<oc::Fp8wPart> parts;
+        for (int64_t N : c.N) {
+          w.emplace_back(rand_fp8(size_t(N * c.K), ++seed));
+          sc.emplace_back(rand_e8m0(size_t((N + 127) / 128 * ((c.K + 127) / 128)), ++seed));
+          yf.emplace_back(size_t(M * (N + 3)) * ob);
+          ys.emplace_back(size_t(M * (N + 3)) * ob);
+        }
+        for (size_t i = 0; i < c.N.size(); ++i) {
+          yf[i].poison();
+          ys[i].poison();
+          parts.push_back({.w = w[i].get(), .scale = sc[i].get(), .y = yf[i].get(), .ldy = c.N[i] + 3, .N = c.N[i]});
+        }
+        const oc::Fp8wMultiParams mp{.x = dx.get(), .ldx = ldx, .M = M, .K = c.K, .parts = parts.data(),
+                                     .num_parts = int(parts.size()), .out_dtype = out, .num_sms = sms};
+        EXPECT_EQ(oc::gemm_fp8w_multi_fuses(mp), c.fuses) << "K=" << c.K;
+        oc::gemm_fp8w_multi(mp, nullptr);
+        int bad = 0;
+        for (size_t i = 0; i < c.N.size(); ++i) {
+          oc::gemm_fp8w({.x = dx.get(), .ldx = ldx, .w = w[i].get(), .scale = sc[i].get(), .y = ys[i].get(),
+                         .ldy = c.N[i] + 3, .out_dtype = out, .M = M, .N = c.N[i], .K = c.K, .num_sms = sms},
+                        nullptr);
+          const std::vector<uint8_t> a = yf[i].download(), b = ys[i].download();
+          for (int64_t m = 0; m < M; ++m)
+            bad += std::memcmp(a.data() + size_t(m * (c.N[i] + 3)) * ob, b.data() + size_t(m * (c.N[i] + 3)) * ob,
+                               size_t(c.N[i]) * ob) != 0;
+        }
+        const std::string cs = "K=" + std::to_string(c.K) + " parts=" + std::to_string(c.N.size()) +
+                               " M=" + std::to_string(M) + (out == DType::kF32 ? " f32" : " bf16");
+        std::printf("DI_CUDA_ERR|gemm_fp8w_multi_bitexact|%s|%d|0|%s\n", cs.c_str(), bad, bad ? "FAIL" : "PASS");
+        EXPECT_EQ(bad, 0) << cs << ": " << bad << " token rows differ from the part's own launch";
+      }
 }
 
 // Batch invariance: a token's output bits do not depend on M or on its neighbours, for K-split
@@ -346,5 +416,64 @@ TEST(CudaGemmFp8w, Timing) {
   }
 }
 
+}  // namespace
+}  // namespace deepinfer::cuda
+
+namespace deepinfer::cuda {
+namespace {
+// One launch of wq_a + wkv (V4's two projections of the attention-normed h, 1024 + 512 rows,
+// K = 4096: both split 8) against the two launches, per pair of products, graph-timed, weights
+// rotated beyond L2; and a tiny 128 x 1024 product whose time is the per-launch fixed cost.
+TEST(CudaGemmFp8w, MultiTiming) {
+  DI_REQUIRE_GPU();
+  Stream st;
+  const cudaStream_t s = st.get();
+  const int sms = device_info().num_sms;
+  const int64_t K = 4096, Na = 1024, Nb = 512;
+  const size_t wa = size_t(Na * K), wb = size_t(Nb * K), kb = size_t((K + 127) / 128);
+  const int copies = int((size_t(160) << 20) / (wa + wb) + 1);
+  std::vector<DevArray<uint8_t>> A, B, SA, SB;
+  for (int i = 0; i < copies; ++i) {
+    A.emplace_back(rand_fp8(wa, 70 + i));
+    B.emplace_back(rand_fp8(wb, 170 + i));
+    SA.emplace_back(rand_e8m0(size_t(Na / 128) * kb, 270 + i, 115, 125));
+    SB.emplace_back(rand_e8m0(size_t(Nb / 128) * kb, 370 + i, 115, 125));
+  }
+  const double bytes = double(wa + wb + (Na + Nb) / 128 * kb);
+  std::printf("DI_FP8W_MULTI|M|two launches us|one launch us|saved us|GB/s one launch\n");
+  for (int64_t M : {int64_t(1), int64_t(8), int64_t(32), int64_t(64)}) {
+    DevArray<uint16_t> x(to_bf16(randn(size_t(M * K), 9)));
+    DevArray<float> ya(size_t(M * Na)), yb(size_t(M * Nb));
+    int it = 0;
+    const double two = graph_us([&](cudaStream_t q) {
+      const int i = it++ % copies;
+      oc::gemm_fp8w({.x = x.get(), .ldx = K, .w = A[i].get(), .scale = SA[i].get(), .y = ya.get(), .ldy = Na,
+                     .out_dtype = DType::kF32, .M = M, .N = Na, .K = K, .num_sms = sms}, q);
+      oc::gemm_fp8w({.x = x.get(), .ldx = K, .w = B[i].get(), .scale = SB[i].get(), .y = yb.get(), .ldy = Nb,
+                     .out_dtype = DType::kF32, .M = M, .N = Nb, .K = K, .num_sms = sms}, q);
+    }, s);
+    const double one = graph_us([&](cudaStream_t q) {
+      const int i = it++ % copies;
+      const oc::Fp8wPart parts[2] = {{.w = A[i].get(), .scale = SA[i].get(), .y = ya.get(), .ldy = Na, .N = Na},
+                                     {.w = B[i].get(), .scale = SB[i].get(), .y = yb.get(), .ldy = Nb, .N = Nb}};
+      oc::gemm_fp8w_multi({.x = x.get(), .ldx = K, .M = M, .K = K, .parts = parts, .num_parts = 2,
+                           .out_dtype = DType::kF32, .num_sms = sms}, q);
+    }, s);
+    std::printf("DI_FP8W_MULTI|%lld|%.2f|%.2f|%.2f|%.0f\n", (long long)M, two, one, two - one, bytes / one / 1e3);
+  }
+  // The fixed cost: 128 x 1024 (128 KB, L2-resident), 20 launches in a graph, as a cluster of 4
+  // (the split rule's) and as one plain block (max_splits = 1).
+  const int64_t Nt = 128, Kt = 1024;
+  DevArray<uint8_t> wt(rand_fp8(size_t(Nt * Kt), 5)), stt(rand_e8m0(size_t(Kt / 128), 6, 115, 125));
+  DevArray<uint16_t> xt(to_bf16(randn(size_t(Kt), 8)));
+  DevArray<float> yt(static_cast<size_t>(Nt));
+  for (int cap : {0, 1}) {
+    const double t = graph_us([&](cudaStream_t q) {
+      oc::gemm_fp8w({.x = xt.get(), .ldx = Kt, .w = wt.get(), .scale = stt.get(), .y = yt.get(), .ldy = Nt,
+                     .out_dtype = DType::kF32, .M = 1, .N = Nt, .K = Kt, .num_sms = sms, .max_splits = cap}, q);
+    }, s);
+    std::printf("DI_FP8W_FIXED|128x1024 M=1 splits=%d|%.2f us\n", oc::fp8w_splits(1, Nt, Kt, 1, sms, cap), t);
+  }
+}
 }  // namespace
 }  // namespace deepinfer::cuda
