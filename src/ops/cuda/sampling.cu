@@ -40,6 +40,8 @@ constexpr int kMaxBlocksPerRow = 8;         // portable cluster size
 constexpr int64_t kIdsPerBlock = 4096;      // a block per 4,096 ids, up to kMaxBlocksPerRow
 constexpr int kDigitBits = 4;  // radix digit of the selects: 16 buckets kept in registers
 constexpr int kBuckets = 1 << kDigitBits;
+constexpr int kCountBits = 8;  // digit of the count-only selects (top-k, top-N): 256 buckets in smem
+constexpr int kCountBuckets = 1 << kCountBits;
 constexpr float kGreedyBelow = 1e-5f;  // SamplingParams::greedy()
 
 struct MaxOp {
@@ -55,6 +57,7 @@ struct SumOp {
 struct Xch {
   int cnt[kBuckets];      // radix pass: the block's bucket counts
   double mass[kBuckets];  // radix pass: the block's bucket masses (top-p)
+  int cnt8[kCountBuckets];  // count-only pass: the block's bucket counts
   double d;
   float f;
   int i;
@@ -79,6 +82,9 @@ struct Smem {
   int gather_i[kMaxBlocksPerRow];
   unsigned long long gather_u[kMaxBlocksPerRow];
   int digit, digit_count;          // the pass's chosen bucket (-1: rounding fallback)
+  int digit_rem;                   // count_select: rank still to skip inside the chosen bucket
+  int hist[kCountBuckets];         // count_select: this block's bucket counts (shared atomics)
+  int tot8[kCountBuckets];         // count_select: the row's bucket counts
   unsigned long long top_keys[kSamplingMaxTopLogprobs];  // this block's top-N keys
   int top_n;
   int top_off[kMaxBlocksPerRow + 1];                     // rank 0: where each block's keys go
@@ -313,6 +319,74 @@ __device__ __forceinline__ uint64_t radix_select(int64_t n, const Elems& elems, 
   return prefix;  // not reached
 }
 
+// The k-th largest key (1 <= k <= #elements), as radix_select<false> but kCountBits per pass
+// (half the passes over V): counts are integers, so warp-aggregated shared atomics cannot change
+// them (the result is the same exact key).
+template <class Elems>
+__device__ __forceinline__ uint64_t count_select(int64_t n, const Elems& elems, int64_t k, Ctx& c) {
+  Smem& s = c.s;
+  uint64_t prefix = 0, mask = 0;
+  int rem = int(k);  // every thread's copy: rank still to skip
+  const int lane = int(threadIdx.x) % kWarpSize;
+  for (int shift = 64 - kCountBits; shift >= 0; shift -= kCountBits) {
+    for (int b = int(threadIdx.x); b < kCountBuckets; b += kThreads) s.hist[b] = 0;
+    __syncthreads();
+    row_loop(c, n, [&](int64_t t) { Elem e; e.ok = elems(t, e.key, e.w); return e; },
+             [&](int64_t, const Elem& e) {
+               const int b = e.ok && (e.key & mask) == prefix ? int(e.key >> shift) & (kCountBuckets - 1) : -1;
+               const unsigned peers = __match_any_sync(__activemask(), b);  // lanes with the same bucket
+               if (b >= 0 && lane == __ffs(peers) - 1) atomicAdd(&s.hist[b], __popc(peers));
+             });
+    __syncthreads();
+    for (int b = int(threadIdx.x); b < kCountBuckets; b += kThreads) c.mine().cnt8[b] = s.hist[b];
+    cluster_sync();
+    for (int b = int(threadIdx.x); b < kCountBuckets; b += kThreads) {
+      int qc[kMaxBlocksPerRow], cb = 0;
+#pragma unroll
+      for (int q = 0; q < kMaxBlocksPerRow; ++q)
+        if (q < c.blocks) qc[q] = c.of(q).cnt8[b];
+#pragma unroll
+      for (int q = 0; q < kMaxBlocksPerRow; ++q)
+        if (q < c.blocks) cb += qc[q];
+      s.tot8[b] = cb;
+    }
+    __syncthreads();
+    if (threadIdx.x < kWarpSize) {  // warp 0: lane l owns buckets [8l, 8l + 8); best = highest bucket
+      constexpr int kPer = kCountBuckets / kWarpSize;
+      int cnt[kPer], mine = 0;
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) mine += cnt[j] = s.tot8[lane * kPer + j];
+      int at_or_above = mine;  // keys in the buckets of lanes >= this one
+      for (int o = 1; o < kWarpSize; o <<= 1) {
+        const int v = __shfl_down_sync(0xffffffffu, at_or_above, o);
+        if (lane + o < kWarpSize) at_or_above += v;
+      }
+      const int above = at_or_above - mine;
+      if (above < rem && rem <= at_or_above) {  // exactly one lane
+        int acc = above;
+        for (int j = kPer - 1; j >= 0; --j) {
+          if (acc + cnt[j] >= rem) {
+            s.digit = lane * kPer + j;
+            s.digit_count = cnt[j];
+            s.digit_rem = rem - acc;
+            break;
+          }
+          acc += cnt[j];
+        }
+      }
+    }
+    __syncthreads();
+    c.phase ^= 1;
+    const int d = s.digit, dc = s.digit_count;
+    rem = s.digit_rem;
+    prefix |= uint64_t(d) << shift;
+    mask |= uint64_t(kCountBuckets - 1) << shift;
+    if (shift == 0) return prefix;
+    if (dc == rem) return min_matching_key(n, elems, prefix, mask, c);  // the bucket's smallest key
+  }
+  return prefix;  // not reached
+}
+
 // The row's processed logit at t (engine::processed_logits): from the workspace when the row
 // has sparse edits (build_logits wrote it), else the raw logit, -inf where the mask forbids it.
 struct Processed {
@@ -429,7 +503,7 @@ __device__ __forceinline__ void apply_top_k_top_p(const SamplingRowParams& r, do
   int64_t keep = n_cand;
   if (r.top_k > 0) keep = std::min<int64_t>(keep, r.top_k);
   uint64_t cut = 0;
-  if (keep < n_cand) cut = radix_select<false>(V, ProbElems{w, 0}, keep, 0.0, c);
+  if (keep < n_cand) cut = count_select(V, ProbElems{w, 0}, keep, c);
   if (r.top_p < 1.0f) {
     double part = 0.0;
     const ProbElems kept{w, cut};
@@ -599,7 +673,7 @@ __device__ __forceinline__ void write_logprobs(const SampleParams& p, const Samp
     lps[i] = -INFINITY;
   }
   if (n == 0) return;
-  const uint64_t cut = radix_select<false>(V, RawElems{raw}, n, 0.0, c);
+  const uint64_t cut = count_select(V, RawElems{raw}, n, c);
   if (threadIdx.x == 0) s.top_n = 0;
   __syncthreads();
   row_loop(c, V, load_raw, [&](int64_t t, float x) {
