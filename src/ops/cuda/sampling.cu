@@ -7,8 +7,9 @@
 // memory through DSMEM, folded in rank order. The split depends on the vocabulary only, never on
 // the batch, so a row's tokens and logprobs are the same bits alone or in any batch (tested).
 // Why a cluster and not partial buffers + a second kernel: the sampled path is ~20-40 dependent
-// row-wide reductions (radix passes, sums, scans); a cluster barrier costs ~1 us less than a
-// kernel boundary each and keeps the whole row's state in one launch. The row's processed logits,
+// row-wide reductions (radix passes, sums, scans); with a cluster each is a barrier inside one
+// launch rather than a kernel boundary, and the row's state stays in one launch (measured:
+// docs/PERFORMANCE.md "Device sampler", session 15). The row's processed logits,
 // then its probabilities, live in the fp64 workspace row (global memory; a cluster barrier
 // orders the blocks' global writes and reads: barrier.cluster is release/acquire).
 // Rows without sparse edits (no bias, banned ids or effective penalties) never build the

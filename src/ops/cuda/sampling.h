@@ -25,9 +25,10 @@
 // in any batch); reductions are block-level, then the blocks' partials in rank order through
 // distributed shared memory. A greedy row without bias / banned ids / penalties is one pass over
 // the raw logits (masked on the fly); otherwise the processed logits, then the probabilities, live
-// in the fp64 workspace [B, V] (8 B per logit). A sampled row is ~4 passes over V plus ~4-16 radix
-// passes (4-bit digits, early exit once the bucket holds one key) for each of top-k and top-p;
-// logprobs add 2 passes, top-N another radix select.
+// in the fp64 workspace [B, V] (8 B per logit). A sampled row is ~4 passes over V plus radix
+// passes (early exit once the bucket's smallest key is the answer): top-k counts 8-bit digits
+// (<= 8 passes), top-p sums masses over 4-bit digits (<= 16 passes); logprobs add 2 passes, top-N
+// another 8-bit count select.
 #pragma once
 #include <cuda_runtime_api.h>
 
