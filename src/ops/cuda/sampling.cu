@@ -1,13 +1,30 @@
-// Device sampler (see sampling.h for the semantics and the exactness policy). One block per
-// row; the row's processed logits, then its probabilities, live in the fp64 workspace row.
+// Device sampler (see sampling.h for the semantics and the exactness policy).
+//
+// Split: each row runs on a thread-block cluster of sampling_blocks_per_row(vocab) blocks
+// (<= 8, the portable cluster size): thread i of block r owns ids r·512 + i + k·(512·blocks).
+// Every reduction over the row is two-level and fixed-order: a CUB block reduction (the same
+// thread-to-value mapping every run), then the blocks' partials, read from each block's shared
+// memory through DSMEM, folded in rank order. The split depends on the vocabulary only, never on
+// the batch, so a row's tokens and logprobs are the same bits alone or in any batch (tested).
+// Why a cluster and not partial buffers + a second kernel: the sampled path is ~20-40 dependent
+// row-wide reductions (radix passes, sums, scans); with a cluster each is a barrier inside one
+// launch rather than a kernel boundary, and the row's state stays in one launch (measured:
+// docs/PERFORMANCE.md "Device sampler", session 15). The row's processed logits,
+// then its probabilities, live in the fp64 workspace row (global memory; a cluster barrier
+// orders the blocks' global writes and reads: barrier.cluster is release/acquire).
+// Rows without sparse edits (no bias, banned ids or effective penalties) never build the
+// workspace for the logits: greedy reads the raw logits (masked on the fly) once.
 // All fp32 arithmetic uses explicit _rn intrinsics so nvcc cannot contract it into FMAs the
 // CPU twin (plain x86-64 SSE, no FMA) does not do.
+#include <cooperative_groups.h>
+
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <type_traits>
 
 #include "engine/philox.h"
 #include "ops/cuda/common.cuh"
@@ -15,17 +32,37 @@
 
 namespace deepinfer::ops::cuda {
 namespace {
+namespace cg = cooperative_groups;
 using deepinfer::cuda::kWarpSize;
 
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / kWarpSize;
+constexpr int kMaxBlocksPerRow = 8;         // portable cluster size
+constexpr int64_t kIdsPerBlock = 4096;      // a block per 4,096 ids, up to kMaxBlocksPerRow
 constexpr int kDigitBits = 4;  // radix digit of the selects: 16 buckets kept in registers
 constexpr int kBuckets = 1 << kDigitBits;
+constexpr int kCountBits = 8;  // digit of the count-only selects (top-k, top-N): 256 buckets in smem
+constexpr int kCountBuckets = 1 << kCountBits;
 constexpr float kGreedyBelow = 1e-5f;  // SamplingParams::greedy()
 
 struct MaxOp {
   template <typename T>
   __device__ __forceinline__ T operator()(const T& a, const T& b) const { return a < b ? b : a; }
+};
+struct SumOp {
+  template <typename T>
+  __device__ __forceinline__ T operator()(const T& a, const T& b) const { return a + b; }
+};
+
+// What a block publishes to its cluster for one reduction (read by the others through DSMEM).
+struct Xch {
+  int cnt[kBuckets];      // radix pass: the block's bucket counts
+  double mass[kBuckets];  // radix pass: the block's bucket masses (top-p)
+  int cnt8[kCountBuckets];  // count-only pass: the block's bucket counts
+  double d;
+  float f;
+  int i;
+  unsigned long long u;
 };
 
 struct Smem {
@@ -38,58 +75,103 @@ struct Smem {
   } tmp;
   int cnt[kWarps][kBuckets];       // per-warp bucket counts of one radix pass
   double mass[kWarps][kBuckets];   // per-warp bucket masses (top-p)
+  Xch xch[2];                      // double-buffered by Ctx::phase: one cluster barrier per reduction
+  int tot_cnt[kBuckets];           // a radix pass's row-wide bucket counts / masses
+  double tot_mass[kBuckets];
+  double gather_d[kMaxBlocksPerRow];  // the cluster's partials, local copies
+  float gather_f[kMaxBlocksPerRow];
+  int gather_i[kMaxBlocksPerRow];
+  unsigned long long gather_u[kMaxBlocksPerRow];
   int digit, digit_count;          // the pass's chosen bucket (-1: rounding fallback)
-  double bcast_d;
-  float bcast_f;
-  int bcast_i;
-  unsigned long long bcast_u;
-  unsigned long long top_keys[kSamplingMaxTopLogprobs];
+  int digit_rem;                   // count_select: rank still to skip inside the chosen bucket
+  int hist[kCountBuckets];         // count_select: this block's bucket counts (shared atomics)
+  int tot8[kCountBuckets];         // count_select: the row's bucket counts
+  unsigned long long top_keys[kSamplingMaxTopLogprobs];  // this block's top-N keys
   int top_n;
+  int top_off[kMaxBlocksPerRow + 1];                     // rank 0: where each block's keys go
+  unsigned long long all_keys[kSamplingMaxTopLogprobs];  // rank 0: the row's top-N keys
 };
 
-// ---- fixed-order block reductions (CUB warp reductions, then warps in order); every thread
-// gets the result ----
-__device__ double block_sum(double v, Smem& s) {
-  const double r = cub::BlockReduce<double, kThreads>(s.tmp.red_d).Sum(v);
-  if (threadIdx.x == 0) s.bcast_d = r;
-  __syncthreads();
-  const double out = s.bcast_d;
-  __syncthreads();
-  return out;
+// One thread's view of its row: the block's rank in the row's cluster and the thread's index
+// among the row's threads. `phase` flips after each reduction (identically in every thread of
+// the cluster: all reductions are row-uniform), selecting the Xch buffer.
+struct Ctx {
+  Smem& s;
+  int rank, blocks;
+  int64_t tid, nthreads;  // rank * kThreads + threadIdx.x, blocks * kThreads
+  int phase = 0;
+  __device__ Xch& mine() { return s.xch[phase]; }
+  __device__ Xch& of(int q) { return *cg::this_cluster().map_shared_rank(&s.xch[phase], q); }
+  __device__ bool leader() const { return rank == 0 && threadIdx.x == 0; }
+};
+
+__device__ __forceinline__ void cluster_sync() { cg::this_cluster().sync(); }
+
+// The thread's ids t = tid + k·nthreads < n in increasing order (the order every per-thread sum
+// follows), kUnroll at a time: the kUnroll `load(t)`s are issued before their `use(t, value)`s,
+// so each thread has kUnroll loads in flight instead of one (the passes are latency-bound: ~32
+// ids per thread at V = 129280 over 8 blocks).
+constexpr int kUnroll = 4;
+template <int U = kUnroll, class Load, class Use>
+__device__ __forceinline__ void row_loop(const Ctx& c, int64_t n, const Load& load, const Use& use) {
+  using T = decltype(load(int64_t(0)));
+  for (int64_t t0 = c.tid; t0 < n; t0 += U * c.nthreads) {
+    T v[U];
+#pragma unroll
+    for (int j = 0; j < U; ++j)
+      if (t0 + j * c.nthreads < n) v[j] = load(t0 + j * c.nthreads);
+#pragma unroll
+    for (int j = 0; j < U; ++j)
+      if (t0 + j * c.nthreads < n) use(t0 + j * c.nthreads, v[j]);
+  }
 }
-__device__ int block_sum(int v, Smem& s) {
-  const int r = cub::BlockReduce<int, kThreads>(s.tmp.red_i).Sum(v);
-  if (threadIdx.x == 0) s.bcast_i = r;
-  __syncthreads();
-  const int out = s.bcast_i;
-  __syncthreads();
-  return out;
+// An element of a select: its key and weight, and whether it takes part.
+struct Elem {
+  uint64_t key;
+  double w;
+  bool ok;
+};
+
+template <typename T> __device__ T& xch_slot(Xch& x) {
+  if constexpr (std::is_same_v<T, double>) return x.d;
+  else if constexpr (std::is_same_v<T, float>) return x.f;
+  else if constexpr (std::is_same_v<T, int>) return x.i;
+  else return x.u;
 }
-__device__ int block_max(int v, Smem& s) {
-  const int r = cub::BlockReduce<int, kThreads>(s.tmp.red_i).Reduce(v, MaxOp{});
-  if (threadIdx.x == 0) s.bcast_i = r;
-  __syncthreads();
-  const int out = s.bcast_i;
-  __syncthreads();
-  return out;
+template <typename T> __device__ T* gather_of(Smem& s) {
+  if constexpr (std::is_same_v<T, double>) return s.gather_d;
+  else if constexpr (std::is_same_v<T, float>) return s.gather_f;
+  else if constexpr (std::is_same_v<T, int>) return s.gather_i;
+  else return s.gather_u;
 }
-__device__ float block_max(float v, Smem& s) {
-  const float r = cub::BlockReduce<float, kThreads>(s.tmp.red_f).Reduce(v, MaxOp{});
-  if (threadIdx.x == 0) s.bcast_f = r;
-  __syncthreads();
-  const float out = s.bcast_f;
-  __syncthreads();
-  return out;
+template <typename T> __device__ T block_reduce(T v, Smem& s, auto op) {
+  if constexpr (std::is_same_v<T, double>) return cub::BlockReduce<double, kThreads>(s.tmp.red_d).Reduce(v, op);
+  else if constexpr (std::is_same_v<T, float>) return cub::BlockReduce<float, kThreads>(s.tmp.red_f).Reduce(v, op);
+  else if constexpr (std::is_same_v<T, int>) return cub::BlockReduce<int, kThreads>(s.tmp.red_i).Reduce(v, op);
+  else return cub::BlockReduce<unsigned long long, kThreads>(s.tmp.red_u).Reduce(v, op);
 }
-__device__ uint64_t block_max(uint64_t v, Smem& s) {
-  const unsigned long long r =
-      cub::BlockReduce<unsigned long long, kThreads>(s.tmp.red_u).Reduce((unsigned long long)v, MaxOp{});
-  if (threadIdx.x == 0) s.bcast_u = r;
+
+// ---- fixed-order row reductions: CUB block reduction, then the blocks in rank order; every
+// thread of the row gets the result. One cluster barrier (the Xch buffer alternates: a block
+// rewrites buffer k only after the next reduction's barrier, i.e. after every reader of k). ----
+template <typename T, class Op>
+__device__ __forceinline__ T row_reduce(T v, Op op, Ctx& c) {
+  const T r = block_reduce<T>(v, c.s, op);
+  if (threadIdx.x == 0) xch_slot<T>(c.mine()) = r;
+  cluster_sync();
+  T* g = gather_of<T>(c.s);
+  if (int(threadIdx.x) < c.blocks) g[threadIdx.x] = xch_slot<T>(c.of(int(threadIdx.x)));
   __syncthreads();
-  const uint64_t out = s.bcast_u;
-  __syncthreads();
-  return out;
+  T acc = g[0];  // every thread folds the same values in the same order (g is rewritten only
+  for (int q = 1; q < c.blocks; ++q) acc = op(acc, g[q]);  // after the next reduction's barrier)
+  c.phase ^= 1;
+  return acc;
 }
+__device__ __forceinline__ double row_sum(double v, Ctx& c) { return row_reduce(v, SumOp{}, c); }
+__device__ __forceinline__ int row_sum(int v, Ctx& c) { return row_reduce(v, SumOp{}, c); }
+__device__ __forceinline__ int row_max(int v, Ctx& c) { return row_reduce(v, MaxOp{}, c); }
+__device__ __forceinline__ float row_max(float v, Ctx& c) { return row_reduce(v, MaxOp{}, c); }
+__device__ __forceinline__ uint64_t row_max(uint64_t v, Ctx& c) { return row_reduce((unsigned long long)v, MaxOp{}, c); }
 
 // ---- keys: unique 64-bit, larger = better; value order first, then the LOWER id ----
 __device__ __forceinline__ uint32_t order_bits(float v) {
@@ -129,23 +211,24 @@ struct RawElems {
 
 // Smallest key among elements whose key matches `prefix` on `mask`.
 template <class Elems>
-__device__ uint64_t min_matching_key(int64_t n, const Elems& elems, uint64_t prefix, uint64_t mask, Smem& s) {
+__device__ __forceinline__ uint64_t min_matching_key(int64_t n, const Elems& elems, uint64_t prefix, uint64_t mask, Ctx& c) {
   uint64_t best = 0;  // max of ~key
-  for (int64_t t = threadIdx.x; t < n; t += kThreads) {
-    uint64_t key;
-    double w;
-    if (elems(t, key, w) && (key & mask) == prefix) best = best > ~key ? best : ~key;
-  }
-  return ~block_max(best, s);
+  row_loop(c, n, [&](int64_t t) { Elem e; e.ok = elems(t, e.key, e.w); return e; },
+           [&](int64_t, const Elem& e) {
+             if (e.ok && (e.key & mask) == prefix) best = best > ~e.key ? best : ~e.key;
+           });
+  return ~row_max(best, c);
 }
 
 // Radix select over unique keys, kDigitBits per pass, most significant first.
 //  kMass = false: the k-th largest key (1 <= k <= #elements).
 //  kMass = true:  the first key, best first, at which the running mass reaches `target`
 //                 (top-p); when rounding leaves it unreached, the smallest key of the bucket.
-// Stops early once the chosen bucket's smallest key is the answer. Bucket sums are fixed-order.
+// Stops early once the chosen bucket's smallest key is the answer. Bucket sums are fixed-order
+// (lanes by shuffle tree, warps in order, blocks in rank order).
 template <bool kMass, class Elems>
-__device__ uint64_t radix_select(int64_t n, const Elems& elems, int64_t k, double target, Smem& s) {
+__device__ __forceinline__ uint64_t radix_select(int64_t n, const Elems& elems, int64_t k, double target, Ctx& c) {
+  Smem& s = c.s;
   uint64_t prefix = 0, mask = 0;
   int64_t rem = k;      // thread 0's: rank still to skip
   double above = 0.0;   // thread 0's: mass of the buckets above the chosen one
@@ -158,17 +241,16 @@ __device__ uint64_t radix_select(int64_t n, const Elems& elems, int64_t k, doubl
       cnt[b] = 0;
       mass[b] = 0.0;
     }
-    for (int64_t t = threadIdx.x; t < n; t += kThreads) {
-      uint64_t key;
-      double w;
-      if (!elems(t, key, w) || (key & mask) != prefix) continue;
-      const int d = int(key >> shift) & (kBuckets - 1);
+    row_loop(c, n, [&](int64_t t) { Elem e; e.ok = elems(t, e.key, e.w); return e; },
+             [&](int64_t, const Elem& e) {
+               if (!e.ok || (e.key & mask) != prefix) return;
+               const int d = int(e.key >> shift) & (kBuckets - 1);
 #pragma unroll
-      for (int b = 0; b < kBuckets; ++b) {
-        cnt[b] += d == b;
-        if constexpr (kMass) mass[b] += d == b ? w : 0.0;
-      }
-    }
+               for (int b = 0; b < kBuckets; ++b) {
+                 cnt[b] += d == b;
+                 if constexpr (kMass) mass[b] += d == b ? e.w : 0.0;
+               }
+             });
 #pragma unroll
     for (int b = 0; b < kBuckets; ++b) {
       for (int o = kWarpSize / 2; o > 0; o >>= 1) {
@@ -181,77 +263,195 @@ __device__ uint64_t radix_select(int64_t n, const Elems& elems, int64_t k, doubl
       }
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
+    if (int(threadIdx.x) < kBuckets) {  // the block's bucket totals, warps in order
+      const int b = int(threadIdx.x);
+      int cb = 0;
+      double mb = 0.0;
+      for (int w = 0; w < kWarps; ++w) {
+        cb += s.cnt[w][b];
+        mb += s.mass[w][b];
+      }
+      c.mine().cnt[b] = cb;
+      c.mine().mass[b] = mb;
+    }
+    cluster_sync();
+    if (int(threadIdx.x) < kBuckets) {  // the row's bucket totals, blocks in rank order
+      const int b = int(threadIdx.x);
+      int cb = 0;
+      double mb = 0.0;
+      int qc[kMaxBlocksPerRow];  // the remote loads first, then the sums in rank order
+      double qm[kMaxBlocksPerRow];
+#pragma unroll
+      for (int q = 0; q < kMaxBlocksPerRow; ++q)
+        if (q < c.blocks) qc[q] = c.of(q).cnt[b], qm[q] = c.of(q).mass[b];
+#pragma unroll
+      for (int q = 0; q < kMaxBlocksPerRow; ++q)
+        if (q < c.blocks) cb += qc[q], mb += qm[q];
+      s.tot_cnt[b] = cb;
+      s.tot_mass[b] = mb;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {  // every block's thread 0 makes the same choice
       int chosen = -1, chosen_count = 0;
       for (int b = kBuckets - 1; b >= 0 && chosen < 0; --b) {
-        int c = 0;
-        double m = 0.0;
-        for (int w = 0; w < kWarps; ++w) {
-          c += s.cnt[w][b];
-          m += s.mass[w][b];
-        }
-        if (c == 0) continue;
-        if (kMass ? above + m >= target : c >= rem) {
+        const int cb = s.tot_cnt[b];
+        const double m = s.tot_mass[b];
+        if (cb == 0) continue;
+        if (kMass ? above + m >= target : cb >= rem) {
           chosen = b;
-          chosen_count = kMass ? c : (c == rem ? 1 : c);  // 1: the bucket's smallest is the answer
+          chosen_count = kMass ? cb : (cb == rem ? 1 : cb);  // 1: the bucket's smallest is the answer
         } else if (kMass) {
           above += m;
         } else {
-          rem -= c;
+          rem -= cb;
         }
       }
       s.digit = chosen;
       s.digit_count = chosen_count;
     }
     __syncthreads();
-    const int d = s.digit, c = s.digit_count;
-    if (d < 0) return min_matching_key(n, elems, prefix, mask, s);  // top-p rounding fallback
+    c.phase ^= 1;
+    const int d = s.digit, dc = s.digit_count;
+    if (d < 0) return min_matching_key(n, elems, prefix, mask, c);  // top-p rounding fallback
     prefix |= uint64_t(d) << shift;
     mask |= uint64_t(kBuckets - 1) << shift;
-    if (c == 1 || shift == 0) return shift == 0 ? prefix : min_matching_key(n, elems, prefix, mask, s);
+    if (dc == 1 || shift == 0) return shift == 0 ? prefix : min_matching_key(n, elems, prefix, mask, c);
   }
   return prefix;  // not reached
 }
 
-// fp32 processed logits of the row into w (stored as doubles): bias, banned, mask, penalties,
-// each step after the previous one as in engine::processed_logits.
-__device__ void build_logits(const SampleParams& p, const SamplingRowParams& r, const float* raw, double* w,
-                             int64_t row) {
-  const int64_t V = p.vocab;
-  for (int64_t t = threadIdx.x; t < V; t += kThreads) w[t] = double(raw[t]);
-  __syncthreads();
-  if (threadIdx.x == 0) {  // one thread: repeated ids add in entry order
-    const int64_t end = std::min<int64_t>(r.bias_end, p.num_bias);
-    for (int64_t i = std::max<int64_t>(r.bias_begin, 0); i < end; ++i) {
-      const int32_t id = p.bias_ids[i];
-      if (id >= 0 && id < V) w[id] = double(__fadd_rn(float(w[id]), p.bias_values[i]));
+// The k-th largest key (1 <= k <= #elements), as radix_select<false> but kCountBits per pass
+// (half the passes over V): counts are integers, so warp-aggregated shared atomics cannot change
+// them (the result is the same exact key).
+template <class Elems>
+__device__ __forceinline__ uint64_t count_select(int64_t n, const Elems& elems, int64_t k, Ctx& c) {
+  Smem& s = c.s;
+  uint64_t prefix = 0, mask = 0;
+  int rem = int(k);  // every thread's copy: rank still to skip
+  const int lane = int(threadIdx.x) % kWarpSize;
+  for (int shift = 64 - kCountBits; shift >= 0; shift -= kCountBits) {
+    for (int b = int(threadIdx.x); b < kCountBuckets; b += kThreads) s.hist[b] = 0;
+    __syncthreads();
+    row_loop(c, n, [&](int64_t t) { Elem e; e.ok = elems(t, e.key, e.w); return e; },
+             [&](int64_t, const Elem& e) {
+               const int b = e.ok && (e.key & mask) == prefix ? int(e.key >> shift) & (kCountBuckets - 1) : -1;
+               const unsigned peers = __match_any_sync(__activemask(), b);  // lanes with the same bucket
+               if (b >= 0 && lane == __ffs(peers) - 1) atomicAdd(&s.hist[b], __popc(peers));
+             });
+    __syncthreads();
+    for (int b = int(threadIdx.x); b < kCountBuckets; b += kThreads) c.mine().cnt8[b] = s.hist[b];
+    cluster_sync();
+    for (int b = int(threadIdx.x); b < kCountBuckets; b += kThreads) {
+      int qc[kMaxBlocksPerRow], cb = 0;
+#pragma unroll
+      for (int q = 0; q < kMaxBlocksPerRow; ++q)
+        if (q < c.blocks) qc[q] = c.of(q).cnt8[b];
+#pragma unroll
+      for (int q = 0; q < kMaxBlocksPerRow; ++q)
+        if (q < c.blocks) cb += qc[q];
+      s.tot8[b] = cb;
     }
+    __syncthreads();
+    if (threadIdx.x < kWarpSize) {  // warp 0: lane l owns buckets [8l, 8l + 8); best = highest bucket
+      constexpr int kPer = kCountBuckets / kWarpSize;
+      int cnt[kPer], mine = 0;
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) mine += cnt[j] = s.tot8[lane * kPer + j];
+      int at_or_above = mine;  // keys in the buckets of lanes >= this one
+      for (int o = 1; o < kWarpSize; o <<= 1) {
+        const int v = __shfl_down_sync(0xffffffffu, at_or_above, o);
+        if (lane + o < kWarpSize) at_or_above += v;
+      }
+      const int above = at_or_above - mine;
+      if (above < rem && rem <= at_or_above) {  // exactly one lane
+        int acc = above;
+        for (int j = kPer - 1; j >= 0; --j) {
+          if (acc + cnt[j] >= rem) {
+            s.digit = lane * kPer + j;
+            s.digit_count = cnt[j];
+            s.digit_rem = rem - acc;
+            break;
+          }
+          acc += cnt[j];
+        }
+      }
+    }
+    __syncthreads();
+    c.phase ^= 1;
+    const int d = s.digit, dc = s.digit_count;
+    rem = s.digit_rem;
+    prefix |= uint64_t(d) << shift;
+    mask |= uint64_t(kCountBuckets - 1) << shift;
+    if (shift == 0) return prefix;
+    if (dc == rem) return min_matching_key(n, elems, prefix, mask, c);  // the bucket's smallest key
   }
-  __syncthreads();
+  return prefix;  // not reached
+}
+
+// The row's processed logit at t (engine::processed_logits): from the workspace when the row
+// has sparse edits (build_logits wrote it), else the raw logit, -inf where the mask forbids it.
+struct Processed {
+  const float* raw;     // [vocab]
+  const uint32_t* m;    // [ceil(vocab/32)] or null
+  const double* w;      // [vocab] or null (no sparse edits)
+  __device__ __forceinline__ float operator()(int64_t t) const {
+    if (w) return float(w[t]);
+    if (m && !((m[t >> 5] >> (t & 31)) & 1u)) return -INFINITY;
+    return raw[t];
+  }
+};
+
+// True when bias, banned ids or penalties change some logit of the row.
+__device__ bool has_sparse_edits(const SampleParams& p, const SamplingRowParams& r) {
+  const bool pen = r.repetition_penalty != 1.0f || r.presence_penalty != 0.0f || r.frequency_penalty != 0.0f;
+  return std::min<int64_t>(r.bias_end, p.num_bias) > r.bias_begin ||
+         std::min<int64_t>(r.banned_end, p.num_banned) > r.banned_begin ||
+         (pen && std::min<int64_t>(r.penalty_end, p.num_penalty) > r.penalty_begin);
+}
+
+// fp32 processed logits of the row into w (stored as doubles): mask, bias, banned, penalties, as
+// in engine::processed_logits (bias before mask there; a masked id ends at -inf either way, so the
+// mask is applied first and the bias skips masked ids).
+__device__ __forceinline__ void build_logits(const SampleParams& p, const SamplingRowParams& r, const float* raw,
+                             const uint32_t* m, double* w, Ctx& c) {
+  const int64_t V = p.vocab;
+  const Processed in{raw, m, nullptr};
+  row_loop(c, V, in, [&](int64_t t, float v) { w[t] = double(v); });
+  cluster_sync();
+  const int64_t bias_end = std::min<int64_t>(r.bias_end, p.num_bias);
+  if (bias_end > r.bias_begin) {
+    if (c.leader()) {  // one thread: repeated ids add in entry order
+      for (int64_t i = std::max<int64_t>(r.bias_begin, 0); i < bias_end; ++i) {
+        const int32_t id = p.bias_ids[i];
+        if (id >= 0 && id < V && !(m && !((m[id >> 5] >> (id & 31)) & 1u)))
+          w[id] = double(__fadd_rn(float(w[id]), p.bias_values[i]));
+      }
+    }
+    cluster_sync();
+  }
   const int64_t ban_end = std::min<int64_t>(r.banned_end, p.num_banned);
-  for (int64_t i = std::max<int64_t>(r.banned_begin, 0) + threadIdx.x; i < ban_end; i += kThreads) {
-    const int32_t id = p.banned_ids[i];
-    if (id >= 0 && id < V) w[id] = -INFINITY;
+  if (ban_end > r.banned_begin) {
+    for (int64_t i = std::max<int64_t>(r.banned_begin, 0) + c.tid; i < ban_end; i += c.nthreads) {
+      const int32_t id = p.banned_ids[i];
+      if (id >= 0 && id < V) w[id] = -INFINITY;
+    }
+    cluster_sync();
   }
-  if (r.has_mask && p.allowed_mask) {
-    const uint32_t* m = p.allowed_mask + row * p.mask_stride;
-    for (int64_t t = threadIdx.x; t < V; t += kThreads)
-      if (!((m[t >> 5] >> (t & 31)) & 1u)) w[t] = -INFINITY;
-  }
-  __syncthreads();
   const bool rep = r.repetition_penalty != 1.0f;
   const bool additive = r.presence_penalty != 0.0f || r.frequency_penalty != 0.0f;
   const int64_t pen_end = std::min<int64_t>(r.penalty_end, p.num_penalty);
-  for (int64_t i = std::max<int64_t>(r.penalty_begin, 0) + threadIdx.x; i < pen_end; i += kThreads) {
-    const int32_t id = p.penalty_ids[i], count = p.penalty_counts[i];
-    if (id < 0 || id >= V) continue;
-    float v = float(w[id]);
-    if (rep) v = v > 0 ? __fdiv_rn(v, r.repetition_penalty) : __fmul_rn(v, r.repetition_penalty);
-    if (additive && count > 0)
-      v = __fsub_rn(v, __fadd_rn(__fmul_rn(r.frequency_penalty, float(count)), r.presence_penalty));
-    w[id] = double(v);
+  if ((rep || additive) && pen_end > r.penalty_begin) {
+    for (int64_t i = std::max<int64_t>(r.penalty_begin, 0) + c.tid; i < pen_end; i += c.nthreads) {
+      const int32_t id = p.penalty_ids[i], count = p.penalty_counts[i];
+      if (id < 0 || id >= V) continue;
+      float v = float(w[id]);
+      if (rep) v = v > 0 ? __fdiv_rn(v, r.repetition_penalty) : __fmul_rn(v, r.repetition_penalty);
+      if (additive && count > 0)
+        v = __fsub_rn(v, __fadd_rn(__fmul_rn(r.frequency_penalty, float(count)), r.presence_penalty));
+      w[id] = double(v);
+    }
+    cluster_sync();
   }
-  __syncthreads();
 }
 
 __device__ int32_t fallback_token(const SamplingRowParams& r, int64_t V) {
@@ -259,82 +459,89 @@ __device__ int32_t fallback_token(const SamplingRowParams& r, int64_t V) {
 }
 
 // Greedy: argmax of the processed logits, ties to the lowest id.
-__device__ int32_t greedy_token(const SamplingRowParams& r, const double* w, int64_t V, Smem& s) {
+__device__ __forceinline__ int32_t greedy_token(const SamplingRowParams& r, const Processed& in, int64_t V, Ctx& c) {
   uint64_t best = 0;
-  for (int64_t t = threadIdx.x; t < V; t += kThreads) {
-    const uint64_t key = make_key(float(w[t]), t);
+  row_loop(c, V, in, [&](int64_t t, float v) {
+    const uint64_t key = make_key(v, t);
     best = best > key ? best : key;
-  }
-  best = block_max(best, s);
+  });
+  best = row_max(best, c);
   return uint32_t(best >> 32) == order_bits(-INFINITY) ? fallback_token(r, V) : key_id(best);
 }
 
-// w: processed logits -> probabilities after temperature, min-p (returns #candidates), as in
+// Processed logits -> probabilities in w after temperature, min-p (returns #candidates), as in
 // engine::processed_probs; 0 when nothing is allowed.
-__device__ int to_probs(const SamplingRowParams& r, double* w, int64_t V, Smem& s) {
+__device__ __forceinline__ int to_probs(const SamplingRowParams& r, const Processed& in, double* w, int64_t V, Ctx& c) {
   float mx = -INFINITY;
-  for (int64_t t = threadIdx.x; t < V; t += kThreads) {
-    const float v = __fdiv_rn(float(w[t]), r.temperature);
+  row_loop(c, V, in, [&](int64_t t, float x) {
+    const float v = __fdiv_rn(x, r.temperature);
     w[t] = double(v);
     mx = fmaxf(mx, v);
-  }
-  mx = block_max(mx, s);
+  });
+  mx = row_max(mx, c);  // its barrier also orders every block's w writes before the reads below
   if (mx == -INFINITY) return 0;
   double part = 0.0;
-  for (int64_t t = threadIdx.x; t < V; t += kThreads) {
-    const double e = exp(w[t] - double(mx));
+  auto load_w = [&](int64_t t) { return w[t]; };
+  row_loop(c, V, load_w, [&](int64_t t, double x) {
+    const double e = exp(x - double(mx));
     w[t] = e;
     part += e;
-  }
-  const double sum = block_sum(part, s);
+  });
+  const double sum = row_sum(part, c);
   const double thr = double(r.min_p) * (1.0 / sum);
   int n = 0;
-  for (int64_t t = threadIdx.x; t < V; t += kThreads) {
-    double q = w[t] / sum;
+  row_loop(c, V, load_w, [&](int64_t t, double x) {
+    double q = x / sum;
     if (r.min_p > 0 && q < thr) q = 0.0;
     w[t] = q;
     n += q > 0;
-  }
-  return block_sum(n, s);
+  });
+  return row_sum(n, c);
 }
 
 // Top-k then top-p over the candidates of w (zeroes the rest).
-__device__ void apply_top_k_top_p(const SamplingRowParams& r, double* w, int64_t V, int n_cand, Smem& s) {
+__device__ __forceinline__ void apply_top_k_top_p(const SamplingRowParams& r, double* w, int64_t V, int n_cand, Ctx& c) {
   int64_t keep = n_cand;
   if (r.top_k > 0) keep = std::min<int64_t>(keep, r.top_k);
   uint64_t cut = 0;
-  if (keep < n_cand) cut = radix_select<false>(V, ProbElems{w, 0}, keep, 0.0, s);
+  if (keep < n_cand) cut = count_select(V, ProbElems{w, 0}, keep, c);
   if (r.top_p < 1.0f) {
     double part = 0.0;
-    for (int64_t t = threadIdx.x; t < V; t += kThreads) {
-      uint64_t key;
-      double q;
-      if (ProbElems{w, cut}(t, key, q)) part += q;
-    }
-    const double mass = block_sum(part, s);
-    cut = radix_select<true>(V, ProbElems{w, cut}, 0, double(r.top_p) * mass, s);
+    const ProbElems kept{w, cut};
+    row_loop(c, V, [&](int64_t t) { Elem e; e.ok = kept(t, e.key, e.w); return e; },
+             [&](int64_t, const Elem& e) { part += e.ok ? e.w : 0.0; });
+    const double mass = row_sum(part, c);
+    cut = radix_select<true>(V, ProbElems{w, cut}, 0, double(r.top_p) * mass, c);
   }
-  for (int64_t t = threadIdx.x; t < V; t += kThreads) {
-    uint64_t key;
-    double q;
-    if (w[t] > 0 && !ProbElems{w, cut}(t, key, q)) w[t] = 0.0;
-  }
-  __syncthreads();
+  const ProbElems kept{w, cut};
+  row_loop(c, V, [&](int64_t t) { Elem e; e.ok = kept(t, e.key, e.w); return e; },
+           [&](int64_t t, const Elem& e) { if (e.w > 0 && !e.ok) w[t] = 0.0; });
+  cluster_sync();
 }
 
 // Inverse CDF in id order over non-negative values f(t): the first t with f(t) > 0 and
 // target < sum_{s<=t} f(s) (the host's left-to-right rule), else the last t with f(t) > 0
-// (rounding left the target past the end), else -1. Each thread owns a contiguous id range;
-// chunk sums are combined by a CUB exclusive scan (fixed order).
+// (rounding left the target past the end), else -1. Each thread of the row owns a contiguous id
+// range; chunk sums are combined by a CUB exclusive scan in the block, then the lower blocks'
+// totals in rank order (fixed order).
 template <class F>
-__device__ int32_t inverse_cdf(const F& f, int64_t V, double target, Smem& s) {
-  const int64_t chunk = (V + kThreads - 1) / kThreads;
-  const int64_t lo = std::min<int64_t>(V, threadIdx.x * chunk), hi = std::min<int64_t>(V, lo + chunk);
+__device__ __forceinline__ int32_t inverse_cdf(const F& f, int64_t V, double target, Ctx& c) {
+  Smem& s = c.s;
+  const int64_t chunk = (V + c.nthreads - 1) / c.nthreads;
+  const int64_t lo = std::min<int64_t>(V, c.tid * chunk), hi = std::min<int64_t>(V, lo + chunk);
   double local = 0.0;
+#pragma unroll 4
   for (int64_t t = lo; t < hi; ++t) local += f(t);
-  double acc;
-  cub::BlockScan<double, kThreads>(s.tmp.scan_d).ExclusiveSum(local, acc);
+  double acc, block_total;
+  cub::BlockScan<double, kThreads>(s.tmp.scan_d).ExclusiveSum(local, acc, block_total);
+  if (threadIdx.x == 0) c.mine().d = block_total;
+  cluster_sync();
+  if (int(threadIdx.x) < c.blocks) s.gather_d[threadIdx.x] = c.of(int(threadIdx.x)).d;
   __syncthreads();
+  double below = 0.0;  // the lower-ranked blocks' mass
+  for (int q = 0; q < c.rank; ++q) below += s.gather_d[q];
+  acc = below + acc;
+  c.phase ^= 1;
   int found = -1, last = -1;
   for (int64_t t = lo; t < hi; ++t) {
     const double q = f(t);
@@ -347,59 +554,59 @@ __device__ int32_t inverse_cdf(const F& f, int64_t V, double target, Smem& s) {
     }
   }
   // Earliest found id: max of -id (ids < 2^31).
-  found = block_max(found >= 0 ? -found : INT_MIN, s);
+  found = row_max(found >= 0 ? -found : INT_MIN, c);
   if (found != INT_MIN) return -found;
-  return block_max(last, s);
+  return row_max(last, c);
 }
 
-__device__ double kept_total(const double* w, int64_t V, Smem& s) {
+__device__ __forceinline__ double kept_total(const double* w, int64_t V, Ctx& c) {
   double part = 0.0;
-  for (int64_t t = threadIdx.x; t < V; t += kThreads) part += w[t];
-  return block_sum(part, s);
+  row_loop(c, V, [&](int64_t t) { return w[t]; }, [&](int64_t, double x) { part += x; });
+  return row_sum(part, c);
 }
 
 // Plain sampling's draw: the first kept t with u < sum_{s<=t} p_s / total.
-__device__ int32_t draw(const SamplingRowParams& r, const double* w, int64_t V, Smem& s) {
-  const double total = kept_total(w, V, s);
+__device__ __forceinline__ int32_t draw(const SamplingRowParams& r, const double* w, int64_t V, Ctx& c) {
+  const double total = kept_total(w, V, c);
   const double u = philox_uniform(r.seed, r.sample_index, r.position);
-  const int32_t t = inverse_cdf([&](int64_t i) { return w[i] / total; }, V, u, s);
+  const int32_t t = inverse_cdf([&](int64_t i) { return w[i] / total; }, V, u, c);
   return t >= 0 ? t : fallback_token(r, V);
 }
 
 // Sum of the positive float weights q (fp64, fixed order).
-__device__ double weight_sum(const float* q, int64_t V, Smem& s) {
+__device__ __forceinline__ double weight_sum(const float* q, int64_t V, Ctx& c) {
   double part = 0.0;
-  for (int64_t t = threadIdx.x; t < V; t += kThreads) part += q[t] > 0 ? double(q[t]) : 0.0;
-  return block_sum(part, s);
+  row_loop(c, V, [&](int64_t t) { return q[t]; }, [&](int64_t, float x) { part += x > 0 ? double(x) : 0.0; });
+  return row_sum(part, c);
 }
 
 // kSpecDraft: q = float(p) into r.spec_q (one-hot at the fallback when nothing is kept), then the
 // draw over q's weights (engine::draw_weighted). n_cand == 0: nothing allowed.
-__device__ int32_t draft_from_q(const SamplingRowParams& r, const double* w, int64_t V, int n_cand, Smem& s) {
+__device__ __forceinline__ int32_t draft_from_q(const SamplingRowParams& r, const double* w, int64_t V, int n_cand, Ctx& c) {
   float* q = r.spec_q;
   const int32_t fb = fallback_token(r, V);
-  const double total = n_cand > 0 ? kept_total(w, V, s) : 0.0;
-  for (int64_t t = threadIdx.x; t < V; t += kThreads)
+  const double total = n_cand > 0 ? kept_total(w, V, c) : 0.0;
+  for (int64_t t = c.tid; t < V; t += c.nthreads)
     q[t] = n_cand > 0 ? float(w[t] / total) : (t == fb ? 1.0f : 0.0f);
-  __syncthreads();  // the block's global writes are visible to the block after the barrier
-  const double qsum = weight_sum(q, V, s);
+  cluster_sync();  // every block's q writes are visible to the row after the cluster barrier
+  const double qsum = weight_sum(q, V, c);
   if (!(qsum > 0)) {  // every kept p rounded to float 0: the host picker's one-hot fallback too
-    for (int64_t t = threadIdx.x; t < V; t += kThreads) q[t] = t == fb ? 1.0f : 0.0f;
+    for (int64_t t = c.tid; t < V; t += c.nthreads) q[t] = t == fb ? 1.0f : 0.0f;
     return fb;
   }
   const double u = philox_uniform(r.seed, r.sample_index, r.position, engine::DrawStream::kSpecDraft);
-  const int32_t t = inverse_cdf([&](int64_t i) { return q[i] > 0 ? double(q[i]) : 0.0; }, V, u * qsum, s);
+  const int32_t t = inverse_cdf([&](int64_t i) { return q[i] > 0 ? double(q[i]) : 0.0; }, V, u * qsum, c);
   return t >= 0 ? t : fb;
 }
 
 // kSpecVerify: accept or resample r.spec_draft against p = w / total (engine::rejection_sample).
 // Writes *accepted (1, 0, -2 when q(draft) = 0) and returns the residual token (the draft when
 // accepted). n_cand == 0 (p empty): rejected, the fallback token.
-__device__ int32_t verify_draft(const SamplingRowParams& r, const double* w, int64_t V, int n_cand, int* accepted,
-                                Smem& s) {
+__device__ __forceinline__ int32_t verify_draft(const SamplingRowParams& r, const double* w, int64_t V, int n_cand, int* accepted,
+                                Ctx& c) {
   const float* q = r.spec_q;
   const int32_t d = r.spec_draft;
-  const double qsum = weight_sum(q, V, s);
+  const double qsum = weight_sum(q, V, c);
   const double qd = q[d] > 0 && qsum > 0 ? double(q[d]) / qsum : 0.0;
   if (!(qd > 0)) {
     *accepted = -2;
@@ -409,10 +616,10 @@ __device__ int32_t verify_draft(const SamplingRowParams& r, const double* w, int
     *accepted = 0;
     return fallback_token(r, V);
   }
-  const double total = kept_total(w, V, s);
+  const double total = kept_total(w, V, c);
   const double pd = w[d] / total;
   const double u_a = philox_uniform(r.seed, r.sample_index, r.position, engine::DrawStream::kSpecAccept);
-  if (u_a * qd < pd) {  // block-uniform: every thread computed the same values
+  if (u_a * qd < pd) {  // row-uniform: every thread computed the same values
     *accepted = 1;
     return d;
   }
@@ -420,37 +627,39 @@ __device__ int32_t verify_draft(const SamplingRowParams& r, const double* w, int
   const double u_r = philox_uniform(r.seed, r.sample_index, r.position, engine::DrawStream::kSpecResidual);
   auto residual = [&](int64_t t) { return fmax(0.0, w[t] / total - (q[t] > 0 ? double(q[t]) / qsum : 0.0)); };
   double part = 0.0;
-  for (int64_t t = threadIdx.x; t < V; t += kThreads) part += residual(t);
-  const double rtotal = block_sum(part, s);
+  row_loop(c, V, residual, [&](int64_t, double x) { part += x; });
+  const double rtotal = row_sum(part, c);
   if (rtotal > 0) {
-    const int32_t t = inverse_cdf(residual, V, u_r * rtotal, s);
+    const int32_t t = inverse_cdf(residual, V, u_r * rtotal, c);
     if (t >= 0) return t;
   }
   // p <= q everywhere (p == q up to rounding): draw from p itself.
-  const int32_t t = inverse_cdf([&](int64_t i) { return w[i] / total; }, V, u_r, s);
+  const int32_t t = inverse_cdf([&](int64_t i) { return w[i] / total; }, V, u_r, c);
   return t >= 0 ? t : fallback_token(r, V);
 }
 
 // Raw-logit logprob, rank and top-N of the chosen token (engine::compute_logprobs).
 // `extra` >= 0: also the logprob and rank of that token (a verify row's residual draw).
-__device__ void write_logprobs(const SampleParams& p, const SamplingRowParams& r, const float* raw, int32_t token,
-                               int32_t extra, int64_t row, Smem& s) {
+__device__ __forceinline__ void write_logprobs(const SampleParams& p, const SamplingRowParams& r, const float* raw, int32_t token,
+                               int32_t extra, int64_t row, Ctx& c) {
+  Smem& s = c.s;
   const int64_t V = p.vocab;
   float mx = -INFINITY;
-  for (int64_t t = threadIdx.x; t < V; t += kThreads) mx = fmaxf(mx, raw[t]);
-  mx = block_max(mx, s);
+  auto load_raw = [&](int64_t t) { return raw[t]; };
+  row_loop(c, V, load_raw, [&](int64_t, float x) { mx = fmaxf(mx, x); });
+  mx = row_max(mx, c);
   double part = 0.0;
   int greater = 0, greater_extra = 0;
   const float tok_logit = raw[token], extra_logit = extra >= 0 ? raw[extra] : 0.0f;
-  for (int64_t t = threadIdx.x; t < V; t += kThreads) {
-    part += exp(double(raw[t]) - double(mx));
-    greater += raw[t] > tok_logit;
-    greater_extra += extra >= 0 && raw[t] > extra_logit;
-  }
-  const double lse = double(mx) + log(block_sum(part, s));
-  greater = block_sum(greater, s);
-  if (extra >= 0) greater_extra = block_sum(greater_extra, s);
-  if (threadIdx.x == 0) {
+  row_loop(c, V, load_raw, [&](int64_t, float x) {
+    part += exp(double(x) - double(mx));
+    greater += x > tok_logit;
+    greater_extra += extra >= 0 && x > extra_logit;
+  });
+  const double lse = double(mx) + log(row_sum(part, c));
+  greater = row_sum(greater, c);
+  if (extra >= 0) greater_extra = row_sum(greater_extra, c);
+  if (c.leader()) {
     if (p.logprobs) p.logprobs[row] = float(double(tok_logit) - lse);
     if (p.ranks) p.ranks[row] = 1 + greater;
     if (extra >= 0 && p.spec_residual_logprob) p.spec_residual_logprob[row] = float(double(extra_logit) - lse);
@@ -460,50 +669,69 @@ __device__ void write_logprobs(const SampleParams& p, const SamplingRowParams& r
   const int n = int(std::min<int64_t>(std::clamp(r.top_logprobs, 0, p.max_top_logprobs), V));
   int32_t* ids = p.top_ids + row * p.max_top_logprobs;
   float* lps = p.top_logprobs + row * p.max_top_logprobs;
-  for (int i = n + threadIdx.x; i < p.max_top_logprobs; i += kThreads) {
+  for (int64_t i = n + c.tid; i < p.max_top_logprobs; i += c.nthreads) {
     ids[i] = -1;
     lps[i] = -INFINITY;
   }
   if (n == 0) return;
-  const uint64_t cut = radix_select<false>(V, RawElems{raw}, n, 0.0, s);
+  const uint64_t cut = count_select(V, RawElems{raw}, n, c);
   if (threadIdx.x == 0) s.top_n = 0;
   __syncthreads();
-  for (int64_t t = threadIdx.x; t < V; t += kThreads) {
-    const uint64_t key = make_key(raw[t], t);
-    if (key >= cut) s.top_keys[atomicAdd(&s.top_n, 1)] = key;  // exactly n of them; sorted below
+  row_loop(c, V, load_raw, [&](int64_t t, float x) {
+    const uint64_t key = make_key(x, t);
+    if (key >= cut) s.top_keys[atomicAdd(&s.top_n, 1)] = key;  // exactly n in the row; sorted below
+  });
+  cluster_sync();
+  if (c.rank != 0) return;  // rank 0 gathers the blocks' keys (the kernel's last barrier keeps them alive)
+  cg::cluster_group cl = cg::this_cluster();
+  if (threadIdx.x == 0) {
+    s.top_off[0] = 0;
+    for (int q = 0; q < c.blocks; ++q) s.top_off[q + 1] = s.top_off[q] + cl.map_shared_rank(&s.top_n, q)[0];
   }
   __syncthreads();
-  if (threadIdx.x < n) {
-    const uint64_t key = s.top_keys[threadIdx.x];
+  for (int i = int(threadIdx.x); i < c.blocks * kSamplingMaxTopLogprobs; i += kThreads) {
+    const int q = i / kSamplingMaxTopLogprobs, j = i % kSamplingMaxTopLogprobs;
+    if (s.top_off[q] + j < s.top_off[q + 1]) s.all_keys[s.top_off[q] + j] = cl.map_shared_rank(s.top_keys, q)[j];
+  }
+  __syncthreads();
+  if (int(threadIdx.x) < n) {
+    const uint64_t key = s.all_keys[threadIdx.x];
     int rank = 0;
-    for (int j = 0; j < n; ++j) rank += s.top_keys[j] > key;
+    for (int j = 0; j < n; ++j) rank += s.all_keys[j] > key;
     const int32_t id = key_id(key);
     ids[rank] = id;
     lps[rank] = float(double(raw[id]) - lse);
   }
 }
 
+// grid (batch · blocks), cluster (blocks): the row's blocks are one cluster.
 __global__ void __launch_bounds__(kThreads) sample_kernel(const __grid_constant__ SampleParams p) {
   __shared__ Smem s;
-  const int64_t row = blockIdx.x, V = p.vocab;
+  cg::cluster_group cl = cg::this_cluster();
+  const int blocks = int(cl.num_blocks()), rank = int(cl.block_rank());
+  Ctx c{s, rank, blocks, int64_t(rank) * kThreads + threadIdx.x, int64_t(blocks) * kThreads};
+  const int64_t row = blockIdx.x / blocks, V = p.vocab;
   const SamplingRowParams r = p.rows[row];
   const float* raw = p.logits + row * p.logits_stride;
+  const uint32_t* m = r.has_mask && p.allowed_mask ? p.allowed_mask + row * p.mask_stride : nullptr;
   double* w = static_cast<double*>(p.workspace) + row * V;
-  build_logits(p, r, raw, w, row);
+  const bool edits = has_sparse_edits(p, r);
+  if (edits) build_logits(p, r, raw, m, w, c);
+  const Processed in{raw, m, edits ? w : nullptr};
   int32_t token, residual = -1;
   if (r.temperature < kGreedyBelow) {
-    token = greedy_token(r, w, V, s);
+    token = greedy_token(r, in, V, c);
   } else {
-    const int n_cand = to_probs(r, w, V, s);
-    if (n_cand > 0 && ((r.top_k > 0 && r.top_k < V) || r.top_p < 1.0f)) apply_top_k_top_p(r, w, V, n_cand, s);
+    const int n_cand = to_probs(r, in, w, V, c);
+    if (n_cand > 0 && ((r.top_k > 0 && r.top_k < V) || r.top_p < 1.0f)) apply_top_k_top_p(r, w, V, n_cand, c);
     if (r.spec_mode == kSpecDraft) {
-      token = draft_from_q(r, w, V, n_cand, s);
+      token = draft_from_q(r, w, V, n_cand, c);
     } else {
-      token = n_cand == 0 ? fallback_token(r, V) : draw(r, w, V, s);
+      token = n_cand == 0 ? fallback_token(r, V) : draw(r, w, V, c);
       if (r.spec_mode == kSpecVerify) {
         int accepted = 0;
-        residual = verify_draft(r, w, V, n_cand, &accepted, s);
-        if (threadIdx.x == 0) {
+        residual = verify_draft(r, w, V, n_cand, &accepted, c);
+        if (c.leader()) {
           p.spec_accepted[row] = accepted;
           p.spec_residual[row] = residual;
         }
@@ -511,8 +739,9 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const __grid_constant_
       }
     }
   }
-  if (threadIdx.x == 0) p.tokens[row] = token;
-  if (p.logprobs || p.ranks || p.top_ids) write_logprobs(p, r, raw, token, residual, row, s);
+  if (c.leader()) p.tokens[row] = token;
+  if (p.logprobs || p.ranks || p.top_ids) write_logprobs(p, r, raw, token, residual, row, c);
+  cluster_sync();  // no block leaves while another still reads its shared memory
 }
 
 template <typename... A>
@@ -580,8 +809,17 @@ void make_penalty_entries(std::span<const int32_t> prompt, std::span<const int32
   }
 }
 
-void sample(const SampleParams& p, cudaStream_t stream) {
-  require(p.batch >= 0 && p.batch <= INT32_MAX, "batch ", p.batch, " not in [0, 2^31)");
+int sampling_blocks_per_row(int64_t vocab) {
+  return int(std::clamp<int64_t>((std::max<int64_t>(vocab, 1) + kIdsPerBlock - 1) / kIdsPerBlock, 1,
+                                 kMaxBlocksPerRow));
+}
+
+void sample(const SampleParams& p, cudaStream_t stream) { sample(p, stream, 0); }
+
+void sample(const SampleParams& p, cudaStream_t stream, int blocks_per_row) {
+  require(blocks_per_row >= 0 && blocks_per_row <= kMaxBlocksPerRow, "blocks_per_row ", blocks_per_row,
+          " not in [0 (by vocab), ", kMaxBlocksPerRow, "]");
+  require(p.batch >= 0 && p.batch <= INT32_MAX / kMaxBlocksPerRow, "batch ", p.batch, " not in [0, 2^28)");
   require(p.vocab >= 1 && p.vocab < INT32_MAX, "vocab ", p.vocab, " not in [1, 2^31 - 1)");
   require(p.logits && p.rows && p.tokens, "null logits, rows or tokens");
   require(p.logits_stride >= p.vocab, "logits_stride ", p.logits_stride, " < vocab ", p.vocab);
@@ -601,7 +839,19 @@ void sample(const SampleParams& p, cudaStream_t stream) {
   require(p.max_top_logprobs == 0 || (p.top_ids && p.top_logprobs), "max_top_logprobs ", p.max_top_logprobs,
           " with null top_ids/top_logprobs");
   if (p.batch == 0) return;
-  sample_kernel<<<unsigned(p.batch), kThreads, 0, stream>>>(p);
+  const int blocks = blocks_per_row > 0 ? blocks_per_row : sampling_blocks_per_row(p.vocab);
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(unsigned(p.batch * blocks));
+  cfg.blockDim = dim3(kThreads);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = unsigned(blocks);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  DI_CUDA_CHECK(cudaLaunchKernelEx(&cfg, sample_kernel, p));
   DI_CUDA_CHECK_LAUNCH();
 }
 

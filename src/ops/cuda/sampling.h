@@ -18,14 +18,17 @@
 // Both only move a boundary by ~1e-16 relative: the token differs only when u, the top-p
 // target or the min-p threshold lands within ~1e-13 of a boundary (never seen in the tests);
 // logprobs agree to a float ulp. Results never depend on batch neighbours or run (no atomics
-// in any sum).
+// in any sum; the blocks of a row fold their partials in rank order).
 //
-// Cost (first version): one 512-thread block per row; the row's probabilities live in an
-// fp64 workspace [B, V] (8 B per logit). A greedy row is ~4 passes over V; a sampled row ~5,
-// plus ~4-16 radix passes (4-bit digits, early exit once the bucket holds one key) for each
-// of top-k and top-p; logprobs add 2 passes, top-N another radix select. At V = 129280 every
-// pass reads ~1 MB per row from L2 through one SM, so the row count, not V, sets the
-// parallelism: a multi-block split per row is the next step for small batches.
+// Cost: each row runs on a thread-block cluster of sampling_blocks_per_row(vocab) 512-thread
+// blocks (8 at V = 129280; the split depends on the vocabulary only, so a row gives the same bits
+// in any batch); reductions are block-level, then the blocks' partials in rank order through
+// distributed shared memory. A greedy row without bias / banned ids / penalties is one pass over
+// the raw logits (masked on the fly); otherwise the processed logits, then the probabilities, live
+// in the fp64 workspace [B, V] (8 B per logit). A sampled row is ~4 passes over V plus radix
+// passes (early exit once the bucket's smallest key is the answer): top-k counts 8-bit digits
+// (<= 8 passes), top-p sums masses over 4-bit digits (<= 16 passes); logprobs add 2 passes, top-N
+// another 8-bit count select.
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -130,8 +133,14 @@ void check_sampling_rows(std::span<const SamplingRowParams> rows, const SamplePa
 void make_penalty_entries(std::span<const int32_t> prompt, std::span<const int32_t> output, int64_t vocab,
                           std::vector<int32_t>& ids, std::vector<int32_t>& counts);
 
+// Blocks (one cluster) per row for this vocabulary: ceil(vocab / 4096), clamped to [1, 8].
+int sampling_blocks_per_row(int64_t vocab);
+
 // Validates the shape, pointers and workspace (InvalidArgument, before any CUDA call), then
-// launches one block per row on `stream`.
+// launches sampling_blocks_per_row(p.vocab) blocks per row on `stream`.
 void sample(const SampleParams& p, cudaStream_t stream);
+// The same with a forced split (1..8; 0 = sampling_blocks_per_row): for tests and timing only.
+// The fp64 sums' order, hence their last bits, depends on the split (never on the batch).
+void sample(const SampleParams& p, cudaStream_t stream, int blocks_per_row);
 
 }  // namespace deepinfer::ops::cuda

@@ -1,7 +1,8 @@
 // Device sampler vs the CPU sampler (engine::sample_rows, compiled into this binary): same
 // logits, params, histories, masks and Philox keys -> the same tokens, ranks and top-N ids;
 // logprobs within a float ulp. Batches mix every parameter class row by row; outputs and the
-// workspace are poisoned before each run. Argument checks run without a GPU.
+// workspace are poisoned before each run; rows split over 1-8 blocks (a cluster per row) agree
+// with the CPU and are batch-invariant bit for bit. Argument checks run without a GPU.
 #include <algorithm>
 #include <cstring>
 #include <functional>
@@ -204,7 +205,8 @@ bool is_tie(const engine::SamplingRow& row, int64_t V, int32_t a, int32_t b) {
   return std::fabs(u - acc) < kTieMargin;
 }
 
-void run_case(int64_t V, int64_t B, int64_t stride, int only_class, uint64_t seed) {
+// blocks: the split per row (0 = sampling_blocks_per_row(V), the production choice).
+void run_case(int64_t V, int64_t B, int64_t stride, int only_class, uint64_t seed, int blocks = 0) {
   std::vector<RowData> data;
   for (int64_t i = 0; i < B; ++i)
     data.push_back(make_row(only_class >= 0 ? only_class : int((i + seed) % kNumClasses), V, seed * 1000 + i));
@@ -216,7 +218,7 @@ void run_case(int64_t V, int64_t B, int64_t stride, int only_class, uint64_t see
   DevBatch dev(h, B, V, stride);
   oc::check_sampling_rows(h.rows, dev.p);
   dev.poison();
-  oc::sample(dev.p, nullptr);
+  oc::sample(dev.p, nullptr, blocks);
   const auto tokens = dev.tokens.download(), ranks = dev.ranks.download(), top_ids = dev.top_ids.download();
   const auto lps = dev.lps.download(), top_lps = dev.top_lps.download();
 
@@ -253,7 +255,8 @@ void run_case(int64_t V, int64_t B, int64_t stride, int only_class, uint64_t see
   }
   const std::string cs = "V=" + std::to_string(V) + " B=" + std::to_string(B) +
                          (stride != V ? " strided" : "") +
-                         (only_class >= 0 ? std::string(" ") + class_name(only_class) : " mixed");
+                         (only_class >= 0 ? std::string(" ") + class_name(only_class) : " mixed") +
+                         (blocks ? " blocks=" + std::to_string(blocks) : "");
   report("sampling_tokens", cs, double(mismatches) / double(B), 0.0);
   if (ties) std::printf("sampling: %s: %d near-tie draws (|u - boundary| < %g)\n", cs.c_str(), ties, kTieMargin);
   report("sampling_logprobs", cs, max_rel_err(got_lp, ref_lp), kTolLogprob);
@@ -312,6 +315,72 @@ TEST(CudaSampling, DeterministicAcrossRuns) {
   EXPECT_EQ(0, std::memcmp(l1.data(), l2.data(), l1.size() * sizeof(float)));
 }
 
+// Odd vocabularies (1, 7, 4097: one id past a block's share, 200,003) at the production split and
+// forced ones (1 block; 8 blocks, most of them idle at V = 7), every class in mixed batches of 13.
+TEST(CudaSampling, OddVocabsAndSplitsMatchCpu) {
+  DI_REQUIRE_GPU();
+  uint64_t seed = 9100;
+  for (int64_t V : {int64_t(1), int64_t(7), int64_t(1000), int64_t(4097), int64_t(200003)})
+    for (int blocks : {0, 1, 3, 8}) run_case(V, kNumClasses, V, -1, ++seed, blocks);
+  for (int blocks : {1, 8}) run_case(129280, kNumClasses, 129280 + 5, -1, ++seed, blocks);  // strided
+}
+
+// A small case for compute-sanitizer (memcheck, racecheck): every class over 8 blocks at
+// V = 4097 and over 3 blocks at V = 7 (idle blocks), with logprobs and top-N.
+TEST(CudaSampling, SmallVocabsOverManyBlocks) {
+  DI_REQUIRE_GPU();
+  run_case(4097, kNumClasses, 4097, -1, 9500, 8);
+  run_case(7, kNumClasses, 7, -1, 9501, 3);
+}
+
+struct DevOut {
+  std::vector<int32_t> tokens, ranks, top_ids;
+  std::vector<float> lps, top_lps;
+};
+DevOut run_dev(const std::vector<RowData>& data, int64_t V, int blocks) {
+  const int64_t B = int64_t(data.size());
+  const HostBatch h = flatten(data, V, V);
+  DevBatch dev(h, B, V, V);
+  oc::check_sampling_rows(h.rows, dev.p);
+  dev.poison();
+  oc::sample(dev.p, nullptr, blocks);
+  return {dev.tokens.download(), dev.ranks.download(), dev.top_ids.download(), dev.lps.download(),
+          dev.top_lps.download()};
+}
+template <typename T>
+bool same_bits(const std::vector<T>& batch, size_t row, size_t width, const std::vector<T>& alone) {
+  return std::memcmp(batch.data() + row * width, alone.data(), width * sizeof(T)) == 0;
+}
+
+// Batch invariance: each row of a batch of 9 gives the same token, logprob, rank and top-N, bit
+// for bit, as the row sampled alone (the split depends on the vocabulary only), at the one-block
+// split (V = 1000), forced 8 blocks, and the production 8 blocks at V = 129,280 and 200,003.
+TEST(CudaSampling, BatchInvariantRowAloneEqualsBatchOf9) {
+  DI_REQUIRE_GPU();
+  const std::pair<int64_t, int> cases[] = {{1000, 0}, {1000, 8}, {129280, 0}, {200003, 0}};
+  for (auto [V, blocks] : cases) {
+    for (int shift : {0, 9}) {  // two batches of 9 cover all 13 classes
+      std::vector<RowData> data;
+      for (int i = 0; i < 9; ++i) data.push_back(make_row((i + shift) % kNumClasses, V, 777 + 31 * i + shift));
+      const DevOut all = run_dev(data, V, blocks);
+      int bad = 0;
+      for (size_t i = 0; i < data.size(); ++i) {
+        const DevOut one = run_dev({data[i]}, V, blocks);
+        const bool same = same_bits(all.tokens, i, 1, one.tokens) && same_bits(all.ranks, i, 1, one.ranks) &&
+                          same_bits(all.lps, i, 1, one.lps) && same_bits(all.top_ids, i, kMaxTop, one.top_ids) &&
+                          same_bits(all.top_lps, i, kMaxTop, one.top_lps);
+        bad += !same;
+        EXPECT_TRUE(same) << "V=" << V << " blocks=" << blocks << " row " << i << " ("
+                          << class_name(int((i + size_t(shift)) % kNumClasses)) << "): batch token "
+                          << all.tokens[i] << ", alone " << one.tokens[0];
+      }
+      const std::string cs = "V=" + std::to_string(V) + " blocks=" + std::to_string(blocks ? blocks : oc::sampling_blocks_per_row(V)) +
+                             " classes from " + std::to_string(shift);
+      report("sampling_batch_invariant", cs, double(bad), 0.0);
+    }
+  }
+}
+
 TEST(CudaTiming, Sampler) {
   DI_REQUIRE_GPU();
   Stream st;
@@ -344,7 +413,67 @@ TEST(CudaTiming, Sampler) {
       }
       std::sort(t.begin(), t.end());
       report_time("sampler", std::string(class_name(cls)) + " B=" + std::to_string(B) + " V=129280", t[t.size() / 2],
-                  "one block per row");
+                  std::to_string(oc::sampling_blocks_per_row(V)) + " blocks per row");
+    }
+  }
+}
+
+// Per-launch time replayed from a CUDA graph of `n` launches (no host launch gaps, as in a
+// captured decode step), median of 9 replays after one warm-up (µs).
+double graph_us(const std::function<void(cudaStream_t)>& fn, cudaStream_t s, int n = 20) {
+  CudaGraph g;
+  g.begin_capture(s);
+  for (int i = 0; i < n; ++i) fn(s);
+  g.end_capture();
+  g.replay(s);
+  DI_CUDA_CHECK(cudaStreamSynchronize(s));
+  std::vector<double> t;
+  Event a(true), b(true);
+  for (int r = 0; r < 9; ++r) {
+    a.record(s);
+    g.replay(s);
+    b.record(s);
+    b.synchronize();
+    t.push_back(1e3 * b.elapsed_ms_since(a) / n);
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+// The split's gain: one block per row (the previous design's parallelism) vs the production
+// split, per launch in a graph of 20, V = 129,280, batch 1 / 8 / 32 / 64; greedy (with and
+// without 5 logprobs), top-k+top-p+min-p, top-p alone, penalties + top-p.
+TEST(CudaTiming, SamplerSplit) {
+  DI_REQUIRE_GPU();
+  Stream st;
+  const int64_t V = 129280;
+  for (int64_t B : {int64_t(1), int64_t(8), int64_t(32), int64_t(64)}) {
+    for (int cls : {int(kGreedy), -1, int(kTopKTopPMinP), int(kTopP), int(kPenalties)}) {
+      std::vector<RowData> data;
+      for (int64_t i = 0; i < B; ++i) {
+        data.push_back(make_row(cls < 0 ? int(kGreedy) : cls, V, 5 + i));
+        data.back().params.logprobs.reset();
+        if (cls < 0) data.back().params.logprobs = 5;
+      }
+      HostBatch h = flatten(data, V, V);
+      DevBatch dev(h, B, V, V);
+      oc::SampleParams p = dev.p;
+      if (cls >= 0) {
+        p.logprobs = nullptr;
+        p.ranks = nullptr;
+        p.top_ids = nullptr;
+        p.top_logprobs = nullptr;
+        p.max_top_logprobs = 0;
+      }
+      const std::string name = cls < 0 ? std::string("greedy+logprobs5") : std::string(class_name(cls));
+      double one = 0;
+      for (int blocks : {1, 0}) {
+        const double us = graph_us([&](cudaStream_t s) { oc::sample(p, s, blocks); }, st.get());
+        if (blocks == 1) one = us;
+        const int nb = blocks ? blocks : oc::sampling_blocks_per_row(V);
+        report_time("sampler_graph", name + " B=" + std::to_string(B) + " blocks=" + std::to_string(nb), us,
+                    blocks ? "one block per row" : std::to_string(one / us).substr(0, 5) + "x vs 1 block");
+      }
     }
   }
 }
@@ -390,6 +519,17 @@ TEST(CudaSampling, RejectsBadArguments) {
   EXPECT_NE(with([](auto& p) { p.max_top_logprobs = oc::kSamplingMaxTopLogprobs + 1; }).find("max_top_logprobs"),
             std::string::npos);
   EXPECT_NE(with([](auto& p) { p.max_top_logprobs = 5; }).find("null top_ids"), std::string::npos);
+  oc::SampleParams p = valid_params(f, i, &row, ws);
+  EXPECT_NE(error_of([&] { oc::sample(p, nullptr, 9); }).find("blocks_per_row 9"), std::string::npos);
+  EXPECT_NE(error_of([&] { oc::sample(p, nullptr, -1); }).find("blocks_per_row -1"), std::string::npos);
+}
+
+TEST(CudaSampling, BlocksPerRowDependsOnVocabOnly) {
+  EXPECT_EQ(oc::sampling_blocks_per_row(1), 1);
+  EXPECT_EQ(oc::sampling_blocks_per_row(4096), 1);
+  EXPECT_EQ(oc::sampling_blocks_per_row(4097), 2);
+  EXPECT_EQ(oc::sampling_blocks_per_row(129280), 8);
+  EXPECT_EQ(oc::sampling_blocks_per_row(200003), 8);
 }
 
 TEST(CudaSampling, RejectsBadRows) {

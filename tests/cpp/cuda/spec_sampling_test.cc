@@ -116,7 +116,7 @@ struct Batch {
     for (auto* a : {&lps, &res_lp}) a->poison();
     ws.poison();
   }
-  void run() { oc::sample(p, nullptr); }
+  void run(int blocks = 0) { oc::sample(p, nullptr, blocks); }
 };
 
 // Whether host and device may disagree on an inverse-CDF draw over weights w at u (a tie).
@@ -136,7 +136,8 @@ std::vector<double> as_double(const float* q, int64_t V) { return std::vector<do
 
 // Draft rows (q written, drawn from q) then verify rows (the drafts against fresh target logits)
 // against the host picker and engine::rejection_sample.
-void run_twin_case(int64_t V, int64_t B, uint64_t seed) {
+// blocks: the split per row (0 = sampling_blocks_per_row(V)).
+void run_twin_case(int64_t V, int64_t B, uint64_t seed, int blocks = 0) {
   std::vector<Row> draft_rows, target_rows;
   for (int64_t i = 0; i < B; ++i) {
     const int cls = int((i + int64_t(seed)) % 5);
@@ -150,12 +151,12 @@ void run_twin_case(int64_t V, int64_t B, uint64_t seed) {
   DevArray<float> pool(static_cast<size_t>(B * V));
   pool.poison();
   Batch draft(draft_rows, V, oc::kSpecDraft, pool.get(), {});
-  draft.run();
+  draft.run(blocks);
   const std::vector<float> q = pool.download();
   const std::vector<int32_t> drafts = draft.tokens.download();
   const std::vector<float> draft_lp = draft.lps.download();
   Batch verify(target_rows, V, oc::kSpecVerify, pool.get(), drafts);
-  verify.run();
+  verify.run(blocks);
   const auto acc = verify.accepted.download(), res = verify.residual.download(), tok = verify.tokens.download();
   const auto res_lp = verify.res_lp.download();
   const auto res_rank = verify.res_rank.download();
@@ -201,7 +202,8 @@ void run_twin_case(int64_t V, int64_t B, uint64_t seed) {
     }
     EXPECT_GE(tok[size_t(i)], 0) << "row " << i << ": the verify row's own draw";
   }
-  const std::string cs = "V=" + std::to_string(V) + " B=" + std::to_string(B);
+  const std::string cs =
+      "V=" + std::to_string(V) + " B=" + std::to_string(B) + (blocks ? " blocks=" + std::to_string(blocks) : "");
   report("spec_draft_q", cs, max_rel_err(q_dev, q_host), 1e-6);
   report("spec_draft_tokens", cs, double(token_mismatch) / double(B), 0.0);
   report("spec_verify_decisions", cs, double(decision_mismatch) / double(B), 0.0);
@@ -215,6 +217,14 @@ TEST(CudaSpecSampling, DraftAndVerifyRowsMatchHostRules) {
   uint64_t seed = 5100;
   for (int64_t V : {int64_t(37), int64_t(1000), int64_t(129280)})
     for (int64_t B : {int64_t(1), int64_t(13), int64_t(64)}) run_twin_case(V, B, ++seed);
+}
+
+// The same rules with each row forced over 1, 3 and 8 blocks (a cluster per row), odd vocabularies.
+TEST(CudaSpecSampling, DraftAndVerifyAcrossSplits) {
+  DI_REQUIRE_GPU();
+  uint64_t seed = 6100;
+  for (int64_t V : {int64_t(37), int64_t(4097), int64_t(200003)})
+    for (int blocks : {1, 3, 8}) run_twin_case(V, 13, ++seed, blocks);
 }
 
 // Chi-square of counts against probabilities (bins with expected < 5 pooled); returns
