@@ -379,7 +379,8 @@ TEST(CudaHc, FusedNormBitIdenticalToUnfused) {
               for (int split : {0, 1, 3, -1}) {  // -1: the legacy finalize
                 const FusedOut got = run_fused(st, x, dt, T_, n, dim, mode, hd, hw, true, split < 0, std::max(split, 0));
                 const std::string cs = "u_split " + std::to_string(split) + " T=" + std::to_string(T_) + " D=" +
-                                       std::to_string(dim) + " x " + dtype_name(dt) + " h " + dtype_name(hd) +
+                                       std::to_string(dim) + " x " + std::string(dtype_name(dt)) + " h " +
+                                       std::string(dtype_name(hd)) +
                                        (weighted ? "" : " unweighted") +
                                        (mode == oc::HcMode::kLayer ? " layer" : " head");
                 EXPECT_EQ(got.mix, ref.mix) << cs;

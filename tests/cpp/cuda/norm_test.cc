@@ -125,7 +125,7 @@ TEST(CudaRmsNorm, BatchInvariant) {
     const std::vector<float> xv = randn(size_t(rows * dim), 77 + dim, 1.0f, 0.1f);
     DevArray<float> x(xv), x5(std::vector<float>(xv.begin() + 5 * dim, xv.begin() + 6 * dim));
     DevArray<float> w(randn(size_t(dim), 78, 0.2f, 1.0f));
-    DevArray<uint16_t> y(size_t(rows * dim)), y5(size_t(dim));
+    DevArray<uint16_t> y(static_cast<size_t>(rows * dim)), y5(static_cast<size_t>(dim));
     oc::rmsnorm({.x = x.get(), .x_dtype = DType::kF32, .x_stride = dim, .w = w.get(), .w_dtype = DType::kF32,
                  .y = y.get(), .y_stride = dim, .rows = rows, .dim = dim},
                 nullptr);
