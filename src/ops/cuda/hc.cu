@@ -333,11 +333,14 @@ __global__ void __launch_bounds__(kThreads) hc_finalize_wide_kernel(const __grid
   __threadfence();
   const T* ur = u;
   auto load = [ur](int64_t i) { return to_f32(__ldcg(ur + i)); };
-  if (p.h_dtype == DType::kF32)
-    deepinfer::cuda::rmsnorm_row(load, p.h_w, static_cast<float*>(p.h) + t * p.h_stride, p.dim, p.h_eps, scratch);
-  else
-    deepinfer::cuda::rmsnorm_row(load, p.h_w, static_cast<__nv_bfloat16*>(p.h) + t * p.h_stride, p.dim, p.h_eps,
-                                 scratch);
+  // Rows up to 4,096 in registers (16 per thread: V4's D), wider ones in two passes; the same bits.
+  // Only these two widths: this tail runs once per token, so its code is kept small.
+  auto norm = [&](auto* h) {
+    if (p.dim <= 16 * kThreads) deepinfer::cuda::rmsnorm_row_regs<16>(load, p.h_w, h, p.dim, p.h_eps, scratch);
+    else deepinfer::cuda::rmsnorm_row_loop(load, p.h_w, h, p.dim, p.h_eps, scratch);
+  };
+  if (p.h_dtype == DType::kF32) norm(static_cast<float*>(p.h) + t * p.h_stride);
+  else norm(static_cast<__nv_bfloat16*>(p.h) + t * p.h_stride);
 }
 
 template <typename T>

@@ -9,7 +9,9 @@ using deepinfer::cuda::from_f32;
 using deepinfer::cuda::kNormThreads;
 using deepinfer::cuda::kWarpSize;
 using deepinfer::cuda::rms_inv;
-using deepinfer::cuda::rmsnorm_row;
+using deepinfer::cuda::kNormMaxPerThread;
+using deepinfer::cuda::rmsnorm_row_loop;
+using deepinfer::cuda::rmsnorm_row_regs;
 using deepinfer::cuda::to_f32;
 using deepinfer::cuda::warp_sum;
 
@@ -17,6 +19,9 @@ constexpr int kThreads = kNormThreads;
 constexpr int kNormWarps = kNormThreads / kWarpSize;  // 8: the warps whose sums block_sum folds
 constexpr int64_t kWarpRowMaxDim = 4 * kNormThreads;  // rows up to 1,024 wide take one warp each
 constexpr int kRowsPerBlock = kThreads / kWarpSize;   // warp kernel: 8 rows per 256-thread block
+// The warp kernel only from this many rows (prefill: the per-head q norm's T*64 rows): its unrolled
+// body is 2-3x the block kernel's code, which a decode launch fetches once per SM.
+constexpr int64_t kWarpRowsFrom = 1024;
 
 // The two-pass kernel of sessions <= 14 (RmsNormParams::legacy): one block per row, pass 1 sums
 // squares, pass 2 re-reads x. The bit-identity and timing baseline of the kernels below.
@@ -42,13 +47,19 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_legacy_kernel(const __grid_c
 }
 
 // One block per row, the row in registers (norm_row.cuh): one read of x, every load in flight.
-template <typename TX, typename TW, typename TY>
+// NPT elements per thread (dim <= 256*NPT), one instantiation each: a decode launch runs its code
+// once per SM, so a kernel carrying every width would fetch more instructions than it runs.
+// NPT = 0: the two-pass loop (rows wider than 4,096).
+template <int NPT, typename TX, typename TW, typename TY>
 __global__ void __launch_bounds__(kThreads) rmsnorm_block_kernel(const __grid_constant__ RmsNormParams p) {
   __shared__ float scratch[32];
   const int64_t row = blockIdx.x;
   const TX* x = static_cast<const TX*>(p.x) + row * p.x_stride;
-  rmsnorm_row([x](int64_t i) { return to_f32(x[i]); }, static_cast<const TW*>(p.w),
-              static_cast<TY*>(p.y) + row * p.y_stride, p.dim, p.eps, scratch);
+  auto load = [x](int64_t i) { return to_f32(x[i]); };
+  const TW* w = static_cast<const TW*>(p.w);
+  TY* y = static_cast<TY*>(p.y) + row * p.y_stride;
+  if constexpr (NPT == 0) rmsnorm_row_loop(load, w, y, p.dim, p.eps, scratch);
+  else rmsnorm_row_regs<NPT>(load, w, y, p.dim, p.eps, scratch);
 }
 
 // One warp per row (dim <= 256*K), 8 rows per block: the warp plays the 256-thread block. Lane l
@@ -101,16 +112,27 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_warp_kernel(const __grid_con
 
 template <typename TX, typename TW, typename TY>
 void launch(const RmsNormParams& p, cudaStream_t stream) {
+  const unsigned rows = unsigned(p.rows);
+  const int64_t per = (p.dim + kNormThreads - 1) / kNormThreads;  // elements per thread of a block
   if (p.legacy) {
-    rmsnorm_legacy_kernel<TX, TW, TY><<<unsigned(p.rows), kThreads, 0, stream>>>(p);
-  } else if (p.dim <= kWarpRowMaxDim) {
+    rmsnorm_legacy_kernel<TX, TW, TY><<<rows, kThreads, 0, stream>>>(p);
+  } else if (p.rows >= kWarpRowsFrom && p.dim <= kWarpRowMaxDim) {
     const unsigned blocks = unsigned((p.rows + kRowsPerBlock - 1) / kRowsPerBlock);
-    const int64_t k = (p.dim + kNormThreads - 1) / kNormThreads;
-    if (k <= 1) rmsnorm_warp_kernel<1, TX, TW, TY><<<blocks, kThreads, 0, stream>>>(p);
-    else if (k <= 2) rmsnorm_warp_kernel<2, TX, TW, TY><<<blocks, kThreads, 0, stream>>>(p);
+    if (per <= 1) rmsnorm_warp_kernel<1, TX, TW, TY><<<blocks, kThreads, 0, stream>>>(p);
+    else if (per <= 2) rmsnorm_warp_kernel<2, TX, TW, TY><<<blocks, kThreads, 0, stream>>>(p);
     else rmsnorm_warp_kernel<4, TX, TW, TY><<<blocks, kThreads, 0, stream>>>(p);
+  } else if (per <= 1) {
+    rmsnorm_block_kernel<1, TX, TW, TY><<<rows, kThreads, 0, stream>>>(p);
+  } else if (per <= 2) {
+    rmsnorm_block_kernel<2, TX, TW, TY><<<rows, kThreads, 0, stream>>>(p);
+  } else if (per <= 4) {
+    rmsnorm_block_kernel<4, TX, TW, TY><<<rows, kThreads, 0, stream>>>(p);
+  } else if (per <= 8) {
+    rmsnorm_block_kernel<8, TX, TW, TY><<<rows, kThreads, 0, stream>>>(p);
+  } else if (per <= kNormMaxPerThread) {
+    rmsnorm_block_kernel<kNormMaxPerThread, TX, TW, TY><<<rows, kThreads, 0, stream>>>(p);
   } else {
-    rmsnorm_block_kernel<TX, TW, TY><<<unsigned(p.rows), kThreads, 0, stream>>>(p);
+    rmsnorm_block_kernel<0, TX, TW, TY><<<rows, kThreads, 0, stream>>>(p);
   }
   DI_CUDA_CHECK_LAUNCH();
 }

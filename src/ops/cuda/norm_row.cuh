@@ -45,15 +45,9 @@ __device__ __forceinline__ void rmsnorm_row_regs(Load load, const TW* w, TY* y, 
   }
 }
 
-// Any width: registers up to 4,096 elements, else the two-pass loop (x re-read; the same order).
+// Any width, compact code: the two-pass loop (x re-read; the same order as the register rows).
 template <typename TW, typename TY, typename Load>
-__device__ void rmsnorm_row(Load load, const TW* w, TY* y, int64_t dim, float eps, float* scratch) {
-  const int64_t per = (dim + kNormThreads - 1) / kNormThreads;
-  if (per <= 1) return rmsnorm_row_regs<1, TW, TY>(load, w, y, dim, eps, scratch);
-  if (per <= 2) return rmsnorm_row_regs<2, TW, TY>(load, w, y, dim, eps, scratch);
-  if (per <= 4) return rmsnorm_row_regs<4, TW, TY>(load, w, y, dim, eps, scratch);
-  if (per <= 8) return rmsnorm_row_regs<8, TW, TY>(load, w, y, dim, eps, scratch);
-  if (per <= kNormMaxPerThread) return rmsnorm_row_regs<kNormMaxPerThread, TW, TY>(load, w, y, dim, eps, scratch);
+__device__ void rmsnorm_row_loop(Load load, const TW* w, TY* y, int64_t dim, float eps, float* scratch) {
   float ss = 0.f;
   for (int64_t i = threadIdx.x; i < dim; i += kNormThreads) {
     const float v = load(i);

@@ -66,13 +66,13 @@ TEST(CudaRmsNorm, MatchesCpuTwin) {
   run_case(64, 4096, false, false, 3, true);
 }
 
-// The warp-per-row kernel (dim <= 1,024), the register-row block kernel (<= 4,096) and its
-// two-pass tail (wider) against the legacy two-pass kernel, bit for bit: every dtype mix, weighted
+// The warp-per-row kernel (dim <= 1,024 at >= 1,024 rows), the register-row block kernel (<= 4,096)
+// and its two-pass form (wider) against the legacy two-pass kernel, bit for bit: every dtype mix, weighted
 // and not, padded strides, in place, odd widths on each side of every kernel boundary.
 TEST(CudaRmsNorm, FastKernelsBitIdenticalToLegacy) {
   DI_REQUIRE_GPU();
   int cases = 0;
-  for (int64_t rows : {int64_t(1), int64_t(7), int64_t(64), int64_t(133)})
+  for (int64_t rows : {int64_t(1), int64_t(7), int64_t(133), int64_t(1031)})  // 1,031: the warp kernel's rows
     for (int64_t dim : {int64_t(1), int64_t(37), int64_t(256), int64_t(300), int64_t(512), int64_t(1000),
                         int64_t(1024), int64_t(1025), int64_t(3000), int64_t(4096), int64_t(4097), int64_t(7001)})
       for (DType xd : {DType::kF32, DType::kBF16})
@@ -116,12 +116,12 @@ TEST(CudaRmsNorm, FastKernelsBitIdenticalToLegacy) {
   EXPECT_EQ(cases, 4 * 12 * 10);
 }
 
-// A row's bits do not depend on the rows around it (the warp kernel packs 8 rows a block): row 5
-// alone equals row 5 of 133.
+// A row's bits do not depend on the rows around it: row 5 alone (the block kernel) equals row 5 of
+// 1,031 (the warp kernel up to 1,024 wide, 8 rows a block; the block kernel beyond).
 TEST(CudaRmsNorm, BatchInvariant) {
   DI_REQUIRE_GPU();
   for (int64_t dim : {int64_t(512), int64_t(1000), int64_t(4096)}) {
-    const int64_t rows = 133;
+    const int64_t rows = 1031;
     const std::vector<float> xv = randn(size_t(rows * dim), 77 + dim, 1.0f, 0.1f);
     DevArray<float> x(xv), x5(std::vector<float>(xv.begin() + 5 * dim, xv.begin() + 6 * dim));
     DevArray<float> w(randn(size_t(dim), 78, 0.2f, 1.0f));

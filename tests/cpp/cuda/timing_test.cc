@@ -117,7 +117,7 @@ TEST(CudaTiming, RmsNormDecode) {
                     q);
       }, s);
     std::printf("DI_NORM_TIMING|%s|%lld|%lld|%s|%.2f|%.2f|%.0f\n", sh.what, (long long)sh.rows, (long long)sh.dim,
-                dtype_name(sh.xd), us[0], us[1], double(xe) * (xb + 2) / us[1] / 1e3);
+                std::string(dtype_name(sh.xd)).c_str(), us[0], us[1], double(xe) * (xb + 2) / us[1] / 1e3);
   }
 }
 
