@@ -186,11 +186,6 @@ struct HcSiteArgs {     // one mHC site: collapse X into u and the site's mixes
   float* mix = nullptr;      // [T, (2+n)n] (layer; backend layout) or null (head)
   int64_t tokens = 0;
   bool head = false;         // the final collapse (hc_head: pre weights only)
-  // The site's norm, fused where the backend can: h [T, D] in act() = rmsnorm(u) · norm_w with
-  // dims.eps, the bits Backend::rmsnorm gives on u (the CUDA backend norms in hc_pre's finalize,
-  // the CPU one calls its rmsnorm). Null: no norm. Needs u.
-  const float* norm_w = nullptr;  // [D] f32
-  void* h = nullptr;
 };
 struct HcPostArgs {     // X'_k = post_k y + Σ_j C[j,k] X_j
   const float* x = nullptr;

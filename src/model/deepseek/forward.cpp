@@ -278,19 +278,18 @@ void moe_block(Backend& be, const Dims& g, const MoeRef& M) {
 }
 
 // mHC site: the site's mixes into `mix`, the streams collapsed into the block input (Buf::kU) and
-// its normed copy h (Buf::kH; per-site wiring: normed inside hc_site, one launch less on the GPU). Per-site wiring (V4) collapses with the site's own pre weights; the
+// its normed copy h (Buf::kH). Per-site wiring (V4) collapses with the site's own pre weights; the
 // single pass (V4.1) with the previous site's, kept in `prev_mix` (null: stream 0, the start).
 void hc_site(Backend& be, const Dims& g, HcWiring wiring, const HcRef& hc, const float* X, const VecRef& norm_w,
              Buf mix, const float* prev_mix) {
   const int64_t T = be.plan().T, D = g.hidden;
-  if (wiring == HcWiring::kPerSite) {  // the norm fused into the site (HcSiteArgs::h)
-    be.hc_site({.x = X, .w = &hc, .u = be.at<float>(Buf::kU), .mix = be.at<float>(mix), .tokens = T,
-                .norm_w = norm_w.p, .h = be.buf(Buf::kH)});
+  if (wiring == HcWiring::kPerSite) {
+    be.hc_site({.x = X, .w = &hc, .u = be.at<float>(Buf::kU), .mix = be.at<float>(mix), .tokens = T});
   } else {
     be.hc_site({.x = X, .w = &hc, .u = nullptr, .mix = be.at<float>(mix), .tokens = T});
     be.hc_collapse(X, prev_mix, be.at<float>(Buf::kU), T);
-    norm(be, g, be.buf(Buf::kU), DType::kF32, D, norm_w.p, be.buf(Buf::kH), be.act(), D, T, D);
   }
+  norm(be, g, be.buf(Buf::kU), DType::kF32, D, norm_w.p, be.buf(Buf::kH), be.act(), D, T, D);
 }
 
 void hc_merge(Backend& be, const float* X, float* out, Buf mix) {
@@ -335,14 +334,13 @@ void head(Backend& be, const Dims& g, HcWiring wiring, const HcRef& hc, const Ve
     float* sel = be.at<float>(Buf::kSel);
     be.gather({.src_a = X, .a_stride = n * D, .src_dtype = DType::kF32, .src_index = row_index, .dst = sel,
                .dst_stride = n * D, .dst_dtype = DType::kF32, .rows = rows, .width = n * D});
-    be.hc_site({.x = sel, .w = &hc, .u = be.at<float>(Buf::kHu), .mix = nullptr, .tokens = rows, .head = true,
-                .norm_w = norm_w.p, .h = be.buf(Buf::kHh)});  // the norm fused into the site
+    be.hc_site({.x = sel, .w = &hc, .u = be.at<float>(Buf::kHu), .mix = nullptr, .tokens = rows, .head = true});
   } else {
     be.hc_collapse(X, last_mix, be.at<float>(Buf::kU), be.plan().T);
     be.gather({.src_a = be.buf(Buf::kU), .a_stride = D, .src_dtype = DType::kF32, .src_index = row_index,
                .dst = be.buf(Buf::kHu), .dst_stride = D, .dst_dtype = DType::kF32, .rows = rows, .width = D});
-    norm(be, g, be.buf(Buf::kHu), DType::kF32, D, norm_w.p, be.buf(Buf::kHh), be.act(), D, rows, D);
   }
+  norm(be, g, be.buf(Buf::kHu), DType::kF32, D, norm_w.p, be.buf(Buf::kHh), be.act(), D, rows, D);
   be.linear(head_w, be.buf(Buf::kHh), D, rows, be.buf(Buf::kLogits), DType::kF32, g.vocab);
 }
 

@@ -60,6 +60,10 @@ struct HcPreParams {
   // bits as ops/cuda/rmsnorm on u (ops/cuda/norm_row.cuh's order). The last of a token's u blocks
   // to finish (a counter per token in the workspace, zeroed by the partial-sum kernel) re-reads the
   // whole row from L2 and norms it: one launch less than hc_pre + rmsnorm. Null: no norm. Needs u.
+  // Measured NOT to pay at V4's shapes (session 15, H200: the fences, the counter and the serial
+  // tail cost what the launch saved; CudaTiming.HcSiteFusedNorm, docs/PERFORMANCE.md), so the
+  // engine's forward keeps the separate rmsnorm; kept, tested bit-identical, for a finalize that
+  // ends in one block per token (where the tail needs no counter).
   void* h = nullptr;             // [tokens, D] h_dtype, row stride h_stride
   DType h_dtype = DType::kBF16;
   int64_t h_stride = 0;

@@ -303,20 +303,18 @@ void CpuBackend::hc_site(const HcSiteArgs& a) {
   const int64_t rows = a.head ? n : (2 + n) * n;
   DI_CHECK(a.w->fn.n == rows * n * g.hidden, "cpu hc: fn of ", a.w->fn.n, " values for [", rows, ", ", n * g.hidden, "]");
   spec.fn_packed = hc_fn_packed(a.w->fn.p, rows);
-  DI_CHECK(!a.h || a.u, "cpu hc: the site norm needs u");
+  if (a.head) {
+    oc::hc_head(a.x, a.tokens, spec, a.w->fn.p, a.w->base.p, a.w->scale.p, a.u);
+    return;
+  }
   // mix [T, (2+n)n] holds post [T, n] then comb [T, n, n] (the CPU op's two outputs), and, for a
   // mixes-only site, its pre [T, n] after them.
   const int64_t T = a.tokens;
-  if (a.head) {
-    oc::hc_head(a.x, T, spec, a.w->fn.p, a.w->base.p, a.w->scale.p, a.u);
-  } else if (!a.u) {
+  if (!a.u) {
     oc::hc_mix(a.x, T, spec, a.w->fn.p, a.w->base.p, a.w->scale.p, a.mix + T * n * (n + 1), a.mix, a.mix + T * n);
-  } else {
-    oc::hc_pre(a.x, T, spec, a.w->fn.p, a.w->base.p, a.w->scale.p, a.u, a.mix, a.mix + T * n);
+    return;
   }
-  if (a.h)  // the site norm, unfused: the same call the forward made before session 15
-    rmsnorm({.x = a.u, .x_dtype = DType::kF32, .x_stride = g.hidden, .w = a.norm_w, .y = a.h,
-             .y_dtype = act(), .y_stride = g.hidden, .rows = T, .dim = g.hidden, .eps = g.eps});
+  oc::hc_pre(a.x, a.tokens, spec, a.w->fn.p, a.w->base.p, a.w->scale.p, a.u, a.mix, a.mix + a.tokens * g.streams);
 }
 
 void CpuBackend::hc_post(const HcPostArgs& a) {

@@ -824,8 +824,7 @@ void CudaBackend::hc_site(const HcSiteArgs& a) {
               .scale = a.w->scale.p, .u = a.u, .u_stride = g.hidden, .mix = a.mix,
               .workspace = at<float>(a.head ? L_.head_ws : L_.hc_ws), .tokens = a.tokens, .n = int(g.streams),
               .dim = g.hidden, .mode = a.head ? oc::HcMode::kHead : oc::HcMode::kLayer,
-              .sinkhorn_iters = int(g.sinkhorn_iters), .norm_eps = g.eps, .hc_eps = g.hc_eps, .h = a.h,
-              .h_dtype = act_, .h_stride = g.hidden, .h_w = a.norm_w, .h_eps = g.eps},
+              .sinkhorn_iters = int(g.sinkhorn_iters), .norm_eps = g.eps, .hc_eps = g.hc_eps},
              stream_.get());
 }
 
