@@ -2,6 +2,8 @@
 
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/hc.h"
+#include "ops/cuda/norm.h"
+#include "ops/cuda/norm_row.cuh"
 
 namespace deepinfer::ops::cuda {
 namespace {
@@ -13,6 +15,7 @@ using deepinfer::cuda::warp_sum;
 
 constexpr int kMaxMix = (2 + kHcMaxStreams) * kHcMaxStreams;  // 24
 constexpr int kThreads = 256;
+static_assert(kThreads == deepinfer::cuda::kNormThreads, "the fused norm runs on the finalize's block shape");
 constexpr int kChunk = 1024;  // x̂ elements per partial-sum block (4 per thread)
 
 // Tokens per partial-sum block: fn is read once per tile. The decode shape takes 4 tokens and
@@ -23,6 +26,14 @@ constexpr int kChunk = 1024;  // x̂ elements per partial-sum block (4 per threa
 // same sequence of operations in both shapes, so they are bit-identical.
 constexpr int kTokTile = 4, kWideTokTile = 8, kWideMix = 8;
 constexpr int64_t kWideTileFrom = 256;
+
+// The fused norm's per-token arrival counters, after the partial sums in the workspace.
+__host__ __device__ inline int64_t hc_partials_floats(int64_t tokens, int num_chunks, int num_mix) {
+  return tokens * num_chunks * (num_mix + 1);
+}
+__device__ inline unsigned* hc_counters(const HcPreParams& p, int num_chunks, int num_mix) {
+  return reinterpret_cast<unsigned*>(p.workspace + hc_partials_floats(p.tokens, num_chunks, num_mix));
+}
 
 // partials[t][s][0..M) = fn[:, chunk s] · x̂_t[chunk s];  partials[t][s][M] = Σ x̂_t² over the chunk,
 // for the TOK tokens of the block's tile (each fn element loaded once for all of them) and the
@@ -42,6 +53,9 @@ __global__ void __launch_bounds__(kThreads) hc_partials_kernel(const __grid_cons
   auto mine = [&](int jl) { return jl == NMIX ? sq : jl < nj; };  // block-uniform
   const int64_t K = int64_t(p.n) * p.dim;
   const T* x = static_cast<const T*>(p.x);
+  // The fused norm's counters start at 0 for the finalize (stream order: it runs after this grid).
+  if (p.h && s == 0 && group == 0 && threadIdx.x < TOK && t0 + threadIdx.x < p.tokens)
+    hc_counters(p, num_chunks, num_mix)[t0 + threadIdx.x] = 0u;
   float acc[TOK][NMIX + 1];
 #pragma unroll
   for (int u = 0; u < TOK; ++u)
@@ -305,6 +319,28 @@ __global__ void __launch_bounds__(kThreads) hc_finalize_wide_kernel(const __grid
       if (k < p.n) acc += pre[k] * xs[k];
     u[d] = from_f32<T>(acc);
   }
+  if (!p.h) return;
+  // The fused norm: the last of the token's gridDim.y blocks to arrive norms the whole u row. Each
+  // thread's u stores are fenced before the block counts itself in; the last block fences again and
+  // reads u through L2 (ld.cg), so it sees every block's slice.
+  __shared__ float scratch[32];
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(hc_counters(p, num_chunks, num_mix) + t, 1u) == gridDim.y - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  const T* ur = u;
+  auto load = [ur](int64_t i) { return to_f32(__ldcg(ur + i)); };
+  // Rows up to 4,096 in registers (16 per thread: V4's D), wider ones in two passes; the same bits.
+  // Only these two widths: this tail runs once per token, so its code is kept small.
+  auto norm = [&](auto* h) {
+    if (p.dim <= 16 * kThreads) deepinfer::cuda::rmsnorm_row_regs<16>(load, p.h_w, h, p.dim, p.h_eps, scratch);
+    else deepinfer::cuda::rmsnorm_row_loop(load, p.h_w, h, p.dim, p.h_eps, scratch);
+  };
+  if (p.h_dtype == DType::kF32) norm(static_cast<float*>(p.h) + t * p.h_stride);
+  else norm(static_cast<__nv_bfloat16*>(p.h) + t * p.h_stride);
 }
 
 template <typename T>
@@ -387,8 +423,9 @@ void check_common(int n, int64_t dim, int64_t tokens, const char* what) {
 int hc_num_mix(int n, HcMode mode) { return mode == HcMode::kLayer ? (2 + n) * n : n; }
 
 size_t hc_pre_workspace_bytes(int64_t tokens, int n, int64_t dim, HcMode mode) {
-  const int64_t chunks = ceil_div(int64_t(n) * dim, kChunk);
-  return size_t(tokens * chunks * (hc_num_mix(n, mode) + 1)) * sizeof(float);
+  const int chunks = int(ceil_div(int64_t(n) * dim, kChunk));
+  return size_t(hc_partials_floats(tokens, chunks, hc_num_mix(n, mode))) * sizeof(float) +
+         size_t(tokens) * sizeof(unsigned);  // + the fused norm's counters
 }
 
 void hc_pre(const HcPreParams& p, cudaStream_t stream) {
@@ -405,6 +442,12 @@ void hc_pre(const HcPreParams& p, cudaStream_t stream) {
   if (p.token_tile != 0 && p.token_tile != kTokTile && p.token_tile != kWideTokTile)
     DI_THROW(InvalidArgument, "hc_pre: token_tile ", p.token_tile, " is not 0 (automatic), ", kTokTile, " or ",
              kWideTokTile);
+  if (p.h) {
+    if (!p.u) DI_THROW(InvalidArgument, "hc_pre: the fused norm (h) needs u");
+    if (p.h_stride < p.dim) DI_THROW(InvalidArgument, "hc_pre: h stride ", p.h_stride, " < dim ", p.dim);
+    if (p.h_dtype != DType::kF32 && p.h_dtype != DType::kBF16)
+      DI_THROW(InvalidArgument, "hc_pre: h dtype ", dtype_name(p.h_dtype), " not supported (f32 or bf16)");
+  }
   if (p.tokens == 0) return;
   if (p.tokens > 65535) DI_THROW(InvalidArgument, "hc_pre: ", p.tokens, " tokens > 65535 per launch; split the batch");
   const int num_mix = hc_num_mix(p.n, p.mode);
@@ -429,7 +472,14 @@ void hc_pre(const HcPreParams& p, cudaStream_t stream) {
     }
     DI_CUDA_CHECK_LAUNCH();
     if (p.legacy_finalize) {
-      hc_finalize_kernel<T><<<unsigned(p.tokens), kThreads, 0, stream>>>(p, num_mix, chunks);
+      HcPreParams q = p;
+      q.h = nullptr;  // the legacy path norms in a second launch (the unfused baseline)
+      hc_finalize_kernel<T><<<unsigned(p.tokens), kThreads, 0, stream>>>(q, num_mix, chunks);
+      DI_CUDA_CHECK_LAUNCH();
+      if (p.h)
+        rmsnorm({.x = p.u, .x_dtype = p.dtype, .x_stride = p.u_stride, .w = p.h_w, .w_dtype = DType::kF32, .y = p.h,
+                 .y_dtype = p.h_dtype, .y_stride = p.h_stride, .rows = p.tokens, .dim = p.dim, .eps = p.h_eps},
+                stream);
     } else {
       const int64_t per = u_slice(p);
       const unsigned ys = p.u ? unsigned(ceil_div(p.dim, per)) : 1u;

@@ -9,7 +9,8 @@
 //   u[t] = Σ_k pre_k · X_k   (fp32, k in order, cast to u's dtype)
 // hc_post:  X'_k = post_k · y + Σ_j C[j][k] · X_j   (fp32, j in order, cast).
 // The reduction over n*D is split across blocks into fixed-order partial sums in `workspace`
-// (deterministic, batch invariant); size it with hc_pre_workspace_bytes.
+// (deterministic, batch invariant); size it with hc_pre_workspace_bytes (it also holds the fused
+// norm's per-token counters).
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -55,6 +56,19 @@ struct HcPreParams {
   // Tokens per partial-sum block: 0 = automatic (8, with at most 8 mixes per block, from 256
   // tokens: prefill; else 4), or 4 / 8 forced (tests, timing). Bit-identical for every value.
   int token_tile = 0;
+  // The site's RMSNorm fused into the finalize (session 15): h[t] = rmsnorm(u[t]) (· h_w), the same
+  // bits as ops/cuda/rmsnorm on u (ops/cuda/norm_row.cuh's order). The last of a token's u blocks
+  // to finish (a counter per token in the workspace, zeroed by the partial-sum kernel) re-reads the
+  // whole row from L2 and norms it: one launch less than hc_pre + rmsnorm. Null: no norm. Needs u.
+  // Measured NOT to pay at V4's shapes (session 15, H200: the fences, the counter and the serial
+  // tail cost what the launch saved; CudaTiming.HcSiteFusedNorm, docs/PERFORMANCE.md), so the
+  // engine's forward keeps the separate rmsnorm; kept, tested bit-identical, for a finalize that
+  // ends in one block per token (where the tail needs no counter).
+  void* h = nullptr;             // [tokens, D] h_dtype, row stride h_stride
+  DType h_dtype = DType::kBF16;
+  int64_t h_stride = 0;
+  const float* h_w = nullptr;    // [D] f32, or null (unweighted)
+  float h_eps = 1e-6f;
 };
 
 struct HcPostParams {

@@ -1,5 +1,7 @@
 // RMSNorm on the GPU: y = w ⊙ (x / sqrt(mean(x²) + eps)), fp32 accumulation (spec §6).
 // CPU twin: ops/cpu/rmsnorm.h (same operation order: x·r first, then ·w).
+// Rows up to 1,024 wide take one warp each (8 rows a block), wider ones a 256-thread block with the
+// row in registers up to 4,096 (a second pass over x beyond); all in the order of norm_row.cuh.
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -21,6 +23,10 @@ struct RmsNormParams {
   int64_t rows = 0;
   int64_t dim = 0;
   float eps = 1e-6f;
+  // The two-pass one-block-per-row kernel of sessions <= 14: the bit-identity and timing baseline
+  // (CudaRmsNorm.FastKernelsBitIdenticalToLegacy, CudaTiming.RmsNormDecode). Every kernel gives
+  // the same bits (the sum of squares in one fixed order, ops/cuda/norm_row.cuh).
+  bool legacy = false;
 };
 
 // Validates, launches on `stream`; throws InvalidArgument naming the bad field.

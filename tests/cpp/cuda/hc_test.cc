@@ -3,6 +3,7 @@
 
 #include "ops/cpu/hc.h"
 #include "ops/cuda/hc.h"
+#include "ops/cuda/norm.h"
 #include "test_util.h"
 
 namespace deepinfer::cuda {
@@ -324,6 +325,96 @@ TEST(CudaHc, WideFinalizeBatchInvariant) {
   const auto one = run_pre(st, dX0.get(), DType::kF32, 1, n, dim, oc::HcMode::kLayer, 20, true, false, 0);
   EXPECT_EQ(0, std::memcmp(one.data(), all.data() + 4 * M, M * sizeof(float))) << "mixes";
   EXPECT_EQ(0, std::memcmp(one.data() + M, all.data() + T_ * M + 4 * dim, dim * sizeof(float))) << "u";
+}
+
+// The site norm fused into hc_pre (HcPreParams::h) against the unfused pair, hc_pre then the
+// legacy two-pass rmsnorm on u: mixes, u and h bit for bit (raw bytes), for the wide finalize at
+// several u splits (the last-block-done norm after 1, 3 or automatic many blocks) and the legacy
+// finalize (which norms in a second launch), both modes, x f32/bf16, h f32/bf16, weighted or not.
+struct FusedOut {
+  std::vector<float> mix, u;
+  std::vector<uint8_t> h;
+};
+FusedOut run_fused(const Site& st, const void* x, DType dt, int64_t T_, int n, int64_t dim, oc::HcMode mode,
+                   DType hd, const float* hw, bool fused, bool legacy, int u_split) {
+  const int M = oc::hc_num_mix(n, mode);
+  const size_t eb = dt == DType::kF32 ? 4 : 2, hb = hd == DType::kF32 ? 4 : 2;
+  DevArray<float> dfn(st.fn), dbase(st.base), dscale(st.scale), mix(T_ * M), u((T_ * dim * eb + 3) / 4);
+  DevArray<uint8_t> h(size_t(T_ * dim) * hb);
+  DevArray<float> ws(oc::hc_pre_workspace_bytes(T_, n, dim, mode) / sizeof(float) + 1);
+  mix.poison(), u.poison(), h.poison(), ws.poison();  // poisoned counters: the partials kernel must zero them
+  oc::hc_pre({.x = x, .dtype = dt, .x_stride = n * dim, .fn = dfn.get(), .base = dbase.get(), .scale = dscale.get(),
+              .u = u.get(), .u_stride = dim, .mix = mode == oc::HcMode::kLayer ? mix.get() : nullptr,
+              .workspace = ws.get(), .tokens = T_, .n = n, .dim = dim, .mode = mode, .u_split = u_split,
+              .legacy_finalize = legacy, .h = fused ? h.get() : nullptr, .h_dtype = hd, .h_stride = dim, .h_w = hw},
+             nullptr);
+  if (!fused)
+    oc::rmsnorm({.x = u.get(), .x_dtype = dt, .x_stride = dim, .w = hw, .w_dtype = DType::kF32, .y = h.get(),
+                 .y_dtype = hd, .y_stride = dim, .rows = T_, .dim = dim, .legacy = true},
+                nullptr);
+  FusedOut o{mode == oc::HcMode::kLayer ? mix.download() : std::vector<float>{}, u.download(), h.download()};
+  return o;
+}
+
+TEST(CudaHc, FusedNormBitIdenticalToUnfused) {
+  DI_REQUIRE_GPU();
+  uint64_t seed = 9100;
+  int cases = 0;
+  for (int64_t T_ : {int64_t(1), int64_t(3), int64_t(9), int64_t(64), int64_t(513)})
+    for (int64_t dim : {int64_t(4096), int64_t(1000), int64_t(37)})
+      for (DType dt : {DType::kF32, DType::kBF16})
+        for (oc::HcMode mode : {oc::HcMode::kLayer, oc::HcMode::kHead}) {
+          const int n = 4;
+          if (T_ == 513 && (mode == oc::HcMode::kHead || dt == DType::kBF16)) continue;  // the prefill tile, once
+          const Site st = make_site(n, dim, mode, seed += 10);
+          const std::vector<float> X = randn(T_ * n * dim, seed + 3, 1.0f);
+          DevArray<float> dXf(X), w(randn(size_t(dim), seed + 4, 0.2f, 1.0f));
+          DevArray<uint16_t> dXb(to_bf16(X));
+          const void* x = dt == DType::kF32 ? static_cast<const void*>(dXf.get()) : dXb.get();
+          for (DType hd : {DType::kBF16, DType::kF32})
+            for (bool weighted : {true, false}) {
+              if (!weighted && hd == DType::kF32) continue;
+              const float* hw = weighted ? w.get() : nullptr;
+              const FusedOut ref = run_fused(st, x, dt, T_, n, dim, mode, hd, hw, false, false, 0);
+              for (int split : {0, 1, 3, -1}) {  // -1: the legacy finalize
+                const FusedOut got = run_fused(st, x, dt, T_, n, dim, mode, hd, hw, true, split < 0, std::max(split, 0));
+                const std::string cs = "u_split " + std::to_string(split) + " T=" + std::to_string(T_) + " D=" +
+                                       std::to_string(dim) + " x " + std::string(dtype_name(dt)) + " h " +
+                                       std::string(dtype_name(hd)) +
+                                       (weighted ? "" : " unweighted") +
+                                       (mode == oc::HcMode::kLayer ? " layer" : " head");
+                EXPECT_EQ(got.mix, ref.mix) << cs;
+                EXPECT_EQ(0, std::memcmp(got.u.data(), ref.u.data(), got.u.size() * 4)) << "u " << cs;
+                EXPECT_EQ(0, std::memcmp(got.h.data(), ref.h.data(), got.h.size())) << "h " << cs;
+                ++cases;
+              }
+            }
+        }
+  EXPECT_EQ(cases, (5 * 3 * 2 * 2 - 3 * 3) * 3 * 4);
+  float f = 0;
+  oc::HcPreParams bad{.x = &f, .x_stride = 32, .fn = &f, .base = &f, .scale = &f, .u = nullptr, .u_stride = 8,
+                      .mix = &f, .workspace = &f, .tokens = 1, .dim = 8, .h = &f, .h_stride = 8};
+  EXPECT_THROW(oc::hc_pre(bad, nullptr), InvalidArgument);  // h without u
+  bad.u = &f;
+  bad.h_stride = 4;
+  EXPECT_THROW(oc::hc_pre(bad, nullptr), InvalidArgument);  // h stride < dim
+}
+
+// The fused norm is batch invariant: token 4's h alone (one token: the widest u split, so the most
+// blocks meet at the counter) equals its h in a batch of 9.
+TEST(CudaHc, FusedNormBatchInvariant) {
+  DI_REQUIRE_GPU();
+  const int n = 4;
+  const int64_t dim = 4096, T_ = 9;
+  const Site st = make_site(n, dim, oc::HcMode::kLayer, 9777);
+  const std::vector<float> X = randn(T_ * n * dim, 9780, 1.0f);
+  const std::vector<float> X0(X.begin() + 4 * n * dim, X.begin() + 5 * n * dim);
+  DevArray<float> dX(X), dX0(X0), w(randn(size_t(dim), 9781, 0.2f, 1.0f));
+  const FusedOut all =
+      run_fused(st, dX.get(), DType::kF32, T_, n, dim, oc::HcMode::kLayer, DType::kBF16, w.get(), true, false, 0);
+  const FusedOut one =
+      run_fused(st, dX0.get(), DType::kF32, 1, n, dim, oc::HcMode::kLayer, DType::kBF16, w.get(), true, false, 0);
+  EXPECT_EQ(0, std::memcmp(one.h.data(), all.h.data() + 4 * dim * 2, size_t(dim) * 2)) << "h";
 }
 
 TEST(CudaHc, InPlacePostEqualsOutOfPlace) {

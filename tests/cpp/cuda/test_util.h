@@ -130,6 +130,28 @@ inline double median_us(const std::function<void(cudaStream_t)>& fn, cudaStream_
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
 }
+// Per-launch time of `fn` replayed from a CUDA graph of `n` launches (no host launch gaps, like a
+// captured decode step), median of 9 replays after one warm-up (us). (gemm_fp8w_test.cc keeps its
+// own copy, graph_us.)
+inline double graph_launch_us(const std::function<void(cudaStream_t)>& fn, cudaStream_t s, int n = 20) {
+  CudaGraph g;
+  g.begin_capture(s);
+  for (int i = 0; i < n; ++i) fn(s);
+  g.end_capture();
+  g.replay(s);
+  DI_CUDA_CHECK(cudaStreamSynchronize(s));
+  std::vector<double> t;
+  Event a(true), b(true);
+  for (int r = 0; r < 9; ++r) {
+    a.record(s);
+    g.replay(s);
+    b.record(s);
+    b.synchronize();
+    t.push_back(1e3 * b.elapsed_ms_since(a) / n);
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
 inline std::string gbps(double bytes, double us) { return std::to_string(int(bytes / us / 1e3)) + " GB/s"; }
 inline std::string tflops(double flop, double us) { return std::to_string(int(flop / us / 1e6)) + " TFLOP/s"; }
 

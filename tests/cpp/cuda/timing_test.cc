@@ -79,6 +79,78 @@ TEST(CudaTiming, HcPreFinalize) {
   }
 }
 
+// rmsnorm at the decode step's shapes (V4-Flash, B = 1 and 8) and two prefill ones: the legacy
+// two-pass kernel against the session-15 kernels (warp per row up to 1,024, register row beyond),
+// per launch in a CUDA graph of 20 (as a captured step runs them). Same bits (norm_test.cc).
+TEST(CudaTiming, RmsNormDecode) {
+  DI_REQUIRE_GPU();
+  Stream st;
+  const cudaStream_t s = st.get();
+  struct Shape {
+    int64_t rows, dim;
+    DType xd;
+    bool weighted;
+    const char* what;
+  };
+  const Shape shapes[] = {{1, 4096, DType::kF32, true, "site norm B=1"},
+                          {8, 4096, DType::kF32, true, "site norm B=8"},
+                          {1, 1024, DType::kBF16, true, "q_a norm B=1"},
+                          {8, 1024, DType::kBF16, true, "q_a norm B=8"},
+                          {64, 512, DType::kBF16, false, "per-head q norm B=1"},
+                          {512, 512, DType::kBF16, false, "per-head q norm B=8"},
+                          {1, 512, DType::kBF16, true, "kv norm B=1"},
+                          {8192, 4096, DType::kBF16, true, "prefill 8192x4096"},
+                          {262144, 512, DType::kBF16, false, "prefill per-head q 4096x64x512"}};
+  std::printf("DI_NORM_TIMING|shape|rows|dim|x|legacy us|new us|new GB/s\n");
+  for (const Shape& sh : shapes) {
+    const size_t xe = size_t(sh.rows * sh.dim), xb = sh.xd == DType::kF32 ? 4 : 2;
+    DevArray<float> xf(sh.xd == DType::kF32 ? randn(xe, 1) : std::vector<float>(1));
+    DevArray<uint16_t> xh(sh.xd == DType::kBF16 ? to_bf16(randn(xe, 1)) : std::vector<uint16_t>(1)), y(xe);
+    DevArray<float> w(randn(size_t(sh.dim), 2, 0.2f, 1.0f));
+    const void* xp = sh.xd == DType::kF32 ? static_cast<const void*>(xf.get()) : xh.get();
+    double us[2];
+    for (bool legacy : {true, false})
+      us[legacy ? 0 : 1] = graph_launch_us([&](cudaStream_t q) {
+        oc::rmsnorm({.x = xp, .x_dtype = sh.xd, .x_stride = sh.dim, .w = sh.weighted ? w.get() : nullptr,
+                     .w_dtype = DType::kF32, .y = y.get(), .y_dtype = DType::kBF16, .y_stride = sh.dim,
+                     .rows = sh.rows, .dim = sh.dim, .legacy = legacy},
+                    q);
+      }, s);
+    std::printf("DI_NORM_TIMING|%s|%lld|%lld|%s|%.2f|%.2f|%.0f\n", sh.what, (long long)sh.rows, (long long)sh.dim,
+                std::string(dtype_name(sh.xd)).c_str(), us[0], us[1], double(xe) * (xb + 2) / us[1] / 1e3);
+  }
+}
+
+// One mHC site at decode sizes (V4: n = 4, D = 4096, f32 streams, h bf16): hc_pre then a separate
+// rmsnorm of u (legacy and session-15 kernels) against the norm fused into hc_pre's finalize, per
+// site in a CUDA graph of 20 sites.
+TEST(CudaTiming, HcSiteFusedNorm) {
+  DI_REQUIRE_GPU();
+  Stream st;
+  const cudaStream_t s = st.get();
+  const int64_t D = 4096;
+  std::printf("DI_HC_SITE_TIMING|T|hc_pre + legacy rmsnorm us|hc_pre + rmsnorm us|fused us\n");
+  for (int64_t T_ : {int64_t(1), int64_t(8), int64_t(64)}) {
+    DevArray<float> x(randn(T_ * 4 * D, 3)), u(T_ * D), nw(randn(D, 7, 0.2f, 1.0f));
+    DevArray<uint16_t> h(T_ * D);
+    DevArray<float> fn(randn(24 * 4 * D, 4, 0.05f)), base(randn(24, 5)), sc(randn(3, 6)), mix(T_ * 24);
+    DevArray<float> ws(oc::hc_pre_workspace_bytes(T_, 4, D, oc::HcMode::kLayer) / 4 + 1);
+    auto site = [&](cudaStream_t q, int how) {  // 0: + legacy rmsnorm, 1: + rmsnorm, 2: fused
+      oc::hc_pre({.x = x.get(), .dtype = DType::kF32, .x_stride = 4 * D, .fn = fn.get(), .base = base.get(),
+                  .scale = sc.get(), .u = u.get(), .u_stride = D, .mix = mix.get(), .workspace = ws.get(),
+                  .tokens = T_, .dim = D, .h = how == 2 ? h.get() : nullptr, .h_stride = D, .h_w = nw.get()},
+                 q);
+      if (how < 2)
+        oc::rmsnorm({.x = u.get(), .x_dtype = DType::kF32, .x_stride = D, .w = nw.get(), .w_dtype = DType::kF32,
+                     .y = h.get(), .y_stride = D, .rows = T_, .dim = D, .legacy = how == 0},
+                    q);
+    };
+    double us[3];
+    for (int how = 0; how < 3; ++how) us[how] = graph_launch_us([&](cudaStream_t q) { site(q, how); }, s);
+    std::printf("DI_HC_SITE_TIMING|%lld|%.2f|%.2f|%.2f\n", (long long)T_, us[0], us[1], us[2]);
+  }
+}
+
 TEST(CudaTiming, Kernels) {
   DI_REQUIRE_GPU();
   Stream st;
