@@ -251,12 +251,17 @@ TEST(DenseFp8Model, TinyOfficialMultiLinearBitIdentical) {
                 r.what, (long long)n, (long long)fused[1], (long long)graphs, same ? "bit identical" : "DIFFER");
     EXPECT_TRUE(same) << r.what;
     EXPECT_EQ(fused[0], 0) << r.what;
-    if (r.decode == DecodePath::kGraph) EXPECT_GT(graphs, 0) << r.what;
+    if (r.decode == DecodePath::kGraph) {
+      EXPECT_GT(graphs, 0) << r.what;
+    }
     // Every layer of every step fuses wq_a + wkv (K = 128: one split each) unless the step takes
     // the prefill path (> kDenseFp8PrefillM tokens outside batch-invariant mode). A graph replays
     // without enqueueing, so there only the captures count.
-    if (n > gpu::kDenseFp8PrefillM && !r.invariant) EXPECT_EQ(fused[1], 0) << r.what;
-    else EXPECT_GT(fused[1], 0) << r.what;
+    if (n > gpu::kDenseFp8PrefillM && !r.invariant) {
+      EXPECT_EQ(fused[1], 0) << r.what;
+    } else {
+      EXPECT_GT(fused[1], 0) << r.what;
+    }
   }
 }
 

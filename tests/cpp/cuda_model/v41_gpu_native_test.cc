@@ -185,7 +185,9 @@ TEST(V41GpuNative, MultiLinearBitIdentical) {
       }
       EXPECT_EQ(cuda_backend(*m[0]).multi_linear_launches(), 0) << name;
       EXPECT_GT(cuda_backend(*m[1]).multi_linear_launches(), 0) << name;
-      if (path == DecodePath::kGraph) EXPECT_GT(cuda_backend(*m[1]).graphs_captured(), 0) << name;
+      if (path == DecodePath::kGraph) {
+        EXPECT_GT(cuda_backend(*m[1]).graphs_captured(), 0) << name;
+      }
     }
   }
 }
