@@ -675,8 +675,8 @@ void CudaBackend::linear_many(const void* x, int64_t ldx, int64_t M, std::span<c
       for (size_t j = i; j < jobs.size() && n < oc::kFp8wMaxParts; ++j) {
         const LinearJob& b = jobs[j];
         if (done[j] || !multi(b) || !same_launch(a, b)) continue;
-        parts[size_t(n++)] = {.w = static_cast<const uint8_t*>(b.W->w), .scale = static_cast<const uint8_t*>(b.W->scale),
-                              .y = b.y, .ldy = b.ldy, .N = b.W->out};
+        parts[size_t(n++)] = {.w = static_cast<const uint8_t*>(b.W->w),
+                              .scale = static_cast<const uint8_t*>(b.W->scale), .y = b.y, .ldy = b.ldy, .N = b.W->out};
         done[j] = 1;
       }
     }
