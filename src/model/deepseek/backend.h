@@ -101,6 +101,14 @@ struct GatherArgs {
   int64_t rows = 0, width = 0;
 };
 
+// One product of Backend::linear_many: y[M, W.out] = x · Wᵀ, x and M shared by the call.
+struct LinearJob {
+  const LinearRef* W = nullptr;
+  void* y = nullptr;              // [M, W.out] y_dtype, row stride ldy >= W.out
+  DType y_dtype = DType::kF32;
+  int64_t ldy = 0;
+};
+
 struct NormArgs {       // y = w ⊙ x / sqrt(mean(x²) + eps) per row (w null: unweighted)
   const void* x = nullptr;
   DType x_dtype = DType::kF32;
@@ -231,6 +239,15 @@ class Backend {
   // rows [g*out_g, (g+1)*out_g) of W into columns [g*out_g, ...) of y (act()).
   virtual void linear_grouped(const LinearRef& W, int64_t groups, const void* x, int64_t ldx, int64_t M, void* y,
                               int64_t ldy) = 0;
+  // Several linears that read the same x [M, in] (each job's W.in; V4: wq_a and wkv on the
+  // attention-normed h): each job's y exactly as its own `linear` call gives it, so a backend may
+  // only merge work that keeps every output's bits (the CUDA backend: FP8 weights whose gemm_fp8w
+  // K splits agree run as one gemm_fp8w_multi launch). x and M in the signature, not per job: the
+  // one case worth merging is a shared input, and the type then says so. Jobs run in span order
+  // as far as anyone can observe (their outputs must not overlap each other or x).
+  virtual void linear_many(const void* x, int64_t ldx, int64_t M, std::span<const LinearJob> jobs) {
+    for (const LinearJob& j : jobs) linear(*j.W, x, ldx, M, j.y, j.y_dtype, j.ldy);
+  }
   virtual void rmsnorm(const NormArgs& a) = 0;
   virtual void rope(const RopeArgs& a) = 0;
   // Rounds rows through a cache format in place (RowFormat::kPlain: nothing).

@@ -196,7 +196,13 @@ void attention_block(Backend& be, const Dims& g, const ModelPlan& plan, const La
   const DType act = be.act();
   void* h = be.buf(Buf::kH);
 
-  be.linear(A.wq_a, h, D, T, be.buf(Buf::kQa), DType::kF32, r);
+  // wq_a and wkv both read h: one linear_many (one launch on the GPU for FP8 weights). The wkv
+  // output (kKvf) is not read before its norm below, so running it first changes no bit. The
+  // compressors' wkv_gate and the indexer's weights_proj read h too, but stay plain `linear`s:
+  // they are not FP8 (LinearRole::kPlain, bf16 on the GPU), which gemm_fp8w_multi does not take.
+  const LinearJob qkv[] = {{.W = &A.wq_a, .y = be.buf(Buf::kQa), .y_dtype = DType::kF32, .ldy = r},
+                           {.W = &A.wkv, .y = be.buf(Buf::kKvf), .y_dtype = DType::kF32, .ldy = d}};
+  be.linear_many(h, D, T, qkv);
   norm(be, g, be.buf(Buf::kQa), DType::kF32, r, A.q_norm.p, be.buf(Buf::kQaN), act, r, T, r);
   be.linear(A.wq_b, be.buf(Buf::kQaN), r, T, be.buf(Buf::kQf), DType::kF32, H * d);
   if (p.q_head_norm)
@@ -205,7 +211,6 @@ void attention_block(Backend& be, const Dims& g, const ModelPlan& plan, const La
     be.gather({.src_a = be.buf(Buf::kQf), .a_stride = H * d, .src_dtype = DType::kF32, .dst = be.buf(Buf::kQ),
                .dst_stride = H * d, .dst_dtype = act, .rows = T, .width = H * d});
   rope(be, g, be.buf(Buf::kQ), act, H * d, T, H, d, ix.pos, A.inv_freq);
-  be.linear(A.wkv, h, D, T, be.buf(Buf::kKvf), DType::kF32, d);
   norm(be, g, be.buf(Buf::kKvf), DType::kF32, d, A.kv_norm.p, be.buf(Buf::kKv), act, d, T, d);
   rope(be, g, be.buf(Buf::kKv), act, d, T, 1, d, ix.pos, A.inv_freq);
   be.round_trip(be.buf(Buf::kKv), act, d, T, d, p.window_format);

@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 
 #include "golden.h"
@@ -192,6 +193,76 @@ TEST(DenseFp8Model, TinyOfficialBf16NativeVsDequantised) {
   const Diff fx = report("fixed decode path FP8 native vs dequantised", nx, dx.data<float>());
   EXPECT_LE(fx.rel(), 0.5);
   EXPECT_GE(1.0 - double(fx.argmax_mismatch) / double(T), 0.95);
+}
+
+// linear_many (wq_a + wkv in one gemm_fp8w_multi launch) vs one launch each: the same logits bit
+// for bit on the general path (one chunk, token by token, random chunks; the 600-token chunk takes
+// the prefill path, not grouped), on replayed decode graphs, and in batch-invariant mode, whose
+// 600-token chunk runs gemm_fp8w_multi in 64-row chunks.
+TEST(DenseFp8Model, TinyOfficialMultiLinearBitIdentical) {
+  if (cuda::cuda_device_count() == 0) GTEST_SKIP() << "CUDA test skipped: " << cuda::cuda_unavailable_reason();
+  const std::string dir = deepinfer::testing::golden_dir("tiny_official");
+  if (!std::filesystem::exists(dir + "/config.json")) GTEST_SKIP() << "fixture " << dir << " absent";
+  const auto inputs = deepinfer::testing::read_inputs(dir);
+  const std::vector<int32_t>& ids = inputs.at("long");
+  const int64_t T = int64_t(ids.size());
+  std::vector<int32_t> ids2 = ids;
+  ids2.insert(ids2.end(), ids.begin(), ids.end());
+  const int64_t T2 = int64_t(ids2.size());
+  const auto one = deepinfer::testing::fixed_chunks(T, 1), rnd = deepinfer::testing::random_chunks(T, 7);
+  struct Run {
+    const char* what;
+    DecodePath decode;
+    bool invariant;
+    const std::vector<int32_t>* ids;
+    std::vector<int64_t> chunks;
+  };
+  const std::vector<Run> runs = {{"general, one chunk", DecodePath::kGeneral, false, &ids, {T}},
+                                 {"general, token by token", DecodePath::kGeneral, false, &ids, one},
+                                 {"general, random chunks 1..40", DecodePath::kGeneral, false, &ids, rnd},
+                                 {"general, 600 tokens (prefill path)", DecodePath::kGeneral, false, &ids2, {T2}},
+                                 {"graph decode, token by token", DecodePath::kGraph, false, &ids, one},
+                                 {"batch-invariant, 600 tokens", DecodePath::kGeneral, true, &ids2, {T2}},
+                                 {"batch-invariant, token by token", DecodePath::kGeneral, true, &ids, one}};
+  for (const Run& r : runs) {
+    Tensor logits[2];
+    int64_t fused[2] = {0, 0}, graphs = 0;
+    for (int multi = 0; multi < 2; ++multi) {
+      CudaModelOptions o;
+      o.numerics = gpu::Numerics::kBf16;
+      o.progress = false;
+      o.max_batch_tokens = 1024;
+      o.max_seqs = 2;
+      o.max_context = 2048;
+      o.decode = r.decode;
+      o.batch_invariant = r.invariant;
+      o.multi_linear = multi == 1;
+      auto m = DeepseekV4CudaModel::load(dir, o);
+      m->allocate_cache_for(1, 1024);
+      logits[multi] = run(*m, *r.ids, r.chunks);
+      fused[multi] = m->cuda().multi_linear_launches();
+      if (multi) graphs = m->graphs_captured();
+    }
+    const int64_t n = int64_t(r.ids->size());
+    const bool same = logits[0].nbytes() == logits[1].nbytes() &&
+                      std::memcmp(logits[0].raw_data(), logits[1].raw_data(), logits[0].nbytes()) == 0;
+    std::printf("[gpu-fp8] tiny_official multi-linear %s (T=%lld): %lld fused launches enqueued, %lld graphs; "
+                "vs one launch each %s\n",
+                r.what, (long long)n, (long long)fused[1], (long long)graphs, same ? "bit identical" : "DIFFER");
+    EXPECT_TRUE(same) << r.what;
+    EXPECT_EQ(fused[0], 0) << r.what;
+    if (r.decode == DecodePath::kGraph) {
+      EXPECT_GT(graphs, 0) << r.what;
+    }
+    // Every layer of every step fuses wq_a + wkv (K = 128: one split each) unless the step takes
+    // the prefill path (> kDenseFp8PrefillM tokens outside batch-invariant mode). A graph replays
+    // without enqueueing, so there only the captures count.
+    if (n > gpu::kDenseFp8PrefillM && !r.invariant) {
+      EXPECT_EQ(fused[1], 0) << r.what;
+    } else {
+      EXPECT_GT(fused[1], 0) << r.what;
+    }
+  }
 }
 
 }  // namespace

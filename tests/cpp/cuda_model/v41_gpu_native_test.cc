@@ -153,6 +153,45 @@ TEST(V41GpuNative, NativeEqualsDequantisedUploadBitForBit) {
   }
 }
 
+// linear_many on V4.1's 32x32-grid FP8 weights: wq_a + wkv in one gemm_fp8w_multi launch vs one
+// launch each, the same logits bit for bit, whole and token by token on the general path and on
+// replayed decode graphs.
+TEST(V41GpuNative, MultiLinearBitIdentical) {
+  if (!have_gpu()) GTEST_SKIP() << "CUDA test skipped: " << cuda::cuda_unavailable_reason();
+  for (const char* name : {"v41_a_release", "v41_b_release"}) {
+    const std::string dir = golden_dir(name);
+    for (DecodePath path : {DecodePath::kGeneral, DecodePath::kGraph}) {
+      std::unique_ptr<DeepseekV41Model> m[2];
+      for (int multi = 0; multi < 2; ++multi) {
+        CudaModelOptions o = options(Numerics::kBf16);
+        o.decode = path;
+        o.multi_linear = multi == 1;
+        m[multi] = load_v41_cuda(dir, o);
+        m[multi]->allocate_cache_for(1, 256);
+      }
+      const int64_t V = m[0]->vocab_size();
+      for (const auto& [seq, ids] : read_inputs(dir)) {
+        const int64_t T = int64_t(ids.size());
+        for (const std::vector<int64_t>& chunks : {std::vector<int64_t>{T}, std::vector<int64_t>(size_t(T), 1)}) {
+          if (path == DecodePath::kGraph && chunks.size() == 1) continue;  // no decode step to replay
+          const Tensor l0 = model::run_sequence(*m[0], m[0]->cache_geometry(), ids, chunks);
+          const Tensor l1 = model::run_sequence(*m[1], m[1]->cache_geometry(), ids, chunks);
+          const bool same = std::memcmp(l0.raw_data(), l1.raw_data(), size_t(T * V) * 4) == 0;
+          std::printf("[gpu-v41-native] %s %s %s%s: multi-linear vs one launch each %s\n", name, seq.c_str(),
+                      chunks.size() == 1 ? "full" : "decode", path == DecodePath::kGraph ? " (graphs)" : "",
+                      same ? "bit identical" : "DIFFER");
+          EXPECT_TRUE(same) << name << " " << seq;
+        }
+      }
+      EXPECT_EQ(cuda_backend(*m[0]).multi_linear_launches(), 0) << name;
+      EXPECT_GT(cuda_backend(*m[1]).multi_linear_launches(), 0) << name;
+      if (path == DecodePath::kGraph) {
+        EXPECT_GT(cuda_backend(*m[1]).graphs_captured(), 0) << name;
+      }
+    }
+  }
+}
+
 // Decode (1 token) and verify (1 + L tokens) steps of 3 sequences with random accepted prefixes
 // rolled back, on three models of one checkpoint: general path, eager fixed shapes, graphs.
 struct PathLogits {

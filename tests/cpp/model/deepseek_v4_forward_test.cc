@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <random>
 
@@ -132,6 +133,47 @@ TEST(GoldenMtp, DraftLogitsMatchReference) {
     }
     (void)n, (void)D;
   }
+}
+
+// Backend::linear_many's default (the CPU backend keeps it): every job's y bit for bit what its
+// own `linear` call gives, on an odd M and strides, with outputs interleaved in one padded buffer;
+// M = 0 and an empty job list write nothing.
+TEST(DeepseekV4Forward, LinearManyEqualsSeparateLinears) {
+  const std::string dir = golden_dir("tiny");
+  if (!std::filesystem::exists(dir + "/config.json")) GTEST_SKIP() << "fixture " << dir << " absent";
+  auto model = DeepseekV4Model::load(dir);
+  ds::ModelBackend& be = model->backend();
+  const ds::LayerRef& L = be.weights().layers.at(1);
+  std::vector<const ds::LinearRef*> ws = {&L.attn.wq_a, &L.attn.wkv, &L.ffn.gate};
+  const int64_t D = ws[0]->in, M = 19, ldx = D + 5;
+  int64_t width = 0;
+  for (const ds::LinearRef* w : ws) {
+    ASSERT_TRUE(w->defined());
+    ASSERT_EQ(w->in, D);
+    width += w->out + 3;  // each output 3 columns wider than its rows: padded row strides
+  }
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  std::vector<float> x(size_t(M * ldx));
+  for (float& v : x) v = u(rng);
+  std::vector<float> many(size_t(M * width), -7.f), alone(many.size(), -7.f);
+  std::vector<ds::LinearJob> jobs;
+  int64_t col = 0;
+  for (const ds::LinearRef* w : ws) {  // job i writes columns [col, col + out) of [M, width]
+    jobs.push_back({.W = w, .y = many.data() + col, .y_dtype = DType::kF32, .ldy = width});
+    be.linear(*w, x.data(), ldx, M, alone.data() + col, DType::kF32, width);
+    col += w->out + 3;
+  }
+  be.linear_many(x.data(), ldx, M, jobs);
+  EXPECT_EQ(std::memcmp(many.data(), alone.data(), many.size() * sizeof(float)), 0);
+  int64_t nonzero = 0;
+  for (float v : many) nonzero += v != 0.f && v != -7.f;
+  EXPECT_GT(nonzero, M * (width - 9) / 2);  // the products ran (random weights and x: non-zero)
+  std::vector<float> untouched(many.size(), -7.f);
+  for (ds::LinearJob& j : jobs) j.y = static_cast<float*>(j.y) - many.data() + untouched.data();
+  be.linear_many(x.data(), ldx, 0, jobs);
+  be.linear_many(x.data(), ldx, M, {});
+  for (float v : untouched) ASSERT_EQ(v, -7.f);
 }
 
 TEST(DeepseekV4Forward, BadBatchesAreTypedErrors) {

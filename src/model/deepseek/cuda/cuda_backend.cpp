@@ -627,7 +627,7 @@ void CudaBackend::linear_fp8(const LinearRef& W, const void* x, int64_t ldx, int
                              DType y_dtype, int64_t ldy, int64_t bsy, int64_t n, int64_t k, int64_t batch) {
   DI_CHECK(act_ == DType::kBF16, "linear: FP8 weights need bf16 activations");
   const cudaStream_t st = stream_.get();
-  if (M > kDenseFp8PrefillM && !opts_.batch_invariant && L_.wdq_bytes >= size_t(W.out * W.in) * 2) {
+  if (!fp8_weight_only(W, M)) {
     void* wd = at<void>(L_.wdq);
     oc::dequant_fp8w_bf16({.w = static_cast<const uint8_t*>(W.w), .scale = static_cast<const uint8_t*>(W.scale),
                            .out = wd, .N = W.out, .K = W.in, .scale_rows = W.scale_rows, .scale_k = W.scale_cols},
@@ -645,6 +645,59 @@ void CudaBackend::linear_fp8(const LinearRef& W, const void* x, int64_t ldx, int
                  .batch_stride_y = bsy, .workspace = at<float>(L_.fp8_ws), .workspace_bytes = L_.fp8_ws_bytes,
                  .num_sms = info_.num_sms},
                 st);
+}
+
+bool CudaBackend::fp8_weight_only(const LinearRef& W, int64_t M) const {
+  return M <= kDenseFp8PrefillM || opts_.batch_invariant || L_.wdq_bytes < size_t(W.out * W.in) * 2;
+}
+
+// FP8 jobs that linear_fp8 runs through gemm_fp8w (batch 1) and that agree on K, the scale grid
+// and the output dtype go to gemm_fp8w_multi, up to kFp8wMaxParts per call; it launches them as
+// one kernel when their K splits agree and one each otherwise, every y bit-identical to its own
+// gemm_fp8w (tests/cpp/cuda/gemm_fp8w_test.cc, the Multi tests). Every other job: `linear`.
+void CudaBackend::linear_many(const void* x, int64_t ldx, int64_t M, std::span<const LinearJob> jobs) {
+  if (M == 0) return;
+  auto multi = [&](const LinearJob& j) {
+    DI_CHECK(j.W && j.W->w != nullptr && j.W->out > 0 && j.W->in > 0, "linear_many: weight not uploaded");
+    return opts_.multi_linear && j.W->dtype == DType::kF8E4M3 && fp8_weight_only(*j.W, M);
+  };
+  auto same_launch = [](const LinearJob& a, const LinearJob& b) {
+    return a.W->in == b.W->in && a.W->scale_rows == b.W->scale_rows && a.W->scale_cols == b.W->scale_cols &&
+           a.y_dtype == b.y_dtype;
+  };
+  std::vector<char> done(jobs.size(), 0);
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    if (done[i]) continue;
+    const LinearJob& a = jobs[i];
+    std::array<oc::Fp8wPart, oc::kFp8wMaxParts> parts;
+    int n = 0;
+    if (multi(a)) {
+      for (size_t j = i; j < jobs.size() && n < oc::kFp8wMaxParts; ++j) {
+        const LinearJob& b = jobs[j];
+        if (done[j] || !multi(b) || !same_launch(a, b)) continue;
+        parts[size_t(n++)] = {.w = static_cast<const uint8_t*>(b.W->w),
+                              .scale = static_cast<const uint8_t*>(b.W->scale), .y = b.y, .ldy = b.ldy, .N = b.W->out};
+        done[j] = 1;
+      }
+    }
+    if (n < 2) {  // nothing to share a launch with
+      done[i] = 1;
+      linear(*a.W, x, ldx, M, a.y, a.y_dtype, a.ldy);
+      continue;
+    }
+    DI_CHECK(act_ == DType::kBF16, "linear_many: FP8 weights need bf16 activations");
+    const OpTimer::Scope op_scope_ = op_timer_.scope(stream_.get(), [&] {
+      std::string name = "linear_many fp8";
+      for (int k = 0; k < n; ++k)
+        name += (k ? "+" : " ") + std::to_string(parts[size_t(k)].N) + "x" + std::to_string(a.W->in);
+      return name;
+    });
+    const oc::Fp8wMultiParams mp{.x = x, .ldx = ldx, .M = M, .K = a.W->in, .parts = parts.data(), .num_parts = n,
+                                 .scale_rows = a.W->scale_rows, .scale_k = a.W->scale_cols, .out_dtype = a.y_dtype,
+                                 .num_sms = info_.num_sms};
+    if (oc::gemm_fp8w_multi_fuses(mp)) ++multi_linear_launches_;
+    oc::gemm_fp8w_multi(mp, stream_.get());
+  }
 }
 
 void CudaBackend::linear(const LinearRef& W, const void* x, int64_t ldx, int64_t M, void* y, DType y_dtype,

@@ -109,6 +109,9 @@ class CudaBackend final : public ModelBackend, public ExpertWeightStore {
   void set_decode_path(DecodePath p);
   DecodePath decode_path() const { return opts_.decode; }
   int64_t graphs_captured() const;
+  // linear_many calls that ran several FP8 products as one gemm_fp8w_multi kernel (host count of
+  // enqueued calls: a replayed graph adds nothing).
+  int64_t multi_linear_launches() const { return multi_linear_launches_; }
   const GpuWeightStore& weight_store() const { return *weights_; }
   const CudaModelOptions& options() const { return opts_; }
   const deepinfer::cuda::MemoryPlan& memory_plan() const { return mem_; }
@@ -124,6 +127,7 @@ class CudaBackend final : public ModelBackend, public ExpertWeightStore {
   void linear(const LinearRef& W, const void* x, int64_t ldx, int64_t M, void* y, DType y_dtype, int64_t ldy) override;
   void linear_grouped(const LinearRef& W, int64_t groups, const void* x, int64_t ldx, int64_t M, void* y,
                       int64_t ldy) override;
+  void linear_many(const void* x, int64_t ldx, int64_t M, std::span<const LinearJob> jobs) override;
   void rmsnorm(const NormArgs& a) override;
   void rope(const RopeArgs& a) override;
   void round_trip(void* x, DType dtype, int64_t row_stride, int64_t rows, int64_t dim, RowFormat f) override;
@@ -167,6 +171,9 @@ class CudaBackend final : public ModelBackend, public ExpertWeightStore {
                   int64_t ldy, int64_t bsy, int64_t n, int64_t k, int64_t batch);
   void linear_bf16_fixed(const void* w, const void* x, int64_t ldx, int64_t bsx, int64_t M, void* y, DType y_dtype,
                          int64_t ldy, int64_t bsy, int64_t n, int64_t k, int64_t batch);
+  // linear_fp8 of M rows runs the weight-only GEMM (gemm_fp8w), not dequantise + cuBLASLt.
+  bool fp8_weight_only(const LinearRef& W, int64_t M) const;
+  int64_t multi_linear_launches_ = 0;
   void swiglu_rows(void* gu, void* act, const float* row_weight, int64_t rows);
   void ep_dispatch(const MoeRef& M);
   void ep_experts(const MoeRef& M);
