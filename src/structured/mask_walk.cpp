@@ -12,7 +12,9 @@
 // survives (a string body), is accepted whole without visiting it.
 #include <algorithm>
 #include <atomic>
+#include <climits>
 #include <optional>
+#include <unordered_map>
 
 #include "structured/compiled.h"
 #include "structured/stack.h"
@@ -239,6 +241,88 @@ bool CompiledGrammarImpl::text_any_alive(int32_t state) const {
   return known == 1;
 }
 
+int32_t CompiledGrammarImpl::text_death(int32_t state) const {
+  StateFacts* facts = state_facts();
+  const int32_t known = facts[state].text_death.load(std::memory_order_relaxed);
+  if (known >= 0) return known;
+  // The pairs (state, UTF-8 decoder state) text reaches from (state, 0), and their text edges
+  // (reversed below). A pair whose state's text_death is known is not expanded: its value
+  // bounds the paths through it. Then the shortest distance to a death, by buckets.
+  constexpr size_t kMaxPairs = 1024;
+  const int32_t cap = vocab->max_depth_ + 1;
+  const int32_t kInf = INT32_MAX;
+  std::vector<uint64_t> pairs;  // state << 3 | decoder state
+  std::vector<int32_t> dist;
+  std::vector<std::pair<int32_t, int32_t>> edges;  // (to, from) pair indices
+  std::unordered_map<uint64_t, int32_t> index;
+  auto pair_id = [&](int32_t s, int u) {
+    const auto [it, fresh] = index.emplace(static_cast<uint64_t>(s) << 3 | static_cast<uint64_t>(u),
+                                           static_cast<int32_t>(pairs.size()));
+    if (fresh) pairs.push_back(it->first), dist.push_back(kInf);
+    return it->second;
+  };
+  pair_id(state, 0);
+  for (size_t k = 0; k < pairs.size(); ++k) {
+    if (pairs.size() > kMaxPairs) {
+      // Too many to search: no claim, for every boundary state met (each would search again).
+      for (uint64_t q : pairs)
+        if ((q & 7) == 0) {
+          int32_t unknown = -1;
+          facts[q >> 3].text_death.compare_exchange_strong(unknown, 0, std::memory_order_relaxed);
+        }
+      return facts[state].text_death.load(std::memory_order_relaxed);
+    }
+    const int32_t s = static_cast<int32_t>(pairs[k] >> 3);
+    const int u = static_cast<int>(pairs[k] & 7);
+    if (k > 0 && u == 0) {
+      const int32_t m = facts[s].text_death.load(std::memory_order_relaxed);
+      if (m >= 0) {
+        dist[k] = m;
+        continue;
+      }
+    }
+    int32_t last_t = -1, last_u = -1;
+    for (int b = u == 0 ? 0x20 : 0x80; b < (u == 0 ? 0xF5 : 0xC0); ++b) {
+      if (b < 0x80 && !ascii_text(static_cast<uint8_t>(b))) continue;
+      const int nu = utf8_step(u, static_cast<uint8_t>(b));
+      if (nu < 0) continue;
+      const int32_t t = pda.next(s, static_cast<uint8_t>(b));
+      if (t < 0 || pda.states[t].guard >= 0) {  // dies (or needs the key set): one byte
+        dist[k] = 1;
+        break;
+      }
+      if (t == last_t && nu == last_u) continue;
+      last_t = t, last_u = nu;
+      edges.push_back({pair_id(t, nu), static_cast<int32_t>(k)});
+    }
+  }
+  const size_t np = pairs.size();
+  std::vector<int32_t> rbegin(np + 1, 0), rfrom(edges.size());
+  for (const auto& e : edges) ++rbegin[e.first + 1];
+  for (size_t k = 0; k < np; ++k) rbegin[k + 1] += rbegin[k];
+  {
+    std::vector<int32_t> at(rbegin.begin(), rbegin.end() - 1);
+    for (const auto& e : edges) rfrom[at[e.first]++] = e.second;
+  }
+  std::vector<std::vector<int32_t>> bucket(static_cast<size_t>(cap) + 1);
+  for (size_t k = 0; k < np; ++k)
+    if (dist[k] <= cap) bucket[dist[k]].push_back(static_cast<int32_t>(k));
+  for (int32_t d = 0; d < cap; ++d)
+    for (size_t j = 0; j < bucket[d].size(); ++j) {
+      const int32_t k = bucket[d][j];
+      if (dist[k] != d) continue;
+      for (int32_t r = rbegin[k]; r < rbegin[k + 1]; ++r)
+        if (dist[rfrom[r]] > d + 1) dist[rfrom[r]] = d + 1, bucket[d + 1].push_back(rfrom[r]);
+    }
+  for (size_t k = 0; k < np; ++k)
+    if ((pairs[k] & 7) == 0) {
+      int32_t unknown = -1;
+      facts[pairs[k] >> 3].text_death.compare_exchange_strong(unknown, std::min(dist[k], cap),
+                                                              std::memory_order_relaxed);
+    }
+  return facts[state].text_death.load(std::memory_order_relaxed);
+}
+
 // Computed per state on first use: a walk touches few states, a grammar may have many.
 std::array<uint64_t, 4> CompiledGrammarImpl::self_loops(int32_t state) const {
   StateFacts& f = state_facts()[state];
@@ -458,6 +542,7 @@ std::shared_ptr<const StateMaskCache> CompiledGrammarImpl::compute_state_cache(i
     int32_t run[2] = {-1, -1};
     bool key_known = false;
     int32_t key_id = -1;  // id of shared_key (-1: none)
+    int32_t death = -1;   // text_death (-1: not asked yet)
   };
   Local local[16];
   auto local_facts = [&](int32_t s) -> Local& {
@@ -469,7 +554,12 @@ std::shared_ptr<const StateMaskCache> CompiledGrammarImpl::compute_state_cache(i
     }
     return f;
   };
-  // True if every JSON string text of at most `h` bytes keeps state s alive.
+  // True if every JSON string text of at most `h` bytes keeps state s alive (bytes only up
+  // to its text_death: a searched pattern that a second match breaks).
+  auto death_beyond = [&](Local& f, int32_t h) {
+    if (f.death < 0) f.death = text_death(f.state);
+    return f.death > h;
+  };
   auto text_state = [&](int32_t s, int32_t h) {
     Local& f = local_facts(s);
     const uint64_t* json = TokenVocabulary::kJsonText;
@@ -484,7 +574,10 @@ std::shared_ptr<const StateMaskCache> CompiledGrammarImpl::compute_state_cache(i
       }
       if (f.text_alive == 1) return true;
     }
-    if (text_any_alive(s)) return true;
+    // text_death first: where it finds a death, text_any_alive's closure (up to 512 states,
+    // every text character from each) would find it again, state after state.
+    if (death_beyond(f, h)) return true;
+    if (f.death == 0 && text_any_alive(s)) return true;
     // A text chain steps every JSON text byte alike: three lookups reject other states (key
     // literals, numbers) before the chain facts are worked out.
     const int32_t ta = pda.next(s, 'a');
@@ -622,7 +715,7 @@ std::shared_ptr<const StateMaskCache> CompiledGrammarImpl::compute_state_cache(i
       }
       if (!whole && !((b[0] & ~TokenVocabulary::kJsonText[0]) | (b[1] & ~TokenVocabulary::kJsonText[1])) &&
           (!(b[2] | b[3]) || (utf8_below[i] & 1)))
-        whole = text_any_alive(t);  // text below, and every text keeps t alive
+        whole = death_beyond(f, height[i]) || (f.death == 0 && text_any_alive(t));  // text below, and every text (that short) keeps t alive
       if (whole) {
         accept_range(tok_begin[i], tok_begin[end[i]]);
         i = end[i];
