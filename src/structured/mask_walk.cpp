@@ -426,18 +426,25 @@ int32_t CompiledGrammarImpl::chain_run(int32_t state, bool utf8) const {
   return run;
 }
 
-int32_t CompiledGrammarImpl::counted_text_left(int32_t state, bool* long_uncertain) const {
+int32_t CompiledGrammarImpl::counted_text_left(int32_t state, bool* long_uncertain, uint64_t counted[2]) const {
   const int32_t max_le = static_cast<int32_t>(vocab->text_le_.size()) - 1;
   const ChainStep first = chain_step(state);
   const uint64_t* json = TokenVocabulary::kJsonText;
-  if (first.next < 0 || !first.utf8 || (json[0] & ~first.ascii[0]) || (json[1] & ~first.ascii[1])) return -1;
-  const int32_t run = chain_run(state, true);
+  if (first.next < 0) return -1;
+  // What is counted: every text character (a string with length bounds), or the ASCII text
+  // bytes of a class (a pattern's class with length bounds, e.g. [ -}]{30}; tokens with other
+  // bytes are walked).
+  const bool all_text = first.utf8 && !(json[0] & ~first.ascii[0]) && !(json[1] & ~first.ascii[1]);
+  counted[0] = all_text ? json[0] : first.ascii[0] & json[0];
+  counted[1] = all_text ? json[1] : first.ascii[1] & json[1];
+  if (!(counted[0] | counted[1])) return -1;
+  const int32_t run = chain_run(state, all_text);
   if (run < 1 || run > max_le || run >= vocab->max_depth_) return -1;
   const bool called = pda.rule_called[pda.states[state].rule];
   // The chain's states s_0 .. s_run: no calls (a callee could keep longer text alive). One
   // that can finish a called rule makes the longer tokens, which die after it, uncertain
   // rather than rejected (the block of a counted string ends so). chain_run checked that each
-  // of s_0 .. s_{run-1} steps every text character to the next.
+  // of s_0 .. s_{run-1} steps every counted character to the next.
   *long_uncertain = false;
   int32_t s = state;
   for (int32_t k = 0;; ++k) {
@@ -447,11 +454,12 @@ int32_t CompiledGrammarImpl::counted_text_left(int32_t state, bool* long_uncerta
     if (k == run) break;
     s = chain_step(s).next;
   }
-  // s_run: no text byte at all (ASCII text or a multi-byte lead) leaves it.
+  // s_run: no counted byte (and for all text, no multi-byte lead) leaves it.
   for (int b = 0x20; b < 0x80; ++b)
-    if ((json[b >> 6] >> (b & 63) & 1) && pda.next(s, static_cast<uint8_t>(b)) >= 0) return -1;
-  for (int b = 0xC2; b <= 0xF4; ++b)
-    if (pda.next(s, static_cast<uint8_t>(b)) >= 0) return -1;
+    if ((counted[b >> 6] >> (b & 63) & 1) && pda.next(s, static_cast<uint8_t>(b)) >= 0) return -1;
+  if (all_text)
+    for (int b = 0xC2; b <= 0xF4; ++b)
+      if (pda.next(s, static_cast<uint8_t>(b)) >= 0) return -1;
   return run;
 }
 
@@ -506,11 +514,30 @@ std::shared_ptr<const StateMaskCache> CompiledGrammarImpl::compute_state_cache(i
   // node below an ASCII-text path from the root is skipped with its run of text siblings. Only
   // the tokens holding a quote, an escape or other non-text bytes are walked (the first visit
   // of each position of a maxLength string walked every node up to its remaining length).
+  // A counter over a class (cut_all false) decides only the tokens made of its bytes: a node
+  // on a path of them whose subtree has no other byte is skipped, its tokens of at most `cut`
+  // bytes accepted from text_le_.
   bool cut_unc = false;
-  const int32_t cut = !pda.states[state].has_calls ? counted_text_left(state, &cut_unc) : -1;
+  uint64_t cut_set[2] = {0, 0};
+  const int32_t cut = !pda.states[state].has_calls ? counted_text_left(state, &cut_unc, cut_set) : -1;
   const uint64_t* cut_le = cut >= 0 ? v.text_le_[cut].data() : nullptr;
-  if (cut >= 0)
+  const bool cut_all =
+      cut >= 0 && cut_set[0] == TokenVocabulary::kJsonText[0] && cut_set[1] == TokenVocabulary::kJsonText[1];
+  if (cut_all)
     for (size_t w = 0; w < v.text_le_[cut].size(); ++w) accepted_rank[w] |= cut_le[w];
+  auto in_cut = [&](uint8_t b) { return b < 0x80 && (cut_set[b >> 6] >> (b & 63) & 1); };
+  std::vector<uint8_t> cut_path(cut >= 0 && !cut_all ? max_depth + 1 : 0, 0);  // [d] path so far all counted bytes
+  if (!cut_path.empty()) cut_path[0] = 1;
+  auto accept_le = [&](int32_t k0, int32_t k1) {  // ranks [k0, k1) of text_le_[cut]
+    if (k0 >= k1) return;
+    const int32_t w0 = k0 >> 6, w1 = (k1 - 1) >> 6;
+    for (int32_t w = w0; w <= w1; ++w) {
+      uint64_t m = ~0ull;
+      if (w == w0) m &= ~0ull << (k0 & 63);
+      if (w == w1) m &= ~0ull >> (63 - ((k1 - 1) & 63));
+      accepted_rank[w] |= cut_le[w] & m;
+    }
+  };
   // The ranks in [k0, k1) outside text_le_[cut], as uncertain ranges (all-text tokens longer
   // than the count, which die after the rule could have finished).
   auto uncertain_long = [&](int32_t k0, int32_t k1) {
@@ -629,11 +656,22 @@ std::shared_ptr<const StateMaskCache> CompiledGrammarImpl::compute_state_cache(i
     const int32_t d = depth[i];
     const int32_t p = single[d - 1];
     txt[d] = txt[d - 1] && ascii_text(bytes[i]);
-    if (cut >= 0 && txt[d - 1] && text_run_end[i] > static_cast<int32_t>(i)) {
+    if (cut_all && txt[d - 1] && text_run_end[i] > static_cast<int32_t>(i)) {
       // All text: decided by the text_le_ bits above.
       if (cut_unc) uncertain_long(tok_begin[i], tok_begin[text_run_end[i]]);
       i = text_run_end[i];
       continue;
+    }
+    if (!cut_path.empty()) {
+      cut_path[d] = cut_path[d - 1] && in_cut(bytes[i]);
+      const auto& b = below[i];
+      if (cut_path[d] && !(b[0] & ~cut_set[0]) && !(b[1] & ~cut_set[1]) && !(b[2] | b[3])) {
+        // Counted bytes only, from the root: decided by text_le_.
+        accept_le(tok_begin[i], tok_begin[end[i]]);
+        if (cut_unc) uncertain_long(tok_begin[i], tok_begin[end[i]]);
+        i = end[i];
+        continue;
+      }
     }
     if ((p < 0 || states[p].has_calls) && txt[d - 1] && text_run_end[i] > end[i]) {
       if (!chain)
