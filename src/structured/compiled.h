@@ -154,9 +154,10 @@ struct CompiledGrammarImpl {
   // (TokenVocabulary::text_le_); a longer one is rejected, or uncertain (*long_uncertain) when
   // some state of the chain can finish a called rule. -1 when `state` is no such counter (or
   // the count is above TokenVocabulary::kMaxTextLe).
-  // counted[2]: the ASCII bytes counted (kJsonText for a string's length; a subset for a
-  // class, whose other tokens the walk steps).
-  int32_t counted_text_left(int32_t state, bool* long_uncertain, uint64_t counted[2]) const;
+  // counted[2]: the ASCII bytes counted; *all_text: every text character is (a string's
+  // length: counted is kJsonText and multi-byte characters count too), else only the
+  // tokens made of counted bytes are decided by the count (a class; the walk steps the others).
+  int32_t counted_text_left(int32_t state, bool* long_uncertain, uint64_t counted[2], bool* all_text) const;
   StateFacts* state_facts() const;  // [num_states], allocated on first use
   // True if every JSON string text (any ASCII text byte, any valid multi-byte character)
   // keeps `state` alive, through whatever states it steps to (at most 32 of them): a pattern

@@ -426,7 +426,8 @@ int32_t CompiledGrammarImpl::chain_run(int32_t state, bool utf8) const {
   return run;
 }
 
-int32_t CompiledGrammarImpl::counted_text_left(int32_t state, bool* long_uncertain, uint64_t counted[2]) const {
+int32_t CompiledGrammarImpl::counted_text_left(int32_t state, bool* long_uncertain, uint64_t counted[2],
+                                               bool* all_text_out) const {
   const int32_t max_le = static_cast<int32_t>(vocab->text_le_.size()) - 1;
   const ChainStep first = chain_step(state);
   const uint64_t* json = TokenVocabulary::kJsonText;
@@ -435,6 +436,7 @@ int32_t CompiledGrammarImpl::counted_text_left(int32_t state, bool* long_uncerta
   // bytes of a class (a pattern's class with length bounds, e.g. [ -}]{30}; tokens with other
   // bytes are walked).
   const bool all_text = first.utf8 && !(json[0] & ~first.ascii[0]) && !(json[1] & ~first.ascii[1]);
+  *all_text_out = all_text;  // not the same as counted == kJsonText: all ASCII text, no multi-byte
   counted[0] = all_text ? json[0] : first.ascii[0] & json[0];
   counted[1] = all_text ? json[1] : first.ascii[1] & json[1];
   if (!(counted[0] | counted[1])) return -1;
@@ -519,10 +521,10 @@ std::shared_ptr<const StateMaskCache> CompiledGrammarImpl::compute_state_cache(i
   // bytes accepted from text_le_.
   bool cut_unc = false;
   uint64_t cut_set[2] = {0, 0};
-  const int32_t cut = !pda.states[state].has_calls ? counted_text_left(state, &cut_unc, cut_set) : -1;
+  bool cut_text = false;
+  const int32_t cut = !pda.states[state].has_calls ? counted_text_left(state, &cut_unc, cut_set, &cut_text) : -1;
   const uint64_t* cut_le = cut >= 0 ? v.text_le_[cut].data() : nullptr;
-  const bool cut_all =
-      cut >= 0 && cut_set[0] == TokenVocabulary::kJsonText[0] && cut_set[1] == TokenVocabulary::kJsonText[1];
+  const bool cut_all = cut >= 0 && cut_text;
   if (cut_all)
     for (size_t w = 0; w < v.text_le_[cut].size(); ++w) accepted_rank[w] |= cut_le[w];
   auto in_cut = [&](uint8_t b) { return b < 0x80 && (cut_set[b >> 6] >> (b & 63) & 1); };

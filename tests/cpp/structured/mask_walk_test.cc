@@ -92,6 +92,9 @@ const char* const kGrammars[] = {
     // Counters over a character class (no quote, no multi-byte text): minLength = maxLength.
     R"({"json_schema": {"type": "string", "pattern": "^[ab0-9 ]+$", "minLength": 6, "maxLength": 6}})",
     R"({"json_schema": {"type": "object", "properties": {"id": {"type": "string", "pattern": "^[ -z]+$", "minLength": 9, "maxLength": 9}}}})",
+    // Every ASCII text byte counted but no multi-byte character: not the all-text counter.
+    R"({"json_schema": {"type": "string", "pattern": "^[ -\u007f]{2,9}$"}})",
+    R"({"regex": "[ -\\x7f]{0,5}"})",
     // Counted strings past the direct bound (256): called blocks of 128 characters.
     R"({"json_schema": {"type": "string", "minLength": 140, "maxLength": 300}})",
     R"({"json_schema": {"type": "object", "properties": {"k": {"type": "string", "maxLength": 1000}}}})",
