@@ -755,7 +755,8 @@ std::shared_ptr<const StateMaskCache> CompiledGrammarImpl::compute_state_cache(i
       }
       if (!whole && !((b[0] & ~TokenVocabulary::kJsonText[0]) | (b[1] & ~TokenVocabulary::kJsonText[1])) &&
           (!(b[2] | b[3]) || (utf8_below[i] & 1)))
-        whole = death_beyond(f, height[i]) || (f.death == 0 && text_any_alive(t));  // text below, and every text (that short) keeps t alive
+        // Text below, and every text (that short) keeps t alive.
+        whole = death_beyond(f, height[i]) || (f.death == 0 && text_any_alive(t));
       if (whole) {
         accept_range(tok_begin[i], tok_begin[end[i]]);
         i = end[i];
