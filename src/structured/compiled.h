@@ -135,6 +135,7 @@ struct CompiledGrammarImpl {
     std::atomic<int32_t> chain_next{-1};
     std::atomic<int8_t> chain_utf8{0};
     std::atomic<int32_t> run_ascii{-1}, run_utf8{-1};
+    std::atomic<int32_t> text_death{-1};  // text_death: -1 not yet known
   };
   struct ChainStep {
     uint64_t ascii[2];
@@ -153,13 +154,25 @@ struct CompiledGrammarImpl {
   // (TokenVocabulary::text_le_); a longer one is rejected, or uncertain (*long_uncertain) when
   // some state of the chain can finish a called rule. -1 when `state` is no such counter (or
   // the count is above TokenVocabulary::kMaxTextLe).
-  int32_t counted_text_left(int32_t state, bool* long_uncertain) const;
+  // counted[2]: the ASCII bytes counted; *all_text: every text character is (a string's
+  // length: counted is kJsonText and multi-byte characters count too), else only the
+  // tokens made of counted bytes are decided by the count (a class; the walk steps the others).
+  int32_t counted_text_left(int32_t state, bool* long_uncertain, uint64_t counted[2], bool* all_text) const;
   StateFacts* state_facts() const;  // [num_states], allocated on first use
   // True if every JSON string text (any ASCII text byte, any valid multi-byte character)
   // keeps `state` alive, through whatever states it steps to (at most 32 of them): a pattern
   // searched for but not found yet, whose states step text among themselves without dying.
   // Then a subtree of text below a node in `state` is accepted whole. Memoised per state.
   bool text_any_alive(int32_t state) const;
+  // The length in bytes of the shortest JSON string text (ASCII text bytes and valid UTF-8
+  // from a character boundary, possibly ending inside a character) that kills `state`'s own
+  // frame or reaches a key-set check: every shorter text keeps the frame alive, so a text
+  // subtree below a node in `state` that is less deep is accepted whole. A searched pattern
+  // that text can break (oneOf / not over patterns: a second match dies) dies only after a
+  // few characters, where text_any_alive says no. Capped at the longest token + 1; 0 when
+  // unknown (the states text reaches from `state` are more than a bound). Memoised for every
+  // state the search meets.
+  int32_t text_death(int32_t state) const;
   std::array<uint64_t, 4> self_loops(int32_t state) const;
   std::shared_ptr<const SubtreeResult> find_subtree(uint64_t key) const;
   void store_subtree(uint64_t key, std::shared_ptr<const SubtreeResult> r) const;

@@ -31,6 +31,41 @@ std::vector<std::string> json_units(const std::string& escaped) {
 
 std::string json_quoted_key(const std::string& name) { return json(name).dump(); }
 
+// Roughly the automaton states inlining `id` makes (byte sets, repeats unrolled, inlined rules
+// followed; a rule kept apart counts 1), saturating at `cap`.
+int64_t inline_weight(const GrammarBuilder& b, ExprId id, int64_t cap, int depth = 0) {
+  if (depth > 64) return cap;
+  const Expr& e = b.expr(id);
+  switch (e.kind) {
+    case ExprKind::kNothing:
+    case ExprKind::kEmpty: return 0;
+    case ExprKind::kBytes: return 1;
+    case ExprKind::kSeq:
+    case ExprKind::kAlt: {
+      int64_t w = 0;
+      for (ExprId c : e.children)
+        if ((w += inline_weight(b, c, cap, depth + 1)) >= cap) return cap;
+      return w;
+    }
+    case ExprKind::kRepeat: {
+      const int64_t times = e.max == kUnbounded ? std::max<int64_t>(e.min, 1) : e.max;
+      const int64_t w = inline_weight(b, e.children[0], cap, depth + 1);
+      return w > 0 && times > cap / w ? cap : std::min(cap, w * times);
+    }
+    case ExprKind::kRef: {
+      const Rule& r = b.rule(e.rule);
+      return !r.inline_ok || r.body < 0 ? 1 : inline_weight(b, r.body, cap, depth + 1);
+    }
+    case ExprKind::kAutomaton: return std::min<int64_t>(cap, b.automaton_at(e.automaton).num_states);
+  }
+  return 1;
+}
+
+// A member heavier than this makes even a small object (<= 3 properties, any order) keep its
+// members and rests apart as rules: inlined, each member is copied into every order's context
+// (a 254-character maxLength string 4 times in a 3-property object: 20 ms compiles).
+constexpr int64_t kMaxInlineMemberWeight = 1024;
+
 }  // namespace
 
 // A JSON string whose content is none of `keys` (keys given unescaped): any quoted string
@@ -144,9 +179,12 @@ ExprId SchemaLowerer::members(const std::vector<ExprId>& props, const std::vecto
   if (count.min > 0 || count.max >= 0) return counted_members(props, required, additional, count);
   if (n <= static_cast<size_t>(kAnyOrderMaxProperties)) {
     // Any order: rest(used) = what may follow once the properties in `used` were written.
-    // Up to 3 properties everything is inlined (n! paths); beyond, each subset and each member
-    // is its own rule so the size stays O(2^n * n) instead of O(n! * value size).
-    const bool as_rules = n > 3;
+    // Up to 3 properties everything is inlined (n! paths) unless a member is heavy; beyond,
+    // each subset and each member is its own rule so the size stays O(2^n * n) instead of
+    // O(n! * value size).
+    bool as_rules = n > 3;
+    for (size_t i = 0; i < n && !as_rules; ++i)
+      as_rules = inline_weight(b, props[i], kMaxInlineMemberWeight + 1) > kMaxInlineMemberWeight;
     std::vector<ExprId> member(props);
     if (as_rules) {
       for (size_t i = 0; i < n; ++i) {

@@ -12,7 +12,9 @@
 // survives (a string body), is accepted whole without visiting it.
 #include <algorithm>
 #include <atomic>
+#include <climits>
 #include <optional>
+#include <unordered_map>
 
 #include "structured/compiled.h"
 #include "structured/stack.h"
@@ -239,6 +241,88 @@ bool CompiledGrammarImpl::text_any_alive(int32_t state) const {
   return known == 1;
 }
 
+int32_t CompiledGrammarImpl::text_death(int32_t state) const {
+  StateFacts* facts = state_facts();
+  const int32_t known = facts[state].text_death.load(std::memory_order_relaxed);
+  if (known >= 0) return known;
+  // The pairs (state, UTF-8 decoder state) text reaches from (state, 0), and their text edges
+  // (reversed below). A pair whose state's text_death is known is not expanded: its value
+  // bounds the paths through it. Then the shortest distance to a death, by buckets.
+  constexpr size_t kMaxPairs = 1024;
+  const int32_t cap = vocab->max_depth_ + 1;
+  const int32_t kInf = INT32_MAX;
+  std::vector<uint64_t> pairs;  // state << 3 | decoder state
+  std::vector<int32_t> dist;
+  std::vector<std::pair<int32_t, int32_t>> edges;  // (to, from) pair indices
+  std::unordered_map<uint64_t, int32_t> index;
+  auto pair_id = [&](int32_t s, int u) {
+    const auto [it, fresh] = index.emplace(static_cast<uint64_t>(s) << 3 | static_cast<uint64_t>(u),
+                                           static_cast<int32_t>(pairs.size()));
+    if (fresh) pairs.push_back(it->first), dist.push_back(kInf);
+    return it->second;
+  };
+  pair_id(state, 0);
+  for (size_t k = 0; k < pairs.size(); ++k) {
+    if (pairs.size() > kMaxPairs) {
+      // Too many to search: no claim, for every boundary state met (each would search again).
+      for (uint64_t q : pairs)
+        if ((q & 7) == 0) {
+          int32_t unknown = -1;
+          facts[q >> 3].text_death.compare_exchange_strong(unknown, 0, std::memory_order_relaxed);
+        }
+      return facts[state].text_death.load(std::memory_order_relaxed);
+    }
+    const int32_t s = static_cast<int32_t>(pairs[k] >> 3);
+    const int u = static_cast<int>(pairs[k] & 7);
+    if (k > 0 && u == 0) {
+      const int32_t m = facts[s].text_death.load(std::memory_order_relaxed);
+      if (m >= 0) {
+        dist[k] = m;
+        continue;
+      }
+    }
+    int32_t last_t = -1, last_u = -1;
+    for (int b = u == 0 ? 0x20 : 0x80; b < (u == 0 ? 0xF5 : 0xC0); ++b) {
+      if (b < 0x80 && !ascii_text(static_cast<uint8_t>(b))) continue;
+      const int nu = utf8_step(u, static_cast<uint8_t>(b));
+      if (nu < 0) continue;
+      const int32_t t = pda.next(s, static_cast<uint8_t>(b));
+      if (t < 0 || pda.states[t].guard >= 0) {  // dies (or needs the key set): one byte
+        dist[k] = 1;
+        break;
+      }
+      if (t == last_t && nu == last_u) continue;
+      last_t = t, last_u = nu;
+      edges.push_back({pair_id(t, nu), static_cast<int32_t>(k)});
+    }
+  }
+  const size_t np = pairs.size();
+  std::vector<int32_t> rbegin(np + 1, 0), rfrom(edges.size());
+  for (const auto& e : edges) ++rbegin[e.first + 1];
+  for (size_t k = 0; k < np; ++k) rbegin[k + 1] += rbegin[k];
+  {
+    std::vector<int32_t> at(rbegin.begin(), rbegin.end() - 1);
+    for (const auto& e : edges) rfrom[at[e.first]++] = e.second;
+  }
+  std::vector<std::vector<int32_t>> bucket(static_cast<size_t>(cap) + 1);
+  for (size_t k = 0; k < np; ++k)
+    if (dist[k] <= cap) bucket[dist[k]].push_back(static_cast<int32_t>(k));
+  for (int32_t d = 0; d < cap; ++d)
+    for (size_t j = 0; j < bucket[d].size(); ++j) {
+      const int32_t k = bucket[d][j];
+      if (dist[k] != d) continue;
+      for (int32_t r = rbegin[k]; r < rbegin[k + 1]; ++r)
+        if (dist[rfrom[r]] > d + 1) dist[rfrom[r]] = d + 1, bucket[d + 1].push_back(rfrom[r]);
+    }
+  for (size_t k = 0; k < np; ++k)
+    if ((pairs[k] & 7) == 0) {
+      int32_t unknown = -1;
+      facts[pairs[k] >> 3].text_death.compare_exchange_strong(unknown, std::min(dist[k], cap),
+                                                              std::memory_order_relaxed);
+    }
+  return facts[state].text_death.load(std::memory_order_relaxed);
+}
+
 // Computed per state on first use: a walk touches few states, a grammar may have many.
 std::array<uint64_t, 4> CompiledGrammarImpl::self_loops(int32_t state) const {
   StateFacts& f = state_facts()[state];
@@ -342,18 +426,27 @@ int32_t CompiledGrammarImpl::chain_run(int32_t state, bool utf8) const {
   return run;
 }
 
-int32_t CompiledGrammarImpl::counted_text_left(int32_t state, bool* long_uncertain) const {
+int32_t CompiledGrammarImpl::counted_text_left(int32_t state, bool* long_uncertain, uint64_t counted[2],
+                                               bool* all_text_out) const {
   const int32_t max_le = static_cast<int32_t>(vocab->text_le_.size()) - 1;
   const ChainStep first = chain_step(state);
   const uint64_t* json = TokenVocabulary::kJsonText;
-  if (first.next < 0 || !first.utf8 || (json[0] & ~first.ascii[0]) || (json[1] & ~first.ascii[1])) return -1;
-  const int32_t run = chain_run(state, true);
+  if (first.next < 0) return -1;
+  // What is counted: every text character (a string with length bounds), or the ASCII text
+  // bytes of a class (a pattern's class with length bounds, e.g. [ -}]{30}; tokens with other
+  // bytes are walked).
+  const bool all_text = first.utf8 && !(json[0] & ~first.ascii[0]) && !(json[1] & ~first.ascii[1]);
+  *all_text_out = all_text;  // not the same as counted == kJsonText: all ASCII text, no multi-byte
+  counted[0] = all_text ? json[0] : first.ascii[0] & json[0];
+  counted[1] = all_text ? json[1] : first.ascii[1] & json[1];
+  if (!(counted[0] | counted[1])) return -1;
+  const int32_t run = chain_run(state, all_text);
   if (run < 1 || run > max_le || run >= vocab->max_depth_) return -1;
   const bool called = pda.rule_called[pda.states[state].rule];
   // The chain's states s_0 .. s_run: no calls (a callee could keep longer text alive). One
   // that can finish a called rule makes the longer tokens, which die after it, uncertain
   // rather than rejected (the block of a counted string ends so). chain_run checked that each
-  // of s_0 .. s_{run-1} steps every text character to the next.
+  // of s_0 .. s_{run-1} steps every counted character to the next.
   *long_uncertain = false;
   int32_t s = state;
   for (int32_t k = 0;; ++k) {
@@ -363,11 +456,12 @@ int32_t CompiledGrammarImpl::counted_text_left(int32_t state, bool* long_uncerta
     if (k == run) break;
     s = chain_step(s).next;
   }
-  // s_run: no text byte at all (ASCII text or a multi-byte lead) leaves it.
+  // s_run: no counted byte (and for all text, no multi-byte lead) leaves it.
   for (int b = 0x20; b < 0x80; ++b)
-    if ((json[b >> 6] >> (b & 63) & 1) && pda.next(s, static_cast<uint8_t>(b)) >= 0) return -1;
-  for (int b = 0xC2; b <= 0xF4; ++b)
-    if (pda.next(s, static_cast<uint8_t>(b)) >= 0) return -1;
+    if ((counted[b >> 6] >> (b & 63) & 1) && pda.next(s, static_cast<uint8_t>(b)) >= 0) return -1;
+  if (all_text)
+    for (int b = 0xC2; b <= 0xF4; ++b)
+      if (pda.next(s, static_cast<uint8_t>(b)) >= 0) return -1;
   return run;
 }
 
@@ -422,11 +516,30 @@ std::shared_ptr<const StateMaskCache> CompiledGrammarImpl::compute_state_cache(i
   // node below an ASCII-text path from the root is skipped with its run of text siblings. Only
   // the tokens holding a quote, an escape or other non-text bytes are walked (the first visit
   // of each position of a maxLength string walked every node up to its remaining length).
+  // A counter over a class (cut_all false) decides only the tokens made of its bytes: a node
+  // on a path of them whose subtree has no other byte is skipped, its tokens of at most `cut`
+  // bytes accepted from text_le_.
   bool cut_unc = false;
-  const int32_t cut = !pda.states[state].has_calls ? counted_text_left(state, &cut_unc) : -1;
+  uint64_t cut_set[2] = {0, 0};
+  bool cut_text = false;
+  const int32_t cut = !pda.states[state].has_calls ? counted_text_left(state, &cut_unc, cut_set, &cut_text) : -1;
   const uint64_t* cut_le = cut >= 0 ? v.text_le_[cut].data() : nullptr;
-  if (cut >= 0)
+  const bool cut_all = cut >= 0 && cut_text;
+  if (cut_all)
     for (size_t w = 0; w < v.text_le_[cut].size(); ++w) accepted_rank[w] |= cut_le[w];
+  auto in_cut = [&](uint8_t b) { return b < 0x80 && (cut_set[b >> 6] >> (b & 63) & 1); };
+  std::vector<uint8_t> cut_path(cut >= 0 && !cut_all ? max_depth + 1 : 0, 0);  // [d] path so far all counted bytes
+  if (!cut_path.empty()) cut_path[0] = 1;
+  auto accept_le = [&](int32_t k0, int32_t k1) {  // ranks [k0, k1) of text_le_[cut]
+    if (k0 >= k1) return;
+    const int32_t w0 = k0 >> 6, w1 = (k1 - 1) >> 6;
+    for (int32_t w = w0; w <= w1; ++w) {
+      uint64_t m = ~0ull;
+      if (w == w0) m &= ~0ull << (k0 & 63);
+      if (w == w1) m &= ~0ull >> (63 - ((k1 - 1) & 63));
+      accepted_rank[w] |= cut_le[w] & m;
+    }
+  };
   // The ranks in [k0, k1) outside text_le_[cut], as uncertain ranges (all-text tokens longer
   // than the count, which die after the rule could have finished).
   auto uncertain_long = [&](int32_t k0, int32_t k1) {
@@ -458,6 +571,7 @@ std::shared_ptr<const StateMaskCache> CompiledGrammarImpl::compute_state_cache(i
     int32_t run[2] = {-1, -1};
     bool key_known = false;
     int32_t key_id = -1;  // id of shared_key (-1: none)
+    int32_t death = -1;   // text_death (-1: not asked yet)
   };
   Local local[16];
   auto local_facts = [&](int32_t s) -> Local& {
@@ -469,7 +583,12 @@ std::shared_ptr<const StateMaskCache> CompiledGrammarImpl::compute_state_cache(i
     }
     return f;
   };
-  // True if every JSON string text of at most `h` bytes keeps state s alive.
+  // True if every JSON string text of at most `h` bytes keeps state s alive (bytes only up
+  // to its text_death: a searched pattern that a second match breaks).
+  auto death_beyond = [&](Local& f, int32_t h) {
+    if (f.death < 0) f.death = text_death(f.state);
+    return f.death > h;
+  };
   auto text_state = [&](int32_t s, int32_t h) {
     Local& f = local_facts(s);
     const uint64_t* json = TokenVocabulary::kJsonText;
@@ -484,7 +603,10 @@ std::shared_ptr<const StateMaskCache> CompiledGrammarImpl::compute_state_cache(i
       }
       if (f.text_alive == 1) return true;
     }
-    if (text_any_alive(s)) return true;
+    // text_death first: where it finds a death, text_any_alive's closure (up to 512 states,
+    // every text character from each) would find it again, state after state.
+    if (death_beyond(f, h)) return true;
+    if (f.death == 0 && text_any_alive(s)) return true;
     // A text chain steps every JSON text byte alike: three lookups reject other states (key
     // literals, numbers) before the chain facts are worked out.
     const int32_t ta = pda.next(s, 'a');
@@ -536,11 +658,22 @@ std::shared_ptr<const StateMaskCache> CompiledGrammarImpl::compute_state_cache(i
     const int32_t d = depth[i];
     const int32_t p = single[d - 1];
     txt[d] = txt[d - 1] && ascii_text(bytes[i]);
-    if (cut >= 0 && txt[d - 1] && text_run_end[i] > static_cast<int32_t>(i)) {
+    if (cut_all && txt[d - 1] && text_run_end[i] > static_cast<int32_t>(i)) {
       // All text: decided by the text_le_ bits above.
       if (cut_unc) uncertain_long(tok_begin[i], tok_begin[text_run_end[i]]);
       i = text_run_end[i];
       continue;
+    }
+    if (!cut_path.empty()) {
+      cut_path[d] = cut_path[d - 1] && in_cut(bytes[i]);
+      const auto& b = below[i];
+      if (cut_path[d] && !(b[0] & ~cut_set[0]) && !(b[1] & ~cut_set[1]) && !(b[2] | b[3])) {
+        // Counted bytes only, from the root: decided by text_le_.
+        accept_le(tok_begin[i], tok_begin[end[i]]);
+        if (cut_unc) uncertain_long(tok_begin[i], tok_begin[end[i]]);
+        i = end[i];
+        continue;
+      }
     }
     if ((p < 0 || states[p].has_calls) && txt[d - 1] && text_run_end[i] > end[i]) {
       if (!chain)
@@ -622,7 +755,8 @@ std::shared_ptr<const StateMaskCache> CompiledGrammarImpl::compute_state_cache(i
       }
       if (!whole && !((b[0] & ~TokenVocabulary::kJsonText[0]) | (b[1] & ~TokenVocabulary::kJsonText[1])) &&
           (!(b[2] | b[3]) || (utf8_below[i] & 1)))
-        whole = text_any_alive(t);  // text below, and every text keeps t alive
+        // Text below, and every text (that short) keeps t alive.
+        whole = death_beyond(f, height[i]) || (f.death == 0 && text_any_alive(t));
       if (whole) {
         accept_range(tok_begin[i], tok_begin[end[i]]);
         i = end[i];

@@ -7,36 +7,6 @@
 #include "structured/compiled.h"
 
 namespace deepinfer::structured {
-namespace {
-
-// Strict UTF-8 decoder step. States: 0 boundary; 1 one continuation left; 2 two left; 3 two
-// left, first A0-BF (after E0); 4 two left, first 80-9F (after ED); 5 three left; 6 three
-// left, first 90-BF (after F0); 7 three left, first 80-8F (after F4). -1: invalid.
-int utf8_step(int s, uint8_t b) {
-  auto in = [b](int lo, int hi) { return b >= lo && b <= hi; };
-  switch (s) {
-    case 0:
-      if (b < 0x80) return 0;
-      if (in(0xC2, 0xDF)) return 1;
-      if (b == 0xE0) return 3;
-      if (b == 0xED) return 4;
-      if (in(0xE1, 0xEF)) return 2;
-      if (b == 0xF0) return 6;
-      if (b == 0xF4) return 7;
-      if (in(0xF1, 0xF3)) return 5;
-      return -1;
-    case 1: return in(0x80, 0xBF) ? 0 : -1;
-    case 2: return in(0x80, 0xBF) ? 1 : -1;
-    case 3: return in(0xA0, 0xBF) ? 1 : -1;
-    case 4: return in(0x80, 0x9F) ? 1 : -1;
-    case 5: return in(0x80, 0xBF) ? 2 : -1;
-    case 6: return in(0x90, 0xBF) ? 2 : -1;
-    case 7: return in(0x80, 0x8F) ? 2 : -1;
-  }
-  return -1;
-}
-
-}  // namespace
 
 std::optional<int32_t> TokenVocabulary::terminal_named(std::string_view text) const {
   for (const auto& [t, id] : terminal_texts_)

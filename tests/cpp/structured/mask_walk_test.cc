@@ -84,6 +84,17 @@ const char* const kGrammars[] = {
     R"({"json_schema": {"type": "string", "pattern": "ab"}})",
     R"({"json_schema": {"type": "string", "pattern": "[0-9a]+", "minLength": 4, "maxLength": 6}})",
     R"({"json_schema": {"type": "object", "properties": {"k": {"type": "string", "pattern": "z|b0"}, "e": {"type": "string", "pattern": "^a.*é$"}}}})",
+    // Searched patterns that text can break (a second match dies, a pattern not allowed):
+    // alive only for some bytes (text_death), in a called string and at the root.
+    R"({"json_schema": {"type": "string", "oneOf": [{"pattern": "ab"}, {"pattern": "z7"}, {"pattern": "bb"}]}})",
+    R"({"json_schema": {"type": "array", "items": {"type": "string", "oneOf": [{"pattern": "aaz"}, {"pattern": "a0"}]}}})",
+    R"({"json_schema": {"type": "object", "properties": {"s": {"type": "string", "not": {"pattern": "zaz"}}}}})",
+    // Counters over a character class (no quote, no multi-byte text): minLength = maxLength.
+    R"({"json_schema": {"type": "string", "pattern": "^[ab0-9 ]+$", "minLength": 6, "maxLength": 6}})",
+    R"({"json_schema": {"type": "object", "properties": {"id": {"type": "string", "pattern": "^[ -z]+$", "minLength": 9, "maxLength": 9}}}})",
+    // Every ASCII text byte counted but no multi-byte character: not the all-text counter.
+    R"({"json_schema": {"type": "string", "pattern": "^[ -\u007f]{2,9}$"}})",
+    R"({"regex": "[ -\\x7f]{0,5}"})",
     // Counted strings past the direct bound (256): called blocks of 128 characters.
     R"({"json_schema": {"type": "string", "minLength": 140, "maxLength": 300}})",
     R"({"json_schema": {"type": "object", "properties": {"k": {"type": "string", "maxLength": 1000}}}})",

@@ -129,6 +129,33 @@ TEST(JsonSchema, PropertyCounts) {
               {R"({"n":"x","a":"y","b":"z"})", R"({"a":"y","n":"x","b":"z","c":"w"})"}, {R"({"n":"x","a":"y"})"});
 }
 
+// A small object (<= 3 properties, any order) with a heavy member (a 254-character string)
+// keeps its members as rules: one copy of the string, not one per order of the keys.
+TEST(JsonSchema, HeavyMembersOfSmallObjectsStayRules) {
+  const std::string heavy =
+      R"({"type": "object", "properties": {"id": {"type": "string", "pattern": "^[0-9a-f]{4}$"},
+          "n": {"type": "integer"}, "msg": {"type": "string", "maxLength": 254}}, "required": ["id", "msg"]})";
+  const std::string light =
+      R"({"type": "object", "properties": {"id": {"type": "string", "pattern": "^[0-9a-f]{4}$"},
+          "n": {"type": "integer"}, "msg": {"type": "string", "maxLength": 25}}, "required": ["id", "msg"]})";
+  const auto g = schema(heavy);
+  const std::string m254(254, 'x'), m255(255, 'x');
+  for (const std::string& msg : {m254, std::string("a\\\"b")}) {
+    EXPECT_TRUE(matches(g, R"({"id":"0a9f","msg":")" + msg + R"("})")) << msg.size();
+    EXPECT_TRUE(matches(g, R"({"msg":")" + msg + R"(","n":-3,"id":"beef"})")) << msg.size();
+    EXPECT_TRUE(matches(g, R"({"n":7,"msg":")" + msg + R"(","id":"0000"})")) << msg.size();
+  }
+  EXPECT_FALSE(matches(g, R"({"id":"0a9f","msg":")" + m255 + R"("})"));
+  EXPECT_FALSE(matches(g, R"({"msg":"x","n":1})"));
+  EXPECT_FALSE(matches(g, R"({"id":"0a9f","msg":"x","id":"0a9f"})"));
+  EXPECT_FALSE(matches(g, R"({"id":"0A9F","msg":"x"})"));
+  // Members as rules: the heavy object's automaton holds the string once (inlined it was one
+  // copy per order context, over 4x the light one's states).
+  const size_t heavy_states = g->impl().pda.num_states(), light_states = schema(light)->impl().pda.num_states();
+  EXPECT_LT(heavy_states, 2 * light_states + 2 * 254 * 4) << heavy_states << " vs " << light_states;
+  EXPECT_GT(g->impl().pda.rule_start.size(), schema(light)->impl().pda.rule_start.size());
+}
+
 TEST(JsonSchema, OneOfNotAndFilteredEnums) {
   // Overlapping regular branches: exactly one must match ({} matches both).
   expect_lang(schema(R"({"type": "object", "oneOf": [
