@@ -21,26 +21,6 @@ namespace oc = ops::cuda;
 // Measured ceilings on this workplace's H200 (KINDS.md): bf16 tensor cores, device copy.
 constexpr double kPeakTflops = 790, kPeakTBps = 4.3;
 
-double graph_launch_us(const std::function<void(cudaStream_t)>& fn, cudaStream_t s, int n = 20) {
-  CudaGraph g;
-  g.begin_capture(s);
-  for (int i = 0; i < n; ++i) fn(s);
-  g.end_capture();
-  g.replay(s);
-  DI_CUDA_CHECK(cudaStreamSynchronize(s));
-  std::vector<double> t;
-  Event a(true), b(true);
-  for (int r = 0; r < 9; ++r) {
-    a.record(s);
-    g.replay(s);
-    b.record(s);
-    b.synchronize();
-    t.push_back(1e3 * b.elapsed_ms_since(a) / n);
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
-
 struct AnchorRow {
   int64_t b;
   double flashmla_us;  // ../shared/docs/ANCHORS.md (FP8 KV)

@@ -303,28 +303,6 @@ TEST(CudaGemmFp8w, BatchInvariant) {
   }
 }
 
-// Per-launch time of `fn` replayed from a CUDA graph of `n` launches (no host launch gaps, like a
-// captured decode step), median of 9 replays after one warm-up (µs).
-double graph_us(const std::function<void(cudaStream_t)>& fn, cudaStream_t s, int n = 20) {
-  CudaGraph g;
-  g.begin_capture(s);
-  for (int i = 0; i < n; ++i) fn(s);
-  g.end_capture();
-  g.replay(s);
-  DI_CUDA_CHECK(cudaStreamSynchronize(s));
-  std::vector<double> t;
-  Event a(true), b(true);
-  for (int r = 0; r < 9; ++r) {
-    a.record(s);
-    g.replay(s);
-    b.record(s);
-    b.synchronize();
-    t.push_back(1e3 * b.elapsed_ms_since(a) / n);
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
-
 // Decode-size timings at V4-Flash's dense shapes. Weights rotate over copies that together exceed
 // L2 (50 MB on the H200), so every launch reads its weights from HBM; each figure is the per-launch
 // time in a CUDA graph of 20 launches (gemm_fp8w_graph) and, for the record, the median of single
@@ -360,7 +338,7 @@ TEST(CudaGemmFp8w, Timing) {
       for (int cap : {1, 2, 4, 8}) {
         DevArray<uint16_t> x(to_bf16(randn(size_t(M * K), 7))), y(size_t(M * N));
         int it = 0;
-        const double t = graph_us([&](cudaStream_t q) {
+        const double t = graph_launch_us([&](cudaStream_t q) {
           const int i = it++ % copies;
           oc::gemm_fp8w({.x = x.get(), .ldx = K, .w = w8[i].get(), .scale = sc[i].get(), .y = y.get(), .ldy = N,
                          .M = M, .N = N, .K = K, .num_sms = sms, .max_splits = cap},
@@ -403,7 +381,7 @@ TEST(CudaGemmFp8w, Timing) {
                  .K = K, .batch = B, .batch_stride_x = K, .batch_stride_w = N * K, .batch_stride_y = N},
                 q);
       };
-      const double t8 = graph_us(fp8w, s), t1 = median_us(fp8w, s), tb = graph_us(bf16, s);
+      const double t8 = graph_launch_us(fp8w, s), t1 = median_us(fp8w, s), tb = graph_launch_us(bf16, s);
       const std::string shape = std::string(sh.what) + " M=" + std::to_string(M);
       const int splits = oc::fp8w_splits(M, N, K, B, sms);
       const double gb = double(wbytes + sbytes) / t8 / 1e3;
@@ -445,14 +423,14 @@ TEST(CudaGemmFp8w, MultiTiming) {
     DevArray<uint16_t> x(to_bf16(randn(size_t(M * K), 9)));
     DevArray<float> ya(size_t(M * Na)), yb(size_t(M * Nb));
     int it = 0;
-    const double two = graph_us([&](cudaStream_t q) {
+    const double two = graph_launch_us([&](cudaStream_t q) {
       const int i = it++ % copies;
       oc::gemm_fp8w({.x = x.get(), .ldx = K, .w = A[i].get(), .scale = SA[i].get(), .y = ya.get(), .ldy = Na,
                      .out_dtype = DType::kF32, .M = M, .N = Na, .K = K, .num_sms = sms}, q);
       oc::gemm_fp8w({.x = x.get(), .ldx = K, .w = B[i].get(), .scale = SB[i].get(), .y = yb.get(), .ldy = Nb,
                      .out_dtype = DType::kF32, .M = M, .N = Nb, .K = K, .num_sms = sms}, q);
     }, s);
-    const double one = graph_us([&](cudaStream_t q) {
+    const double one = graph_launch_us([&](cudaStream_t q) {
       const int i = it++ % copies;
       const oc::Fp8wPart parts[2] = {{.w = A[i].get(), .scale = SA[i].get(), .y = ya.get(), .ldy = Na, .N = Na},
                                      {.w = B[i].get(), .scale = SB[i].get(), .y = yb.get(), .ldy = Nb, .N = Nb}};
@@ -468,7 +446,7 @@ TEST(CudaGemmFp8w, MultiTiming) {
   DevArray<uint16_t> xt(to_bf16(randn(size_t(Kt), 8)));
   DevArray<float> yt(static_cast<size_t>(Nt));
   for (int cap : {0, 1}) {
-    const double t = graph_us([&](cudaStream_t q) {
+    const double t = graph_launch_us([&](cudaStream_t q) {
       oc::gemm_fp8w({.x = xt.get(), .ldx = Kt, .w = wt.get(), .scale = stt.get(), .y = yt.get(), .ldy = Nt,
                      .out_dtype = DType::kF32, .M = 1, .N = Nt, .K = Kt, .num_sms = sms, .max_splits = cap}, q);
     }, s);

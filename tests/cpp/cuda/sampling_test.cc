@@ -418,28 +418,6 @@ TEST(CudaTiming, Sampler) {
   }
 }
 
-// Per-launch time replayed from a CUDA graph of `n` launches (no host launch gaps, as in a
-// captured decode step), median of 9 replays after one warm-up (µs).
-double graph_us(const std::function<void(cudaStream_t)>& fn, cudaStream_t s, int n = 20) {
-  CudaGraph g;
-  g.begin_capture(s);
-  for (int i = 0; i < n; ++i) fn(s);
-  g.end_capture();
-  g.replay(s);
-  DI_CUDA_CHECK(cudaStreamSynchronize(s));
-  std::vector<double> t;
-  Event a(true), b(true);
-  for (int r = 0; r < 9; ++r) {
-    a.record(s);
-    g.replay(s);
-    b.record(s);
-    b.synchronize();
-    t.push_back(1e3 * b.elapsed_ms_since(a) / n);
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
-
 // The split's gain: one block per row (the previous design's parallelism) vs the production
 // split, per launch in a graph of 20, V = 129,280, batch 1 / 8 / 32 / 64; greedy (with and
 // without 5 logprobs), top-k+top-p+min-p, top-p alone, penalties + top-p.
@@ -468,7 +446,7 @@ TEST(CudaTiming, SamplerSplit) {
       const std::string name = cls < 0 ? std::string("greedy+logprobs5") : std::string(class_name(cls));
       double one = 0;
       for (int blocks : {1, 0}) {
-        const double us = graph_us([&](cudaStream_t s) { oc::sample(p, s, blocks); }, st.get());
+        const double us = graph_launch_us([&](cudaStream_t s) { oc::sample(p, s, blocks); }, st.get());
         if (blocks == 1) one = us;
         const int nb = blocks ? blocks : oc::sampling_blocks_per_row(V);
         report_time("sampler_graph", name + " B=" + std::to_string(B) + " blocks=" + std::to_string(nb), us,

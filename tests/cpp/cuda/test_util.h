@@ -131,8 +131,7 @@ inline double median_us(const std::function<void(cudaStream_t)>& fn, cudaStream_
   return t[t.size() / 2];
 }
 // Per-launch time of `fn` replayed from a CUDA graph of `n` launches (no host launch gaps, like a
-// captured decode step), median of 9 replays after one warm-up (us). (gemm_fp8w_test.cc keeps its
-// own copy, graph_us.)
+// captured decode step), median of 9 replays after one warm-up (us).
 inline double graph_launch_us(const std::function<void(cudaStream_t)>& fn, cudaStream_t s, int n = 20) {
   CudaGraph g;
   g.begin_capture(s);
