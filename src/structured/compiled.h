@@ -118,7 +118,7 @@ struct CompiledGrammarImpl {
   int64_t release_mask_caches() const;
 
  private:
-  // Per-state facts the mask walks fill on first use (mask_walk.cpp): racing walks compute
+  // Per-state facts the mask walks fill on first use (state_facts.cpp): racing walks compute
   // and store equal values, so relaxed atomics with a release flag are enough.
   struct StateFacts {
     std::atomic<uint64_t> loops[4]{};      // 256-bit set of bytes on which the state steps to itself
@@ -129,7 +129,7 @@ struct CompiledGrammarImpl {
     // target `chain_next` most ASCII bytes step to, those bytes, whether every valid
     // multi-byte character steps there too) and how many characters a text may have before
     // the chain can end (run: ASCII only / with multi-byte characters; capped at the longest
-    // token). mask_walk.cpp.
+    // token). state_facts.cpp.
     std::atomic<int8_t> chain_known{0};
     std::atomic<uint64_t> chain_ascii[2]{};
     std::atomic<int32_t> chain_next{-1};

@@ -4,6 +4,7 @@
 // siblings (vocab.h text_run_end_) is accepted whole without stepping it.
 #pragma once
 #include <algorithm>
+#include <array>
 #include <climits>
 #include <functional>
 #include <map>
@@ -34,6 +35,11 @@ inline const std::vector<std::vector<TextSpan>>& text_chain_utf8_chars() {
       {{0xF4, 0xF4}, {0x80, 0x8F}, {0x80, 0xBF}, {0x80, 0xBF}}};
   return *kChars;
 }
+
+// True if text made of `loops`' ASCII bytes and valid multi-byte UTF-8 characters never dies
+// from `state`, visiting at most max_closure states (state_facts.cpp, which says more).
+bool text_stays_alive(const Pda& pda, int32_t state, const std::array<uint64_t, 4>& loops, size_t max_closure = 32,
+                      std::vector<int32_t>* members = nullptr, std::vector<int32_t>* dead_path = nullptr);
 
 inline constexpr size_t kMaxChainMemo = 4096;
 
