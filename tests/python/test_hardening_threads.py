@@ -130,15 +130,23 @@ def test_ctrl_c_in_the_main_thread_while_other_threads_generate():
         # SIGINT aimed at the main thread (the one in generate()): under TSan (tools/sanitizers.sh tsan-py) a
         # process-wide kill() can be queued on the timer thread, which exits first (both interrupt tests once
         # ran to the end uninterrupted there, under load)
+        # The delay is measured from the moment the signal is sent, and the main thread keeps generating
+        # until it comes: on an idle machine the toy model can finish a batch before a 1 s timer fires
+        # (CI once printed NOT INTERRUPTED and took the KeyboardInterrupt at interpreter shutdown).
         main = threading.main_thread().ident
-        threading.Timer(1.0, lambda: signal.pthread_kill(main, signal.SIGINT)).start()
+        sent = []
+        def fire():
+            sent.append(time.time())
+            signal.pthread_kill(main, signal.SIGINT)
+        threading.Timer(1.0, fire).start()
         long = SamplingParams(temperature=0, max_tokens=2000, ignore_eos=True)
         t0 = time.time()
         try:
-            llm.generate(["Hello"] * 256, long, use_tqdm=False)
+            while time.time() - t0 < 120:
+                llm.generate(["Hello"] * 256, long, use_tqdm=False)
             print("NOT INTERRUPTED")
         except KeyboardInterrupt:
-            print("INTERRUPTED after %.2f s" % (time.time() - t0))
+            print("INTERRUPTED after %.2f s" % (time.time() - sent[0]))
         for w in workers:
             w.join(300)
         print("SIDE", len(bad), "alive" if any(w.is_alive() for w in workers) else "joined")
@@ -150,6 +158,8 @@ def test_ctrl_c_in_the_main_thread_while_other_threads_generate():
     assert r.returncode == 0, r.stderr
     assert "INTERRUPTED after" in r.stdout, r.stdout + r.stderr
     took = float(r.stdout.split("INTERRUPTED after ")[1].split()[0])
-    assert took < limit, r.stdout  # 1 s timer + at most one engine step
+    # from the signal. With two other threads generating on the same LLM the delay is not one step:
+    # 0.1-1.5 s usually, 2.45 s once in 12 runs on an idle 2-core box (session 15; not yet explained)
+    assert took < limit, r.stdout
     assert "SIDE 0 joined" in r.stdout, r.stdout  # the other threads' requests were not touched
     assert "LEFT False" in r.stdout, r.stdout
