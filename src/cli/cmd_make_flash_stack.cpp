@@ -51,6 +51,20 @@ std::string read_file(const fs::path& p) {
   return ss.str();
 }
 
+// A folder that already holds the stack `stamp` describes is left as it is (unless --force).
+bool up_to_date(const fs::path& dir, const std::string& stamp) {
+  const fs::path f = dir / ".deepinfer-flash-stack";
+  return fs::exists(f) && read_file(f) == stamp;
+}
+// Before rewriting: stale shards of another shard count would confuse the loader.
+void clear_stale(const fs::path& dir) {
+  if (!fs::exists(dir)) return;
+  fs::remove(dir / ".deepinfer-flash-stack");
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().extension() == ".safetensors" || e.path().filename() == "model.safetensors.index.json")
+      fs::remove(e.path());
+}
+
 // The V4.1 stack (same stamp / skip / verify behaviour as the V4 one below).
 int write_v41(const std::string& out, const model::v41::V41StackOptions& o, bool force, bool verify) {
   std::ostringstream st;
@@ -61,16 +75,11 @@ int write_v41(const std::string& out, const model::v41::V41StackOptions& o, bool
   const fs::path dir(out), stamp = dir / ".deepinfer-flash-stack";
   const std::string text = model::v41::v41_stack_config_json(o);  // validates the layer choice
   const auto cfg = model::v41::DeepseekV41Config::from_json_string(text, out + "/config.json");
-  if (!force && fs::exists(stamp) && read_file(stamp) == st.str()) {
+  if (!force && up_to_date(dir, st.str())) {
     std::printf("%s is up to date (%s)\n", out.c_str(), cfg.schedule_str().c_str());
     return 0;
   }
-  if (fs::exists(dir)) {
-    fs::remove(stamp);
-    for (const auto& e : fs::directory_iterator(dir))
-      if (e.path().extension() == ".safetensors" || e.path().filename() == "model.safetensors.index.json")
-        fs::remove(e.path());
-  }
+  clear_stale(dir);
   const auto t0 = std::chrono::steady_clock::now();
   const uint64_t bytes = model::v41::write_v41_stack(out, o);
   const double write_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -124,8 +133,17 @@ int run_make_flash_stack(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   if (quiet) set_log_level(LogLevel::kWarn);
   if (family == "v41") {
+    // Options that would otherwise be read and not honoured are refused.
+    if (app.count("--layers") && app.count("--release-layers")) {
+      std::fprintf(stderr, "make-flash-stack: give --layers or --release-layers, not both\n");
+      return 2;
+    }
+    if (layers > 40) {
+      std::fprintf(stderr, "make-flash-stack: --layers %ld: V4.1-Flash has 40 layers\n", long(layers));
+      return 2;
+    }
     model::v41::V41StackOptions o;
-    o.release_layers = release_layers_s.empty() ? model::v41::v41_default_stack_layers(std::min<int64_t>(layers, 40))
+    o.release_layers = release_layers_s.empty() ? model::v41::v41_default_stack_layers(layers)
                                                 : cli::parse_int_list(release_layers_s, "--release-layers");
     o.engram_rows = engram_rows;
     o.seed = seed;
@@ -134,10 +152,11 @@ int run_make_flash_stack(int argc, char** argv) {
     o.progress = !quiet;
     return write_v41(out, o, force, verify);
   }
-  if (!release_layers_s.empty()) {
-    std::fprintf(stderr, "make-flash-stack: --release-layers is for --family v41\n");
-    return 2;
-  }
+  for (const char* v41_only : {"--release-layers", "--engram-rows"})
+    if (app.count(v41_only)) {
+      std::fprintf(stderr, "make-flash-stack: %s is for --family v41\n", v41_only);
+      return 2;
+    }
 
   DeepseekV4Config cfg = flash_stack_config(layers);
   if (small) shrink(cfg);
@@ -147,16 +166,11 @@ int run_make_flash_stack(int argc, char** argv) {
   st << "{\"generator\": " << kGeneratorVersion << ", \"layers\": " << layers << ", \"seed\": " << seed
      << ", \"small\": " << (small ? "true" : "false") << ", \"shards\": " << shards << "}\n";
   const fs::path stamp = dir / ".deepinfer-flash-stack";
-  if (!force && fs::exists(stamp) && read_file(stamp) == st.str()) {
+  if (!force && up_to_date(dir, st.str())) {
     std::printf("%s is up to date (%s)\n", out.c_str(), cfg.schedule_str().c_str());
     return 0;
   }
-  if (fs::exists(dir)) {  // stale shards of another shard count would confuse the loader
-    fs::remove(stamp);
-    for (const auto& e : fs::directory_iterator(dir))
-      if (e.path().extension() == ".safetensors" || e.path().filename() == "model.safetensors.index.json")
-        fs::remove(e.path());
-  }
+  clear_stale(dir);
   const auto t0 = std::chrono::steady_clock::now();
   write_random_checkpoint(out, cfg,
                           {.seed = seed, .layout = CheckpointLayout::kOfficial, .num_shards = shards, .fast = true,

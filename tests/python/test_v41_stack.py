@@ -64,10 +64,17 @@ def test_bad_layer_sample_is_refused(tmp_path, layers, msg):
     assert msg in r.stderr + r.stdout
 
 
-def test_release_layers_need_the_v41_family(tmp_path):
+@pytest.mark.parametrize("args,msg", [
+    (["--release-layers", "0,1"], "--release-layers is for --family v41"),
+    (["--engram-rows", "5000"], "--engram-rows is for --family v41"),
+    (["--family", "v41", "--layers", "41"], "--layers 41: V4.1-Flash has 40 layers"),
+    (["--family", "v41", "--layers", "3", "--release-layers", "0,1"], "give --layers or --release-layers, not both"),
+])
+def test_options_that_would_be_ignored_are_refused(tmp_path, args, msg):
     if not EXE.exists():
         pytest.skip(f"{EXE} not built")
-    r = subprocess.run([str(EXE), "make-flash-stack", "--out", str(tmp_path / "x"), "--release-layers", "0,1",
-                        "--small", "-q"], capture_output=True, text=True, timeout=60)
+    r = subprocess.run([str(EXE), "make-flash-stack", "--out", str(tmp_path / "x"), *args, "--small", "-q"],
+                       capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
-    assert "--release-layers is for --family v41" in r.stderr
+    assert msg in r.stderr
+    assert not (tmp_path / "x").exists()  # nothing written

@@ -58,6 +58,14 @@ bool ends_with(const std::string& s, const std::string& suf) {
   return s.size() >= suf.size() && s.compare(s.size() - suf.size(), suf.size(), suf) == 0;
 }
 
+// mHC, sinks and router biases: f32 in the release; the other float parameters (norms, Engram
+// q/k weights) bf16.
+bool release_f32(const std::string& n) {
+  for (const char* suf : {"_fn", "_base", "_scale", "attn_sink", "bias", "bias_vl"})
+    if (ends_with(n, suf)) return true;
+  return false;
+}
+
 // V4's scales (random_checkpoint.h) by the tensor's role.
 Moments moments(const V41Entry& e, const V41Part& p) {
   const std::string& n = p.name;
@@ -73,7 +81,7 @@ Moments moments(const V41Entry& e, const V41Part& p) {
   if (ends_with(n, "_base")) return {0, 0.5f};
   if (ends_with(n, "_scale")) return {1, 0.3f};
   if (ends_with(n, "attn_sink")) return {0, 1};
-  if (ends_with(n, "bias") || ends_with(n, "bias_vl")) return {0, 0.05f};
+  if (ends_with(n, "bias") || ends_with(n, "bias_vl")) return {0, 0.05f};  // router biases
   return {1, 0.1f};  // norms, Engram q/k weights
 }
 
@@ -114,10 +122,7 @@ std::vector<fast::Item> plan_items(const DeepseekV41Config& c, const V41TensorTa
           break;
         }
         default: {
-          // mHC, sinks and router biases in f32 (as the release stores them), the rest bf16.
-          const bool f32 = e.store == V41Store::kFloat && (ends_with(nm, "_fn") || ends_with(nm, "_base") ||
-                                                           ends_with(nm, "_scale") || ends_with(nm, "attn_sink") ||
-                                                           ends_with(nm, "bias") || ends_with(nm, "bias_vl"));
+          const bool f32 = e.store == V41Store::kFloat && release_f32(nm);
           it.add(nm, f32 ? "F32" : "BF16", p.shape, n * (f32 ? 4 : 2));
           it.fill = [=](uint8_t* d) { fast::fill_float(d, int64_t(n), f32, key, m.mean, m.sd); };
         }

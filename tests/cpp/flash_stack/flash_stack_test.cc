@@ -11,6 +11,7 @@
 
 #include "core/parallel.h"
 #include "deepinfer/error.h"
+#include "moments.h"
 #include "model/deepseek_v4/random_checkpoint.h"
 #include "model/deepseek_v4/weights.h"
 
@@ -51,14 +52,7 @@ std::string slurp(const fs::path& p) {
   return {std::istreambuf_iterator<char>(in), {}};
 }
 
-// Mean and standard deviation of a dequantised tensor.
-std::pair<double, double> moments(const Tensor& t) {
-  const float* p = t.data<float>();
-  double s = 0, s2 = 0;
-  for (int64_t i = 0; i < t.numel(); ++i) s += p[i], s2 += double(p[i]) * p[i];
-  const double m = s / double(t.numel());
-  return {m, std::sqrt(s2 / double(t.numel()) - m * m)};
-}
+using flash_stack_test::moments;
 }  // namespace
 
 TEST(FlashStack, ConfigMatchesTheFlashSchedule) {

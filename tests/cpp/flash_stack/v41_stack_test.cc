@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "deepinfer/error.h"
+#include "moments.h"
 #include "model/deepseek_v41/config.h"
 #include "model/deepseek_v41/engram.h"
 #include "model/deepseek_v41/random_stack.h"
@@ -26,13 +27,7 @@ std::string tmp_dir(const std::string& name) {
   return p.string();
 }
 
-std::pair<double, double> moments(const Tensor& t) {
-  const float* p = t.data<float>();
-  double s = 0, s2 = 0;
-  for (int64_t i = 0; i < t.numel(); ++i) s += p[i], s2 += double(p[i]) * p[i];
-  const double m = s / double(t.numel());
-  return {m, std::sqrt(s2 / double(t.numel()) - m * m)};
-}
+using flash_stack_test::moments;
 
 DeepseekV41Config config_of(const V41StackOptions& o) {
   return DeepseekV41Config::from_json_string(v41_stack_config_json(o), "stack");
