@@ -13,6 +13,7 @@
 #include "core/check.h"
 #include "core/strings.h"
 #include "core/env.h"
+#include "core/fair_mutex.h"
 #include "core/logging.h"
 #include "engine/engine.h"
 #include "engine/dp/ranks.h"
@@ -37,8 +38,10 @@ struct LLM::Impl {
   engine::dp::Driver* dp = nullptr;  // drives every rank's engine when parallel
   std::atomic<int64_t> next_id{0};
   // Guards the engine and everything below. Held for one engine step (or one admission) at a
-  // time, never while a caller's callback runs.
-  mutable std::mutex mu;
+  // time, never while a caller's callback runs. First come, first served (core/fair_mutex.h):
+  // with several threads in generate(), each gets a step in turn, so one that must stop (Ctrl-C,
+  // should_cancel) waits for at most one step per other caller.
+  mutable FairMutex mu;
   GenerateSummary summary;
   Inbox stream;                                   // requests queued with add_request
   std::unordered_map<std::string, Inbox*> owner;  // unfinished request id -> its caller's inbox
@@ -172,7 +175,7 @@ std::vector<RequestOutput> LLM::generate(const std::vector<PromptInput>& prompts
   double draft0 = 0, verify0 = 0;
   engine::DraftGate::Stats gate0;
   {
-    std::lock_guard<std::mutex> lock(m.mu);
+    std::lock_guard<FairMutex> lock(m.mu);
     steps0 = eng.scheduler().stats().num_steps, pre0 = eng.scheduler().stats().num_preemptions;
     spill0 = eng.runner().stats().blocks_to_host, load0 = eng.runner().stats().blocks_from_host;
     draft0 = eng.runner().stats().draft_time_s, verify0 = eng.runner().stats().verify_time_s;
@@ -203,7 +206,7 @@ std::vector<RequestOutput> LLM::generate(const std::vector<PromptInput>& prompts
     Impl& m;
     Inbox& box;
     ~Release() {
-      std::lock_guard<std::mutex> lock(m.mu);
+      std::lock_guard<FairMutex> lock(m.mu);
       m.release(box);
     }
   } release{m, box};
@@ -226,7 +229,7 @@ std::vector<RequestOutput> LLM::generate(const std::vector<PromptInput>& prompts
     std::vector<RequestOutput> got;
     const bool cancel = options.should_cancel && options.should_cancel();
     {
-      std::lock_guard<std::mutex> lock(m.mu);
+      std::lock_guard<FairMutex> lock(m.mu);
       if (cancel) m.release(box);  // the aborts' final outputs land in `box`
       else m.step_for(box);
       got.swap(box.outputs);
@@ -243,7 +246,7 @@ std::vector<RequestOutput> LLM::generate(const std::vector<PromptInput>& prompts
   }
   if (bar) std::fprintf(stderr, "\n");
   s.elapsed_s = engine::now_seconds() - t0;
-  std::lock_guard<std::mutex> lock(m.mu);
+  std::lock_guard<FairMutex> lock(m.mu);
   // With concurrent callers these counters include their steps too (the steps were shared).
   s.num_steps = eng.scheduler().stats().num_steps - steps0;
   s.num_preemptions = eng.scheduler().stats().num_preemptions - pre0;
@@ -268,7 +271,7 @@ std::vector<RequestOutput> LLM::generate(const std::vector<PromptInput>& prompts
 
 std::string LLM::add_request(const PromptInput& prompt, const SamplingParams& params) {
   Impl& m = *impl_;
-  std::lock_guard<std::mutex> lock(m.mu);
+  std::lock_guard<FairMutex> lock(m.mu);
   std::string id = m.new_id();
   m.add(id, prompt, params);
   m.owner[id] = &m.stream;
@@ -277,7 +280,7 @@ std::string LLM::add_request(const PromptInput& prompt, const SamplingParams& pa
 
 std::vector<RequestOutput> LLM::step() {
   Impl& m = *impl_;
-  std::lock_guard<std::mutex> lock(m.mu);
+  std::lock_guard<FairMutex> lock(m.mu);
   m.step_for(m.stream);
   std::vector<RequestOutput> out;
   out.swap(m.stream.outputs);
@@ -285,12 +288,12 @@ std::vector<RequestOutput> LLM::step() {
 }
 
 void LLM::abort_request(const std::string& request_id) {
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  std::lock_guard<FairMutex> lock(impl_->mu);
   impl_->abort_locked(request_id);
 }
 
 bool LLM::has_unfinished() const {
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  std::lock_guard<FairMutex> lock(impl_->mu);
   return impl_->unfinished();
 }
 
@@ -326,17 +329,17 @@ bool LLM::has_tokenizer() const { return impl_->engine->codec() != nullptr; }
 int64_t LLM::vocab_size() const { return impl_->engine->model().vocab_size(); }
 int64_t LLM::max_model_len() const { return impl_->engine->max_model_len(); }
 GenerateSummary LLM::last_summary() const {
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  std::lock_guard<FairMutex> lock(impl_->mu);
   return impl_->summary;
 }
 
 void LLM::set_op_profiling(bool on) {
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  std::lock_guard<FairMutex> lock(impl_->mu);
   impl_->engine->model().set_op_profiling(on);
 }
 
 std::vector<OpTiming> LLM::take_op_profile() {
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  std::lock_guard<FairMutex> lock(impl_->mu);
   return impl_->engine->model().take_op_profile();
 }
 
