@@ -108,8 +108,6 @@ struct CompiledGrammarImpl {
   // real-stack re-walk is cheap already).
   static constexpr int64_t kMinPairTokens = 64;
   static constexpr int64_t kMaxPairSteps = 8192;
-  // The pair walk of `state` would give up (pair_cache.cpp): not walked.
-  bool predicted_to_give_up(int32_t state, const StateMaskCache& base) const;
   // Fills state_cache for the states reachable from the root's start, nearest first, until done,
   // the time or memory budget is spent or *cancel is set (structured.h MaskPrecompute).
   MaskPrecomputeResult precompute_masks(const MaskPrecompute& opts, const std::atomic<bool>* cancel) const;

@@ -48,11 +48,11 @@ void MatcherState::walk_uncertain(const StateMaskCache& c, Frame f, std::vector<
 
 
 namespace {
-// Uncertain walks over fewer tokens than this, and fewer bytes than kMinChainBytes, step them
-// all rather than build a text chain. Two 128-byte tokens (spaces, dots) crossing a counted
-// block's end cost ~160 us stepped with the real stack; their chain, mostly plain text steps
-// (text_chain.h plain_text_next) and memoised for the next positions, a fraction of it.
-constexpr int64_t kMinChainWalk = 2048, kMinChainBytes = 64;
+// Uncertain walks over fewer tokens than this step them all rather than build a text chain.
+// (A chain for short walks of long tokens, >= 64 bytes, was tried in session 16: it saved
+// ~100 us at some block-end positions but cost ~7 us on many 17 us masks and ~250 us where
+// the chain's steps were not plain, so masks p50 rose 1.3x on the long-string schemas.)
+constexpr int64_t kMinChainWalk = 2048;
 }  // namespace
 
 // Walks the tokens of rank ranges r[0..n) (increasing) from the real frame f, setting the bits
@@ -71,18 +71,12 @@ void MatcherState::walk_ranks(const RankRange* r, size_t n, Frame f, std::vector
   int64_t walked = 0;
   for (size_t j = 0; j < n; ++j) walked += r[j].hi - r[j].lo;
   bool text_ok = walked >= kMinChainWalk;
-  if (!text_ok) {
-    int64_t bytes = 0;
-    for (size_t j = 0; j < n && bytes < kMinChainBytes; ++j)
-      for (int32_t k = r[j].lo; k < r[j].hi && bytes < kMinChainBytes; ++k) bytes += v.bytes(tok_ids[k]).size();
-    text_ok = bytes >= kMinChainBytes;
-  }
   // When any text of le characters is alive from f, every all-text token of at most le
   // characters is (whatever the state's cache said of it): OR them in at once, and skip a run
   // of such tokens below without setting its bits again.
   const int32_t le = static_cast<int32_t>(v.text_le_.size()) - 1;
   bool le_set = false;
-  if (text_ok && walked >= kMinChainWalk && le >= 1 && chain.holds(le)) {
+  if (text_ok && le >= 1 && chain.holds(le)) {
     for (size_t w = 0; w < bits.size(); ++w) bits[w] |= v.text_le_ids_[w];
     le_set = true;
   }

@@ -16,35 +16,7 @@ void push_range(std::vector<RankRange>& out, int32_t lo, int32_t hi) {
   else out.push_back({lo, hi});
 }
 
-// Set bits of rank bit set `w` in ranks [lo, hi).
-int64_t count_ranks(const std::vector<uint64_t>& w, int32_t lo, int32_t hi) {
-  int64_t n = 0;
-  while (lo < hi && (lo & 63)) n += w[lo >> 6] >> (lo & 63) & 1, ++lo;
-  for (; lo + 64 <= hi; lo += 64) n += __builtin_popcountll(w[lo >> 6]);
-  for (; lo < hi; ++lo) n += w[lo >> 6] >> (lo & 63) & 1;
-  return n;
-}
-
 }  // namespace
-
-// A position of a counted string's called block near its end (counted_text_left with long
-// uncertain tokens): the all-text tokens longer than the characters left cross the block's end
-// into the caller's counter, where they go on as text (alive, each at least one byte step), so
-// with more of them than kMaxPairSteps the walk would give up after 8,192 steps anyway (300-600
-// us on Github_easy o9870's first visits, and as much of the precompute's budget per state).
-// Only time depends on it: a pair cache that gave up leaves the state's own uncertain tokens to
-// the real-stack re-walk, as before.
-bool CompiledGrammarImpl::predicted_to_give_up(int32_t state, const StateMaskCache& base) const {
-  if (base.num_uncertain() <= kMaxPairSteps) return false;
-  bool long_uncertain = false, all_text = false;
-  uint64_t counted[2];
-  if (counted_text_left(state, &long_uncertain, counted, &all_text) < 0 || !long_uncertain || !all_text) return false;
-  const std::vector<uint64_t>& text = vocab->text_le_.back();
-  int64_t n = 0;
-  for (const RankRange& r : base.uncertain)
-    if ((n += count_ranks(text, r.lo, r.hi)) > kMaxPairSteps) return true;
-  return false;
-}
 
 std::shared_ptr<const PairMaskCache> CompiledGrammarImpl::compute_pair_cache(int32_t state, int32_t ret,
                                                                              bool reference) const {
@@ -63,10 +35,6 @@ std::shared_ptr<const PairMaskCache> CompiledGrammarImpl::compute_pair_cache(int
       return out;
     }
   const std::shared_ptr<const StateMaskCache> base = state_cache(state);
-  if (!reference && predicted_to_give_up(state, *base)) {
-    out->gave_up = true;
-    return out;
-  }
   NodePool pool;
   // The frame below: `ret` over an unknown context; both key sets unknown, so a key-set check
   // on the way leaves its tokens uncertain (Stepper::enter marks them kGuardedSet).
