@@ -9,6 +9,10 @@ so-check output minus its timing and cache fields, and compares two such files.
   python3 tools/so_decisions.py --cli <new build>/deepinfer --out /tmp/after.jsonl
   python3 tools/so_decisions.py --compare /tmp/before.jsonl /tmp/after.jsonl   # exit 1 on a difference
 
+--mask-hash also records each instance's mask_hash (so-check --mask-hash: every bit of every mask
+of the walk), so a change to the mask walks can be checked mask for mask, not only by decisions.
+Both files must be written with it for the hashes to be compared.
+
 A compile error on both sides where one side ran out of time is reported apart (its text depends
 on speed: a faster build may hit a state limit before the time limit) and does not fail.
 
@@ -40,8 +44,8 @@ def normalized(r):
     return r
 
 
-def decisions(cli, tokenizer):
-    cases = structured_bench.load_cases(0)
+def decisions(cli, tokenizer, mask_hash=False, split=None):
+    cases = structured_bench.load_cases(0, split)
     index = []
     with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
         for name, schema, tests in cases:
@@ -50,7 +54,7 @@ def decisions(cli, tokenizer):
                 index.append((name, i))
         path = f.name
     try:
-        out = subprocess.run([cli, "so-check", "--tokenizer", tokenizer, "--inputs", path],
+        out = subprocess.run([cli, "so-check", "--tokenizer", tokenizer, "--inputs", path] + (["--mask-hash"] if mask_hash else []),
                              capture_output=True, text=True, check=True).stdout.splitlines()
     finally:
         os.unlink(path)
@@ -89,12 +93,14 @@ def main():
     ap.add_argument("--out", help="decisions file to write")
     ap.add_argument("--tokenizer", default=str(structured_bench.SHARED / "data/tokenizers/deepseek-v3/tokenizer.json"))
     ap.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"))
+    ap.add_argument("--mask-hash", action="store_true", help="also compare every mask (so-check --mask-hash)")
+    ap.add_argument("--split", default=None, help="only this MaskBench split (default: all of maskbench-dev)")
     args = ap.parse_args()
     if args.compare:
         sys.exit(compare(*args.compare))
     if not args.cli or not args.out:
         ap.error("--cli and --out (or --compare)")
-    rows = decisions(args.cli, args.tokenizer)
+    rows = decisions(args.cli, args.tokenizer, args.mask_hash, args.split)
     Path(args.out).write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
     print(f"{len(rows)} instances -> {args.out}")
 

@@ -84,6 +84,10 @@ struct MaskPrecompute {
   // (CompiledGrammar::release_mask_caches), so the compiler's 256 cached grammars hold at most
   // this much rather than 256 x max_cache_bytes. 0: nothing is precomputed.
   int64_t max_total_bytes = int64_t{256} << 20;
+  // time_budget_ms counts the filling thread's CPU time, not wall time. For benchmarks on a
+  // shared machine (so-check --precompute-cpu): there the filling thread gets only part of a
+  // core, so a wall budget fills less than a server's worker with a core of its own would.
+  bool thread_cpu_budget = false;
 };
 struct MaskPrecomputeResult {
   int64_t states = 0;     // state caches filled or found

@@ -45,10 +45,11 @@ struct Walk {
   double mask_us_total = 0;
   int64_t masks = 0;
   std::vector<double> mask_us;  // [masks] per-token mask times
+  uint64_t mask_hash = 14695981039346656037ull;  // FNV-1a over every mask's words, in order
 };
 
 Walk walk(GrammarMatcher& m, const TokenVocabulary& v, const std::vector<int32_t>& ids, std::vector<int32_t>& words,
-          bool cpu) {
+          bool cpu, bool hash) {
   Walk w;
   auto check = [&](int32_t id) {
     const double t0 = now_us(cpu);
@@ -57,6 +58,11 @@ Walk walk(GrammarMatcher& m, const TokenVocabulary& v, const std::vector<int32_t
     w.mask_us_total += us;
     w.mask_us.push_back(us);
     ++w.masks;
+    if (hash)  // outside the timed part: the whole mask, so a walk change can be checked bit for bit
+      for (int32_t x : words) {
+        w.mask_hash ^= static_cast<uint32_t>(x);
+        w.mask_hash *= 1099511628211ull;
+      }
     bool allowed = words[id >> 5] >> (id & 31) & 1;
     bool ok = m.accept_token(id);
     if (allowed != ok) w.mask_mismatch = true;
@@ -85,6 +91,13 @@ int run_so_check(int argc, char** argv) {
                  "after each fresh compile, fill mask caches for up to this many ms before the first mask "
                  "(as the engine's worker does while the prompt is prefilled); reported as precompute_ms, not timed in the masks")
       ->check(CLI::Range(0.0, 60000.0));
+  bool precompute_cpu = false;
+  app.add_flag("--precompute-cpu", precompute_cpu,
+               "count --precompute-ms in the filling thread's CPU time, not wall time (a loaded machine gives "
+               "that thread part of a core; an engine's worker has one)");
+  bool mask_hash = false;
+  app.add_flag("--mask-hash", mask_hash,
+               "also print mask_hash: a hash of every mask of the walk, all bits (to compare two builds' masks)");
   bool cpu_clock = false;
   app.add_flag("--cpu-clock", cpu_clock, "time masks and compiles in this thread's CPU time, not wall time");
   CLI11_PARSE(app, argc, argv);
@@ -140,7 +153,7 @@ int run_so_check(int argc, char** argv) {
           double pre_ms = 0;
           std::thread([&] {
             const double p0 = now_us(cpu_clock);
-            pr = g->precompute_masks({.time_budget_ms = precompute_ms});
+            pr = g->precompute_masks({.time_budget_ms = precompute_ms, .thread_cpu_budget = precompute_cpu});
             pre_ms = (now_us(cpu_clock) - p0) * 1e-3;
           }).join();
           out["precompute_ms"] = pre_ms;
@@ -158,11 +171,16 @@ int run_so_check(int argc, char** argv) {
           order.pop_front();
         }
         GrammarMatcher m(g);
-        Walk w = walk(m, *vocab, encode(text), words, cpu_clock);
+        Walk w = walk(m, *vocab, encode(text), words, cpu_clock, mask_hash);
         out["accepted"] = w.accepted;
         out["mask_us_mean"] = w.masks ? w.mask_us_total / w.masks : 0.0;
         if (w.mask_mismatch) out["mask_mismatch"] = true;
         if (mask_times) out["mask_us"] = w.mask_us;
+        if (mask_hash) {
+          char hex[17];
+          std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(w.mask_hash));
+          out["mask_hash"] = hex;
+        }
       } catch (const deepinfer::Error& e) {
         out["accepted"] = false;
         out["error"] = e.what();

@@ -2,6 +2,7 @@
 // walks that fill an entry are in mask_walk.cpp.
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <deque>
 #include <unordered_map>
 
@@ -187,7 +188,14 @@ MaskPrecomputeResult CompiledGrammarImpl::precompute_masks(const MaskPrecompute&
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
   MaskPrecomputeResult r;
-  auto elapsed_ms = [&] { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); };
+  auto wall_ms = [&] { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); };
+  auto thread_ms = [] {
+    timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+  };
+  const double cpu0 = opts.thread_cpu_budget ? thread_ms() : 0.0;
+  auto elapsed_ms = [&] { return opts.thread_cpu_budget ? thread_ms() - cpu0 : wall_ms(); };
   if (opts.time_budget_ms <= 0 || pda.empty_language) {
     r.complete = opts.time_budget_ms > 0;
     return r;
@@ -239,7 +247,7 @@ MaskPrecomputeResult CompiledGrammarImpl::precompute_masks(const MaskPrecompute&
   visit(pda.rule_start[pda.root]);
   while (!queue.empty()) {
     if (out_of_budget()) {
-      r.ms = elapsed_ms();
+      r.ms = wall_ms();
       return r;  // incomplete
     }
     const int32_t s = queue.front();
@@ -265,7 +273,7 @@ MaskPrecomputeResult CompiledGrammarImpl::precompute_masks(const MaskPrecompute&
     for (int32_t c = 0; c < nc; ++c) visit(row[c]);
   }
   r.complete = true;
-  r.ms = elapsed_ms();
+  r.ms = wall_ms();
   return r;
 }
 

@@ -49,6 +49,9 @@ void MatcherState::walk_uncertain(const StateMaskCache& c, Frame f, std::vector<
 
 namespace {
 // Uncertain walks over fewer tokens than this step them all rather than build a text chain.
+// (A chain for short walks of long tokens, >= 64 bytes, was tried in session 16: it saved
+// ~100 us at some block-end positions but cost ~7 us on many 17 us masks and ~250 us where
+// the chain's steps were not plain, so masks p50 rose 1.3x on the long-string schemas.)
 constexpr int64_t kMinChainWalk = 2048;
 }  // namespace
 
@@ -68,7 +71,17 @@ void MatcherState::walk_ranks(const RankRange* r, size_t n, Frame f, std::vector
   int64_t walked = 0;
   for (size_t j = 0; j < n; ++j) walked += r[j].hi - r[j].lo;
   bool text_ok = walked >= kMinChainWalk;
+  // When any text of le characters is alive from f, every all-text token of at most le
+  // characters is (whatever the state's cache said of it): OR them in at once, and skip a run
+  // of such tokens below without setting its bits again.
+  const int32_t le = static_cast<int32_t>(v.text_le_.size()) - 1;
+  bool le_set = false;
+  if (text_ok && le >= 1 && chain.holds(le)) {
+    for (size_t w = 0; w < bits.size(); ++w) bits[w] |= v.text_le_ids_[w];
+    le_set = true;
+  }
   std::vector<int32_t> anc;  // [depth] trie ancestors of the current token
+  std::vector<int32_t> chars;  // [depth] characters of the current token's text prefix (-1: none)
   std::vector<std::vector<Frame>> frames(1, std::vector<Frame>{f});  // [depth]
   std::string_view prev;  // the last walked token; frames[0..valid] hold its prefix
   size_t valid = 0;
@@ -81,11 +94,23 @@ void MatcherState::walk_ranks(const RankRange* r, size_t n, Frame f, std::vector
       const size_t lmax = std::min({prev.size(), s.size(), valid});
       while (l < lmax && prev[l] == s[l]) ++l;
       if (frames.size() < s.size() + 1) frames.resize(s.size() + 1);
-      // Depths d in [l, top] may start an accepted text run (prefix s[0..d) ASCII text).
-      size_t top = 0, p = 0;  // p: leading ASCII text bytes of s
+      // Depths d in [l, top] may start an accepted text run: s[0..d) is JSON text ending on a
+      // character boundary, chars[d] characters (ASCII text bytes or valid multi-byte UTF-8;
+      // -1 inside a character). p: bytes of s's longest valid text prefix.
+      size_t top = 0, p = 0;
       bool try_text = false;
       if (text_ok) {
-        while (p < s.size() && ascii_text(static_cast<uint8_t>(s[p]))) ++p;
+        chars.assign(s.size() + 1, -1);
+        chars[0] = 0;
+        int u = 0, c = 0;  // UTF-8 decoder state, characters so far
+        while (p < s.size()) {
+          const uint8_t b = static_cast<uint8_t>(s[p]);
+          if (u == 0 && b < 0x80 && !ascii_text(b)) break;
+          u = utf8_step(u, b);
+          if (u < 0) break;
+          ++p;
+          if (u == 0) chars[p] = ++c;
+        }
         if (l <= p && l < s.size()) {
           try_text = true;
           top = std::min(p, s.size() - 1);
@@ -99,11 +124,15 @@ void MatcherState::walk_ranks(const RankRange* r, size_t n, Frame f, std::vector
       }
       size_t d = l;
       int32_t skip_to = -1;
+      bool run_in_le = false;  // the run's tokens all have at most le characters
       for (; d < s.size(); ++d) {
-        if (try_text && d <= top) {
+        if (try_text && d <= top && chars[d] >= 0) {
           const int32_t node = anc[d + 1];
+          // A text node's edge and subtree are text from a character boundary (vocab.h), at
+          // most height bytes, so at most that many characters past the prefix's.
           if (v.text_run_end_[node] > node) {
-            if (chain.holds(static_cast<int32_t>(d) + v.text_run_height_[node])) {
+            if (chain.holds(chars[d] + v.text_run_height_[node])) {
+              run_in_le = le_set && chars[d] + v.text_run_height_[node] <= le;
               // The whole run, past the end of this uncertain range too: the tokens between
               // ranges are ones the state's cache accepted (rejected ones cannot be alive here),
               // and setting their bits again costs less than finding every range's next token.
@@ -113,9 +142,10 @@ void MatcherState::walk_ranks(const RankRange* r, size_t n, Frame f, std::vector
             if (!chain.holds(1)) text_ok = false;  // no text at all from f: stop trying
           }
         }
-        // Along a text prefix the configuration is the chain's (no stepping).
-        if (try_text && d < p && chain.holds(static_cast<int32_t>(d) + 1)) {
-          frames[d + 1] = chain.config(static_cast<int32_t>(d) + 1);
+        // Along a text prefix, at each character boundary the configuration is the chain's (no
+        // stepping); inside a multi-byte character it is stepped from the boundary's.
+        if (try_text && d < p && chars[d + 1] >= 0 && chain.holds(chars[d + 1])) {
+          frames[d + 1] = chain.config(chars[d + 1]);
           continue;
         }
         stepper.step(frames[d], static_cast<uint8_t>(s[d]), frames[d + 1], nullptr);
@@ -123,10 +153,11 @@ void MatcherState::walk_ranks(const RankRange* r, size_t n, Frame f, std::vector
       }
       prev = s;
       if (skip_to >= 0) {  // tokens [k, skip_to) are all alive
-        for (int32_t q = k; q < skip_to; ++q) {
-          const int32_t t = tok_ids[q];
-          bits[t >> 5] |= 1u << (t & 31);
-        }
+        if (!run_in_le)
+          for (int32_t q = k; q < skip_to; ++q) {
+            const int32_t t = tok_ids[q];
+            bits[t >> 5] |= 1u << (t & 31);
+          }
         valid = d;
         k = skip_to;
         continue;

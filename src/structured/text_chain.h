@@ -8,6 +8,7 @@
 #include <climits>
 #include <functional>
 #include <map>
+#include <unordered_map>
 #include <vector>
 
 #include "structured/stack.h"
@@ -96,12 +97,73 @@ class TextChain {
     }
   }
 
+  void ready_class_ends() {
+    if (class_end_ready_) return;
+    for (int b = 255; b >= 0; --b)
+      class_end_[b] = b < 255 && pda_.byte_class[b + 1] == pda_.byte_class[b] ? class_end_[b + 1] : b;
+    class_end_ready_ = true;
+  }
+
+  // The state every JSON text character takes `s` to inside its own frame, or -1: s, and every
+  // state inside a multi-byte character from it, has no calls, is not final and holds no
+  // key-set check, and every ASCII text byte and every valid multi-byte character ends in one
+  // and the same state. A frame in such a state steps text exactly as Stepper::step would
+  // (enter() of a plain transition: same parent and key set), without interning or sorting.
+  int32_t plain_text_next(int32_t s) {
+    auto plain = [&](int32_t u) {
+      const PdaState& st = pda_.states[u];
+      return !st.has_calls && !st.final && st.guard < 0;
+    };
+    if (!plain(s)) return -1;
+    int32_t t = -1;
+    for (int b = 0x20; b < 0x80; b = class_end_[b] + 1)
+      for (int x = b; x <= class_end_[b] && x < 0x80; ++x) {  // mixed classes: every text byte
+        if (!ascii_text(static_cast<uint8_t>(x))) continue;
+        const int32_t u = pda_.next(s, static_cast<uint8_t>(x));
+        if (u < 0 || (t >= 0 && u != t)) return -1;
+        t = u;
+      }
+    if (t < 0 || pda_.states[t].guard >= 0) return -1;
+    int32_t cur[8], nxt[8];
+    for (const auto& ch : text_chain_utf8_chars()) {
+      int nc = 1, nn = 0;
+      cur[0] = s;
+      for (size_t i = 0; i < ch.size(); ++i) {
+        nn = 0;
+        for (int j = 0; j < nc; ++j)
+          for (int b = ch[i].lo; b <= ch[i].hi; b = class_end_[b] + 1) {
+            const int32_t u = pda_.next(cur[j], static_cast<uint8_t>(b));
+            if (u < 0) return -1;
+            if (std::find(nxt, nxt + nn, u) != nxt + nn) continue;
+            if (nn == 8 || (i + 1 < ch.size() && !plain(u))) return -1;
+            nxt[nn++] = u;
+          }
+        std::copy(nxt, nxt + nn, cur);
+        nc = nn;
+      }
+      for (int j = 0; j < nc; ++j)
+        if (cur[j] != t) return -1;
+    }
+    return t;
+  }
+
   // What every text character steps `from` to, or empty when they differ or one dies.
   std::vector<Frame> step_text(const std::vector<Frame>& from) {
-    if (!class_end_ready_) {
-      for (int b = 255; b >= 0; --b)
-        class_end_[b] = b < 255 && pda_.byte_class[b + 1] == pda_.byte_class[b] ? class_end_[b + 1] : b;
-      class_end_ready_ = true;
+    ready_class_ends();
+    if (!accepts_) {  // every frame in a plain text state (inside a string or a counted block)
+      std::vector<Frame> out;
+      out.reserve(from.size());
+      for (const Frame& f : from) {
+        auto it = plain_next_.find(f.state);
+        if (it == plain_next_.end()) it = plain_next_.emplace(f.state, plain_text_next(f.state)).first;
+        if (it->second < 0) break;
+        out.push_back({it->second, f.parent, f.set});
+      }
+      if (out.size() == from.size()) {
+        std::sort(out.begin(), out.end());
+        out.erase(std::unique(out.begin(), out.end()), out.end());
+        return out;
+      }
     }
     std::vector<Frame> next;
     stepper_.step(from, static_cast<uint8_t>('a'), next, nullptr);  // fails fast outside text
@@ -144,6 +206,7 @@ class TextChain {
   int32_t cap_;
   std::function<bool(const std::vector<Frame>&)> accepts_;
   std::vector<std::vector<Frame>> c_;
+  std::unordered_map<int32_t, int32_t> plain_next_;  // plain_text_next memo, per state
   bool broken_ = false, periodic_ = false, class_end_ready_ = false;
   int class_end_[256];
 };

@@ -165,6 +165,9 @@ TokenVocabulary::TokenVocabulary(TokenizerInfo info) : info_(std::move(info)) {
   }
   for (int32_t l = 1; l <= max_le; ++l)
     for (size_t w = 0; w < words; ++w) text_le_[l][w] |= text_le_[l - 1][w];
+  text_le_ids_.assign((info_.token_bytes.size() + 31) / 32, 0);
+  for (size_t k = 0; k < tok_ids_.size(); ++k)
+    if (text_le_[max_le][k >> 6] >> (k & 63) & 1) text_le_ids_[tok_ids_[k] >> 5] |= 1u << (tok_ids_[k] & 31);
 }
 
 int32_t TokenVocabulary::key_id(const std::string& key) const {

@@ -131,6 +131,10 @@ class TokenVocabulary {
   // these among the all-text tokens, without walking them (mask_walk.cpp).
   static constexpr int32_t kMaxTextLe = 64;
   std::vector<std::vector<uint64_t>> text_le_;
+  // The tokens of text_le_.back() (all-text, at most min(kMaxTextLe, max_depth_) characters) as
+  // token id bits, [ceil(vocab_size/32)]: a real-stack re-walk whose text chain holds that far
+  // ORs them in at once instead of setting ~110k bits one by one (matcher.cpp walk_ranks).
+  std::vector<uint32_t> text_le_ids_;
   std::vector<uint32_t> grammar_bits_;  // [ceil(vocab_size/32)] bit set <=> a grammar token
   int32_t max_depth_ = 0;          // longest grammar token, bytes
   // [byte] the most bytes any grammar token has after an occurrence of the byte (-1: in no

@@ -265,6 +265,52 @@ TEST(MaskWalkRandom, MasksMatchAcceptTokenAcrossBlocks) {
   }
 }
 
+// The same over a vocabulary large enough (> 2,048 uncertain tokens at a block's end) for the
+// re-walk's wide paths: every all-text token ORed in at once when the text chain holds for
+// kMaxTextLe characters (vocab.h text_le_ids_), runs below multi-byte prefixes (é, 中, 😀 and
+// truncated characters), plain text chain steps; and short walks of a few long tokens
+// (>= 64 bytes), which now build a chain too. Every mask bit equals accept_token.
+TEST(MaskWalkRandom, MasksMatchAcceptTokenAcrossBlocksWideVocabulary) {
+  // > kMaxPairSteps all-text tokens, so a block end's pair walk gives up (as on a real
+  // vocabulary) and the re-walk sees the state's whole uncertain set.
+  auto v = random_vocab(31, 12000, 90);
+  GrammarCompiler c(v);
+  std::mt19937 rng(31);
+  const int32_t vs = vocabulary_size(*v);
+  std::vector<int32_t> words((vs + 31) / 32);
+  const struct {
+    const char* args;
+    int reps;
+  } cases[] = {
+      // 44 characters after the second block's end: there the chain holds for fewer than
+      // kMaxTextLe characters, so the all-text set must not be ORed in.
+      {R"({"json_schema": {"type": "string", "maxLength": 300}})", 8},
+      {R"({"json_schema": {"type": "object", "properties": {"k": {"oneOf": [{"type": "string", "maxLength": 32767, "minLength": 50}, {"type": "null"}]}}, "required": ["k"]}})", 1},
+  };
+  for (const auto& tc : cases) {
+    auto g = c.compile(tc.args);
+    for (int rep = 0; rep < tc.reps; ++rep) {
+      GrammarMatcher m(g);
+      for (int step = 0; step < 14 && !m.is_terminated(); ++step) {
+        m.fill_next_token_bitmask(words);
+        std::vector<int32_t> allowed, text;
+        for (int32_t t = 0; t < vs; ++t) {
+          const bool bit = words[t >> 5] >> (t & 31) & 1;
+          GrammarMatcher probe = m.clone();
+          ASSERT_EQ(bit, probe.accept_token(t)) << tc.args << " rep " << rep << " step " << step << " token " << t;
+          if (!bit) continue;
+          allowed.push_back(t);
+          const std::string& b = v->bytes(t);
+          if (b.find('"') == std::string::npos && b.find('\\') == std::string::npos) text.push_back(t);
+        }
+        if (allowed.empty()) break;
+        const auto& pool = !text.empty() && rng() % 8 ? text : allowed;
+        ASSERT_TRUE(m.accept_token(pool[std::uniform_int_distribution<size_t>(0, pool.size() - 1)(rng)]));
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace deepinfer::structured::test
 
