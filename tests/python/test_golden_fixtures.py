@@ -155,8 +155,8 @@ def test_debug_dump():
 
 def test_hf_rerun_matches_short_logits():
     d = fixture_dir("tiny")
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch", exc_type=ImportError)
+    transformers = pytest.importorskip("transformers", exc_type=ImportError)
     if not hasattr(transformers, "DeepseekV4ForCausalLM"):
         pytest.skip("transformers without DeepseekV4")
     model = transformers.DeepseekV4ForCausalLM.from_pretrained(d, dtype=torch.float32,
@@ -171,8 +171,8 @@ def test_prod_rerun_matches_logits_and_chain():
     """tiny_prod re-run under golden_lib/production.py: the stored logits (row-wise, the rounding is
     discontinuous: see tests/data/golden/tiny_prod/README.md) and the stored greedy chain's first steps."""
     d = fixture_dir("tiny_prod")
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch", exc_type=ImportError)
+    transformers = pytest.importorskip("transformers", exc_type=ImportError)
     if not hasattr(transformers, "DeepseekV4ForCausalLM"):
         pytest.skip("transformers without DeepseekV4")
     from golden_lib import production
@@ -295,8 +295,8 @@ def test_official_decodes_to_model_a():
 def test_official_rerun_matches_short_logits():
     """transformers on the numpy-decoded release weights reproduces tiny_official/logits_short."""
     d_off, d_a = fixture_dir("tiny_official"), fixture_dir("tiny")
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch", exc_type=ImportError)
+    transformers = pytest.importorskip("transformers", exc_type=ImportError)
     if not hasattr(transformers, "DeepseekV4ForCausalLM"):
         pytest.skip("transformers without DeepseekV4")
     model = transformers.DeepseekV4ForCausalLM.from_pretrained(d_a, dtype=torch.float32,

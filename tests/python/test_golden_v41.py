@@ -220,7 +220,7 @@ def _reference_available() -> bool:
 @pytest.mark.skipif(not _reference_available(), reason="V4.1 reference (.v41ref/site) not set up")
 @pytest.mark.parametrize("name", FIXTURES)
 def test_reference_reproduces_short_logits(name):
-    pytest.importorskip("torch")
+    pytest.importorskip("torch", exc_type=ImportError)
     import subprocess
     code = (
         "import sys, json, numpy as np, torch; sys.path.insert(0, 'tools');"
