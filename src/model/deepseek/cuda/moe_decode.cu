@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <type_traits>
 #include <vector>
 
@@ -406,12 +407,16 @@ __global__ void __launch_bounds__(W * kWarpSize) grouped_down_kernel(const __gri
 template <ExpertFormat F, bool kAlu, int MT, int W, int S>
 void launch(const MoeDecodeGroupedParams& p, cudaStream_t stream) {
   const unsigned tiles = unsigned(p.max_tiles);
-  grouped_up_kernel<F, kAlu, MT, W, S>
-      <<<dim3(tiles, unsigned(ceil_div(p.inter, 8 * MT * W))), W * kWarpSize, 0, stream>>>(p);
-  DI_CUDA_CHECK_LAUNCH();
-  grouped_down_kernel<F, kAlu, MT, W, S>
-      <<<dim3(tiles, unsigned(ceil_div(p.dim, 16 * MT * W))), W * kWarpSize, 0, stream>>>(p);
-  DI_CUDA_CHECK_LAUNCH();
+  if (p.kernels & 1) {
+    grouped_up_kernel<F, kAlu, MT, W, S>
+        <<<dim3(tiles, unsigned(ceil_div(p.inter, 8 * MT * W))), W * kWarpSize, 0, stream>>>(p);
+    DI_CUDA_CHECK_LAUNCH();
+  }
+  if (p.kernels & 2) {
+    grouped_down_kernel<F, kAlu, MT, W, S>
+        <<<dim3(tiles, unsigned(ceil_div(p.dim, 16 * MT * W))), W * kWarpSize, 0, stream>>>(p);
+    DI_CUDA_CHECK_LAUNCH();
+  }
 }
 
 // Variant 0's pick (H200, MoeDecodeGrouped.Timing). FP4 (session 13): v13 at every size (the
@@ -421,9 +426,26 @@ void launch(const MoeDecodeGroupedParams& p, cudaStream_t stream) {
 // v6 was within 1.1% of it only at V4.1 B = 128 / 256. (Before: v9 above 16 pairs, at one token
 // v1 when its blocks fit one wave, else v10; session 12.) For FP8 and bf16 weights 9 and 10 run
 // the v3 and v2 kernels (the diet is FP4's), so their pick is unchanged.
+// Session 16 (V4.1's widths, not yet measured when written): v17 (v13 with 2 row bands per block)
+// from 96 pairs up (V4.1 B = 32: ~152 tiles x 18 up / 20 down blocks, ~10 waves of 264 slots),
+// where halving the blocks costs little tail and saves half the per-block ramps; v13 below.
+// DEEPINFER_MOE_DECODE_VARIANT=<n> overrides the pick (tuning in a model stack; read once).
+int env_variant() {
+  static const int v = [] {
+    const char* s = std::getenv("DEEPINFER_MOE_DECODE_VARIANT");
+    if (!s || !*s) return 0;
+    const int n = std::atoi(s);
+    if (n < 1 || n > kMoeDecodeGroupedVariants)
+      DI_THROW(InvalidArgument, "DEEPINFER_MOE_DECODE_VARIANT=", s, ": want 1..", kMoeDecodeGroupedVariants);
+    return n;
+  }();
+  return v;
+}
+
 template <ExpertFormat F>
 int auto_variant(const MoeDecodeGroupedParams& p) {
-  if constexpr (F == ExpertFormat::kFP4) return 13;
+  if (const int v = env_variant()) return v;
+  if constexpr (F == ExpertFormat::kFP4) return p.tokens * p.topk >= 96 ? 17 : 13;
   const int64_t P = p.tokens * p.topk;
   if (P > 16) return 9;
   static const int per_sm = [] {
@@ -466,6 +488,13 @@ void launch_variant(const MoeDecodeGroupedParams& p, cudaStream_t stream) {
     case 12:
     case 13:
       if constexpr (F != ExpertFormat::kFP4) return launch_variant_v3shape<F>(p, v, stream);
+      else return launch_v9(p, v, stream);
+    case 17:  // v13 with 2 / 3 row bands per block, 19..21 with L2 prefetches (moe_decode_v9.cu);
+    case 18:  // FP8 / bf16: as 13
+    case 19:
+    case 20:
+    case 21:
+      if constexpr (F != ExpertFormat::kFP4) return launch_variant_v3shape<F>(p, 13, stream);
       else return launch_v9(p, v, stream);
     case 14:  // FP4 rows by bulk copies (moe_decode_v14.cu) where it takes the shape, else v9 / v3
     case 15:

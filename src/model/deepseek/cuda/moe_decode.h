@@ -73,7 +73,7 @@ constexpr int kMoeDecodeTileM = 8;
 // at V4.1 widths too), so it is the measured limit; fixed steps go up to 384 tokens (verify).
 constexpr int64_t kMoeDecodeGroupedMaxTokens = 256;
 // Variants 1..kMoeDecodeGroupedVariants of MoeDecodeGroupedParams::variant (0 picks one).
-constexpr int kMoeDecodeGroupedVariants = 16;
+constexpr int kMoeDecodeGroupedVariants = 21;
 // Diagnostic variants (timing only; their outputs are garbage): the access patterns alone, loads
 // folded by xor, no decode and no MMA, FP4 only. First: v9's (= v3's) addressing, + 1: v13's
 // (128 contiguous bytes per row and pair of chunks), + 2 .. + 4: v14 / v15 / v16's bulk-copy rings,
@@ -106,7 +106,12 @@ struct MoeDecodeGroupedParams {
                                         // by bulk copies (TMA 1-D) into a shared-memory ring of
                                         // 8 warps x 512 inputs x 4 stages / 8 x 1024 x 2 / 4 x 512
                                         // x 3 (2 blocks per SM) (moe_decode_v14.cu; K % 128 != 0:
-                                        // v9); the probes above
+                                        // v9); 17, 18 v13 with 2 / 3 row bands per block, the
+                                        // loads running on across a band's end (moe_decode_v9.cu);
+                                        // 19 / 20 / 21: v13 / v17 / v13 with an L2 prefetch of each
+                                        // row 6 / 6 / 12 chunks ahead of its loads; the probes above
+  int kernels = 3;                      // timing only: bit 0 launches the up kernel, bit 1 the down
+                                        // kernel (honoured by variants 1..4 and 9..21)
 };
 // Whether moe_decode_grouped takes these shapes (bf16 activations, widths multiples of 32).
 bool moe_decode_grouped_supported(DType act, int64_t dim, int64_t inter);

@@ -194,10 +194,165 @@ __global__ void __launch_bounds__(kW * kWarpSize) v9_down_kernel(const __grid_co
 template <ExpertFormat F, int kMT, int S, bool kPairs = false, bool kProbe = false>
 void launch_format(const MoeDecodeGroupedParams& p, cudaStream_t stream) {
   const unsigned tiles = unsigned(p.max_tiles);
-  v9_up_kernel<F, kMT, S, kPairs, kProbe><<<dim3(tiles, unsigned(ceil_div(p.inter, 8 * kMT * kW))), kW * kWarpSize, 0, stream>>>(p);
-  DI_CUDA_CHECK_LAUNCH();
-  v9_down_kernel<F, kMT, S, kPairs, kProbe><<<dim3(tiles, unsigned(ceil_div(p.dim, 16 * kMT * kW))), kW * kWarpSize, 0, stream>>>(p);
-  DI_CUDA_CHECK_LAUNCH();
+  if (p.kernels & 1) {
+    v9_up_kernel<F, kMT, S, kPairs, kProbe><<<dim3(tiles, unsigned(ceil_div(p.inter, 8 * kMT * kW))), kW * kWarpSize, 0, stream>>>(p);
+    DI_CUDA_CHECK_LAUNCH();
+  }
+  if (p.kernels & 2) {
+    v9_down_kernel<F, kMT, S, kPairs, kProbe><<<dim3(tiles, unsigned(ceil_div(p.dim, 16 * kMT * kW))), kW * kWarpSize, 0, stream>>>(p);
+    DI_CUDA_CHECK_LAUNCH();
+  }
+}
+
+// ---- v17 / v18: v13 with NB row bands per block (session 16, V4.1's widths) ----
+// v13's blocks are short at V4.1's widths (an up block streams 64 gate + 64 up rows of 2.5 KB, a
+// down block 128 rows of 1.1 KB = 18 chunks), and each block pays the pipeline's ramp (the tile's
+// routing loads, then two chunks of loads before the first MMA) and its drain. Here a warp runs NB
+// bands of the same tile one after the other (band b = rows + b * the block's rows) and its
+// chunk-pair loads run on across the band boundary: the next band's first chunks are in flight
+// while the last ones of this band are computed. Each band is v13's sum (the same chunks, in the
+// same order, into fresh accumulators), so v17 / v18 == v13 == v3 bit for bit. Taken only where
+// every band is whole and a band has an even number of chunks (K % 256 == 0, rows % band == 0);
+// else that kernel is v13's.
+// kPf > 0 (v19..v21): each lane also prefetches into L2 the 128-byte line of ONE of the warp's 32
+// rows (row g of m-tile t / 2, half t % 2: the warp's 32 lanes cover its 32 rows) that holds the
+// chunk pair kPf chunks past the pair being loaded, and that row's scale word of the same pair:
+// one `prefetch.global.L2` per lane and pair, no registers held, so the DRAM reads of ~kPf more
+// chunks per warp are in flight and the loads that need registers find them in L2. The loads
+// themselves (and so the sums) are v13's.
+__device__ __forceinline__ void prefetch_l2(const void* a) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(__cvta_generic_to_global(a)));
+}
+template <int MT, int kPf, typename Store>
+__device__ __forceinline__ void run_bands(const uint8_t* w, const uint8_t* sc, const int64_t (&rows)[MT][2], int64_t K,
+                                          const __nv_bfloat16* col, int t, int nb, int64_t band_rows, int64_t prow,
+                                          Store&& store) {
+  // prow: this lane's prefetch row, rows[t / 2][t % 2] (passed in: indexing rows by t puts it on the stack)
+  constexpr ExpertFormat F = ExpertFormat::kFP4;
+  using PT = Ptrs<F, MT>;
+  static_assert(kPf % 2 == 0, "prefetch distance: whole chunk pairs");
+  const int nf = int(K / kChunk), n_all = nb * nf;  // nf even: a chunk pair never straddles two bands
+  PT P = make_ptrs<F, MT>(w, sc, rows, K, col, t);
+  Stage<F, MT> st[4];
+  float acc[MT][4] = {};
+  // the prefetch cursor: this lane's row, chunk pc of band pb (kPf chunks ahead of the loads)
+  const uint8_t* pw = w + prow * (K / 2);
+  const uint8_t* ps = sc + prow * (K / 32);
+  int pc = kPf % nf, pb = kPf / nf;
+  auto prefetch_pair = [&]() {
+    if (pb < nb) {
+      prefetch_l2(pw + int64_t(pb) * band_rows * (K / 2) + 64 * pc);
+      prefetch_l2(ps + int64_t(pb) * band_rows * (K / 32) + 4 * pc);
+    }
+    pc += 2;
+    if (pc >= nf) pc -= nf, ++pb;
+  };
+  if constexpr (kPf > 0)
+    for (int c = 0; c < kPf && c < n_all; c += 2) {  // the lines of the first loads and the ones kPf ahead
+      const int b = c / nf, cb = c % nf;
+      prefetch_l2(pw + int64_t(b) * band_rows * (K / 2) + 64 * cb);
+      prefetch_l2(ps + int64_t(b) * band_rows * (K / 32) + 4 * cb);
+    }
+  int lc = 0;  // chunks of the load cursor's band issued
+  auto load_pair = [&](Stage<F, MT>& s0, Stage<F, MT>& s1) {
+    if constexpr (kPf > 0) prefetch_pair();
+    load9<F, MT>(s0, P, 0);
+    load9<F, MT>(s1, P, 1);
+    lc += 2;
+    if (lc == nf) {  // on to the next band's first chunk: rows + band_rows, x from its start
+      lc = 0;
+      const int64_t jw = band_rows * (K / 32) - int64_t(nf - 2) * PT::kW;  // uint4 of FP4 (K/2 bytes a row)
+      const int64_t js = band_rows * (K / 32) - int64_t(nf - 2) * PT::kS;  // scale bytes (K/32 a row)
+#pragma unroll
+      for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) P.w[m][h] += jw, P.s[m][h] += js;
+      P.x -= int64_t(nf - 2) * PT::kX;
+    } else {
+      P.advance(2);
+    }
+  };
+  load_pair(st[0], st[1]);  // n_all >= 2
+  int cc = 0, b = 0;        // the compute side: chunk inside band b
+  for (int n = 0; n < n_all; n += 4) {
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      if (u % 2 == 0 && n + u + 2 < n_all) load_pair(st[(u + 2) % 4], st[(u + 3) % 4]);  // slots computed before
+      if (n + u < n_all) {
+        compute_fp4<MT>(st[u], acc);
+        if (++cc == nf) {
+          store(b, acc);
+#pragma unroll
+          for (int m = 0; m < MT; ++m)
+#pragma unroll
+            for (int q = 0; q < 4; ++q) acc[m][q] = 0.f;
+          cc = 0, ++b;
+        }
+      }
+    }
+  }
+}
+
+constexpr int kMT17 = 2;  // v13's warp shape (the prefetch rows passed to run_bands assume it)
+constexpr int kUpBand17 = 8 * kMT17 * kW, kDownBand17 = 16 * kMT17 * kW;  // gate rows / output rows per band
+bool v17_up_takes(const MoeDecodeGroupedParams& p) { return p.dim % 256 == 0 && p.inter % kUpBand17 == 0; }
+bool v17_down_takes(const MoeDecodeGroupedParams& p) { return p.inter % 256 == 0 && p.dim % kDownBand17 == 0; }
+
+// grid (max_tiles, ceil(inter / kUpBand17 / NB)): block y runs bands NB*y .. NB*y + NB - 1.
+template <int NB, int kPf>
+__global__ void __launch_bounds__(kW * kWarpSize) v17_up_kernel(const __grid_constant__ MoeDecodeGroupedParams p) {
+  if (int64_t(blockIdx.x) >= *p.num_tiles) return;
+  const TileRows tr = tile_rows(p);
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize, g = lane / 4, t = lane % 4;
+  const int64_t I = p.inter, D = p.dim, b0 = int64_t(blockIdx.y) * NB;
+  const int nb = int(I / kUpBand17 - b0 < NB ? I / kUpBand17 - b0 : NB);
+  const int64_t i0 = b0 * kUpBand17 + warp * 8 * kMT17;
+  int64_t rows[kMT17][2];
+#pragma unroll
+  for (int m = 0; m < kMT17; ++m) rows[m][0] = i0 + 8 * m + g, rows[m][1] = I + rows[m][0];
+  const __nv_bfloat16* col = static_cast<const __nv_bfloat16*>(p.x) + p.perm_src[tr.r0 + (g < tr.n ? g : 0)] * D;
+  run_bands<kMT17, kPf>(static_cast<const uint8_t*>(p.w13[tr.e]), p.w13_scale[tr.e], rows, D, col, t, nb, kUpBand17,
+                   (t % 2 ? I : 0) + i0 + 8 * (t / 2) + g,
+                   [&](int b, const float (&acc)[kMT17][4]) { store_up<kMT17>(p, tr, i0 + b * kUpBand17, g, t, acc); });
+}
+
+// grid (max_tiles, ceil(dim / kDownBand17 / NB)).
+template <int NB, int kPf>
+__global__ void __launch_bounds__(kW * kWarpSize) v17_down_kernel(const __grid_constant__ MoeDecodeGroupedParams p) {
+  if (int64_t(blockIdx.x) >= *p.num_tiles) return;
+  const TileRows tr = tile_rows(p);
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize, g = lane / 4, t = lane % 4;
+  const int64_t I = p.inter, D = p.dim, b0 = int64_t(blockIdx.y) * NB;
+  const int nb = int(D / kDownBand17 - b0 < NB ? D / kDownBand17 - b0 : NB);
+  const int64_t j0 = b0 * kDownBand17 + warp * 16 * kMT17;
+  int64_t rows[kMT17][2];
+#pragma unroll
+  for (int m = 0; m < kMT17; ++m)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) rows[m][h] = j0 + 16 * m + 8 * h + g;
+  const __nv_bfloat16* col = static_cast<const __nv_bfloat16*>(p.act) + (tr.r0 + (g < tr.n ? g : 0)) * I;
+  run_bands<kMT17, kPf>(static_cast<const uint8_t*>(p.w2[tr.e]), p.w2_scale[tr.e], rows, I, col, t, nb, kDownBand17, j0 + 16 * (t / 2) + 8 * (t % 2) + g,
+                   [&](int b, const float (&acc)[kMT17][4]) { store_down<kMT17>(p, tr, j0 + b * kDownBand17, g, t, acc); });
+}
+
+template <int NB, int kPf = 0>
+void launch_v17(const MoeDecodeGroupedParams& p, cudaStream_t stream) {
+  constexpr ExpertFormat F = ExpertFormat::kFP4;
+  const unsigned tiles = unsigned(p.max_tiles);
+  if (p.kernels & 1) {
+    if (v17_up_takes(p))
+      v17_up_kernel<NB, kPf><<<dim3(tiles, unsigned(ceil_div(p.inter / kUpBand17, NB))), kW * kWarpSize, 0, stream>>>(p);
+    else
+      v9_up_kernel<F, kMT17, 4, true, false><<<dim3(tiles, unsigned(ceil_div(p.inter, kUpBand17))), kW * kWarpSize, 0, stream>>>(p);
+    DI_CUDA_CHECK_LAUNCH();
+  }
+  if (p.kernels & 2) {
+    if (v17_down_takes(p))
+      v17_down_kernel<NB, kPf><<<dim3(tiles, unsigned(ceil_div(p.dim / kDownBand17, NB))), kW * kWarpSize, 0, stream>>>(p);
+    else
+      v9_down_kernel<F, kMT17, 4, true, false><<<dim3(tiles, unsigned(ceil_div(p.dim, kDownBand17))), kW * kWarpSize, 0, stream>>>(p);
+    DI_CUDA_CHECK_LAUNCH();
+  }
 }
 }  // namespace
 
@@ -212,6 +367,11 @@ void launch_v9(const MoeDecodeGroupedParams& p, int shape, cudaStream_t stream) 
     case 11: return launch_format<ExpertFormat::kFP4, 1, 4>(p, stream);
     case 12: return launch_format<ExpertFormat::kFP4, 2, 2>(p, stream);  // fewer registers: more warps
     case 13: return launch_format<ExpertFormat::kFP4, 2, 4, true>(p, stream);  // chunk pairs
+    case 17: return launch_v17<2>(p, stream);  // v13 with 2 / 3 row bands per block
+    case 18: return launch_v17<3>(p, stream);
+    case 19: return launch_v17<1, 6>(p, stream);  // v13 + L2 prefetch 6 chunks ahead of the loads
+    case 20: return launch_v17<2, 6>(p, stream);  // v17 + the same
+    case 21: return launch_v17<1, 12>(p, stream);  // v13 + L2 prefetch 12 chunks ahead
     // load-only probes of v9's (v3's) and v13's addressing (moe_decode.h kMoeDecodeGroupedProbeFirst)
     case kMoeDecodeGroupedProbeFirst: return launch_format<ExpertFormat::kFP4, 4, 2, false, true>(p, stream);
     case kMoeDecodeGroupedProbeFirst + 1: return launch_format<ExpertFormat::kFP4, 2, 4, true, true>(p, stream);
