@@ -281,7 +281,7 @@ TEST(MoeDecodeGrouped, SharedRingMatchesV3AtModelWidths) {
         EXPECT_EQ(0, std::memcmp(got.data(), ref.data(), size_t(rows * w.D) * 4))
             << w.name << " " << oc::expert_format_name(f) << " variant " << v;
       }
-      std::printf("[gpu-moe] moe_decode_grouped %s %s: v5..v21 == v3 bit for bit (%lld rows x %lld)\n", w.name,
+      std::printf("[gpu-moe] moe_decode_grouped %s %s: v5..v22 == v3 bit for bit (%lld rows x %lld)\n", w.name,
                   oc::expert_format_name(f), (long long)rows, (long long)w.D);
     }
 }
@@ -709,7 +709,8 @@ void timing_kernels(const char* name, int64_t E, int64_t K, int64_t D, int64_t I
 
 TEST(MoeDecodeGrouped, TimingKernels) {
   if (cuda::cuda_device_count() == 0) GTEST_SKIP() << "CUDA test skipped: " << cuda::cuda_unavailable_reason();
-  const std::vector<int> variants{0, 13, 17, 18, 19, 20, 21};
+  const std::vector<int> variants{0, 13, 17, 18, 19, 20, 21, 22, gpu::kMoeDecodeGroupedProbeFirst + 1,
+                                  gpu::kMoeDecodeGroupedProbeFirst + 6};
   timing_kernels("V4-Flash (E 256 top-6, D 4096, I 2048)", 256, 6, 4096, 2048, variants);
   timing_kernels("V4.1-Flash (E 384 top-6, D 5120, I 2304)", 384, 6, 5120, 2304, variants);
 }

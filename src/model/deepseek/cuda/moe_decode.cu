@@ -494,6 +494,7 @@ void launch_variant(const MoeDecodeGroupedParams& p, cudaStream_t stream) {
     case 19:
     case 20:
     case 21:
+    case 22:
       if constexpr (F != ExpertFormat::kFP4) return launch_variant_v3shape<F>(p, 13, stream);
       else return launch_v9(p, v, stream);
     case 14:  // FP4 rows by bulk copies (moe_decode_v14.cu) where it takes the shape, else v9 / v3
@@ -510,6 +511,9 @@ void launch_variant(const MoeDecodeGroupedParams& p, cudaStream_t stream) {
     case kMoeDecodeGroupedProbeFirst + 4:
     case kMoeDecodeGroupedProbeFirst + 5:
       if constexpr (F == ExpertFormat::kFP4) return launch_v14(p, v, stream);
+      break;
+    case kMoeDecodeGroupedProbeFirst + 6:  // v19's loads and prefetches
+      if constexpr (F == ExpertFormat::kFP4) return launch_v9(p, v, stream);
       break;
     default:  // 4: FP4 through the byte table (the first version)
       if constexpr (F == ExpertFormat::kFP4) return launch<F, false, 2, 4, 2>(p, stream);

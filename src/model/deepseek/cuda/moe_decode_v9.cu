@@ -223,7 +223,7 @@ void launch_format(const MoeDecodeGroupedParams& p, cudaStream_t stream) {
 __device__ __forceinline__ void prefetch_l2(const void* a) {
   asm volatile("prefetch.global.L2 [%0];" ::"l"(__cvta_generic_to_global(a)));
 }
-template <int MT, int kPf, typename Store>
+template <int MT, int kPf, bool kProbe, typename Store>
 __device__ __forceinline__ void run_bands(const uint8_t* w, const uint8_t* sc, const int64_t (&rows)[MT][2], int64_t K,
                                           const __nv_bfloat16* col, int t, int nb, int64_t band_rows, int64_t prow,
                                           Store&& store) {
@@ -279,7 +279,7 @@ __device__ __forceinline__ void run_bands(const uint8_t* w, const uint8_t* sc, c
     for (int u = 0; u < 4; ++u) {
       if (u % 2 == 0 && n + u + 2 < n_all) load_pair(st[(u + 2) % 4], st[(u + 3) % 4]);  // slots computed before
       if (n + u < n_all) {
-        compute_fp4<MT>(st[u], acc);
+        compute9<F, MT, kProbe>(st[u], nullptr, acc);  // compute_fp4 (or the load-only probe's fold)
         if (++cc == nf) {
           store(b, acc);
 #pragma unroll
@@ -299,7 +299,7 @@ bool v17_up_takes(const MoeDecodeGroupedParams& p) { return p.dim % 256 == 0 && 
 bool v17_down_takes(const MoeDecodeGroupedParams& p) { return p.inter % 256 == 0 && p.dim % kDownBand17 == 0; }
 
 // grid (max_tiles, ceil(inter / kUpBand17 / NB)): block y runs bands NB*y .. NB*y + NB - 1.
-template <int NB, int kPf>
+template <int NB, int kPf, bool kProbe>
 __global__ void __launch_bounds__(kW * kWarpSize) v17_up_kernel(const __grid_constant__ MoeDecodeGroupedParams p) {
   if (int64_t(blockIdx.x) >= *p.num_tiles) return;
   const TileRows tr = tile_rows(p);
@@ -311,13 +311,13 @@ __global__ void __launch_bounds__(kW * kWarpSize) v17_up_kernel(const __grid_con
 #pragma unroll
   for (int m = 0; m < kMT17; ++m) rows[m][0] = i0 + 8 * m + g, rows[m][1] = I + rows[m][0];
   const __nv_bfloat16* col = static_cast<const __nv_bfloat16*>(p.x) + p.perm_src[tr.r0 + (g < tr.n ? g : 0)] * D;
-  run_bands<kMT17, kPf>(static_cast<const uint8_t*>(p.w13[tr.e]), p.w13_scale[tr.e], rows, D, col, t, nb, kUpBand17,
+  run_bands<kMT17, kPf, kProbe>(static_cast<const uint8_t*>(p.w13[tr.e]), p.w13_scale[tr.e], rows, D, col, t, nb, kUpBand17,
                    (t % 2 ? I : 0) + i0 + 8 * (t / 2) + g,
                    [&](int b, const float (&acc)[kMT17][4]) { store_up<kMT17>(p, tr, i0 + b * kUpBand17, g, t, acc); });
 }
 
 // grid (max_tiles, ceil(dim / kDownBand17 / NB)).
-template <int NB, int kPf>
+template <int NB, int kPf, bool kProbe>
 __global__ void __launch_bounds__(kW * kWarpSize) v17_down_kernel(const __grid_constant__ MoeDecodeGroupedParams p) {
   if (int64_t(blockIdx.x) >= *p.num_tiles) return;
   const TileRows tr = tile_rows(p);
@@ -331,26 +331,26 @@ __global__ void __launch_bounds__(kW * kWarpSize) v17_down_kernel(const __grid_c
 #pragma unroll
     for (int h = 0; h < 2; ++h) rows[m][h] = j0 + 16 * m + 8 * h + g;
   const __nv_bfloat16* col = static_cast<const __nv_bfloat16*>(p.act) + (tr.r0 + (g < tr.n ? g : 0)) * I;
-  run_bands<kMT17, kPf>(static_cast<const uint8_t*>(p.w2[tr.e]), p.w2_scale[tr.e], rows, I, col, t, nb, kDownBand17, j0 + 16 * (t / 2) + 8 * (t % 2) + g,
+  run_bands<kMT17, kPf, kProbe>(static_cast<const uint8_t*>(p.w2[tr.e]), p.w2_scale[tr.e], rows, I, col, t, nb, kDownBand17, j0 + 16 * (t / 2) + 8 * (t % 2) + g,
                    [&](int b, const float (&acc)[kMT17][4]) { store_down<kMT17>(p, tr, j0 + b * kDownBand17, g, t, acc); });
 }
 
-template <int NB, int kPf = 0>
+template <int NB, int kPf = 0, bool kProbe = false>
 void launch_v17(const MoeDecodeGroupedParams& p, cudaStream_t stream) {
   constexpr ExpertFormat F = ExpertFormat::kFP4;
   const unsigned tiles = unsigned(p.max_tiles);
   if (p.kernels & 1) {
     if (v17_up_takes(p))
-      v17_up_kernel<NB, kPf><<<dim3(tiles, unsigned(ceil_div(p.inter / kUpBand17, NB))), kW * kWarpSize, 0, stream>>>(p);
+      v17_up_kernel<NB, kPf, kProbe><<<dim3(tiles, unsigned(ceil_div(p.inter / kUpBand17, NB))), kW * kWarpSize, 0, stream>>>(p);
     else
-      v9_up_kernel<F, kMT17, 4, true, false><<<dim3(tiles, unsigned(ceil_div(p.inter, kUpBand17))), kW * kWarpSize, 0, stream>>>(p);
+      v9_up_kernel<F, kMT17, 4, true, kProbe><<<dim3(tiles, unsigned(ceil_div(p.inter, kUpBand17))), kW * kWarpSize, 0, stream>>>(p);
     DI_CUDA_CHECK_LAUNCH();
   }
   if (p.kernels & 2) {
     if (v17_down_takes(p))
-      v17_down_kernel<NB, kPf><<<dim3(tiles, unsigned(ceil_div(p.dim / kDownBand17, NB))), kW * kWarpSize, 0, stream>>>(p);
+      v17_down_kernel<NB, kPf, kProbe><<<dim3(tiles, unsigned(ceil_div(p.dim / kDownBand17, NB))), kW * kWarpSize, 0, stream>>>(p);
     else
-      v9_down_kernel<F, kMT17, 4, true, false><<<dim3(tiles, unsigned(ceil_div(p.dim, kDownBand17))), kW * kWarpSize, 0, stream>>>(p);
+      v9_down_kernel<F, kMT17, 4, true, kProbe><<<dim3(tiles, unsigned(ceil_div(p.dim, kDownBand17))), kW * kWarpSize, 0, stream>>>(p);
     DI_CUDA_CHECK_LAUNCH();
   }
 }
@@ -372,6 +372,8 @@ void launch_v9(const MoeDecodeGroupedParams& p, int shape, cudaStream_t stream) 
     case 19: return launch_v17<1, 6>(p, stream);  // v13 + L2 prefetch 6 chunks ahead of the loads
     case 20: return launch_v17<2, 6>(p, stream);  // v17 + the same
     case 21: return launch_v17<1, 12>(p, stream);  // v13 + L2 prefetch 12 chunks ahead
+    case 22: return launch_v17<2, 12>(p, stream);  // v17 + the same
+    case kMoeDecodeGroupedProbeFirst + 6: return launch_v17<1, 6, true>(p, stream);  // load-only v19
     // load-only probes of v9's (v3's) and v13's addressing (moe_decode.h kMoeDecodeGroupedProbeFirst)
     case kMoeDecodeGroupedProbeFirst: return launch_format<ExpertFormat::kFP4, 4, 2, false, true>(p, stream);
     case kMoeDecodeGroupedProbeFirst + 1: return launch_format<ExpertFormat::kFP4, 2, 4, true, true>(p, stream);
