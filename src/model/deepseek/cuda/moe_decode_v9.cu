@@ -235,24 +235,25 @@ __device__ __forceinline__ void run_bands(const uint8_t* w, const uint8_t* sc, c
   PT P = make_ptrs<F, MT>(w, sc, rows, K, col, t);
   Stage<F, MT> st[4];
   float acc[MT][4] = {};
-  // the prefetch cursor: this lane's row, chunk pc of band pb (kPf chunks ahead of the loads)
-  const uint8_t* pw = w + prow * (K / 2);
-  const uint8_t* ps = sc + prow * (K / 32);
+  // the prefetch cursor: this lane's row at chunk pc of band pb (kPf chunks ahead of the loads),
+  // as running pointers (the band's jump only when pc wraps)
+  const int64_t band_w = band_rows * (K / 2), band_s = band_rows * (K / 32);  // bytes per band
   int pc = kPf % nf, pb = kPf / nf;
+  const uint8_t* pw = w + prow * (K / 2) + pb * band_w + 64 * pc;
+  const uint8_t* ps = sc + prow * (K / 32) + pb * band_s + 4 * pc;
   auto prefetch_pair = [&]() {
-    if (pb < nb) {
-      prefetch_l2(pw + int64_t(pb) * band_rows * (K / 2) + 64 * pc);
-      prefetch_l2(ps + int64_t(pb) * band_rows * (K / 32) + 4 * pc);
-    }
-    pc += 2;
-    if (pc >= nf) pc -= nf, ++pb;
+    if (pb < nb) prefetch_l2(pw), prefetch_l2(ps);
+    pw += 128, ps += 8, pc += 2;
+    if (pc == nf) pc = 0, ++pb, pw += band_w - 64 * nf, ps += band_s - 4 * nf;
   };
-  if constexpr (kPf > 0)
-    for (int c = 0; c < kPf && c < n_all; c += 2) {  // the lines of the first loads and the ones kPf ahead
-      const int b = c / nf, cb = c % nf;
-      prefetch_l2(pw + int64_t(b) * band_rows * (K / 2) + 64 * cb);
-      prefetch_l2(ps + int64_t(b) * band_rows * (K / 32) + 4 * cb);
+  if constexpr (kPf > 0) {  // the lines of the first kPf chunks (the first loads' and those up to kPf ahead)
+    const uint8_t* qw = w + prow * (K / 2);
+    const uint8_t* qs = sc + prow * (K / 32);
+    for (int c = 0, cb = 0; c < kPf && c < n_all; c += 2) {
+      prefetch_l2(qw + 64 * cb), prefetch_l2(qs + 4 * cb);
+      if ((cb += 2) == nf) cb = 0, qw += band_w, qs += band_s;
     }
+  }
   int lc = 0;  // chunks of the load cursor's band issued
   auto load_pair = [&](Stage<F, MT>& s0, Stage<F, MT>& s1) {
     if constexpr (kPf > 0) prefetch_pair();
@@ -273,14 +274,15 @@ __device__ __forceinline__ void run_bands(const uint8_t* w, const uint8_t* sc, c
     }
   };
   load_pair(st[0], st[1]);  // n_all >= 2
-  int cc = 0, b = 0;        // the compute side: chunk inside band b
+  int cc = 0, b = 0;        // the compute side: chunks of band b computed (counted by pairs)
   for (int n = 0; n < n_all; n += 4) {
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
       if (u % 2 == 0 && n + u + 2 < n_all) load_pair(st[(u + 2) % 4], st[(u + 3) % 4]);  // slots computed before
       if (n + u < n_all) {
         compute9<F, MT, kProbe>(st[u], nullptr, acc);  // compute_fp4 (or the load-only probe's fold)
-        if (++cc == nf) {
+        // a band ends after an odd chunk (nf even): two copies of the store in the unrolled body, not four
+        if (u % 2 == 1 && (cc += 2) == nf) {
           store(b, acc);
 #pragma unroll
           for (int m = 0; m < MT; ++m)
