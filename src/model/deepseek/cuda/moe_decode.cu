@@ -426,9 +426,10 @@ void launch(const MoeDecodeGroupedParams& p, cudaStream_t stream) {
 // v6 was within 1.1% of it only at V4.1 B = 128 / 256. (Before: v9 above 16 pairs, at one token
 // v1 when its blocks fit one wave, else v10; session 12.) For FP8 and bf16 weights 9 and 10 run
 // the v3 and v2 kernels (the diet is FP4's), so their pick is unchanged.
-// Session 16 (V4.1's widths, not yet measured when written): v17 (v13 with 2 row bands per block)
-// from 96 pairs up (V4.1 B = 32: ~152 tiles x 18 up / 20 down blocks, ~10 waves of 264 slots),
-// where halving the blocks costs little tail and saves half the per-block ramps; v13 below.
+// Session 16 (PREDICTED, not yet measured when written; FP4): v19 (v13 + an L2 prefetch of each row
+// 6 chunks ahead of its loads) below 96 pairs, v20 (the same with 2 row bands per block) from 96
+// pairs up (V4.1 B = 32: ~152 tiles x 18 up / 20 down blocks, ~10 waves of 264 slots, where halving
+// the blocks costs little tail and saves half the per-block ramps). All bit-identical to v13.
 // DEEPINFER_MOE_DECODE_VARIANT=<n> overrides the pick (tuning in a model stack; read once).
 int env_variant() {
   static const int v = [] {
@@ -445,7 +446,7 @@ int env_variant() {
 template <ExpertFormat F>
 int auto_variant(const MoeDecodeGroupedParams& p) {
   if (const int v = env_variant()) return v;
-  if constexpr (F == ExpertFormat::kFP4) return p.tokens * p.topk >= 96 ? 17 : 13;
+  if constexpr (F == ExpertFormat::kFP4) return p.tokens * p.topk >= 96 ? 20 : 19;
   const int64_t P = p.tokens * p.topk;
   if (P > 16) return 9;
   static const int per_sm = [] {
