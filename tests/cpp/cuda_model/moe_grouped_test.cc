@@ -6,7 +6,7 @@
 //    of a block's rows; every warp shape (variant) bit-identical to the default one, including the
 //    shared-memory rings v5..v8, the FP4 instruction diet v9..v13 and the bulk-copy rings v14..v16
 //    (and those against v3 at the V4 / V4.1 widths); the diet's nibble decode against the
-//    reference form on the CPU; the row bands and L2 prefetches of v17..v21 likewise.
+//    reference form on the CPU; the row bands and L2 prefetches of v17..v24 likewise.
 //  * batch invariance: a token alone and inside random batches (other positions, other
 //    neighbours) gives bit-identical expert outputs.
 //  * timing (V4-Flash and V4.1-Flash widths, random top-6 routing, a fresh routing every call):
@@ -281,7 +281,7 @@ TEST(MoeDecodeGrouped, SharedRingMatchesV3AtModelWidths) {
         EXPECT_EQ(0, std::memcmp(got.data(), ref.data(), size_t(rows * w.D) * 4))
             << w.name << " " << oc::expert_format_name(f) << " variant " << v;
       }
-      std::printf("[gpu-moe] moe_decode_grouped %s %s: v5..v22 == v3 bit for bit (%lld rows x %lld)\n", w.name,
+      std::printf("[gpu-moe] moe_decode_grouped %s %s: v5..v24 == v3 bit for bit (%lld rows x %lld)\n", w.name,
                   oc::expert_format_name(f), (long long)rows, (long long)w.D);
     }
 }
@@ -414,7 +414,7 @@ TEST(MoeDecodeGrouped, BatchInvariant) {
   }
   // Expert outputs of token rows `tok` (a batch): out[i][k] = ye row of (tok[i], k).
   // DI_MOE_GROUPED_TEST_VARIANTS="14,16" narrows the list (compute-sanitizer runs of one kernel)
-  std::vector<int> variants{0, 5, 7, 8, 9, 11, 14, 15, 16, 17, 19, 20};
+  std::vector<int> variants{0, 5, 7, 8, 9, 11, 14, 15, 16, 17, 19, 20, 23};
   if (const char* only = std::getenv("DI_MOE_GROUPED_TEST_VARIANTS")) {
     variants.clear();
     for (const char* c = only; *c;) {
@@ -709,8 +709,9 @@ void timing_kernels(const char* name, int64_t E, int64_t K, int64_t D, int64_t I
 
 TEST(MoeDecodeGrouped, TimingKernels) {
   if (cuda::cuda_device_count() == 0) GTEST_SKIP() << "CUDA test skipped: " << cuda::cuda_unavailable_reason();
-  const std::vector<int> variants{0, 13, 17, 18, 19, 20, 21, 22, gpu::kMoeDecodeGroupedProbeFirst + 1,
-                                  gpu::kMoeDecodeGroupedProbeFirst + 6};
+  const std::vector<int> variants{0,  9,  13, 17, 18, 19, 20, 21, 22, 23, 24, gpu::kMoeDecodeGroupedProbeFirst,
+                                  gpu::kMoeDecodeGroupedProbeFirst + 1, gpu::kMoeDecodeGroupedProbeFirst + 6,
+                                  gpu::kMoeDecodeGroupedProbeFirst + 7};
   timing_kernels("V4-Flash (E 256 top-6, D 4096, I 2048)", 256, 6, 4096, 2048, variants);
   timing_kernels("V4.1-Flash (E 384 top-6, D 5120, I 2304)", 384, 6, 5120, 2304, variants);
 }

@@ -496,6 +496,8 @@ void launch_variant(const MoeDecodeGroupedParams& p, cudaStream_t stream) {
     case 20:
     case 21:
     case 22:
+    case 23:
+    case 24:
       if constexpr (F != ExpertFormat::kFP4) return launch_variant_v3shape<F>(p, 13, stream);
       else return launch_v9(p, v, stream);
     case 14:  // FP4 rows by bulk copies (moe_decode_v14.cu) where it takes the shape, else v9 / v3
@@ -513,7 +515,8 @@ void launch_variant(const MoeDecodeGroupedParams& p, cudaStream_t stream) {
     case kMoeDecodeGroupedProbeFirst + 5:
       if constexpr (F == ExpertFormat::kFP4) return launch_v14(p, v, stream);
       break;
-    case kMoeDecodeGroupedProbeFirst + 6:  // v19's loads and prefetches
+    case kMoeDecodeGroupedProbeFirst + 6:  // v19's / v23's loads and prefetches
+    case kMoeDecodeGroupedProbeFirst + 7:
       if constexpr (F == ExpertFormat::kFP4) return launch_v9(p, v, stream);
       break;
     default:  // 4: FP4 through the byte table (the first version)
