@@ -426,10 +426,9 @@ void launch(const MoeDecodeGroupedParams& p, cudaStream_t stream) {
 // v6 was within 1.1% of it only at V4.1 B = 128 / 256. (Before: v9 above 16 pairs, at one token
 // v1 when its blocks fit one wave, else v10; session 12.) For FP8 and bf16 weights 9 and 10 run
 // the v3 and v2 kernels (the diet is FP4's), so their pick is unchanged.
-// Session 16 (PREDICTED, not yet measured when written; FP4): v19 (v13 + an L2 prefetch of each row
-// 6 chunks ahead of its loads) below 96 pairs, v20 (the same with 2 row bands per block) from 96
-// pairs up (V4.1 B = 32: ~152 tiles x 18 up / 20 down blocks, ~10 waves of 264 slots, where halving
-// the blocks costs little tail and saves half the per-block ramps). All bit-identical to v13.
+// Session 16: variants 17..24 (row bands, L2 prefetch; bit-identical to v13 by construction) are
+// opt-in until measured on a device: the pick stays v13. (The prediction, docs/PERFORMANCE.md
+// "#13 item 5: the grouped MoE decode at V4.1's widths": v19 below 96 pairs, v20 from 96 up.)
 // DEEPINFER_MOE_DECODE_VARIANT=<n> overrides the pick (tuning in a model stack; read once).
 int env_variant() {
   static const int v = [] {
@@ -446,7 +445,7 @@ int env_variant() {
 template <ExpertFormat F>
 int auto_variant(const MoeDecodeGroupedParams& p) {
   if (const int v = env_variant()) return v;
-  if constexpr (F == ExpertFormat::kFP4) return p.tokens * p.topk >= 96 ? 20 : 19;
+  if constexpr (F == ExpertFormat::kFP4) return 13;
   const int64_t P = p.tokens * p.topk;
   if (P > 16) return 9;
   static const int per_sm = [] {
