@@ -6,7 +6,7 @@
 //    of a block's rows; every warp shape (variant) bit-identical to the default one, including the
 //    shared-memory rings v5..v8, the FP4 instruction diet v9..v13 and the bulk-copy rings v14..v16
 //    (and those against v3 at the V4 / V4.1 widths); the diet's nibble decode against the
-//    reference form on the CPU.
+//    reference form on the CPU; the row bands and L2 prefetches of v17..v24 likewise.
 //  * batch invariance: a token alone and inside random batches (other positions, other
 //    neighbours) gives bit-identical expert outputs.
 //  * timing (V4-Flash and V4.1-Flash widths, random top-6 routing, a fresh routing every call):
@@ -281,7 +281,7 @@ TEST(MoeDecodeGrouped, SharedRingMatchesV3AtModelWidths) {
         EXPECT_EQ(0, std::memcmp(got.data(), ref.data(), size_t(rows * w.D) * 4))
             << w.name << " " << oc::expert_format_name(f) << " variant " << v;
       }
-      std::printf("[gpu-moe] moe_decode_grouped %s %s: v5..v16 == v3 bit for bit (%lld rows x %lld)\n", w.name,
+      std::printf("[gpu-moe] moe_decode_grouped %s %s: v5..v24 == v3 bit for bit (%lld rows x %lld)\n", w.name,
                   oc::expert_format_name(f), (long long)rows, (long long)w.D);
     }
 }
@@ -414,7 +414,7 @@ TEST(MoeDecodeGrouped, BatchInvariant) {
   }
   // Expert outputs of token rows `tok` (a batch): out[i][k] = ye row of (tok[i], k).
   // DI_MOE_GROUPED_TEST_VARIANTS="14,16" narrows the list (compute-sanitizer runs of one kernel)
-  std::vector<int> variants{0, 5, 7, 8, 9, 11, 14, 15, 16};
+  std::vector<int> variants{0, 5, 7, 8, 9, 11, 14, 15, 16, 17, 19, 20, 23};
   if (const char* only = std::getenv("DI_MOE_GROUPED_TEST_VARIANTS")) {
     variants.clear();
     for (const char* c = only; *c;) {
@@ -635,6 +635,85 @@ void timing(const char* name, int64_t E, int64_t K, int64_t D, int64_t I) {
       std::printf("[gpu-moe] grouped-decode %s B=32: max rel diff %.2e vs the pair kernel\n", name, rel);
     }
   }
+}
+
+// The up and the down kernel timed apart (session 16, issue #13 item 5): per variant, the grouped
+// decode's kernels alone (the NR routings are computed once before timing, so the route is NOT in
+// these times, unlike timing() above), GB/s of the distinct experts' bytes of that kernel's matrix
+// (w13 + scales for up, w2 + scales for down) and their share of the card's bandwidth (3.35 TB/s
+// H100 SXM, 4.3 TB/s measured H200; other cards: the H100's figure).
+void timing_kernels(const char* name, int64_t E, int64_t K, int64_t D, int64_t I, const std::vector<int>& variants) {
+  const ExpertFormat f = ExpertFormat::kFP4;
+  std::mt19937 g(7);
+  std::vector<uint8_t> s13, s2;
+  const auto w13 = rand_matrix(f, 2 * I, D, g, s13);
+  const auto w2 = rand_matrix(f, D, I, g, s2);
+  Table t13, t2, ts13, ts2;
+  t13.upload_copies(w13, E), t2.upload_copies(w2, E), ts13.upload_copies(s13, E), ts2.upload_copies(s2, E);
+  const double up_bytes = double(w13.size() + s13.size()), down_bytes = double(w2.size() + s2.size());
+  cudaDeviceProp prop{};
+  DI_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  const bool h200 = std::string(prop.name).find("H200") != std::string::npos;
+  const double floor_gbs = h200 ? 4300 : 3350;
+  const int64_t Tmax = 64, NR = 8;
+  cuda::DeviceBuffer dx(size_t(Tmax * D) * 2), act(size_t(Tmax * K * I) * 2), ye(size_t(Tmax * K * D) * 4);
+  {
+    const auto hx = rand_x(Tmax * D, g);
+    cuda::copy_h2d(dx.data(), hx.data(), hx.size() * 2, nullptr);
+  }
+  Timer tm;
+  const int reps = 30;
+  for (int64_t T : {1, 8, 32, 64}) {
+    std::vector<Route> rts;
+    double distinct = 0;
+    for (int64_t r = 0; r < NR; ++r) {
+      std::vector<int32_t> ids(size_t(T * K));
+      std::vector<float> wts(ids.size(), 1.f / float(K));
+      std::set<int32_t> touched;
+      for (int64_t t = 0; t < T; ++t) {
+        std::set<int32_t> st;
+        while (int64_t(st.size()) < K) st.insert(int32_t(g() % E));
+        int k = 0;
+        for (int32_t e : st) ids[size_t(t * K + k++)] = e, touched.insert(e);
+      }
+      distinct += double(touched.size()) / NR;
+      rts.emplace_back(T, K, E);
+      rts.back().set(ids, wts);
+      rts.back().run();
+    }
+    gpu::MoeDecodeGroupedParams gp{.x = dx.data(), .act = act.data(), .ye = ye.as<float>(), .dim = D, .inter = I,
+                                   .limit = 10.f};
+    gp.w13 = t13.dev<void>(), gp.w2 = t2.dev<void>(), gp.format = f, gp.w13_scale = ts13.dev<uint8_t>(),
+    gp.w2_scale = ts2.dev<uint8_t>();
+    for (int kernels : {1, 2, 3}) {
+      const double bytes = distinct * (kernels == 1 ? up_bytes : kernels == 2 ? down_bytes : up_bytes + down_bytes);
+      std::string line;
+      for (int v : variants) {
+        const double us = tm.us(reps, [&](int r) {
+          gpu::MoeDecodeGroupedParams p = gp;
+          rts[size_t(r % NR)].params(p);
+          p.variant = v, p.kernels = kernels;
+          gpu::moe_decode_grouped(p, nullptr);
+        });
+        const double gbs = bytes / us / 1e3;
+        char b[96];
+        std::snprintf(b, sizeof b, " | v%d %.1f us %.0f GB/s %.0f%%", v, us, gbs, 100 * gbs / floor_gbs);
+        line += b;
+      }
+      std::printf("[gpu-moe] kernels %s B=%lld %s: %.1f distinct experts, %.0f MB (%s, share of %.2f TB/s)%s\n", name,
+                  (long long)T, kernels == 1 ? "up" : kernels == 2 ? "down" : "up+down", distinct, bytes / 1e6,
+                  prop.name, floor_gbs / 1e3, line.c_str());
+    }
+  }
+}
+
+TEST(MoeDecodeGrouped, TimingKernels) {
+  if (cuda::cuda_device_count() == 0) GTEST_SKIP() << "CUDA test skipped: " << cuda::cuda_unavailable_reason();
+  const std::vector<int> variants{0,  9,  13, 17, 18, 19, 20, 21, 22, 23, 24, gpu::kMoeDecodeGroupedProbeFirst,
+                                  gpu::kMoeDecodeGroupedProbeFirst + 1, gpu::kMoeDecodeGroupedProbeFirst + 6,
+                                  gpu::kMoeDecodeGroupedProbeFirst + 7};
+  timing_kernels("V4-Flash (E 256 top-6, D 4096, I 2048)", 256, 6, 4096, 2048, variants);
+  timing_kernels("V4.1-Flash (E 384 top-6, D 5120, I 2304)", 384, 6, 5120, 2304, variants);
 }
 
 TEST(MoeDecodeGrouped, Timing) {

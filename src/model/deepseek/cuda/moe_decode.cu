@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <type_traits>
 #include <vector>
 
@@ -406,12 +407,16 @@ __global__ void __launch_bounds__(W * kWarpSize) grouped_down_kernel(const __gri
 template <ExpertFormat F, bool kAlu, int MT, int W, int S>
 void launch(const MoeDecodeGroupedParams& p, cudaStream_t stream) {
   const unsigned tiles = unsigned(p.max_tiles);
-  grouped_up_kernel<F, kAlu, MT, W, S>
-      <<<dim3(tiles, unsigned(ceil_div(p.inter, 8 * MT * W))), W * kWarpSize, 0, stream>>>(p);
-  DI_CUDA_CHECK_LAUNCH();
-  grouped_down_kernel<F, kAlu, MT, W, S>
-      <<<dim3(tiles, unsigned(ceil_div(p.dim, 16 * MT * W))), W * kWarpSize, 0, stream>>>(p);
-  DI_CUDA_CHECK_LAUNCH();
+  if (p.kernels & 1) {
+    grouped_up_kernel<F, kAlu, MT, W, S>
+        <<<dim3(tiles, unsigned(ceil_div(p.inter, 8 * MT * W))), W * kWarpSize, 0, stream>>>(p);
+    DI_CUDA_CHECK_LAUNCH();
+  }
+  if (p.kernels & 2) {
+    grouped_down_kernel<F, kAlu, MT, W, S>
+        <<<dim3(tiles, unsigned(ceil_div(p.dim, 16 * MT * W))), W * kWarpSize, 0, stream>>>(p);
+    DI_CUDA_CHECK_LAUNCH();
+  }
 }
 
 // Variant 0's pick (H200, MoeDecodeGrouped.Timing). FP4 (session 13): v13 at every size (the
@@ -421,8 +426,25 @@ void launch(const MoeDecodeGroupedParams& p, cudaStream_t stream) {
 // v6 was within 1.1% of it only at V4.1 B = 128 / 256. (Before: v9 above 16 pairs, at one token
 // v1 when its blocks fit one wave, else v10; session 12.) For FP8 and bf16 weights 9 and 10 run
 // the v3 and v2 kernels (the diet is FP4's), so their pick is unchanged.
+// Session 16: variants 17..24 (row bands, L2 prefetch; bit-identical to v13 by construction) are
+// opt-in until measured on a device: the pick stays v13. (The prediction, docs/PERFORMANCE.md
+// "#13 item 5: the grouped MoE decode at V4.1's widths": v19 below 96 pairs, v20 from 96 up.)
+// DEEPINFER_MOE_DECODE_VARIANT=<n> overrides the pick (tuning in a model stack; read once).
+int env_variant() {
+  static const int v = [] {
+    const char* s = std::getenv("DEEPINFER_MOE_DECODE_VARIANT");
+    if (!s || !*s) return 0;
+    const int n = std::atoi(s);
+    if (n < 1 || n > kMoeDecodeGroupedVariants)
+      DI_THROW(InvalidArgument, "DEEPINFER_MOE_DECODE_VARIANT=", s, ": want 1..", kMoeDecodeGroupedVariants);
+    return n;
+  }();
+  return v;
+}
+
 template <ExpertFormat F>
 int auto_variant(const MoeDecodeGroupedParams& p) {
+  if (const int v = env_variant()) return v;
   if constexpr (F == ExpertFormat::kFP4) return 13;
   const int64_t P = p.tokens * p.topk;
   if (P > 16) return 9;
@@ -467,6 +489,16 @@ void launch_variant(const MoeDecodeGroupedParams& p, cudaStream_t stream) {
     case 13:
       if constexpr (F != ExpertFormat::kFP4) return launch_variant_v3shape<F>(p, v, stream);
       else return launch_v9(p, v, stream);
+    case 17:  // v13 with 2 / 3 row bands per block, 19..21 with L2 prefetches (moe_decode_v9.cu);
+    case 18:  // FP8 / bf16: as 13
+    case 19:
+    case 20:
+    case 21:
+    case 22:
+    case 23:
+    case 24:
+      if constexpr (F != ExpertFormat::kFP4) return launch_variant_v3shape<F>(p, 13, stream);
+      else return launch_v9(p, v, stream);
     case 14:  // FP4 rows by bulk copies (moe_decode_v14.cu) where it takes the shape, else v9 / v3
     case 15:
     case 16:
@@ -481,6 +513,10 @@ void launch_variant(const MoeDecodeGroupedParams& p, cudaStream_t stream) {
     case kMoeDecodeGroupedProbeFirst + 4:
     case kMoeDecodeGroupedProbeFirst + 5:
       if constexpr (F == ExpertFormat::kFP4) return launch_v14(p, v, stream);
+      break;
+    case kMoeDecodeGroupedProbeFirst + 6:  // v19's / v23's loads and prefetches
+    case kMoeDecodeGroupedProbeFirst + 7:
+      if constexpr (F == ExpertFormat::kFP4) return launch_v9(p, v, stream);
       break;
     default:  // 4: FP4 through the byte table (the first version)
       if constexpr (F == ExpertFormat::kFP4) return launch<F, false, 2, 4, 2>(p, stream);

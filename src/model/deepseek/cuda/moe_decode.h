@@ -73,12 +73,13 @@ constexpr int kMoeDecodeTileM = 8;
 // at V4.1 widths too), so it is the measured limit; fixed steps go up to 384 tokens (verify).
 constexpr int64_t kMoeDecodeGroupedMaxTokens = 256;
 // Variants 1..kMoeDecodeGroupedVariants of MoeDecodeGroupedParams::variant (0 picks one).
-constexpr int kMoeDecodeGroupedVariants = 16;
+constexpr int kMoeDecodeGroupedVariants = 24;
 // Diagnostic variants (timing only; their outputs are garbage): the access patterns alone, loads
 // folded by xor, no decode and no MMA, FP4 only. First: v9's (= v3's) addressing, + 1: v13's
 // (128 contiguous bytes per row and pair of chunks), + 2 .. + 4: v14 / v15 / v16's bulk-copy rings,
-// + 5: a ring of 4 warps x 2048 inputs (whole 1 KB rows of an I = 2048 down matrix) x 2 stages.
-constexpr int kMoeDecodeGroupedProbeFirst = 101, kMoeDecodeGroupedProbeLast = 106;
+// + 5: a ring of 4 warps x 2048 inputs (whole 1 KB rows of an I = 2048 down matrix) x 2 stages,
+// + 6: v19's (v13's loads plus the L2 prefetch 6 chunks ahead), + 7: v23's (v9's plus the same).
+constexpr int kMoeDecodeGroupedProbeFirst = 101, kMoeDecodeGroupedProbeLast = 108;
 
 struct MoeDecodeGroupedParams {
   const void* x = nullptr;              // [tokens, dim] bf16 (the normed hidden h)
@@ -106,7 +107,14 @@ struct MoeDecodeGroupedParams {
                                         // by bulk copies (TMA 1-D) into a shared-memory ring of
                                         // 8 warps x 512 inputs x 4 stages / 8 x 1024 x 2 / 4 x 512
                                         // x 3 (2 blocks per SM) (moe_decode_v14.cu; K % 128 != 0:
-                                        // v9); the probes above
+                                        // v9); 17, 18 v13 with 2 / 3 row bands per block, the
+                                        // loads running on across a band's end (moe_decode_v9.cu);
+                                        // 19 / 20 / 21 / 22: v13 / v17 / v13 / v17 with an L2 prefetch
+                                        // of each row 6 / 6 / 12 / 12 chunks ahead of its loads; 23 / 24:
+                                        // v9 (4 m-tiles, one chunk ahead) with the prefetch 6 / 12
+                                        // ahead; the probes above
+  int kernels = 3;                      // timing only: bit 0 launches the up kernel, bit 1 the down
+                                        // kernel (honoured by variants 1..4, 9..13 and 17..24)
 };
 // Whether moe_decode_grouped takes these shapes (bf16 activations, widths multiples of 32).
 bool moe_decode_grouped_supported(DType act, int64_t dim, int64_t inter);
