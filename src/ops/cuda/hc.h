@@ -56,6 +56,15 @@ struct HcPreParams {
   // Tokens per partial-sum block: 0 = automatic (8, with at most 8 mixes per block, from 256
   // tokens: prefill; else 4), or 4 / 8 forced (tests, timing). Bit-identical for every value.
   int token_tile = 0;
+  // One launch per site (session 16): a thread-block cluster per token sums the partials, folds
+  // them over distributed shared memory after one cluster barrier and writes u and the mixes;
+  // no workspace traffic, bit-identical to the two-kernel path. 0 = automatic (up to 8 tokens),
+  // 1 = forced (any token count; tests, timing), -1 = never (the two kernels). Falls back to the
+  // two kernels where it can't run (n·D > 65,536, no cluster launch, legacy_finalize, h).
+  int single_launch = 0;
+  // Blocks per token's cluster for the single launch: 0 = automatic (16 where the GPU can place
+  // such clusters, else 8), or 1..16 forced (timing). Each block sums ceil(chunks / blocks) chunks.
+  int cluster = 0;
   // The site's RMSNorm fused into the finalize (session 15): h[t] = rmsnorm(u[t]) (· h_w), the same
   // bits as ops/cuda/rmsnorm on u (ops/cuda/norm_row.cuh's order). The last of a token's u blocks
   // to finish (a counter per token in the workspace, zeroed by the partial-sum kernel) re-reads the

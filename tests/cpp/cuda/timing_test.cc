@@ -151,6 +151,46 @@ TEST(CudaTiming, HcSiteFusedNorm) {
   }
 }
 
+// One mHC site's hc_pre (V4: n = 4, D = 4096, f32 streams, layer mode) per launch in a CUDA graph,
+// the two kernels (partials + wide finalize, sessions 13-15) against the single launch (session
+// 16: a cluster per token; automatic 16 blocks, forced 8). "hot": one site replayed 20 times (fn in
+// L2); "cold": 48 sites with their own fn and streams in turn (72 MB, more than the H100's L2), as
+// in a decode step where the weights between two sites evict fn. The automatic rule keeps the two
+// kernels beyond 8 tokens (64, 512: the same path twice, a check that prefill did not move).
+TEST(CudaTiming, HcSiteGraph) {
+  DI_REQUIRE_GPU();
+  Stream st;
+  const cudaStream_t s = st.get();
+  const int64_t D = 4096;
+  std::printf("DI_HC_GRAPH|T|fn|two kernels us|single auto us|single cluster 8 us|single cluster 16 us\n");
+  for (int64_t T_ : {int64_t(1), int64_t(4), int64_t(8), int64_t(64), int64_t(512)})
+    for (bool cold : {false, true}) {
+      if (cold && T_ > 64) continue;
+      const int sites = cold ? 48 : 1;
+      std::vector<DevArray<float>> fn, x;
+      fn.reserve(sites), x.reserve(sites);
+      for (int i = 0; i < sites; ++i) {
+        fn.emplace_back(randn(24 * 4 * D, 4 + i, 0.05f));
+        x.emplace_back(randn(T_ * 4 * D, 100 + i));
+      }
+      DevArray<float> u(T_ * D), base(randn(24, 5)), sc(randn(3, 6)), mix(T_ * 24);
+      DevArray<float> ws(oc::hc_pre_workspace_bytes(T_, 4, D, oc::HcMode::kLayer) / 4 + 1);
+      auto run = [&](int single, int cluster) {
+        int i = 0;
+        return graph_launch_us([&](cudaStream_t q) {
+          const int k = i++ % sites;
+          oc::hc_pre({.x = x[k].get(), .dtype = DType::kF32, .x_stride = 4 * D, .fn = fn[k].get(), .base = base.get(),
+                      .scale = sc.get(), .u = u.get(), .u_stride = D, .mix = mix.get(), .workspace = ws.get(),
+                      .tokens = T_, .dim = D, .single_launch = single, .cluster = cluster},
+                     q);
+        }, s, cold ? sites : 20);
+      };
+      const double two = run(-1, 0), au = run(0, 0);
+      const double c8 = T_ <= 64 ? run(1, 8) : 0.0, c16 = T_ <= 64 ? run(1, 16) : 0.0;
+      std::printf("DI_HC_GRAPH|%lld|%s|%.2f|%.2f|%.2f|%.2f\n", (long long)T_, cold ? "cold" : "hot", two, au, c8, c16);
+    }
+}
+
 TEST(CudaTiming, Kernels) {
   DI_REQUIRE_GPU();
   Stream st;
