@@ -1,6 +1,8 @@
 #include <cooperative_groups.h>
 
 #include <algorithm>
+#include <mutex>
+#include <type_traits>
 
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/hc.h"
@@ -365,6 +367,7 @@ __global__ void __launch_bounds__(kThreads) hc_finalize_wide_kernel(const __grid
 constexpr int kClusterMax = 16;       // non-portable cluster size (Hopper); 8 where 16 can't be placed
 constexpr int kFusedMaxChunks = 64;   // chunks (1,024 inputs) per token: n·D <= 65,536
 constexpr int64_t kFusedAutoTokens = 8;  // the automatic rule: one launch up to this many tokens
+constexpr int kNormRowMax = deepinfer::cuda::kNormMaxPerThread * kThreads;  // the fused norm's widest row (4,096)
 
 __device__ __forceinline__ void cluster_arrive_relaxed() {
   asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
@@ -377,7 +380,7 @@ __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.w
 // and sends the other half to lane l^o, which keeps that half: each kept value becomes
 // own + partner for the same index and the same pair of lanes as in warp_sum (where lanes l and
 // l^o hold the same bits after every step, IEEE addition being commutative), so every sum is
-// warp_sum's tree add for add. 31 shuffles instead of 160; `v` is consumed.
+// warp_sum's tree add for add. 31 shuffles instead of 25 x 5.
 template <int O>
 __device__ __forceinline__ void scatter_step(float (&w)[kWarpSize], int lane) {
   const bool hi = lane & O;  // keep the indices with bit O set
@@ -410,6 +413,7 @@ __global__ void __launch_bounds__(kThreads, 1) hc_pre_cluster_kernel(const __gri
   __shared__ float parts[kFusedMaxChunks][kMaxMix + 1];  // [chunk][mix; Σx̂² at num_mix], every block a copy
   __shared__ float red[kThreads / kWarpSize][kMaxMix + 1];
   __shared__ float m[kMaxMix + 1];
+  __shared__ float hrow[kNormRowMax];  // the fused norm's u row (rank norm_rank's copy is used)
   cg::cluster_group cl = cg::this_cluster();
   cluster_arrive_relaxed();  // "this block has started": remote stores may target it after the wait below
   const int rank = int(blockIdx.x), cs = int(gridDim.x), j = threadIdx.x;
@@ -427,6 +431,9 @@ __global__ void __launch_bounds__(kThreads, 1) hc_pre_cluster_kernel(const __gri
   float xs0[kHcMaxStreams];
 #pragma unroll
   for (int k = 0; k < kHcMaxStreams; ++k) xs0[k] = p.u && k < p.n && d0 < d1 ? to_f32(x[k * p.dim + d0]) : 0.f;
+  // The fused norm's weight row into L2 now (the norm block reads it last, on the critical path).
+  if (p.h && p.h_w && rank == (cs > 1 ? 1 : 0) && threadIdx.x * 32 < p.dim)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p.h_w + threadIdx.x * 32));
 
   // The partial sums of the block's chunks: hc_partials_kernel's sequence for one token (the
   // accumulators of the other tokens of its tile never mix with this one's).
@@ -492,6 +499,12 @@ __global__ void __launch_bounds__(kThreads, 1) hc_pre_cluster_kernel(const __gri
     m[j] = v;
   }
   __syncthreads();
+  // The fused norm (h): every block pushes its u values (as stored: rounded to T) into the norm
+  // block's row, one more cluster barrier, and that block norms the whole row with rmsnorm's code
+  // (ops/cuda/norm_row.cuh: the same bits as ops/cuda/rmsnorm on u). The norm block is rank 1, so
+  // its block-wide reduction does not wait for rank 0's Sinkhorn (rank 0 when the cluster is 1).
+  const int norm_rank = cs > 1 ? 1 : 0;
+  float* row = p.h ? cl.map_shared_rank(&hrow[0], norm_rank) : nullptr;
   if (p.u) {
     T* u = static_cast<T*>(p.u) + t * p.u_stride;
     float pre[kHcMaxStreams];
@@ -506,17 +519,32 @@ __global__ void __launch_bounds__(kThreads, 1) hc_pre_cluster_kernel(const __gri
 #pragma unroll
       for (int k = 0; k < kHcMaxStreams; ++k)
         if (k < p.n) acc += pre[k] * xs[k];
-      u[d] = from_f32<T>(acc);
+      const T q = from_f32<T>(acc);
+      u[d] = q;
+      if (row) row[d] = to_f32(q);
     }
   }
-  if (rank != 0) return;
-  if (p.mode == HcMode::kLayer) {
-    const bool pow2 = (p.n & (p.n - 1)) == 0;
-    if (pow2 && threadIdx.x < kWarpSize) hc_sinkhorn_cols<false>(m, p);
-    if (!pow2 && threadIdx.x == 0) hc_sinkhorn_serial<false>(m, p);
-    __syncthreads();
+  if (p.h) cluster_arrive();  // release: the pushes into the norm block's row
+  if (rank == 0) {
+    if (p.mode == HcMode::kLayer) {
+      const bool pow2 = (p.n & (p.n - 1)) == 0;
+      if (pow2 && threadIdx.x < kWarpSize) hc_sinkhorn_cols<false>(m, p);
+      if (!pow2 && threadIdx.x == 0) hc_sinkhorn_serial<false>(m, p);
+      __syncthreads();
+    }
+    if (p.mix && j < num_mix) p.mix[t * num_mix + j] = m[j];
   }
-  if (p.mix && j < num_mix) p.mix[t * num_mix + j] = m[j];
+  if (!p.h) return;
+  cluster_wait();  // acquire (every block waits: none leaves while its pushes may be in flight)
+  if (rank != norm_rank) return;
+  __shared__ float scratch[32];
+  auto load = [](int64_t i) { return hrow[i]; };
+  if (p.h_dtype == DType::kF32)
+    deepinfer::cuda::rmsnorm_row_regs<kNormRowMax / kThreads>(load, p.h_w, static_cast<float*>(p.h) + t * p.h_stride,
+                                                              p.dim, p.h_eps, scratch);
+  else
+    deepinfer::cuda::rmsnorm_row_regs<kNormRowMax / kThreads>(
+        load, p.h_w, static_cast<__nv_bfloat16*>(p.h) + t * p.h_stride, p.dim, p.h_eps, scratch);
 }
 
 template <typename T>
@@ -591,44 +619,56 @@ int64_t u_slice(const HcPreParams& p) {
 }
 
 // The single launch's cluster: blocks per token (<= cluster_max), chunks per block. 16-block
-// clusters are non-portable: allowed per kernel once, and used only where the GPU can place at
-// least as many of them at once as the launch has tokens (else 8, the portable size).
+// clusters are non-portable: allowed per kernel, and used only where the GPU can place at least as
+// many of them at once as the launch has tokens (else 8, the portable size). Queried once, on the
+// first hc_pre call (usually a prefill, outside any graph capture), for both dtypes.
+struct ClusterLimits {
+  bool supported = false;  // cluster launch (sm_90 and up)
+  int max16[2] = {0, 0};   // 16-block clusters the GPU places at once: f32, bf16 kernels
+};
 template <typename T>
-int cluster_max_blocks(int64_t tokens) {
-  static const int max16 = [] {
-    const auto fn = hc_pre_cluster_kernel<T>;
-    if (cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return 0;
-    }
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(kClusterMax, 1, 1);
-    cfg.blockDim = dim3(kThreads, 1, 1);
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = kClusterMax;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    int clusters = 0;
-    if (cudaOccupancyMaxActiveClusters(&clusters, fn, &cfg) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return 0;
-    }
-    return clusters;
-  }();
-  return max16 >= tokens ? kClusterMax : 8;
+int max_clusters16() {
+  const auto fn = hc_pre_cluster_kernel<T>;
+  if (cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(kClusterMax, 1, 1);
+  cfg.blockDim = dim3(kThreads, 1, 1);
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = kClusterMax;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  int clusters = 0;
+  if (cudaOccupancyMaxActiveClusters(&clusters, fn, &cfg) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return clusters;
 }
-
-bool cluster_launch_supported() {
-  static const bool ok = [] {
-    int dev = 0, v = 0;
-    DI_CUDA_CHECK(cudaGetDevice(&dev));
+// Per device (a process may drive several; the function attribute is set in each one's context).
+const ClusterLimits& cluster_limits() {
+  constexpr int kMaxDevices = 64;
+  static std::once_flag once[kMaxDevices];
+  static ClusterLimits lim[kMaxDevices];
+  int dev = 0;
+  DI_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev < 0 || dev >= kMaxDevices) DI_THROW(InvalidArgument, "hc_pre: device ", dev, " >= ", kMaxDevices);
+  std::call_once(once[dev], [dev] {
+    ClusterLimits& l = lim[dev];
+    int v = 0;
     DI_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrClusterLaunch, dev));
-    return v != 0;
-  }();
-  return ok;
+    l.supported = v != 0;
+    if (l.supported) {
+      l.max16[0] = max_clusters16<float>();
+      l.max16[1] = max_clusters16<__nv_bfloat16>();
+    }
+  });
+  return lim[dev];
 }
 
 void check_common(int n, int64_t dim, int64_t tokens, const char* what) {
@@ -643,6 +683,13 @@ size_t hc_pre_workspace_bytes(int64_t tokens, int n, int64_t dim, HcMode mode) {
   const int chunks = int(ceil_div(int64_t(n) * dim, kChunk));
   return size_t(hc_partials_floats(tokens, chunks, hc_num_mix(n, mode))) * sizeof(float) +
          size_t(tokens) * sizeof(unsigned);  // + the fused norm's counters
+}
+
+bool hc_pre_single_launch(int64_t tokens, int n, int64_t dim, HcMode mode, bool with_norm) {
+  const int64_t chunks = ceil_div(int64_t(n) * dim, kChunk);
+  (void)mode;
+  return tokens >= 1 && tokens <= kFusedAutoTokens && chunks <= kFusedMaxChunks && (!with_norm || dim <= kNormRowMax) &&
+         cluster_limits().supported;
 }
 
 void hc_pre(const HcPreParams& p, cudaStream_t stream) {
@@ -672,14 +719,17 @@ void hc_pre(const HcPreParams& p, cudaStream_t stream) {
   const int num_mix = hc_num_mix(p.n, p.mode);
   const int chunks = int(ceil_div(int64_t(p.n) * p.dim, kChunk));
   const int tile = p.token_tile ? p.token_tile : p.tokens >= kWideTileFrom ? kWideTokTile : kTokTile;
+  const ClusterLimits& lim = cluster_limits();
   const bool single = (p.single_launch > 0 || (p.single_launch == 0 && p.tokens <= kFusedAutoTokens)) &&
-                      chunks <= kFusedMaxChunks && !p.legacy_finalize && !p.h && cluster_launch_supported();
+                      chunks <= kFusedMaxChunks && !p.legacy_finalize && (!p.h || p.dim <= kNormRowMax) &&
+                      lim.supported;
   DI_DISPATCH_FLOAT(p.dtype, T, "hc_pre x", [&] {
     if (single) {
-      const int cmax = p.cluster > 0 ? std::min(p.cluster, kClusterMax) : cluster_max_blocks<T>(p.tokens);
+      const int max16 = lim.max16[std::is_same_v<T, float> ? 0 : 1];
+      const int cmax = p.cluster > 0 ? p.cluster : max16 >= p.tokens ? kClusterMax : 8;
       const int cpb = int(ceil_div(chunks, cmax)), cs = int(ceil_div(chunks, cpb));
+      if (cs > 8 && max16 == 0) DI_THROW(InvalidArgument, "hc_pre: this GPU places no ", cs, "-block cluster");
       const int64_t per = ceil_div(p.dim, cs);
-      if (cs > 8) cluster_max_blocks<T>(1);  // the non-portable size is allowed once per kernel (a forced 9..16)
       cudaLaunchConfig_t cfg{};
       cfg.gridDim = dim3(unsigned(cs), unsigned(p.tokens), 1);
       cfg.blockDim = dim3(kThreads, 1, 1);

@@ -116,6 +116,10 @@ void hc_collapse(const HcCollapseParams& p, cudaStream_t stream);
 int hc_num_mix(int n, HcMode mode);
 size_t hc_pre_workspace_bytes(int64_t tokens, int n, int64_t dim, HcMode mode);
 void hc_pre(const HcPreParams& p, cudaStream_t stream);
+// Whether hc_pre takes the single launch automatically (single_launch = 0) at this shape on the
+// current GPU, with the fused norm (h) when `with_norm`: where the norm fused in costs less than
+// a separate rmsnorm launch (the engine asks before passing h).
+bool hc_pre_single_launch(int64_t tokens, int n, int64_t dim, HcMode mode, bool with_norm);
 void hc_post(const HcPostParams& p, cudaStream_t stream);
 
 }  // namespace deepinfer::ops::cuda

@@ -412,7 +412,7 @@ struct FusedOut {
   std::vector<uint8_t> h;
 };
 FusedOut run_fused(const Site& st, const void* x, DType dt, int64_t T_, int n, int64_t dim, oc::HcMode mode,
-                   DType hd, const float* hw, bool fused, bool legacy, int u_split) {
+                   DType hd, const float* hw, bool fused, bool legacy, int u_split, int single = -1) {
   const int M = oc::hc_num_mix(n, mode);
   const size_t eb = dt == DType::kF32 ? 4 : 2, hb = hd == DType::kF32 ? 4 : 2;
   DevArray<float> dfn(st.fn), dbase(st.base), dscale(st.scale), mix(T_ * M), u((T_ * dim * eb + 3) / 4);
@@ -422,7 +422,8 @@ FusedOut run_fused(const Site& st, const void* x, DType dt, int64_t T_, int n, i
   oc::hc_pre({.x = x, .dtype = dt, .x_stride = n * dim, .fn = dfn.get(), .base = dbase.get(), .scale = dscale.get(),
               .u = u.get(), .u_stride = dim, .mix = mode == oc::HcMode::kLayer ? mix.get() : nullptr,
               .workspace = ws.get(), .tokens = T_, .n = n, .dim = dim, .mode = mode, .u_split = u_split,
-              .legacy_finalize = legacy, .h = fused ? h.get() : nullptr, .h_dtype = hd, .h_stride = dim, .h_w = hw},
+              .legacy_finalize = legacy, .single_launch = single, .h = fused ? h.get() : nullptr, .h_dtype = hd,
+              .h_stride = dim, .h_w = hw},
              nullptr);
   if (!fused)
     oc::rmsnorm({.x = u.get(), .x_dtype = dt, .x_stride = dim, .w = hw, .w_dtype = DType::kF32, .y = h.get(),
@@ -452,8 +453,12 @@ TEST(CudaHc, FusedNormBitIdenticalToUnfused) {
               if (!weighted && hd == DType::kF32) continue;
               const float* hw = weighted ? w.get() : nullptr;
               const FusedOut ref = run_fused(st, x, dt, T_, n, dim, mode, hd, hw, false, false, 0);
-              for (int split : {0, 1, 3, -1}) {  // -1: the legacy finalize
-                const FusedOut got = run_fused(st, x, dt, T_, n, dim, mode, hd, hw, true, split < 0, std::max(split, 0));
+              // -1: the legacy finalize; -2: the single launch forced (its norm after a second cluster
+              // barrier, at every token count); -3: the automatic choice (single launch up to 8 tokens).
+              for (int split : {0, 1, 3, -1, -2, -3}) {
+                const int single = split == -2 ? 1 : split == -3 ? 0 : -1;
+                const FusedOut got =
+                    run_fused(st, x, dt, T_, n, dim, mode, hd, hw, true, split == -1, std::max(split, 0), single);
                 const std::string cs = "u_split " + std::to_string(split) + " T=" + std::to_string(T_) + " D=" +
                                        std::to_string(dim) + " x " + std::string(dtype_name(dt)) + " h " +
                                        std::string(dtype_name(hd)) +
@@ -466,7 +471,7 @@ TEST(CudaHc, FusedNormBitIdenticalToUnfused) {
               }
             }
         }
-  EXPECT_EQ(cases, (5 * 3 * 2 * 2 - 3 * 3) * 3 * 4);
+  EXPECT_EQ(cases, (5 * 3 * 2 * 2 - 3 * 3) * 3 * 6);
   float f = 0;
   oc::HcPreParams bad{.x = &f, .x_stride = 32, .fn = &f, .base = &f, .scale = &f, .u = nullptr, .u_stride = 8,
                       .mix = &f, .workspace = &f, .tokens = 1, .dim = 8, .h = &f, .h_stride = 8};
@@ -491,6 +496,9 @@ TEST(CudaHc, FusedNormBatchInvariant) {
   const FusedOut one =
       run_fused(st, dX0.get(), DType::kF32, 1, n, dim, oc::HcMode::kLayer, DType::kBF16, w.get(), true, false, 0);
   EXPECT_EQ(0, std::memcmp(one.h.data(), all.h.data() + 4 * dim * 2, size_t(dim) * 2)) << "h";
+  const FusedOut one_single =  // the single launch's norm (second cluster barrier) alone
+      run_fused(st, dX0.get(), DType::kF32, 1, n, dim, oc::HcMode::kLayer, DType::kBF16, w.get(), true, false, 0, 0);
+  EXPECT_EQ(0, std::memcmp(one_single.h.data(), all.h.data() + 4 * dim * 2, size_t(dim) * 2)) << "h, single launch";
 }
 
 TEST(CudaHc, InPlacePostEqualsOutOfPlace) {
