@@ -33,7 +33,8 @@ TEST(CudaTiming, HcPreMixSplit) {
     for (int split : {1, 0}) {  // 1: one block per (chunk, token tile), as before session 11; 0: the automatic split
       const double us = median_us([&](cudaStream_t q) {
         oc::hc_pre({.x = x.get(), .x_stride = 4 * D, .fn = fn.get(), .base = base.get(), .scale = sc.get(), .u = u.get(),
-                    .u_stride = D, .mix = mix.get(), .workspace = ws.get(), .tokens = T_, .dim = D, .mix_split = split},
+                    .u_stride = D, .mix = mix.get(), .workspace = ws.get(), .tokens = T_, .dim = D, .mix_split = split,
+                    .single_launch = -1},
                    q);
       }, s);
       report_time("hc_pre", "bf16 T=" + std::to_string(T_) + " D=4096 mix_split=" + std::to_string(split), us,
@@ -68,7 +69,8 @@ TEST(CudaTiming, HcPreFinalize) {
           for (int r = 0; r < reps; ++r)
             oc::hc_pre({.x = xp, .dtype = c.dt, .x_stride = 4 * D, .fn = fn.get(), .base = base.get(),
                         .scale = sc.get(), .u = c.u ? u.get() : nullptr, .u_stride = D, .mix = mix.get(),
-                        .workspace = ws.get(), .tokens = c.T, .dim = D, .legacy_finalize = legacy},
+                        .workspace = ws.get(), .tokens = c.T, .dim = D, .legacy_finalize = legacy,
+                        .single_launch = -1},  // the two-kernel forms (CudaTiming.HcSiteGraph: the single launch)
                        q);
         }, s) / reps;
         report_time("hc_pre", std::string(dtype_name(c.dt)) + " T=" + std::to_string(c.T) + (c.u ? "" : " mixes only") +
@@ -138,7 +140,8 @@ TEST(CudaTiming, HcSiteFusedNorm) {
     auto site = [&](cudaStream_t q, int how) {  // 0: + legacy rmsnorm, 1: + rmsnorm, 2: fused
       oc::hc_pre({.x = x.get(), .dtype = DType::kF32, .x_stride = 4 * D, .fn = fn.get(), .base = base.get(),
                   .scale = sc.get(), .u = u.get(), .u_stride = D, .mix = mix.get(), .workspace = ws.get(),
-                  .tokens = T_, .dim = D, .h = how == 2 ? h.get() : nullptr, .h_stride = D, .h_w = nw.get()},
+                  .tokens = T_, .dim = D, .single_launch = -1, .h = how == 2 ? h.get() : nullptr, .h_stride = D,
+                  .h_w = nw.get()},
                  q);
       if (how < 2)
         oc::rmsnorm({.x = u.get(), .x_dtype = DType::kF32, .x_stride = D, .w = nw.get(), .w_dtype = DType::kF32,
