@@ -65,14 +65,14 @@ struct HcPreParams {
   // Blocks per token's cluster for the single launch: 0 = automatic (16 where the GPU can place
   // such clusters, else 8), or 1..16 forced (timing). Each block sums ceil(chunks / blocks) chunks.
   int cluster = 0;
-  // The site's RMSNorm fused into the finalize (session 15): h[t] = rmsnorm(u[t]) (· h_w), the same
-  // bits as ops/cuda/rmsnorm on u (ops/cuda/norm_row.cuh's order). The last of a token's u blocks
-  // to finish (a counter per token in the workspace, zeroed by the partial-sum kernel) re-reads the
-  // whole row from L2 and norms it: one launch less than hc_pre + rmsnorm. Null: no norm. Needs u.
-  // Measured NOT to pay at V4's shapes (session 15, H200: the fences, the counter and the serial
-  // tail cost what the launch saved; CudaTiming.HcSiteFusedNorm, docs/PERFORMANCE.md), so the
-  // engine's forward keeps the separate rmsnorm; kept, tested bit-identical, for a finalize that
-  // ends in one block per token (where the tail needs no counter).
+  // The site's RMSNorm fused in: h[t] = rmsnorm(u[t]) (· h_w), the same bits as ops/cuda/rmsnorm on
+  // u (ops/cuda/norm_row.cuh's order). In the single launch (D <= 4,096): every block pushes its u
+  // slice into one block's shared memory, a cluster barrier, that block norms the row; the engine
+  // uses it there (decode at 1..8 tokens: CudaBackend::hc_site_norms). In the two-kernel path
+  // (session 15): the last of a token's u blocks to finish (a counter per token in the workspace,
+  // zeroed by the partial-sum kernel) re-reads the row from L2 and norms it; measured not to pay
+  // there (CudaTiming.HcSiteFusedNorm, docs/PERFORMANCE.md), so the engine does not ask for it
+  // beyond 8 tokens. Null: no norm. Needs u.
   void* h = nullptr;             // [tokens, D] h_dtype, row stride h_stride
   DType h_dtype = DType::kBF16;
   int64_t h_stride = 0;
