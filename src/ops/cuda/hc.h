@@ -58,9 +58,11 @@ struct HcPreParams {
   int token_tile = 0;
   // One launch per site (session 16): a thread-block cluster per token sums the partials, folds
   // them over distributed shared memory after one cluster barrier and writes u and the mixes;
-  // no workspace traffic, bit-identical to the two-kernel path. 0 = automatic (up to 8 tokens),
-  // 1 = forced (any token count; tests, timing), -1 = never (the two kernels). Falls back to the
-  // two kernels where it can't run (n·D > 65,536, no cluster launch, legacy_finalize, h).
+  // no workspace traffic, bit-identical to the two-kernel path by construction. 0 = automatic (up to
+  // 8 tokens once enabled: kSingleLaunchAuto in hc.cu is off until a GPU has run the bit-identity
+  // tests and the timing; until then 0 means the two kernels), 1 = forced (any token count; tests,
+  // timing), -1 = never. Falls back to the two kernels where it can't run (n·D > 65,536, no cluster
+  // launch, legacy_finalize, h with D > 4,096).
   int single_launch = 0;
   // Blocks per token's cluster for the single launch: 0 = automatic (16 where the GPU can place
   // such clusters, else 8), or 1..16 forced (timing). Each block sums ceil(chunks / blocks) chunks.

@@ -378,8 +378,8 @@ TEST(CudaHc, SingleLaunchBitIdentical) {
   EXPECT_EQ(0, std::memcmp(got.data(), ref.data(), ref.size() * sizeof(float))) << "D = 20000 fallback";
 }
 
-// Batch invariance across the paths: token 4 alone (one token: the single launch) equals its mixes
-// and u in a batch of 9 (the automatic two kernels) and in a forced single launch of 9.
+// Batch invariance across the paths: token 4 alone in the single launch equals its mixes and u in
+// a batch of 9 (the automatic choice: two kernels) and in a forced single launch of 9.
 TEST(CudaHc, SingleLaunchBatchInvariant) {
   DI_REQUIRE_GPU();
   const int n = 4, M = 24;
@@ -388,7 +388,7 @@ TEST(CudaHc, SingleLaunchBatchInvariant) {
   const std::vector<float> X = randn(T_ * n * dim, 8780, 1.0f);
   const std::vector<float> X0(X.begin() + 4 * n * dim, X.begin() + 5 * n * dim);  // token 4 alone
   DevArray<float> dX(X), dX0(X0);
-  const auto one = run_pre(st, dX0.get(), DType::kF32, 1, n, dim, oc::HcMode::kLayer, 20, true, false, 0, 0, 0);
+  const auto one = run_pre(st, dX0.get(), DType::kF32, 1, n, dim, oc::HcMode::kLayer, 20, true, false, 0, 1, 0);
   for (int single : {0, 1}) {
     const auto all = run_pre(st, dX.get(), DType::kF32, T_, n, dim, oc::HcMode::kLayer, 20, true, false, 0, single, 0);
     EXPECT_EQ(0, std::memcmp(one.data(), all.data() + 4 * M, M * sizeof(float))) << "mixes, single " << single;
@@ -497,7 +497,7 @@ TEST(CudaHc, FusedNormBatchInvariant) {
       run_fused(st, dX0.get(), DType::kF32, 1, n, dim, oc::HcMode::kLayer, DType::kBF16, w.get(), true, false, 0);
   EXPECT_EQ(0, std::memcmp(one.h.data(), all.h.data() + 4 * dim * 2, size_t(dim) * 2)) << "h";
   const FusedOut one_single =  // the single launch's norm (second cluster barrier) alone
-      run_fused(st, dX0.get(), DType::kF32, 1, n, dim, oc::HcMode::kLayer, DType::kBF16, w.get(), true, false, 0, 0);
+      run_fused(st, dX0.get(), DType::kF32, 1, n, dim, oc::HcMode::kLayer, DType::kBF16, w.get(), true, false, 0, 1);
   EXPECT_EQ(0, std::memcmp(one_single.h.data(), all.h.data() + 4 * dim * 2, size_t(dim) * 2)) << "h, single launch";
 }
 

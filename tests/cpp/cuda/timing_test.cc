@@ -167,7 +167,7 @@ TEST(CudaTiming, HcSiteGraph) {
   Stream st;
   const cudaStream_t s = st.get();
   const int64_t D = 4096;
-  std::printf("DI_HC_GRAPH|T|fn|two kernels us|single auto us|single cluster 8 us|single cluster 16 us|"
+  std::printf("DI_HC_GRAPH|T|fn|two kernels us|automatic us|single cluster 8 us|single cluster 16 us|"
               "two + rmsnorm us|single + rmsnorm us|single, norm fused us\n");
   for (int64_t T_ : {int64_t(1), int64_t(4), int64_t(8), int64_t(64), int64_t(512)})
     for (bool cold : {false, true}) {
