@@ -1,6 +1,7 @@
 #include <cooperative_groups.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <mutex>
 #include <type_traits>
 
@@ -367,9 +368,16 @@ __global__ void __launch_bounds__(kThreads) hc_finalize_wide_kernel(const __grid
 constexpr int kClusterMax = 16;       // non-portable cluster size (Hopper); 8 where 16 can't be placed
 constexpr int kFusedMaxChunks = 64;   // chunks (1,024 inputs) per token: n·D <= 65,536
 constexpr int64_t kFusedAutoTokens = 8;  // the automatic rule: one launch up to this many tokens
-// Whether single_launch = 0 (the default, the engine's) takes it. Off until a GPU has run the
-// bit-identity tests and timed it (session 16 got no device): opt-in through single_launch = 1.
-constexpr bool kSingleLaunchAuto = false;
+// Whether single_launch = 0 (the default, the engine's) takes it: off unless the environment has
+// DEEPINFER_HC_SINGLE_LAUNCH=1, until a GPU has run the bit-identity tests and timed it (session 16
+// got no device). single_launch = 1 forces it per call (the tests).
+bool single_launch_auto() {
+  static const bool on = [] {
+    const char* v = std::getenv("DEEPINFER_HC_SINGLE_LAUNCH");
+    return v && v[0] == '1' && v[1] == '\0';
+  }();
+  return on;
+}
 constexpr int kNormRowMax = deepinfer::cuda::kNormMaxPerThread * kThreads;  // the fused norm's widest row (4,096)
 
 __device__ __forceinline__ void cluster_arrive_relaxed() {
@@ -691,7 +699,7 @@ size_t hc_pre_workspace_bytes(int64_t tokens, int n, int64_t dim, HcMode mode) {
 bool hc_pre_single_launch(int64_t tokens, int n, int64_t dim, HcMode mode, bool with_norm) {
   const int64_t chunks = ceil_div(int64_t(n) * dim, kChunk);
   (void)mode;
-  return kSingleLaunchAuto && tokens >= 1 && tokens <= kFusedAutoTokens && chunks <= kFusedMaxChunks &&
+  return single_launch_auto() && tokens >= 1 && tokens <= kFusedAutoTokens && chunks <= kFusedMaxChunks &&
          (!with_norm || dim <= kNormRowMax) && cluster_limits().supported;
 }
 
@@ -723,7 +731,7 @@ void hc_pre(const HcPreParams& p, cudaStream_t stream) {
   const int chunks = int(ceil_div(int64_t(p.n) * p.dim, kChunk));
   const int tile = p.token_tile ? p.token_tile : p.tokens >= kWideTileFrom ? kWideTokTile : kTokTile;
   const ClusterLimits& lim = cluster_limits();
-  const bool single = (p.single_launch > 0 || (kSingleLaunchAuto && p.single_launch == 0 && p.tokens <= kFusedAutoTokens)) &&
+  const bool single = (p.single_launch > 0 || (single_launch_auto() && p.single_launch == 0 && p.tokens <= kFusedAutoTokens)) &&
                       chunks <= kFusedMaxChunks && !p.legacy_finalize && (!p.h || p.dim <= kNormRowMax) &&
                       lim.supported;
   DI_DISPATCH_FLOAT(p.dtype, T, "hc_pre x", [&] {

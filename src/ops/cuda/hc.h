@@ -59,8 +59,8 @@ struct HcPreParams {
   // One launch per site (session 16): a thread-block cluster per token sums the partials, folds
   // them over distributed shared memory after one cluster barrier and writes u and the mixes;
   // no workspace traffic, bit-identical to the two-kernel path by construction. 0 = automatic (up to
-  // 8 tokens once enabled: kSingleLaunchAuto in hc.cu is off until a GPU has run the bit-identity
-  // tests and the timing; until then 0 means the two kernels), 1 = forced (any token count; tests,
+  // 8 tokens once enabled: only with DEEPINFER_HC_SINGLE_LAUNCH=1 in the environment until a GPU
+  // has run the bit-identity tests and the timing; else 0 means the two kernels), 1 = forced (tests,
   // timing), -1 = never. Falls back to the two kernels where it can't run (n·D > 65,536, no cluster
   // launch, legacy_finalize, h with D > 4,096).
   int single_launch = 0;
