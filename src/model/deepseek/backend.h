@@ -194,6 +194,12 @@ struct HcSiteArgs {     // one mHC site: collapse X into u and the site's mixes
   float* mix = nullptr;      // [T, (2+n)n] (layer; backend layout) or null (head)
   int64_t tokens = 0;
   bool head = false;         // the final collapse (hc_head: pre weights only)
+  // The site's RMSNorm fused in (only where hc_site_norms(tokens)): h = rmsnorm(u, eps) · norm_w,
+  // the same bits as rmsnorm on u. Null h: the caller norms u itself.
+  const float* norm_w = nullptr;  // [D] f32
+  void* h = nullptr;              // [T, D] h_dtype
+  DType h_dtype = DType::kBF16;
+  float norm_eps = 0.f;
 };
 struct HcPostArgs {     // X'_k = post_k y + Σ_j C[j,k] X_j
   const float* x = nullptr;
@@ -260,6 +266,8 @@ class Backend {
   virtual void indexer_topk(const IndexerArgs& a) = 0;
   virtual void sparse_attention(const AttentionArgs& a) = 0;
   virtual void hc_site(const HcSiteArgs& a) = 0;
+  // Whether hc_site norms u into h itself at this token count (HcSiteArgs::h): one launch less.
+  virtual bool hc_site_norms(int64_t tokens, DType h_dtype) const { return false; }
   virtual void hc_post(const HcPostArgs& a) = 0;
   // Single-pass mHC (V4.1): u [T, D] = Σ_k pre_k X_k with the pre weights of the site whose mixes
   // are in `prev_mix` (an hc_site with u null), or u = X stream 0 when prev_mix is null.

@@ -289,7 +289,11 @@ void hc_site(Backend& be, const Dims& g, HcWiring wiring, const HcRef& hc, const
              Buf mix, const float* prev_mix) {
   const int64_t T = be.plan().T, D = g.hidden;
   if (wiring == HcWiring::kPerSite) {
-    be.hc_site({.x = X, .w = &hc, .u = be.at<float>(Buf::kU), .mix = be.at<float>(mix), .tokens = T});
+    const bool fused = norm_w.p && be.hc_site_norms(T, be.act());  // the backend norms u into h itself
+    be.hc_site({.x = X, .w = &hc, .u = be.at<float>(Buf::kU), .mix = be.at<float>(mix), .tokens = T,
+                .norm_w = fused ? norm_w.p : nullptr, .h = fused ? be.buf(Buf::kH) : nullptr, .h_dtype = be.act(),
+                .norm_eps = g.eps});
+    if (fused) return;
   } else {
     be.hc_site({.x = X, .w = &hc, .u = nullptr, .mix = be.at<float>(mix), .tokens = T});
     be.hc_collapse(X, prev_mix, be.at<float>(Buf::kU), T);

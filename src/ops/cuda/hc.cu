@@ -1,4 +1,9 @@
+#include <cooperative_groups.h>
+
 #include <algorithm>
+#include <cstdlib>
+#include <mutex>
+#include <type_traits>
 
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/hc.h"
@@ -7,6 +12,7 @@
 
 namespace deepinfer::ops::cuda {
 namespace {
+namespace cg = cooperative_groups;
 using deepinfer::cuda::ceil_div;
 using deepinfer::cuda::from_f32;
 using deepinfer::cuda::kWarpSize;
@@ -140,14 +146,16 @@ __device__ void hc_sinkhorn_warp(float* m, const HcPreParams& p) {
   if (own) m[2 * n + lane] = c;
 }
 
-// Serial fallback for n not a power of two (3): same order as the spec, one thread.
+// Serial fallback for n not a power of two (3): same order as the spec, one thread. kAffine:
+// C = m·scale[2] + base here; false: the caller stored that already (the same expression).
+template <bool kAffine = true>
 __device__ void hc_sinkhorn_serial(float* m, const HcPreParams& p) {
   const int n = p.n;
   float* C = m + 2 * n;  // C[j*n + k]: j source stream, k target stream
   for (int j = 0; j < n; ++j) {
     float mx = -INFINITY;
     for (int k = 0; k < n; ++k) {
-      C[j * n + k] = C[j * n + k] * p.scale[2] + p.base[2 * n + j * n + k];
+      if (kAffine) C[j * n + k] = C[j * n + k] * p.scale[2] + p.base[2 * n + j * n + k];
       mx = fmaxf(mx, C[j * n + k]);
     }
     float sum = 0.f;
@@ -225,12 +233,14 @@ constexpr int kFoldTile = 40;  // chunks staged per shared-memory pass (V4: 16 c
 // sum at lane (j,k) is (C[j][k] + C[j][k^1]) + (C[j][k^2] + C[j][k^3]), the same butterfly across
 // lanes here; its column sum (C[j][k] + C[j^1][k]) + (C[j^2][k] + C[j^3][k]) equals, add by add
 // (IEEE addition is commutative), the local (c0 + c1) + (c2 + c3). Row max is order-free.
+// kAffine as for hc_sinkhorn_serial.
+template <bool kAffine = true>
 __device__ void hc_sinkhorn_cols(float* m, const HcPreParams& p) {
   const int n = p.n, k = threadIdx.x & (n - 1);
   float c[kHcMaxStreams];
 #pragma unroll
   for (int j = 0; j < kHcMaxStreams; ++j)
-    c[j] = j < n ? m[2 * n + j * n + k] * p.scale[2] + p.base[2 * n + j * n + k] : 0.f;
+    c[j] = j >= n ? 0.f : kAffine ? m[2 * n + j * n + k] * p.scale[2] + p.base[2 * n + j * n + k] : m[2 * n + j * n + k];
   auto row_sum = [&](float v) { return group_sum(v, 1, n / 2); };
   auto col_sum = [&] {
     if (n == 1) return c[0];
@@ -343,6 +353,211 @@ __global__ void __launch_bounds__(kThreads) hc_finalize_wide_kernel(const __grid
   else norm(static_cast<__nv_bfloat16*>(p.h) + t * p.h_stride);
 }
 
+// ---- One launch per site at few tokens: a thread-block cluster per token (session 16) ----
+// The two-kernel form pays a launch, the grid's drain and ramp, and four dependent global round
+// trips in the finalize (its workspace slab, base/scale for the transform, base/scale again for
+// the Sinkhorn, x for u) between the partial sums and u. Here one cluster of `cs` blocks owns a
+// token: block r sums its chunks (r·cpb ..) for every mix, exactly as hc_partials_kernel does for
+// that (token, chunk, mix), pushes the partial vector into the shared memory of every block of the
+// cluster (distributed shared memory), and after one hardware cluster barrier each block folds
+// the chunks in chunk order, transforms (the wide finalize's expressions) and writes its slice of
+// u; block 0 also runs the Sinkhorn (u does not need C) and writes the mixes. base, scale and the
+// block's x for u are loaded before the partial sums, so their latency hides behind fn's. No
+// workspace, counter or fence: the barrier orders the pushes (release / acquire). Every value is
+// the same sequence of operations as in the two-kernel path, so the results are bit-identical.
+constexpr int kClusterMax = 16;       // non-portable cluster size (Hopper); 8 where 16 can't be placed
+constexpr int kFusedMaxChunks = 64;   // chunks (1,024 inputs) per token: n·D <= 65,536
+constexpr int64_t kFusedAutoTokens = 8;  // the automatic rule: one launch up to this many tokens
+// Whether single_launch = 0 (the default, the engine's) takes it: off unless the environment has
+// DEEPINFER_HC_SINGLE_LAUNCH=1, until a GPU has run the bit-identity tests and timed it (session 16
+// got no device). single_launch = 1 forces it per call (the tests).
+bool single_launch_auto() {
+  static const bool on = [] {
+    const char* v = std::getenv("DEEPINFER_HC_SINGLE_LAUNCH");
+    return v && v[0] == '1' && v[1] == '\0';
+  }();
+  return on;
+}
+constexpr int kNormRowMax = deepinfer::cuda::kNormMaxPerThread * kThreads;  // the fused norm's widest row (4,096)
+
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory"); }
+
+// warp_sum (xor butterfly 16, 8, 4, 2, 1) of 32 values at once: returns, at lane l, warp_sum(v[l]).
+// At each offset o a lane keeps the half of its values whose index bit matches its own lane bit
+// and sends the other half to lane l^o, which keeps that half: each kept value becomes
+// own + partner for the same index and the same pair of lanes as in warp_sum (where lanes l and
+// l^o hold the same bits after every step, IEEE addition being commutative), so every sum is
+// warp_sum's tree add for add. 31 shuffles instead of 25 x 5.
+template <int O>
+__device__ __forceinline__ void scatter_step(float (&w)[kWarpSize], int lane) {
+  const bool hi = lane & O;  // keep the indices with bit O set
+#pragma unroll
+  for (int i = 0; i < O; ++i) {
+    const float send = hi ? w[i] : w[i + O], keep = hi ? w[i + O] : w[i];
+    w[i] = keep + __shfl_xor_sync(0xffffffffu, send, O);
+  }
+}
+__device__ __forceinline__ float warp_sum_scatter(const float (&v)[kMaxMix + 1]) {
+  static_assert(kMaxMix + 1 <= kWarpSize && kWarpSize == 32, "one accumulator per lane");
+  const int lane = threadIdx.x % kWarpSize;
+  float w[kWarpSize];
+#pragma unroll
+  for (int i = 0; i < kWarpSize; ++i) w[i] = i <= kMaxMix ? v[i] : 0.f;
+  scatter_step<16>(w, lane);
+  scatter_step<8>(w, lane);
+  scatter_step<4>(w, lane);
+  scatter_step<2>(w, lane);
+  scatter_step<1>(w, lane);
+  return w[0];
+}
+
+// Grid (cs, tokens), cluster (cs, 1, 1); block rank r = blockIdx.x handles chunks
+// [r·cpb, min((r+1)·cpb, chunks)) and u dims [r·per, min((r+1)·per, D)).
+template <typename T>
+__global__ void __launch_bounds__(kThreads, 1) hc_pre_cluster_kernel(const __grid_constant__ HcPreParams p,
+                                                                     int num_mix, int num_chunks, int cpb,
+                                                                     int64_t per) {
+  __shared__ float parts[kFusedMaxChunks][kMaxMix + 1];  // [chunk][mix; Σx̂² at num_mix], every block a copy
+  __shared__ float red[kThreads / kWarpSize][kMaxMix + 1];
+  __shared__ float m[kMaxMix + 1];
+  __shared__ float hrow[kNormRowMax];  // the fused norm's u row (rank norm_rank's copy is used)
+  cg::cluster_group cl = cg::this_cluster();
+  cluster_arrive_relaxed();  // "this block has started": remote stores may target it after the wait below
+  const int rank = int(blockIdx.x), cs = int(gridDim.x), j = threadIdx.x;
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int64_t t = blockIdx.y, K = int64_t(p.n) * p.dim;
+  const int per_tok = num_mix + 1;
+  const T* x = static_cast<const T*>(p.x) + t * p.x_stride;
+  // Loads that do not depend on the sums, issued first: the transform's scale / base, u's inputs.
+  float sc = 0.f, bs = 0.f;
+  if (j < num_mix) {
+    sc = p.scale[j < p.n ? 0 : j < 2 * p.n ? 1 : 2];
+    bs = p.base[j];
+  }
+  const int64_t d0 = int64_t(rank) * per + threadIdx.x, d1 = min(p.dim, int64_t(rank + 1) * per);
+  float xs0[kHcMaxStreams];
+#pragma unroll
+  for (int k = 0; k < kHcMaxStreams; ++k) xs0[k] = p.u && k < p.n && d0 < d1 ? to_f32(x[k * p.dim + d0]) : 0.f;
+  // The fused norm's weight row into L2 now (the norm block reads it last, on the critical path).
+  if (p.h && p.h_w && rank == (cs > 1 ? 1 : 0) && threadIdx.x * 32 < p.dim)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p.h_w + threadIdx.x * 32));
+
+  // The partial sums of the block's chunks: hc_partials_kernel's sequence for one token (the
+  // accumulators of the other tokens of its tile never mix with this one's).
+  const int s_end = min(num_chunks, (rank + 1) * cpb);
+  for (int s = rank * cpb; s < s_end; ++s) {
+    float acc[kMaxMix + 1];
+#pragma unroll
+    for (int jl = 0; jl <= kMaxMix; ++jl) acc[jl] = 0.f;
+    // Every load of the chunk first (one memory round trip, not one per pass), then the FMAs in
+    // hc_partials_kernel's order: pass i, then mix jl (each accumulator's own sequence).
+    constexpr int kPass = kChunk / kThreads;
+    float xv[kPass], fv[kPass][kMaxMix];
+#pragma unroll
+    for (int i = 0; i < kPass; ++i) {
+      const int64_t k = int64_t(s) * kChunk + i * kThreads + threadIdx.x;
+      xv[i] = k < K ? to_f32(x[k]) : 0.f;
+#pragma unroll
+      for (int jl = 0; jl < kMaxMix; ++jl) fv[i][jl] = k < K && jl < num_mix ? p.fn[int64_t(jl) * K + k] : 0.f;
+    }
+#pragma unroll
+    for (int i = 0; i < kPass; ++i) {
+      const int64_t k = int64_t(s) * kChunk + i * kThreads + threadIdx.x;
+      if (k < K) {  // a pass past the end adds nothing, as the loop bound there
+        const float v = xv[i];
+        acc[kMaxMix] += v * v;
+#pragma unroll
+        for (int jl = 0; jl < kMaxMix; ++jl)
+          if (jl < num_mix) acc[jl] += fv[i][jl] * v;
+      }
+    }
+    // warp_sum of every accumulator as a reduce-scatter: 31 shuffles instead of 25 x 5 (lane l ends
+    // with accumulator l's sum, the same bits: see warp_sum_scatter).
+    const float r = warp_sum_scatter(acc);
+    if (lane <= kMaxMix) red[warp][lane] = r;
+    __syncthreads();
+    if (s == rank * cpb) cluster_wait();  // every block of the cluster has started (pairs the arrive above)
+    if (threadIdx.x < kMaxMix + 1) {
+      const int jl = threadIdx.x;
+      if (jl == kMaxMix || jl < num_mix) {
+        float sum = 0.f;
+        for (int w = 0; w < kThreads / kWarpSize; ++w) sum += red[w][jl];
+        const int jj = jl == kMaxMix ? num_mix : jl;
+        for (int r = 0; r < cs; ++r) cl.map_shared_rank(&parts[0][0], r)[s * (kMaxMix + 1) + jj] = sum;
+      }
+    }
+    __syncthreads();  // red is reused by the next chunk
+  }
+  if (rank * cpb >= num_chunks) cluster_wait();  // a block without chunks still pairs its arrive
+  cluster_arrive();  // release: this block's pushes
+  cluster_wait();    // acquire: every block's pushes are in parts
+
+  float sum = 0.f;
+  if (j < per_tok)
+    for (int s = 0; s < num_chunks; ++s) sum += parts[s][j];  // chunk order, as the two-kernel fold
+  if (j == num_mix) m[num_mix] = sum;
+  __syncthreads();
+  if (j < num_mix) {
+    const float r = 1.0f / sqrtf(m[num_mix] / float(int64_t(p.n) * p.dim) + p.norm_eps);
+    float v = sum * r;  // hc_finalize_wide_kernel's expressions
+    if (j < p.n) v = sigmoidf_(v * sc + bs) + p.hc_eps;
+    else if (j < 2 * p.n) v = 2.0f * sigmoidf_(v * sc + bs);
+    else v = v * sc + bs;  // the Sinkhorn's first expression, with the prefetched scale / base
+    m[j] = v;
+  }
+  __syncthreads();
+  // The fused norm (h): every block pushes its u values (as stored: rounded to T) into the norm
+  // block's row, one more cluster barrier, and that block norms the whole row with rmsnorm's code
+  // (ops/cuda/norm_row.cuh: the same bits as ops/cuda/rmsnorm on u). The norm block is rank 1, so
+  // its block-wide reduction does not wait for rank 0's Sinkhorn (rank 0 when the cluster is 1).
+  const int norm_rank = cs > 1 ? 1 : 0;
+  float* row = p.h ? cl.map_shared_rank(&hrow[0], norm_rank) : nullptr;
+  if (p.u) {
+    T* u = static_cast<T*>(p.u) + t * p.u_stride;
+    float pre[kHcMaxStreams];
+#pragma unroll
+    for (int k = 0; k < kHcMaxStreams; ++k) pre[k] = k < p.n ? m[k] : 0.f;
+    for (int64_t d = d0; d < d1; d += kThreads) {
+      float xs[kHcMaxStreams];
+#pragma unroll
+      for (int k = 0; k < kHcMaxStreams; ++k)
+        xs[k] = d == d0 ? xs0[k] : k < p.n ? to_f32(x[k * p.dim + d]) : 0.f;
+      float acc = 0.f;
+#pragma unroll
+      for (int k = 0; k < kHcMaxStreams; ++k)
+        if (k < p.n) acc += pre[k] * xs[k];
+      const T q = from_f32<T>(acc);
+      u[d] = q;
+      if (row) row[d] = to_f32(q);
+    }
+  }
+  if (p.h) cluster_arrive();  // release: the pushes into the norm block's row
+  if (rank == 0) {
+    if (p.mode == HcMode::kLayer) {
+      const bool pow2 = (p.n & (p.n - 1)) == 0;
+      if (pow2 && threadIdx.x < kWarpSize) hc_sinkhorn_cols<false>(m, p);
+      if (!pow2 && threadIdx.x == 0) hc_sinkhorn_serial<false>(m, p);
+      __syncthreads();
+    }
+    if (p.mix && j < num_mix) p.mix[t * num_mix + j] = m[j];
+  }
+  if (!p.h) return;
+  cluster_wait();  // acquire (every block waits: none leaves while its pushes may be in flight)
+  if (rank != norm_rank) return;
+  __shared__ float scratch[32];
+  auto load = [](int64_t i) { return hrow[i]; };
+  if (p.h_dtype == DType::kF32)
+    deepinfer::cuda::rmsnorm_row_regs<kNormRowMax / kThreads>(load, p.h_w, static_cast<float*>(p.h) + t * p.h_stride,
+                                                              p.dim, p.h_eps, scratch);
+  else
+    deepinfer::cuda::rmsnorm_row_regs<kNormRowMax / kThreads>(
+        load, p.h_w, static_cast<__nv_bfloat16*>(p.h) + t * p.h_stride, p.dim, p.h_eps, scratch);
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kThreads) hc_post_kernel(const __grid_constant__ HcPostParams p) {
   const int64_t idx = int64_t(blockIdx.x) * kThreads + threadIdx.x;
@@ -414,6 +629,59 @@ int64_t u_slice(const HcPreParams& p) {
   return ceil_div(ceil_div(p.dim, split), kThreads) * kThreads;
 }
 
+// The single launch's cluster: blocks per token (<= cluster_max), chunks per block. 16-block
+// clusters are non-portable: allowed per kernel, and used only where the GPU can place at least as
+// many of them at once as the launch has tokens (else 8, the portable size). Queried once, on the
+// first hc_pre call (usually a prefill, outside any graph capture), for both dtypes.
+struct ClusterLimits {
+  bool supported = false;  // cluster launch (sm_90 and up)
+  int max16[2] = {0, 0};   // 16-block clusters the GPU places at once: f32, bf16 kernels
+};
+template <typename T>
+int max_clusters16() {
+  const auto fn = hc_pre_cluster_kernel<T>;
+  if (cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(kClusterMax, 1, 1);
+  cfg.blockDim = dim3(kThreads, 1, 1);
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = kClusterMax;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  int clusters = 0;
+  if (cudaOccupancyMaxActiveClusters(&clusters, fn, &cfg) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return clusters;
+}
+// Per device (a process may drive several; the function attribute is set in each one's context).
+const ClusterLimits& cluster_limits() {
+  constexpr int kMaxDevices = 64;
+  static std::once_flag once[kMaxDevices];
+  static ClusterLimits lim[kMaxDevices];
+  int dev = 0;
+  DI_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev < 0 || dev >= kMaxDevices) DI_THROW(InvalidArgument, "hc_pre: device ", dev, " >= ", kMaxDevices);
+  std::call_once(once[dev], [dev] {
+    ClusterLimits& l = lim[dev];
+    int v = 0;
+    DI_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrClusterLaunch, dev));
+    l.supported = v != 0;
+    if (l.supported) {
+      l.max16[0] = max_clusters16<float>();
+      l.max16[1] = max_clusters16<__nv_bfloat16>();
+    }
+  });
+  return lim[dev];
+}
+
 void check_common(int n, int64_t dim, int64_t tokens, const char* what) {
   if (n < 1 || n > kHcMaxStreams) DI_THROW(InvalidArgument, what, ": hc_mult ", n, " not in [1, ", kHcMaxStreams, "]");
   if (dim <= 0 || tokens < 0) DI_THROW(InvalidArgument, what, ": bad shape tokens=", tokens, " dim=", dim);
@@ -428,6 +696,13 @@ size_t hc_pre_workspace_bytes(int64_t tokens, int n, int64_t dim, HcMode mode) {
          size_t(tokens) * sizeof(unsigned);  // + the fused norm's counters
 }
 
+bool hc_pre_single_launch(int64_t tokens, int n, int64_t dim, HcMode mode, bool with_norm) {
+  const int64_t chunks = ceil_div(int64_t(n) * dim, kChunk);
+  (void)mode;
+  return single_launch_auto() && tokens >= 1 && tokens <= kFusedAutoTokens && chunks <= kFusedMaxChunks &&
+         (!with_norm || dim <= kNormRowMax) && cluster_limits().supported;
+}
+
 void hc_pre(const HcPreParams& p, cudaStream_t stream) {
   check_common(p.n, p.dim, p.tokens, "hc_pre");
   if (!p.x || !p.fn || !p.base || !p.scale || !p.workspace)
@@ -439,6 +714,8 @@ void hc_pre(const HcPreParams& p, cudaStream_t stream) {
   if (p.sinkhorn_iters < 1) DI_THROW(InvalidArgument, "hc_pre: sinkhorn_iters must be >= 1");
   if (p.mix_split < 0) DI_THROW(InvalidArgument, "hc_pre: mix_split ", p.mix_split, " < 0");
   if (p.u_split < 0) DI_THROW(InvalidArgument, "hc_pre: u_split ", p.u_split, " < 0");
+  if (p.cluster < 0 || p.cluster > kClusterMax)
+    DI_THROW(InvalidArgument, "hc_pre: cluster ", p.cluster, " not in [0, ", kClusterMax, "]");
   if (p.token_tile != 0 && p.token_tile != kTokTile && p.token_tile != kWideTokTile)
     DI_THROW(InvalidArgument, "hc_pre: token_tile ", p.token_tile, " is not 0 (automatic), ", kTokTile, " or ",
              kWideTokTile);
@@ -453,7 +730,31 @@ void hc_pre(const HcPreParams& p, cudaStream_t stream) {
   const int num_mix = hc_num_mix(p.n, p.mode);
   const int chunks = int(ceil_div(int64_t(p.n) * p.dim, kChunk));
   const int tile = p.token_tile ? p.token_tile : p.tokens >= kWideTileFrom ? kWideTokTile : kTokTile;
+  const ClusterLimits& lim = cluster_limits();
+  const bool single = (p.single_launch > 0 || (single_launch_auto() && p.single_launch == 0 && p.tokens <= kFusedAutoTokens)) &&
+                      chunks <= kFusedMaxChunks && !p.legacy_finalize && (!p.h || p.dim <= kNormRowMax) &&
+                      lim.supported;
   DI_DISPATCH_FLOAT(p.dtype, T, "hc_pre x", [&] {
+    if (single) {
+      const int max16 = lim.max16[std::is_same_v<T, float> ? 0 : 1];
+      const int cmax = p.cluster > 0 ? p.cluster : max16 >= p.tokens ? kClusterMax : 8;
+      const int cpb = int(ceil_div(chunks, cmax)), cs = int(ceil_div(chunks, cpb));
+      if (cs > 8 && max16 == 0) DI_THROW(InvalidArgument, "hc_pre: this GPU places no ", cs, "-block cluster");
+      const int64_t per = ceil_div(p.dim, cs);
+      cudaLaunchConfig_t cfg{};
+      cfg.gridDim = dim3(unsigned(cs), unsigned(p.tokens), 1);
+      cfg.blockDim = dim3(kThreads, 1, 1);
+      cfg.stream = stream;
+      cudaLaunchAttribute attr[1];
+      attr[0].id = cudaLaunchAttributeClusterDimension;
+      attr[0].val.clusterDim.x = unsigned(cs);
+      attr[0].val.clusterDim.y = 1;
+      attr[0].val.clusterDim.z = 1;
+      cfg.attrs = attr;
+      cfg.numAttrs = 1;
+      DI_CUDA_CHECK(cudaLaunchKernelEx(&cfg, hc_pre_cluster_kernel<T>, p, num_mix, chunks, cpb, per));
+      return;
+    }
     if (tile == kWideTokTile) {
       // At most kWideMix mixes per block (mix_split, when given, can only split them further).
       const int split = std::max(p.mix_split, int(ceil_div(int64_t(num_mix), int64_t(kWideMix))));

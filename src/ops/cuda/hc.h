@@ -56,14 +56,25 @@ struct HcPreParams {
   // Tokens per partial-sum block: 0 = automatic (8, with at most 8 mixes per block, from 256
   // tokens: prefill; else 4), or 4 / 8 forced (tests, timing). Bit-identical for every value.
   int token_tile = 0;
-  // The site's RMSNorm fused into the finalize (session 15): h[t] = rmsnorm(u[t]) (· h_w), the same
-  // bits as ops/cuda/rmsnorm on u (ops/cuda/norm_row.cuh's order). The last of a token's u blocks
-  // to finish (a counter per token in the workspace, zeroed by the partial-sum kernel) re-reads the
-  // whole row from L2 and norms it: one launch less than hc_pre + rmsnorm. Null: no norm. Needs u.
-  // Measured NOT to pay at V4's shapes (session 15, H200: the fences, the counter and the serial
-  // tail cost what the launch saved; CudaTiming.HcSiteFusedNorm, docs/PERFORMANCE.md), so the
-  // engine's forward keeps the separate rmsnorm; kept, tested bit-identical, for a finalize that
-  // ends in one block per token (where the tail needs no counter).
+  // One launch per site (session 16): a thread-block cluster per token sums the partials, folds
+  // them over distributed shared memory after one cluster barrier and writes u and the mixes;
+  // no workspace traffic, bit-identical to the two-kernel path by construction. 0 = automatic (up to
+  // 8 tokens once enabled: only with DEEPINFER_HC_SINGLE_LAUNCH=1 in the environment until a GPU
+  // has run the bit-identity tests and the timing; else 0 means the two kernels), 1 = forced (tests,
+  // timing), -1 = never. Falls back to the two kernels where it can't run (n·D > 65,536, no cluster
+  // launch, legacy_finalize, h with D > 4,096).
+  int single_launch = 0;
+  // Blocks per token's cluster for the single launch: 0 = automatic (16 where the GPU can place
+  // such clusters, else 8), or 1..16 forced (timing). Each block sums ceil(chunks / blocks) chunks.
+  int cluster = 0;
+  // The site's RMSNorm fused in: h[t] = rmsnorm(u[t]) (· h_w), the same bits as ops/cuda/rmsnorm on
+  // u (ops/cuda/norm_row.cuh's order). In the single launch (D <= 4,096): every block pushes its u
+  // slice into one block's shared memory, a cluster barrier, that block norms the row; the engine
+  // uses it there (decode at 1..8 tokens: CudaBackend::hc_site_norms). In the two-kernel path
+  // (session 15): the last of a token's u blocks to finish (a counter per token in the workspace,
+  // zeroed by the partial-sum kernel) re-reads the row from L2 and norms it; measured not to pay
+  // there (CudaTiming.HcSiteFusedNorm, docs/PERFORMANCE.md), so the engine does not ask for it
+  // beyond 8 tokens. Null: no norm. Needs u.
   void* h = nullptr;             // [tokens, D] h_dtype, row stride h_stride
   DType h_dtype = DType::kBF16;
   int64_t h_stride = 0;
@@ -107,6 +118,10 @@ void hc_collapse(const HcCollapseParams& p, cudaStream_t stream);
 int hc_num_mix(int n, HcMode mode);
 size_t hc_pre_workspace_bytes(int64_t tokens, int n, int64_t dim, HcMode mode);
 void hc_pre(const HcPreParams& p, cudaStream_t stream);
+// Whether hc_pre takes the single launch automatically (single_launch = 0) at this shape on the
+// current GPU, with the fused norm (h) when `with_norm`: where the norm fused in costs less than
+// a separate rmsnorm launch (the engine asks before passing h).
+bool hc_pre_single_launch(int64_t tokens, int n, int64_t dim, HcMode mode, bool with_norm);
 void hc_post(const HcPostParams& p, cudaStream_t stream);
 
 }  // namespace deepinfer::ops::cuda

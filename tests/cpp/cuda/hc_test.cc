@@ -191,7 +191,8 @@ TEST(CudaHc, TokenTileBitIdentical) {
               oc::hc_pre({.x = dt == DType::kF32 ? static_cast<const void*>(dXf.get()) : dXb.get(), .dtype = dt,
                           .x_stride = n * dim, .fn = dfn.get(), .base = dbase.get(), .scale = dscale.get(),
                           .u = u.get(), .u_stride = dim, .mix = mix.get(), .workspace = ws.get(), .tokens = T_,
-                          .n = n, .dim = dim, .mode = mode, .mix_split = split, .token_tile = tile},
+                          .n = n, .dim = dim, .mode = mode, .mix_split = split, .token_tile = tile,
+                          .single_launch = -1},
                          nullptr);
               std::vector<float> out = mix.download(), uh = u.download();
               out.insert(out.end(), uh.begin(), uh.end());
@@ -232,7 +233,7 @@ TEST(CudaHc, MixSplitBitIdentical) {
             oc::hc_pre({.x = dt == DType::kF32 ? static_cast<const void*>(dXf.get()) : dXb.get(), .dtype = dt,
                         .x_stride = n * dim, .fn = dfn.get(), .base = dbase.get(), .scale = dscale.get(), .u = u.get(),
                         .u_stride = dim, .mix = mix.get(), .workspace = ws.get(), .tokens = T_, .n = n, .dim = dim,
-                        .mode = mode, .mix_split = split},
+                        .mode = mode, .mix_split = split, .single_launch = -1},
                        nullptr);
             std::vector<float> out = mix.download(), uh = u.download();
             out.insert(out.end(), uh.begin(), uh.end());
@@ -260,7 +261,7 @@ TEST(CudaHc, MixSplitBitIdentical) {
 // 256 dims, clamped 9999, automatic 0), both modes, hc_mult 4, 2, 1 and 3 (the serial Sinkhorn),
 // 20 and 7 iterations, f32 and bf16, mixes only (u null), odd widths (a partial chunk, D = 37).
 std::vector<float> run_pre(const Site& st, const void* x, DType dt, int64_t T_, int n, int64_t dim, oc::HcMode mode,
-                           int iters, bool with_u, bool legacy, int u_split) {
+                           int iters, bool with_u, bool legacy, int u_split, int single = -1, int cluster = 0) {
   const int M = oc::hc_num_mix(n, mode);
   DevArray<float> dfn(st.fn), dbase(st.base), dscale(st.scale), mix(T_ * M), u(T_ * dim);
   DevArray<float> ws(oc::hc_pre_workspace_bytes(T_, n, dim, mode) / sizeof(float) + 1);
@@ -268,7 +269,7 @@ std::vector<float> run_pre(const Site& st, const void* x, DType dt, int64_t T_, 
   oc::hc_pre({.x = x, .dtype = dt, .x_stride = n * dim, .fn = dfn.get(), .base = dbase.get(), .scale = dscale.get(),
               .u = with_u ? u.get() : nullptr, .u_stride = dim, .mix = mix.get(), .workspace = ws.get(), .tokens = T_,
               .n = n, .dim = dim, .mode = mode, .sinkhorn_iters = iters, .u_split = u_split,
-              .legacy_finalize = legacy},
+              .legacy_finalize = legacy, .single_launch = single, .cluster = cluster},
              nullptr);
   std::vector<float> out = mix.download(), uh = u.download();
   if (dt == DType::kBF16) uh.resize((T_ * dim + 1) / 2);  // the bf16 elements written, as f32 words
@@ -327,6 +328,81 @@ TEST(CudaHc, WideFinalizeBatchInvariant) {
   EXPECT_EQ(0, std::memcmp(one.data() + M, all.data() + T_ * M + 4 * dim, dim * sizeof(float))) << "u";
 }
 
+// The single launch (a thread-block cluster per token: partial sums, fold over distributed shared
+// memory, transform, u and the Sinkhorn in one kernel) against the legacy two-kernel path: mixes
+// and u bit for bit, for the automatic cluster (16 blocks for V4's 16 chunks) and forced smaller
+// ones (8: two chunks a block, 3: uneven, 1: the whole token in one block), both modes, hc_mult 4,
+// 2, 1 and 3 (the serial Sinkhorn), 20 and 7 iterations, f32 and bf16, mixes only, odd widths and
+// token counts (9 and 64: forced beyond the automatic 8).
+TEST(CudaHc, SingleLaunchBitIdentical) {
+  DI_REQUIRE_GPU();
+  uint64_t seed = 11000;
+  int cases = 0;
+  for (oc::HcMode mode : {oc::HcMode::kLayer, oc::HcMode::kHead})
+    for (int n : {4, 2, 1, 3})
+      for (int64_t T_ : {int64_t(1), int64_t(3), int64_t(9), int64_t(64)})
+        for (int64_t dim : {int64_t(4096), int64_t(1000), int64_t(37)})
+          for (DType dt : {DType::kF32, DType::kBF16}) {
+            if (T_ == 64 && (n == 2 || n == 1 || dt == DType::kBF16)) continue;  // the large count, fewer shapes
+            const Site st = make_site(n, dim, mode, seed += 10);
+            const std::vector<float> X = randn(T_ * n * dim, seed + 3, 1.0f);
+            DevArray<float> dXf(X);
+            DevArray<uint16_t> dXb(to_bf16(X));
+            const void* x = dt == DType::kF32 ? static_cast<const void*>(dXf.get()) : dXb.get();
+            const int iters = n == 2 ? 7 : 20;
+            for (bool with_u : {true, false}) {
+              if (!with_u && mode == oc::HcMode::kHead) continue;  // head mode needs u
+              const auto ref = run_pre(st, x, dt, T_, n, dim, mode, iters, with_u, true, 0);
+              for (int cluster : {0, 8, 3, 1}) {
+                if (cluster == 1 && dim != 4096) continue;
+                const auto got = run_pre(st, x, dt, T_, n, dim, mode, iters, with_u, false, 0, 1, cluster);
+                ASSERT_EQ(got.size(), ref.size());
+                EXPECT_EQ(0, std::memcmp(got.data(), ref.data(), ref.size() * sizeof(float)))
+                    << "cluster " << cluster << " n=" << n << " T=" << T_ << " D=" << dim << " " << dtype_name(dt)
+                    << (mode == oc::HcMode::kLayer ? " layer" : " head") << (with_u ? "" : " mixes only");
+                ++cases;
+              }
+              // The automatic choice (single launch up to 8 tokens, the two kernels beyond).
+              const auto au = run_pre(st, x, dt, T_, n, dim, mode, iters, with_u, false, 0, 0, 0);
+              EXPECT_EQ(0, std::memcmp(au.data(), ref.data(), ref.size() * sizeof(float)))
+                  << "automatic n=" << n << " T=" << T_ << " D=" << dim << " " << dtype_name(dt);
+              ++cases;
+            }
+          }
+  EXPECT_GT(cases, 500);
+  // Wider than the single launch takes (n·D > 65,536: 4 x 20,000): the two kernels, the same bits.
+  const Site st = make_site(4, 20000, oc::HcMode::kLayer, 11999);
+  DevArray<float> dX(randn(2 * 4 * 20000, 12000, 1.0f));
+  const auto ref = run_pre(st, dX.get(), DType::kF32, 2, 4, 20000, oc::HcMode::kLayer, 20, true, true, 0);
+  const auto got = run_pre(st, dX.get(), DType::kF32, 2, 4, 20000, oc::HcMode::kLayer, 20, true, false, 0, 1, 0);
+  EXPECT_EQ(0, std::memcmp(got.data(), ref.data(), ref.size() * sizeof(float))) << "D = 20000 fallback";
+}
+
+// Batch invariance across the paths: token 4 alone in the single launch equals its mixes and u in
+// a batch of 9 (the automatic choice: two kernels) and in a forced single launch of 9.
+TEST(CudaHc, SingleLaunchBatchInvariant) {
+  DI_REQUIRE_GPU();
+  const int n = 4, M = 24;
+  const int64_t dim = 4096, T_ = 9;
+  const Site st = make_site(n, dim, oc::HcMode::kLayer, 8777);
+  const std::vector<float> X = randn(T_ * n * dim, 8780, 1.0f);
+  const std::vector<float> X0(X.begin() + 4 * n * dim, X.begin() + 5 * n * dim);  // token 4 alone
+  DevArray<float> dX(X), dX0(X0);
+  const auto one = run_pre(st, dX0.get(), DType::kF32, 1, n, dim, oc::HcMode::kLayer, 20, true, false, 0, 1, 0);
+  for (int single : {0, 1}) {
+    const auto all = run_pre(st, dX.get(), DType::kF32, T_, n, dim, oc::HcMode::kLayer, 20, true, false, 0, single, 0);
+    EXPECT_EQ(0, std::memcmp(one.data(), all.data() + 4 * M, M * sizeof(float))) << "mixes, single " << single;
+    EXPECT_EQ(0, std::memcmp(one.data() + M, all.data() + T_ * M + 4 * dim, dim * sizeof(float)))
+        << "u, single " << single;
+  }
+  float f = 0;
+  oc::HcPreParams bad{.x = &f, .x_stride = 32, .fn = &f, .base = &f, .scale = &f, .u = &f, .u_stride = 8, .mix = &f,
+                      .workspace = &f, .tokens = 1, .dim = 8, .cluster = 17};
+  EXPECT_THROW(oc::hc_pre(bad, nullptr), InvalidArgument);
+  bad.cluster = -1;
+  EXPECT_THROW(oc::hc_pre(bad, nullptr), InvalidArgument);
+}
+
 // The site norm fused into hc_pre (HcPreParams::h) against the unfused pair, hc_pre then the
 // legacy two-pass rmsnorm on u: mixes, u and h bit for bit (raw bytes), for the wide finalize at
 // several u splits (the last-block-done norm after 1, 3 or automatic many blocks) and the legacy
@@ -336,7 +412,7 @@ struct FusedOut {
   std::vector<uint8_t> h;
 };
 FusedOut run_fused(const Site& st, const void* x, DType dt, int64_t T_, int n, int64_t dim, oc::HcMode mode,
-                   DType hd, const float* hw, bool fused, bool legacy, int u_split) {
+                   DType hd, const float* hw, bool fused, bool legacy, int u_split, int single = -1) {
   const int M = oc::hc_num_mix(n, mode);
   const size_t eb = dt == DType::kF32 ? 4 : 2, hb = hd == DType::kF32 ? 4 : 2;
   DevArray<float> dfn(st.fn), dbase(st.base), dscale(st.scale), mix(T_ * M), u((T_ * dim * eb + 3) / 4);
@@ -346,7 +422,8 @@ FusedOut run_fused(const Site& st, const void* x, DType dt, int64_t T_, int n, i
   oc::hc_pre({.x = x, .dtype = dt, .x_stride = n * dim, .fn = dfn.get(), .base = dbase.get(), .scale = dscale.get(),
               .u = u.get(), .u_stride = dim, .mix = mode == oc::HcMode::kLayer ? mix.get() : nullptr,
               .workspace = ws.get(), .tokens = T_, .n = n, .dim = dim, .mode = mode, .u_split = u_split,
-              .legacy_finalize = legacy, .h = fused ? h.get() : nullptr, .h_dtype = hd, .h_stride = dim, .h_w = hw},
+              .legacy_finalize = legacy, .single_launch = single, .h = fused ? h.get() : nullptr, .h_dtype = hd,
+              .h_stride = dim, .h_w = hw},
              nullptr);
   if (!fused)
     oc::rmsnorm({.x = u.get(), .x_dtype = dt, .x_stride = dim, .w = hw, .w_dtype = DType::kF32, .y = h.get(),
@@ -376,8 +453,12 @@ TEST(CudaHc, FusedNormBitIdenticalToUnfused) {
               if (!weighted && hd == DType::kF32) continue;
               const float* hw = weighted ? w.get() : nullptr;
               const FusedOut ref = run_fused(st, x, dt, T_, n, dim, mode, hd, hw, false, false, 0);
-              for (int split : {0, 1, 3, -1}) {  // -1: the legacy finalize
-                const FusedOut got = run_fused(st, x, dt, T_, n, dim, mode, hd, hw, true, split < 0, std::max(split, 0));
+              // -1: the legacy finalize; -2: the single launch forced (its norm after a second cluster
+              // barrier, at every token count); -3: the automatic choice (single launch up to 8 tokens).
+              for (int split : {0, 1, 3, -1, -2, -3}) {
+                const int single = split == -2 ? 1 : split == -3 ? 0 : -1;
+                const FusedOut got =
+                    run_fused(st, x, dt, T_, n, dim, mode, hd, hw, true, split == -1, std::max(split, 0), single);
                 const std::string cs = "u_split " + std::to_string(split) + " T=" + std::to_string(T_) + " D=" +
                                        std::to_string(dim) + " x " + std::string(dtype_name(dt)) + " h " +
                                        std::string(dtype_name(hd)) +
@@ -390,7 +471,7 @@ TEST(CudaHc, FusedNormBitIdenticalToUnfused) {
               }
             }
         }
-  EXPECT_EQ(cases, (5 * 3 * 2 * 2 - 3 * 3) * 3 * 4);
+  EXPECT_EQ(cases, (5 * 3 * 2 * 2 - 3 * 3) * 3 * 6);
   float f = 0;
   oc::HcPreParams bad{.x = &f, .x_stride = 32, .fn = &f, .base = &f, .scale = &f, .u = nullptr, .u_stride = 8,
                       .mix = &f, .workspace = &f, .tokens = 1, .dim = 8, .h = &f, .h_stride = 8};
@@ -415,6 +496,9 @@ TEST(CudaHc, FusedNormBatchInvariant) {
   const FusedOut one =
       run_fused(st, dX0.get(), DType::kF32, 1, n, dim, oc::HcMode::kLayer, DType::kBF16, w.get(), true, false, 0);
   EXPECT_EQ(0, std::memcmp(one.h.data(), all.h.data() + 4 * dim * 2, size_t(dim) * 2)) << "h";
+  const FusedOut one_single =  // the single launch's norm (second cluster barrier) alone
+      run_fused(st, dX0.get(), DType::kF32, 1, n, dim, oc::HcMode::kLayer, DType::kBF16, w.get(), true, false, 0, 1);
+  EXPECT_EQ(0, std::memcmp(one_single.h.data(), all.h.data() + 4 * dim * 2, size_t(dim) * 2)) << "h, single launch";
 }
 
 TEST(CudaHc, InPlacePostEqualsOutOfPlace) {

@@ -33,7 +33,8 @@ TEST(CudaTiming, HcPreMixSplit) {
     for (int split : {1, 0}) {  // 1: one block per (chunk, token tile), as before session 11; 0: the automatic split
       const double us = median_us([&](cudaStream_t q) {
         oc::hc_pre({.x = x.get(), .x_stride = 4 * D, .fn = fn.get(), .base = base.get(), .scale = sc.get(), .u = u.get(),
-                    .u_stride = D, .mix = mix.get(), .workspace = ws.get(), .tokens = T_, .dim = D, .mix_split = split},
+                    .u_stride = D, .mix = mix.get(), .workspace = ws.get(), .tokens = T_, .dim = D, .mix_split = split,
+                    .single_launch = -1},
                    q);
       }, s);
       report_time("hc_pre", "bf16 T=" + std::to_string(T_) + " D=4096 mix_split=" + std::to_string(split), us,
@@ -68,7 +69,8 @@ TEST(CudaTiming, HcPreFinalize) {
           for (int r = 0; r < reps; ++r)
             oc::hc_pre({.x = xp, .dtype = c.dt, .x_stride = 4 * D, .fn = fn.get(), .base = base.get(),
                         .scale = sc.get(), .u = c.u ? u.get() : nullptr, .u_stride = D, .mix = mix.get(),
-                        .workspace = ws.get(), .tokens = c.T, .dim = D, .legacy_finalize = legacy},
+                        .workspace = ws.get(), .tokens = c.T, .dim = D, .legacy_finalize = legacy,
+                        .single_launch = -1},  // the two-kernel forms (CudaTiming.HcSiteGraph: the single launch)
                        q);
         }, s) / reps;
         report_time("hc_pre", std::string(dtype_name(c.dt)) + " T=" + std::to_string(c.T) + (c.u ? "" : " mixes only") +
@@ -138,7 +140,8 @@ TEST(CudaTiming, HcSiteFusedNorm) {
     auto site = [&](cudaStream_t q, int how) {  // 0: + legacy rmsnorm, 1: + rmsnorm, 2: fused
       oc::hc_pre({.x = x.get(), .dtype = DType::kF32, .x_stride = 4 * D, .fn = fn.get(), .base = base.get(),
                   .scale = sc.get(), .u = u.get(), .u_stride = D, .mix = mix.get(), .workspace = ws.get(),
-                  .tokens = T_, .dim = D, .h = how == 2 ? h.get() : nullptr, .h_stride = D, .h_w = nw.get()},
+                  .tokens = T_, .dim = D, .single_launch = -1, .h = how == 2 ? h.get() : nullptr, .h_stride = D,
+                  .h_w = nw.get()},
                  q);
       if (how < 2)
         oc::rmsnorm({.x = u.get(), .x_dtype = DType::kF32, .x_stride = D, .w = nw.get(), .w_dtype = DType::kF32,
@@ -149,6 +152,59 @@ TEST(CudaTiming, HcSiteFusedNorm) {
     for (int how = 0; how < 3; ++how) us[how] = graph_launch_us([&](cudaStream_t q) { site(q, how); }, s);
     std::printf("DI_HC_SITE_TIMING|%lld|%.2f|%.2f|%.2f\n", (long long)T_, us[0], us[1], us[2]);
   }
+}
+
+// One mHC site's hc_pre (V4: n = 4, D = 4096, f32 streams, layer mode) per launch in a CUDA graph,
+// the two kernels (partials + wide finalize, sessions 13-15) against the single launch (session
+// 16: a cluster per token; automatic 16 blocks where placeable, forced 8 and 16). "hot": one site
+// replayed 20 times (fn in L2); "cold": 48 sites with their own fn and streams in turn (72 MB, more
+// than the H100's L2), as in a decode step where the weights between two sites evict fn. The
+// automatic rule keeps the two kernels beyond 8 tokens (64, 512: the same path twice, a check that
+// prefill did not move). Then the whole site as the engine runs it, hc_pre + the site's rmsnorm of
+// u (f32 -> bf16 h, f32 weight), against the norm fused into the single launch (HcPreParams::h).
+TEST(CudaTiming, HcSiteGraph) {
+  DI_REQUIRE_GPU();
+  Stream st;
+  const cudaStream_t s = st.get();
+  const int64_t D = 4096;
+  std::printf("DI_HC_GRAPH|T|fn|two kernels us|automatic us|single cluster 8 us|single cluster 16 us|"
+              "two + rmsnorm us|single + rmsnorm us|single, norm fused us\n");
+  for (int64_t T_ : {int64_t(1), int64_t(4), int64_t(8), int64_t(64), int64_t(512)})
+    for (bool cold : {false, true}) {
+      if (cold && T_ > 64) continue;
+      const int sites = cold ? 48 : 1;
+      std::vector<DevArray<float>> fn, x;
+      fn.reserve(sites), x.reserve(sites);
+      for (int i = 0; i < sites; ++i) {
+        fn.emplace_back(randn(24 * 4 * D, 4 + i, 0.05f));
+        x.emplace_back(randn(T_ * 4 * D, 100 + i));
+      }
+      DevArray<float> u(T_ * D), base(randn(24, 5)), sc(randn(3, 6)), mix(T_ * 24), nw(randn(D, 7, 0.2f, 1.0f));
+      DevArray<uint16_t> h(T_ * D);
+      DevArray<float> ws(oc::hc_pre_workspace_bytes(T_, 4, D, oc::HcMode::kLayer) / 4 + 1);
+      // norm: 0 none, 1 a separate rmsnorm after hc_pre, 2 fused into hc_pre
+      auto run = [&](int single, int cluster, int norm) {
+        int i = 0;
+        return graph_launch_us([&](cudaStream_t q) {
+          const int k = i++ % sites;
+          oc::hc_pre({.x = x[k].get(), .dtype = DType::kF32, .x_stride = 4 * D, .fn = fn[k].get(), .base = base.get(),
+                      .scale = sc.get(), .u = u.get(), .u_stride = D, .mix = mix.get(), .workspace = ws.get(),
+                      .tokens = T_, .dim = D, .single_launch = single, .cluster = cluster,
+                      .h = norm == 2 ? h.get() : nullptr, .h_stride = D, .h_w = nw.get()},
+                     q);
+          if (norm == 1)
+            oc::rmsnorm({.x = u.get(), .x_dtype = DType::kF32, .x_stride = D, .w = nw.get(), .w_dtype = DType::kF32,
+                         .y = h.get(), .y_stride = D, .rows = T_, .dim = D},
+                        q);
+        }, s, cold ? sites : 20);
+      };
+      const bool small = T_ <= 64;
+      const double two = run(-1, 0, 0), au = run(0, 0, 0);
+      const double c8 = small ? run(1, 8, 0) : 0.0, c16 = small ? run(1, 16, 0) : 0.0;
+      const double two_n = run(-1, 0, 1), single_n = small ? run(1, 0, 1) : 0.0, fused = small ? run(1, 0, 2) : 0.0;
+      std::printf("DI_HC_GRAPH|%lld|%s|%.2f|%.2f|%.2f|%.2f|%.2f|%.2f|%.2f\n", (long long)T_, cold ? "cold" : "hot", two,
+                  au, c8, c16, two_n, single_n, fused);
+    }
 }
 
 TEST(CudaTiming, Kernels) {

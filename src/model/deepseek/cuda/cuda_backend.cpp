@@ -877,8 +877,17 @@ void CudaBackend::hc_site(const HcSiteArgs& a) {
               .scale = a.w->scale.p, .u = a.u, .u_stride = g.hidden, .mix = a.mix,
               .workspace = at<float>(a.head ? L_.head_ws : L_.hc_ws), .tokens = a.tokens, .n = int(g.streams),
               .dim = g.hidden, .mode = a.head ? oc::HcMode::kHead : oc::HcMode::kLayer,
-              .sinkhorn_iters = int(g.sinkhorn_iters), .norm_eps = g.eps, .hc_eps = g.hc_eps},
+              .sinkhorn_iters = int(g.sinkhorn_iters), .norm_eps = g.eps, .hc_eps = g.hc_eps, .h = a.h,
+              .h_dtype = a.h_dtype, .h_stride = g.hidden, .h_w = a.norm_w, .h_eps = a.norm_eps},
              stream_.get());
+}
+
+// The site's norm goes into hc_pre's single launch (a second cluster barrier, then one block norms
+// the row: the same bits as rmsnorm) where that launch is taken: decode steps of 1..8 tokens.
+bool CudaBackend::hc_site_norms(int64_t tokens, DType h_dtype) const {
+  const Dims& g = arch_.dims;
+  return (h_dtype == DType::kBF16 || h_dtype == DType::kF32) &&
+         oc::hc_pre_single_launch(tokens, int(g.streams), g.hidden, oc::HcMode::kLayer, true);
 }
 
 void CudaBackend::hc_post(const HcPostArgs& a) {

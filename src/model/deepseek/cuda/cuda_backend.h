@@ -138,6 +138,7 @@ class CudaBackend final : public ModelBackend, public ExpertWeightStore {
   void indexer_topk(const IndexerArgs& a) override;
   void sparse_attention(const AttentionArgs& a) override;
   void hc_site(const HcSiteArgs& a) override;
+  bool hc_site_norms(int64_t tokens, DType h_dtype) const override;
   void hc_post(const HcPostArgs& a) override;
   void hc_collapse(const float* x, const float* prev_mix, float* u, int64_t tokens) override;
   void add_streams(float* x, const float* v, int64_t tokens, int64_t streams, int64_t dim) override;
