@@ -105,9 +105,13 @@ bool CudaBackend::stage_engram_ids(const std::vector<EngramStepIds>& layers) {
     reserve_engram_rows(l, n * g.dim);
     dev_need = std::max(dev_need, scales_at(v41::engram_stored_values_bytes(g, n)) + v41::engram_stored_scales_bytes(g, n));
   }
+  // Both staging buffers grow by at least half when they grow (prefill chunks of rising length
+  // would otherwise reallocate, and a cudaFree / cudaFreeHost waits for the device, every step).
+  const auto grown = [](size_t have, size_t need) { return have == 0 ? need : std::max(need, have + have / 2); };
   if (engram_stored_dev_.size_bytes() < dev_need) {
+    const size_t bytes = grown(engram_stored_dev_.size_bytes(), dev_need);
     engram_stored_dev_ = dc::DeviceBuffer();  // cudaFree waits for the earlier widens that read it
-    engram_stored_dev_ = dc::DeviceBuffer(dev_need, opts_.device);
+    engram_stored_dev_ = dc::DeviceBuffer(bytes, opts_.device);
   }
   for (size_t l = 0; l < L; ++l) {
     engram_host_[l].clear();
@@ -120,8 +124,9 @@ bool CudaBackend::stage_engram_ids(const std::vector<EngramStepIds>& layers) {
     if (engram_upload_pending_[l]) engram_uploaded_[l].synchronize();
     engram_upload_pending_[l] = false;
     if (engram_pinned_[l].size_bytes() < total) {
+      const size_t bytes = grown(engram_pinned_[l].size_bytes(), total);
       engram_pinned_[l] = dc::PinnedBuffer();
-      engram_pinned_[l] = dc::PinnedBuffer(total);
+      engram_pinned_[l] = dc::PinnedBuffer(bytes);
     }
     auto* host = engram_pinned_[l].as<uint8_t>();
     v41::engram_gather_stored(g, layers[l].ids.data(), n, host, host + off);
