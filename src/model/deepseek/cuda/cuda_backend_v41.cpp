@@ -131,6 +131,8 @@ bool CudaBackend::stage_engram_ids(const std::vector<EngramStepIds>& layers) {
     auto* host = engram_pinned_[l].as<uint8_t>();
     v41::engram_gather_stored(g, layers[l].ids.data(), n, host, host + off);
     auto* dev = engram_stored_dev_.as<uint8_t>();
+    // Timed as an op (bench-flash --breakdown): the upload and the widen are step-stream time.
+    const OpTimer::Scope op_scope_ = op_scope("engram_upload_widen");
     dc::copy_h2d(dev, host, total, stream_.get(), false);
     engram_uploaded_[l].record(stream_.get());
     engram_upload_pending_[l] = true;
