@@ -3,6 +3,7 @@
 #include "core/numeric.h"
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/engram.h"
+#include "ops/cuda/engram_widen_values.h"
 
 namespace deepinfer::ops::cuda {
 namespace {
@@ -52,31 +53,24 @@ __global__ void __launch_bounds__(kThreads) engram_kernel(const __grid_constant_
   for (int64_t c = threadIdx.x; c < D; c += kThreads) h[c] += g * value[c];
 }
 
-// One thread per 4 consecutive values (dim % 4 == 0, checked by the launcher; FP8 has dim % 32).
-// The same scalar functions as the host widen (core/numeric.h): one f32 product per FP8 value
-// (IEEE round to nearest, no FTZ: this library is built without fast math), then f32_to_bf16.
+// One thread per 4 consecutive values (dim % 4 == 0, checked by the launcher; FP8 has dim % 32),
+// read with one vector load; the values are engram_widen_quad's (engram_widen_values.h, the same
+// scalar functions as the host widen, checked against it on the CPU too), then f32_to_bf16.
 template <DType In, typename Out>
 __global__ void __launch_bounds__(kThreads) engram_widen_kernel(const __grid_constant__ EngramWidenParams p) {
   const int64_t quads = p.rows * p.dim / 4;
   Out* out = static_cast<Out*>(p.out);
   for (int64_t q = int64_t(blockIdx.x) * kThreads + threadIdx.x; q < quads; q += int64_t(gridDim.x) * kThreads) {
-    const int64_t i = q * 4;
+    alignas(16) unsigned char raw[16];  // the quad, by one aligned vector load
+    constexpr int kBytes = In == DType::kF8E4M3 ? 4 : In == DType::kBF16 ? 8 : 16;
+    if constexpr (kBytes == 4)
+      *reinterpret_cast<uchar4*>(raw) = static_cast<const uchar4*>(p.values)[q];
+    else if constexpr (kBytes == 8)
+      *reinterpret_cast<ushort4*>(raw) = static_cast<const ushort4*>(p.values)[q];
+    else
+      *reinterpret_cast<float4*>(raw) = static_cast<const float4*>(p.values)[q];
     float v[4];
-    if constexpr (In == DType::kF8E4M3) {
-      const uchar4 c = static_cast<const uchar4*>(p.values)[q];
-      const int64_t r = i / p.dim, j = i % p.dim;
-      const float s = e8m0_to_f32(p.scales[r * (p.dim / 32) + j / 32]);
-      v[0] = __fmul_rn(fp8e4m3_to_f32(c.x), s);
-      v[1] = __fmul_rn(fp8e4m3_to_f32(c.y), s);
-      v[2] = __fmul_rn(fp8e4m3_to_f32(c.z), s);
-      v[3] = __fmul_rn(fp8e4m3_to_f32(c.w), s);
-    } else if constexpr (In == DType::kBF16) {
-      const ushort4 b = static_cast<const ushort4*>(p.values)[q];
-      v[0] = bf16_to_f32(b.x), v[1] = bf16_to_f32(b.y), v[2] = bf16_to_f32(b.z), v[3] = bf16_to_f32(b.w);
-    } else {
-      const float4 f = static_cast<const float4*>(p.values)[q];
-      v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
-    }
+    engram_widen_quad<In>(raw, p.scales, p.dim, q * 4, v);
     if constexpr (sizeof(Out) == 4) {
       reinterpret_cast<float4*>(out)[q] = make_float4(v[0], v[1], v[2], v[3]);
     } else {
