@@ -81,13 +81,24 @@ void CudaBackend::stage_engram_rows(std::vector<std::vector<float>> rows) {
 // memory, where the stored rows are 25 MB of FP8 codes + 0.8 MB of scales. Here each layer's rows
 // are copied in stored form into pinned memory, uploaded asynchronously (the next layer's gather
 // overlaps the copy) and widened on the stream (ops/cuda engram_widen, bit-identical to the host
-// widen). DEEPINFER_ENGRAM_HOST_WIDEN=1 keeps the host path (A/B timing).
+// widen). DEEPINFER_ENGRAM_WIDEN=host (or DEEPINFER_ENGRAM_HOST_WIDEN=1) keeps the host path,
+// =device takes this one; unset, kEngramDeviceWidenByDefault decides.
+constexpr bool kEngramDeviceWidenByDefault = true;
+
 bool CudaBackend::stage_engram_ids(const std::vector<EngramStepIds>& layers) {
-  static const bool host_widen = [] {
-    const char* e = std::getenv("DEEPINFER_ENGRAM_HOST_WIDEN");
-    return e && *e && std::string(e) != "0";
+  static const bool device_widen = [] {
+    const char* w = std::getenv("DEEPINFER_ENGRAM_WIDEN");
+    const char* h = std::getenv("DEEPINFER_ENGRAM_HOST_WIDEN");  // = DEEPINFER_ENGRAM_WIDEN=host
+    if (w && *w) {
+      const std::string v(w);
+      if (v != "device" && v != "host")
+        DI_THROW(ConfigError, "DEEPINFER_ENGRAM_WIDEN=", v, ": expected device or host");
+      return v == "device";
+    }
+    if (h && *h && std::string(h) != "0") return false;
+    return kEngramDeviceWidenByDefault;
   }();
-  if (host_widen) return false;
+  if (!device_widen) return false;
   DI_CHECK(act_ == DType::kBF16 || act_ == DType::kF32, "engram rows in ", dtype_name(act_));
   const size_t L = layers.size();
   engram_dev_.resize(std::max(engram_dev_.size(), L));
