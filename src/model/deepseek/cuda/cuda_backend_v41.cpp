@@ -83,7 +83,8 @@ void CudaBackend::stage_engram_rows(std::vector<std::vector<float>> rows) {
 // overlaps the copy) and widened on the stream (ops/cuda engram_widen, bit-identical to the host
 // widen). DEEPINFER_ENGRAM_WIDEN=host (or DEEPINFER_ENGRAM_HOST_WIDEN=1) keeps the host path,
 // =device takes this one; unset, kEngramDeviceWidenByDefault decides.
-constexpr bool kEngramDeviceWidenByDefault = true;
+// Off until a device run has checked the staging (session 16 had no GPU): opt in with =device.
+constexpr bool kEngramDeviceWidenByDefault = false;
 
 bool CudaBackend::stage_engram_ids(const std::vector<EngramStepIds>& layers) {
   static const bool device_widen = [] {
