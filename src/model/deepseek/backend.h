@@ -329,6 +329,16 @@ class ModelBackend : public Backend {
   virtual void stage_engram_rows(std::vector<std::vector<float>> rows) {
     DI_THROW(InvalidArgument, describe(), ": Engram layers are not implemented on this backend yet");
   }
+  // The same rows as table ids, for a backend that gathers and widens them itself (the CUDA
+  // backend uploads the stored FP8 codes + E8M0 scales and widens them on the device): per main
+  // layer, the table (null: no Engram there) and the step's row ids [T·columns], checked against
+  // it. Returns false on a backend that does not (the model then widens on the host and calls
+  // stage_engram_rows).
+  struct EngramStepIds {
+    const EngramRef* table = nullptr;
+    std::vector<int64_t> ids;
+  };
+  virtual bool stage_engram_ids(const std::vector<EngramStepIds>& layers) { return false; }
 
   // Cache storage for the model's layer specs (fixed at construction).
   virtual kv::CacheGeometry plan_cache(size_t budget_bytes, int64_t max_slots) const = 0;

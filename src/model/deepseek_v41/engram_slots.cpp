@@ -32,7 +32,7 @@ EngramHistory EngramSlots::history_at(int32_t slot, int64_t pos) {
   return hasher_.history_after(t.tokens.data() + (need - begin), pos - need, nullptr);
 }
 
-std::vector<std::vector<float>> EngramSlots::step(const ForwardBatch& b, const std::vector<const ds::EngramRef*>& tables) {
+std::vector<std::vector<int64_t>> EngramSlots::step(const ForwardBatch& b, const std::vector<const ds::EngramRef*>& tables) {
   std::vector<EngramHistory> hist;
   hist.reserve(b.seqs.size());
   std::vector<EngramStepSeq> seqs;
@@ -42,7 +42,7 @@ std::vector<std::vector<float>> EngramSlots::step(const ForwardBatch& b, const s
     seqs.push_back({.history = &hist.back(), .tokens = b.token_ids.data() + t0, .dead = nullptr, .n = s.num_new_tokens});
     t0 += s.num_new_tokens;
   }
-  std::vector<std::vector<float>> rows = engram_step_rows(hasher_, tables, seqs);
+  std::vector<std::vector<int64_t>> ids = engram_step_ids(hasher_, tables, seqs);
   t0 = 0;
   for (const SeqInBatch& s : b.seqs) {
     Tail& t = tail(s.cache_slot);
@@ -51,7 +51,7 @@ std::vector<std::vector<float>> EngramSlots::step(const ForwardBatch& b, const s
     if (int64_t(t.tokens.size()) > keep_) t.tokens.erase(t.tokens.begin(), t.tokens.end() - keep_);
     t0 += s.num_new_tokens;
   }
-  return rows;
+  return ids;
 }
 
 // Layout appended: int32 tokens [count], then int64 count, int64 end (read back from the end).

@@ -19,10 +19,10 @@ class EngramSlots {
   EngramSlots(const EngramHasher& hasher, int64_t max_rollback);
 
   void reset(int32_t slot);
-  // Every Engram layer's table rows of the batch's new tokens (engram_step_rows), histories from the
-  // slots' tails; the tails then hold the new tokens. Throws InternalError naming the slot when a
-  // sequence starts at a position whose history the tail no longer holds.
-  std::vector<std::vector<float>> step(const ForwardBatch& batch, const std::vector<const ds::EngramRef*>& tables);
+  // Every Engram layer's table row ids of the batch's new tokens (engram_step_ids), histories from
+  // the slots' tails; the tails then hold the new tokens. Throws InternalError naming the slot when
+  // a sequence starts at a position whose history the tail no longer holds.
+  std::vector<std::vector<int64_t>> step(const ForwardBatch& batch, const std::vector<const ds::EngramRef*>& tables);
   // The tail of `slot` up to position n, as bytes appended to a slot snapshot, and back.
   void append_snapshot(int32_t slot, int64_t n, std::vector<uint8_t>& bytes) const;
   // Strips what append_snapshot added from the end of `bytes` into `slot`.

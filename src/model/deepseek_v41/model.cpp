@@ -1,9 +1,11 @@
 #include "model/deepseek_v41/model.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <sstream>
 
+#include "core/logging.h"
 #include "deepinfer/error.h"
 #include "model/deepseek/cpu/cpu_backend.h"
 #include "model/deepseek_v41/plan.h"
@@ -91,10 +93,27 @@ void DeepseekV41Model::before_step(const ForwardBatch& batch) {
     for (const DeviceInput& d : batch.device_inputs)
       host.token_ids.at(size_t(d.token_index)) = ids.at(size_t(d.sample_row));
   }
-  std::vector<std::vector<float>> rows = engram_->step(batch.device_inputs.empty() ? batch : host, tables_);
-  std::vector<std::vector<float>> by_layer(size_t(arch().plan.num_layers()));
-  for (int64_t i = 0; i < hasher_->num_layers(); ++i) by_layer[size_t(hasher_->layer_id(i))] = std::move(rows[size_t(i)]);
-  backend().stage_engram_rows(std::move(by_layer));
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point t0 = Clock::now();
+  std::vector<std::vector<int64_t>> ids = engram_->step(batch.device_inputs.empty() ? batch : host, tables_);
+  const Clock::time_point t1 = Clock::now();
+  // The host time before the step (issue #13 item 5), at DEEPINFER_LOG_LEVEL=debug.
+  const auto report = [&](const char* path) {
+    const auto ms = [](Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); };
+    DI_DEBUG("engram before_step: ", batch.num_tokens(), " tokens, ids ", ms(t1 - t0), " ms, ", path, " ",
+             ms(Clock::now() - t1), " ms");
+  };
+  // A backend that widens on the device takes the ids (it uploads the stored bytes); otherwise the
+  // rows are widened to f32 here.
+  std::vector<ds::ModelBackend::EngramStepIds> by_layer(size_t(arch().plan.num_layers()));
+  for (int64_t i = 0; i < hasher_->num_layers(); ++i)
+    by_layer[size_t(hasher_->layer_id(i))] = {.table = tables_[size_t(i)], .ids = std::move(ids[size_t(i)])};
+  if (backend().stage_engram_ids(by_layer)) return report("gather + upload (device widen)");
+  std::vector<std::vector<float>> rows(by_layer.size());
+  for (size_t l = 0; l < by_layer.size(); ++l)
+    if (by_layer[l].table) rows[l] = engram_widen_rows(*by_layer[l].table, by_layer[l].ids);
+  backend().stage_engram_rows(std::move(rows));
+  report("host widen + stage");
 }
 
 void DeepseekV41Model::reset_slot(int32_t slot) {

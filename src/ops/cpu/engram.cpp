@@ -1,10 +1,13 @@
 #include "ops/cpu/engram.h"
 
 #include <cmath>
+#include <cstring>
 
 #include "core/check.h"
+#include "core/numeric.h"
 #include "core/parallel.h"
 #include "ops/cpu/parallel_grain.h"
+#include "deepinfer/error.h"
 
 namespace deepinfer::ops::cpu {
 
@@ -29,6 +32,24 @@ void engram_inject(const EngramArgs& a) {
     if (a.dead && a.dead[t]) gate = 0.f;
     for (int64_t c = 0; c < D; ++c) h[c] += gate * value[c];
   }, grain_for(6 * D));
+}
+
+void engram_widen_row(DType dtype, const void* row, const uint8_t* row_scales, int64_t dim, float* out) {
+  switch (dtype) {
+    case DType::kF8E4M3: {
+      if (dim % 32 != 0 || !row_scales) DI_THROW(InvalidArgument, "engram_widen_row: FP8 row of ", dim, " values needs an E8M0 scale per 32");
+      const auto* c = static_cast<const uint8_t*>(row);
+      for (int64_t j = 0; j < dim; ++j) out[j] = fp8e4m3_to_f32(c[j]) * e8m0_to_f32(row_scales[j / 32]);
+      return;
+    }
+    case DType::kBF16: {
+      const auto* b = static_cast<const uint16_t*>(row);
+      for (int64_t j = 0; j < dim; ++j) out[j] = bf16_to_f32(b[j]);
+      return;
+    }
+    case DType::kF32: std::memcpy(out, row, size_t(dim) * sizeof(float)); return;
+    default: DI_THROW(InvalidArgument, "engram_widen_row: table dtype ", dtype_name(dtype));
+  }
 }
 
 }  // namespace deepinfer::ops::cpu

@@ -8,6 +8,8 @@
 #pragma once
 #include <cstdint>
 
+#include "core/dtype.h"
+
 namespace deepinfer::ops::cpu {
 
 struct EngramArgs {
@@ -20,5 +22,11 @@ struct EngramArgs {
 };
 
 void engram_inject(const EngramArgs& args);
+
+// One Engram table row in its stored form -> f32, exactly: FP8 e4m3 codes times their E8M0 scale
+// (one per 32 values, product rounded to f32 once), or bf16/f32 values. The host widen of the CPU
+// path, and the twin of the GPU's ops/cuda engram_widen. Throws on another dtype (or FP8 with
+// dim % 32 != 0).
+void engram_widen_row(DType dtype, const void* row, const uint8_t* row_scales, int64_t dim, float* out);
 
 }  // namespace deepinfer::ops::cpu

@@ -145,6 +145,7 @@ class CudaBackend final : public ModelBackend, public ExpertWeightStore {
   // V4.1 Engram (cuda_backend_v41.cpp): the step's rows uploaded in act() per layer, the gated
   // injection by ops/cuda/engram (run by the V4.1 GPU model, v41_cuda_model.h).
   void stage_engram_rows(std::vector<std::vector<float>> rows) override;
+  bool stage_engram_ids(const std::vector<EngramStepIds>& layers) override;
   const void* engram_rows(int64_t layer) const override;
   void engram_inject(float* x, const float* kv, const float* w, int64_t tokens) override;
   void stream_mean(const float* x, float* out, int64_t out_stride, int64_t tokens) override;
@@ -237,6 +238,15 @@ class CudaBackend final : public ModelBackend, public ExpertWeightStore {
   // host copies in act() they were uploaded from (kept until the next step's staging).
   std::vector<deepinfer::cuda::DeviceBuffer> engram_dev_;
   std::vector<std::vector<char>> engram_host_;
+  // stage_engram_ids: the values staged per layer (0: none), the rows gathered in stored form
+  // into pinned host memory per layer (reused once the event after its upload has passed), and
+  // one device buffer they are uploaded to and widened from (stream-ordered, never captured).
+  std::vector<int64_t> engram_staged_;
+  std::vector<deepinfer::cuda::PinnedBuffer> engram_pinned_;
+  std::vector<deepinfer::cuda::Event> engram_uploaded_;
+  std::vector<bool> engram_upload_pending_;
+  deepinfer::cuda::DeviceBuffer engram_stored_dev_;
+  void reserve_engram_rows(size_t layer, int64_t values);  // grows engram_dev_[layer] (drops graphs if moved)
   std::vector<char> greedy_h_;
   // Exact-numerics MoE: the routing read back and the host permutation.
   std::vector<int32_t> moe_ids_;
