@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <string_view>
 #include <mutex>
 #include <type_traits>
 
@@ -374,7 +375,9 @@ constexpr int64_t kFusedAutoTokens = 8;  // the automatic rule: one launch up to
 bool single_launch_auto() {
   static const bool on = [] {
     const char* v = std::getenv("DEEPINFER_HC_SINGLE_LAUNCH");
-    return v && v[0] == '1' && v[1] == '\0';
+    if (!v || !*v || std::string_view(v) == "0") return false;
+    if (std::string_view(v) == "1") return true;
+    DI_THROW(ConfigError, "DEEPINFER_HC_SINGLE_LAUNCH=", v, ": expected 0 or 1");  // never silently off
   }();
   return on;
 }

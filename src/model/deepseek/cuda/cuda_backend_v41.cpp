@@ -96,7 +96,11 @@ bool CudaBackend::stage_engram_ids(const std::vector<EngramStepIds>& layers) {
         DI_THROW(ConfigError, "DEEPINFER_ENGRAM_WIDEN=", v, ": expected device or host");
       return v == "device";
     }
-    if (h && *h && std::string(h) != "0") return false;
+    if (h && *h) {
+      if (std::string(h) != "0" && std::string(h) != "1")
+        DI_THROW(ConfigError, "DEEPINFER_ENGRAM_HOST_WIDEN=", h, ": expected 0 or 1");
+      if (std::string(h) == "1") return false;
+    }
     return kEngramDeviceWidenByDefault;
   }();
   if (!device_widen) return false;

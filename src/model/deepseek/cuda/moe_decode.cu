@@ -434,10 +434,11 @@ int env_variant() {
   static const int v = [] {
     const char* s = std::getenv("DEEPINFER_MOE_DECODE_VARIANT");
     if (!s || !*s) return 0;
-    const int n = std::atoi(s);
-    if (n < 1 || n > kMoeDecodeGroupedVariants)
+    char* end = nullptr;
+    const long n = std::strtol(s, &end, 10);
+    if (*end != '\0' || n < 1 || n > kMoeDecodeGroupedVariants)  // "20abc" too: never half-read
       DI_THROW(InvalidArgument, "DEEPINFER_MOE_DECODE_VARIANT=", s, ": want 1..", kMoeDecodeGroupedVariants);
-    return n;
+    return int(n);
   }();
   return v;
 }
